@@ -1,0 +1,62 @@
+package checker
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+const benchRules = `rules:
+- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}
+- {id: three-s, dimension: user, endpoint: /three, algorithm: gcra, limit: 1000000000, window: 1s}
+- {id: three-m, dimension: user, endpoint: /three, algorithm: token_bucket, limit: 1000000000, window: 1m}
+- {id: three-d, dimension: user, endpoint: /three, algorithm: fixed_window, limit: 1000000000, window: 24h}
+`
+
+// BenchmarkDecide measures a check inside the process (rule lookup, keys, one Redis round trip,
+// the outcome), spread over 10k subjects.
+func BenchmarkDecide(b *testing.B) {
+	for _, ep := range []string{"/one", "/three"} {
+		b.Run(ep[1:]+"-limits", func(b *testing.B) {
+			env := newEnv(b, Config{Rules: mustRules(b, benchRules)})
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					q := &query{subjects: []subject{{dim: 1, id: "bench-" + strconv.Itoa(int(n.Add(1)%10000))}}, endpoint: ep, cost: 1}
+					out, err := env.srv.decide(context.Background(), q, false)
+					if err != nil || !out.allowed {
+						b.Fatalf("decide: %v allowed=%v", err, out != nil && out.allowed)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+		})
+	}
+}
+
+// BenchmarkCheckRPC measures CheckRateLimit end to end over Connect on loopback.
+func BenchmarkCheckRPC(b *testing.B) {
+	env := newEnv(b, Config{Rules: mustRules(b, benchRules)})
+	c := env.client("connect")
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+				Identifier: "rpc-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
+			if err != nil || !resp.Msg.Allowed {
+				b.Fatalf("check: %v", err)
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+}

@@ -1,0 +1,260 @@
+package checker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// WarningRatio is the share of a limit whose use turns a subject's state from normal to warning.
+const WarningRatio = 0.8
+
+// closedRetryAfter is what a fail_mode closed denial asks callers to wait: about one probe.
+const closedRetryAfter = time.Second
+
+// State is a subject's usage state for one limit.
+type State uint8
+
+// The states of seed 000's state machine, as seen by one decision.
+const (
+	StateNormal State = iota + 1
+	StateWarning
+	StateThrottled
+)
+
+// outcome is one decided check: what the RPC and HTTP layers render.
+type outcome struct {
+	allowed  bool
+	replayed bool
+	degraded bool
+	now      time.Time
+	tier     string
+	limits   []limitOutcome
+	decider  int // index in limits of the deciding limit; -1 when no rule matched
+}
+
+// limitOutcome is one rule applied to one subject.
+type limitOutcome struct {
+	rule     *rules.Rule
+	subject  subject
+	limit    bucket.Limit
+	res      bucket.LimitResult
+	degraded bool
+}
+
+func (l *limitOutcome) state() State {
+	switch {
+	case !l.res.Allowed:
+		return StateThrottled
+	case float64(l.res.Used) >= WarningRatio*float64(l.limit.Capacity()):
+		return StateWarning
+	}
+	return StateNormal
+}
+
+// plannedRequest is one bucket request (one subject's real or shadow limits) and where its
+// results go in the outcome.
+type plannedRequest struct {
+	req   bucket.Request
+	first int // index in outcome.limits of req.Limits[0]
+}
+
+var globalSubject = subject{dim: rules.DimensionGlobal, id: "global"}
+
+// decide evaluates q: every matching rule of every subject, plus the global rules. With peek it
+// consumes nothing.
+func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, error) {
+	set := s.rules.Load()
+	if set == nil {
+		return nil, errNoRules
+	}
+	out := &outcome{decider: -1}
+	if err := resolveTier(set, q, out); err != nil {
+		return nil, err
+	}
+	plan, err := s.plan(set, q, peek, out)
+	if err != nil {
+		return nil, err
+	}
+	if len(plan) == 0 {
+		out.allowed, out.now = true, time.Now()
+		return out, nil
+	}
+	reqs := make([]bucket.Request, len(plan))
+	for i := range plan {
+		reqs[i] = plan[i].req
+	}
+	var results []bucket.Result
+	if !s.redisDown.Load() {
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		results, err = s.store.Check(rctx, reqs)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			s.markRedisDown(err)
+		}
+	}
+	if results == nil {
+		s.fallback(plan, out)
+	} else {
+		for i, res := range results {
+			for j, lr := range res.Limits {
+				out.limits[plan[i].first+j].res = lr
+			}
+			out.replayed = out.replayed || res.Replayed
+			out.now = res.Now
+		}
+	}
+	out.summarize()
+	return out, nil
+}
+
+func resolveTier(set *rules.Set, q *query, out *outcome) error {
+	switch {
+	case q.tier != "":
+		if !set.HasTier(q.tier) {
+			return fieldErr("tier", "%q is not a configured tier", q.tier)
+		}
+		out.tier = q.tier
+	default:
+		out.tier = set.DefaultTier()
+		for _, sub := range q.subjects {
+			if sub.dim == rules.DimensionUser {
+				out.tier = set.TierOf(sub.id)
+			}
+		}
+	}
+	return nil
+}
+
+// plan turns the matching rules into bucket requests: per subject one request for its enforced
+// limits and one for its shadow limits, so that a shadow denial never blocks a charge.
+func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plannedRequest, error) {
+	var plan []plannedRequest
+	add := func(sub subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
+		var req bucket.Request
+		first := len(out.limits)
+		for _, r := range rs {
+			if r.Shadow != shadow {
+				continue
+			}
+			lim := r.Bucket(limitKey(tag, r), custom[r.ID])
+			if q.cost > lim.Capacity() {
+				return fieldErr("cost", "%d is more than rule %q can ever allow at once (%d)", q.cost, r.ID, lim.Capacity())
+			}
+			req.Limits = append(req.Limits, lim)
+			out.limits = append(out.limits, limitOutcome{rule: r, subject: sub, limit: lim})
+		}
+		if len(req.Limits) == 0 {
+			return nil
+		}
+		req.Cost, req.Peek, req.Shadow = q.cost, peek, shadow
+		if q.idemKey != "" && !peek {
+			suffix := q.idemKey
+			if shadow {
+				suffix += "\x00shadow"
+			}
+			req.IdempotencyKey = idempotencyKey(tag, suffix)
+		}
+		plan = append(plan, plannedRequest{req: req, first: first})
+		return nil
+	}
+	subjects := append(q.subjects, globalSubject)
+	for _, sub := range subjects {
+		rs := set.Match(sub.dim, out.tier, q.endpoint)
+		if len(rs) == 0 {
+			continue
+		}
+		var custom map[string]int64
+		if sub.dim == rules.DimensionUser {
+			u, _ := set.User(sub.id)
+			custom = u.Limits
+		}
+		tag := subjectTag(sub.dim, sub.id)
+		if err := add(sub, tag, rs, false, custom); err != nil {
+			return nil, err
+		}
+		if err := add(sub, tag, rs, true, custom); err != nil {
+			return nil, err
+		}
+	}
+	return plan, nil
+}
+
+// fallback decides while Redis is unreachable, limit by limit, by each rule's fail mode: open
+// allows, closed denies, local uses this process's own buckets with the same algorithm.
+func (s *Server) fallback(plan []plannedRequest, out *outcome) {
+	now := time.Now()
+	out.now, out.degraded = now, true
+	for _, p := range plan {
+		var local bucket.Request
+		var idx []int
+		for j, lim := range p.req.Limits {
+			i := p.first + j
+			lo := &out.limits[i]
+			lo.degraded = true
+			switch lo.rule.FailMode {
+			case rules.FailClosed:
+				lo.res = bucket.LimitResult{RetryAfter: closedRetryAfter, ResetAt: now.Add(closedRetryAfter)}
+			case rules.FailLocal:
+				local.Limits = append(local.Limits, lim)
+				idx = append(idx, i)
+			default:
+				lo.res = bucket.LimitResult{Allowed: true, Remaining: lim.Capacity(), ResetAt: now}
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		local.Cost, local.Peek = p.req.Cost, p.req.Peek
+		res := s.local.Check(now, local)
+		for j, lr := range res.Limits {
+			out.limits[idx[j]].res = lr
+		}
+	}
+}
+
+// summarize derives the overall answer: allowed when no enforced limit denied; the deciding
+// limit is the denying one with the longest wait, or when allowed the one with the largest
+// share of its capacity used.
+func (o *outcome) summarize() {
+	o.allowed = true
+	bestShare := -1.0
+	for i := range o.limits {
+		l := &o.limits[i]
+		if l.degraded {
+			o.degraded = true
+		}
+		if l.rule.Shadow {
+			continue
+		}
+		if !l.res.Allowed {
+			if o.allowed || l.res.RetryAfter > o.limits[o.decider].res.RetryAfter {
+				o.decider = i
+			}
+			o.allowed = false
+			continue
+		}
+		if !o.allowed {
+			continue
+		}
+		share := float64(l.res.Used) / float64(l.limit.Capacity())
+		if share > bestShare || (share == bestShare && l.res.Remaining < o.limits[o.decider].res.Remaining) {
+			bestShare, o.decider = share, i
+		}
+	}
+	if o.decider < 0 && len(o.limits) > 0 {
+		o.decider = 0 // only shadow limits matched: report the first
+	}
+}
+
+// isFieldError reports whether err is a request that broke a rule.
+func isFieldError(err error) bool {
+	var fe *FieldError
+	return errors.As(err, &fe)
+}

@@ -1,0 +1,99 @@
+package checker
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// Redis keys follow seed 000's rl:{dimension}:{identifier}:{window}:{endpoint}, with the
+// subject as a hash tag so that all of one subject's buckets live in one Redis Cluster slot and
+// one Lua call can update them together:
+//
+//	rl:{user:12345}:tb:1m:/api/*
+//
+// The algorithm code keeps two rules of different algorithms from reading each other's state;
+// the rule's endpoint pattern (not the called path) names the bucket, so one "/api/*" rule is
+// one bucket for every path under /api. The tier is not part of the key: a user moving between
+// tiers keeps what it consumed.
+//
+// Identifiers are escaped so that none can leave its namespace: every byte outside a small safe
+// set ("{", "}", ":", "%", white space, control and non-ASCII bytes among them) becomes %XX.
+
+// subjectTag returns "{dim:escaped-id}".
+func subjectTag(dim rules.Dimension, id string) string {
+	var b strings.Builder
+	b.Grow(len(id) + 10)
+	b.WriteByte('{')
+	b.WriteString(dim.String())
+	if dim != rules.DimensionGlobal {
+		b.WriteByte(':')
+		escapeTo(&b, id)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// limitKey returns the bucket key of rule r for the subject with the given tag.
+func limitKey(tag string, r *rules.Rule) string {
+	win := windowToken(r.Window)
+	code := r.Algorithm.Code()
+	var b strings.Builder
+	b.Grow(3 + len(tag) + 1 + len(code) + 1 + len(win) + 1 + len(r.Endpoint))
+	b.WriteString("rl:")
+	b.WriteString(tag)
+	b.WriteByte(':')
+	b.WriteString(code)
+	b.WriteByte(':')
+	b.WriteString(win)
+	b.WriteByte(':')
+	b.WriteString(r.Endpoint)
+	return b.String()
+}
+
+// idempotencyKey returns the key of a check's idempotency record for one subject.
+func idempotencyKey(tag, key string) string {
+	var b strings.Builder
+	b.Grow(3 + len(tag) + 6 + len(key))
+	b.WriteString("rl:")
+	b.WriteString(tag)
+	b.WriteString(":idem:")
+	escapeTo(&b, key)
+	return b.String()
+}
+
+// windowToken names a window compactly: 1s, 1m, 1h, 1d, else milliseconds (1500ms).
+func windowToken(d time.Duration) string {
+	switch {
+	case d%(24*time.Hour) == 0:
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func safeByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~' || c == '@' || c == '/' || c == '+' || c == '='
+}
+
+func escapeTo(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; safeByte(c) {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// deniedError is a check that was answered "no" (exit status 3), so scripts can branch on it.
+type deniedError struct{ retryAfter int64 }
+
+func (e deniedError) Error() string {
+	return fmt.Sprintf("denied: retry after %ds", e.retryAfter)
+}
+
+func runCheck(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("check", `Asks a checker whether a request may go ahead, and prints the decision and every evaluated
+limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allowed, 3 denied,
+1 on an error, 2 on a bad command line.`, stderr)
+	var (
+		target, protocol, user, ip, apiKey, endpoint, tier, idem string
+		cost                                                     int64
+		peek, asJSON                                             bool
+		timeout                                                  time.Duration
+	)
+	fs.StringVar(&target, "target", "http://127.0.0.1:8080", "checker base `URL`")
+	fs.fromEnv("target", "QUOTAFLOW_TARGET")
+	fs.StringVar(&protocol, "protocol", "connect", "wire protocol: connect, grpc or grpcweb")
+	fs.StringVar(&user, "user", "", "user id subject")
+	fs.StringVar(&ip, "ip", "", "client IP subject")
+	fs.StringVar(&apiKey, "api-key", "", "API key subject")
+	fs.StringVar(&endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
+	fs.Int64Var(&cost, "cost", 1, "units the call consumes")
+	fs.StringVar(&tier, "tier", "", "tier to check under (default: the user's configured tier)")
+	fs.StringVar(&idem, "idempotency-key", "", "makes a retried check replay the first decision for 5 minutes")
+	fs.BoolVar(&peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
+	fs.BoolVar(&asJSON, "json", false, "print the response as JSON")
+	fs.DurationVar(&timeout, "timeout", 5*time.Second, "deadline of the call")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	var subjects []*quotaflowv1.Subject
+	for _, s := range []struct {
+		dim quotaflowv1.Dimension
+		id  string
+	}{{quotaflowv1.Dimension_DIMENSION_USER, user}, {quotaflowv1.Dimension_DIMENSION_IP, ip}, {quotaflowv1.Dimension_DIMENSION_API_KEY, apiKey}} {
+		if s.id != "" {
+			subjects = append(subjects, &quotaflowv1.Subject{Dimension: s.dim, Identifier: s.id})
+		}
+	}
+	if len(subjects) == 0 {
+		return usageError{errors.New("name a subject: --user, --ip or --api-key")}
+	}
+	if endpoint == "" {
+		return usageError{errors.New("--endpoint is required")}
+	}
+	client, err := newClient(target, protocol)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var (
+		msg     proto.Message
+		allowed bool
+		retry   int64
+		summary checkSummary
+	)
+	if peek {
+		resp, err := client.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
+			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier}))
+		if err != nil {
+			return fmt.Errorf("GetRemainingQuota: %w", err)
+		}
+		m := resp.Msg
+		msg, allowed, retry = m, m.Allowed, m.RetryAfter
+		summary = checkSummary{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits}
+	} else {
+		resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier, IdempotencyKey: idem,
+			Timestamp: time.Now().UnixMilli()}))
+		if err != nil {
+			return fmt.Errorf("CheckRateLimit: %w", err)
+		}
+		m := resp.Msg
+		msg, allowed, retry = m, m.Allowed, m.RetryAfter
+		summary = checkSummary{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits}
+	}
+	if asJSON {
+		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
+		if err != nil {
+			return fmt.Errorf("encode response: %w", err)
+		}
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		summary.print(stdout)
+	}
+	if !allowed {
+		return deniedError{retry}
+	}
+	return nil
+}
+
+// newClient makes a RateLimiter client speaking protocol; gRPC uses cleartext HTTP/2.
+func newClient(target, protocol string) (quotaflowv1connect.RateLimiterClient, error) {
+	httpClient := http.DefaultClient
+	var opts []connect.ClientOption
+	switch protocol {
+	case "connect":
+	case "grpc":
+		t := &http.Transport{Protocols: new(http.Protocols)}
+		t.Protocols.SetUnencryptedHTTP2(true)
+		httpClient = &http.Client{Transport: t}
+		opts = append(opts, connect.WithGRPC())
+	case "grpcweb":
+		opts = append(opts, connect.WithGRPCWeb())
+	default:
+		return nil, usageError{fmt.Errorf("--protocol: want connect, grpc or grpcweb, got %q", protocol)}
+	}
+	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
+		return nil, usageError{fmt.Errorf("--target: want an http:// or https:// URL, got %q", target)}
+	}
+	return quotaflowv1connect.NewRateLimiterClient(httpClient, strings.TrimSuffix(target, "/"), opts...), nil
+}
+
+// checkSummary is what check prints of either response.
+type checkSummary struct {
+	allowed      bool
+	ruleID       string
+	remaining    int64
+	limit        int64
+	resetAt      int64
+	retryAfterMs int64
+	state        quotaflowv1.State
+	tier         string
+	degraded     bool
+	replayed     bool
+	limits       []*quotaflowv1.LimitStatus
+}
+
+func (s checkSummary) print(w io.Writer) {
+	verdict := "ALLOWED"
+	if !s.allowed {
+		verdict = fmt.Sprintf("DENIED (retry after %.3fs)", float64(s.retryAfterMs)/1000)
+	}
+	fmt.Fprintf(w, "%s  tier=%s  state=%s", verdict, s.tier, strings.ToLower(strings.TrimPrefix(s.state.String(), "STATE_")))
+	if s.ruleID != "" {
+		fmt.Fprintf(w, "  rule=%s  remaining=%d/%d  reset=%s", s.ruleID, s.remaining, s.limit,
+			time.Unix(s.resetAt, 0).UTC().Format(time.RFC3339))
+	}
+	if s.degraded {
+		fmt.Fprint(w, "  DEGRADED")
+	}
+	if s.replayed {
+		fmt.Fprint(w, "  REPLAYED")
+	}
+	fmt.Fprintln(w)
+	if len(s.limits) == 0 {
+		fmt.Fprintln(w, "no rule matched")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SUBJECT\tRULE\tALGORITHM\tLIMIT\tUSED\tREMAINING\tRETRY\tSTATE")
+	for _, l := range s.limits {
+		subject := strings.ToLower(strings.TrimPrefix(l.Dimension.String(), "DIMENSION_"))
+		if l.Dimension != quotaflowv1.Dimension_DIMENSION_GLOBAL {
+			subject += ":" + l.Identifier
+		}
+		rule := l.RuleId
+		if l.Shadow {
+			rule += " (shadow)"
+		}
+		limit := fmt.Sprintf("%d/%s", l.Limit, time.Duration(l.WindowMs)*time.Millisecond)
+		if l.Burst != l.Limit {
+			limit += fmt.Sprintf(" burst %d", l.Burst)
+		}
+		state := strings.ToLower(strings.TrimPrefix(l.State.String(), "STATE_"))
+		if l.Degraded {
+			state += " (degraded: fail " + l.FailMode + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", subject, rule, l.Algorithm, limit, l.CurrentCount, l.Remaining,
+			time.Duration(l.RetryAfterMs)*time.Millisecond, state)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// flagSet is a flag.FlagSet whose flags may also come from environment variables.
+type flagSet struct {
+	*flag.FlagSet
+	env map[string]string // flag name → environment variable
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), env: map[string]string{}}
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: quotaflow %s [flags]\n\n%s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// fromEnv names the environment variable of flag name and says so in its help.
+func (fs *flagSet) fromEnv(name, variable string) {
+	f := fs.Lookup(name)
+	f.Usage += " (env " + variable + ")"
+	fs.env[name] = variable
+}
+
+// parse parses args, then fills every flag not given on the command line from its environment
+// variable. Bad values name the variable they came from.
+func (fs *flagSet) parse(args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, variable := range fs.env {
+		if v := getenv(variable); v != "" && !set[name] {
+			if err := fs.Set(name, strings.TrimSpace(v)); err != nil {
+				return usageError{fmt.Errorf("%s=%q: %w", variable, v, err)}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+// Command quotaflow runs quotaflow's services and talks to them.
+//
+// Usage:
+//
+//	quotaflow <command> [flags]
+//
+// Run `quotaflow help` for the commands and `quotaflow <command> --help` for their flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"checker", "serve the check API (Connect, gRPC, gRPC-Web, HTTP forward-auth) on one port", runChecker},
+		{"check", "ask a checker whether a request may go ahead", runCheck},
+	}
+}
+
+// run is the whole program: main only adds the process's signals, arguments and exit status.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		if len(args) > 1 {
+			return run(ctx, []string{args[1], "--help"}, getenv, stdout, stderr)
+		}
+		usage(stdout)
+		if len(args) == 0 {
+			return usageError{errors.New("no command given")}
+		}
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], getenv, stdout, stderr)
+		}
+	}
+	usage(stderr)
+	return usageError{fmt.Errorf("unknown command %q", args[0])}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `quotaflow: rate limits and quotas decided from Redis, accounted through NATS and ClickHouse.
+
+Usage:
+  quotaflow <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `  help       show this help, or a command's: quotaflow help <command>
+
+Every flag can also be set by the environment variable named in its help; a flag on the
+command line wins over the environment.
+`)
+}
+
+// usageError is a command line that could not be understood (exit status 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// exitCode maps run's error to the process's exit status and reports it.
+func exitCode(err error, stderr io.Writer) int {
+	var ue usageError
+	var de deniedError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &de):
+		return 3
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "quotaflow:", err)
+		return 2
+	}
+	fmt.Fprintln(stderr, "quotaflow:", err)
+	return 1
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the servers quotaflow's dev environment and tests need, from Debian's packages, when
+# they are missing. Safe to run again: it does nothing when everything is there.
+set -euo pipefail
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "install-deps: Go is not installed; install Go $(sed -n 's/^go //p' "$(dirname "$0")/../../go.mod") or newer" >&2
+  exit 1
+fi
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]} from Debian's packages"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts the packaged service where systemd runs; quotaflow runs its own on other ports.

@@ -1,0 +1,331 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// Bounds on what a rules file may say. They keep keys short and arithmetic in Lua exact
+// (microsecond times and counts stay far below 2^53).
+const (
+	MaxEndpointLen   = 1024
+	MaxIdentifierLen = 256
+	MaxLimit         = 1_000_000_000
+	MinWindow        = time.Millisecond
+	MaxWindow        = 366 * 24 * time.Hour
+)
+
+// ImplicitTier is the tier of a file that declares none.
+const ImplicitTier = "default"
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// file is the YAML document. Scalars are decoded as strings so that every conversion error can
+// name its rule and field.
+type file struct {
+	DefaultTier string              `yaml:"default_tier"`
+	Tiers       map[string]fileTier `yaml:"tiers"`
+	Users       map[string]fileUser `yaml:"users"`
+	Rules       []fileRule          `yaml:"rules"`
+}
+
+type fileTier struct {
+	Description string `yaml:"description"`
+}
+
+type fileUser struct {
+	Tier   string            `yaml:"tier"`
+	Limits map[string]string `yaml:"limits"`
+}
+
+type fileRule struct {
+	ID        string `yaml:"id"`
+	Dimension string `yaml:"dimension"`
+	Endpoint  string `yaml:"endpoint"`
+	Tier      string `yaml:"tier"`
+	Algorithm string `yaml:"algorithm"`
+	Limit     string `yaml:"limit"`
+	Window    string `yaml:"window"`
+	Burst     string `yaml:"burst"`
+	Shadow    string `yaml:"shadow"`
+	FailMode  string `yaml:"fail_mode"`
+}
+
+// Load reads and validates the rules file at path.
+func Load(path string) (*Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read rules file: %w", err)
+	}
+	s, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Parse validates a rules document and compiles it. Every problem is reported, each naming the
+// rule (or tier, or user) and the field.
+func Parse(data []byte) (*Set, error) {
+	var f file
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("rules: the file is empty; it needs a top-level rules: list")
+		}
+		return nil, fmt.Errorf("yaml: %w", err)
+	}
+	var p problems
+	tiers, defaultTier := f.tiers(&p)
+	rules := make([]Rule, 0, len(f.Rules))
+	for i, fr := range f.Rules {
+		r, ok := fr.rule(&p, fmt.Sprintf("rules[%d]", i), tiers)
+		if ok {
+			rules = append(rules, r)
+		}
+	}
+	if len(f.Rules) == 0 {
+		p.add("rules", "at least one rule is required")
+	}
+	byID := make(map[string]*Rule, len(rules))
+	for i := range rules {
+		r := &rules[i]
+		if _, dup := byID[r.ID]; dup {
+			p.add(ruleWhere(r.ID, -1), "id: %q is used by more than one rule", r.ID)
+		}
+		byID[r.ID] = r
+	}
+	users := f.users(&p, tiers, byID)
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return compile(rules, tiers, defaultTier, users)
+}
+
+func (f *file) tiers(p *problems) (map[string]Tier, string) {
+	tiers := make(map[string]Tier, len(f.Tiers)+1)
+	for name, t := range f.Tiers {
+		if !nameRE.MatchString(name) {
+			p.add(fmt.Sprintf("tiers[%q]", name), "name: must match %s", nameRE)
+			continue
+		}
+		tiers[name] = Tier{Name: name, Description: t.Description}
+	}
+	def := f.DefaultTier
+	switch {
+	case len(f.Tiers) == 0 && def == "":
+		def = ImplicitTier
+		tiers[def] = Tier{Name: def}
+	case len(f.Tiers) == 0:
+		p.add("default_tier", "%q is not declared under tiers:", def)
+	case def == "" && len(tiers) == 1:
+		for name := range tiers {
+			def = name
+		}
+	case def == "":
+		p.add("default_tier", "required when more than one tier is declared")
+	default:
+		if _, ok := tiers[def]; !ok {
+			p.add("default_tier", "%q is not declared under tiers:", def)
+		}
+	}
+	return tiers, def
+}
+
+func (f *file) users(p *problems, tiers map[string]Tier, byID map[string]*Rule) map[string]User {
+	users := make(map[string]User, len(f.Users))
+	for id, fu := range f.Users {
+		where := fmt.Sprintf("users[%q]", id)
+		if id == "" || len(id) > MaxIdentifierLen || !utf8.ValidString(id) {
+			p.add(where, "id: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
+			continue
+		}
+		u := User{Tier: fu.Tier}
+		if fu.Tier != "" {
+			if _, ok := tiers[fu.Tier]; !ok {
+				p.add(where, "tier: %q is not declared under tiers:", fu.Tier)
+			}
+		}
+		for ruleID, s := range fu.Limits {
+			r, ok := byID[ruleID]
+			switch {
+			case !ok:
+				p.add(where, "limits[%q]: no rule has this id", ruleID)
+				continue
+			case r.Dimension != DimensionUser:
+				p.add(where, "limits[%q]: rule counts per %s; custom limits apply to user rules", ruleID, r.Dimension)
+				continue
+			}
+			n, err := parseCount(s)
+			if err != nil {
+				p.add(where, "limits[%q]: %v", ruleID, err)
+				continue
+			}
+			if u.Limits == nil {
+				u.Limits = make(map[string]int64, len(fu.Limits))
+			}
+			u.Limits[ruleID] = n
+		}
+		users[id] = u
+	}
+	return users
+}
+
+func (fr *fileRule) rule(p *problems, index string, tiers map[string]Tier) (Rule, bool) {
+	where := index
+	if fr.ID != "" {
+		where = fmt.Sprintf("rule %q (%s)", fr.ID, index)
+	}
+	n := len(p.list)
+	r := Rule{ID: fr.ID, Endpoint: fr.Endpoint, Tier: fr.Tier, FailMode: FailOpen}
+	if !nameRE.MatchString(fr.ID) {
+		p.add(where, "id: required, and must match %s", nameRE)
+	}
+	var err error
+	if fr.Dimension == "" {
+		p.add(where, "dimension: required (user, ip, apikey or global)")
+	} else if r.Dimension, err = ParseDimension(fr.Dimension); err != nil {
+		p.add(where, "dimension: %v", err)
+	}
+	if err := ValidatePattern(fr.Endpoint); err != nil {
+		p.add(where, "endpoint: %v", err)
+	}
+	if fr.Tier != "" {
+		if _, ok := tiers[fr.Tier]; !ok {
+			p.add(where, "tier: %q is not declared under tiers:", fr.Tier)
+		}
+	}
+	if fr.Algorithm == "" {
+		p.add(where, "algorithm: required")
+	} else if r.Algorithm, err = bucket.ParseAlgorithm(fr.Algorithm); err != nil {
+		p.add(where, "algorithm: %v", err)
+	}
+	if fr.Limit == "" {
+		p.add(where, "limit: required")
+	} else if r.Limit, err = parseCount(fr.Limit); err != nil {
+		p.add(where, "limit: %v", err)
+	}
+	if fr.Window == "" {
+		p.add(where, "window: required (a Go duration: 1s, 1m, 1h, 24h)")
+	} else if r.Window, err = parseWindow(fr.Window); err != nil {
+		p.add(where, "window: %v", err)
+	}
+	r.Burst = r.Limit
+	if fr.Burst != "" {
+		switch b, err := parseCount(fr.Burst); {
+		case err != nil:
+			p.add(where, "burst: %v", err)
+		case r.Algorithm.Valid() && !r.Algorithm.HasBurst():
+			p.add(where, "burst: %s counts up to its limit and takes no burst (token_bucket, leaky_bucket and gcra do)", r.Algorithm)
+		default:
+			r.Burst = b
+		}
+	}
+	if fr.Shadow != "" {
+		if r.Shadow, err = strconv.ParseBool(fr.Shadow); err != nil {
+			p.add(where, "shadow: want true or false, got %q", fr.Shadow)
+		}
+	}
+	if fr.FailMode != "" {
+		if r.FailMode, err = ParseFailMode(fr.FailMode); err != nil {
+			p.add(where, "fail_mode: %v", err)
+		}
+	}
+	return r, len(p.list) == n
+}
+
+// ValidatePattern checks a rule's endpoint pattern: "*", an exact path, or a path prefix ending
+// in "/*".
+func ValidatePattern(pattern string) error {
+	switch {
+	case pattern == "":
+		return errors.New(`required: an exact path ("/api/v1/orders"), a prefix ending in "/*" ("/api/*") or "*"`)
+	case pattern == "*":
+		return nil
+	case len(pattern) > MaxEndpointLen:
+		return fmt.Errorf("longer than %d bytes", MaxEndpointLen)
+	case !utf8.ValidString(pattern):
+		return errors.New("not valid UTF-8")
+	case pattern[0] != '/':
+		return fmt.Errorf(`%q must start with "/" (or be "*")`, pattern)
+	case strings.ContainsAny(pattern, " \t\r\n?#"):
+		return fmt.Errorf("%q holds white space, '?' or '#'", pattern)
+	}
+	if i := strings.IndexByte(pattern, '*'); i >= 0 && (i != len(pattern)-1 || pattern[i-1] != '/') {
+		return fmt.Errorf(`%q: "*" may only end the pattern, as "/*"`, pattern)
+	}
+	if strings.Contains(pattern, "//") {
+		return fmt.Errorf("%q holds an empty segment (//)", pattern)
+	}
+	return nil
+}
+
+func parseCount(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 1 || n > MaxLimit {
+		return 0, fmt.Errorf("want a whole number from 1 to %d, got %q", MaxLimit, s)
+	}
+	return n, nil
+}
+
+func parseWindow(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("want a Go duration such as 1s, 1m, 1h or 24h, got %q", s)
+	case d < MinWindow || d > MaxWindow:
+		return 0, fmt.Errorf("%q is outside %s to %s", s, MinWindow, MaxWindow)
+	case d%time.Millisecond != 0:
+		return 0, fmt.Errorf("%q is not a whole number of milliseconds", s)
+	}
+	return d, nil
+}
+
+func ruleWhere(id string, i int) string {
+	if i < 0 {
+		return fmt.Sprintf("rule %q", id)
+	}
+	return fmt.Sprintf("rule %q (rules[%d])", id, i)
+}
+
+// problems collects validation errors so that a file reports all of them at once.
+type problems struct{ list []string }
+
+func (p *problems) add(where, format string, args ...any) {
+	p.list = append(p.list, where+": "+fmt.Sprintf(format, args...))
+}
+
+func (p *problems) err() error {
+	if len(p.list) == 0 {
+		return nil
+	}
+	sort.Strings(p.list)
+	return &ValidationError{Problems: p.list}
+}
+
+// ValidationError lists every problem found in a rules document.
+type ValidationError struct {
+	Problems []string
+}
+
+// Error implements error.
+func (e *ValidationError) Error() string {
+	if len(e.Problems) == 1 {
+		return e.Problems[0]
+	}
+	return fmt.Sprintf("%d problems:\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
+}

@@ -1,0 +1,127 @@
+// Package rules holds quotaflow's rule model: the rules, tiers and users of a rules file,
+// validated as a whole so that a bad file fails at start-up with errors naming the rule and the
+// field, and compiled into a Set that finds the rules applying to a request without locks or
+// allocation.
+package rules
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// Dimension is the kind of subject a rule counts for.
+type Dimension uint8
+
+// The dimensions. Global rules apply to every request, counted once for all callers.
+const (
+	DimensionUser Dimension = iota + 1
+	DimensionIP
+	DimensionAPIKey
+	DimensionGlobal
+)
+
+var dimensionNames = [...]string{
+	DimensionUser:   "user",
+	DimensionIP:     "ip",
+	DimensionAPIKey: "apikey",
+	DimensionGlobal: "global",
+}
+
+// String returns the dimension's name as written in rules files ("apikey").
+func (d Dimension) String() string {
+	if d.Valid() {
+		return dimensionNames[d]
+	}
+	return fmt.Sprintf("dimension(%d)", uint8(d))
+}
+
+// Valid reports whether d is one of the four dimensions.
+func (d Dimension) Valid() bool { return d >= DimensionUser && d <= DimensionGlobal }
+
+// ParseDimension returns the dimension named s.
+func ParseDimension(s string) (Dimension, error) {
+	for d := DimensionUser; d <= DimensionGlobal; d++ {
+		if dimensionNames[d] == s {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown dimension %q (want user, ip, apikey or global)", s)
+}
+
+// FailMode decides a rule's answer while Redis cannot be reached.
+type FailMode uint8
+
+// The fail modes. FailOpen is the default: a rate limiter that is down should not take its
+// users' services down with it.
+const (
+	FailOpen FailMode = iota + 1
+	FailClosed
+	FailLocal
+)
+
+var failModeNames = [...]string{FailOpen: "open", FailClosed: "closed", FailLocal: "local"}
+
+// String returns the fail mode's name ("open", "closed" or "local").
+func (f FailMode) String() string {
+	if f >= FailOpen && f <= FailLocal {
+		return failModeNames[f]
+	}
+	return fmt.Sprintf("failmode(%d)", uint8(f))
+}
+
+// ParseFailMode returns the fail mode named s.
+func ParseFailMode(s string) (FailMode, error) {
+	for f := FailOpen; f <= FailLocal; f++ {
+		if failModeNames[f] == s {
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown fail mode %q (want open, closed or local)", s)
+}
+
+// Rule is one validated rate limit.
+type Rule struct {
+	ID        string
+	Dimension Dimension
+	// Endpoint is an exact path ("/api/v1/orders"), a prefix ending in "/*" ("/api/*", which
+	// also matches "/api"), or "*" for every endpoint.
+	Endpoint  string
+	Tier      string // empty: every tier
+	Algorithm bucket.Algorithm
+	Limit     int64
+	Window    time.Duration
+	// Burst is the capacity of token bucket, leaky bucket and GCRA (Limit when not set in the
+	// file); for window algorithms it equals Limit.
+	Burst    int64
+	Shadow   bool
+	FailMode FailMode
+}
+
+// Bucket returns the rule as a bucket limit for key, with limit overriding the rule's limit
+// when positive (per-user custom limits). The burst scales with the limit when the file left it
+// to default.
+func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
+	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst}
+	if limit > 0 && limit != r.Limit {
+		if r.Burst == r.Limit || !r.Algorithm.HasBurst() {
+			l.Burst = limit
+		}
+		l.Limit = limit
+	}
+	return l
+}
+
+// User is a user's tier and custom limits (seed 000 USER_TIER), cached in memory.
+type User struct {
+	Tier string
+	// Limits maps a rule id to the limit that replaces the rule's for this user.
+	Limits map[string]int64
+}
+
+// Tier is a named set of rules.
+type Tier struct {
+	Name        string
+	Description string
+}

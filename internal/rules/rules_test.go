@@ -1,0 +1,245 @@
+package rules
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+const sample = `
+default_tier: free
+tiers:
+  free: {description: everyone}
+  premium: {}
+users:
+  "42": {tier: premium, limits: {user-orders: 500}}
+  "7": {tier: free}
+rules:
+  - {id: user-all, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 1000, window: 1h}
+  - {id: user-api, dimension: user, endpoint: /api/*, algorithm: token_bucket, limit: 100, window: 1m, burst: 20}
+  - {id: user-api-premium, dimension: user, endpoint: /api/*, tier: premium, algorithm: token_bucket, limit: 1000, window: 1m}
+  - {id: user-api-premium-s, dimension: user, endpoint: /api/*, tier: premium, algorithm: gcra, limit: 50, window: 1s}
+  - {id: user-v1, dimension: user, endpoint: /api/v1/*, algorithm: sliding_window_counter, limit: 60, window: 1m}
+  - {id: user-orders, dimension: user, endpoint: /api/v1/orders, algorithm: sliding_window_log, limit: 10, window: 1m, shadow: true}
+  - {id: ip-all, dimension: ip, endpoint: /*, algorithm: leaky_bucket, limit: 300, window: 1m, fail_mode: local}
+  - {id: global-api, dimension: global, endpoint: /api/*, algorithm: gcra, limit: 100000, window: 1s, fail_mode: closed}
+`
+
+func mustParse(t testing.TB, doc string) *Set {
+	t.Helper()
+	s, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return s
+}
+
+func ids(rs []*Rule) string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return strings.Join(out, ",")
+}
+
+func TestMatch(t *testing.T) {
+	t.Parallel()
+	s := mustParse(t, sample)
+	tests := []struct {
+		dim      Dimension
+		tier     string
+		endpoint string
+		want     string
+	}{
+		{DimensionUser, "free", "/api/v1/orders", "user-orders"},
+		{DimensionUser, "free", "/api/v1/orders/9", "user-v1"},
+		{DimensionUser, "free", "/api/v1", "user-v1"},
+		{DimensionUser, "free", "/api/v2/items", "user-api"},
+		{DimensionUser, "free", "/api", "user-api"},
+		{DimensionUser, "free", "/apix", "user-all"},
+		{DimensionUser, "free", "/", "user-all"},
+		{DimensionUser, "premium", "/api/v2/items", "user-api-premium,user-api-premium-s"},
+		{DimensionUser, "premium", "/api/v1/x", "user-v1"},
+		{DimensionUser, "premium", "/health", "user-all"},
+		{DimensionIP, "free", "/anything/at/all", "ip-all"},
+		{DimensionIP, "premium", "/", "ip-all"},
+		{DimensionAPIKey, "free", "/api/v1/orders", ""},
+		{DimensionGlobal, "free", "/api/x", "global-api"},
+		{DimensionGlobal, "free", "/web", ""},
+		{DimensionUser, "unknown-tier", "/api", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.dim.String()+"/"+tt.tier+tt.endpoint, func(t *testing.T) {
+			if got := ids(s.Match(tt.dim, tt.tier, tt.endpoint)); got != tt.want {
+				t.Errorf("Match(%s, %s, %s) = %q, want %q", tt.dim, tt.tier, tt.endpoint, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseValues(t *testing.T) {
+	t.Parallel()
+	s := mustParse(t, sample)
+	r, ok := s.Rule("user-api")
+	if !ok {
+		t.Fatal("rule user-api missing")
+	}
+	want := Rule{ID: "user-api", Dimension: DimensionUser, Endpoint: "/api/*", Algorithm: bucket.TokenBucket,
+		Limit: 100, Window: time.Minute, Burst: 20, FailMode: FailOpen}
+	if *r != want {
+		t.Errorf("user-api = %+v, want %+v", *r, want)
+	}
+	if r, _ := s.Rule("user-all"); r.Burst != 1000 {
+		t.Errorf("user-all burst = %d, want the limit 1000", r.Burst)
+	}
+	if r, _ := s.Rule("user-orders"); !r.Shadow {
+		t.Error("user-orders: shadow = false, want true")
+	}
+	if r, _ := s.Rule("ip-all"); r.FailMode != FailLocal {
+		t.Errorf("ip-all fail mode = %s, want local", r.FailMode)
+	}
+	if got := s.TierOf("42"); got != "premium" {
+		t.Errorf("TierOf(42) = %q, want premium", got)
+	}
+	if got := s.TierOf("nobody"); got != "free" {
+		t.Errorf("TierOf(nobody) = %q, want the default free", got)
+	}
+	if u, _ := s.User("42"); u.Limits["user-orders"] != 500 {
+		t.Errorf("user 42 custom limit = %d, want 500", u.Limits["user-orders"])
+	}
+	if !s.HasTier("premium") || s.HasTier("gold") {
+		t.Error("HasTier: want premium declared and gold not")
+	}
+}
+
+func TestImplicitTier(t *testing.T) {
+	t.Parallel()
+	s := mustParse(t, "rules:\n- {id: a, dimension: ip, endpoint: '*', algorithm: gcra, limit: 5, window: 1s}\n")
+	if s.DefaultTier() != ImplicitTier {
+		t.Errorf("DefaultTier = %q, want %q", s.DefaultTier(), ImplicitTier)
+	}
+	if got := ids(s.Match(DimensionIP, ImplicitTier, "/x")); got != "a" {
+		t.Errorf("Match = %q, want a", got)
+	}
+}
+
+func TestBucketCustomLimit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		rule  Rule
+		limit int64
+		want  bucket.Limit
+	}{
+		{"no override", Rule{Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}, 0,
+			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}},
+		{"default burst follows the limit", Rule{Algorithm: bucket.GCRA, Limit: 10, Burst: 10, Window: time.Second}, 50,
+			bucket.Limit{Key: "k", Algorithm: bucket.GCRA, Limit: 50, Burst: 50, Window: time.Second}},
+		{"explicit burst is kept", Rule{Algorithm: bucket.TokenBucket, Limit: 10, Burst: 3, Window: time.Second}, 50,
+			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 50, Burst: 3, Window: time.Second}},
+		{"window algorithm", Rule{Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second}, 7,
+			bucket.Limit{Key: "k", Algorithm: bucket.FixedWindow, Limit: 7, Burst: 7, Window: time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tt.rule.Bucket("k", tt.limit); got != tt.want {
+				t.Errorf("Bucket = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	t.Parallel()
+	const ok = "{id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}"
+	tests := []struct {
+		name, doc string
+		want      []string // each must appear in the error
+	}{
+		{"empty", "", []string{"empty"}},
+		{"no rules", "rules: []", []string{"rules: at least one rule"}},
+		{"unknown field", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, limt: 3}", []string{"limt"}},
+		{"missing id", "rules:\n- {dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{"rules[0]: id: required"}},
+		{"bad dimension", "rules:\n- {id: a, dimension: users, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{`rule "a" (rules[0]): dimension: unknown dimension "users"`}},
+		{"bad endpoint", "rules:\n- {id: a, dimension: user, endpoint: api, algorithm: gcra, limit: 5, window: 1s}", []string{`rule "a" (rules[0]): endpoint:`, `must start with "/"`}},
+		{"star inside", "rules:\n- {id: a, dimension: user, endpoint: /a/*/b, algorithm: gcra, limit: 5, window: 1s}", []string{"endpoint:", `"*" may only end`}},
+		{"bad algorithm", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: magic, limit: 5, window: 1s}", []string{"algorithm: unknown algorithm"}},
+		{"zero limit", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"limit: want a whole number"}},
+		{"text limit", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: lots, window: 1s}", []string{`limit: want a whole number from 1 to 1000000000, got "lots"`}},
+		{"bad window", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1 minute}", []string{"window: want a Go duration"}},
+		{"tiny window", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 10us}", []string{"window:", "outside"}},
+		{"burst on window algorithm", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, burst: 9}", []string{"burst: fixed_window counts up to its limit"}},
+		{"bad shadow", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, shadow: maybe}", []string{"shadow: want true or false"}},
+		{"bad fail mode", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, fail_mode: sometimes}", []string{"fail_mode: unknown fail mode"}},
+		{"duplicate id", "rules:\n- " + ok + "\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{`rule "a": id: "a" is used by more than one rule`}},
+		{"shared bucket", "rules:\n- " + ok + "\n- {id: b, dimension: user, endpoint: /x, algorithm: gcra, limit: 9, window: 1s}", []string{`duplicates rule "a"`}},
+		{"unknown tier", "tiers: {free: {}}\nrules:\n- {id: a, dimension: user, endpoint: /x, tier: gold, algorithm: gcra, limit: 5, window: 1s}", []string{`tier: "gold" is not declared`}},
+		{"default tier missing", "tiers: {free: {}, pro: {}}\nrules:\n- " + ok, []string{"default_tier: required"}},
+		{"default tier unknown", "default_tier: gold\ntiers: {free: {}}\nrules:\n- " + ok, []string{`default_tier: "gold" is not declared`}},
+		{"user unknown tier", "users: {'1': {tier: gold}}\nrules:\n- " + ok, []string{`users["1"]: tier: "gold" is not declared`}},
+		{"user limit unknown rule", "users: {'1': {limits: {zz: 5}}}\nrules:\n- " + ok, []string{`users["1"]: limits["zz"]: no rule has this id`}},
+		{"user limit on ip rule", "users: {'1': {limits: {b: 5}}}\nrules:\n- " + ok + "\n- {id: b, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{`limits["b"]: rule counts per ip`}},
+		{"all problems at once", "rules:\n- {id: a, dimension: nope, endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse([]byte(tt.doc))
+			if err == nil {
+				t.Fatalf("Parse succeeded, want an error containing %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(path, []byte(sample), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	_, err := Load(filepath.Join(dir, "missing.yaml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing) = %v, want ErrNotExist", err)
+	}
+	var verr *ValidationError
+	os.WriteFile(path, []byte("rules: []"), 0o600)
+	if _, err := Load(path); !errors.As(err, &verr) || !strings.Contains(err.Error(), path) {
+		t.Errorf("Load(invalid) = %v, want a ValidationError naming the file", err)
+	}
+}
+
+// TestDevRules keeps the shipped example files valid.
+func TestDevRules(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"../../deploy/dev/rules.yaml"} {
+		if _, err := Load(path); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+func BenchmarkMatch(b *testing.B) {
+	s := mustParse(b, sample)
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(s.Match(DimensionUser, "free", "/api/v1/orders/12345/items")) == 0 {
+			b.Fatal("no match")
+		}
+	}
+}

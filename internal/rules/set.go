@@ -1,0 +1,235 @@
+package rules
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Set is a compiled, immutable rule set. It is safe for concurrent use; a new file makes a new
+// Set, swapped in atomically by its user.
+type Set struct {
+	rules       []Rule
+	byID        map[string]*Rule
+	tiers       map[string]Tier
+	defaultTier string
+	users       map[string]User
+	matchers    map[matcherKey]*matcher
+}
+
+type matcherKey struct {
+	dim  Dimension
+	tier string
+}
+
+// compile builds one endpoint matcher per dimension and tier, so that a check does one map
+// lookup and one walk down a prefix tree.
+func compile(rules []Rule, tiers map[string]Tier, defaultTier string, users map[string]User) (*Set, error) {
+	s := &Set{
+		rules:       rules,
+		byID:        make(map[string]*Rule, len(rules)),
+		tiers:       tiers,
+		defaultTier: defaultTier,
+		users:       users,
+		matchers:    make(map[matcherKey]*matcher),
+	}
+	for i := range s.rules {
+		s.byID[s.rules[i].ID] = &s.rules[i]
+	}
+	var p problems
+	for dim := DimensionUser; dim <= DimensionGlobal; dim++ {
+		for tier := range tiers {
+			m := newMatcher()
+			for i := range s.rules {
+				if r := &s.rules[i]; r.Dimension == dim && (r.Tier == "" || r.Tier == tier) {
+					m.add(r)
+				}
+			}
+			m.finish(&p, tier)
+			if !m.empty() {
+				s.matchers[matcherKey{dim, tier}] = m
+			}
+		}
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Match returns the rules of dimension dim that apply to endpoint for tier: the rules of the
+// most specific pattern (exact path, then the longest "/*" prefix, then "*"); at one pattern,
+// rules naming the tier replace rules naming none. The slice is shared: do not modify it.
+func (s *Set) Match(dim Dimension, tier, endpoint string) []*Rule {
+	m := s.matchers[matcherKey{dim, tier}]
+	if m == nil {
+		return nil
+	}
+	return m.match(endpoint)
+}
+
+// Rules returns every rule, in file order. The slice is shared: do not modify it.
+func (s *Set) Rules() []Rule { return s.rules }
+
+// Rule returns the rule with the given id.
+func (s *Set) Rule(id string) (*Rule, bool) {
+	r, ok := s.byID[id]
+	return r, ok
+}
+
+// DefaultTier is the tier of callers with no tier of their own.
+func (s *Set) DefaultTier() string { return s.defaultTier }
+
+// HasTier reports whether name is a declared tier.
+func (s *Set) HasTier(name string) bool {
+	_, ok := s.tiers[name]
+	return ok
+}
+
+// Tiers returns the declared tiers sorted by name.
+func (s *Set) Tiers() []Tier {
+	out := make([]Tier, 0, len(s.tiers))
+	for _, t := range s.tiers {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// User returns the configured tier and custom limits of a user.
+func (s *Set) User(id string) (User, bool) {
+	u, ok := s.users[id]
+	return u, ok
+}
+
+// TierOf returns the tier of a user: its configured tier, else the default tier.
+func (s *Set) TierOf(userID string) string {
+	if u, ok := s.users[userID]; ok && u.Tier != "" {
+		return u.Tier
+	}
+	return s.defaultTier
+}
+
+// matcher finds the rules of one dimension and tier for an endpoint.
+type matcher struct {
+	exact map[string][]*Rule
+	root  *node // prefix rules, one tree level per path segment
+	all   []*Rule
+}
+
+type node struct {
+	children map[string]*node
+	rules    []*Rule
+}
+
+func newMatcher() *matcher {
+	return &matcher{exact: make(map[string][]*Rule), root: &node{}}
+}
+
+func (m *matcher) add(r *Rule) {
+	switch p := r.Endpoint; {
+	case p == "*":
+		m.all = append(m.all, r)
+	case strings.HasSuffix(p, "/*"):
+		n := m.root
+		for seg := range segments(p[:len(p)-2]) {
+			child := n.children[seg]
+			if child == nil {
+				if n.children == nil {
+					n.children = make(map[string]*node)
+				}
+				child = &node{}
+				n.children[seg] = child
+			}
+			n = child
+		}
+		n.rules = append(n.rules, r)
+	default:
+		m.exact[p] = append(m.exact[p], r)
+	}
+}
+
+func (m *matcher) empty() bool {
+	return len(m.exact) == 0 && len(m.all) == 0 && m.root.rules == nil && m.root.children == nil
+}
+
+// finish keeps, at each pattern, the rules naming the tier when there are any, and reports two
+// rules that would share one bucket.
+func (m *matcher) finish(p *problems, tier string) {
+	m.all = preferTier(p, tier, m.all)
+	for k, rs := range m.exact {
+		m.exact[k] = preferTier(p, tier, rs)
+	}
+	var walk func(n *node)
+	walk = func(n *node) {
+		n.rules = preferTier(p, tier, n.rules)
+		for _, c := range n.children {
+			walk(c)
+		}
+	}
+	walk(m.root)
+}
+
+func preferTier(p *problems, tier string, rs []*Rule) []*Rule {
+	if len(rs) == 0 {
+		return nil
+	}
+	var tiered []*Rule
+	for _, r := range rs {
+		if r.Tier != "" {
+			tiered = append(tiered, r)
+		}
+	}
+	if tiered != nil {
+		rs = tiered
+	}
+	seen := make(map[string]*Rule, len(rs))
+	for _, r := range rs {
+		k := fmt.Sprintf("%s/%s", r.Algorithm, r.Window)
+		if other := seen[k]; other != nil {
+			p.add(ruleWhere(r.ID, -1), "duplicates rule %q for tier %q: same dimension, endpoint, algorithm and window would share one bucket", other.ID, tier)
+			continue
+		}
+		seen[k] = r
+	}
+	return rs
+}
+
+func (m *matcher) match(endpoint string) []*Rule {
+	if rs, ok := m.exact[endpoint]; ok {
+		return rs
+	}
+	best := m.root.rules
+	n := m.root
+	for seg := range segments(endpoint) {
+		n = n.children[seg]
+		if n == nil {
+			break
+		}
+		if n.rules != nil {
+			best = n.rules
+		}
+	}
+	if best != nil {
+		return best
+	}
+	return m.all
+}
+
+// segments yields the non-empty segments of a path without allocating.
+func segments(path string) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		for path != "" {
+			i := strings.IndexByte(path, '/')
+			var seg string
+			if i < 0 {
+				seg, path = path, ""
+			} else {
+				seg, path = path[:i], path[i+1:]
+			}
+			if seg != "" && !yield(seg) {
+				return
+			}
+		}
+	}
+}
