@@ -72,7 +72,8 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
 		h.Set("X-RateLimit-State", body.State)
-		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", d.RuleId, d.Remaining, max(0, d.ResetAt-out.now.Unix())))
+		reset := ceilMillis(out.limits[out.decider].res.ResetAt.Sub(out.now))
+		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", d.RuleId, d.Remaining, ceilSeconds(max(0, reset))))
 		h.Set("RateLimit-Policy", out.policies())
 		if !out.allowed {
 			secs := ceilSeconds(d.RetryAfterMs)

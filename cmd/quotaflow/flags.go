@@ -48,7 +48,7 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	for name, variable := range fs.env {
 		if v := getenv(variable); v != "" && !set[name] {
 			if err := fs.Set(name, strings.TrimSpace(v)); err != nil {
-				return usageError{fmt.Errorf("%s=%q: %w", variable, v, err)}
+				return usageError{fmt.Errorf("%s=%q: invalid value for --%s: %w", variable, v, name, err)}
 			}
 		}
 	}

@@ -1,0 +1,152 @@
+// Package bucket evaluates rate limits. Store keeps buckets in Redis and updates every limit of
+// one subject atomically in one Lua script call, on Redis time; Local keeps the same algorithms
+// in process, for the rules whose fail mode is "local" while Redis cannot be reached.
+package bucket
+
+import (
+	"fmt"
+	"time"
+)
+
+// Algorithm is a rate-limiting algorithm.
+type Algorithm uint8
+
+// The six algorithms. Their numeric values are part of the Lua contract (ARGV algorithm code).
+const (
+	TokenBucket Algorithm = iota + 1
+	LeakyBucket
+	FixedWindow
+	SlidingWindowLog
+	SlidingWindowCounter
+	GCRA
+)
+
+var algorithmNames = [...]string{
+	TokenBucket:          "token_bucket",
+	LeakyBucket:          "leaky_bucket",
+	FixedWindow:          "fixed_window",
+	SlidingWindowLog:     "sliding_window_log",
+	SlidingWindowCounter: "sliding_window_counter",
+	GCRA:                 "gcra",
+}
+
+// algorithmCodes are the short names used inside Redis keys.
+var algorithmCodes = [...]string{
+	TokenBucket:          "tb",
+	LeakyBucket:          "lb",
+	FixedWindow:          "fw",
+	SlidingWindowLog:     "swl",
+	SlidingWindowCounter: "swc",
+	GCRA:                 "gcra",
+}
+
+// String returns the algorithm's name as written in rules files ("token_bucket").
+func (a Algorithm) String() string {
+	if a.Valid() {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// Code returns the algorithm's short name used in Redis keys ("tb").
+func (a Algorithm) Code() string {
+	if a.Valid() {
+		return algorithmCodes[a]
+	}
+	return "invalid"
+}
+
+// Valid reports whether a is one of the six algorithms.
+func (a Algorithm) Valid() bool { return a >= TokenBucket && a <= GCRA }
+
+// HasBurst reports whether the algorithm has a capacity distinct from its limit per window
+// (token bucket, leaky bucket, GCRA). Window algorithms count up to Limit.
+func (a Algorithm) HasBurst() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+
+// ParseAlgorithm returns the algorithm named s ("token_bucket", "gcra", ...).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for a := TokenBucket; a <= GCRA; a++ {
+		if algorithmNames[a] == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter or gcra)", s)
+}
+
+// Limit is one limit of one subject.
+type Limit struct {
+	// Key is the Redis key of the bucket. All keys of one Request share one hash tag, so they
+	// live in one Redis Cluster slot.
+	Key       string
+	Algorithm Algorithm
+	// Limit is the number of units allowed per Window.
+	Limit  int64
+	Window time.Duration
+	// Burst is the capacity of token bucket, leaky bucket and GCRA; 0 means Limit. Window
+	// algorithms ignore it.
+	Burst int64
+}
+
+// Capacity is the most a single check may consume: Burst for the algorithms that have one
+// (Limit when Burst is 0), Limit for window algorithms.
+func (l Limit) Capacity() int64 {
+	if l.Algorithm.HasBurst() && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Limit
+}
+
+// Request is one subject's check: every limit is evaluated and, unless Peek, Cost is consumed
+// from all of them only if all of them allow.
+type Request struct {
+	Limits []Limit
+	// Cost is the number of units consumed; it must be at least 1.
+	Cost int64
+	// Peek evaluates without consuming (GetRemainingQuota).
+	Peek bool
+	// Shadow marks a request whose limits are only observed: its denial does not deny the
+	// check (no other request is refunded because of it), but it is refunded like any other
+	// when an enforced request of the same check denies.
+	Shadow bool
+	// IdempotencyKey is the Redis key of this request's idempotency record, in the same slot as
+	// Limits; empty for none. A record younger than IdempotencyTTL makes the check return the
+	// first result, with Replayed set, and charge nothing. Denials are recorded too. Peek
+	// ignores it, and a refund deletes the record: the charge it protected no longer exists.
+	IdempotencyKey string
+}
+
+// IdempotencyTTL is how long an idempotency record is kept.
+const IdempotencyTTL = 5 * time.Minute
+
+// Result is the outcome of one Request.
+type Result struct {
+	// Allowed is true when every limit allowed.
+	Allowed bool
+	// Replayed is true when the result came from an idempotency record: nothing was charged.
+	Replayed bool
+	// Refunded is true when the subject was charged but another subject of the same check
+	// denied, so the charge was given back. Allowed and Limits then describe the state after
+	// the refund, as a Peek would: whether Cost would fit now.
+	Refunded bool
+	// Now is the time the decision was made: Redis TIME for Store, the given time for Local.
+	Now time.Time
+	// Limits has one entry per Request.Limits entry, in the same order.
+	Limits []LimitResult
+
+	// refund holds, per limit, what the refund script needs to undo the charge exactly.
+	refund []string
+}
+
+// LimitResult is the outcome of one Limit.
+type LimitResult struct {
+	Allowed bool
+	// Used is how much of the capacity is used after the check (rounded up).
+	Used int64
+	// Remaining is how much could still be consumed now (rounded down).
+	Remaining int64
+	// ResetAt is when the bucket is fully available again.
+	ResetAt time.Time
+	// RetryAfter is, when denied, how long until Cost would be allowed by this limit; 0 when
+	// allowed. It is never 0 when denied.
+	RetryAfter time.Duration
+}

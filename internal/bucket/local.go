@@ -1,0 +1,207 @@
+package bucket
+
+import (
+	"hash/maphash"
+	"math"
+	"sync"
+	"time"
+)
+
+// Local evaluates the six algorithms in process, with the formulas and rounding of the Lua
+// scripts, for the limits whose fail mode keeps limiting while Redis is unreachable. Each
+// process then limits on its own, so the effective limit is multiplied by the number of
+// processes; that is the accepted price of staying available.
+//
+// State is keyed by Limit.Key. Entries expire when their Redis key would, and the number of
+// keys is bounded: a full shard evicts expired entries first, else the one closest to
+// expiring (the least state lost). Local is safe for concurrent use.
+type Local struct {
+	seed     maphash.Seed
+	perShard int
+	shards   []localShard
+}
+
+type localShard struct {
+	mu sync.Mutex
+	m  map[string]*state
+	_  [48]byte // keeps neighbouring shard locks off one cache line
+}
+
+// defaultMaxKeys is NewLocal's bound when given 0: a few hundred bytes per key keeps it
+// within a few hundred MiB in the worst case.
+const defaultMaxKeys = 1 << 20
+
+// evictSample is how many entries a full shard looks at to choose a victim.
+const evictSample = 8
+
+// NewLocal returns a Local holding at most about maxKeys keys (0 means 1<<20). A request may
+// push a shard past its share by its own keys, which are never evicted while it runs.
+func NewLocal(maxKeys int) *Local {
+	if maxKeys <= 0 {
+		maxKeys = defaultMaxKeys
+	}
+	// Fewer shards for small bounds, so that each shard's share stays meaningful.
+	n := 64
+	for n > 1 && maxKeys/n < 16 {
+		n /= 2
+	}
+	l := &Local{seed: maphash.MakeSeed(), perShard: maxKeys / n, shards: make([]localShard, n)}
+	for i := range l.shards {
+		l.shards[i].m = make(map[string]*state)
+	}
+	return l
+}
+
+// Check evaluates req at now and, unless Peek, charges Cost to every limit if all of them
+// allow. IdempotencyKey is ignored: a process-local retry is not worth the memory. An invalid
+// request (see Request.Validate) is denied. A now earlier than a bucket's last update counts
+// as that update's time, so a clock stepping back never refills a bucket.
+func (l *Local) Check(now time.Time, req Request) Result {
+	res := Result{Now: now, Limits: make([]LimitResult, len(req.Limits))}
+	if req.Validate() != nil {
+		for i := range res.Limits {
+			res.Limits[i] = LimitResult{ResetAt: now, RetryAfter: max(req.Limits[i].Window, time.Second)}
+		}
+		return res
+	}
+	n := len(req.Limits)
+	nowUS := float64(now.UnixMicro())
+	cost := float64(req.Cost)
+
+	var shardBuf, lockBuf [8]int
+	var outBuf [4]outcome
+	var parBuf [4]params
+	shardOf, locks := shardBuf[:0], lockBuf[:0]
+	outs, ps := outBuf[:0], parBuf[:0]
+	if n > len(outBuf) {
+		outs, ps = make([]outcome, 0, n), make([]params, 0, n)
+	}
+	for i := range req.Limits {
+		s := int(maphash.String(l.seed, req.Limits[i].Key) % uint64(len(l.shards)))
+		shardOf = append(shardOf, s)
+		locks = insertSorted(locks, s)
+	}
+	// Locking in ascending shard order lets requests that share shards never deadlock.
+	for _, s := range locks {
+		l.shards[s].mu.Lock()
+	}
+	defer func() {
+		for _, s := range locks {
+			l.shards[s].mu.Unlock()
+		}
+	}()
+
+	all := true
+	for i := range req.Limits {
+		lim := &req.Limits[i]
+		p := params{limit: float64(lim.Limit), window: float64(lim.windowUS()), burst: float64(lim.Capacity())}
+		ps = append(ps, p)
+		st := l.shards[shardOf[i]].lookup(lim.Key, lim.Algorithm, nowUS)
+		outs = append(outs, evaluate(lim.Algorithm, st, p, nowUS, cost))
+		all = all && outs[i].ok
+	}
+
+	charged := all && !req.Peek
+	for i := range outs {
+		o, p := &outs[i], ps[i]
+		lr := LimitResult{Allowed: o.ok}
+		used, rem, reset, retry := o.used, o.rem, o.reset, 0.0
+		if charged {
+			l.shards[shardOf[i]].put(l, req.Limits[i].Key, req.Limits, nowUS).apply(o, p)
+			used, rem, reset = o.aused, o.arem, o.areset
+		} else if !o.ok {
+			retry = o.retry
+			if cost > p.burst && retry < p.window {
+				retry = p.window
+			}
+			retry = math.Max(retry, 1)
+		}
+		lr.Used, lr.Remaining = int64(used), int64(rem)
+		lr.ResetAt = time.UnixMicro(int64(ceilUS(reset)))
+		lr.RetryAfter = time.Duration(retry) * time.Microsecond
+		res.Limits[i] = lr
+	}
+	res.Allowed = all
+	return res
+}
+
+// insertSorted adds s to the ascending set locks.
+func insertSorted(locks []int, s int) []int {
+	i := 0
+	for i < len(locks) && locks[i] < s {
+		i++
+	}
+	if i < len(locks) && locks[i] == s {
+		return locks
+	}
+	locks = append(locks, 0)
+	copy(locks[i+1:], locks[i:])
+	locks[i] = s
+	return locks
+}
+
+// lookup returns the live state of key, or nil when it is missing, expired (a missing Redis
+// key) or of another algorithm (Redis keys include the algorithm, so that is a new bucket).
+func (sh *localShard) lookup(key string, alg Algorithm, now float64) *state {
+	st := sh.m[key]
+	if st == nil {
+		return nil
+	}
+	if st.expires <= now {
+		delete(sh.m, key)
+		return nil
+	}
+	if st.alg != alg {
+		return nil
+	}
+	return st
+}
+
+// put returns the state of key, creating it, and making room when the shard is full.
+func (sh *localShard) put(l *Local, key string, inUse []Limit, now float64) *state {
+	if st := sh.m[key]; st != nil {
+		return st
+	}
+	if len(sh.m) >= l.perShard {
+		sh.evict(inUse, now)
+	}
+	st := &state{}
+	sh.m[key] = st
+	return st
+}
+
+// evict removes the expired entries among a sample of the shard, or, when none is, the
+// sampled entry that expires first. Map iteration starts at a random place, so the sample
+// is spread over the shard at O(1) cost. Keys of the running request are kept.
+func (sh *localShard) evict(inUse []Limit, now float64) {
+	victim, soonest, seen, expired := "", math.Inf(1), 0, 0
+	for k, st := range sh.m {
+		if seen >= evictSample {
+			break
+		}
+		if usedBy(inUse, k) {
+			continue
+		}
+		seen++
+		if st.expires <= now {
+			delete(sh.m, k)
+			expired++
+			continue
+		}
+		if st.expires < soonest {
+			victim, soonest = k, st.expires
+		}
+	}
+	if expired == 0 && victim != "" {
+		delete(sh.m, victim)
+	}
+}
+
+func usedBy(lims []Limit, key string) bool {
+	for i := range lims {
+		if lims[i].Key == key {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,59 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// maxValue bounds costs, limits, bursts and windows (in µs) so that every computation in the
+// Lua script, which only has doubles, stays exact.
+const maxValue = 1 << 50
+
+var (
+	errNoLimits  = errors.New("no limits")
+	errCostRange = fmt.Errorf("cost must be between 1 and %d", int64(maxValue))
+)
+
+// Validate reports the first reason r cannot be checked, or nil. Store.Check returns it as an
+// error; Local.Check denies such a request.
+func (r *Request) Validate() error {
+	if r.Cost < 1 || r.Cost > maxValue {
+		return fmt.Errorf("%w, got %d", errCostRange, r.Cost)
+	}
+	if len(r.Limits) == 0 {
+		return errNoLimits
+	}
+	for i := range r.Limits {
+		if err := r.Limits[i].validate(); err != nil {
+			return fmt.Errorf("limit %d (%q): %w", i, r.Limits[i].Key, err)
+		}
+		for j := 0; j < i; j++ {
+			// Two limits on one key would both be evaluated on the old state and the second
+			// write would silently discard the first charge.
+			if r.Limits[j].Key == r.Limits[i].Key {
+				return fmt.Errorf("limit %d (%q): same key as limit %d", i, r.Limits[i].Key, j)
+			}
+		}
+	}
+	return nil
+}
+
+func (l *Limit) validate() error {
+	switch {
+	case l.Key == "":
+		return errors.New("empty key")
+	case !l.Algorithm.Valid():
+		return fmt.Errorf("invalid algorithm %d", uint8(l.Algorithm))
+	case l.Limit < 1 || l.Limit > maxValue:
+		return fmt.Errorf("limit must be between 1 and %d, got %d", int64(maxValue), l.Limit)
+	case l.Window < time.Microsecond || l.Window.Microseconds() > maxValue:
+		return fmt.Errorf("window must be between 1µs and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.Window)
+	case l.Burst < 0 || l.Burst > maxValue:
+		return fmt.Errorf("burst must be between 0 and %d, got %d", int64(maxValue), l.Burst)
+	}
+	return nil
+}
+
+// windowUS is the window in whole µs, the unit of the Lua contract.
+func (l *Limit) windowUS() int64 { return l.Window.Microseconds() }
