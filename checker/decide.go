@@ -3,10 +3,15 @@ package checker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // WarningRatio is the share of a limit whose use turns a subject's state from normal to warning.
@@ -14,16 +19,6 @@ const WarningRatio = 0.8
 
 // closedRetryAfter is what a fail_mode closed denial asks callers to wait: about one probe.
 const closedRetryAfter = time.Second
-
-// State is a subject's usage state for one limit.
-type State uint8
-
-// The states of seed 000's state machine, as seen by one decision.
-const (
-	StateNormal State = iota + 1
-	StateWarning
-	StateThrottled
-)
 
 // outcome is one decided check: what the RPC and HTTP layers render.
 type outcome struct {
@@ -45,14 +40,15 @@ type limitOutcome struct {
 	degraded bool
 }
 
-func (l *limitOutcome) state() State {
+// state is the limit's warning state as this decision sees it (seed 000's state machine).
+func (l *limitOutcome) state() quotaflowv1.State {
 	switch {
 	case !l.res.Allowed:
-		return StateThrottled
+		return quotaflowv1.State_STATE_THROTTLED
 	case float64(l.res.Used) >= WarningRatio*float64(l.limit.Capacity()):
-		return StateWarning
+		return quotaflowv1.State_STATE_WARNING
 	}
-	return StateNormal
+	return quotaflowv1.State_STATE_NORMAL
 }
 
 // plannedRequest is one bucket request (one subject's real or shadow limits) and where its
@@ -92,10 +88,13 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 		rctx, cancel := context.WithTimeout(ctx, s.timeout)
 		results, err = s.store.Check(rctx, reqs)
 		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case !redisUnavailable(err):
+			return nil, fmt.Errorf("bucket check: %w", err)
+		default:
 			s.markRedisDown(err)
 		}
 	}
@@ -251,6 +250,25 @@ func (o *outcome) summarize() {
 	if o.decider < 0 && len(o.limits) > 0 {
 		o.decider = 0 // only shadow limits matched: report the first
 	}
+}
+
+// redisUnavailable tells a Redis that cannot answer now (network, deadline, or a server that is
+// loading, busy, read-only or out of memory), where the fail modes decide, from an error of the
+// request or the script, which is a bug to report rather than a reason to degrade.
+func redisUnavailable(err error) bool {
+	if errors.Is(err, bucket.ErrInvalidRequest) {
+		return false
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return true // network, timeout, closed pool
+	}
+	for _, prefix := range []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOREPLICAS"} {
+		if strings.HasPrefix(rerr.Error(), prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // isFieldError reports whether err is a request that broke a rule.

@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	healthv1 "github.com/quotaflow/quotaflow/proto/grpc/health/v1"
 	"github.com/quotaflow/quotaflow/proto/grpc/health/v1/healthv1connect"
@@ -25,18 +26,25 @@ func waitReady(t *testing.T, srv *Server) {
 	}
 }
 
-// TestRedisDown stops the real Redis: each rule's fail mode decides, the response says so,
-// readiness turns false; when Redis is back, exact decisions resume by themselves.
-func TestRedisDown(t *testing.T) {
-	t.Parallel()
+// newFailureEnv serves a checker on a Redis of its own, with a short deadline and probe, so that
+// the test can stop and stall that Redis.
+func newFailureEnv(t *testing.T) (*redistest.Server, *testEnv) {
+	t.Helper()
 	rs, err := redistest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rs.Close()
+	t.Cleanup(rs.Close)
 	rdb := newRedis(rs.Addr)
-	defer rdb.Close()
-	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 50 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	return rs, newEnv(t, Config{Redis: rdb, RedisTimeout: 50 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+}
+
+// TestRedisDown stops the real Redis: each rule's fail mode decides, the response says so,
+// readiness turns false; when Redis is back, exact decisions resume by themselves.
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	rs, env := newFailureEnv(t)
 	c := env.client("connect")
 	for _, ep := range []string{"/fm/open", "/fm/closed"} {
 		if got := mustCheck(t, c, checkReq("u", ep)); !got.Allowed || got.Degraded {
@@ -95,14 +103,7 @@ func TestRedisDown(t *testing.T) {
 // TestRedisSlow stalls Redis: checks do not wait past the deadline, the fail mode decides.
 func TestRedisSlow(t *testing.T) {
 	t.Parallel()
-	rs, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	rdb := newRedis(rs.Addr)
-	defer rdb.Close()
-	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 50 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+	rs, env := newFailureEnv(t)
 	c := env.client("connect")
 	mustCheck(t, c, checkReq("u", "/fm/closed"))
 
@@ -121,5 +122,43 @@ func TestRedisSlow(t *testing.T) {
 	// look at a fresh subject.
 	if got := mustCheck(t, c, checkReq("u3", "/fm/closed")); !got.Allowed || got.Degraded {
 		t.Errorf("after the stall: allowed %v degraded %v, want an exact allow", got.Allowed, got.Degraded)
+	}
+}
+
+// serverError is a Redis error reply, as go-redis returns them.
+type serverError string
+
+func (e serverError) Error() string { return string(e) }
+func (serverError) RedisError()     {}
+
+func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
+	rdb := newRedis(redisSrv.Addr)
+	defer rdb.Close()
+	scriptErr := rdb.Eval(context.Background(), "return redis.error_reply('ERR bucket: malformed arguments')", nil).Err()
+	down := newRedis("127.0.0.1:1") // nothing listens there
+	defer down.Close()
+	refused := down.Ping(context.Background()).Err()
+	_, invalid := bucket.NewStore(rdb).Check(context.Background(), []bucket.Request{{Cost: 1}})
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", refused, true},
+		{"deadline", context.DeadlineExceeded, true},
+		{"loading", serverError("LOADING Redis is loading the dataset in memory"), true},
+		{"read-only replica", serverError("READONLY You can't write against a read only replica."), true},
+		{"out of memory", serverError("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{"script error", scriptErr, false},
+		{"invalid request", invalid, false},
+	}
+	for _, tt := range tests {
+		if tt.err == nil {
+			t.Fatalf("%s: no error to classify", tt.name)
+		}
+		if got := redisUnavailable(tt.err); got != tt.want {
+			t.Errorf("redisUnavailable(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
 	}
 }

@@ -128,16 +128,22 @@ func checkCost(cost int64) (int64, error) {
 	return cost, nil
 }
 
-func newCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*query, error) {
-	q := &query{tier: r.GetTier(), idemKey: r.GetIdempotencyKey(), timestamp: r.GetTimestamp(), endpoint: r.GetEndpoint()}
+// parseCommon validates what check and quota requests share: subjects, endpoint, cost.
+func parseCommon(q *query, subjects subjectFields, cost int64) error {
 	var err error
-	if q.subjects, err = parseSubjects(subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, make([]subject, 0, 3)); err != nil {
-		return nil, err
+	if q.subjects, err = parseSubjects(subjects, make([]subject, 0, 3)); err != nil {
+		return err
 	}
 	if err := checkText("endpoint", q.endpoint, MaxEndpointLen); err != nil {
-		return nil, err
+		return err
 	}
-	if q.cost, err = checkCost(r.GetCost()); err != nil {
+	q.cost, err = checkCost(cost)
+	return err
+}
+
+func newCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*query, error) {
+	q := &query{tier: r.GetTier(), idemKey: r.GetIdempotencyKey(), timestamp: r.GetTimestamp(), endpoint: r.GetEndpoint()}
+	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
 		return nil, err
 	}
 	if q.idemKey != "" {
@@ -155,14 +161,7 @@ func newCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*query,
 
 func newQuotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*query, error) {
 	q := &query{tier: r.GetTier(), endpoint: r.GetEndpoint()}
-	var err error
-	if q.subjects, err = parseSubjects(subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, make([]subject, 0, 3)); err != nil {
-		return nil, err
-	}
-	if err := checkText("endpoint", q.endpoint, MaxEndpointLen); err != nil {
-		return nil, err
-	}
-	if q.cost, err = checkCost(r.GetCost()); err != nil {
+	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
 		return nil, err
 	}
 	return q, nil

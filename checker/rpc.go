@@ -168,7 +168,7 @@ func (o *outcome) statuses() []*quotaflowv1.LimitStatus {
 			ResetAt:      ceilUnix(l.res.ResetAt),
 			RetryAfterMs: ceilMillis(l.res.RetryAfter),
 			Shadow:       l.rule.Shadow,
-			State:        quotaflowv1.State(l.state()),
+			State:        l.state(),
 			Degraded:     l.degraded,
 		}
 		if l.degraded {

@@ -10,14 +10,25 @@ import (
 // Lua script, which only has doubles, stays exact.
 const maxValue = 1 << 50
 
+// ErrInvalidRequest is wrapped by every error of Request.Validate: the request is wrong, not
+// the Redis behind it.
+var ErrInvalidRequest = errors.New("invalid bucket request")
+
 var (
 	errNoLimits  = errors.New("no limits")
 	errCostRange = fmt.Errorf("cost must be between 1 and %d", int64(maxValue))
 )
 
-// Validate reports the first reason r cannot be checked, or nil. Store.Check returns it as an
-// error; Local.Check denies such a request.
+// Validate reports the first reason r cannot be checked, or nil; the error wraps
+// ErrInvalidRequest. Store.Check returns it as an error; Local.Check denies such a request.
 func (r *Request) Validate() error {
+	if err := r.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return nil
+}
+
+func (r *Request) validate() error {
 	if r.Cost < 1 || r.Cost > maxValue {
 		return fmt.Errorf("%w, got %d", errCostRange, r.Cost)
 	}

@@ -485,7 +485,9 @@ type CheckRateLimitResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// current_count, limit, remaining and reset_at are those of the deciding limit: the one that
-	// denied with the longest wait, or when allowed the one with the most of its limit used.
+	// denied with the longest wait, or when allowed the one with the largest share used. limit is
+	// what remaining counts down from: the rule's limit, or its burst for token bucket, leaky
+	// bucket and GCRA.
 	CurrentCount int64 `protobuf:"varint,2,opt,name=current_count,json=currentCount,proto3" json:"current_count,omitempty"`
 	Limit        int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	Remaining    int64 `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
@@ -721,6 +723,8 @@ func (x *GetRemainingQuotaRequest) GetSubjects() []*Subject {
 	return nil
 }
 
+// GetRemainingQuotaResponse has the fields of CheckRateLimitResponse, describing the state
+// before any consumption.
 type GetRemainingQuotaResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// allowed tells whether a check of `cost` would be allowed now.
