@@ -167,8 +167,10 @@ func (s *Server) probe() {
 			return
 		case <-t.C:
 		}
+		// Loading the script is the probe: Redis answers, and the first checks after a restart
+		// find the script cached instead of each paying NOSCRIPT and a compile.
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		err := s.store.Ping(ctx)
+		err := s.store.LoadScript(ctx)
 		cancel()
 		if err == nil {
 			s.probing.Store(false)

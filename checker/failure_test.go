@@ -37,7 +37,14 @@ func newFailureEnv(t *testing.T) (*redistest.Server, *testEnv) {
 	t.Cleanup(rs.Close)
 	rdb := newRedis(rs.Addr)
 	t.Cleanup(func() { rdb.Close() })
-	return rs, newEnv(t, Config{Redis: rdb, RedisTimeout: 50 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+	// The deadline must hold on a loaded CI machine (race detector, parallel tests) while Redis is
+	// up, and be much shorter than the stall TestRedisSlow makes.
+	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 250 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+	// Load the script and warm the connection pool, so that the first asserted check is not
+	// the slow one.
+	mustCheck(t, env.client("connect"), checkReq("warm-up", "/fm/local"))
+	waitReady(t, env.srv)
+	return rs, env
 }
 
 // TestRedisDown stops the real Redis: each rule's fail mode decides, the response says so,
@@ -107,10 +114,10 @@ func TestRedisSlow(t *testing.T) {
 	c := env.client("connect")
 	mustCheck(t, c, checkReq("u", "/fm/closed"))
 
-	// Pause every client's commands for 400ms: Redis is up but answers nothing in time.
+	// Pause every client's commands for 1s: Redis is up but answers nothing in time.
 	pauser := newRedis(rs.Addr)
 	defer pauser.Close()
-	if err := pauser.Do(context.Background(), "CLIENT", "PAUSE", "400", "ALL").Err(); err != nil {
+	if err := pauser.Do(context.Background(), "CLIENT", "PAUSE", "1000", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
 	got := mustCheck(t, c, checkReq("u2", "/fm/closed"))

@@ -128,5 +128,7 @@ func id(t testing.TB, name string) string {
 }
 
 func newRedis(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, ContextTimeoutEnabled: true})
+	// Default retries, as in production: a command on a pooled connection that died with a
+	// restarted Redis is retried within the deadline.
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, ContextTimeoutEnabled: true})
 }

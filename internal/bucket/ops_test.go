@@ -91,6 +91,18 @@ func TestStoreRedisDown(t *testing.T) {
 	if err := s.Ping(ctxT(t)); err != nil {
 		t.Fatalf("Ping after restart: %v", err)
 	}
+	if cached, _ := c.ScriptExists(ctxT(t), checkScript.Hash()).Result(); len(cached) != 1 || cached[0] {
+		t.Fatalf("script cached right after the restart: %v, want not cached", cached)
+	}
+	if err := s.LoadScript(ctxT(t)); err != nil {
+		t.Fatalf("LoadScript after restart: %v", err)
+	}
+	if cached, _ := c.ScriptExists(ctxT(t), checkScript.Hash()).Result(); len(cached) != 1 || !cached[0] {
+		t.Errorf("script cached after LoadScript: %v, want cached", cached)
+	}
+	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil { // Check must still cope with NOSCRIPT
+		t.Fatal(err)
+	}
 	res, err := s.Check(ctxT(t), reqs)
 	if err != nil {
 		t.Fatalf("Check after restart: %v", err)

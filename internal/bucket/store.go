@@ -300,3 +300,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// LoadScript caches the check script in Redis (on every master of a cluster), so that the
+// first checks after a Redis restart do not each pay a NOSCRIPT round trip and a compile. It
+// also tells whether Redis answers.
+func (s *Store) LoadScript(ctx context.Context) error {
+	if err := checkScript.Load(ctx, s.rdb).Err(); err != nil {
+		return fmt.Errorf("bucket: load script: %w", err)
+	}
+	return nil
+}
