@@ -36,6 +36,11 @@ type Config struct {
 	ProbeInterval time.Duration
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
+	// Decisions receives every decision (nil: decisions are not published).
+	Decisions DecisionSink
+	// InstanceID identifies this checker process in decision ids and events; empty means a
+	// random one.
+	InstanceID string
 	// Logger receives the checker's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -55,6 +60,9 @@ type Server struct {
 	closed       chan struct{}
 	closeOnce    sync.Once
 	probeStopped sync.WaitGroup
+	sink         DecisionSink
+	instanceID   string
+	decisionSeq  atomic.Uint64
 }
 
 // New returns a Server for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -67,6 +75,11 @@ func New(cfg Config) *Server {
 		probeEvery: cfg.ProbeInterval,
 		local:      bucket.NewLocal(cfg.LocalMaxKeys),
 		closed:     make(chan struct{}),
+		sink:       cfg.Decisions,
+		instanceID: cfg.InstanceID,
+	}
+	if s.instanceID == "" {
+		s.instanceID = newInstanceID()
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -98,6 +111,9 @@ func New(cfg Config) *Server {
 func (s *Server) SetRules(set *rules.Set) {
 	s.rules.Store(set)
 }
+
+// InstanceID identifies this checker in decision ids and events.
+func (s *Server) InstanceID() string { return s.instanceID }
 
 // Rules returns the enforced rule set (nil before any was set).
 func (s *Server) Rules() *rules.Set { return s.rules.Load() }

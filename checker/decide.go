@@ -29,6 +29,8 @@ type outcome struct {
 	tier     string
 	limits   []limitOutcome
 	decider  int // index in limits of the deciding limit; -1 when no rule matched
+	id       string
+	rendered []*quotaflowv1.LimitStatus // statuses(), rendered once
 }
 
 // limitOutcome is one rule applied to one subject.
@@ -77,7 +79,7 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 	}
 	if len(plan) == 0 {
 		out.allowed, out.now = true, time.Now()
-		return out, nil
+		return s.record(q, out, peek), nil
 	}
 	reqs := make([]bucket.Request, len(plan))
 	for i := range plan {
@@ -110,7 +112,20 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 		}
 	}
 	out.summarize()
-	return out, nil
+	return s.record(q, out, peek), nil
+}
+
+// record gives a consuming check its decision id and hands its event to the sink. Peeks are
+// not decisions: they consume nothing.
+func (s *Server) record(q *query, out *outcome, peek bool) *outcome {
+	if peek {
+		return out
+	}
+	out.id = s.nextDecisionID()
+	if s.sink != nil {
+		s.sink.Publish(out.decision(q, s.instanceID))
+	}
+	return out
 }
 
 func resolveTier(set *rules.Set, q *query, out *outcome) error {

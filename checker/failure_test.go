@@ -28,7 +28,7 @@ func waitReady(t *testing.T, srv *Server) {
 
 // newFailureEnv serves a checker on a Redis of its own, with a short deadline and probe, so that
 // the test can stop and stall that Redis.
-func newFailureEnv(t *testing.T) (*redistest.Server, *testEnv) {
+func newFailureEnv(t *testing.T, sink DecisionSink) (*redistest.Server, *testEnv) {
 	t.Helper()
 	rs, err := redistest.Start()
 	if err != nil {
@@ -39,7 +39,7 @@ func newFailureEnv(t *testing.T) (*redistest.Server, *testEnv) {
 	t.Cleanup(func() { rdb.Close() })
 	// The deadline must hold on a loaded CI machine (race detector, parallel tests) while Redis is
 	// up, and be much shorter than the stall TestRedisSlow makes.
-	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 250 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 250 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, Decisions: sink})
 	// Load the script and warm the connection pool, so that the first asserted check is not
 	// the slow one.
 	mustCheck(t, env.client("connect"), checkReq("warm-up", "/fm/local"))
@@ -51,7 +51,7 @@ func newFailureEnv(t *testing.T) (*redistest.Server, *testEnv) {
 // readiness turns false; when Redis is back, exact decisions resume by themselves.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
-	rs, env := newFailureEnv(t)
+	rs, env := newFailureEnv(t, nil)
 	c := env.client("connect")
 	for _, ep := range []string{"/fm/open", "/fm/closed"} {
 		if got := mustCheck(t, c, checkReq("u", ep)); !got.Allowed || got.Degraded {
@@ -110,7 +110,7 @@ func TestRedisDown(t *testing.T) {
 // TestRedisSlow stalls Redis: checks do not wait past the deadline, the fail mode decides.
 func TestRedisSlow(t *testing.T) {
 	t.Parallel()
-	rs, env := newFailureEnv(t)
+	rs, env := newFailureEnv(t, nil)
 	c := env.client("connect")
 	mustCheck(t, c, checkReq("u", "/fm/closed"))
 

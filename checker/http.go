@@ -65,9 +65,10 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h := w.Header()
-	body := forwardAuthBody{Allowed: out.allowed, Tier: out.tier, Degraded: out.degraded}
+	body := forwardAuthBody{Allowed: out.allowed, Tier: out.tier, Degraded: out.degraded, DecisionID: out.id}
+	w.Header().Set("X-Quotaflow-Decision-Id", out.id)
 	if d := out.deciding(); d != nil {
-		body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, stateName(d.State)
+		body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, stateName(out.state())
 		h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Burst, 10))
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
@@ -106,6 +107,7 @@ type forwardAuthBody struct {
 	State      string `json:"state,omitempty"`
 	Tier       string `json:"tier,omitempty"`
 	Degraded   bool   `json:"degraded,omitempty"`
+	DecisionID string `json:"decision_id,omitempty"`
 }
 
 // forwardAuthQuery reads a check from gateway headers. The client IP is X-Client-Ip, else

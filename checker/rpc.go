@@ -27,21 +27,21 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *connect.Request[quotaf
 		return nil, rpcError(err)
 	}
 	resp := &quotaflowv1.CheckRateLimitResponse{
-		Allowed:  out.allowed,
-		Replayed: out.replayed,
-		Degraded: out.degraded,
-		Tier:     out.tier,
-		Limits:   out.statuses(),
+		Allowed:    out.allowed,
+		Replayed:   out.replayed,
+		Degraded:   out.degraded,
+		Tier:       out.tier,
+		Limits:     out.statuses(),
+		State:      out.state(),
+		DecisionId: out.id,
 	}
 	if q.timestamp != 0 {
 		resp.ClockSkewMs = q.timestamp - out.now.UnixMilli()
 	}
 	if d := out.deciding(); d != nil {
 		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
-		resp.ResetAt, resp.RetryAfterMs, resp.State = d.ResetAt, d.RetryAfterMs, d.State
+		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ceilSeconds(d.RetryAfterMs)
-	} else {
-		resp.State = quotaflowv1.State_STATE_NORMAL
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -61,11 +61,11 @@ func (s *Server) GetRemainingQuota(ctx context.Context, req *connect.Request[quo
 		Degraded: out.degraded,
 		Tier:     out.tier,
 		Limits:   out.statuses(),
-		State:    quotaflowv1.State_STATE_NORMAL,
+		State:    out.state(),
 	}
 	if d := out.deciding(); d != nil {
 		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
-		resp.ResetAt, resp.RetryAfterMs, resp.State = d.ResetAt, d.RetryAfterMs, d.State
+		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ceilSeconds(d.RetryAfterMs)
 	}
 	return connect.NewResponse(resp), nil
@@ -148,8 +148,11 @@ func (s *Server) reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 	return n, ids, nil
 }
 
-// statuses renders every evaluated limit.
+// statuses renders every evaluated limit, once: the response and the decision event share it.
 func (o *outcome) statuses() []*quotaflowv1.LimitStatus {
+	if o.rendered != nil || len(o.limits) == 0 {
+		return o.rendered
+	}
 	out := make([]*quotaflowv1.LimitStatus, len(o.limits))
 	for i := range o.limits {
 		l := &o.limits[i]
@@ -175,19 +178,29 @@ func (o *outcome) statuses() []*quotaflowv1.LimitStatus {
 			out[i].FailMode = l.rule.FailMode.String()
 		}
 	}
+	o.rendered = out
 	return out
 }
 
-// deciding renders the deciding limit, or nil when no rule matched.
+// deciding returns the deciding limit's status, or nil when no rule matched.
 func (o *outcome) deciding() *quotaflowv1.LimitStatus {
 	if o.decider < 0 {
 		return nil
 	}
-	d := (&outcome{limits: o.limits[o.decider : o.decider+1]}).statuses()[0]
-	if o.allowed && d.State == quotaflowv1.State_STATE_THROTTLED {
-		d.State = quotaflowv1.State_STATE_WARNING // only a shadow limit denied
+	return o.statuses()[o.decider]
+}
+
+// state is the check's warning state: the deciding limit's, except that a check allowed while a
+// shadow limit would have denied it is a warning, not throttled.
+func (o *outcome) state() quotaflowv1.State {
+	d := o.deciding()
+	switch {
+	case d == nil:
+		return quotaflowv1.State_STATE_NORMAL
+	case o.allowed && d.State == quotaflowv1.State_STATE_THROTTLED:
+		return quotaflowv1.State_STATE_WARNING
 	}
-	return d
+	return d.State
 }
 
 func protoDimension(d rules.Dimension) quotaflowv1.Dimension {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.
@@ -27,6 +30,7 @@ type checkerFlags struct {
 	shutdownTimeout time.Duration
 	logLevel        string
 	logFormat       string
+	instanceID      string
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -44,6 +48,8 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("log-level", "QUOTAFLOW_LOG_LEVEL")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.fromEnv("log-format", "QUOTAFLOW_LOG_FORMAT")
+	fs.StringVar(&c.instanceID, "instance-id", "", "`name` of this checker in decision ids and events, e.g. the pod name; a random suffix keeps each process start unique")
+	fs.fromEnv("instance-id", "QUOTAFLOW_INSTANCE_ID")
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -77,19 +83,40 @@ func (c *checkerFlags) redisClient() (*redis.Client, error) {
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("checker", `Serves quotaflow.v1.RateLimiter over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c), with gRPC
 reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz, all on one port.
-Buckets live in Redis; the rules file is validated at start and any problem stops the start.`, stderr)
+Buckets live in Redis; the rules file is validated at start and any problem stops the start.
+With --nats-url every decision is published to the QUOTAFLOW_DECISIONS stream (spooled on disk
+while NATS is unreachable); on SIGTERM the queue and the spool are drained first.`, stderr)
 	var c checkerFlags
+	var p publishFlags
 	c.register(fs)
+	p.register(fs, "quotaflow-spool")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	if c.rulesPath == "" {
-		return usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required")}
-	}
-	log, err := c.logger(stderr)
+	log, err := c.validate(&p, stderr)
 	if err != nil {
 		return err
 	}
+	return serveChecker(ctx, &c, &p, log)
+}
+
+// validate checks the flags of a checker and returns its logger.
+func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
+	if c.rulesPath == "" {
+		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required")}
+	}
+	if strings.ContainsAny(c.instanceID, " .*>\t\r\n") || len(c.instanceID) > 64 {
+		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", c.instanceID)}
+	}
+	if err := p.validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return c.logger(stderr)
+}
+
+// serveChecker runs a checker, and its publisher when p names NATS, until ctx is done; then it
+// stops taking checks and drains the decisions.
+func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger) error {
 	set, err := rules.Load(c.rulesPath)
 	if err != nil {
 		return err
@@ -99,15 +126,51 @@ Buckets live in Redis; the rules file is validated at start and any problem stop
 		return err
 	}
 	defer rdb.Close()
-	srv := checker.New(checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log})
+	// Unique per process start even with a stable --instance-id (a pod name): decision ids and
+	// message ids repeated after a restart would be dropped by the stream as duplicates.
+	instanceID := newInstanceID()
+	if c.instanceID != "" {
+		instanceID = c.instanceID + "-" + instanceID[:6]
+	}
+	cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID}
+	var pub *publisher.Client
+	if p.natsURL != "" {
+		nc, err := connectNATS(p.natsURL, "quotaflow checker "+instanceID, log)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if pub, err = publisher.New(nc, p.config(instanceID, log)); err != nil {
+			return err
+		}
+		cfg.Decisions = pub
+	} else {
+		log.Warn("no --nats-url: decisions are not published")
+	}
+	srv := checker.New(cfg)
 	defer srv.Close()
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
+		if pub != nil {
+			err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
+		}
 		return fmt.Errorf("listen: %w", err)
 	}
 	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath,
-		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr)
-	return serveHTTP(ctx, ln, srv.Handler(), c.shutdownTimeout, log)
+		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID)
+	err = serveHTTP(ctx, ln, srv.Handler(), c.shutdownTimeout, log)
+	if pub != nil {
+		// No check can run any more: every decision made is in the publisher.
+		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
+	}
+	return err
+}
+
+// newInstanceID names this process in decision ids and message ids.
+func newInstanceID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 (gRPC) until ctx is done, then

@@ -34,8 +34,10 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"serve", "run the pipeline for development: checker, publisher and an embedded NATS", runServe},
 		{"checker", "serve the check API (Connect, gRPC, gRPC-Web, HTTP forward-auth) on one port", runChecker},
 		{"check", "ask a checker whether a request may go ahead", runCheck},
+		{"watch", "print the live decision stream: quotaflow watch decisions", runWatch},
 	}
 }
 

@@ -12,12 +12,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
-var redisSrv *redistest.Server
+var (
+	redisSrv *redistest.Server
+	natsSrv  *natstest.Server
+)
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
+// TestMain gives the package one Redis and one embedded NATS; started as a child by
+// natstest.StartProcess, the test binary serves NATS instead.
+func TestMain(m *testing.M) { os.Exit(natstest.Main(withRedis{m}, &natsSrv)) }
+
+type withRedis struct{ m *testing.M }
+
+func (w withRedis) Run() int { return redistest.Main(w.m, &redisSrv) }
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }

@@ -28,42 +28,60 @@ func init() {
 	}
 }
 
-// startCheckerProcess runs `quotaflow checker` as a child process and waits until it is ready.
-func startCheckerProcess(t *testing.T, rulesPath, redisURL string) string {
+// checkerProcess is `quotaflow checker` in a child process.
+type checkerProcess struct {
+	url  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startCheckerProcess runs `quotaflow checker` with args as a child process and waits until it
+// is ready; it is interrupted (SIGINT) at the end of the test unless killed before.
+func startCheckerProcess(t *testing.T, args ...string) *checkerProcess {
 	t.Helper()
 	addr := freeAddr(t)
-	cmd := exec.Command(os.Args[0], "checker", "--listen", addr, "--rules", rulesPath, "--redis-url", redisURL,
-		"--redis-timeout", "5s", "--log-level", "warn")
+	cmd := exec.Command(os.Args[0], append([]string{"checker", "--listen", addr, "--redis-timeout", "5s", "--log-level", "warn"}, args...)...)
 	cmd.Env = append(os.Environ(), asCheckerEnv+"=1")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p := &checkerProcess{url: "http://" + addr, cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
 		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
+		case <-p.done:
+		case <-time.After(15 * time.Second):
 			cmd.Process.Kill()
 			t.Errorf("checker process %s did not stop on SIGINT", addr)
 		}
 	})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := http.Get(p.url + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return "http://" + addr
+				return p
 			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("checker process exited at start")
+		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("checker process on %s not ready: %v", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// kill is kill -9.
+func (p *checkerProcess) kill() {
+	p.cmd.Process.Kill()
+	<-p.done
 }
 
 // TestExactAcrossProcesses: three checker processes share one Redis; 300 concurrent checks of
@@ -82,7 +100,8 @@ func TestExactAcrossProcesses(t *testing.T) {
 	}
 	var clients []quotaflowv1connect.RateLimiterClient
 	for i := 0; i < 3; i++ {
-		clients = append(clients, quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, startCheckerProcess(t, rulesPath, redisSrv.URL(4))))
+		p := startCheckerProcess(t, "--rules", rulesPath, "--redis-url", redisSrv.URL(4))
+		clients = append(clients, quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, p.url))
 	}
 	user := "procs-" + time.Now().Format("150405.000000")
 	for _, a := range algorithms {
@@ -111,5 +130,76 @@ func TestExactAcrossProcesses(t *testing.T) {
 				t.Errorf("%d concurrent checks over 3 processes admitted %d, want exactly %d", checks, got, limit)
 			}
 		})
+	}
+}
+
+// TestKill9LossBound measures what kill -9 of a publishing checker loses: the decisions still in
+// memory (queue and open batches) and the spool's unflushed buffer, at most about one flush
+// interval of decisions. The next run on the same spool publishes everything else.
+func TestKill9LossBound(t *testing.T) {
+	t.Parallel()
+	const flush = 5 * time.Millisecond
+	rulesPath := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(rulesPath, []byte(pipelineRules), 0o600)
+	spool := t.TempDir()
+	instance := "kill9-" + time.Now().Format("150405000")
+	args := []string{"--rules", rulesPath, "--redis-url", redisSrv.URL(6), "--nats-url", natsSrv.URL,
+		"--spool-dir", spool, "--instance-id", instance, "--publish-flush", flush.String()}
+	p := startCheckerProcess(t, args...)
+	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, p.url)
+
+	var mu sync.Mutex
+	answered := map[string]time.Time{}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				resp, err := client.CheckRateLimit(context.Background(), userCheck(fmt.Sprintf("%s-%d-%d", instance, w, i%100)))
+				if err != nil {
+					continue // the process is gone
+				}
+				mu.Lock()
+				answered[resp.Msg.DecisionId] = time.Now()
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(400 * time.Millisecond)
+	killedAt := time.Now()
+	p.kill()
+	stop()
+	wg.Wait()
+
+	// The next run on the same spool publishes what the killed one had spooled; stopping it
+	// (SIGINT) drains everything.
+	next := startCheckerProcess(t, args...)
+	next.cmd.Process.Signal(os.Interrupt)
+	<-next.done
+
+	inStream := map[string]bool{}
+	for _, d := range streamDecisions(t, natsSrv.URL, instance) {
+		inStream[d.Id] = true
+	}
+	// The design bound is one flush interval plus the open batches (both 5ms here); the test
+	// allows 100ms of answers so that a loaded CI machine's scheduling delays do not fail it.
+	var lost, lastFlushes, last100ms int
+	for id, at := range answered {
+		if killedAt.Sub(at) <= 4*flush {
+			lastFlushes++
+		}
+		if killedAt.Sub(at) <= 100*time.Millisecond {
+			last100ms++
+		}
+		if !inStream[id] {
+			lost++
+		}
+	}
+	t.Logf("kill -9 under load: %d decisions answered, %d lost; %d answered in the last %v and %d in the last 100ms before the kill",
+		len(answered), lost, lastFlushes, 4*flush, last100ms)
+	if lost > last100ms {
+		t.Errorf("kill -9 lost %d decisions, more than the %d answered in the last 100ms", lost, last100ms)
 	}
 }

@@ -504,8 +504,11 @@ type CheckRateLimitResponse struct {
 	// replayed is set when the idempotency key had been seen: nothing was charged.
 	Replayed bool `protobuf:"varint,12,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// clock_skew_ms is the client's timestamp minus the server's time (0 without a timestamp).
-	ClockSkewMs   int64  `protobuf:"varint,13,opt,name=clock_skew_ms,json=clockSkewMs,proto3" json:"clock_skew_ms,omitempty"`
-	Tier          string `protobuf:"bytes,14,opt,name=tier,proto3" json:"tier,omitempty"`
+	ClockSkewMs int64  `protobuf:"varint,13,opt,name=clock_skew_ms,json=clockSkewMs,proto3" json:"clock_skew_ms,omitempty"`
+	Tier        string `protobuf:"bytes,14,opt,name=tier,proto3" json:"tier,omitempty"`
+	// decision_id identifies this decision in the decision stream and the audit (the Decision
+	// event's id).
+	DecisionId    string `protobuf:"bytes,15,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +637,13 @@ func (x *CheckRateLimitResponse) GetClockSkewMs() int64 {
 func (x *CheckRateLimitResponse) GetTier() string {
 	if x != nil {
 		return x.Tier
+	}
+	return ""
+}
+
+func (x *CheckRateLimitResponse) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
 	}
 	return ""
 }
@@ -1023,7 +1033,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x05state\x18\x0e \x01(\x0e2\x13.quotaflow.v1.StateR\x05state\x12\x1a\n" +
 	"\bdegraded\x18\x0f \x01(\bR\bdegraded\x12\x1b\n" +
 	"\tfail_mode\x18\x10 \x01(\tR\bfailMode\x12\x14\n" +
-	"\x05burst\x18\x11 \x01(\x03R\x05burst\"\xd4\x03\n" +
+	"\x05burst\x18\x11 \x01(\x03R\x05burst\"\xf5\x03\n" +
 	"\x16CheckRateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
@@ -1040,7 +1050,9 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\bdegraded\x18\v \x01(\bR\bdegraded\x12\x1a\n" +
 	"\breplayed\x18\f \x01(\bR\breplayed\x12\"\n" +
 	"\rclock_skew_ms\x18\r \x01(\x03R\vclockSkewMs\x12\x12\n" +
-	"\x04tier\x18\x0e \x01(\tR\x04tier\"\xe8\x01\n" +
+	"\x04tier\x18\x0e \x01(\tR\x04tier\x12\x1f\n" +
+	"\vdecision_id\x18\x0f \x01(\tR\n" +
+	"decisionId\"\xe8\x01\n" +
 	"\x18GetRemainingQuotaRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +

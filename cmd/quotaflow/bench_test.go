@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/publisher"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// BenchmarkCheckPublish measures checker throughput with publishing off and on in the same run:
+// CheckRateLimit called in process (no HTTP), one token-bucket limit, 10k subjects, and with
+// publishing every decision going through publisher.Client to the embedded JetStream server.
+func BenchmarkCheckPublish(b *testing.B) {
+	set, err := rules.Parse([]byte("rules:\n- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, publish := range []bool{false, true} {
+		name := "publish=off"
+		if publish {
+			name = "publish=on"
+		}
+		b.Run(name, func(b *testing.B) {
+			rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 7, ContextTimeoutEnabled: true})
+			defer rdb.Close()
+			cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet}
+			var pub *publisher.Client
+			if publish {
+				nc, err := natsSrv.Connect()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer nc.Close()
+				pub, err = publisher.New(nc, publisher.Config{Stream: "BENCH_" + strconv.Itoa(b.N), SubjectPrefix: "bench.n" + strconv.Itoa(b.N),
+					SpoolDir: b.TempDir(), Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				cfg.Decisions = pub
+			}
+			srv := checker.New(cfg)
+			defer srv.Close()
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := srv.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+						Identifier: "bench-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
+					if err != nil || !resp.Msg.Allowed {
+						b.Fatalf("check: %v", err)
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+			if pub != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if err := pub.Close(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if st := pub.Stats(); st.Dropped != 0 || st.Published+st.Replayed != int64(b.N) {
+					b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped", st, b.N)
+				}
+			}
+		})
+	}
+}

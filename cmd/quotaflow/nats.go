@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/quotaflow/quotaflow/publisher"
+)
+
+// publishFlags configure the decision stream of the commands that run a checker.
+type publishFlags struct {
+	natsURL       string
+	spoolDir      string
+	spoolMaxBytes int64
+	partitions    int
+	replicas      int
+	maxAge        time.Duration
+	dupWindow     time.Duration
+	batch         int
+	flush         time.Duration
+}
+
+func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
+	fs.StringVar(&p.natsURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
+	fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
+	fs.StringVar(&p.spoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
+	fs.fromEnv("spool-dir", "QUOTAFLOW_SPOOL_DIR")
+	fs.Int64Var(&p.spoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
+	fs.fromEnv("spool-max-bytes", "QUOTAFLOW_SPOOL_MAX_BYTES")
+	fs.IntVar(&p.partitions, "partitions", 16, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
+	fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
+	fs.IntVar(&p.replicas, "stream-replicas", 1, "replicas of the QUOTAFLOW_DECISIONS stream")
+	fs.fromEnv("stream-replicas", "QUOTAFLOW_STREAM_REPLICAS")
+	fs.DurationVar(&p.maxAge, "stream-max-age", 72*time.Hour, "how long the stream keeps decisions: the buffer for a downstream outage")
+	fs.fromEnv("stream-max-age", "QUOTAFLOW_STREAM_MAX_AGE")
+	fs.DurationVar(&p.dupWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
+	fs.fromEnv("stream-duplicate-window", "QUOTAFLOW_STREAM_DUPLICATE_WINDOW")
+	fs.IntVar(&p.batch, "publish-batch", 512, "most decisions in one message")
+	fs.fromEnv("publish-batch", "QUOTAFLOW_PUBLISH_BATCH")
+	fs.DurationVar(&p.flush, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
+	fs.fromEnv("publish-flush", "QUOTAFLOW_PUBLISH_FLUSH")
+}
+
+func (p *publishFlags) validate() error {
+	switch {
+	case p.natsURL != "" && !strings.HasPrefix(p.natsURL, "nats://") && !strings.HasPrefix(p.natsURL, "tls://"):
+		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
+	case p.partitions < 1 || p.partitions > 1024:
+		return fmt.Errorf("--partitions: want 1 to 1024, got %d", p.partitions)
+	case p.replicas < 1 || p.replicas > 5:
+		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", p.replicas)
+	case p.dupWindow <= 0 || p.dupWindow > p.maxAge:
+		return fmt.Errorf("--stream-duplicate-window: want more than 0 and at most --stream-max-age (%s), got %s", p.maxAge, p.dupWindow)
+	case p.batch < 1:
+		return fmt.Errorf("--publish-batch: want at least 1, got %d", p.batch)
+	case p.flush < time.Millisecond:
+		return fmt.Errorf("--publish-flush: want at least 1ms, got %s", p.flush)
+	case p.spoolMaxBytes < 1<<20:
+		return fmt.Errorf("--spool-max-bytes: want at least 1 MiB, got %d", p.spoolMaxBytes)
+	case p.spoolDir == "":
+		return errors.New("--spool-dir: required with --nats-url")
+	}
+	return nil
+}
+
+func (p *publishFlags) config(instanceID string, log *slog.Logger) publisher.Config {
+	return publisher.Config{
+		Partitions:      p.partitions,
+		Replicas:        p.replicas,
+		MaxAge:          p.maxAge,
+		DuplicateWindow: p.dupWindow,
+		MaxBatch:        p.batch,
+		FlushInterval:   p.flush,
+		SpoolDir:        p.spoolDir,
+		SpoolMaxBytes:   p.spoolMaxBytes,
+		InstanceID:      instanceID,
+		Logger:          log,
+	}
+}
+
+// connectNATS connects for good: it retries a NATS that is down at start and reconnects
+// forever, without buffering publishes while disconnected (the spool keeps them instead).
+func connectNATS(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectBufSize(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("nats connect %s: %w", url, err)
+	}
+	return nc, nil
+}
+
+// embeddedNATS runs a NATS server with JetStream inside this process, for development.
+func embeddedNATS(listen, dir string) (*server.Server, string, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, "", fmt.Errorf("--nats-listen: %w", err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, "", fmt.Errorf("--nats-listen: bad port %q", portStr)
+	}
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "quotaflow-dev",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dir,
+		NoLog:      true,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("embedded nats: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, "", fmt.Errorf("embedded nats on %s not ready within 10s", listen)
+	}
+	return srv, srv.ClientURL(), nil
+}
+
+// closePublisher drains the publisher within timeout: the queue and the spool go to NATS;
+// what cannot stays in the spool for the next start.
+func closePublisher(pub *publisher.Client, timeout time.Duration, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := pub.Close(ctx)
+	st := pub.Stats()
+	log.Info("publisher closed", "published", st.Published, "spooled", st.Spooled, "replayed", st.Replayed,
+		"dropped", st.Dropped, "spool_bytes_left", st.SpoolBytes)
+	if err != nil {
+		return fmt.Errorf("drain decisions: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", `The all-in-one for development: a checker that publishes every decision, and, when no
+--nats-url is given, an embedded NATS server with JetStream (real nats-server code) listening on
+--nats-listen with its data in --nats-dir, so NATS clients (quotaflow watch, nats-sub) can
+attach. Ctrl-C stops taking checks, drains the decisions to the stream and stops NATS.`, stderr)
+	var c checkerFlags
+	var p publishFlags
+	var natsListen, natsDir string
+	c.register(fs)
+	p.register(fs, ".dev/spool")
+	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
+	fs.fromEnv("nats-listen", "QUOTAFLOW_NATS_LISTEN")
+	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
+	fs.fromEnv("nats-dir", "QUOTAFLOW_NATS_DIR")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	embedded := p.natsURL == ""
+	if embedded {
+		p.natsURL = "nats://" + natsListen // validated below; replaced by the server's own URL
+	}
+	log, err := c.validate(&p, stderr)
+	if err != nil {
+		return err
+	}
+	if embedded {
+		if err := os.MkdirAll(natsDir, 0o755); err != nil {
+			return fmt.Errorf("--nats-dir: %w", err)
+		}
+		ns, url, err := embeddedNATS(natsListen, natsDir)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		p.natsURL = url
+		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir)
+	}
+	return serveChecker(ctx, &c, &p, log)
+}

@@ -1,0 +1,250 @@
+// Package natstest runs real NATS servers with JetStream for tests: embedded in the test
+// process, or as a separate process (the test binary re-executed as a nats-server) that a
+// test can kill and restart on the same port and store.
+package natstest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// childEnv makes a test binary started by StartProcess serve NATS instead of running tests.
+const childEnv = "QUOTAFLOW_NATSTEST_SERVE"
+
+// Server is an embedded NATS server with JetStream, its data in a temporary folder.
+type Server struct {
+	// URL is the server's nats:// URL; it stays the same across Stop and Start.
+	URL string
+
+	mu   sync.Mutex
+	srv  *server.Server
+	port int
+	dir  string
+	own  bool // dir is ours to remove
+}
+
+// Start starts an embedded server on a free loopback port.
+func Start() (*Server, error) {
+	dir, err := os.MkdirTemp("", "quotaflow-nats-")
+	if err != nil {
+		return nil, fmt.Errorf("create nats store dir: %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), port: port, dir: dir, own: true}
+	if err := s.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Main is a TestMain helper. In a process started by StartProcess it serves NATS until
+// killed; otherwise it starts an embedded server, sets *srv, runs the tests and stops it.
+func Main(m interface{ Run() int }, srv **Server) int {
+	if spec := os.Getenv(childEnv); spec != "" {
+		return serveChild(spec)
+	}
+	s, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "natstest:", err)
+		return 1
+	}
+	*srv = s
+	code := m.Run()
+	s.Close()
+	return code
+}
+
+// Start (re)starts the embedded server on its port and store.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil {
+		return nil
+	}
+	srv, err := run(s.port, s.dir)
+	if err != nil {
+		return err
+	}
+	s.srv = srv
+	return nil
+}
+
+// Stop shuts the server down; clients see it go away and reconnect when it is started again.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil {
+		return
+	}
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+	s.srv = nil
+}
+
+// Close stops the server and removes its data.
+func (s *Server) Close() {
+	s.Stop()
+	if s.own {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// Connect returns a connection to the server that reconnects forever.
+func (s *Server) Connect() (*nats.Conn, error) {
+	return nats.Connect(s.URL, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+		nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1))
+}
+
+func run(port int, dir string) (*server.Server, error) {
+	srv, err := server.NewServer(&server.Options{
+		Host:      "127.0.0.1",
+		Port:      port,
+		JetStream: true,
+		StoreDir:  dir,
+		NoLog:     true,
+		NoSigs:    true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("nats server not ready within 10s")
+	}
+	return srv, nil
+}
+
+// Process is a nats-server running in a child process.
+type Process struct {
+	// URL is the server's nats:// URL; it stays the same across Stop and Start.
+	URL string
+
+	mu   sync.Mutex
+	port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartProcess starts a nats-server with JetStream as a separate process: the running test
+// binary, whose TestMain must call Main.
+func StartProcess() (*Process, error) {
+	dir, err := os.MkdirTemp("", "quotaflow-nats-proc-")
+	if err != nil {
+		return nil, fmt.Errorf("create nats store dir: %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), port: port, dir: dir}
+	if err := p.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return p, nil
+}
+
+// Start (re)starts the process on its port and store and waits until it accepts connections.
+func (p *Process) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return nil
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(p.port)+":"+p.dir)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start nats-server process: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.port), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case <-done:
+			return errors.New("nats-server process exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-done
+			return errors.New("nats-server process not listening within 15s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+// Stop kills the process (SIGKILL, as a crash would) and waits for it to exit.
+func (p *Process) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+	p.cmd, p.done = nil, nil
+}
+
+// Close stops the process and removes its data.
+func (p *Process) Close() {
+	p.Stop()
+	os.RemoveAll(p.dir)
+}
+
+// serveChild is the child side of StartProcess: serve until killed or interrupted.
+func serveChild(spec string) int {
+	portStr, dir, ok := strings.Cut(spec, ":")
+	port, err := strconv.Atoi(portStr)
+	if !ok || err != nil {
+		fmt.Fprintf(os.Stderr, "natstest: bad %s=%q\n", childEnv, spec)
+		return 2
+	}
+	srv, err := run(port, filepath.Clean(dir))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "natstest:", err)
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	<-sig
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	return 0
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

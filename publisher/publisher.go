@@ -1,0 +1,546 @@
+// Package publisher puts the checker's decisions on NATS JetStream, off the checker's hot
+// path, without losing any.
+//
+// Publish hands a decision to a bounded in-memory queue and returns at once. A batcher groups
+// the queued decisions per partition (see Partition) into DecisionBatch messages of at most
+// Config.MaxBatch decisions, each sent on "<prefix>.<partition>" once it is full or its oldest
+// decision is Config.FlushInterval old. Every message carries the Nats-Msg-Id
+// "<InstanceID>.<partition>.<batch sequence>", so the stream drops a batch published twice
+// within its duplicate window, and the header Quotaflow-Count with its number of decisions.
+// Batch sequences count per partition from the client's start time in unix microseconds, so
+// a restarted process that reuses its InstanceID never reuses an id the stream remembers.
+//
+// The client runs in one of two modes. In Direct mode batches go out with asynchronous
+// JetStream publishes (at most Config.MaxPending awaiting acks). In Spooling mode (at start,
+// until the stream is ensured; while NATS is disconnected; after a publish failed or timed
+// out) batches are appended to an on-disk spool instead, and a replayer publishes the spool
+// in order, under the message ids the batches were given when they were made, while NATS is
+// up. When the replayer reaches the end of the spool it switches back to Direct mode under
+// the same lock the batcher holds to choose where a batch goes, so no new batch overtakes a
+// spooled one: the decisions of a partition keep their order across an outage. Two things
+// can reorder decisions: decisions that Publish finds no room for in the queue (they go to
+// the spool in overflow batches of their own, ahead of those still queued), and a batch that
+// fails while a later one of the same partition, already sent, is stored.
+//
+// The spool is a folder of append-only segment files (00000000000000000001.seg, ...) of
+// records [uint32 length][uint32 CRC-32C][payload], the payload being the partition, the
+// message id and the number of decisions (uvarints, the id length-prefixed) followed by the
+// DecisionBatch bytes, all little-endian. A cursor file (segment, offset) written atomically
+// (temporary file and rename) says where the unpublished records begin. Writes are buffered
+// and handed to the OS every FlushInterval, segments are fsynced when they are full and on
+// Close. At open the spool is scanned, a torn record at the end (a crash in mid-write) is cut
+// off, and a non-empty spool is replayed. Only when the spool holds Config.SpoolMaxBytes is a
+// decision dropped: counted in Stats.Dropped and logged at most once a second.
+//
+// What a kill -9 of the process can lose is what is only in its memory: the queue (taken by
+// the batcher every FlushInterval/4, between 1ms and 10ms), the partial batches (at most
+// FlushInterval old), the overflow batches and buffered spool writes (handed to the OS every
+// FlushInterval), and the batches sent but not yet stored by JetStream (about one round
+// trip). With a batcher that keeps up that is about FlushInterval plus a millisecond or two
+// of decisions; the hard bound is QueueSize + 2*Partitions*MaxBatch + MaxPending*MaxBatch
+// decisions plus FlushInterval of spool writes. An OS crash can also lose the spool writes
+// not yet fsynced (segments are fsynced when full and on Close).
+//
+// The NATS connection should reconnect forever and not buffer while disconnected
+// (nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1)): the
+// spool is the buffer, and a client-side reconnect buffer would let a later batch reach the
+// stream before an earlier one that failed.
+package publisher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// CountHeader is the message header that holds the number of decisions in a batch.
+const CountHeader = "Quotaflow-Count"
+
+// The defaults of Config's fields.
+const (
+	defaultStream          = "QUOTAFLOW_DECISIONS"
+	defaultSubjectPrefix   = "quotaflow.decisions"
+	defaultPartitions      = 16
+	defaultReplicas        = 1
+	defaultMaxAge          = 72 * time.Hour
+	defaultDuplicateWindow = 2 * time.Minute
+	defaultMaxBatch        = 512
+	defaultFlushInterval   = 5 * time.Millisecond
+	defaultQueueSize       = 65536
+	defaultMaxPending      = 256
+	defaultAckTimeout      = 5 * time.Second
+	defaultSpoolDir        = "quotaflow-spool"
+	defaultSpoolMaxBytes   = 1 << 30
+	defaultSegmentBytes    = 64 << 20
+)
+
+// Config configures a Client; the zero value is usable (defaults below). A zero or negative
+// number or duration means its default.
+type Config struct {
+	// Stream is the JetStream stream's name ("QUOTAFLOW_DECISIONS").
+	Stream string
+	// SubjectPrefix names the subjects: messages go to <prefix>.<partition>, the stream takes
+	// <prefix>.> ("quotaflow.decisions").
+	SubjectPrefix string
+	// Partitions is the number of partition subjects (16). Every checker must use the same.
+	Partitions int
+	// Replicas is the stream's replica count (1).
+	Replicas int
+	// MaxAge is how long the stream keeps decisions, the buffer for a downstream outage (72h).
+	MaxAge time.Duration
+	// DuplicateWindow is how long the stream remembers message ids (2m, capped at MaxAge): long
+	// enough to drop a batch re-sent after a lost ack; each id held costs the server ~100 bytes.
+	DuplicateWindow time.Duration
+	// MaxBatch is the most decisions in one message (512).
+	MaxBatch int
+	// FlushInterval is the longest a partial batch waits, and how often the spool's buffered
+	// writes are handed to the OS (5ms).
+	FlushInterval time.Duration
+	// QueueSize is how many decisions the in-memory queue holds (65536).
+	QueueSize int
+	// MaxPending is the most asynchronous publishes awaiting acks (256).
+	MaxPending int
+	// AckTimeout is how long a publish may wait for its ack before it counts as failed (5s).
+	AckTimeout time.Duration
+	// SpoolDir is the spool's folder, created if missing ("quotaflow-spool"). One client at a
+	// time may use it.
+	SpoolDir string
+	// SpoolMaxBytes bounds the spool's size on disk (1 GiB).
+	SpoolMaxBytes int64
+	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB).
+	SegmentBytes int64
+	// InstanceID names this client in message ids (default: 12 random hex characters). It
+	// must not contain '.', '*', '>' or white space.
+	InstanceID string
+	// Logger receives the client's logs, with "component"="publisher" (slog.Default()).
+	Logger *slog.Logger
+}
+
+// withDefaults returns cfg with every unset field at its default.
+func (cfg Config) withDefaults() Config {
+	if cfg.Stream == "" {
+		cfg.Stream = defaultStream
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = defaultSubjectPrefix
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = defaultPartitions
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = defaultReplicas
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = defaultMaxAge
+	}
+	if cfg.DuplicateWindow <= 0 {
+		cfg.DuplicateWindow = defaultDuplicateWindow
+	}
+	cfg.DuplicateWindow = min(cfg.DuplicateWindow, cfg.MaxAge)
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = defaultMaxBatch
+	}
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = defaultFlushInterval
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = defaultQueueSize
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = defaultMaxPending
+	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = defaultAckTimeout
+	}
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = defaultSpoolDir
+	}
+	if cfg.SpoolMaxBytes <= 0 {
+		cfg.SpoolMaxBytes = defaultSpoolMaxBytes
+	}
+	if cfg.SegmentBytes <= 0 {
+		cfg.SegmentBytes = defaultSegmentBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// validate reports a configuration the stream or the message ids cannot work with.
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Stream == "" || strings.ContainsAny(cfg.Stream, ".*> \t\r\n"):
+		return fmt.Errorf("stream name %q: want a name without '.', '*', '>' or white space", cfg.Stream)
+	case !validSubjectPrefix(cfg.SubjectPrefix):
+		return fmt.Errorf("subject prefix %q: want literal dot-separated tokens", cfg.SubjectPrefix)
+	case strings.ContainsAny(cfg.InstanceID, ".*> \t\r\n"):
+		return fmt.Errorf("instance id %q: want an id without '.', '*', '>' or white space", cfg.InstanceID)
+	}
+	return nil
+}
+
+func validSubjectPrefix(p string) bool {
+	if p == "" || strings.ContainsAny(p, "*> \t\r\n") {
+		return false
+	}
+	for tok := range strings.SplitSeq(p, ".") {
+		if tok == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// Stats are the client's counters. Published, Spooled, Replayed and Dropped count decisions
+// since New; the others are current values.
+type Stats struct {
+	// Queued is the number of decisions in memory: queued, in a partial batch, or in an
+	// overflow batch not yet written to the spool.
+	Queued int64
+	// Published is the number of decisions acked by the stream when first sent.
+	Published int64
+	// Spooled is the number of decisions written to the spool.
+	Spooled int64
+	// Replayed is the number of decisions acked by the stream when published from the spool.
+	// Published + Replayed is what reached the stream.
+	Replayed int64
+	// Dropped is the number of decisions lost: the spool was full or could not be written, a
+	// decision could not be encoded or its batch exceeds the server's max payload, or Publish
+	// was called after Close.
+	Dropped int64
+	// SpoolBytes is the size of the spool's records not yet published.
+	SpoolBytes int64
+	// Pending is the number of decisions in messages awaiting acks.
+	Pending int64
+}
+
+// Partition returns the partition of a subject: the 32-bit FNV-1a hash of
+// "<dimension number>:<identifier>" (for example "1:user-42" for a user), modulo partitions.
+// A nil subject, or partitions below 2, give 0. Downstream consumers rely on this function:
+// all the decisions of one first subject go to one partition, in order.
+func Partition(s *quotaflowv1.Subject, partitions int) int {
+	if s == nil || partitions <= 1 {
+		return 0
+	}
+	const (
+		offset32 = 2166136261
+		prime32  = 16777619
+	)
+	var num [12]byte
+	h := uint32(offset32)
+	for _, c := range strconv.AppendInt(num[:0], int64(s.Dimension), 10) {
+		h = (h ^ uint32(c)) * prime32
+	}
+	h = (h ^ ':') * prime32
+	id := s.Identifier
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint32(id[i])) * prime32
+	}
+	return int(h % uint32(partitions))
+}
+
+// EnsureStream creates the decision stream, or updates it to cfg: file storage, limits
+// retention, subjects <prefix>.>, cfg.MaxAge, cfg.DuplicateWindow (capped at MaxAge) and
+// cfg.Replicas, defaults applied as in New.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	cfg = cfg.withDefaults()
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "quotaflow rate-limit decisions, DecisionBatch messages per partition",
+		Subjects:    []string{cfg.SubjectPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure stream %s: %w", cfg.Stream, err)
+	}
+	return s, nil
+}
+
+// mode says where the batcher sends a batch.
+type mode uint8
+
+const (
+	modeSpooling mode = iota // to the spool, which the replayer publishes
+	modeDirect               // to JetStream
+)
+
+// Client publishes decisions. Its methods are safe for concurrent use.
+type Client struct {
+	cfg      Config
+	log      *slog.Logger
+	nc       *nats.Conn
+	js       jetstream.JetStream // direct publishes and stream management
+	jsReplay jetstream.JetStream // replayer publishes, with their own pending window
+	spool    *spool
+	subjects []string  // subject per partition
+	seqs     []seqSlot // next batch sequence per partition
+	overflow []overflowSlot
+
+	queue   chan *quotaflowv1.Decision
+	closing atomic.Bool
+	batched atomic.Int64 // decisions in partial batches
+	// overflowed counts the decisions in overflow batches, not yet in the spool.
+	overflowed atomic.Int64
+	bufs       chan []byte // free batch buffers
+	watchCh    chan watchItem
+	replayCh   chan struct{} // wakes the replayer
+	ensureCh   chan struct{} // wakes the stream ensurer
+
+	// modeMu orders the batcher's choice of Direct or Spooling with the ack watcher's and the
+	// replayer's changes of mode; cond signals changes of inflight and aborted.
+	modeMu   sync.Mutex
+	cond     *sync.Cond
+	mode     mode
+	inflight int  // direct batches awaiting acks
+	aborted  bool // Close's ctx is done: everything goes to the spool
+
+	streamReady atomic.Bool
+
+	published atomic.Int64
+	spooled   atomic.Int64
+	replayed  atomic.Int64
+	dropped   atomic.Int64
+	pending   atomic.Int64
+	dropWhy   atomic.Pointer[string]
+	// dropLogged and dropLoggedAt are maintainLoop's (then Close's): the last drop log.
+	dropLogged   int64
+	dropLoggedAt time.Time
+
+	stopBatch chan struct{} // Close: the batcher drains the queue and exits
+	batchDone chan struct{}
+	abort     chan struct{} // Close's ctx is done
+	stop      chan struct{} // Close: the other goroutines exit
+	abortOnce sync.Once
+	closeOnce sync.Once
+	closeErr  error
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// seqSlot is a batch sequence counter padded to its own cache line.
+type seqSlot struct {
+	n atomic.Uint64
+	_ [56]byte
+}
+
+// New opens (creating) the spool folder, starts the client's goroutines and returns. It
+// succeeds while NATS is down: the stream is ensured in the background, and until then every
+// batch goes to the spool.
+func New(nc *nats.Conn, cfg Config) (*Client, error) {
+	if nc == nil {
+		return nil, errors.New("publisher: nil nats connection")
+	}
+	cfg = cfg.withDefaults()
+	if cfg.InstanceID == "" {
+		var b [6]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("publisher: instance id: %w", err)
+		}
+		cfg.InstanceID = hex.EncodeToString(b[:])
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	log := cfg.Logger.With("component", "publisher")
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout), jetstream.WithDefaultTimeout(cfg.AckTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("publisher: jetstream: %w", err)
+	}
+	jsReplay, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("publisher: jetstream: %w", err)
+	}
+	c := &Client{
+		cfg:       cfg,
+		log:       log,
+		nc:        nc,
+		js:        js,
+		jsReplay:  jsReplay,
+		subjects:  make([]string, cfg.Partitions),
+		seqs:      make([]seqSlot, cfg.Partitions),
+		overflow:  make([]overflowSlot, cfg.Partitions),
+		queue:     make(chan *quotaflowv1.Decision, cfg.QueueSize),
+		bufs:      make(chan []byte, cfg.MaxPending+cfg.Partitions),
+		watchCh:   make(chan watchItem, cfg.MaxPending),
+		replayCh:  make(chan struct{}, 1),
+		ensureCh:  make(chan struct{}, 1),
+		stopBatch: make(chan struct{}),
+		batchDone: make(chan struct{}),
+		abort:     make(chan struct{}),
+		stop:      make(chan struct{}),
+	}
+	c.cond = sync.NewCond(&c.modeMu)
+	c.spool, err = openSpool(cfg.SpoolDir, cfg.SpoolMaxBytes, cfg.SegmentBytes, log, c.drop)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	for p := range c.subjects {
+		c.subjects[p] = cfg.SubjectPrefix + "." + strconv.Itoa(p)
+	}
+	// Batch sequences start at the start time in microseconds, not 1: a process restarted
+	// with the same InstanceID must not reuse a message id the stream still remembers (it
+	// would drop the new batch as a duplicate). Each partition makes far fewer than a batch
+	// per microsecond, so the ranges of two runs never meet.
+	start := uint64(time.Now().UnixMicro())
+	for p := range c.seqs {
+		c.seqs[p].n.Store(start)
+	}
+	if n := c.spool.pendingBytes(); n > 0 {
+		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(5)
+	go c.batchLoop()
+	go c.watchLoop()
+	go c.replayLoop()
+	go c.ensureLoop()
+	go c.maintainLoop()
+	return c, nil
+}
+
+// Publish hands d to the client, which owns it from now on, and returns at once. When the
+// queue is full, d is appended to the spool; when the spool is full too, d is dropped
+// (Stats.Dropped).
+func (c *Client) Publish(d *quotaflowv1.Decision) {
+	if d == nil {
+		return
+	}
+	if c.closing.Load() {
+		c.drop(1, "publish after close")
+		return
+	}
+	select {
+	case c.queue <- d:
+	default:
+		c.spoolOne(d)
+	}
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	return Stats{
+		Queued:     int64(len(c.queue)) + c.batched.Load() + c.overflowed.Load(),
+		Published:  c.published.Load(),
+		Spooled:    c.spooled.Load(),
+		Replayed:   c.replayed.Load(),
+		Dropped:    c.dropped.Load(),
+		SpoolBytes: c.spool.pendingBytes(),
+		Pending:    c.pending.Load(),
+	}
+}
+
+// Close is the SIGTERM path: it stops accepting decisions, flushes the partial batches,
+// publishes the queue and drains the spool until it is empty or ctx is done. What is left
+// stays in the spool, fsynced, for the next client on the same folder; Close then returns an
+// error saying so. Publish must not be called during or after Close (such decisions are
+// dropped). Close waits for NATS as long as ctx allows: give it a deadline.
+func (c *Client) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() { c.closeErr = c.close(ctx) })
+	return c.closeErr
+}
+
+func (c *Client) close(ctx context.Context) error {
+	c.closing.Store(true)
+	close(c.stopBatch)
+	select {
+	case <-c.batchDone:
+	case <-ctx.Done():
+		c.doAbort()
+		<-c.batchDone
+	}
+	tick := time.NewTicker(c.cfg.FlushInterval)
+	defer tick.Stop()
+drain:
+	for !c.drained() {
+		c.kick(c.replayCh)
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			c.doAbort()
+			break drain
+		}
+	}
+	// After an abort the watcher spools what still awaits an ack: wait for it.
+	c.modeMu.Lock()
+	for c.inflight > 0 {
+		c.cond.Wait()
+	}
+	c.modeMu.Unlock()
+	close(c.stop)
+	c.cancel()
+	c.wg.Wait()
+	// Decisions of Publish calls that raced with Close.
+	for {
+		select {
+		case d := <-c.queue:
+			c.spoolOne(d)
+			continue
+		default:
+		}
+		break
+	}
+	c.spoolOverflows()
+	left := c.spool.pendingBytes()
+	if err := c.spool.close(); err != nil {
+		return fmt.Errorf("publisher: close spool: %w", err)
+	}
+	c.logDrops(true)
+	if left > 0 {
+		return fmt.Errorf("publisher: spool not drained, %d bytes left in %s: %w", left, c.cfg.SpoolDir, context.Cause(ctx))
+	}
+	return nil
+}
+
+// drained reports whether everything handed to the client reached the stream.
+func (c *Client) drained() bool {
+	c.modeMu.Lock()
+	inflight := c.inflight
+	c.modeMu.Unlock()
+	return inflight == 0 && len(c.queue) == 0 && c.overflowed.Load() == 0 && c.spool.empty()
+}
+
+// doAbort makes every remaining batch go to the spool, and stops waiting for acks.
+func (c *Client) doAbort() {
+	c.abortOnce.Do(func() {
+		close(c.abort)
+		c.modeMu.Lock()
+		c.aborted = true
+		c.cond.Broadcast()
+		c.modeMu.Unlock()
+	})
+}
+
+// kick wakes the goroutine that waits on ch, without blocking.
+func (c *Client) kick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// drop counts n lost decisions; the maintenance loop logs them.
+func (c *Client) drop(n int64, why string) {
+	c.dropWhy.Store(&why)
+	c.dropped.Add(n)
+}

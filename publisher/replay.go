@@ -1,0 +1,251 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// replayItem is a spool record published by the replayer, awaiting its ack.
+type replayItem struct {
+	fut jetstream.PubAckFuture
+	rec spoolRecord
+}
+
+// replayLoop publishes the spool whenever NATS is up and the spool is not empty. Appends to
+// the spool and the stream becoming ready wake it; it also looks every 20ms (or
+// FlushInterval if longer), for a connection that came back.
+func (c *Client) replayLoop() {
+	defer c.wg.Done()
+	tick := time.NewTicker(max(c.cfg.FlushInterval, 20*time.Millisecond))
+	defer tick.Stop()
+	backoff := time.NewTimer(0)
+	<-backoff.C
+	var items []replayItem
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.replayCh:
+		case <-tick.C:
+		}
+		wait := c.replay(&items)
+		if wait == 0 {
+			continue
+		}
+		backoff.Reset(wait)
+		select {
+		case <-c.stop:
+			backoff.Stop()
+			return
+		case <-backoff.C:
+		}
+	}
+}
+
+// replay publishes the spool in rounds until it is empty, then switches to Direct mode; when
+// a publish fails it returns how long to wait before trying again.
+func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
+	for {
+		if !c.nc.IsConnected() || !c.streamReady.Load() {
+			return 0
+		}
+		select {
+		case <-c.abort:
+			return 0
+		default:
+		}
+		atEnd, err := c.replayRound(items)
+		if err != nil {
+			return c.replayFailed(err)
+		}
+		if !atEnd {
+			continue
+		}
+		// At the end of the spool. While the last round awaited its acks the batcher may have
+		// appended more: publish those with modeMu held, so that it cannot append another, and
+		// switch to Direct mode if they all make it. The batcher waits for one round trip.
+		c.modeMu.Lock()
+		if c.mode == modeSpooling && !c.aborted && c.inflight == 0 {
+			atEnd, err = c.replayRound(items)
+			if err == nil && atEnd && c.nc.IsConnected() && c.streamReady.Load() {
+				c.setMode(modeDirect, "spool drained")
+			}
+		}
+		direct := c.mode == modeDirect
+		c.modeMu.Unlock()
+		if err != nil {
+			return c.replayFailed(err)
+		}
+		if direct {
+			c.spool.compact()
+			return 0
+		}
+		if !atEnd {
+			continue
+		}
+		return 0
+	}
+}
+
+// replayFailed logs a failed replay round and returns the time to wait before the next.
+func (c *Client) replayFailed(err error) time.Duration {
+	if err != errAborted {
+		c.noteErr(err)
+		c.log.Warn("replaying the spool failed, retrying", "err", err, "spool_bytes", c.spool.pendingBytes())
+	}
+	return 250 * time.Millisecond
+}
+
+// replayRound publishes up to MaxPending spool records from the cursor on and moves the
+// cursor past each one acked, in order. atEnd says it read up to the end of the spool. After
+// a failure, the records after the failed one are published again by the next round under
+// the same message ids: the stream drops those it already has.
+func (c *Client) replayRound(items *[]replayItem) (atEnd bool, failure error) {
+	its := (*items)[:0]
+	defer func() {
+		clear(its)
+		*items = its[:0]
+	}()
+	pos := c.spool.ackPos()
+	for {
+		if len(its) == c.cfg.MaxPending {
+			break
+		}
+		rec, ok, err := c.spool.read(pos)
+		if err != nil {
+			c.log.Error("unreadable spool record: skipping the rest of its segment", "err", err)
+			c.spool.skipSegment(pos)
+			break
+		}
+		if !ok {
+			atEnd = true
+			break
+		}
+		fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(rec.partition, int(rec.count), rec.data),
+			jetstream.WithMsgID(rec.id))
+		if errors.Is(err, nats.ErrMaxPayload) && len(its) == 0 {
+			// The server will never take it: drop it rather than block the spool.
+			c.drop(rec.count, "batch larger than the server's max payload")
+			c.spool.commit(rec.end)
+			pos = rec.end
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, nats.ErrMaxPayload) { // else: dropped as the first of the next round
+				failure = err
+			}
+			break
+		}
+		its = append(its, replayItem{fut: fut, rec: rec})
+		c.pending.Add(rec.count)
+		pos = rec.end
+	}
+	for _, it := range its {
+		var err error
+		select {
+		case <-it.fut.Ok():
+		case err = <-it.fut.Err():
+		case <-c.abort:
+			err = errAborted
+		}
+		c.pending.Add(-it.rec.count)
+		if err != nil && failure == nil {
+			failure = err
+		}
+		if failure == nil {
+			c.spool.commit(it.rec.end)
+			c.replayed.Add(it.rec.count)
+		}
+	}
+	return atEnd && failure == nil, failure
+}
+
+// ensureLoop creates or updates the stream until it succeeds, and again whenever a publish
+// says the stream is missing.
+func (c *Client) ensureLoop() {
+	defer c.wg.Done()
+	const minBackoff, maxBackoff = 50 * time.Millisecond, 2 * time.Second
+	backoff, failures := minBackoff, 0
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.ensureCh:
+		case <-timer.C:
+		}
+		if c.streamReady.Load() {
+			continue
+		}
+		wait := 20 * time.Millisecond
+		if c.nc.IsConnected() {
+			ctx, cancel := context.WithTimeout(c.ctx, c.cfg.AckTimeout)
+			_, err := EnsureStream(ctx, c.js, c.cfg)
+			cancel()
+			if err == nil {
+				c.streamReady.Store(true)
+				backoff, failures = minBackoff, 0
+				c.kick(c.replayCh)
+				continue
+			}
+			if c.ctx.Err() != nil {
+				return
+			}
+			failures++
+			if failures == 1 || failures%30 == 0 {
+				c.log.Warn("cannot ensure the stream yet: spooling", "err", err, "attempts", failures)
+			}
+			wait = backoff
+			backoff = min(2*backoff, maxBackoff)
+		}
+		timer.Reset(wait)
+	}
+}
+
+// maintainLoop spools the overflow batches and hands the spool's buffered writes to the OS
+// every FlushInterval, saves the
+// spool's cursor every 100ms and logs dropped decisions at most once a second.
+func (c *Client) maintainLoop() {
+	defer c.wg.Done()
+	tick := time.NewTicker(c.cfg.FlushInterval)
+	defer tick.Stop()
+	cursorEvery := max(int(100*time.Millisecond/c.cfg.FlushInterval), 1)
+	var lastCursorErr time.Time
+	for n := 1; ; n++ {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+		c.spoolOverflows()
+		c.spool.flush()
+		if n%cursorEvery == 0 {
+			if err := c.spool.saveCursor(false); err != nil && time.Since(lastCursorErr) > 10*time.Second {
+				lastCursorErr = time.Now()
+				c.log.Warn("cannot save the spool cursor: a restart would replay published batches again", "err", err)
+			}
+		}
+		c.logDrops(false)
+	}
+}
+
+// logDrops logs the dropped decisions counted since the last log, at most once a second
+// unless forced.
+func (c *Client) logDrops(force bool) {
+	n := c.dropped.Load()
+	if n == c.dropLogged || (!force && time.Since(c.dropLoggedAt) < time.Second) {
+		return
+	}
+	why := ""
+	if p := c.dropWhy.Load(); p != nil {
+		why = *p
+	}
+	c.log.Error("decisions dropped", "dropped_total", n, "dropped_since_last_log", n-c.dropLogged,
+		"reason", why, "spool_dir", c.cfg.SpoolDir, "spool_max_bytes", c.cfg.SpoolMaxBytes)
+	c.dropLogged, c.dropLoggedAt = n, time.Now()
+}
