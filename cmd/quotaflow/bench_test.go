@@ -14,8 +14,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/publisher"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
 // BenchmarkCheckPublish measures checker throughput with publishing off and on in the same run:
