@@ -39,9 +39,9 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./internal/rules/
 	$(GO) test -run='^$$' -fuzz='^FuzzCheckRequest$$' -fuzztime=$(FUZZTIME) ./checker/
 
-## bench: the checker benchmarks (checks/s and allocations per check)
+## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./internal/bucket/ ./internal/rules/
+	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
 
 clean:
 	rm -rf bin .dev
