@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
@@ -41,6 +43,12 @@ type Config struct {
 	// InstanceID identifies this checker process in decision ids and events; empty means a
 	// random one.
 	InstanceID string
+	// DisableOverLimitCache turns off the local cache of buckets known to deny until a known
+	// instant (see overLimitCache): every check then goes to Redis.
+	DisableOverLimitCache bool
+	// Meter and Tracer receive the checker's metrics and spans; nil means none.
+	Meter  metric.Meter
+	Tracer trace.Tracer
 	// Logger receives the checker's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -63,6 +71,8 @@ type Server struct {
 	sink         DecisionSink
 	instanceID   string
 	decisionSeq  atomic.Uint64
+	olc          *overLimitCache // nil when disabled
+	tel          *instruments
 }
 
 // New returns a Server for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -80,6 +90,14 @@ func New(cfg Config) *Server {
 	}
 	if s.instanceID == "" {
 		s.instanceID = newInstanceID()
+	}
+	if !cfg.DisableOverLimitCache {
+		s.olc = newOverLimitCache(0)
+	}
+	var err error
+	if s.tel, err = newInstruments(cfg.Meter, cfg.Tracer); err != nil {
+		s.log.Error("metrics disabled: creating instruments failed", "err", err)
+		s.tel, _ = newInstruments(nil, cfg.Tracer)
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -110,6 +128,9 @@ func New(cfg Config) *Server {
 // changes keeps what its subjects consumed.
 func (s *Server) SetRules(set *rules.Set) {
 	s.rules.Store(set)
+	if s.olc != nil {
+		s.olc.clear() // a raised limit must not be denied from the cache
+	}
 }
 
 // InstanceID identifies this checker in decision ids and events.

@@ -65,6 +65,9 @@ var globalSubject = subject{dim: rules.DimensionGlobal, id: "global"}
 // decide evaluates q: every matching rule of every subject, plus the global rules. With peek it
 // consumes nothing.
 func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, error) {
+	start := time.Now()
+	ctx, span := s.tel.tracer.Start(ctx, "quotaflow.check")
+	defer span.End()
 	set := s.rules.Load()
 	if set == nil {
 		return nil, errNoRules
@@ -79,7 +82,13 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 	}
 	if len(plan) == 0 {
 		out.allowed, out.now = true, time.Now()
-		return s.record(q, out, peek), nil
+		return s.record(ctx, q, out, peek, start), nil
+	}
+	// A retry with an idempotency key must replay its first decision, so it goes to Redis.
+	if s.olc != nil && !peek && q.idemKey == "" && s.fromCache(plan, out, q.cost) {
+		s.tel.cacheHit.Add(ctx, 1)
+		out.summarize()
+		return s.record(ctx, q, out, peek, start), nil
 	}
 	reqs := make([]bucket.Request, len(plan))
 	for i := range plan {
@@ -87,9 +96,18 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 	}
 	var results []bucket.Result
 	if !s.redisDown.Load() {
+		var sentAt int64
+		if s.olc != nil {
+			sentAt = s.olc.now()
+		}
 		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		rstart := time.Now()
 		results, err = s.store.Check(rctx, reqs)
+		s.tel.redis.Record(ctx, time.Since(rstart).Seconds())
 		cancel()
+		if err == nil && s.olc != nil && !peek {
+			s.cacheDenials(plan, results, q.cost, sentAt)
+		}
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
@@ -112,15 +130,16 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 		}
 	}
 	out.summarize()
-	return s.record(q, out, peek), nil
+	return s.record(ctx, q, out, peek, start), nil
 }
 
-// record gives a consuming check its decision id and hands its event to the sink. Peeks are
-// not decisions: they consume nothing.
-func (s *Server) record(q *query, out *outcome, peek bool) *outcome {
+// record gives a consuming check its decision id, counts it and hands its event to the sink.
+// Peeks are not decisions: they consume nothing.
+func (s *Server) record(ctx context.Context, q *query, out *outcome, peek bool, start time.Time) *outcome {
 	if peek {
 		return out
 	}
+	s.tel.record(ctx, out, start)
 	out.id = s.nextDecisionID()
 	if s.sink != nil {
 		s.sink.Publish(out.decision(q, s.instanceID))
@@ -198,6 +217,44 @@ func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plan
 		}
 	}
 	return plan, nil
+}
+
+// fromCache answers a check from the over-limit cache when one of its enforced buckets is known
+// to deny it: the outcome then holds only the cached limits, as the only ones evaluated.
+func (s *Server) fromCache(plan []plannedRequest, out *outcome, cost int64) bool {
+	now := s.olc.now()
+	var hits []limitOutcome
+	for _, p := range plan {
+		if p.req.Shadow {
+			continue
+		}
+		for j := range p.req.Limits {
+			if res, ok := s.olc.lookup(p.req.Limits[j].Key, cost, now); ok {
+				lo := out.limits[p.first+j]
+				lo.res = res
+				hits = append(hits, lo)
+			}
+		}
+	}
+	if hits == nil {
+		return false
+	}
+	out.limits, out.now = hits, time.Now()
+	return true
+}
+
+// cacheDenials remembers the enforced buckets that denied.
+func (s *Server) cacheDenials(plan []plannedRequest, results []bucket.Result, cost, sentAt int64) {
+	for i, p := range plan {
+		if p.req.Shadow || results[i].Allowed || results[i].Replayed {
+			continue
+		}
+		for j, lr := range results[i].Limits {
+			if !lr.Allowed {
+				s.olc.deny(p.req.Limits[j].Key, cost, sentAt, lr)
+			}
+		}
+	}
 }
 
 // fallback decides while Redis is unreachable, limit by limit, by each rule's fail mode: open

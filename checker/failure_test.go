@@ -9,9 +9,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/redistest"
-	healthv1 "github.com/quotaflow/quotaflow/proto/grpc/health/v1"
-	"github.com/quotaflow/quotaflow/proto/grpc/health/v1/healthv1connect"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // waitReady polls until the server is ready again, for at most 10s.
@@ -86,8 +85,8 @@ func TestRedisDown(t *testing.T) {
 	if resp.StatusCode != 503 {
 		t.Errorf("/readyz with redis down = %d, want 503", resp.StatusCode)
 	}
-	hc := healthv1connect.NewHealthClient(h2cClient(), env.url, connect.WithGRPC())
-	if h, err := hc.Check(context.Background(), connect.NewRequest(&healthv1.HealthCheckRequest{})); err != nil || h.Msg.Status != healthv1.HealthCheckResponse_NOT_SERVING {
+	hc := healthClient(env.url)
+	if h, err := hc.CallUnary(context.Background(), connect.NewRequest(&healthpb.HealthCheckRequest{})); err != nil || h.Msg.Status != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("grpc health with redis down = %v, %v, want NOT_SERVING", h, err)
 	}
 	// Resets need Redis: they fail rather than pretend.

@@ -1,7 +1,6 @@
 package checker
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,11 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 
-	healthv1 "github.com/quotaflow/quotaflow/proto/grpc/health/v1"
-	"github.com/quotaflow/quotaflow/proto/grpc/health/v1/healthv1connect"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 
 	"github.com/quotaflow/quotaflow/internal/rules"
@@ -25,8 +21,8 @@ import (
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s))
-	mux.Handle(healthv1connect.NewHealthHandler(&healthService{s: s}))
-	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthv1connect.HealthName)
+	mux.Handle((&healthService{s: s}).handler())
+	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/ratelimit/check", s.forwardAuth)
@@ -218,52 +214,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, map[string]string{"error": code, "message": msg})
-}
-
-// healthService is grpc.health.v1.Health: SERVING while Ready.
-type healthService struct{ s *Server }
-
-var _ healthv1connect.HealthHandler = (*healthService)(nil)
-
-func (h *healthService) status(ctx context.Context, service string) (healthv1.HealthCheckResponse_ServingStatus, error) {
-	if service != "" && service != quotaflowv1connect.RateLimiterName {
-		return 0, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", service))
-	}
-	if h.s.Ready(ctx) != nil {
-		return healthv1.HealthCheckResponse_NOT_SERVING, nil
-	}
-	return healthv1.HealthCheckResponse_SERVING, nil
-}
-
-// Check implements grpc.health.v1.Health.
-func (h *healthService) Check(ctx context.Context, req *connect.Request[healthv1.HealthCheckRequest]) (*connect.Response[healthv1.HealthCheckResponse], error) {
-	st, err := h.status(ctx, req.Msg.GetService())
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&healthv1.HealthCheckResponse{Status: st}), nil
-}
-
-// Watch implements grpc.health.v1.Health: it sends the status now and on every change.
-func (h *healthService) Watch(ctx context.Context, req *connect.Request[healthv1.HealthCheckRequest], stream *connect.ServerStream[healthv1.HealthCheckResponse]) error {
-	last := healthv1.HealthCheckResponse_ServingStatus(-1)
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		st, err := h.status(ctx, req.Msg.GetService())
-		if err != nil {
-			return err
-		}
-		if st != last {
-			if err := stream.Send(&healthv1.HealthCheckResponse{Status: st}); err != nil {
-				return err
-			}
-			last = st
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
 }

@@ -14,8 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 
-	healthv1 "github.com/quotaflow/quotaflow/proto/grpc/health/v1"
-	"github.com/quotaflow/quotaflow/proto/grpc/health/v1/healthv1connect"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 func forwardAuth(t *testing.T, env *testEnv, headers map[string]string, query string) (*http.Response, map[string]any) {
@@ -134,14 +133,14 @@ func TestHealthEndpoints(t *testing.T) {
 		t.Errorf("check without rules: %v, want Unavailable", err)
 	}
 
-	hc := healthv1connect.NewHealthClient(h2cClient(), env.url, connect.WithGRPC())
+	hc := healthClient(env.url)
 	for _, svc := range []string{"", "quotaflow.v1.RateLimiter"} {
-		resp, err := hc.Check(context.Background(), connect.NewRequest(&healthv1.HealthCheckRequest{Service: svc}))
-		if err != nil || resp.Msg.Status != healthv1.HealthCheckResponse_SERVING {
+		resp, err := hc.CallUnary(context.Background(), connect.NewRequest(&healthpb.HealthCheckRequest{Service: svc}))
+		if err != nil || resp.Msg.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("grpc health %q = %v, %v, want SERVING", svc, resp, err)
 		}
 	}
-	_, err = hc.Check(context.Background(), connect.NewRequest(&healthv1.HealthCheckRequest{Service: "nope"}))
+	_, err = hc.CallUnary(context.Background(), connect.NewRequest(&healthpb.HealthCheckRequest{Service: "nope"}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("grpc health of an unknown service: %v, want NotFound", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/redis/go-redis/v9"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/internal/rules"
@@ -131,4 +132,9 @@ func newRedis(addr string) *redis.Client {
 	// Default retries, as in production: a command on a pooled connection that died with a
 	// restarted Redis is retried within the deadline.
 	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, ContextTimeoutEnabled: true})
+}
+
+// healthClient calls grpc.health.v1.Health/Check over gRPC.
+func healthClient(url string) *connect.Client[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse] {
+	return connect.NewClient[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse](h2cClient(), url+healthCheckProcedure, connect.WithGRPC())
 }

@@ -139,6 +139,9 @@ func (s *Server) reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 	if len(keys) == 0 {
 		return 0, ids, nil
 	}
+	if s.olc != nil {
+		s.olc.forget(keys)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	n, err := s.store.Delete(ctx, keys...)

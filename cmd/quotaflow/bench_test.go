@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/publisher"
 )
@@ -77,6 +80,53 @@ func BenchmarkCheckPublish(b *testing.B) {
 					b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped", st, b.N)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkCheckTelemetry measures checker throughput with telemetry off, with metrics, and
+// with metrics plus traces (1% sampled, exported over OTLP/HTTP to a collector that discards).
+func BenchmarkCheckTelemetry(b *testing.B) {
+	set, err := rules.Parse([]byte("rules:\n- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	defer collector.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, mode := range []string{"off", "metrics", "metrics+traces"} {
+		b.Run("telemetry="+mode, func(b *testing.B) {
+			rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true})
+			defer rdb.Close()
+			cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet}
+			if mode != "off" {
+				tc := telemetry.Config{}
+				if mode == "metrics+traces" {
+					tc.OTLPEndpoint, tc.SampleRatio = collector.URL+"/v1/traces", 0.01
+				}
+				tel, err := telemetry.Setup(context.Background(), tc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer tel.Close(context.Background())
+				cfg.Meter, cfg.Tracer = tel.Meter, tel.Tracer
+			}
+			srv := checker.New(cfg)
+			defer srv.Close()
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := srv.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+						Identifier: "tel-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
+					if err != nil || !resp.Msg.Allowed {
+						b.Fatalf("check: %v", err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
 		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/publisher"
 )
 
@@ -31,6 +32,9 @@ type checkerFlags struct {
 	logLevel        string
 	logFormat       string
 	instanceID      string
+	overLimitCache  bool
+	otlpEndpoint    string
+	traceRatio      float64
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -50,6 +54,12 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("log-format", "QUOTAFLOW_LOG_FORMAT")
 	fs.StringVar(&c.instanceID, "instance-id", "", "`name` of this checker in decision ids and events, e.g. the pod name; a random suffix keeps each process start unique")
 	fs.fromEnv("instance-id", "QUOTAFLOW_INSTANCE_ID")
+	fs.BoolVar(&c.overLimitCache, "over-limit-cache", true, "answer checks of buckets known to deny until a known instant without a Redis call (exact)")
+	fs.fromEnv("over-limit-cache", "QUOTAFLOW_OVER_LIMIT_CACHE")
+	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
+	fs.fromEnv("otlp-endpoint", "QUOTAFLOW_OTLP_ENDPOINT")
+	fs.Float64Var(&c.traceRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
+	fs.fromEnv("trace-sample-ratio", "QUOTAFLOW_TRACE_SAMPLE_RATIO")
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -111,6 +121,9 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	if err := p.validate(); err != nil {
 		return nil, usageError{err}
 	}
+	if c.traceRatio <= 0 || c.traceRatio > 1 {
+		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", c.traceRatio)}
+	}
 	return c.logger(stderr)
 }
 
@@ -132,7 +145,19 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	if c.instanceID != "" {
 		instanceID = c.instanceID + "-" + instanceID[:6]
 	}
-	cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID}
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: instanceID, OTLPEndpoint: c.otlpEndpoint, SampleRatio: c.traceRatio})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Close(sctx); err != nil {
+			log.Warn("telemetry flush", "err", err)
+		}
+	}()
+	cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
+		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer}
 	var pub *publisher.Client
 	if p.natsURL != "" {
 		nc, err := connectNATS(p.natsURL, "quotaflow checker "+instanceID, log)
@@ -144,6 +169,9 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 			return err
 		}
 		cfg.Decisions = pub
+		if err := observePublisher(tel.Meter, pub); err != nil {
+			return errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
+		}
 	} else {
 		log.Warn("no --nats-url: decisions are not published")
 	}
@@ -158,7 +186,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	}
 	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath,
 		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID)
-	err = serveHTTP(ctx, ln, srv.Handler(), c.shutdownTimeout, log)
+	err = serveHTTP(ctx, ln, withMetrics(srv.Handler(), tel), c.shutdownTimeout, log)
 	if pub != nil {
 		// No check can run any more: every decision made is in the publisher.
 		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))

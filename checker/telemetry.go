@@ -1,0 +1,83 @@
+package checker
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// instruments are the checker's metrics. Attribute sets are built once: a check adds to
+// counters without building attributes.
+type instruments struct {
+	tracer   trace.Tracer
+	checks   metric.Int64Counter
+	duration metric.Float64Histogram
+	redis    metric.Float64Histogram
+	cacheHit metric.Int64Counter
+	// by result: allowed, denied; and degraded variants.
+	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded metric.AddOption
+	recAllowed, recDenied                                        metric.RecordOption
+}
+
+// latencyBuckets (seconds) resolve the sub-millisecond range a check lives in.
+var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+
+func newInstruments(m metric.Meter, t trace.Tracer) (*instruments, error) {
+	if m == nil {
+		m = metricnoop.NewMeterProvider().Meter("")
+	}
+	if t == nil {
+		t = tracenoop.NewTracerProvider().Tracer("")
+	}
+	in := &instruments{tracer: t}
+	var err error
+	if in.checks, err = m.Int64Counter("quotaflow.checks", metric.WithDescription("Consuming checks decided, by result and whether Redis was unreachable (degraded).")); err != nil {
+		return nil, err
+	}
+	if in.duration, err = m.Float64Histogram("quotaflow.check.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to decide a check inside the checker, Redis round trip included."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		return nil, err
+	}
+	if in.redis, err = m.Float64Histogram("quotaflow.redis.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time of a check's Redis call (one pipelined round trip for all its subjects)."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		return nil, err
+	}
+	if in.cacheHit, err = m.Int64Counter("quotaflow.overlimit_cache.hits", metric.WithDescription("Checks denied from the local over-limit cache without a Redis call.")); err != nil {
+		return nil, err
+	}
+	set := func(result string, degraded bool) attribute.Set {
+		return attribute.NewSet(attribute.String("result", result), attribute.Bool("degraded", degraded))
+	}
+	in.addAllowed = metric.WithAttributeSet(set("allowed", false))
+	in.addDenied = metric.WithAttributeSet(set("denied", false))
+	in.addAllowedDegraded = metric.WithAttributeSet(set("allowed", true))
+	in.addDeniedDegraded = metric.WithAttributeSet(set("denied", true))
+	in.recAllowed = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "allowed")))
+	in.recDenied = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "denied")))
+	return in, nil
+}
+
+// record counts a decided check and its latency.
+func (in *instruments) record(ctx context.Context, out *outcome, start time.Time) {
+	var add metric.AddOption
+	var rec metric.RecordOption
+	switch {
+	case out.allowed && !out.degraded:
+		add, rec = in.addAllowed, in.recAllowed
+	case out.allowed:
+		add, rec = in.addAllowedDegraded, in.recAllowed
+	case !out.degraded:
+		add, rec = in.addDenied, in.recDenied
+	default:
+		add, rec = in.addDeniedDegraded, in.recDenied
+	}
+	in.checks.Add(ctx, 1, add)
+	in.duration.Record(ctx, time.Since(start).Seconds(), rec)
+}

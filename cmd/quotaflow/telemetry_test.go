@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestTelemetry: /metrics shows the checks and the publisher's counters; with --otlp-endpoint
+// every sampled check is a span sent over OTLP/HTTP.
+func TestTelemetry(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var spans []string
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req collectorpb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(body, &req); err != nil {
+			t.Errorf("collector got an undecodable export: %v", err)
+		}
+		mu.Lock()
+		for _, rs := range req.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					spans = append(spans, s.Name)
+				}
+			}
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Write(nil)
+	}))
+	defer collector.Close()
+
+	instance := "telemetry-" + time.Now().Format("150405000")
+	p := startChecker(t, instance, natsSrv.URL, t.TempDir(), "--otlp-endpoint", collector.URL+"/v1/traces", "--trace-sample-ratio", "1")
+	for i := 0; i < 7; i++ { // 5 allowed, 2 denied (the second from the over-limit cache)
+		if _, err := p.client.CheckRateLimit(context.Background(), userCheck(instance+"-u")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var metrics string
+	for {
+		resp, err := http.Get(p.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		metrics = string(b)
+		if strings.Contains(metrics, "quotaflow_publisher_published_total 7") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, want := range []string{
+		`quotaflow_checks_total{degraded="false",result="allowed"} 5`,
+		`quotaflow_checks_total{degraded="false",result="denied"} 2`,
+		`quotaflow_overlimit_cache_hits_total 1`,
+		`quotaflow_check_duration_seconds_count{result="allowed"} 5`,
+		`quotaflow_redis_duration_seconds_count 6`,
+		`quotaflow_publisher_published_total 7`,
+		`quotaflow_publisher_dropped_total 0`,
+		`quotaflow_publisher_spool_bytes 0`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if err := p.stop(t); err != nil { // flushes the spans
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	checks := 0
+	for _, s := range spans {
+		if s == "quotaflow.check" {
+			checks++
+		}
+	}
+	if checks != 7 {
+		t.Errorf("collector received %d quotaflow.check spans (of %v), want 7", checks, spans)
+	}
+}
