@@ -197,7 +197,10 @@ func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plan
 		plan = append(plan, plannedRequest{req: req, first: first})
 		return nil
 	}
-	subjects := append(q.subjects, globalSubject)
+	subjects := q.subjects
+	if !q.skipGlobal {
+		subjects = append(subjects, globalSubject)
+	}
 	for _, sub := range subjects {
 		rs := set.Match(sub.dim, out.tier, q.endpoint)
 		if len(rs) == 0 {

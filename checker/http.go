@@ -16,13 +16,14 @@ import (
 )
 
 // Handler serves everything on one port: the RateLimiter service over Connect, gRPC and
-// gRPC-Web, gRPC reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz.
+// gRPC-Web, Envoy's RateLimitService (RLS v3), gRPC reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz.
 // Serve it with HTTP/1.1 and h2c enabled for gRPC clients.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s))
+	mux.Handle(s.RLSHandler())
 	mux.Handle((&healthService{s: s}).handler())
-	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName)
+	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/ratelimit/check", s.forwardAuth)

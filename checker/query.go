@@ -47,6 +47,9 @@ type query struct {
 	timestamp int64 // client clock, unix ms; 0 if unknown
 	idemKey   string
 	tier      string
+	// skipGlobal leaves the global rules out: an incoming request checked as several queries
+	// (Envoy's descriptors) counts once against them, with its first query.
+	skipGlobal bool
 }
 
 // subjectFields are the subject-naming fields shared by the check and quota requests.

@@ -38,6 +38,7 @@ func commands() []command {
 		{"checker", "serve the check API (Connect, gRPC, gRPC-Web, HTTP forward-auth) on one port", runChecker},
 		{"check", "ask a checker whether a request may go ahead", runCheck},
 		{"watch", "print the live decision stream: quotaflow watch decisions", runWatch},
+		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},
 	}
 }
 

@@ -1,0 +1,371 @@
+package checker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// RLSServiceName is Envoy's rate limit service, served by RLSHandler. Name it to the gRPC
+// reflector so that grpcurl can call it without proto files.
+const RLSServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// RLSProcedure is the one method of RLSServiceName.
+const RLSProcedure = "/" + RLSServiceName + "/ShouldRateLimit"
+
+// Bounds on ShouldRateLimit requests, beyond those of every check.
+const (
+	MaxRLSDescriptors = 64
+	MaxRLSEntries     = 64
+	// maxRLSMessage bounds a request's size: 64 descriptors of 64 entries of the longest
+	// values allowed stay well below it.
+	maxRLSMessage = 4 << 20
+)
+
+// The descriptor entry keys quotaflow reads. Every other key is ignored, so the descriptors of
+// an existing Envoy configuration may carry entries meant for other services.
+var rlsKeys = map[string]rlsKey{
+	"user_id":        rlsUser,
+	"user":           rlsUser,
+	"remote_address": rlsIP, // Envoy's remote_address action
+	"ip":             rlsIP,
+	"api_key":        rlsAPIKey,
+	"path":           rlsEndpoint, // e.g. a request_headers action on :path
+	"endpoint":       rlsEndpoint,
+	"tier":           rlsTier,
+}
+
+type rlsKey uint8
+
+const (
+	rlsUser rlsKey = iota + 1
+	rlsIP
+	rlsAPIKey
+	rlsEndpoint
+	rlsTier
+)
+
+// RLSHandler serves Envoy's rate limit service v3 (envoy.service.ratelimit.v3.RateLimitService,
+// method ShouldRateLimit) over gRPC, gRPC-Web and Connect, so that Envoy's
+// envoy.filters.http.ratelimit filter (and anything else speaking RLS) can use quotaflow as its
+// rate limit service. It returns the path to mount the handler on, as generated Connect
+// handlers do: mux.Handle(s.RLSHandler()).
+//
+// Each descriptor of a request is one quotaflow check, decided and published like any other:
+//
+//   - entries user_id or user name the user subject, remote_address or ip the IP subject,
+//     api_key the API key subject; a descriptor must name at least one subject, at most one of
+//     each dimension. Global rules apply as to every check.
+//   - path or endpoint is the endpoint, without its query string; a descriptor without one is
+//     checked against "/" + the request's domain ("/quotaflow" for domain quotaflow; "/" when
+//     the domain is empty), so that rules can tell descriptors of different domains apart.
+//   - tier overrides the user's tier, as the tier field of CheckRateLimit does.
+//   - every other key is ignored.
+//   - the cost is the descriptor's hits_addend when set, else the request's hits_addend;
+//     0 means 1. is_negative_hits is refused (quotaflow does not refill buckets on request), and
+//     a descriptor's limit override is ignored: quotaflow's rules decide.
+//
+// A descriptor's status is OVER_LIMIT when its check is denied; the response's overall code is
+// OVER_LIMIT when any is. Descriptors are decided one after the other and independently: one
+// that is over its limit does not refund the others (as in Envoy's reference service), and a
+// global rule matching the endpoints of several descriptors is charged once per descriptor.
+// The status reports the check's deciding limit: current_limit its rule's limit per window
+// (see rlsRate), limit_remaining what is left of its capacity, duration_until_reset how long
+// until it is fully available again. A check where no rule, or only shadow rules, matched is
+// OK with no current_limit. The response adds X-RateLimit-Limit, X-RateLimit-Remaining and
+// X-RateLimit-Reset (seconds until reset) of the most restrictive descriptor, and Retry-After
+// when over the limit.
+//
+// Requests that cannot be checked are refused with InvalidArgument naming the field, as
+// "descriptors[1].entries: no subject (user_id, remote_address or api_key)".
+func (s *Server) RLSHandler() (string, http.Handler) {
+	method := ratelimitv3.File_envoy_service_ratelimit_v3_rls_proto.Services().
+		ByName("RateLimitService").Methods().ByName("ShouldRateLimit")
+	h := connect.NewUnaryHandler(RLSProcedure, s.ShouldRateLimit,
+		connect.WithSchema(method),
+		connect.WithReadMaxBytes(maxRLSMessage),
+	)
+	return "/" + RLSServiceName + "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != RLSProcedure {
+			http.NotFound(w, r) // gRPC clients see Unimplemented
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// rlsQuery is one descriptor as a check, with where its tier and cost came from, so that an
+// error about them names the request's field. Field names are only made on errors.
+type rlsQuery struct {
+	query
+	desc      int  // index of the descriptor
+	tierEntry int  // index of the tier entry; -1 for none
+	ownCost   bool // the cost is the descriptor's hits_addend, not the request's
+}
+
+func (q *rlsQuery) field(suffix string) string {
+	return fmt.Sprintf("descriptors[%d]%s", q.desc, suffix)
+}
+
+func (q *rlsQuery) tierField() string {
+	if q.tierEntry < 0 {
+		return q.field(".entries")
+	}
+	return q.field(fmt.Sprintf(".entries[%d].value", q.tierEntry))
+}
+
+func (q *rlsQuery) costField() string {
+	if q.ownCost {
+		return q.field(".hits_addend")
+	}
+	return "hits_addend"
+}
+
+// rename turns a FieldError about the check into one about the RLS request.
+func (q *rlsQuery) rename(err error) error {
+	var fe *FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	switch fe.Field {
+	case "tier":
+		return &FieldError{Field: q.tierField(), Msg: fe.Msg}
+	case "cost":
+		return &FieldError{Field: q.costField(), Msg: fe.Msg}
+	}
+	return &FieldError{Field: q.field("." + fe.Field), Msg: fe.Msg}
+}
+
+// ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService; see RLSHandler.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratelimitv3.RateLimitRequest]) (*connect.Response[ratelimitv3.RateLimitResponse], error) {
+	qs, err := rlsQueries(req.Msg)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	// An unknown tier fails before anything is charged (decide would find it too, but only
+	// after the descriptors before it were charged).
+	if set := s.rules.Load(); set != nil {
+		for i := range qs {
+			if t := qs[i].tier; t != "" && !set.HasTier(t) {
+				return nil, rpcError(fieldErr(qs[i].tierField(), "%q is not a configured tier", t))
+			}
+		}
+	}
+	resp := &ratelimitv3.RateLimitResponse{
+		OverallCode: ratelimitv3.RateLimitResponse_OK,
+		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(qs)),
+	}
+	var (
+		worst    *limitOutcome // the most restrictive descriptor's deciding limit
+		worstOut *outcome
+	)
+	for i := range qs {
+		qs[i].skipGlobal = i > 0 // one Envoy request counts once against global rules
+		out, err := s.decide(ctx, &qs[i].query, false)
+		if err != nil {
+			return nil, rpcError(qs[i].rename(err))
+		}
+		st := &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
+		if !out.allowed {
+			st.Code = ratelimitv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = ratelimitv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = st
+		if out.decider < 0 || out.limits[out.decider].rule.Shadow {
+			continue // no enforced limit: nothing to report, shadow rules stay invisible
+		}
+		l := &out.limits[out.decider]
+		st.CurrentLimit = rlsRate(l)
+		st.LimitRemaining = clampUint32(l.res.Remaining)
+		st.DurationUntilReset = durationpb.New(max(0, l.res.ResetAt.Sub(out.now)))
+		if worst == nil || moreRestrictive(out, l, worstOut, worst) {
+			worst, worstOut = l, out
+		}
+	}
+	if worst != nil {
+		resp.ResponseHeadersToAdd = rlsHeaders(worstOut, worst)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// moreRestrictive reports whether limit a (of outcome ao) restricts more than limit b: a
+// denial over an allowance, then the longer wait among denials, else the fewer remaining and
+// then the smaller capacity (Envoy's own choice for its X-RateLimit headers).
+func moreRestrictive(ao *outcome, a *limitOutcome, bo *outcome, b *limitOutcome) bool {
+	switch {
+	case ao.allowed != bo.allowed:
+		return !ao.allowed
+	case !ao.allowed:
+		return a.res.RetryAfter > b.res.RetryAfter
+	case a.res.Remaining != b.res.Remaining:
+		return a.res.Remaining < b.res.Remaining
+	}
+	return a.limit.Capacity() < b.limit.Capacity()
+}
+
+// rlsHeaders are the response headers Envoy adds to the response to the client.
+func rlsHeaders(out *outcome, l *limitOutcome) []*corev3.HeaderValue {
+	reset := ceilSeconds(ceilMillis(max(0, l.res.ResetAt.Sub(out.now))))
+	h := []*corev3.HeaderValue{
+		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.limit.Capacity(), 10)},
+		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.res.Remaining), 10)},
+		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
+	}
+	if !out.allowed {
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ceilSeconds(ceilMillis(l.res.RetryAfter)), 10)})
+	}
+	return h
+}
+
+// rlsUnits are the units current_limit is expressed in, largest first.
+var rlsUnits = []struct {
+	d    time.Duration
+	unit ratelimitv3.RateLimitResponse_RateLimit_Unit
+}{
+	{24 * time.Hour, ratelimitv3.RateLimitResponse_RateLimit_DAY},
+	{time.Hour, ratelimitv3.RateLimitResponse_RateLimit_HOUR},
+	{time.Minute, ratelimitv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Second, ratelimitv3.RateLimitResponse_RateLimit_SECOND},
+}
+
+// rlsRate expresses a limit as Envoy's current_limit, named by its rule id. A window of exactly
+// one second, minute, hour or day is that unit; a whole multiple of one is the largest such
+// unit with unit_multiplier (10s: SECOND ×10, 2h: HOUR ×2, 7d: DAY ×7), which states the rule
+// exactly. A window that is not a whole number of seconds (200ms) cannot be stated in Envoy's
+// units: it is given as the same rate per SECOND, rounded to the nearest whole number and at
+// least 1 (2 per 200ms: 10 per SECOND).
+func rlsRate(l *limitOutcome) *ratelimitv3.RateLimitResponse_RateLimit {
+	rl := &ratelimitv3.RateLimitResponse_RateLimit{Name: l.rule.ID}
+	w := l.limit.Window
+	for _, u := range rlsUnits {
+		if w >= u.d && w%u.d == 0 {
+			rl.Unit, rl.RequestsPerUnit = u.unit, clampUint32(l.limit.Limit)
+			if n := w / u.d; n != 1 {
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(n))
+			}
+			return rl
+		}
+	}
+	perSecond := math.Round(float64(l.limit.Limit) * float64(time.Second) / float64(w))
+	rl.Unit, rl.RequestsPerUnit = ratelimitv3.RateLimitResponse_RateLimit_SECOND, uint32(min(max(perSecond, 1), math.MaxUint32))
+	return rl
+}
+
+func clampUint32(n int64) uint32 {
+	return uint32(min(max(n, 0), math.MaxUint32))
+}
+
+// rlsQueries validates a request and turns each descriptor into a check.
+func rlsQueries(r *ratelimitv3.RateLimitRequest) ([]rlsQuery, error) {
+	domain := r.GetDomain()
+	if domain != "" {
+		if err := checkText("domain", domain, MaxEndpointLen-1); err != nil {
+			return nil, err
+		}
+	}
+	ds := r.GetDescriptors()
+	switch {
+	case len(ds) == 0:
+		return nil, fieldErr("descriptors", "required: at least one descriptor")
+	case len(ds) > MaxRLSDescriptors:
+		return nil, fieldErr("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
+	}
+	qs := make([]rlsQuery, len(ds))
+	for i, d := range ds {
+		if err := rlsDescriptor(&qs[i], i, d, domain, r.GetHitsAddend()); err != nil {
+			return nil, err
+		}
+	}
+	return qs, nil
+}
+
+func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain string, hits uint32) error {
+	q.desc, q.tierEntry = i, -1
+	entries := d.GetEntries()
+	switch {
+	case len(entries) == 0:
+		return fieldErr(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
+	case len(entries) > MaxRLSEntries:
+		return fieldErr(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
+	}
+	q.subjects = make([]subject, 0, 3)
+	endpointSet := false
+	for j, e := range entries {
+		kind, ok := rlsKeys[e.GetKey()]
+		if !ok {
+			continue
+		}
+		entryErr := func(suffix, format string, args ...any) error {
+			return fieldErr(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
+		}
+		v, limit := e.GetValue(), MaxIdentifierLen
+		if kind == rlsEndpoint {
+			v, _, _ = strings.Cut(v, "?")
+			limit = MaxEndpointLen
+		}
+		if err := checkText("", v, limit); err != nil {
+			return entryErr(".value", "%s", err.(*FieldError).Msg)
+		}
+		switch kind {
+		case rlsEndpoint:
+			if endpointSet {
+				return entryErr(".key", "a second endpoint (path or endpoint) in one descriptor")
+			}
+			q.endpoint, endpointSet = v, true
+		case rlsTier:
+			if q.tierEntry >= 0 {
+				return entryErr(".key", "a second tier in one descriptor")
+			}
+			q.tier, q.tierEntry = v, j
+		default:
+			dim := rules.DimensionUser
+			switch kind {
+			case rlsIP:
+				dim = rules.DimensionIP
+			case rlsAPIKey:
+				dim = rules.DimensionAPIKey
+			}
+			for _, s := range q.subjects {
+				if s.dim == dim {
+					return entryErr(".key", "a second %s subject in one descriptor; name one of each dimension", dim)
+				}
+			}
+			q.subjects = append(q.subjects, subject{dim: dim, id: v})
+		}
+	}
+	if len(q.subjects) == 0 {
+		return fieldErr(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
+	}
+	if !endpointSet {
+		q.endpoint = "/" + domain
+	}
+	if d.GetIsNegativeHits() {
+		return fieldErr(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
+	}
+	cost := uint64(hits)
+	if h := d.GetHitsAddend(); h != nil {
+		cost, q.ownCost = h.GetValue(), true
+	}
+	if cost > MaxCost {
+		return fieldErr(q.costField(), "must be at most %d, got %d", MaxCost, cost)
+	}
+	var err error
+	if q.cost, err = checkCost(int64(cost)); err != nil {
+		return q.rename(err)
+	}
+	return nil
+}

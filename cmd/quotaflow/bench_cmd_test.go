@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+const benchCmdRules = `rules:
+- {id: bench-big, dimension: user, endpoint: /big, algorithm: token_bucket, limit: 1000000000, window: 1s}
+- {id: bench-big-ip, dimension: ip, endpoint: /big, algorithm: gcra, limit: 1000000000, window: 1s}
+- {id: bench-big-key, dimension: apikey, endpoint: /big, algorithm: sliding_window_counter, limit: 1000000000, window: 1m}
+- {id: bench-tiny, dimension: user, endpoint: /tiny, algorithm: fixed_window, limit: 2, window: 1h}
+`
+
+// runBenchCmd runs `quotaflow bench args...`: through run once main.go lists the bench
+// command, else through runBench.
+func runBenchCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	for _, c := range commands() {
+		if c.name == "bench" {
+			return run(ctx, append([]string{"bench"}, args...), getenv, stdout, stderr)
+		}
+	}
+	return runBench(ctx, args, getenv, stdout, stderr)
+}
+
+// startBenchTarget serves a checker with benchCmdRules in process: the RateLimiter service and
+// the RLS handler on one port, over HTTP/1.1 and h2c.
+func startBenchTarget(t *testing.T) string {
+	t.Helper()
+	set, err := rules.Parse([]byte(benchCmdRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true})
+	srv := checker.New(checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mux := http.NewServeMux()
+	mux.Handle(srv.RLSHandler())
+	mux.Handle("/", srv.Handler())
+	hs := httptest.NewUnstartedServer(mux)
+	hs.Config.Protocols = new(http.Protocols)
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+		rdb.Close()
+	})
+	return hs.URL
+}
+
+// bench runs `quotaflow bench --json` and decodes its report.
+func bench(t *testing.T, args ...string) (*benchReport, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := runBenchCmd(ctx, append([]string{"--json"}, args...), env(nil), &stdout, &stderr); err != nil {
+		t.Fatalf("bench %v: %v\n%s", args, err, stderr.String())
+	}
+	var rep benchReport
+	dec := json.NewDecoder(&stdout)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("bench %v: report %q: %v", args, stdout.String(), err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("bench %v took %s", args, took)
+	}
+	return &rep, stderr.String()
+}
+
+// checkReport asserts what holds for every complete run.
+func checkReport(t *testing.T, rep *benchReport) {
+	t.Helper()
+	if rep.Checks == 0 || rep.ChecksPerSec <= 0 || rep.Errors != 0 {
+		t.Errorf("report %+v: want checks, checks_per_sec > 0 and no errors", rep)
+	}
+	if rep.Allowed+rep.Denied+rep.Errors != rep.Checks {
+		t.Errorf("allowed %d + denied %d + errors %d != checks %d", rep.Allowed, rep.Denied, rep.Errors, rep.Checks)
+	}
+	if got := rep.ChecksPerSec * rep.DurationS; math.Abs(got-float64(rep.Allowed+rep.Denied)) > 0.01*float64(rep.Checks)+1 {
+		t.Errorf("checks_per_sec %.1f × duration %.3fs = %.0f, want allowed+denied = %d", rep.ChecksPerSec, rep.DurationS, got, rep.Allowed+rep.Denied)
+	}
+	if !(0 < rep.P50Ms && rep.P50Ms <= rep.P90Ms && rep.P90Ms <= rep.P99Ms && rep.P99Ms <= rep.P999Ms && rep.P999Ms <= rep.MaxMs) {
+		t.Errorf("percentiles p50 %v p90 %v p99 %v p99.9 %v max %v: want 0 < p50 <= ... <= max", rep.P50Ms, rep.P90Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs)
+	}
+	if rep.Interrupted {
+		t.Errorf("report says interrupted")
+	}
+}
+
+// TestBenchProtocols runs each protocol closed and open loop with each distribution.
+func TestBenchProtocols(t *testing.T) {
+	t.Parallel()
+	url := startBenchTarget(t)
+	for _, protocol := range []string{"connect", "grpc", "rls"} {
+		for _, mode := range []string{"closed", "open"} {
+			for i, dist := range []string{"uniform", "zipf", "hot"} {
+				t.Run(protocol+"/"+mode+"/"+dist, func(t *testing.T) {
+					t.Parallel()
+					dim := []string{"user", "ip", "apikey"}[i]
+					args := []string{"--target", url, "--protocol", protocol, "--duration", "1s", "--distribution", dist,
+						"--concurrency", "4", "--keys", "1000", "--endpoint", "/big", "--dimension", dim}
+					if mode == "open" {
+						args = append(args, "--rate", "200")
+					}
+					rep, _ := bench(t, args...)
+					checkReport(t, rep)
+					if rep.Denied != 0 || rep.Protocol != protocol || rep.Mode != mode || rep.Distribution != dist || rep.Keys != 1000 {
+						t.Errorf("report %+v: want no denials and the settings echoed", rep)
+					}
+					if mode == "open" {
+						// Every one of the 200 scheduled checks is sent, or counted as missed.
+						if n := rep.Checks + rep.Missed; n < 199 || n > 201 {
+							t.Errorf("open loop: %d checks + %d missed, want the 200 scheduled", rep.Checks, rep.Missed)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestBenchTinyLimit: a limit of 2 per subject per hour over 5 subjects allows exactly 10
+// checks and denies the rest.
+func TestBenchTinyLimit(t *testing.T) {
+	t.Parallel()
+	url := startBenchTarget(t)
+	for _, protocol := range []string{"connect", "grpc", "rls"} {
+		t.Run(protocol, func(t *testing.T) {
+			t.Parallel()
+			prefix := fmt.Sprintf("tiny-%s-%d-", protocol, time.Now().UnixNano())
+			rep, _ := bench(t, "--target", url, "--protocol", protocol, "--duration", "1s", "--concurrency", "2",
+				"--rate", "300", "--keys", "5", "--key-prefix", prefix, "--endpoint", "/tiny")
+			checkReport(t, rep)
+			if rep.Allowed != 10 || rep.Denied < 100 {
+				t.Errorf("allowed %d, denied %d: want 10 allowed (2 × 5 subjects) and the rest denied", rep.Allowed, rep.Denied)
+			}
+		})
+	}
+}
+
+// TestBenchChecker runs bench against the checker command, as an operator would.
+func TestBenchChecker(t *testing.T) {
+	t.Parallel()
+	p := startChecker(t, "bench-"+time.Now().Format("150405000000"), natsSrv.URL, t.TempDir())
+	for _, protocol := range []string{"connect", "grpc", "rls"} {
+		// pipelineRules allow 5 per user per hour on /api/*.
+		rep, _ := bench(t, "--target", p.url, "--protocol", protocol, "--duration", "1s", "--concurrency", "2", "--rate", "300",
+			"--keys", "3", "--key-prefix", fmt.Sprintf("cmd-%s-%d-", protocol, time.Now().UnixNano()), "--endpoint", "/api/items")
+		if protocol == "rls" && rep.Errors > 0 && strings.Contains(strings.Join(rep.ErrorSamples, " "), "404") {
+			t.Fatalf("rls: the checker answers 404: checker.Server.Handler must serve RLSHandler (mux.Handle(s.RLSHandler()))")
+		}
+		checkReport(t, rep)
+		if rep.Allowed != 15 || rep.Denied == 0 {
+			t.Errorf("%s: allowed %d, denied %d; want 15 allowed (5 × 3 users) and denials", protocol, rep.Allowed, rep.Denied)
+		}
+	}
+}
+
+// TestBenchTextAndProgress: the text report, and a progress line a second on stderr (newline
+// terminated, stderr not being a terminal), warm-up not counted.
+func TestBenchTextAndProgress(t *testing.T) {
+	t.Parallel()
+	url := startBenchTarget(t)
+	var stdout, stderr bytes.Buffer
+	err := runBenchCmd(context.Background(), []string{"--target", url, "--protocol", "grpc", "--warmup", "500ms", "--duration", "1500ms",
+		"--concurrency", "2", "--rate", "100", "--endpoint", "/big", "--distribution", "zipf"}, env(nil), &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"quotaflow bench: grpc to " + url + " for 1.5s, open loop at 100 checks/s", "checks/s ", "p50 ", "p99.9 ", "allowed     ", "denied      0", "errors      0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report %q: want %q", out, want)
+		}
+	}
+	if strings.Contains(out, "missed") {
+		t.Errorf("report %q: 100 checks/s should not miss any", out)
+	}
+	progress := stderr.String()
+	if !strings.Contains(progress, "bench ") || !strings.Contains(progress, "checks/s  p99") || strings.Contains(progress, "\r") ||
+		!strings.HasSuffix(progress, "\n") {
+		t.Errorf("progress %q: want newline-terminated lines with checks/s and p99", progress)
+	}
+	var allowed int
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "allowed"); ok {
+			fmt.Sscan(v, &allowed)
+		}
+	}
+	if allowed < 140 || allowed > 151 {
+		t.Errorf("allowed %d: want the 150 checks of the measured 1.5s, not the warm-up's", allowed)
+	}
+}
+
+// TestBenchStops: cancelling the context ends a long run at once, with what was measured.
+func TestBenchStops(t *testing.T) {
+	t.Parallel()
+	url := startBenchTarget(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(500*time.Millisecond, cancel)
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	err := runBenchCmd(ctx, []string{"--target", url, "--duration", "1h", "--concurrency", "2", "--rate", "50", "--json", "--endpoint", "/big"},
+		env(nil), &stdout, &stderr)
+	if err != nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("bench: %v after %s, want nil soon after the cancel", err, time.Since(start))
+	}
+	var rep benchReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || !rep.Interrupted || rep.Errors != 0 || rep.Checks == 0 || rep.Missed != 0 {
+		t.Errorf("report %s (%v): want interrupted, some checks, no errors or missed", stdout.String(), err)
+	}
+	// A target that is not there: every check is an error, none fatal, and the run still ends.
+	stdout.Reset()
+	err = runBenchCmd(context.Background(), []string{"--target", "http://" + freeAddr(t), "--duration", "300ms", "--concurrency", "2", "--json"},
+		env(nil), &stdout, &stderr)
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Errors == 0 || rep.Allowed+rep.Denied != 0 || len(rep.ErrorSamples) == 0 {
+		t.Errorf("against nothing: %s (%v), want only errors, with samples", stdout.String(), err)
+	}
+}
+
+func TestBenchUsage(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--protocol", "smoke"}, nil, "--protocol: want connect, grpc or rls"},
+		{[]string{"--concurrency", "0"}, nil, "--concurrency: want 1 to"},
+		{[]string{"--rate", "-1"}, nil, "--rate"},
+		{[]string{"--duration", "0s"}, nil, "--duration: want more than 0"},
+		{[]string{"--keys", "0"}, nil, "--keys: want 1 to 1000000"},
+		{[]string{"--distribution", "pareto"}, nil, "--distribution: want uniform, zipf or hot"},
+		{[]string{"--dimension", "global"}, nil, "--dimension: want user, ip or apikey"},
+		{[]string{"--endpoint", "api"}, nil, "--endpoint"},
+		{nil, map[string]string{"QUOTAFLOW_TARGET": "localhost:8080"}, `--target: want an http:// or https:// URL, got "localhost:8080"`},
+		{[]string{"--help"}, nil, "QUOTAFLOW_TARGET"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := exitCode(runBenchCmd(context.Background(), tt.args, env(tt.env), &stdout, &stderr), &stderr)
+		wantCode := 2
+		if tt.args != nil && tt.args[0] == "--help" {
+			wantCode = 0
+		}
+		if out := stdout.String() + stderr.String(); code != wantCode || !strings.Contains(out, tt.want) {
+			t.Errorf("bench %v: exit %d, output %q; want exit %d and %q", tt.args, code, out, wantCode, tt.want)
+		}
+	}
+}
+
+func TestBenchHistogram(t *testing.T) {
+	t.Parallel()
+	// Buckets tile the values: each value is in the bucket whose range holds it, and buckets are
+	// at most 1/128 of their values wide.
+	for v := uint64(0); v < 1<<22; v += 1 + v/97 {
+		i := histIndex(v)
+		if up := histUpper(i); up < v || (i > 0 && histUpper(i-1) >= v) {
+			t.Fatalf("value %d in bucket %d [%d, %d]", v, i, histUpper(i-1)+1, up)
+		}
+		if lo := histUpper(i-1) + 1; v >= 256 && float64(histUpper(i)-lo+1) > float64(lo)/128 {
+			t.Fatalf("bucket %d [%d, %d] too wide", i, lo, histUpper(i))
+		}
+	}
+	if i := histIndex(histMaxUS); i != histBuckets-1 {
+		t.Fatalf("histIndex(max) = %d, want the last bucket %d", i, histBuckets-1)
+	}
+
+	var h histogram
+	if h.quantile(0.99) != 0 || h.meanMs() != 0 {
+		t.Error("empty histogram: want zeros")
+	}
+	for v := 1; v <= 100; v++ { // exact below 256µs
+		h.record(time.Duration(v) * time.Microsecond)
+	}
+	for q, want := range map[float64]uint64{0.01: 1, 0.5: 50, 0.9: 90, 0.99: 99, 0.999: 100, 1: 100} {
+		if got := h.quantile(q); got != want {
+			t.Errorf("1..100µs: quantile(%v) = %d, want %d", q, got, want)
+		}
+	}
+	if h.meanMs() != 0.051 { // 50.5µs, rounded to the µs
+		t.Errorf("mean %vms, want 0.051", h.meanMs())
+	}
+
+	var u histogram
+	for v := 1; v <= 100000; v++ {
+		u.record(time.Duration(v) * time.Microsecond)
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99, 0.999} {
+		want := q * 100000
+		if got := float64(u.quantile(q)); got < want || got > want*1.01 {
+			t.Errorf("1..100000µs: quantile(%v) = %v, want %v within +1%%", q, got, want)
+		}
+	}
+	if u.quantile(1) != 100000 || u.quantileMs(1) != 100 {
+		t.Errorf("quantile(1) = %d, want the maximum 100000", u.quantile(1))
+	}
+	var big histogram
+	big.record(-time.Second)    // clamped to 0
+	big.record(100 * time.Hour) // clamped to the largest value
+	if big.quantile(0.5) != 0 || big.quantile(1) != histMaxUS {
+		t.Errorf("clamping: quantiles %d, %d", big.quantile(0.5), big.quantile(1))
+	}
+}
+
+func TestBenchKeyPickers(t *testing.T) {
+	t.Parallel()
+	const n, draws = 10000, 200000
+	counts := func(dist string) []int {
+		p, err := newKeyPicker(dist, n, 42)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := make([]int, n)
+		for range draws {
+			k := p.next()
+			if k < 0 || k >= n {
+				t.Fatalf("%s: key %d out of [0, %d)", dist, k, n)
+			}
+			c[k]++
+		}
+		return c
+	}
+	share := func(c []int, lo, hi int) float64 {
+		s := 0
+		for _, x := range c[lo:hi] {
+			s += x
+		}
+		return float64(s) / draws
+	}
+	uni := counts("uniform")
+	if s := share(uni, 0, n/100); s < 0.008 || s > 0.012 {
+		t.Errorf("uniform: first 1%% of keys got %.3f of the draws, want about 0.01", s)
+	}
+	// Zipf s=1.1 over 10k keys: key 0 gets about 15%, the first 1% of keys about 65%.
+	z := counts("zipf")
+	if s := share(z, 0, 1); s < 0.12 || s > 0.18 {
+		t.Errorf("zipf: key 0 got %.3f of the draws, want about 0.15", s)
+	}
+	if s := share(z, 0, n/100); s < 0.6 || s > 0.7 {
+		t.Errorf("zipf: first 1%% of keys got %.3f, want about 0.65", s)
+	}
+	if !(z[0] > z[1] && z[1] > z[10] && z[10] > z[1000]) {
+		t.Errorf("zipf: counts %d, %d, %d, %d not decreasing", z[0], z[1], z[10], z[1000])
+	}
+	hot := counts("hot")
+	if s := share(hot, 0, n/100); s < 0.89 || s > 0.91 {
+		t.Errorf("hot: first 1%% of keys got %.3f, want about 0.901", s)
+	}
+	if s := share(hot, n/100, n); s < 0.09 || s > 0.11 {
+		t.Errorf("hot: other keys got %.3f, want about 0.099", s)
+	}
+	for _, dist := range []string{"uniform", "zipf", "hot"} {
+		p, _ := newKeyPicker(dist, 1, 1)
+		for range 100 {
+			if k := p.next(); k != 0 {
+				t.Fatalf("%s over one key: got %d", dist, k)
+			}
+		}
+	}
+}
