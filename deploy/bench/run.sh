@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Reproduces the end-to-end figures of docs/performance.md on this machine, side by side in one
+# run: a Redis and a checker of their own, then
+#   1. the Redis ceiling: redis-benchmark pipelining a minimal token-bucket script (the cost of
+#      one bucket check in Redis, without quotaflow);
+#   2. quotaflow bench, closed loop, for the maximum checks/s, with the CPU the checker and
+#      Redis spent per check (from /proc/<pid>/stat);
+#   3. quotaflow bench, open loop at half that rate, for the latency percentiles;
+#   4. the same with three limits per check.
+# Usage: deploy/bench/run.sh [seconds per run, default 10]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SECS="${1:-10}"
+PORT_REDIS=6395
+LISTEN=127.0.0.1:8095
+make -s build
+dir=$(mktemp -d)
+cleanup() {
+  [ -n "${ck:-}" ] && kill "$ck" 2>/dev/null && wait "$ck" 2>/dev/null || true
+  redis-cli -p "$PORT_REDIS" shutdown nosave >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes --logfile "$dir/redis.log"
+for _ in $(seq 50); do redis-cli -p "$PORT_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis_pid=$(redis-cli -p "$PORT_REDIS" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
+
+./bin/quotaflow checker --listen "$LISTEN" --redis-url "redis://127.0.0.1:$PORT_REDIS/0" \
+  --rules deploy/bench/rules.yaml --log-level warn &
+ck=$!
+for _ in $(seq 100); do curl -fs "http://$LISTEN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+echo "== 1. Redis ceiling: redis-benchmark, minimal token-bucket Lua, 16 pipelined, 50 clients"
+tb='local t=redis.call("TIME") local now=t[1]*1000000+t[2] local v=redis.call("HMGET",KEYS[1],"tk","ts") local tk=tonumber(v[1]) or 100 local ts=tonumber(v[2]) or now tk=math.min(100,tk+(now-ts)*100/1000000) if tk>=1 then tk=tk-1 end redis.call("HSET",KEYS[1],"tk",tk,"ts",now) redis.call("PEXPIRE",KEYS[1],1000) return 1'
+sha=$(redis-cli -p "$PORT_REDIS" script load "$tb")
+redis-benchmark -p "$PORT_REDIS" -n $((SECS * 100000)) -c 50 -P 16 -r 10000 -q evalsha "$sha" 1 'rl:{user:__rand_int__}:tb' | tr '\r' '\n' | tail -1
+
+run() { # label, extra bench flags...
+  local label=$1; shift
+  local c0 r0 c1 r1 out checks
+  c0=$(ticks "$ck"); r0=$(ticks "$redis_pid")
+  out=$(./bin/quotaflow bench --target "http://$LISTEN" --duration "${SECS}s" --json "$@" 2>/dev/null)
+  c1=$(ticks "$ck"); r1=$(ticks "$redis_pid")
+  checks=$(echo "$out" | sed -n 's/.*"checks":\([0-9]*\).*/\1/p')
+  echo "$out" | awk -v label="$label" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v n="$checks" -v hz="$hz" '{
+    match($0, /"checks_per_sec":[0-9.]+/); cps = substr($0, RSTART + 17, RLENGTH - 17)
+    match($0, /"p50_ms":[0-9.]+/); p50 = substr($0, RSTART + 9, RLENGTH - 9)
+    match($0, /"p99_ms":[0-9.]+/); p99 = substr($0, RSTART + 9, RLENGTH - 9)
+    match($0, /"p999_ms":[0-9.]+/); p999 = substr($0, RSTART + 10, RLENGTH - 10)
+    match($0, /"errors":[0-9]+/); errs = substr($0, RSTART + 9, RLENGTH - 9)
+    printf "%-34s %9.0f checks/s  p50 %6.3f ms  p99 %6.3f ms  p99.9 %6.3f ms  checker %5.1f us/check  redis %5.1f us/check  errors %s\n",
+      label, cps, p50, p99, p999, cc * 1e6 / hz / n, rc * 1e6 / hz / n, errs }'
+  echo "$out" | sed -n 's/.*"checks_per_sec":\([0-9.]*\).*/\1/p' > "$dir/last_rate"
+}
+
+echo "== 2-4. quotaflow bench (grpc), 10k uniform keys"
+run "1 limit, closed loop, 64 workers" --protocol grpc --concurrency 64 --endpoint /one --keys 10000
+half=$(awk '{printf "%d", $1 / 2}' "$dir/last_rate")
+run "1 limit, open loop at half ($half/s)" --protocol grpc --rate "$half" --concurrency 256 --endpoint /one --keys 10000
+run "3 limits, closed loop, 64 workers" --protocol grpc --concurrency 64 --endpoint /three --keys 10000
+run "1 limit, connect, closed loop" --protocol connect --concurrency 64 --endpoint /one --keys 10000
+run "1 limit, envoy rls, closed loop" --protocol rls --concurrency 64 --endpoint /one --keys 10000
