@@ -116,7 +116,8 @@ func New(cfg Config) *Server {
 	if s.probeEvery <= 0 {
 		s.probeEvery = 500 * time.Millisecond
 	}
-	s.store = bucket.NewStore(s.rdb)
+	// A batch carries checks that each wait at most RedisTimeout: its own deadline is the same.
+	s.store = bucket.NewStoreWithConfig(s.rdb, bucket.StoreConfig{BatchTimeout: s.timeout})
 	if cfg.Rules != nil {
 		s.rules.Store(cfg.Rules)
 	}
@@ -139,14 +140,16 @@ func (s *Server) InstanceID() string { return s.instanceID }
 // Rules returns the enforced rule set (nil before any was set).
 func (s *Server) Rules() *rules.Set { return s.rules.Load() }
 
-// Close stops background work and closes the Redis client if the Server made it.
+// Close stops background work (the Redis batch loops, the probe) and closes the Redis client if
+// the Server made it. Checks must not be in flight.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() { close(s.closed) })
 	s.probeStopped.Wait()
+	err := s.store.Close() // stops the batch loops
 	if s.ownsRedis {
-		return s.rdb.Close()
+		err = errors.Join(err, s.rdb.Close())
 	}
-	return nil
+	return err
 }
 
 // Ready reports why the server cannot serve exact decisions, or nil when it can: rules are

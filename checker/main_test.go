@@ -98,7 +98,7 @@ func newEnv(t testing.TB, cfg Config) *testEnv {
 		cfg.RedisTimeout = 5 * time.Second
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.NewTextHandler(debugOut(), nil))
 	}
 	srv := New(cfg)
 	hs := httptest.NewUnstartedServer(srv.Handler())
@@ -137,4 +137,12 @@ func newRedis(addr string) *redis.Client {
 // healthClient calls grpc.health.v1.Health/Check over gRPC.
 func healthClient(url string) *connect.Client[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse] {
 	return connect.NewClient[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse](h2cClient(), url+healthCheckProcedure, connect.WithGRPC())
+}
+
+// debugOut is where test checkers log: nowhere, or stderr with QF_DEBUG=1.
+func debugOut() io.Writer {
+	if os.Getenv("QF_DEBUG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -12,15 +13,40 @@ import (
 
 // Store keeps buckets in Redis (standalone, Sentinel or Cluster). Each Request is one call of
 // the check script, which reads the time from Redis and updates all the request's limits
-// atomically; the requests of one Check travel in one pipeline.
+// atomically.
+//
+// Script calls go through a micro-batcher: the calls of concurrent Checks are sent together,
+// one pipeline per batch, by a few goroutines (StoreConfig.Loops), without ever waiting for
+// more calls to arrive. The calls of one Check always travel in one pipeline. The goroutines
+// start with the first Check and stop on Close, or when the Store is garbage collected.
 type Store struct {
 	rdb redis.UniversalClient
+	b   *batcher
 }
 
-// NewStore returns a Store using rdb. The script is loaded lazily: the first EVALSHA that
-// finds it missing is re-sent as EVAL, which caches it.
+// NewStore returns a Store using rdb with the default StoreConfig. The script is loaded
+// lazily: a call that finds it missing is re-sent as EVAL, which caches it.
 func NewStore(rdb redis.UniversalClient) *Store {
-	return &Store{rdb: rdb}
+	return NewStoreWithConfig(rdb, StoreConfig{})
+}
+
+// NewStoreWithConfig returns a Store using rdb, batching as cfg says (zero fields mean the
+// defaults). With a Cluster client each pipeline is split by go-redis per node; every
+// request's keys are in one slot.
+func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
+	s := &Store{rdb: rdb, b: newBatcher(rdb, cfg)}
+	// The loops reference only the batcher, so a forgotten Store is collected and its loops
+	// stopped.
+	runtime.AddCleanup(s, (*batcher).close, s.b)
+	return s
+}
+
+// Close stops the Store's batching goroutines; it does not close the Redis client. Checks
+// waiting or started afterwards fail with ErrStoreClosed. Close is optional: an unreachable
+// Store stops them too.
+func (s *Store) Close() error {
+	s.b.close()
+	return nil
 }
 
 // Script modes (ARGV[3]).
@@ -45,51 +71,45 @@ const (
 	replyPerLimit = 6
 )
 
-// call is one script invocation and, once run, its command.
-type call struct {
-	keys []string
-	args []any
-	cmd  *redis.Cmd
-}
-
 // Check evaluates every request in one round trip and charges each allowed one, unless Peek.
 // When any request that is neither Peek nor Shadow is denied, the requests it charged
 // (Shadow ones included) are refunded in a second round trip and marked Refunded, so that a
-// call is charged either everywhere or nowhere. An error
-// means the outcome is unknown; charges that are known to have happened are refunded on a
-// best-effort basis first.
+// call is charged either everywhere or nowhere. An error means the outcome is unknown;
+// charges that are known to have happened are refunded on a best-effort basis first.
+//
+// When ctx ends while the calls are queued, they are never sent. When it ends while they are
+// in flight, Check returns ctx.Err() (wrapped) at once, but the calls may still run in Redis:
+// as with any timeout, the outcome is unknown. A pipeline runs until the earliest deadline of
+// the Checks it carries (capped by StoreConfig.BatchTimeout), so a Check with a very short
+// deadline can fail the others of its batch.
 func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	nkeys, nargs, nlims := 0, 0, 0
+	nstrs, nnums, nargs, nlims := 0, 0, 0, 0
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
 			return nil, fmt.Errorf("bucket: request %d: %w", i, err)
 		}
-		nkeys += len(r.Limits) + 1
-		nargs += 5 + 5*len(r.Limits)
+		nstrs, nnums, nargs = growFor(r, nstrs, nnums, nargs)
 		nlims += len(r.Limits)
 	}
 
-	// One backing array per kind for the whole call keeps allocations independent of the
-	// number of requests.
-	keys := make([]string, 0, nkeys)
-	args := make([]any, 0, nargs)
-	calls := make([]call, len(reqs))
+	j := getJob()
+	j.reserve(len(reqs), nstrs, nnums, nargs)
 	for i := range reqs {
-		r := &reqs[i]
-		k0, a0 := len(keys), len(args)
 		mode := modeCharge
-		if r.Peek {
+		if reqs[i].Peek {
 			mode = modePeek
 		}
-		keys, args = appendCall(keys, args, r, mode, argEmpty, nil)
-		calls[i] = call{keys: keys[k0:len(keys):len(keys)], args: args[a0:len(args):len(args)]}
+		j.addCall(&reqs[i], mode, "", nil)
 	}
-
-	s.run(ctx, calls)
+	err := s.b.do(ctx, j)
+	runtime.KeepAlive(s) // the Store must outlive the wait, or its cleanup stops the loops
+	if err != nil {
+		return nil, fmt.Errorf("bucket: %w", err)
+	}
 
 	results := make([]Result, len(reqs))
 	lrs := make([]LimitResult, nlims)
@@ -99,7 +119,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	for i := range reqs {
 		n := len(reqs[i].Limits)
 		results[i].Limits, lrs = lrs[:n:n], lrs[n:]
-		if err := parseReply(calls[i].cmd, &results[i]); err != nil {
+		if err := parseReply(j.calls[i].cmd, &results[i]); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("bucket: request %d: %w", i, err)
 				failed = make([]bool, len(reqs))
@@ -112,6 +132,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		}
 	}
 	if firstErr == nil && !denied {
+		putJob(j)
 		return results, nil
 	}
 
@@ -121,7 +142,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 			refund = append(refund, i)
 		}
 	}
-	err := s.refund(ctx, reqs, results, refund)
+	err = s.refund(ctx, j, reqs, results, refund)
 	if firstErr != nil {
 		return nil, firstErr
 	}
@@ -131,23 +152,41 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	return results, nil
 }
 
+// growFor adds to the storage counts what one call for r needs (see job.addCall).
+func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
+	n := len(r.Limits)
+	// keys, idempotency key, charge time, one token per limit
+	nstrs += 2*n + 2
+	nnums += 3 + 3*n
+	nargs += 3 + n + 1 + 5 + 5*n
+	return nstrs, nnums, nargs
+}
+
 // refund gives back the charges of reqs[idx] and replaces their results by the state after
-// the refund.
-func (s *Store) refund(ctx context.Context, reqs []Request, results []Result, idx []int) error {
+// the refund. It takes over j (the job of the charges, whose replies were read).
+func (s *Store) refund(ctx context.Context, j *job, reqs []Request, results []Result, idx []int) error {
+	j.reset()
 	if len(idx) == 0 {
+		putJob(j)
 		return nil
 	}
-	calls := make([]call, len(idx))
-	for j, i := range idx {
-		charged := strconv.FormatInt(results[i].Now.UnixMicro(), 10)
-		keys, args := appendCall(nil, nil, &reqs[i], modeRefund, charged, results[i].refund)
-		calls[j] = call{keys: keys, args: args}
+	nstrs, nnums, nargs := 0, 0, 0
+	for _, i := range idx {
+		nstrs, nnums, nargs = growFor(&reqs[i], nstrs, nnums, nargs)
 	}
-	s.run(ctx, calls)
+	j.reserve(len(idx), nstrs, nnums, nargs)
+	for _, i := range idx {
+		j.addCall(&reqs[i], modeRefund, strconv.FormatInt(results[i].Now.UnixMicro(), 10), results[i].refund)
+	}
+	err := s.b.do(ctx, j)
+	runtime.KeepAlive(s)
+	if err != nil {
+		return fmt.Errorf("bucket: refund: %w", err)
+	}
 	var firstErr error
-	for j, i := range idx {
+	for k, i := range idx {
 		res := Result{Limits: results[i].Limits}
-		if err := parseReply(calls[j].cmd, &res); err != nil {
+		if err := parseReply(j.calls[k].cmd, &res); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("bucket: refund request %d: %w", i, err)
 			}
@@ -157,101 +196,86 @@ func (s *Store) refund(ctx context.Context, reqs []Request, results []Result, id
 		res.refund = nil
 		results[i] = res
 	}
+	putJob(j)
 	return firstErr
 }
 
-// appendCall appends the keys and ARGV of one script call for r (see lua/check.lua).
-func appendCall(keys []string, args []any, r *Request, mode int, chargeNow any, tokens []string) ([]string, []any) {
+// addCall appends the EVALSHA command of one script call for r (see lua/check.lua): KEYS
+// are the limit keys and, unless peeking, the idempotency key; ARGV is n, cost, mode,
+// idempotency TTL, charge time, then code, limit, window, burst and refund token per limit.
+// j must have been reserved for it.
+func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
+	a0 := len(j.args)
+	nk := len(r.Limits)
+	idem := r.IdempotencyKey != "" && mode != modePeek
+	if idem {
+		nk++
+	}
+	j.args = append(j.args, argEvalSha, argSha, j.num(int64(nk)))
 	for i := range r.Limits {
-		keys = append(keys, r.Limits[i].Key)
+		j.args = append(j.args, j.str(r.Limits[i].Key))
 	}
-	idem := argNoIdem
-	if r.IdempotencyKey != "" && mode != modePeek {
-		keys = append(keys, r.IdempotencyKey)
-		idem = argIdemTTL
+	idemArg := argNoIdem
+	if idem {
+		j.args = append(j.args, j.str(r.IdempotencyKey))
+		idemArg = argIdemTTL
 	}
-	args = append(args, len(r.Limits), r.Cost, argModes[mode], idem, chargeNow)
+	charge := argEmpty
+	if chargeNow != "" {
+		charge = j.str(chargeNow)
+	}
+	j.args = append(j.args, j.num(int64(len(r.Limits))), j.num(r.Cost), argModes[mode], idemArg, charge)
 	for i := range r.Limits {
 		l := &r.Limits[i]
 		token := argEmpty
 		if i < len(tokens) && tokens[i] != "" {
-			token = tokens[i]
+			token = j.str(tokens[i])
 		}
-		args = append(args, argCodes[l.Algorithm], l.Limit, l.windowUS(), l.Capacity(), token)
+		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(l.windowUS()), j.num(l.Capacity()), token)
 	}
-	return keys, args
-}
-
-// run executes calls, setting their cmd: a single call directly, several in one pipeline.
-// Calls that fail with NOSCRIPT are re-sent with EVAL, which also caches the script again.
-func (s *Store) run(ctx context.Context, calls []call) {
-	if len(calls) == 1 {
-		c := &calls[0]
-		c.cmd = checkScript.Run(ctx, s.rdb, c.keys, c.args...)
-		return
-	}
-	hash := checkScript.Hash()
-	pipe := s.rdb.Pipeline()
-	for i := range calls {
-		c := &calls[i]
-		c.cmd = pipe.EvalSha(ctx, hash, c.keys, c.args...)
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	var retry redis.Pipeliner
-	for i := range calls {
-		c := &calls[i]
-		if isNoScript(c.cmd.Err()) {
-			if retry == nil {
-				retry = s.rdb.Pipeline()
-			}
-			c.cmd = retry.Eval(ctx, checkSource, c.keys, c.args...)
-		}
-	}
-	if retry != nil {
-		_, _ = retry.Exec(ctx)
-	}
+	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk})
 }
 
 var errMalformed = errors.New("malformed script reply")
 
-// parseReply decodes a check script reply into res, whose Limits is already sized.
-func parseReply(cmd *redis.Cmd, res *Result) error {
-	v, err := cmd.Result()
+// parseReply decodes a check script reply into res, whose Limits is already sized. The reply
+// is read as strings (go-redis's StringSliceCmd), which allocates a third of what reading it
+// as interfaces does: integers and strings alike arrive as their decimal text.
+func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
+	arr, err := cmd.Result()
 	if err != nil {
 		return err
 	}
-	arr, ok := v.([]any)
-	if !ok || len(arr) != replyHead+replyPerLimit*len(res.Limits) {
+	if len(arr) != replyHead+replyPerLimit*len(res.Limits) {
 		return errMalformed
 	}
-	allowed, ok1 := arr[0].(int64)
+	allowed, ok1 := parseBool(arr[0])
 	now, ok2 := parseInt(arr[1])
-	replayed, ok3 := arr[2].(int64)
+	replayed, ok3 := parseBool(arr[2])
 	if !ok1 || !ok2 || !ok3 {
 		return errMalformed
 	}
-	res.Allowed = allowed == 1
-	res.Replayed = replayed == 1
+	res.Allowed = allowed
+	res.Replayed = replayed
 	res.Now = time.UnixMicro(now)
 	for i := range res.Limits {
 		f := arr[replyHead+replyPerLimit*i : replyHead+replyPerLimit*(i+1)]
-		la, ok1 := f[0].(int64)
-		used, ok2 := f[1].(int64)
-		rem, ok3 := f[2].(int64)
+		la, ok1 := parseBool(f[0])
+		used, ok2 := parseInt(f[1])
+		rem, ok3 := parseInt(f[2])
 		reset, ok4 := parseInt(f[3])
 		retry, ok5 := parseInt(f[4])
-		token, ok6 := f[5].(string)
-		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 {
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 			return errMalformed
 		}
 		res.Limits[i] = LimitResult{
-			Allowed:    la == 1,
+			Allowed:    la,
 			Used:       used,
 			Remaining:  rem,
 			ResetAt:    time.UnixMicro(reset),
 			RetryAfter: time.Duration(retry) * time.Microsecond,
 		}
-		if token != "" {
+		if token := f[5]; token != "" {
 			if res.refund == nil {
 				res.refund = make([]string, len(res.Limits))
 			}
@@ -261,13 +285,19 @@ func parseReply(cmd *redis.Cmd, res *Result) error {
 	return nil
 }
 
-func parseInt(v any) (int64, bool) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, false
-	}
+func parseInt(s string) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil
+}
+
+func parseBool(s string) (bool, bool) {
+	switch s {
+	case "0":
+		return false, true
+	case "1":
+		return true, true
+	}
+	return false, false
 }
 
 // Delete removes keys (a reset of the buckets) and returns how many existed. Each key is

@@ -6,13 +6,13 @@
 -- KEYS[n+1]    the idempotency record key, present only when ARGV[4] ~= "0"
 -- ARGV[1]      n, the number of limits (>= 1)
 -- ARGV[2]      cost (>= 1)
--- ARGV[3]      mode: 0 charge, 1 peek, 2 refund
+-- ARGV[3]      mode: "0" charge, "1" peek, "2" refund
 -- ARGV[4]      idempotency TTL in ms; "0" = no idempotency key
 -- ARGV[5]      refund only: now_us of the charge being refunded (else "")
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
 --              algorithm code (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
 --              4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
---              window_us, burst (capacity, already resolved, >= 1),
+--              window_us, burst (capacity, already resolved, >= 1), all decimal integers,
 --              refund token (refund only; else "")
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec.
@@ -33,12 +33,13 @@
 -- Big values travel as strings: replies truncate Lua numbers and tostring keeps 14 digits.
 -- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
 
-local n = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local mode = tonumber(ARGV[3])
-local idem_ttl = tonumber(ARGV[4])
+-- tonumber (strtod) costs a third of a short redis.call: skip it for the usual n = cost = 1.
+local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
+local cost = ARGV[2] == '1' and 1 or tonumber(ARGV[2])
+local mode = ARGV[3]
+local idem_ttl = ARGV[4] == '0' and 0 or tonumber(ARGV[4])
 if not n or n < 1 or #ARGV ~= 5 + 5 * n or not cost or cost < 1 or not idem_ttl
-    or (mode ~= 0 and mode ~= 1 and mode ~= 2) then
+    or (mode ~= '0' and mode ~= '1' and mode ~= '2') then
   return redis.error_reply('ERR bucket: malformed arguments')
 end
 local idem
@@ -49,79 +50,155 @@ if #KEYS ~= n + (idem and 1 or 0) then
   return redis.error_reply('ERR bucket: wrong number of keys')
 end
 
+-- fields returns the six reply fields of one limit from the results of its eval, after
+-- committing it when charged.
+local function fields(charged, commit, key, L, W, B, Bs, now, now_s, cost,
+                      ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+  if charged then
+    local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3)
+    return 1, a1, a2, us(ceil_us(a3)), '0', token
+  end
+  if ok then
+    return 1, used, rem, us(ceil_us(reset)), '0', ''
+  end
+  local retry = a1
+  if cost > B and retry < W then retry = W end
+  if retry < 1 then retry = 1 end
+  return 0, used, rem, us(ceil_us(reset)), us(retry), ''
+end
+
+-- One limit, the common case, is handled apart from several: its state stays in locals,
+-- which saves the tables of the general case.
+if n == 1 then
+  local c = ARGV[6]
+  local ev, cm, rf
+  if c == '1' then ev, cm, rf = tb_eval, tb_commit, tb_refund
+  elseif c == '6' then ev, cm, rf = gcra_eval, gcra_commit, gcra_refund
+  elseif c == '3' then ev, cm, rf = fw_eval, fw_commit, fw_refund
+  elseif c == '5' then ev, cm, rf = swc_eval, swc_commit, swc_refund
+  elseif c == '2' then ev, cm, rf = lb_eval, lb_commit, lb_refund
+  elseif c == '4' then ev, cm, rf = swl_eval, swl_commit, swl_refund
+  end
+  local L, W, B, Bs = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[9]
+  if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+    return redis.error_reply('ERR bucket: malformed limit 1')
+  end
+
+  local tm = redis.call('TIME')
+  local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  local now_s = us(now)
+
+  if mode == '0' and idem then
+    local rec = redis.call('GET', idem)
+    if rec then
+      local reply = cmsgpack.unpack(rec)
+      reply[3] = 1
+      return reply
+    end
+  elseif mode == '2' then
+    local charge_now = tonumber(ARGV[5])
+    if not charge_now then
+      return redis.error_reply('ERR bucket: refund without charge time')
+    end
+    rf(KEYS[1], L, W, B, now, cost, charge_now, ARGV[10], Bs)
+    if idem then
+      redis.call('DEL', idem)
+    end
+  end
+
+  local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
+  local f1, f2, f3, f4, f5, f6 = fields(mode == '0' and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
+    ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+  local reply = {f1, now_s, 0, f1, f2, f3, f4, f5, f6}
+  if mode == '0' and idem then
+    redis.call('SET', idem, cmsgpack.pack(reply), 'PX', ARGV[4])
+  end
+  return reply
+end
+
+-- Several limits.
+
+-- sized returns a table whose array part holds m entries (zeros): filling a table built at
+-- its full size is much cheaper than growing one (a multiple assignment even stores right to
+-- left, so its first stores land in the hash part). Lua 5.1 has no table.new; a constructor
+-- of string.byte's results sizes the table exactly.
+local function sized(m)
+  if m > 4000 then -- beyond the C stack string.byte may use
+    return {}
+  end
+  return {string.byte(string.rep('\0', m), 1, m)}
+end
+
+-- P holds S entries per limit i, from j = S*(i-1): the module's eval, commit and refund at
+-- j+1..j+3, L, W, B at j+4..j+6, and eval's ten results at j+7..j+16: one flat table, built
+-- at its full size, is cheaper than tables per limit.
+local S = 16
+local P = sized(n * S)
+for i = 1, n do
+  local b = 5 + (i - 1) * 5
+  local c = ARGV[b + 1]
+  local ev, cm, rf
+  if c == '1' then ev, cm, rf = tb_eval, tb_commit, tb_refund
+  elseif c == '6' then ev, cm, rf = gcra_eval, gcra_commit, gcra_refund
+  elseif c == '3' then ev, cm, rf = fw_eval, fw_commit, fw_refund
+  elseif c == '5' then ev, cm, rf = swc_eval, swc_commit, swc_refund
+  elseif c == '2' then ev, cm, rf = lb_eval, lb_commit, lb_refund
+  elseif c == '4' then ev, cm, rf = swl_eval, swl_commit, swl_refund
+  end
+  local L, W, B = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+    return redis.error_reply('ERR bucket: malformed limit ' .. i)
+  end
+  local j = (i - 1) * S
+  P[j + 1], P[j + 2], P[j + 3], P[j + 4], P[j + 5], P[j + 6] = ev, cm, rf, L, W, B
+end
+
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local now_s = us(now)
 
-if mode == 0 and idem then
+if mode == '0' and idem then
   local rec = redis.call('GET', idem)
   if rec then
     local reply = cmsgpack.unpack(rec)
     reply[3] = 1
     return reply
   end
-end
-
-local modules = {}
-local lims = {}
-for i = 1, n do
-  local b = 5 + (i - 1) * 5
-  local code = tonumber(ARGV[b + 1])
-  local A = modules[code]
-  if not A and ALG[code] then
-    A = ALG[code]()
-    modules[code] = A
-  end
-  local p = {limit = tonumber(ARGV[b + 2]), window = tonumber(ARGV[b + 3]), burst = tonumber(ARGV[b + 4])}
-  if not A or not p.limit or p.limit < 1 or not p.window or p.window < 1 or not p.burst or p.burst < 1 then
-    return redis.error_reply('ERR bucket: malformed limit ' .. i)
-  end
-  lims[i] = {A = A, p = p, token = ARGV[b + 5]}
-end
-
-if mode == 2 then
+elseif mode == '2' then
   local charge_now = tonumber(ARGV[5])
   if not charge_now then
     return redis.error_reply('ERR bucket: refund without charge time')
   end
   for i = 1, n do
-    lims[i].A.refund(KEYS[i], lims[i].p, now, cost, charge_now, lims[i].token)
+    local j, b = (i - 1) * S, 5 + (i - 1) * 5
+    P[j + 3](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, charge_now, ARGV[b + 5], ARGV[b + 4])
   end
   if idem then
     redis.call('DEL', idem)
   end
 end
 
-local rs = {}
 local all = true
 for i = 1, n do
-  local r = lims[i].A.eval(KEYS[i], lims[i].p, now, cost)
-  rs[i] = r
-  if not r.ok then all = false end
+  local j = (i - 1) * S
+  P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
+    P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4])
+  if not P[j + 7] then all = false end
 end
 
-local charged = mode == 0 and all
-local reply = {all and 1 or 0, us(now), 0}
+local charged = mode == '0' and all
+local reply = sized(3 + 6 * n)
+reply[1], reply[2], reply[3] = all and 1 or 0, now_s, 0
+local k = 3
 for i = 1, n do
-  local r, p = rs[i], lims[i].p
-  local used, rem, reset, retry, token = r.used, r.rem, r.reset, 0, ''
-  if charged then
-    used, rem, reset = r.aused, r.arem, r.areset
-    token = lims[i].A.commit(KEYS[i], p, now, cost, r)
-  elseif not r.ok then
-    retry = r.retry
-    if cost > p.burst and retry < p.window then retry = p.window end
-    if retry < 1 then retry = 1 end
-  end
-  local k = #reply
-  reply[k + 1] = r.ok and 1 or 0
-  reply[k + 2] = used
-  reply[k + 3] = rem
-  reply[k + 4] = us(ceil_us(reset))
-  reply[k + 5] = us(retry)
-  reply[k + 6] = token
+  local j = (i - 1) * S
+  reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
+    fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
+      P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16])
+  k = k + 6
 end
 
-if mode == 0 and idem then
-  redis.call('SET', idem, cmsgpack.pack(reply), 'PX', idem_ttl)
+if mode == '0' and idem then
+  redis.call('SET', idem, cmsgpack.pack(reply), 'PX', ARGV[4])
 end
 return reply

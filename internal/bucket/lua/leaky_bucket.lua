@@ -1,14 +1,16 @@
 -- leaky_bucket (code 2), as a meter: a level that leaks L units per W µs, holding at most B.
 --
+-- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '2', L, W, B, token unused).
 -- State: hash {lv = level (float), ts = µs of the last update}. A missing key is empty.
 -- Allowed when level + cost <= B. used = ceil(level), remaining = floor(B - level).
 -- Denied: retry = ceil((level + cost - B) * W / L). reset = when the level reaches 0.
 -- TTL: until the level reaches 0, when a missing key means the same.
 -- Refund: level = max(0, level - cost).
-ALG[2] = function()
-  local M = {}
-
-  local function load(key, p, now)
+-- Commands: HMGET, and on commit HSET + PEXPIRE.
+local lb_eval, lb_commit, lb_refund
+if NEED_1 == '2' or NEED and NEED['2'] then
+  -- load returns the level at t = max(now, ts), leaked.
+  local function load(key, L, W, now)
     local v = redis.call('HMGET', key, 'lv', 'ts')
     local lv = tonumber(v[1])
     if not lv then
@@ -17,51 +19,44 @@ ALG[2] = function()
     local ts = tonumber(v[2]) or now
     local t = now
     if ts > t then t = ts end
-    lv = nonneg(lv - (t - ts) * p.limit / p.window)
+    lv = nonneg(lv - (t - ts) * L / W)
     return lv, t
   end
 
-  local function write(key, p, t, now, lv)
-    redis.call('HSET', key, 'lv', num(lv), 'ts', us(t))
-    redis.call('PEXPIRE', key, ttl_ms(t - now + lv * p.window / p.limit))
-  end
-
-  local function meter(p, t, lv)
-    return nonneg(ceil_t(lv)), nonneg(floor_t(p.burst - lv)), t + lv * p.window / p.limit
-  end
-
-  function M.eval(key, p, now, cost)
-    local lv, t = load(key, p, now)
-    local r = {t = t}
-    r.used, r.rem, r.reset = meter(p, t, lv)
-    if le(lv + cost, p.burst) then
-      r.ok = true
-      r.after = lv + cost
-      r.aused, r.arem, r.areset = meter(p, t, r.after)
-    else
-      r.ok = false
-      r.retry = ceil_us((lv + cost - p.burst) * p.window / p.limit)
+  -- eval: s1 = t, s2 = level after consumption.
+  function lb_eval(key, L, W, B, now, cost)
+    local lv, t = load(key, L, W, now)
+    local used, rem, reset = ceil_nn(lv), floor_nn(B - lv), t + lv * W / L
+    if le(lv + cost, B) then
+      local after = lv + cost
+      return true, used, rem, reset, ceil_nn(after), floor_nn(B - after), t + after * W / L, t, after
     end
-    return r
+    return false, used, rem, reset, ceil_us((lv + cost - B) * W / L)
   end
 
-  function M.commit(key, p, now, cost, r)
-    write(key, p, r.t, now, r.after)
-    return ''
-  end
-
-  function M.refund(key, p, now, cost, charge_now, token)
-    if redis.call('EXISTS', key) == 0 then
-      return
+  -- commit writes level lv at t; refund reuses it.
+  if MODE ~= '1' then
+    function lb_commit(key, L, W, B, now, now_s, cost, Bs, t, lv)
+      local ts = now_s
+      if t ~= now then ts = us(t) end
+      redis.call('HSET', key, 'lv', num(lv), 'ts', ts)
+      redis.call('PEXPIRE', key, ttl_ms(t - now + lv * W / L))
+      return ''
     end
-    local lv, t = load(key, p, now)
-    lv = nonneg(lv - cost)
-    if lv <= tol(0) then
-      redis.call('DEL', key)
-      return
-    end
-    write(key, p, t, now, lv)
   end
 
-  return M
+  if MODE == '2' then
+    function lb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
+      if redis.call('EXISTS', key) == 0 then
+        return
+      end
+      local lv, t = load(key, L, W, now)
+      lv = nonneg(lv - cost)
+      if lv <= 1e-9 then
+        redis.call('DEL', key)
+        return
+      end
+      lb_commit(key, L, W, B, now, us(now), cost, Bs, t, lv)
+    end
+  end
 end

@@ -2,6 +2,8 @@
 -- still overlaps the sliding window, plus the current window's count. Windows are aligned to
 -- the epoch, wid = floor(now / W), pos = (now - wid * W) / W in [0, 1).
 --
+-- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '5', L, W, B ignored, token
+-- unused).
 -- State: hash {w = window id, c = current window count, p = previous window count}. When the
 -- window advanced by exactly 1, p = c and c = 0; by more, both are 0. A stored w ahead of the
 -- clock (the clock stepped back) is kept as current.
@@ -9,15 +11,15 @@
 -- used = ceil(weighted), remaining = floor(L - weighted).
 -- Denied: retry = until weighted drops to L - cost: within this window when c + cost <= L,
 -- else in the next one (p' = c, c' = 0). reset = when weighted reaches 0.
--- TTL: PEXPIREAT the end of the next window (at most 2 W), when both counts are 0 anyway.
+-- TTL: PEXPIREAT the end of the next window (at most 2 W), when both counts are 0 anyway; set
+-- when a window is first written: a charge in the window already stored only updates c.
 -- Refund: cost comes off the count of the charge's window (from charge_now) when that window
 -- is still the current or the previous one.
-ALG[5] = function()
-  local M = {}
-
-  local function load(key, p, now)
-    local W = p.window
-    local wid = math.floor(now / W)
+-- Commands: HMGET, and on commit HSET (+ PEXPIREAT for a new window).
+local swc_eval, swc_commit, swc_refund
+if NEED_1 == '5' or NEED and NEED['5'] then
+  local function load(key, W, now)
+    local wid = floor(now / W)
     local t = now
     local c, pv = 0, 0
     local v = redis.call('HMGET', key, 'w', 'c', 'p')
@@ -34,39 +36,30 @@ ALG[5] = function()
         pv = sc
       end
     end
-    return wid, c, pv, t, sw ~= nil
+    return wid, c, pv, t, sw ~= nil, sw ~= nil and sw >= wid
   end
 
-  local function state(p, wid, c, pv, t)
-    local W = p.window
-    local pos = (t - wid * W) / W
-    local weighted = pv * (1 - pos) + c
+  -- weighted returns the weighted count and the reset time of counts c and pv.
+  local function weighted(W, wid, c, pv, t)
     local reset = t
     if c > 0 then
       reset = (wid + 2) * W
     elseif pv > 0 then
       reset = (wid + 1) * W
     end
-    return nonneg(ceil_t(weighted)), nonneg(floor_t(p.limit - weighted)), reset, weighted
+    return pv * (1 - (t - wid * W) / W) + c, reset
   end
 
-  local function write(key, p, wid, c, pv)
-    redis.call('HSET', key, 'w', us(wid), 'c', us(c), 'p', us(pv))
-    redis.call('PEXPIREAT', key, us(math.ceil((wid + 2) * p.window / 1000)))
-  end
-
-  function M.eval(key, p, now, cost)
-    local W, L = p.window, p.limit
-    local wid, c, pv, t = load(key, p, now)
-    local r = {wid = wid, c = c, pv = pv, t = t}
-    local weighted
-    r.used, r.rem, r.reset, weighted = state(p, wid, c, pv, t)
-    if le(weighted + cost, L) then
-      r.ok = true
-      r.aused, r.arem, r.areset = state(p, wid, c + cost, pv, t)
-      return r
+  -- eval: s1 = window id, or false when it is the stored one; s2 = current count after
+  -- consumption; s3 = previous count.
+  function swc_eval(key, L, W, B, now, cost)
+    local wid, c, pv, t, _, same = load(key, W, now)
+    local wt, reset = weighted(W, wid, c, pv, t)
+    local used, rem = ceil_nn(wt), floor_nn(L - wt)
+    if le(wt + cost, L) then
+      local awt, areset = weighted(W, wid, c + cost, pv, t)
+      return true, used, rem, reset, ceil_nn(awt), floor_nn(L - awt), areset, not same and wid, c + cost, pv
     end
-    r.ok = false
     local target = L - cost
     local at
     if le(c + cost, L) and pv > 0 then
@@ -76,32 +69,39 @@ ALG[5] = function()
       -- c * (1 - pos') = target in the next window.
       at = (wid + 1) * W + W * (1 - target / c)
     else
-      at = r.reset
+      at = reset
     end
-    r.retry = ceil_us(at - t)
-    return r
+    return false, used, rem, reset, ceil_us(at - t)
   end
 
-  function M.commit(key, p, now, cost, r)
-    write(key, p, r.wid, r.c + cost, r.pv)
-    return ''
+  -- commit writes counts c and pv of window wid; refund reuses it.
+  if MODE ~= '1' then
+    function swc_commit(key, L, W, B, now, now_s, cost, Bs, wid, c, pv)
+      if not wid then
+        redis.call('HSET', key, 'c', us(c))
+        return ''
+      end
+      redis.call('HSET', key, 'w', us(wid), 'c', us(c), 'p', us(pv))
+      redis.call('PEXPIREAT', key, us(ceil((wid + 2) * W / 1000)))
+      return ''
+    end
   end
 
-  function M.refund(key, p, now, cost, charge_now, token)
-    local wid, c, pv, t, found = load(key, p, now)
-    if not found then
-      return
+  if MODE == '2' then
+    function swc_refund(key, L, W, B, now, cost, charge_now, token, Bs)
+      local wid, c, pv, t, found = load(key, W, now)
+      if not found then
+        return
+      end
+      local cw = floor(charge_now / W)
+      if cw == wid then
+        c = nonneg(c - cost)
+      elseif cw == wid - 1 then
+        pv = nonneg(pv - cost)
+      else
+        return
+      end
+      swc_commit(key, L, W, B, now, nil, cost, Bs, wid, c, pv)
     end
-    local cw = math.floor(charge_now / p.window)
-    if cw == wid then
-      c = nonneg(c - cost)
-    elseif cw == wid - 1 then
-      pv = nonneg(pv - cost)
-    else
-      return
-    end
-    write(key, p, wid, c, pv)
   end
-
-  return M
 end

@@ -1,0 +1,378 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// StoreConfig tunes the micro-batcher of a Store. The zero value (or any field <= 0) means
+// the defaults.
+type StoreConfig struct {
+	// Loops is the number of batching goroutines; each has at most one pipeline in flight.
+	// Default 4.
+	Loops int
+	// MaxBatch is the number of script calls at which a loop stops adding queued calls to
+	// its pipeline. The calls of one Check always travel together, so a batch may exceed it
+	// by the last Check taken. Default 128.
+	MaxBatch int
+	// BatchTimeout bounds how long one pipeline may take: a batch runs with the earliest
+	// deadline of its callers, but never longer than this. Default 1s.
+	BatchTimeout time.Duration
+}
+
+const (
+	defaultLoops        = 4
+	defaultMaxBatch     = 128
+	defaultBatchTimeout = time.Second
+	// queueLen is the minimum queue length; callers block (within their context) beyond it.
+	queueLen = 4096
+)
+
+func (c StoreConfig) withDefaults() StoreConfig {
+	if c.Loops <= 0 {
+		c.Loops = defaultLoops
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = defaultMaxBatch
+	}
+	if c.BatchTimeout <= 0 {
+		c.BatchTimeout = defaultBatchTimeout
+	}
+	return c
+}
+
+// ErrStoreClosed is returned by Check after Store.Close.
+var ErrStoreClosed = errors.New("bucket: store closed")
+
+// batcher is the timer-free micro-batcher behind Store: callers queue a job (the script
+// calls of one Check) and wait; each of cfg.Loops goroutines blocks for one job, takes
+// whatever else is queued up to cfg.MaxBatch calls, sends them in ONE pipeline and hands
+// each job its replies. Nothing ever waits for more calls to arrive: under load the calls
+// queue up while the loops' pipelines are in flight, which is what makes the batches.
+//
+// The loops hold the batcher, never the Store, so that an abandoned Store can be collected;
+// its cleanup stops them.
+type batcher struct {
+	rdb   redis.UniversalClient
+	cfg   StoreConfig
+	queue chan *job
+	quit  chan struct{}
+
+	start sync.Once
+	stop  sync.Once
+}
+
+func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
+	cfg = cfg.withDefaults()
+	return &batcher{
+		rdb:   rdb,
+		cfg:   cfg,
+		queue: make(chan *job, max(queueLen, 2*cfg.Loops*cfg.MaxBatch)),
+		quit:  make(chan struct{}),
+	}
+}
+
+func (b *batcher) close() {
+	b.stop.Do(func() { close(b.quit) })
+}
+
+// Job states. A job is owned by its caller while building and reading it, by the queue and
+// a loop in between; whoever sees it last puts it back in the pool.
+const (
+	jobIdle      uint32 = iota // owned by the caller
+	jobQueued                  // in the queue
+	jobRunning                 // taken by a loop
+	jobDone                    // replies set, caller signalled
+	jobAbandoned               // the caller left (context, close): the loop recycles it
+)
+
+// job is the script calls of one Check (or of its refunds) and the storage of their
+// arguments. Arguments are passed to go-redis as pointers into this storage (*string,
+// *int64), which go-redis writes like the values themselves, so building a call allocates
+// nothing once a pooled job has grown to size.
+type job struct {
+	ctx   context.Context
+	calls []call
+	err   error // the outcome instead of the replies: the caller's context ended first
+	state atomic.Uint32
+	done  chan struct{} // one signal per run, when state becomes jobDone
+
+	strs []string
+	nums []int64
+	args []any
+}
+
+// call is one script invocation: args is the whole EVALSHA command.
+type call struct {
+	args  []any
+	nkeys int
+	cmd   *redis.StringSliceCmd
+}
+
+// scriptCmd is how a script call travels: go-redis must never re-send it on its own. After a
+// network error or timeout it cannot know whether the script ran, and running it twice would
+// charge twice; the caller gets the error instead (an unknown outcome). Cluster redirections
+// (MOVED, ASK) are not retries and still happen.
+type scriptCmd struct{ *redis.StringSliceCmd }
+
+func (scriptCmd) NoRetry() bool { return true }
+
+// newScriptCmd makes the command of one script call; args[3:] start with its keys.
+func newScriptCmd(ctx context.Context, args []any, nkeys int) *redis.StringSliceCmd {
+	cmd := redis.NewStringSliceCmd(ctx, args...)
+	if nkeys > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+var jobPool = sync.Pool{New: func() any { return &job{done: make(chan struct{}, 1)} }}
+
+func getJob() *job { return jobPool.Get().(*job) }
+
+// putJob clears j's references (so a pooled job keeps no Redis replies or caller data
+// alive) and returns it to the pool.
+func putJob(j *job) {
+	j.reset()
+	j.state.Store(jobIdle)
+	jobPool.Put(j)
+}
+
+// reset empties j for new calls.
+func (j *job) reset() {
+	j.ctx, j.err = nil, nil
+	clear(j.calls)
+	j.calls = j.calls[:0]
+	clear(j.strs)
+	j.strs = j.strs[:0]
+	j.nums = j.nums[:0]
+	clear(j.args)
+	j.args = j.args[:0]
+}
+
+// reserve sizes j's storage for calls script calls with nstrs strings, nnums numbers and
+// nargs arguments in all, so that pointers into it stay valid while it is filled.
+func (j *job) reserve(calls, nstrs, nnums, nargs int) {
+	if cap(j.calls) < calls {
+		j.calls = make([]call, 0, calls)
+	}
+	if cap(j.strs) < nstrs {
+		j.strs = make([]string, 0, nstrs)
+	}
+	if cap(j.nums) < nnums {
+		j.nums = make([]int64, 0, nnums)
+	}
+	if cap(j.args) < nargs {
+		j.args = make([]any, 0, nargs)
+	}
+}
+
+// str stores s in j and returns a pointer to it, a string argument for go-redis.
+func (j *job) str(s string) *string {
+	j.strs = append(j.strs, s)
+	return &j.strs[len(j.strs)-1]
+}
+
+// num stores n in j and returns a pointer to it, an integer argument for go-redis.
+func (j *job) num(n int64) *int64 {
+	j.nums = append(j.nums, n)
+	return &j.nums[len(j.nums)-1]
+}
+
+// Constant arguments, boxed once: boxing a string into an interface allocates.
+var (
+	argEvalSha any = "evalsha"
+	argEval    any = "eval"
+	argSha     any = checkScript.Hash()
+	argSource  any = checkSource
+)
+
+// do queues j and waits for its replies. On an error (ctx ended, store closed) j is no
+// longer the caller's: it was recycled, or the batcher owns it and its calls may still run.
+func (b *batcher) do(ctx context.Context, j *job) error {
+	b.start.Do(b.startLoops)
+	j.ctx = ctx
+	j.state.Store(jobQueued)
+	select {
+	case b.queue <- j:
+	case <-ctx.Done():
+		putJob(j) // never queued
+		return ctx.Err()
+	case <-b.quit:
+		putJob(j)
+		return ErrStoreClosed
+	}
+	var err error
+	select {
+	case <-j.done:
+		return j.result()
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-b.quit:
+		err = ErrStoreClosed
+	}
+	// Leave, unless the loop finished in the meantime: then the replies are there.
+	if j.state.CompareAndSwap(jobQueued, jobAbandoned) || j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+		return err
+	}
+	<-j.done
+	return j.result()
+}
+
+// result is the outcome of a finished job; a failed job is recycled.
+func (j *job) result() error {
+	if err := j.err; err != nil {
+		putJob(j)
+		return err
+	}
+	return nil
+}
+
+func (b *batcher) startLoops() {
+	for range b.cfg.Loops {
+		go b.loop()
+	}
+}
+
+func (b *batcher) loop() {
+	batch := make([]*job, 0, 16)
+	pipe := b.rdb.Pipeline()
+	for {
+		var j *job
+		select {
+		case j = <-b.queue:
+		case <-b.quit:
+			return
+		}
+		batch = batch[:0]
+		n := 0
+		now := time.Now()
+		if b.take(j, now) {
+			batch, n = append(batch, j), len(j.calls)
+		}
+	drain:
+		for n < b.cfg.MaxBatch {
+			select {
+			case j = <-b.queue:
+				if b.take(j, now) {
+					batch, n = append(batch, j), n+len(j.calls)
+				}
+			default:
+				break drain
+			}
+		}
+		if len(batch) > 0 {
+			b.exec(pipe, batch, now)
+		}
+		clear(batch)
+	}
+}
+
+// take claims a queued job for a batch. A job whose caller left is recycled, and one whose
+// context has ended is answered at once without being sent: it would only fail the batch
+// (whose deadline is its callers' earliest).
+func (b *batcher) take(j *job, now time.Time) bool {
+	if !j.state.CompareAndSwap(jobQueued, jobRunning) {
+		putJob(j) // abandoned
+		return false
+	}
+	err := j.ctx.Err()
+	if err == nil {
+		if d, ok := j.ctx.Deadline(); ok && !now.Before(d) {
+			err = context.DeadlineExceeded
+		}
+	}
+	if err != nil {
+		j.err = err
+		b.finish(j)
+		return false
+	}
+	return true
+}
+
+// finish hands j back to its caller, or recycles it when the caller has left.
+func (b *batcher) finish(j *job) {
+	if j.state.CompareAndSwap(jobRunning, jobDone) {
+		j.done <- struct{}{}
+		return
+	}
+	putJob(j)
+}
+
+// exec sends the calls of batch in one pipeline and finishes every job. Calls answered
+// NOSCRIPT (the script cache was flushed, or Redis restarted or failed over) never ran: they
+// alone are sent again with EVAL, which also caches the script again.
+func (b *batcher) exec(pipe redis.Pipeliner, batch []*job, now time.Time) {
+	deadline := now.Add(b.cfg.BatchTimeout)
+	for _, j := range batch {
+		if d, ok := j.ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+	}
+	// Only the deadline is inherited: one caller's cancellation must not fail the others.
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+
+	for _, j := range batch {
+		for i := range j.calls {
+			c := &j.calls[i]
+			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+			_ = pipe.Process(ctx, scriptCmd{c.cmd})
+		}
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+
+	retry := false
+	for _, j := range batch {
+		for i := range j.calls {
+			c := &j.calls[i]
+			if !isNoScript(c.cmd.Err()) {
+				continue
+			}
+			args := make([]any, len(c.args))
+			copy(args, c.args)
+			args[0], args[1] = argEval, argSource
+			c.cmd = newScriptCmd(ctx, args, c.nkeys)
+			_ = pipe.Process(ctx, scriptCmd{c.cmd})
+			retry = true
+		}
+	}
+	if retry {
+		_, _ = pipe.Exec(ctx)
+	}
+
+	// (The socket deadline can pass a moment before the context's timer fires.)
+	if ctx.Err() != nil || !time.Now().Before(deadline) {
+		timedOut(batch)
+	}
+	for _, j := range batch {
+		b.finish(j)
+	}
+}
+
+// timedOut handles a batch that ran out of time: the calls that failed did so with network
+// timeouts. A caller whose own deadline has passed gets a context error instead, like a
+// caller that stopped waiting; the others keep their replies or errors.
+func timedOut(batch []*job) {
+	end := time.Now()
+	for _, j := range batch {
+		err := j.ctx.Err()
+		if d, ok := j.ctx.Deadline(); err == nil && ok && !end.Before(d) {
+			err = context.DeadlineExceeded
+		}
+		if err == nil {
+			continue
+		}
+		for i := range j.calls {
+			if j.calls[i].cmd.Err() != nil {
+				j.err = err
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,425 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// pipelineCounter is a go-redis hook counting the pipelines and the commands they carry.
+type pipelineCounter struct {
+	pipelines, cmds atomic.Int64
+}
+
+func (h *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipelines.Add(1)
+		h.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// hammer runs calls Checks of req from as many goroutines, released together, and returns
+// how many were allowed and how many failed.
+func hammer(s *Store, calls int, req Request) (allowed, failed int64) {
+	var a, f atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range calls {
+		wg.Go(func() {
+			<-start
+			res, err := s.Check(context.Background(), []Request{req})
+			switch {
+			case err != nil:
+				f.Add(1)
+			case res[0].Allowed:
+				a.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return a.Load(), f.Load()
+}
+
+// TestStoreBatchExact: 1000 concurrent Checks through one Store's batcher race on one key
+// with limit 100; exactly 100 get through, and they travelled in far fewer pipelines.
+func TestStoreBatchExact(t *testing.T) {
+	t.Parallel()
+	const L, calls = 100, 1000
+	tests := []struct {
+		alg Algorithm
+		cfg StoreConfig
+	}{
+		{FixedWindow, StoreConfig{}},
+		{TokenBucket, StoreConfig{}},
+		{GCRA, StoreConfig{}},
+		{SlidingWindowLog, StoreConfig{}},
+		{SlidingWindowCounter, StoreConfig{Loops: 1, MaxBatch: 7}},
+		{LeakyBucket, StoreConfig{Loops: 16, MaxBatch: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/loops=%d/max=%d", tt.alg, tt.cfg.Loops, tt.cfg.MaxBatch), func(t *testing.T) {
+			t.Parallel()
+			c := client(t)
+			hook := &pipelineCounter{}
+			c.AddHook(hook)
+			s := NewStoreWithConfig(c, tt.cfg)
+			t.Cleanup(func() { s.Close() })
+			allowed, failed := hammer(s, calls, one(lim(key(t, "b"), tt.alg, L, long, 0), 1))
+			if allowed != L || failed != 0 {
+				t.Errorf("got %d allowed and %d errors of %d checks, want exactly %d allowed", allowed, failed, calls, L)
+			}
+			if p, n := hook.pipelines.Load(), hook.cmds.Load(); n < calls || (tt.cfg.MaxBatch != 1 && p >= calls) {
+				t.Errorf("%d checks in %d pipelines of %d commands: not batched", calls, p, n)
+			} else {
+				t.Logf("%d checks in %d pipelines", calls, p)
+			}
+		})
+	}
+}
+
+// TestStoreConfig: the zero config and out-of-range values mean the defaults; a Check of more
+// requests than MaxBatch travels whole; Close stops the Store.
+func TestStoreConfig(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []StoreConfig{{}, {Loops: -1, MaxBatch: -5, BatchTimeout: -time.Second}} {
+		if got := cfg.withDefaults(); got != (StoreConfig{Loops: defaultLoops, MaxBatch: defaultMaxBatch, BatchTimeout: defaultBatchTimeout}) {
+			t.Errorf("%+v with defaults: got %+v", cfg, got)
+		}
+	}
+	c := client(t)
+	s := NewStoreWithConfig(c, StoreConfig{Loops: 1, MaxBatch: 2})
+	reqs := make([]Request, 5)
+	for i := range reqs {
+		reqs[i] = one(lim(key(t, fmt.Sprint(i)), FixedWindow, 5, long, 0), 1)
+	}
+	res, err := s.Check(ctxT(t), reqs)
+	if err != nil {
+		t.Fatalf("Check of %d requests with MaxBatch 2: %v", len(reqs), err)
+	}
+	for i, r := range res {
+		if !r.Allowed || r.Limits[0].Remaining != 4 {
+			t.Errorf("request %d: got allowed %v remaining %d, want true 4", i, r.Allowed, r.Limits[0].Remaining)
+		}
+	}
+	s.Close()
+	s.Close()
+	if _, err := s.Check(ctxT(t), reqs[:1]); !errors.Is(err, ErrStoreClosed) {
+		t.Errorf("Check after Close: got %v, want ErrStoreClosed", err)
+	}
+}
+
+// TestStoreNoScriptUnderLoad: SCRIPT FLUSH while checks are in flight; the batches that meet
+// NOSCRIPT re-send those calls with EVAL, so no call fails and no charge is lost or doubled.
+// It has its own server: flushing the shared one would race the other tests' script checks.
+func TestStoreNoScriptUnderLoad(t *testing.T) {
+	t.Parallel()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	c := own.Client(0)
+	t.Cleanup(func() { c.Close() })
+	flusher := own.Client(0)
+	t.Cleanup(func() { flusher.Close() })
+	s := NewStore(c)
+	t.Cleanup(func() { s.Close() })
+	const workers, each = 16, 60
+	limits := []Limit{
+		lim(key(t, "fw"), FixedWindow, 100000, long, 0),
+		lim(key(t, "tb"), TokenBucket, 100000, long, 0),
+		lim(key(t, "gcra"), GCRA, 100000, long, 0),
+		lim(key(t, "swl"), SlidingWindowLog, 100000, long, 0),
+	}
+	// Half the checks carry all limits of one subject (one script call), half are pipelined
+	// Checks of one request per limit, so both kinds meet the flushes.
+	var failed atomic.Int64
+	var charged atomic.Int64
+	stop := make(chan struct{})
+	var flushes atomic.Int64
+	var fwg sync.WaitGroup
+	fwg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := flusher.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Errorf("SCRIPT FLUSH: %v", err)
+				return
+			}
+			flushes.Add(1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				var reqs []Request
+				if (w+i)%2 == 0 {
+					reqs = []Request{{Limits: limits, Cost: 1}}
+				} else {
+					for _, l := range limits {
+						reqs = append(reqs, one(l, 1))
+					}
+				}
+				res, err := s.Check(ctxT(t), reqs)
+				if err != nil {
+					failed.Add(1)
+					t.Errorf("Check during SCRIPT FLUSH: %v", err)
+					continue
+				}
+				for _, r := range res {
+					if !r.Allowed {
+						t.Errorf("denied: %+v", r)
+					}
+				}
+				charged.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	fwg.Wait()
+	// The flushes made batches meet NOSCRIPT: their calls came back through EVAL.
+	if !strings.Contains(c.Info(ctxT(t), "commandstats").Val(), "cmdstat_eval:") {
+		t.Errorf("no EVAL fallback during %d flushes: NOSCRIPT never met", flushes.Load())
+	} else {
+		t.Logf("%d flushes during the load", flushes.Load())
+	}
+	for _, l := range limits {
+		res := check(t, s, peekReq(l))
+		if got := res.Limits[0].Used; got != charged.Load() {
+			t.Errorf("%s: used %d after %d checks, want exactly %d", l.Algorithm, got, charged.Load(), charged.Load())
+		}
+	}
+	if ok := c.ScriptExists(ctxT(t), checkScript.Hash()).Val(); len(ok) != 1 || !ok[0] {
+		t.Errorf("script not cached after the load")
+	}
+}
+
+// TestStoreRestartUnderLoad kills and restarts its own Redis while checks run: callers get
+// errors during the outage, nothing panics or hangs, and the Store works after the restart.
+func TestStoreRestartUnderLoad(t *testing.T) {
+	t.Parallel()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	c := own.Client(0)
+	t.Cleanup(func() { c.Close() })
+	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { s.Close() })
+	req := one(lim("{restart}:b", FixedWindow, 1<<40, long, 0), 1)
+
+	var ok, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				_, err := s.Check(ctx, []Request{req})
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					time.Sleep(time.Millisecond)
+				} else {
+					ok.Add(1)
+				}
+			}
+		})
+	}
+	waitFor(t, "checks before the restart", func() bool { return ok.Load() > 100 })
+	own.Stop()
+	waitFor(t, "errors during the outage", func() bool { return failed.Load() > 10 })
+	if err := own.Start(); err != nil {
+		t.Fatalf("restart redis: %v", err)
+	}
+	okAt := ok.Load()
+	waitFor(t, "checks after the restart", func() bool { return ok.Load() > okAt+100 })
+	close(stop)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("callers still blocked 5s after the load stopped")
+	}
+	res, err := s.Check(ctxT(t), []Request{req})
+	if err != nil || !res[0].Allowed {
+		t.Fatalf("Check after the restart: %+v, %v", res, err)
+	}
+	t.Logf("%d checks succeeded, %d failed", ok.Load(), failed.Load())
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStoreDeadlineWhilePaused: with Redis stalled by CLIENT PAUSE, a caller returns at its
+// own deadline, whether its call is in flight or still queued behind a stalled batch (then
+// it is never sent); a caller with a longer deadline, batched apart, waits the pause out; and
+// the Store is healthy after it.
+func TestStoreDeadlineWhilePaused(t *testing.T) {
+	t.Parallel()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	admin := own.Client(0)
+	t.Cleanup(func() { admin.Close() })
+
+	const pause = 500 * time.Millisecond
+	const shortDL, longDL = 50 * time.Millisecond, 5 * time.Second
+	tests := []struct {
+		name  string
+		loops int
+		// the two callers, in order: the first is in flight when the second comes
+		first, second time.Duration
+		// whether the short caller's call is known not to have run
+		neverSent bool
+	}{
+		{"short in flight", 4, shortDL, longDL, false},
+		{"short queued", 1, longDL, shortDL, true},
+	}
+	for i, tt := range tests { // one after the other: a pause stalls the whole server
+		t.Run(tt.name, func(t *testing.T) {
+			c := own.Client(0)
+			t.Cleanup(func() { c.Close() })
+			s := NewStoreWithConfig(c, StoreConfig{Loops: tt.loops})
+			t.Cleanup(func() { s.Close() })
+			l := lim(fmt.Sprintf("{pause}:%d", i), FixedWindow, 1000, long, 0)
+			if _, err := s.Check(ctxT(t), []Request{one(l, 1)}); err != nil {
+				t.Fatalf("Check before the pause: %v", err)
+			}
+			if err := admin.Do(ctxT(t), "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE: %v", err)
+			}
+			paused := time.Now()
+
+			type outcome struct {
+				err  error
+				took time.Duration
+			}
+			run := func(timeout time.Duration) <-chan outcome {
+				out := make(chan outcome, 1)
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), timeout)
+					defer cancel()
+					start := time.Now()
+					_, err := s.Check(ctx, []Request{one(l, 1)})
+					out <- outcome{err, time.Since(start)}
+				}()
+				return out
+			}
+			first := run(tt.first)
+			time.Sleep(10 * time.Millisecond) // the first is in flight
+			second := run(tt.second)
+			results := map[time.Duration]outcome{tt.first: <-first, tt.second: <-second}
+
+			got := results[shortDL]
+			if !errors.Is(got.err, context.DeadlineExceeded) {
+				t.Errorf("short deadline: got %v, want context.DeadlineExceeded", got.err)
+			}
+			if got.took > 250*time.Millisecond {
+				t.Errorf("short deadline: returned after %v, want about %v", got.took, shortDL)
+			}
+			got = results[longDL]
+			if got.err != nil {
+				t.Errorf("long deadline: %v", got.err)
+			} else if since := time.Since(paused); since < pause-50*time.Millisecond {
+				t.Errorf("long deadline: answered %v after the pause began, before it ended", since)
+			}
+			if tt.neverSent {
+				if used := check(t, s, peekReq(l)).Limits[0].Used; used != 2 {
+					t.Errorf("used %d after the pause, want 2: the queued call of the short deadline was sent", used)
+				}
+			}
+
+			// After the pause, everyone is served: no loop stuck, no connection left broken.
+			allowed, failed := hammer(s, 200, one(l, 1))
+			if allowed != 200 || failed != 0 {
+				t.Errorf("after the pause: %d allowed, %d failed of 200", allowed, failed)
+			}
+		})
+	}
+}
+
+// TestStoreContextEnded: a caller whose context has already ended is answered at once and its
+// calls are never sent.
+func TestStoreContextEnded(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	l := lim(key(t, "b"), FixedWindow, 10, long, 0)
+	for _, mk := range []func() (context.Context, context.CancelFunc){
+		func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+		func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Nanosecond)
+		},
+	} {
+		ctx, cancel := mk()
+		cancel()
+		if _, err := s.Check(ctx, []Request{one(l, 1)}); !errors.Is(err, ctx.Err()) {
+			t.Errorf("ended context: got %v, want %v", err, ctx.Err())
+		}
+	}
+	if n := c.Exists(ctxT(t), l.Key).Val(); n != 0 {
+		t.Errorf("a call of an ended context was sent")
+	}
+}
+
+// TestStoreUnreachable: with nothing listening, a Check fails within its deadline.
+func TestStoreUnreachable(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s := NewStore(c)
+	t.Cleanup(func() { s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := s.Check(ctx, []Request{one(lim("{x}:b", GCRA, 1, time.Second, 0), 1)}); err == nil {
+		t.Fatal("Check with nothing listening: nil error")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Check with nothing listening took %v", d)
+	}
+}
