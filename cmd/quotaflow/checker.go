@@ -35,6 +35,7 @@ type checkerFlags struct {
 	overLimitCache  bool
 	otlpEndpoint    string
 	traceRatio      float64
+	debugListen     string
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -60,6 +61,8 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("otlp-endpoint", "QUOTAFLOW_OTLP_ENDPOINT")
 	fs.Float64Var(&c.traceRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
 	fs.fromEnv("trace-sample-ratio", "QUOTAFLOW_TRACE_SAMPLE_RATIO")
+	fs.StringVar(&c.debugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
+	fs.fromEnv("debug-listen", "QUOTAFLOW_DEBUG_LISTEN")
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -186,6 +189,14 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	}
 	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath,
 		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID)
+	if c.debugListen != "" {
+		stop, err := serveDebug(ctx, c.debugListen, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stop()
+	}
 	err = serveHTTP(ctx, ln, withMetrics(srv.Handler(), tel), c.shutdownTimeout, log)
 	if pub != nil {
 		// No check can run any more: every decision made is in the publisher.

@@ -41,7 +41,17 @@ func TestTelemetry(t *testing.T) {
 	defer collector.Close()
 
 	instance := "telemetry-" + time.Now().Format("150405000")
-	p := startChecker(t, instance, natsSrv.URL, t.TempDir(), "--otlp-endpoint", collector.URL+"/v1/traces", "--trace-sample-ratio", "1")
+	debug := freeAddr(t)
+	p := startChecker(t, instance, natsSrv.URL, t.TempDir(), "--otlp-endpoint", collector.URL+"/v1/traces", "--trace-sample-ratio", "1",
+		"--debug-listen", debug)
+	if resp, err := http.Get("http://" + debug + "/debug/pprof/goroutine?debug=1"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("--debug-listen: GET /debug/pprof/goroutine = %v, %v; want 200", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if resp, err := http.Get(p.url + "/debug/pprof/"); err == nil && resp.StatusCode == 200 {
+		t.Error("profiles are served on the public port, want only on --debug-listen")
+	}
 	for i := 0; i < 7; i++ { // 5 allowed, 2 denied (the second from the over-limit cache)
 		if _, err := p.client.CheckRateLimit(context.Background(), userCheck(instance+"-u")); err != nil {
 			t.Fatal(err)
