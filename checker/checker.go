@@ -49,6 +49,8 @@ type Config struct {
 	// Meter and Tracer receive the checker's metrics and spans; nil means none.
 	Meter  metric.Meter
 	Tracer trace.Tracer
+	// TraceRatio is the share of checks traced when Tracer is set; 0 means all.
+	TraceRatio float64
 	// Logger receives the checker's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -95,9 +97,9 @@ func New(cfg Config) *Server {
 		s.olc = newOverLimitCache(0)
 	}
 	var err error
-	if s.tel, err = newInstruments(cfg.Meter, cfg.Tracer); err != nil {
+	if s.tel, err = newInstruments(cfg.Meter, cfg.Tracer, cfg.TraceRatio); err != nil {
 		s.log.Error("metrics disabled: creating instruments failed", "err", err)
-		s.tel, _ = newInstruments(nil, cfg.Tracer)
+		s.tel, _ = newInstruments(nil, cfg.Tracer, cfg.TraceRatio)
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -66,8 +66,10 @@ var globalSubject = subject{dim: rules.DimensionGlobal, id: "global"}
 // consumes nothing.
 func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, error) {
 	start := time.Now()
-	ctx, span := s.tel.tracer.Start(ctx, "quotaflow.check")
-	defer span.End()
+	ctx, span := s.tel.startSpan(ctx)
+	if span != nil {
+		defer span.End()
+	}
 	set := s.rules.Load()
 	if set == nil {
 		return nil, errNoRules

@@ -2,19 +2,20 @@ package checker
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // instruments are the checker's metrics. Attribute sets are built once: a check adds to
 // counters without building attributes.
 type instruments struct {
-	tracer   trace.Tracer
+	tracer   trace.Tracer // nil: no tracing
+	sample   float64      // share of checks traced
 	checks   metric.Int64Counter
 	duration metric.Float64Histogram
 	redis    metric.Float64Histogram
@@ -27,14 +28,14 @@ type instruments struct {
 // latencyBuckets (seconds) resolve the sub-millisecond range a check lives in.
 var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
-func newInstruments(m metric.Meter, t trace.Tracer) (*instruments, error) {
+func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments, error) {
 	if m == nil {
 		m = metricnoop.NewMeterProvider().Meter("")
 	}
-	if t == nil {
-		t = tracenoop.NewTracerProvider().Tracer("")
+	if ratio <= 0 || ratio > 1 {
+		ratio = 1
 	}
-	in := &instruments{tracer: t}
+	in := &instruments{tracer: t, sample: ratio}
 	var err error
 	if in.checks, err = m.Int64Counter("quotaflow.checks", metric.WithDescription("Consuming checks decided, by result and whether Redis was unreachable (degraded).")); err != nil {
 		return nil, err
@@ -62,6 +63,15 @@ func newInstruments(m metric.Meter, t trace.Tracer) (*instruments, error) {
 	in.recAllowed = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "allowed")))
 	in.recDenied = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "denied")))
 	return in, nil
+}
+
+// startSpan starts a span for a sampled check. The decision comes first and costs a random
+// draw: a span that a sampler would drop still costs its start, several times this.
+func (in *instruments) startSpan(ctx context.Context) (context.Context, trace.Span) {
+	if in.tracer == nil || (in.sample < 1 && rand.Float64() >= in.sample) {
+		return ctx, nil
+	}
+	return in.tracer.Start(ctx, "quotaflow.check")
 }
 
 // record counts a decided check and its latency.

@@ -109,7 +109,7 @@ func BenchmarkCheckTelemetry(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer tel.Close(context.Background())
-				cfg.Meter, cfg.Tracer = tel.Meter, tel.Tracer
+				cfg.Meter, cfg.Tracer, cfg.TraceRatio = tel.Meter, tel.Tracer, tel.TraceRatio
 			}
 			srv := checker.New(cfg)
 			defer srv.Close()

@@ -160,7 +160,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		}
 	}()
 	cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
-		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer}
+		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio}
 	var pub *publisher.Client
 	if p.natsURL != "" {
 		nc, err := connectNATS(p.natsURL, "quotaflow checker "+instanceID, log)

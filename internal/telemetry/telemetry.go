@@ -19,7 +19,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Config configures Setup. The zero value gives metrics and no traces.
@@ -38,8 +37,12 @@ type Config struct {
 type Telemetry struct {
 	// Meter creates the process's instruments.
 	Meter metric.Meter
-	// Tracer creates spans; a no-op tracer when no OTLP endpoint is configured.
+	// Tracer creates spans; nil when no OTLP endpoint is configured. Its provider records every
+	// span it is asked for: callers decide what to trace with TraceRatio before starting one,
+	// because starting a span, even one a sampler then drops, costs more than a check's budget.
 	Tracer trace.Tracer
+	// TraceRatio is the share of checks to trace (Config.SampleRatio, or 0.01).
+	TraceRatio float64
 	// Metrics serves the Prometheus exposition of every instrument, plus Go runtime metrics.
 	Metrics http.Handler
 
@@ -63,7 +66,6 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	t := &Telemetry{
 		meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)),
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		Tracer:  noop.NewTracerProvider().Tracer("quotaflow"),
 	}
 	t.Meter = t.meters.Meter("github.com/quotaflow/quotaflow")
 	if cfg.OTLPEndpoint != "" {
@@ -71,14 +73,14 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("otlp trace exporter: %w", err)
 		}
-		ratio := cfg.SampleRatio
-		if ratio <= 0 {
-			ratio = 0.01
+		t.TraceRatio = cfg.SampleRatio
+		if t.TraceRatio <= 0 {
+			t.TraceRatio = 0.01
 		}
 		t.traces = sdktrace.NewTracerProvider(
 			sdktrace.WithBatcher(exp),
 			sdktrace.WithResource(res),
-			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+			sdktrace.WithSampler(sdktrace.AlwaysSample()),
 		)
 		t.Tracer = t.traces.Tracer("github.com/quotaflow/quotaflow")
 	}
