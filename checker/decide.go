@@ -53,11 +53,12 @@ func (l *limitOutcome) state() quotaflowv1.State {
 	return quotaflowv1.State_STATE_NORMAL
 }
 
-// plannedRequest is one bucket request (one subject's real or shadow limits) and where its
-// results go in the outcome.
-type plannedRequest struct {
-	req   bucket.Request
-	first int // index in outcome.limits of req.Limits[0]
+// plan is a check's bucket requests (one per subject's enforced limits and one per its shadow
+// limits), in the form the store takes them, and where each request's results go in the
+// outcome: first[i] is the index in outcome.limits of reqs[i].Limits[0].
+type plan struct {
+	reqs  []bucket.Request
+	first []int
 }
 
 var globalSubject = subject{dim: rules.DimensionGlobal, id: "global"}
@@ -78,23 +79,19 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 	if err := resolveTier(set, q, out); err != nil {
 		return nil, err
 	}
-	plan, err := s.plan(set, q, peek, out)
+	pl, err := s.plan(set, q, peek, out)
 	if err != nil {
 		return nil, err
 	}
-	if len(plan) == 0 {
+	if len(pl.reqs) == 0 {
 		out.allowed, out.now = true, time.Now()
 		return s.record(ctx, q, out, peek, start), nil
 	}
 	// A retry with an idempotency key must replay its first decision, so it goes to Redis.
-	if s.olc != nil && !peek && q.idemKey == "" && s.fromCache(plan, out, q.cost) {
+	if s.olc != nil && !peek && q.idemKey == "" && s.fromCache(pl, out, q.cost) {
 		s.tel.cacheHit.Add(ctx, 1)
 		out.summarize()
 		return s.record(ctx, q, out, peek, start), nil
-	}
-	reqs := make([]bucket.Request, len(plan))
-	for i := range plan {
-		reqs[i] = plan[i].req
 	}
 	var results []bucket.Result
 	if !s.redisDown.Load() {
@@ -104,11 +101,11 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 		}
 		rctx, cancel := context.WithTimeout(ctx, s.timeout)
 		rstart := time.Now()
-		results, err = s.store.Check(rctx, reqs)
+		results, err = s.store.Check(rctx, pl.reqs)
 		s.tel.redis.Record(ctx, time.Since(rstart).Seconds())
 		cancel()
 		if err == nil && s.olc != nil && !peek {
-			s.cacheDenials(plan, results, q.cost, sentAt)
+			s.cacheDenials(pl, results, q.cost, sentAt)
 		}
 		switch {
 		case err == nil:
@@ -121,11 +118,11 @@ func (s *Server) decide(ctx context.Context, q *query, peek bool) (*outcome, err
 		}
 	}
 	if results == nil {
-		s.fallback(plan, out)
+		s.fallback(pl, out)
 	} else {
 		for i, res := range results {
 			for j, lr := range res.Limits {
-				out.limits[plan[i].first+j].res = lr
+				out.limits[pl.first[i]+j].res = lr
 			}
 			out.replayed = out.replayed || res.Replayed
 			out.now = res.Now
@@ -169,8 +166,8 @@ func resolveTier(set *rules.Set, q *query, out *outcome) error {
 
 // plan turns the matching rules into bucket requests: per subject one request for its enforced
 // limits and one for its shadow limits, so that a shadow denial never blocks a charge.
-func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plannedRequest, error) {
-	var plan []plannedRequest
+func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) (plan, error) {
+	var pl plan
 	add := func(sub subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
 		var req bucket.Request
 		first := len(out.limits)
@@ -196,7 +193,8 @@ func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plan
 			}
 			req.IdempotencyKey = idempotencyKey(tag, suffix)
 		}
-		plan = append(plan, plannedRequest{req: req, first: first})
+		pl.reqs = append(pl.reqs, req)
+		pl.first = append(pl.first, first)
 		return nil
 	}
 	subjects := q.subjects
@@ -215,27 +213,28 @@ func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) ([]plan
 		}
 		tag := subjectTag(sub.dim, sub.id)
 		if err := add(sub, tag, rs, false, custom); err != nil {
-			return nil, err
+			return plan{}, err
 		}
 		if err := add(sub, tag, rs, true, custom); err != nil {
-			return nil, err
+			return plan{}, err
 		}
 	}
-	return plan, nil
+	return pl, nil
 }
 
 // fromCache answers a check from the over-limit cache when one of its enforced buckets is known
 // to deny it: the outcome then holds only the cached limits, as the only ones evaluated.
-func (s *Server) fromCache(plan []plannedRequest, out *outcome, cost int64) bool {
+func (s *Server) fromCache(pl plan, out *outcome, cost int64) bool {
 	now := s.olc.now()
 	var hits []limitOutcome
-	for _, p := range plan {
-		if p.req.Shadow {
+	for i := range pl.reqs {
+		req := &pl.reqs[i]
+		if req.Shadow {
 			continue
 		}
-		for j := range p.req.Limits {
-			if res, ok := s.olc.lookup(p.req.Limits[j].Key, cost, now); ok {
-				lo := out.limits[p.first+j]
+		for j := range req.Limits {
+			if res, ok := s.olc.lookup(req.Limits[j].Key, cost, now); ok {
+				lo := out.limits[pl.first[i]+j]
 				lo.res = res
 				hits = append(hits, lo)
 			}
@@ -249,14 +248,14 @@ func (s *Server) fromCache(plan []plannedRequest, out *outcome, cost int64) bool
 }
 
 // cacheDenials remembers the enforced buckets that denied.
-func (s *Server) cacheDenials(plan []plannedRequest, results []bucket.Result, cost, sentAt int64) {
-	for i, p := range plan {
-		if p.req.Shadow || results[i].Allowed || results[i].Replayed {
+func (s *Server) cacheDenials(pl plan, results []bucket.Result, cost, sentAt int64) {
+	for i := range pl.reqs {
+		if pl.reqs[i].Shadow || results[i].Allowed || results[i].Replayed {
 			continue
 		}
 		for j, lr := range results[i].Limits {
 			if !lr.Allowed {
-				s.olc.deny(p.req.Limits[j].Key, cost, sentAt, lr)
+				s.olc.deny(pl.reqs[i].Limits[j].Key, cost, sentAt, lr)
 			}
 		}
 	}
@@ -264,14 +263,15 @@ func (s *Server) cacheDenials(plan []plannedRequest, results []bucket.Result, co
 
 // fallback decides while Redis is unreachable, limit by limit, by each rule's fail mode: open
 // allows, closed denies, local uses this process's own buckets with the same algorithm.
-func (s *Server) fallback(plan []plannedRequest, out *outcome) {
+func (s *Server) fallback(pl plan, out *outcome) {
 	now := time.Now()
 	out.now, out.degraded = now, true
-	for _, p := range plan {
+	for r := range pl.reqs {
+		req := &pl.reqs[r]
 		var local bucket.Request
 		var idx []int
-		for j, lim := range p.req.Limits {
-			i := p.first + j
+		for j, lim := range req.Limits {
+			i := pl.first[r] + j
 			lo := &out.limits[i]
 			lo.degraded = true
 			switch lo.rule.FailMode {
@@ -287,7 +287,7 @@ func (s *Server) fallback(plan []plannedRequest, out *outcome) {
 		if len(idx) == 0 {
 			continue
 		}
-		local.Cost, local.Peek = p.req.Cost, p.req.Peek
+		local.Cost, local.Peek = req.Cost, req.Peek
 		res := s.local.Check(now, local)
 		for j, lr := range res.Limits {
 			out.limits[idx[j]].res = lr
