@@ -29,16 +29,9 @@ func waitReady(t *testing.T, srv *Server) {
 // the test can stop and stall that Redis.
 func newFailureEnv(t *testing.T, sink DecisionSink) (*redistest.Server, *testEnv) {
 	t.Helper()
-	rs, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	rdb := newRedis(rs.Addr)
-	t.Cleanup(func() { rdb.Close() })
 	// The deadline must hold on a loaded CI machine (race detector, parallel tests) while Redis is
 	// up, and be much shorter than the stall TestRedisSlow makes.
-	env := newEnv(t, Config{Redis: rdb, RedisTimeout: 250 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, Decisions: sink})
+	rs, env, _ := ownRedisEnv(t, Config{RedisTimeout: 250 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, Decisions: sink})
 	// Load the script and warm the connection pool, so that the first asserted check is not
 	// the slow one.
 	mustCheck(t, env.client("connect"), checkReq("warm-up", "/fm/local"))

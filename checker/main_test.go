@@ -146,3 +146,17 @@ func debugOut() io.Writer {
 	}
 	return io.Discard
 }
+
+// ownRedisEnv serves a checker on a Redis of its own, which the test may stop, stall or inspect.
+func ownRedisEnv(t *testing.T, cfg Config) (*redistest.Server, *testEnv, *redis.Client) {
+	t.Helper()
+	rs, err := redistest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Close)
+	rdb := newRedis(rs.Addr)
+	t.Cleanup(func() { rdb.Close() })
+	cfg.Redis = rdb
+	return rs, newEnv(t, cfg), rdb
+}

@@ -10,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaflow/quotaflow/internal/redistest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -32,23 +31,9 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int {
 	return n
 }
 
-// ownRedisEnv serves a checker on a Redis of its own, so its script calls can be counted.
-func ownRedisEnv(t *testing.T, cfg Config) (*testEnv, *redis.Client) {
-	t.Helper()
-	rs, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	rdb := newRedis(rs.Addr)
-	t.Cleanup(func() { rdb.Close() })
-	cfg.Redis = rdb
-	return newEnv(t, cfg), rdb
-}
-
 func TestOverLimitCache(t *testing.T) {
 	t.Parallel()
-	env, rdb := ownRedisEnv(t, Config{})
+	_, env, rdb := ownRedisEnv(t, Config{})
 	c := env.client("connect")
 	for i := 0; i < 5; i++ {
 		mustCheck(t, c, checkReq("hammer", "/orders"))
@@ -120,7 +105,7 @@ func TestOverLimitCacheIsExact(t *testing.T) {
 
 func TestOverLimitCacheOff(t *testing.T) {
 	t.Parallel()
-	env, rdb := ownRedisEnv(t, Config{DisableOverLimitCache: true})
+	_, env, rdb := ownRedisEnv(t, Config{DisableOverLimitCache: true})
 	c := env.client("connect")
 	for i := 0; i < 6; i++ {
 		mustCheck(t, c, checkReq("hammer", "/orders"))

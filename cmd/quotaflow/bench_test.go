@@ -21,64 +21,78 @@ import (
 	"github.com/quotaflow/quotaflow/publisher"
 )
 
-// BenchmarkCheckPublish measures checker throughput with publishing off and on in the same run:
-// CheckRateLimit called in process (no HTTP), one token-bucket limit, 10k subjects, and with
-// publishing every decision going through publisher.Client to the embedded JetStream server.
-func BenchmarkCheckPublish(b *testing.B) {
-	set, err := rules.Parse([]byte("rules:\n- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}\n"))
+// benchRules is one token-bucket limit far above what a benchmark spends.
+const benchRules = "rules:\n- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}\n"
+
+// newBenchConfig returns the checker configuration both benchmarks start from: the bench rules
+// on database db of the package's Redis, quiet logs.
+func newBenchConfig(b *testing.B, db int) checker.Config {
+	b.Helper()
+	set, err := rules.Parse([]byte(benchRules))
 	if err != nil {
 		b.Fatal(err)
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: db, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { rdb.Close() })
+	return checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// runChecks calls CheckRateLimit in process (no HTTP) from 8 goroutines per core over 10k
+// subjects for b.N checks, and reports checks/s.
+func runChecks(b *testing.B, cfg checker.Config) {
+	b.Helper()
+	srv := checker.New(cfg)
+	defer srv.Close()
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := srv.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+				Identifier: "bench-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
+			if err != nil || !resp.Msg.Allowed {
+				b.Fatalf("check: %v", err)
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+}
+
+// BenchmarkCheckPublish measures checker throughput with publishing off and on in the same run,
+// every decision going through publisher.Client to the embedded JetStream server.
+func BenchmarkCheckPublish(b *testing.B) {
 	for _, publish := range []bool{false, true} {
 		name := "publish=off"
 		if publish {
 			name = "publish=on"
 		}
 		b.Run(name, func(b *testing.B) {
-			rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 7, ContextTimeoutEnabled: true})
-			defer rdb.Close()
-			cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet}
-			var pub *publisher.Client
-			if publish {
-				nc, err := natsSrv.Connect()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer nc.Close()
-				pub, err = publisher.New(nc, publisher.Config{Stream: "BENCH_" + strconv.Itoa(b.N), SubjectPrefix: "bench.n" + strconv.Itoa(b.N),
-					SpoolDir: b.TempDir(), Logger: quiet})
-				if err != nil {
-					b.Fatal(err)
-				}
-				cfg.Decisions = pub
+			cfg := newBenchConfig(b, 7)
+			if !publish {
+				runChecks(b, cfg)
+				return
 			}
-			srv := checker.New(cfg)
-			defer srv.Close()
-			var n atomic.Int64
-			b.ReportAllocs()
-			b.SetParallelism(8)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					resp, err := srv.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-						Identifier: "bench-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
-					if err != nil || !resp.Msg.Allowed {
-						b.Fatalf("check: %v", err)
-					}
-				}
-			})
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
-			if pub != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if err := pub.Close(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if st := pub.Stats(); st.Dropped != 0 || st.Published+st.Replayed != int64(b.N) {
-					b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped", st, b.N)
-				}
+			nc, err := natsSrv.Connect()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			pub, err := publisher.New(nc, publisher.Config{Stream: "BENCH_" + strconv.Itoa(b.N), SubjectPrefix: "bench.n" + strconv.Itoa(b.N),
+				SpoolDir: b.TempDir(), Logger: cfg.Logger})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.Decisions = pub
+			runChecks(b, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := pub.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if st := pub.Stats(); st.Dropped != 0 || st.Published+st.Replayed != int64(b.N) {
+				b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped", st, b.N)
 			}
 		})
 	}
@@ -87,18 +101,11 @@ func BenchmarkCheckPublish(b *testing.B) {
 // BenchmarkCheckTelemetry measures checker throughput with telemetry off, with metrics, and
 // with metrics plus traces (1% sampled, exported over OTLP/HTTP to a collector that discards).
 func BenchmarkCheckTelemetry(b *testing.B) {
-	set, err := rules.Parse([]byte("rules:\n- {id: one, dimension: user, endpoint: /one, algorithm: token_bucket, limit: 1000000000, window: 1s}\n"))
-	if err != nil {
-		b.Fatal(err)
-	}
 	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
 	defer collector.Close()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, mode := range []string{"off", "metrics", "metrics+traces"} {
 		b.Run("telemetry="+mode, func(b *testing.B) {
-			rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true})
-			defer rdb.Close()
-			cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet}
+			cfg := newBenchConfig(b, 8)
 			if mode != "off" {
 				tc := telemetry.Config{}
 				if mode == "metrics+traces" {
@@ -111,22 +118,7 @@ func BenchmarkCheckTelemetry(b *testing.B) {
 				defer tel.Close(context.Background())
 				cfg.Meter, cfg.Tracer, cfg.TraceRatio = tel.Meter, tel.Tracer, tel.TraceRatio
 			}
-			srv := checker.New(cfg)
-			defer srv.Close()
-			var n atomic.Int64
-			b.ReportAllocs()
-			b.SetParallelism(8)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					resp, err := srv.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-						Identifier: "tel-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
-					if err != nil || !resp.Msg.Allowed {
-						b.Fatalf("check: %v", err)
-					}
-				}
-			})
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+			runChecks(b, cfg)
 		})
 	}
 }
