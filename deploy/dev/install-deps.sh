@@ -12,6 +12,11 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# Debian puts clickhouse-server in /usr/sbin, which a user's PATH may lack.
+[ -x /usr/sbin/clickhouse-server ] || command -v clickhouse-server >/dev/null 2>&1 || missing+=(clickhouse-server)
+command -v clickhouse-client >/dev/null 2>&1 || missing+=(clickhouse-client)
+# `docker-compose config` validates docker-compose.yml in the tests; no Docker engine is needed.
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,0 +1,237 @@
+// Package schema owns quotaflow's ClickHouse schema: versioned migrations (embedded SQL
+// templates) and the retention job.
+//
+// One set of migrations serves both the ClickHouse Debian ships (18.16) and current servers.
+// The server version, read at migration time, picks the dialect: current servers get TTL,
+// LowCardinality and DateTime64(6); 18.16 gets plain String and DateTime, and its retention is
+// enforced only by ApplyRetention dropping expired partitions, which the aggregator runs on a
+// schedule against every server.
+package schema
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// DefaultDatabase is the database quotaflow's tables live in.
+const DefaultDatabase = "quotaflow"
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Dialect is what the server supports, as far as the migrations care.
+type Dialect struct {
+	// Version is the server's version string.
+	Version string
+	// Modern is set from ClickHouse 22.8 on: TTL with ttl_only_drop_parts, LowCardinality,
+	// DateTime64, insert_deduplication_token with non_replicated_deduplication_window.
+	Modern bool
+}
+
+// String names the dialect as recorded in schema_migrations.
+func (d Dialect) String() string {
+	if d.Modern {
+		return "modern"
+	}
+	return "legacy"
+}
+
+// ParseDialect returns the dialect of a server version such as "18.16.1" or "24.8.4.13".
+func ParseDialect(version string) (Dialect, error) {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return Dialect{}, fmt.Errorf("clickhouse version %q: want major.minor", version)
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return Dialect{}, fmt.Errorf("clickhouse version %q: want major.minor", version)
+	}
+	return Dialect{Version: version, Modern: major > 22 || major == 22 && minor >= 8}, nil
+}
+
+// DetectDialect asks the server for its version.
+func DetectDialect(ctx context.Context, conn driver.Conn) (Dialect, error) {
+	var v string
+	if err := conn.QueryRow(ctx, "SELECT version()").Scan(&v); err != nil {
+		return Dialect{}, fmt.Errorf("read clickhouse version: %w", err)
+	}
+	return ParseDialect(v)
+}
+
+// Migration is one versioned, idempotent step of the schema.
+type Migration struct {
+	Version int
+	Name    string
+	text    string
+}
+
+var migrationName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+
+// Migrations returns the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var ms []Migration
+	for _, e := range entries {
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("migration file %q: want NNNN_name.sql", e.Name())
+		}
+		text, err := fs.ReadFile(migrationFiles, "migrations/"+e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		v, _ := strconv.Atoi(m[1])
+		ms = append(ms, Migration{Version: v, Name: m[2], text: string(text)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i := range ms {
+		if ms[i].Version != i+1 {
+			return nil, fmt.Errorf("migration %04d_%s: versions must run 1, 2, 3... without gaps", ms[i].Version, ms[i].Name)
+		}
+	}
+	return ms, nil
+}
+
+// rollup describes one usage_<name> table for the 0003 template.
+type rollup struct {
+	Name, Type, Bucket, Partition, TTLTime string
+	Days                                   int
+}
+
+// Statements renders the migration for a database and dialect and splits it into statements.
+func (m Migration) Statements(db string, d Dialect) ([]string, error) {
+	tmpl, err := template.New(m.Name).Option("missingkey=error").Parse(m.text)
+	if err != nil {
+		return nil, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	data := map[string]any{
+		"DB":     db,
+		"Modern": d.Modern,
+		"String": "String",
+		"Time":   "DateTime",
+		"State":  "Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3)",
+		"Rollups": []rollup{
+			{"minute", "DateTime", "toStartOfMinute(time)", "toDate(minute)", "minute", Retention(UsageMinute).Days},
+			{"hour", "DateTime", "toStartOfHour(time)", "toYYYYMM(hour)", "hour", Retention(UsageHour).Days},
+			{"day", "Date", "toDate(time)", "toYYYYMM(day)", "toDateTime(day)", Retention(UsageDay).Days},
+		},
+	}
+	if d.Modern {
+		data["String"] = "LowCardinality(String)"
+		data["Time"] = "DateTime64(6, 'UTC')"
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, data); err != nil {
+		return nil, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	var stmts []string
+	for _, s := range strings.Split(buf.String(), ";\n") {
+		if s = stripComments(s); s != "" {
+			stmts = append(stmts, s)
+		}
+	}
+	return stmts, nil
+}
+
+// stripComments drops whole-line -- comments and surrounding blank space.
+func stripComments(s string) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.TrimSuffix(strings.TrimSpace(strings.Join(lines, "\n")), ";")
+}
+
+// Migrate creates the database and applies the migrations not yet recorded in
+// <db>.schema_migrations, in order. It is safe to run again and from several processes at once:
+// every statement is IF NOT EXISTS. It returns the names of the migrations it applied.
+func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
+	if db == "" {
+		db = DefaultDatabase
+	}
+	if !validIdent(db) {
+		return Dialect{}, nil, fmt.Errorf("database %q: want letters, digits and underscores", db)
+	}
+	d, err := DetectDialect(ctx, conn)
+	if err != nil {
+		return Dialect{}, nil, err
+	}
+	ms, err := Migrations()
+	if err != nil {
+		return d, nil, err
+	}
+	for _, q := range []string{
+		"CREATE DATABASE IF NOT EXISTS " + db,
+		"CREATE TABLE IF NOT EXISTS " + db + ".schema_migrations (version UInt32, name String, dialect String, server_version String, applied_at DateTime) ENGINE = MergeTree ORDER BY version",
+	} {
+		if err := conn.Exec(ctx, q); err != nil {
+			return d, nil, fmt.Errorf("bootstrap schema_migrations: %w", err)
+		}
+	}
+	done := map[uint32]bool{}
+	rows, err := conn.Query(ctx, "SELECT DISTINCT version FROM "+db+".schema_migrations")
+	if err != nil {
+		return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+		}
+		done[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	var applied []string
+	for _, m := range ms {
+		if done[uint32(m.Version)] {
+			continue
+		}
+		stmts, err := m.Statements(db, d)
+		if err != nil {
+			return d, applied, err
+		}
+		for _, s := range stmts {
+			if err := conn.Exec(ctx, s); err != nil {
+				return d, applied, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
+			}
+		}
+		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".schema_migrations (version, name, dialect, server_version, applied_at)")
+		if err != nil {
+			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := b.Append(uint32(m.Version), m.Name, d.String(), d.Version, time.Now()); err != nil {
+			b.Abort()
+			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := b.Send(); err != nil {
+			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		applied = append(applied, fmt.Sprintf("%04d_%s", m.Version, m.Name))
+	}
+	return d, applied, nil
+}
+
+var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validIdent(s string) bool { return ident.MatchString(s) }
