@@ -1,6 +1,7 @@
 package checker
 
 import (
+	"fmt"
 	"context"
 	"testing"
 	"time"
@@ -118,9 +119,17 @@ func TestRedisSlow(t *testing.T) {
 	}
 	waitReady(t, env.srv)
 	// u2's timed-out command ran when the pause ended (a sent command cannot be taken back), so
-	// look at a fresh subject.
-	if got := mustCheck(t, c, checkReq("u3", "/fm/closed")); !got.Allowed || got.Degraded {
-		t.Errorf("after the stall: allowed %v degraded %v, want an exact allow", got.Allowed, got.Degraded)
+	// look at fresh subjects. On an overloaded machine one check may still miss the deadline
+	// while the connections that timed out are replaced: exact answers must be back within a
+	// few checks.
+	var got2 *quotaflowv1.CheckRateLimitResponse
+	for i := 0; i < 5; i++ {
+		if got2 = mustCheck(t, c, checkReq(fmt.Sprintf("u3-%d", i), "/fm/closed")); got2.Allowed && !got2.Degraded {
+			break
+		}
+	}
+	if !got2.Allowed || got2.Degraded {
+		t.Errorf("after the stall: allowed %v degraded %v, want an exact allow", got2.Allowed, got2.Degraded)
 	}
 }
 
