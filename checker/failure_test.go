@@ -1,8 +1,8 @@
 package checker
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
