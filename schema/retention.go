@@ -17,6 +17,9 @@ const (
 	UsageMinute Table = "usage_minute"
 	UsageHour   Table = "usage_hour"
 	UsageDay    Table = "usage_day"
+	// IngestedMessages only serves to skip redelivered messages: a week covers the stream's
+	// 72h default.
+	IngestedMessages Table = "ingested_messages"
 )
 
 // Horizon is how long a table keeps rows and how it is partitioned.
@@ -34,6 +37,8 @@ func Retention(t Table) Horizon {
 		return Horizon{Days: 90}
 	case UsageMinute:
 		return Horizon{Days: 30}
+	case IngestedMessages:
+		return Horizon{Days: 7}
 	default:
 		return Horizon{Days: 365, Monthly: true}
 	}
@@ -57,7 +62,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.T
 		return nil, fmt.Errorf("database %q: want letters, digits and underscores", db)
 	}
 	var dropped []Dropped
-	for _, t := range []Table{Decisions, UsageMinute, UsageHour, UsageDay} {
+	for _, t := range []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages} {
 		h := Retention(t)
 		horizon := now.UTC().AddDate(0, 0, -h.Days)
 		rows, err := conn.Query(ctx, "SELECT DISTINCT partition_id FROM system.parts WHERE database = ? AND table = ? AND active", db, string(t))

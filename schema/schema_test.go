@@ -117,7 +117,7 @@ func TestMigrate(t *testing.T) {
 		rows.Scan(&n)
 		tables = append(tables, n)
 	}
-	want := "decisions ingest_progress ingest_progress_mv schema_migrations usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
+	want := "decisions ingested_messages ingested_messages_mv schema_migrations usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
 	if got := strings.Join(tables, " "); got != want {
 		t.Errorf("tables = %s, want %s", got, want)
 	}

@@ -66,18 +66,23 @@ func (c *checkerFlags) register(fs *flagSet) {
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
+	return newLogger(c.logLevel, c.logFormat, w)
+}
+
+// newLogger returns the logger the --log-level and --log-format flags ask for.
+func newLogger(levelName, format string, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
 		return nil, usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	opts := &slog.HandlerOptions{Level: level}
-	switch c.logFormat {
+	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, usageError{fmt.Errorf("--log-format: want text or json, got %q", c.logFormat)}
+	return nil, usageError{fmt.Errorf("--log-format: want text or json, got %q", format)}
 }
 
 func (c *checkerFlags) redisClient() (*redis.Client, error) {

@@ -36,6 +36,8 @@ func commands() []command {
 	return []command{
 		{"serve", "run the pipeline for development: checker, publisher and an embedded NATS", runServe},
 		{"checker", "serve the check API (Connect, gRPC, gRPC-Web, HTTP forward-auth) on one port", runChecker},
+		{"aggregator", "consume the decision stream into ClickHouse (audit and usage rollups), exactly once", runAggregator},
+		{"migrate", "apply the ClickHouse schema migrations", runMigrate},
 		{"check", "ask a checker whether a request may go ahead", runCheck},
 		{"watch", "print the live decision stream: quotaflow watch decisions", runWatch},
 		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},

@@ -4,19 +4,29 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/quotaflow/quotaflow/aggregator"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", `The all-in-one for development: a checker that publishes every decision, and, when no
 --nats-url is given, an embedded NATS server with JetStream (real nats-server code) listening on
 --nats-listen with its data in --nats-dir, so NATS clients (quotaflow watch, nats-sub) can
-attach. Ctrl-C stops taking checks, drains the decisions to the stream and stops NATS.`, stderr)
+attach. With --clickhouse-dsn it also runs the aggregator, which stores every decision in
+ClickHouse. Ctrl-C stops taking checks, drains the decisions to the stream, finishes the
+aggregator's insert in flight and stops NATS.`, stderr)
 	var c checkerFlags
 	var p publishFlags
+	var a aggregatorFlags
 	var natsListen, natsDir string
 	c.register(fs)
 	p.register(fs, ".dev/spool")
+	a.register(fs, true)
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.fromEnv("nats-listen", "QUOTAFLOW_NATS_LISTEN")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
@@ -47,5 +57,40 @@ attach. Ctrl-C stops taking checks, drains the decisions to the stream and stops
 		p.natsURL = url
 		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir)
 	}
-	return serveChecker(ctx, &c, &p, log)
+	if a.ch.dsn == "" {
+		return serveChecker(ctx, &c, &p, log)
+	}
+	a.natsURL, a.partitions, a.instanceID = p.natsURL, p.partitions, c.instanceID
+	if err := a.validate(); err != nil {
+		return usageError{err}
+	}
+	return serveWithAggregator(ctx, &c, &p, &a, log)
+}
+
+// serveWithAggregator runs the checker and an aggregator in one process.
+func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
+	conn, db, err := a.ch.open()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	alog := log.With("component", "aggregator")
+	nc, err := connectNATS(p.natsURL, "quotaflow aggregator", alog)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	agg, err := aggregator.New(js, conn, a.config(db, alog, nil))
+	if err != nil {
+		return err
+	}
+	log.Info("aggregator starting", "instance", agg.InstanceID(), "clickhouse", redactDSN(a.ch.dsn), "database", db)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveChecker(gctx, c, p, log) })
+	g.Go(func() error { return agg.Run(gctx) })
+	return g.Wait()
 }

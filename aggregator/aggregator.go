@@ -1,0 +1,312 @@
+// Package aggregator turns the JetStream decision stream into quotaflow's ClickHouse audit
+// (table decisions) and, through materialized views, its usage rollups, exactly once.
+//
+// Each stream partition (subject quotaflow.decisions.<p>) has a durable pull consumer with a
+// pinned priority group, so that one aggregator at a time receives it, in order. Aggregator
+// processes find each other through a NATS KV bucket of heartbeats and split the partitions
+// (KV bucket <stream>_AGGREGATORS); when one dies its heartbeat expires, the others take its partitions,
+// and the server moves the pin once the dead one's pin times out.
+//
+// Exactly once: every row carries its stream partition and sequence, and the INSERT that
+// stores a batch also records each message's (partition, sequence) in ingested_messages
+// through a materialized view. Before handing a fetched message on, the aggregator looks its
+// sequence up there and skips (and acks) what is stored; it acks the others only after
+// ClickHouse accepted their insert. On current servers inserts also carry
+// insert_deduplication_token. docs/aggregator.md has the whole argument and its limits.
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/quotaflow/quotaflow/schema"
+)
+
+// Config configures an Aggregator. The zero value is usable.
+type Config struct {
+	// Stream is the decision stream ("QUOTAFLOW_DECISIONS"); SubjectPrefix its subjects'
+	// prefix ("quotaflow.decisions"); Partitions their number (16), as the checkers publish.
+	Stream        string
+	SubjectPrefix string
+	Partitions    int
+	// Database is the ClickHouse database ("quotaflow").
+	Database string
+	// InstanceID names this process among the aggregators (a random one when empty).
+	InstanceID string
+	// BatchRows (50000) and FlushInterval (1s) bound an insert by size and age.
+	BatchRows     int
+	FlushInterval time.Duration
+	// FetchBatch is the number of stream messages (each a batch of decisions) per pull (64).
+	FetchBatch int
+	// InsertTimeout bounds one insert (10s).
+	InsertTimeout time.Duration
+	// PinnedTTL is how long a partition stays pinned to an aggregator that stopped pulling:
+	// the fail-over time after a crash (10s). It must exceed InsertTimeout.
+	PinnedTTL time.Duration
+	// Heartbeat is the membership heartbeat (1s); a member is gone after three missed.
+	Heartbeat time.Duration
+	// AckWait is the consumers' ack wait (2m): longer than any insert with its retries takes
+	// while this aggregator stays pinned.
+	AckWait time.Duration
+	// MaxBackoff caps the wait between retries while ClickHouse fails (5s).
+	MaxBackoff time.Duration
+	// RetentionInterval is how often the retention job runs (1h); negative disables it.
+	RetentionInterval time.Duration
+	// Logger receives the component's logs (discarded when nil).
+	Logger *slog.Logger
+	// Meter records metrics (none when nil).
+	Meter metric.Meter
+}
+
+// Defaults used for zero Config fields.
+const (
+	DefaultStream        = "QUOTAFLOW_DECISIONS"
+	DefaultSubjectPrefix = "quotaflow.decisions"
+	DefaultPartitions    = 16
+	// PriorityGroup is the consumers' pinned priority group.
+	PriorityGroup = "aggregators"
+)
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = DefaultSubjectPrefix
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.Database == "" {
+		c.Database = schema.DefaultDatabase
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = "aggregator-" + randomHex(4)
+	}
+	if c.BatchRows == 0 {
+		c.BatchRows = 50000
+	}
+	if c.FetchBatch == 0 {
+		c.FetchBatch = 64
+	}
+	def(&c.FlushInterval, time.Second)
+	def(&c.InsertTimeout, 10*time.Second)
+	def(&c.PinnedTTL, 10*time.Second)
+	def(&c.Heartbeat, time.Second)
+	def(&c.AckWait, 2*time.Minute)
+	def(&c.MaxBackoff, 5*time.Second)
+	def(&c.RetentionInterval, time.Hour)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Meter == nil {
+		c.Meter = noop.NewMeterProvider().Meter("")
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Partitions < 1 || c.Partitions > 1024:
+		return fmt.Errorf("partitions %d: want 1..1024", c.Partitions)
+	case c.BatchRows < 1:
+		return fmt.Errorf("batch rows %d: want at least 1", c.BatchRows)
+	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0:
+		return errors.New("durations must not be negative")
+	case c.PinnedTTL <= c.InsertTimeout:
+		return fmt.Errorf("pinned TTL %v must exceed the insert timeout %v", c.PinnedTTL, c.InsertTimeout)
+	case !validKey(c.InstanceID):
+		return fmt.Errorf("instance id %q: want letters, digits, '-', '_', '=', '.'", c.InstanceID)
+	}
+	return nil
+}
+
+// Stats are the aggregator's counters since it started.
+type Stats struct {
+	// Inserted decisions, Skipped duplicates (already stored), Inserts (batches) and
+	// InsertErrors (failed attempts, each retried).
+	Inserted, Skipped, Inserts, InsertErrors int64
+	// Owned is the number of partitions this process consumes now.
+	Owned int
+	// Lag is the decisions' messages not yet delivered on the owned partitions' consumers, as
+	// last measured.
+	Lag int64
+}
+
+// Aggregator consumes decision partitions into ClickHouse.
+type Aggregator struct {
+	cfg Config
+	js  jetstream.JetStream
+	ch  driver.Conn
+	log *slog.Logger
+	m   *instruments
+
+	dialect   schema.Dialect
+	items     chan item
+	flushReqs chan flushRequest
+
+	mu    sync.Mutex
+	owned map[int]*partition // partitions being consumed
+
+	inserted, skipped, inserts, insertErrors, lag atomic.Int64
+}
+
+// New returns an Aggregator reading stream messages with js and writing with ch.
+func New(js jetstream.JetStream, ch driver.Conn, cfg Config) (*Aggregator, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("aggregator config: %w", err)
+	}
+	a := &Aggregator{
+		cfg:       cfg,
+		js:        js,
+		ch:        ch,
+		log:       cfg.Logger,
+		items:     make(chan item, 4*cfg.FetchBatch),
+		flushReqs: make(chan flushRequest),
+		owned:     map[int]*partition{},
+	}
+	m, err := newInstruments(cfg.Meter, a)
+	if err != nil {
+		return nil, err
+	}
+	a.m = m
+	return a, nil
+}
+
+// Stats returns the counters.
+func (a *Aggregator) Stats() Stats {
+	a.mu.Lock()
+	owned := len(a.owned)
+	a.mu.Unlock()
+	return Stats{
+		Inserted: a.inserted.Load(), Skipped: a.skipped.Load(), Inserts: a.inserts.Load(),
+		InsertErrors: a.insertErrors.Load(), Owned: owned, Lag: a.lag.Load(),
+	}
+}
+
+// InstanceID is this aggregator's name among its peers.
+func (a *Aggregator) InstanceID() string { return a.cfg.InstanceID }
+
+// Run migrates the schema (retrying while ClickHouse is unreachable), creates the consumers,
+// joins the aggregators and consumes until ctx ends. Then it finishes the insert in flight,
+// acks what was stored and gives its partitions up, so that a peer takes them at once.
+func (a *Aggregator) Run(ctx context.Context) error {
+	if err := a.migrate(ctx); err != nil {
+		return err
+	}
+	if err := a.ensureConsumers(ctx); err != nil {
+		return err
+	}
+	members, err := a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: a.cfg.Stream + "_AGGREGATORS", Description: "quotaflow aggregator heartbeats", TTL: 3 * a.cfg.Heartbeat, History: 1,
+	})
+	if err != nil {
+		return fmt.Errorf("members bucket: %w", err)
+	}
+	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWriter()
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- a.writeLoop(writerCtx) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.membershipLoop(gctx, members) })
+	g.Go(func() error { a.lagLoop(gctx); return nil })
+	if a.cfg.RetentionInterval > 0 {
+		g.Go(func() error { a.retentionLoop(gctx); return nil })
+	}
+	err = g.Wait()
+	// Stop pulling, let the writer flush what it holds (bounded by the insert timeout), then
+	// unpin so that a peer need not wait for the pin to time out.
+	owned := a.releaseAll()
+	stopWriter()
+	if werr := <-writerDone; werr != nil && err == nil {
+		err = werr
+	}
+	unpinCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	for _, p := range owned {
+		a.unpin(unpinCtx, p)
+	}
+	members.Delete(unpinCtx, a.cfg.InstanceID)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// migrate applies the schema, retrying with backoff while ClickHouse is unreachable.
+func (a *Aggregator) migrate(ctx context.Context) error {
+	b := backoff{max: a.cfg.MaxBackoff}
+	for {
+		d, applied, err := schema.Migrate(ctx, a.ch, a.cfg.Database)
+		if err == nil {
+			a.dialect = d
+			a.log.Info("schema ready", "database", a.cfg.Database, "server", d.Version, "dialect", d.String(), "applied", applied)
+			return nil
+		}
+		wait := b.next()
+		a.log.Warn("schema migration failed; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrate: %w", err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// ensureConsumers creates or updates one durable consumer per partition.
+func (a *Aggregator) ensureConsumers(ctx context.Context) error {
+	b := backoff{max: a.cfg.MaxBackoff}
+	for p := 0; p < a.cfg.Partitions; p++ {
+		for {
+			_, err := a.js.CreateOrUpdateConsumer(ctx, a.cfg.Stream, a.consumerConfig(p))
+			if err == nil {
+				break
+			}
+			wait := b.next()
+			a.log.Warn("create consumer failed; retrying (is the stream there? checkers create it)", "partition", p, "err", err, "retry_in", wait)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("create consumer for partition %d: %w", p, err)
+			case <-time.After(wait):
+			}
+		}
+	}
+	return nil
+}
+
+// ConsumerName is the durable consumer of partition p.
+func ConsumerName(p int) string { return fmt.Sprintf("quotaflow-aggregator-%d", p) }
+
+func (a *Aggregator) consumerConfig(p int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        ConsumerName(p),
+		Description:    "quotaflow aggregator, decisions of one partition into ClickHouse",
+		FilterSubject:  fmt.Sprintf("%s.%d", a.cfg.SubjectPrefix, p),
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        a.cfg.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  100000,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{PriorityGroup},
+		PinnedTTL:      a.cfg.PinnedTTL,
+	}
+}

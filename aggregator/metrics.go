@@ -1,0 +1,108 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/quotaflow/quotaflow/schema"
+)
+
+type instruments struct {
+	inserted, skipped, insertErrors metric.Int64Counter
+	insertDuration                  metric.Float64Histogram
+}
+
+func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
+	var in instruments
+	var err error
+	if in.inserted, err = m.Int64Counter("quotaflow.aggregator.decisions.inserted",
+		metric.WithDescription("Decisions stored in ClickHouse.")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if in.skipped, err = m.Int64Counter("quotaflow.aggregator.decisions.skipped",
+		metric.WithDescription("Redelivered decisions skipped because they were already stored.")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if in.insertErrors, err = m.Int64Counter("quotaflow.aggregator.insert.errors",
+		metric.WithDescription("Failed insert attempts (each is retried).")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if in.insertDuration, err = m.Float64Histogram("quotaflow.aggregator.insert.duration",
+		metric.WithUnit("s"), metric.WithDescription("Duration of successful inserts.")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	lag, err := m.Int64ObservableGauge("quotaflow.aggregator.consumer.lag",
+		metric.WithDescription("Stream messages (batches of decisions) not yet stored on the partitions this aggregator owns."))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	owned, err := m.Int64ObservableGauge("quotaflow.aggregator.partitions.owned",
+		metric.WithDescription("Partitions this aggregator consumes."))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if _, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := a.Stats()
+		o.ObserveInt64(lag, s.Lag)
+		o.ObserveInt64(owned, int64(s.Owned))
+		return nil
+	}, lag, owned); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return &in, nil
+}
+
+// lagLoop measures the owned partitions' backlog: messages not yet delivered plus those
+// delivered and not yet acked.
+func (a *Aggregator) lagLoop(ctx context.Context) {
+	tick := time.NewTicker(max(a.cfg.Heartbeat, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		a.mu.Lock()
+		var ps []int
+		for p := range a.owned {
+			ps = append(ps, p)
+		}
+		a.mu.Unlock()
+		var lag int64
+		ok := true
+		for _, p := range ps {
+			cons, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(p))
+			if err != nil {
+				ok = false
+				break
+			}
+			info := cons.CachedInfo()
+			lag += int64(info.NumPending) + int64(info.NumAckPending)
+		}
+		if ok {
+			a.lag.Store(lag)
+		}
+	}
+}
+
+// retentionLoop drops expired partitions now and every RetentionInterval.
+func (a *Aggregator) retentionLoop(ctx context.Context) {
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		dropped, err := schema.ApplyRetention(rctx, a.ch, a.cfg.Database, time.Now())
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.log.Warn("retention job failed; it runs again at the next interval", "err", err)
+		case len(dropped) > 0:
+			a.log.Info("retention job dropped expired partitions", "dropped", fmt.Sprint(dropped))
+		}
+		if !sleep(ctx, a.cfg.RetentionInterval) {
+			return
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// pinHeader carries the id of the pinned client on every message of a pinned consumer.
+const pinHeader = "Nats-Pin-Id"
+
+// partition is one partition being consumed by this process.
+type partition struct {
+	p      int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// item is one stream message handed from a fetcher to the writer.
+type item struct {
+	p         int
+	seq       uint64
+	pin       string
+	msg       jetstream.Msg
+	decisions []*quotaflowv1.Decision
+}
+
+// fetchLoop pulls one partition's consumer in its priority group (only the pinned client
+// receives messages), drops the messages ClickHouse already holds, acking them, and hands the
+// others to the writer.
+func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
+	defer close(pt.done)
+	wait := min(time.Second, a.cfg.PinnedTTL/4)
+	var cons jetstream.Consumer
+	b := backoff{max: a.cfg.MaxBackoff}
+	for cons == nil {
+		c, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(pt.p))
+		if err == nil {
+			cons = c
+			break
+		}
+		if !sleep(ctx, b.next()) {
+			return
+		}
+	}
+	var items []item
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(a.cfg.FetchBatch, jetstream.FetchMaxWait(wait), jetstream.FetchPriorityGroup(PriorityGroup))
+		if err != nil {
+			a.log.Debug("fetch failed", "partition", pt.p, "err", err)
+			if !sleep(ctx, b.next()) {
+				return
+			}
+			continue
+		}
+		b = backoff{max: a.cfg.MaxBackoff}
+		items = items[:0]
+		for msg := range batch.Messages() {
+			it, err := decode(pt.p, msg)
+			if err != nil {
+				// A message that is not a DecisionBatch can never be stored: terminate it so it
+				// does not block the partition, and say so loudly.
+				a.log.Error("undecodable stream message terminated", "partition", pt.p, "err", err)
+				msg.Term()
+				continue
+			}
+			items = append(items, it)
+		}
+		if len(items) == 0 {
+			continue
+		}
+		stored, ok := a.lookupStored(ctx, pt.p, items)
+		if !ok {
+			return // cancelled: the messages are redelivered to whoever owns the partition
+		}
+		for _, it := range items {
+			if stored[it.seq] {
+				a.skipped.Add(int64(len(it.decisions)))
+				a.m.skipped.Add(context.Background(), int64(len(it.decisions)))
+				it.msg.Ack()
+				continue
+			}
+			select {
+			case a.items <- it:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// lookupStored returns which of the items' stream sequences ClickHouse already holds,
+// retrying while it cannot tell; false when ctx ended first.
+func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map[uint64]bool, bool) {
+	lo, hi := items[0].seq, items[0].seq
+	for _, it := range items {
+		lo, hi = min(lo, it.seq), max(hi, it.seq)
+	}
+	b := backoff{max: a.cfg.MaxBackoff}
+	for {
+		stored, err := a.storedSeqs(ctx, p, lo, hi)
+		if err == nil {
+			return stored, true
+		}
+		wait := b.next()
+		a.log.Warn("look up stored messages failed; retrying", "partition", p, "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return nil, false
+		}
+	}
+}
+
+// storedSeqs returns the stream sequences of partition p in [lo, hi] that are stored.
+func (a *Aggregator) storedSeqs(ctx context.Context, p int, lo, hi uint64) (map[uint64]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
+	defer cancel()
+	q := fmt.Sprintf("SELECT DISTINCT stream_seq FROM %s.ingested_messages WHERE partition = %d AND stream_seq >= %d AND stream_seq <= %d", a.cfg.Database, p, lo, hi)
+	rows, err := a.ch.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
+	}
+	defer rows.Close()
+	stored := map[uint64]bool{}
+	for rows.Next() {
+		var seq uint64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
+		}
+		stored[seq] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
+	}
+	return stored, nil
+}
+
+func decode(p int, msg jetstream.Msg) (item, error) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return item{}, fmt.Errorf("message metadata: %w", err)
+	}
+	var batch quotaflowv1.DecisionBatch
+	if err := proto.Unmarshal(msg.Data(), &batch); err != nil {
+		return item{}, fmt.Errorf("stream sequence %d: decode decision batch: %w", meta.Sequence.Stream, err)
+	}
+	return item{p: p, seq: meta.Sequence.Stream, pin: msg.Headers().Get(pinHeader), msg: msg, decisions: batch.Decisions}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,244 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// pending is the batch the writer is filling: rows plus, per partition, the messages to ack
+// once the rows are stored.
+type pending struct {
+	rows    columns
+	started time.Time
+	parts   map[int]*partPending
+}
+
+type partPending struct {
+	msgs   []jetstream.Msg
+	seqs   map[uint64]bool // in this batch: a message redelivered meanwhile is not added twice
+	lo, hi uint64
+	pin    string
+}
+
+// flushRequest asks the writer to insert and ack what it holds now.
+type flushRequest chan error
+
+// writeLoop collects items into batches and inserts each when it is big or old enough. It
+// retries a failed insert until it succeeds or ctx ends, holding its acks meanwhile; fetchers
+// block on the full channel, so JetStream keeps the backlog. When ctx ends it flushes once
+// more, within the insert timeout.
+func (a *Aggregator) writeLoop(ctx context.Context) error {
+	b := &pending{parts: map[int]*partPending{}}
+	tick := time.NewTicker(max(a.cfg.FlushInterval/4, 5*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case it := <-a.items:
+			a.add(b, it)
+			if b.rows.n >= a.cfg.BatchRows {
+				a.flush(ctx, b)
+			}
+		case <-tick.C:
+			if len(b.parts) > 0 && time.Since(b.started) >= a.cfg.FlushInterval {
+				a.flush(ctx, b)
+			}
+		case req := <-a.flushReqs:
+			for drained := false; !drained; {
+				select {
+				case it := <-a.items:
+					a.add(b, it)
+				default:
+					drained = true
+				}
+			}
+			req <- a.flush(ctx, b)
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.InsertTimeout)
+			defer cancel()
+			for drained := false; !drained; {
+				select {
+				case it := <-a.items:
+					a.add(b, it)
+				default:
+					drained = true
+				}
+			}
+			if err := a.flushOnce(final, b); err != nil {
+				a.log.Warn("final insert failed; the unacked decisions are redelivered", "err", err)
+			}
+			return nil
+		}
+	}
+}
+
+// flushNow has the writer insert and ack what it holds, and waits for it.
+func (a *Aggregator) flushNow(ctx context.Context) error {
+	req := make(flushRequest, 1)
+	select {
+	case a.flushReqs <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// add appends an item's decisions unless the batch already holds its message.
+func (a *Aggregator) add(b *pending, it item) {
+	pp := b.parts[it.p]
+	if pp == nil {
+		pp = &partPending{seqs: map[uint64]bool{}, lo: it.seq, hi: it.seq}
+		if len(b.parts) == 0 {
+			b.started = time.Now()
+		}
+		b.parts[it.p] = pp
+	}
+	pp.msgs = append(pp.msgs, it.msg) // acking a redelivered copy too is harmless
+	if pp.seqs[it.seq] {
+		return
+	}
+	pp.seqs[it.seq] = true
+	pp.lo, pp.hi, pp.pin = min(pp.lo, it.seq), max(pp.hi, it.seq), it.pin
+	batchID := it.msg.Headers().Get("Nats-Msg-Id")
+	for _, d := range it.decisions {
+		b.rows.add(d, it.p, it.seq, batchID)
+	}
+}
+
+// flush inserts the batch, retrying with backoff until it is stored or ctx ends.
+func (a *Aggregator) flush(ctx context.Context, b *pending) error {
+	bo := backoff{max: a.cfg.MaxBackoff}
+	for {
+		err := a.flushOnce(ctx, b)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		wait := bo.next()
+		a.log.Warn("insert into clickhouse failed; holding the acks and retrying", "rows", b.rows.n, "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		// The failed attempt may have been stored all the same (a timeout after the server
+		// committed): drop what the progress now says is stored, and any partition whose pin
+		// moved to a peer while we were failing.
+		if err := a.recheck(ctx, b); err != nil {
+			a.log.Warn("recheck after a failed insert failed", "err", err)
+		}
+	}
+}
+
+// flushOnce makes one insert attempt and, when it succeeds, acks and resets the batch.
+func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
+	if len(b.parts) == 0 {
+		return nil
+	}
+	if b.rows.n > 0 {
+		start := time.Now()
+		if err := a.insert(ctx, b); err != nil {
+			a.insertErrors.Add(1)
+			a.m.insertErrors.Add(context.Background(), 1)
+			return err
+		}
+		a.m.insertDuration.Record(context.Background(), time.Since(start).Seconds())
+		a.inserts.Add(1)
+		a.inserted.Add(int64(b.rows.n))
+		a.m.inserted.Add(context.Background(), int64(b.rows.n))
+	}
+	for p, pp := range b.parts {
+		// Acked without waiting for the server's confirmation: a lost ack only means a
+		// redelivery, which the lookup in ingested_messages skips.
+		for _, m := range pp.msgs {
+			if err := m.Ack(); err != nil {
+				a.log.Debug("ack failed; the message will be redelivered and skipped", "partition", p, "err", err)
+				break
+			}
+		}
+	}
+	b.rows.reset()
+	clear(b.parts)
+	return nil
+}
+
+// insert sends the batch's rows as one INSERT.
+func (a *Aggregator) insert(ctx context.Context, b *pending) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
+	defer cancel()
+	if a.dialect.Modern {
+		// Same token for the same rows: a retry the server already stored is dropped by it too.
+		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_deduplication_token": b.token()}))
+	}
+	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+".decisions ("+columnList+")")
+	if err != nil {
+		return fmt.Errorf("prepare insert: %w", err)
+	}
+	if err := b.rows.appendTo(batch); err != nil {
+		batch.Abort()
+		return fmt.Errorf("append rows: %w", err)
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("insert %d decisions: %w", b.rows.n, err)
+	}
+	return nil
+}
+
+// token names the batch's rows by partition and sequence range.
+func (b *pending) token() string {
+	s := "qf"
+	for _, p := range slices.Sorted(maps.Keys(b.parts)) {
+		pp := b.parts[p]
+		s += fmt.Sprintf(":%d/%d-%d/%d", p, pp.lo, pp.hi, len(pp.seqs))
+	}
+	return s
+}
+
+// recheck drops from the batch the rows ClickHouse now holds (a failed attempt may have been
+// stored all the same) and the partitions whose pin moved to a peer while inserts failed.
+func (a *Aggregator) recheck(ctx context.Context, b *pending) error {
+	var errs []error
+	drop := map[int]map[uint64]bool{}
+	for p, pp := range b.parts {
+		if time.Since(b.started) > a.cfg.PinnedTTL/2 && !a.stillPinned(ctx, p, pp.pin) {
+			a.log.Warn("partition moved to a peer while inserts failed; its rows are left to the peer", "partition", p)
+			drop[p] = pp.seqs
+			delete(b.parts, p)
+			continue
+		}
+		stored, err := a.storedSeqs(ctx, p, pp.lo, pp.hi)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		drop[p] = stored
+	}
+	dropped := b.rows.filter(func(p int, seq uint64) bool { return !drop[p][seq] })
+	if dropped > 0 {
+		a.log.Info("dropped rows already stored or moved", "rows", dropped)
+	}
+	return errors.Join(errs...)
+}
+
+// stillPinned reports whether partition p's consumer is still pinned to pin.
+func (a *Aggregator) stillPinned(ctx context.Context, p int, pin string) bool {
+	cons, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(p))
+	if err != nil {
+		return true // cannot tell: keep the rows, the insert will say
+	}
+	info := cons.CachedInfo()
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup {
+			return g.PinnedClientID == pin
+		}
+	}
+	return true
+}

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
+	"github.com/quotaflow/quotaflow/schema"
+)
+
+// clickhouseFlags name the ClickHouse server and database.
+type clickhouseFlags struct {
+	dsn string
+}
+
+func (c *clickhouseFlags) register(fs *flagSet, def string) {
+	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow)")
+	fs.fromEnv("clickhouse-dsn", "QUOTAFLOW_CLICKHOUSE_DSN")
+}
+
+// open connects to the server (not to the database, which migrations may still have to
+// create) and returns the database the DSN names.
+func (c *clickhouseFlags) open() (driver.Conn, string, error) {
+	if !strings.HasPrefix(c.dsn, "clickhouse://") {
+		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: want a clickhouse:// URL (native protocol), got %q", c.dsn)}
+	}
+	opts, err := clickhouse.ParseDSN(c.dsn)
+	if err != nil {
+		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
+	}
+	db := opts.Auth.Database
+	if db == "" {
+		db = schema.DefaultDatabase
+	}
+	opts.Auth.Database = ""
+	if opts.DialTimeout == 0 || opts.DialTimeout > 5*time.Second {
+		opts.DialTimeout = 5 * time.Second
+	}
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("clickhouse: %w", err)
+	}
+	return conn, db, nil
+}
+
+type aggregatorFlags struct {
+	natsURL           string
+	ch                clickhouseFlags
+	listen            string
+	partitions        int
+	batchRows         int
+	flushInterval     time.Duration
+	insertTimeout     time.Duration
+	pinnedTTL         time.Duration
+	retentionInterval time.Duration
+	instanceID        string
+	logLevel          string
+	logFormat         string
+}
+
+// register adds the aggregator's flags; inServe leaves out those `serve` shares with the checker.
+func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
+	if !inServe {
+		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
+		fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
+		fs.IntVar(&a.partitions, "partitions", 16, "partitions of the decision stream; the checkers' --partitions")
+		fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
+		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
+		fs.fromEnv("listen", "QUOTAFLOW_LISTEN")
+		fs.StringVar(&a.instanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
+		fs.fromEnv("instance-id", "QUOTAFLOW_INSTANCE_ID")
+		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+		fs.fromEnv("log-level", "QUOTAFLOW_LOG_LEVEL")
+		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
+		fs.fromEnv("log-format", "QUOTAFLOW_LOG_FORMAT")
+	}
+	def := "clickhouse://127.0.0.1:9000/quotaflow"
+	if inServe {
+		def = "" // serve runs the aggregator only when a ClickHouse is named
+	}
+	a.ch.register(fs, def)
+	fs.IntVar(&a.batchRows, "batch-rows", 50000, "most decisions in one ClickHouse insert")
+	fs.fromEnv("batch-rows", "QUOTAFLOW_BATCH_ROWS")
+	fs.DurationVar(&a.flushInterval, "flush-interval", time.Second, "longest a decision waits for its insert")
+	fs.fromEnv("flush-interval", "QUOTAFLOW_FLUSH_INTERVAL")
+	fs.DurationVar(&a.insertTimeout, "insert-timeout", 5*time.Second, "deadline of one insert; a failed insert is retried with backoff")
+	fs.fromEnv("insert-timeout", "QUOTAFLOW_INSERT_TIMEOUT")
+	fs.DurationVar(&a.pinnedTTL, "pinned-ttl", 10*time.Second, "fail-over time: how long a dead aggregator's partitions stay pinned to it (more than --insert-timeout)")
+	fs.fromEnv("pinned-ttl", "QUOTAFLOW_PINNED_TTL")
+	fs.DurationVar(&a.retentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
+	fs.fromEnv("retention-interval", "QUOTAFLOW_RETENTION_INTERVAL")
+}
+
+func (a *aggregatorFlags) validate() error {
+	switch {
+	case !strings.HasPrefix(a.natsURL, "nats://") && !strings.HasPrefix(a.natsURL, "tls://"):
+		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.natsURL)
+	case a.partitions < 1 || a.partitions > 1024:
+		return fmt.Errorf("--partitions: want 1 to 1024, got %d", a.partitions)
+	case a.batchRows < 1:
+		return fmt.Errorf("--batch-rows: want at least 1, got %d", a.batchRows)
+	case a.flushInterval < time.Millisecond:
+		return fmt.Errorf("--flush-interval: want at least 1ms, got %s", a.flushInterval)
+	case a.insertTimeout < 100*time.Millisecond:
+		return fmt.Errorf("--insert-timeout: want at least 100ms, got %s", a.insertTimeout)
+	case a.pinnedTTL <= a.insertTimeout:
+		return fmt.Errorf("--pinned-ttl: want more than --insert-timeout (%s), got %s", a.insertTimeout, a.pinnedTTL)
+	case a.retentionInterval < time.Second:
+		return fmt.Errorf("--retention-interval: want at least 1s, got %s", a.retentionInterval)
+	case !validInstance(a.instanceID):
+		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", a.instanceID)
+	}
+	return nil
+}
+
+func validInstance(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *aggregatorFlags) config(db string, log *slog.Logger, tel *telemetry.Telemetry) aggregator.Config {
+	id := "aggregator-" + newInstanceID()[:6]
+	if a.instanceID != "" {
+		id = a.instanceID + "-" + newInstanceID()[:6]
+	}
+	cfg := aggregator.Config{
+		Partitions: a.partitions, Database: db, InstanceID: id, BatchRows: a.batchRows,
+		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL,
+		RetentionInterval: a.retentionInterval, Logger: log,
+	}
+	if tel != nil {
+		cfg.Meter = tel.Meter
+	}
+	return cfg
+}
+
+func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("aggregator", `Consumes the QUOTAFLOW_DECISIONS stream into ClickHouse: every decision into
+quotaflow.decisions (kept 90 days) and, through materialized views, the usage rollups
+usage_minute (30 days), usage_hour and usage_day (1 year). Applies the schema migrations at
+start. Run several: they split the stream's partitions, one active consumer per partition,
+and take over a dead one's partitions after --pinned-ttl. Every decision is stored exactly
+once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.`, stderr)
+	var a aggregatorFlags
+	a.register(fs, false)
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if err := a.validate(); err != nil {
+		return usageError{err}
+	}
+	log, err := newLogger(a.logLevel, a.logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	conn, db, err := a.ch.open()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: a.instanceID})
+	if err != nil {
+		return err
+	}
+	defer tel.Close(context.WithoutCancel(ctx))
+	nc, err := connectNATS(a.natsURL, "quotaflow aggregator", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	agg, err := aggregator.New(js, conn, a.config(db, log, tel))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", a.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db, "metrics", "http://"+ln.Addr().String()+"/metrics")
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.Metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !nc.IsConnected() {
+			http.Error(w, "nats not connected", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- serveHTTP(ctx, ln, mux, 5*time.Second, log) }()
+	err = agg.Run(ctx)
+	return errors.Join(err, <-httpDone)
+}
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("migrate", `Applies quotaflow's ClickHouse schema migrations (the aggregator also does at start).
+Idempotent: migrations already recorded in <database>.schema_migrations are skipped. The
+server's version picks the dialect: TTL, LowCardinality and DateTime64 from ClickHouse 22.8 on,
+plain types (Debian's 18.16) before.`, stderr)
+	var c clickhouseFlags
+	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	conn, db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	d, applied, err := schema.Migrate(ctx, conn, db)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "clickhouse %s (%s dialect), database %s: applied %d migration(s)", d.Version, d, db, len(applied))
+	if len(applied) > 0 {
+		fmt.Fprintf(stdout, ": %s", strings.Join(applied, ", "))
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// redactDSN hides a DSN's password in logs.
+func redactDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "clickhouse://?"
+	}
+	return u.Redacted()
+}

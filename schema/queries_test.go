@@ -1,0 +1,325 @@
+package schema_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/quotaflow/quotaflow/schema"
+)
+
+// docQuery is one ```sql block of docs/queries.md and the section heading above it.
+type docQuery struct {
+	section, sql string
+}
+
+// parseQueriesDoc returns the ```sql blocks of a markdown file, each with its ## heading.
+func parseQueriesDoc(path string) ([]docQuery, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var (
+		qs      []docQuery
+		section string
+		block   []string
+		inSQL   bool
+		line    int
+	)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line++
+		l := sc.Text()
+		switch {
+		case inSQL && strings.TrimSpace(l) == "```":
+			qs = append(qs, docQuery{section: section, sql: strings.Join(block, "\n")})
+			block, inSQL = nil, false
+		case inSQL:
+			block = append(block, l)
+		case strings.TrimSpace(l) == "```sql":
+			if section == "" {
+				return nil, fmt.Errorf("%s:%d: sql block before any ## heading", path, line)
+			}
+			inSQL = true
+		case strings.HasPrefix(l, "## "):
+			section = strings.TrimSpace(strings.TrimPrefix(l, "## "))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if inSQL {
+		return nil, fmt.Errorf("%s: unterminated sql block in section %q", path, section)
+	}
+	return qs, nil
+}
+
+// result is a query's rows, read generically through the column types.
+type result struct {
+	cols []string
+	rows [][]any
+}
+
+func runQuery(ctx context.Context, c driver.Conn, q string) (result, error) {
+	rows, err := c.Query(ctx, q)
+	if err != nil {
+		return result{}, err
+	}
+	defer rows.Close()
+	var res result
+	cts := rows.ColumnTypes()
+	for _, ct := range cts {
+		res.cols = append(res.cols, ct.Name())
+	}
+	for rows.Next() {
+		ptrs := make([]any, len(cts))
+		for i, ct := range cts {
+			ptrs[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return res, err
+		}
+		row := make([]any, len(ptrs))
+		for i, p := range ptrs {
+			row[i] = reflect.ValueOf(p).Elem().Interface()
+		}
+		res.rows = append(res.rows, row)
+	}
+	return res, rows.Err()
+}
+
+// col returns the values of the named column, failing the test if there is none.
+func (r result) col(t *testing.T, section, name string) []any {
+	t.Helper()
+	i := slices.Index(r.cols, name)
+	if i < 0 {
+		t.Fatalf("%s: no column %q in %v", section, name, r.cols)
+	}
+	vs := make([]any, len(r.rows))
+	for j, row := range r.rows {
+		vs[j] = row[i]
+	}
+	return vs
+}
+
+// sumInt adds up an integer column.
+func (r result) sumInt(t *testing.T, section, name string) int64 {
+	t.Helper()
+	var n int64
+	for _, v := range r.col(t, section, name) {
+		n += toInt(t, v)
+	}
+	return n
+}
+
+func toInt(t *testing.T, v any) int64 {
+	t.Helper()
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return rv.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return int64(rv.Uint())
+	}
+	t.Fatalf("%v (%T) is not an integer", v, v)
+	return 0
+}
+
+// qdecision is a row of the test's decisions.
+type qdecision struct {
+	tier, dim, subject, endpoint, rule string
+	allowed, shadow                    bool
+	shadowRule                         string // the shadow limit that would have denied
+}
+
+// TestQueriesDoc runs every query of docs/queries.md on Debian's ClickHouse against realistic
+// decisions and checks that each answers, and answers right.
+func TestQueriesDoc(t *testing.T) {
+	t.Parallel()
+	queries, err := parseQueriesDoc("../docs/queries.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(queries) < 6 {
+		t.Fatalf("docs/queries.md has %d sql blocks, want at least 6", len(queries))
+	}
+
+	c := conn(t)
+	ctx := context.Background()
+	const db = "queries_test"
+	if err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+db); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := schema.Migrate(ctx, c, db); err != nil {
+		t.Fatal(err)
+	}
+
+	// The traffic of the last hour: bob is denied most, alice sometimes, an IP and an API key
+	// now and then; two subjects trip a shadow rule without being denied.
+	var ds []qdecision
+	add := func(n int, d qdecision) {
+		for range n {
+			ds = append(ds, d)
+		}
+	}
+	add(7, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", allowed: true})
+	add(4, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search"})
+	add(1, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/orders", rule: "free-user-orders"})
+	add(6, qdecision{tier: "pro", dim: "user", subject: "bob", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true})
+	add(14, qdecision{tier: "pro", dim: "user", subject: "bob", endpoint: "/v1/orders", rule: "pro-user-orders"})
+	add(3, qdecision{tier: "free", dim: "ip", subject: "203.0.113.7", endpoint: "/v1/search", rule: "ip-burst", allowed: true})
+	add(3, qdecision{tier: "free", dim: "ip", subject: "203.0.113.7", endpoint: "/v1/search", rule: "ip-burst"})
+	add(8, qdecision{tier: "enterprise", dim: "api_key", subject: "ak_live_123", endpoint: "/v1/upload", rule: "api-key-upload", allowed: true})
+	add(2, qdecision{tier: "enterprise", dim: "api_key", subject: "ak_live_123", endpoint: "/v1/upload", rule: "api-key-upload"})
+	add(5, qdecision{tier: "enterprise", dim: "global", subject: "*", endpoint: "/v1/upload", rule: "global-upload", allowed: true})
+	add(4, qdecision{tier: "free", dim: "ip", subject: "198.51.100.9", endpoint: "/v1/search", rule: "ip-burst", allowed: true, shadow: true, shadowRule: "ip-strict-shadow"})
+	add(2, qdecision{tier: "pro", dim: "user", subject: "carol", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true, shadow: true, shadowRule: "pro-orders-shadow"})
+
+	var aliceRows, denied, shadowed int64
+	shadowSubjects := map[string]bool{}
+	for _, d := range ds {
+		if d.dim == "user" && d.subject == "alice" {
+			aliceRows++
+		}
+		if !d.allowed {
+			denied++
+		}
+		if d.shadow {
+			shadowed++
+			shadowSubjects[d.subject] = true
+		}
+	}
+
+	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+".decisions (id, checker_id, time, time_us, subject_dimension, subject_id, subjects, tier, endpoint, rule_id, algorithm, cost, allowed, shadow, degraded, fail_mode, limit_value, remaining, current_count, window_ms, reset_at, retry_after_ms, state, replayed, clock_skew_ms, limits.rule_id, limits.shadow, limits.allowed, partition, stream_seq, batch_id, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	for i, d := range ds {
+		at := now.Add(-time.Duration(len(ds)-i) * 30 * time.Second) // oldest first, all within 45 minutes
+		const limit = 10
+		remaining, state, retry, allowed := int64(limit-1-i%limit), "normal", int64(0), uint8(1)
+		if remaining < 2 {
+			state = "warning"
+		}
+		if !d.allowed {
+			remaining, state, retry, allowed = 0, "throttled", 1500, 0
+		}
+		shadow := uint8(0)
+		limitRules, limitShadow, limitAllowed := []string{d.rule}, []uint8{0}, []uint8{allowed}
+		if d.shadow {
+			shadow = 1
+			limitRules, limitShadow, limitAllowed = append(limitRules, d.shadowRule), append(limitShadow, 1), append(limitAllowed, 0)
+		}
+		if err := b.Append(
+			fmt.Sprintf("checker-a-%d", i+1), "checker-a", at, at.UnixMicro(),
+			d.dim, d.subject, []string{d.dim + ":" + d.subject}, d.tier, d.endpoint, d.rule, "sliding_window",
+			int64(1), allowed, shadow, uint8(0), "open",
+			int64(limit), remaining, int64(limit)-remaining, int64(60000), at.Add(time.Minute).Truncate(time.Second), retry,
+			state, uint8(0), int64(0),
+			limitRules, limitShadow, limitAllowed,
+			uint16(i%4), uint64(i+1), "batch-1", now,
+		); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	total := int64(len(ds))
+	checks := map[string]func(t *testing.T, s string, r result){
+		"Usage per tier per hour": func(t *testing.T, s string, r result) {
+			if got := r.sumInt(t, s, "total_requests"); got != total {
+				t.Errorf("%s: requests add up to %d, want %d", s, got, total)
+			}
+			if got := r.sumInt(t, s, "denied"); got != denied {
+				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+			}
+		},
+		"Top throttled subjects": func(t *testing.T, s string, r result) {
+			if got := r.col(t, s, "subject_id")[0]; got != "bob" {
+				t.Errorf("%s: first subject %v, want bob", s, got)
+			}
+			if got := toInt(t, r.col(t, s, "denied")[0]); got != 14 {
+				t.Errorf("%s: bob denied %d times, want 14", s, got)
+			}
+			if got := r.sumInt(t, s, "denied"); got != denied {
+				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+			}
+		},
+		"Denials by rule": func(t *testing.T, s string, r result) {
+			if got := r.col(t, s, "rule_id")[0]; got != "pro-user-orders" {
+				t.Errorf("%s: first rule %v, want pro-user-orders", s, got)
+			}
+			if got := r.sumInt(t, s, "denied"); got != denied {
+				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+			}
+		},
+		"Audit trail of a subject": func(t *testing.T, s string, r result) {
+			if got := int64(len(r.rows)); got != aliceRows {
+				t.Errorf("%s: %d rows, want alice's %d", s, got, aliceRows)
+			}
+			times := r.col(t, s, "time")
+			if !sort.SliceIsSorted(times, func(i, j int) bool { return times[i].(time.Time).Before(times[j].(time.Time)) }) {
+				t.Errorf("%s: rows not in time order", s)
+			}
+		},
+		"Shadow-mode would-be denials by rule": func(t *testing.T, s string, r result) {
+			if got := r.sumInt(t, s, "would_deny"); got != shadowed {
+				t.Errorf("%s: would-be denials add up to %d, want %d", s, got, shadowed)
+			}
+		},
+		"Subjects a shadow rule would have denied": func(t *testing.T, s string, r result) {
+			got := map[string]bool{}
+			for _, v := range r.col(t, s, "subject_id") {
+				got[v.(string)] = true
+			}
+			if !reflect.DeepEqual(got, shadowSubjects) {
+				t.Errorf("%s: subjects %v, want %v", s, got, shadowSubjects)
+			}
+			if rules := r.col(t, s, "shadow_rules")[0]; !reflect.DeepEqual(rules, []string{"ip-strict-shadow"}) {
+				t.Errorf("%s: first subject's shadow rules %v, want [ip-strict-shadow]", s, rules)
+			}
+		},
+		"Endpoint usage per minute": func(t *testing.T, s string, r result) {
+			if got := r.sumInt(t, s, "total_requests"); got != total {
+				t.Errorf("%s: requests add up to %d, want %d", s, got, total)
+			}
+		},
+	}
+
+	seen := map[string]bool{}
+	for _, q := range queries {
+		seen[q.section] = true
+		// A subtest per query: a failing query or check does not hide the others.
+		t.Run(q.section, func(t *testing.T) {
+			sql := strings.ReplaceAll(q.sql, "quotaflow.", db+".")
+			r, err := runQuery(ctx, c, sql)
+			if err != nil {
+				t.Fatalf("query %q: %v\n%s", q.section, err, sql)
+			}
+			if len(r.rows) == 0 {
+				t.Fatalf("query %q returned no rows\n%s", q.section, sql)
+			}
+			if check := checks[q.section]; check != nil {
+				check(t, fmt.Sprintf("query %q", q.section), r)
+			}
+		})
+	}
+	for section := range checks {
+		if !seen[section] {
+			t.Errorf("docs/queries.md has no section %q", section)
+		}
+	}
+}
