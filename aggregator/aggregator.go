@@ -140,8 +140,8 @@ func (c Config) validate() error {
 // Stats are the aggregator's counters since it started.
 type Stats struct {
 	// Inserted decisions, Skipped duplicates (already stored), Inserts (batches) and
-	// InsertErrors (failed attempts, each retried).
-	Inserted, Skipped, Inserts, InsertErrors int64
+	// ClickHouseErrors (failed inserts and lookups, each retried).
+	Inserted, Skipped, Inserts, ClickHouseErrors int64
 	// Owned is the number of partitions this process consumes now.
 	Owned int
 	// Lag is the decisions' messages not yet delivered on the owned partitions' consumers, as
@@ -164,7 +164,7 @@ type Aggregator struct {
 	mu    sync.Mutex
 	owned map[int]*partition // partitions being consumed
 
-	inserted, skipped, inserts, insertErrors, lag atomic.Int64
+	inserted, skipped, inserts, clickhouseErrors, lag atomic.Int64
 }
 
 // New returns an Aggregator reading stream messages with js and writing with ch.
@@ -197,7 +197,7 @@ func (a *Aggregator) Stats() Stats {
 	a.mu.Unlock()
 	return Stats{
 		Inserted: a.inserted.Load(), Skipped: a.skipped.Load(), Inserts: a.inserts.Load(),
-		InsertErrors: a.insertErrors.Load(), Owned: owned, Lag: a.lag.Load(),
+		ClickHouseErrors: a.clickhouseErrors.Load(), Owned: owned, Lag: a.lag.Load(),
 	}
 }
 

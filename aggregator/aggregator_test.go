@@ -35,9 +35,20 @@ func (w withCH) Run() int { return clickhousetest.Main(w.m, &chSrv) }
 
 const partitions = 4
 
+// tb is what the helpers need of a test or benchmark.
+type tb interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+	Errorf(string, ...any)
+	Cleanup(func())
+}
+
+func testingT(b *testing.B) tb { return b }
+
 // env is one test's stream (own subjects) and database on the shared servers.
 type env struct {
-	t      *testing.T
+	t      tb
 	js     jetstream.JetStream
 	ch     driver.Conn
 	stream string
@@ -48,7 +59,7 @@ type env struct {
 	ids    int
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t tb) *env {
 	t.Helper()
 	nc, err := natsSrv.Connect()
 	if err != nil {
@@ -85,8 +96,13 @@ func (e *env) config(id string) aggregator.Config {
 
 // start runs an aggregator until the returned stop is called (or the test ends).
 func (e *env) start(id string) (*aggregator.Aggregator, func()) {
+	return e.startWith(e.config(id))
+}
+
+func (e *env) startWith(cfg aggregator.Config) (*aggregator.Aggregator, func()) {
 	e.t.Helper()
-	a, err := aggregator.New(e.js, e.ch, e.config(id))
+	id := cfg.InstanceID
+	a, err := aggregator.New(e.js, e.ch, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -145,7 +161,7 @@ func (e *env) count(q string) uint64 {
 	e.t.Helper()
 	var n uint64
 	if err := e.ch.QueryRow(context.Background(), fmt.Sprintf(q, e.db)).Scan(&n); err != nil {
-		return 1<<64 - 1
+		return 0 // not there yet (database being created)
 	}
 	return n
 }

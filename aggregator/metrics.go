@@ -11,8 +11,8 @@ import (
 )
 
 type instruments struct {
-	inserted, skipped, insertErrors metric.Int64Counter
-	insertDuration                  metric.Float64Histogram
+	inserted, skipped, clickhouseErrors metric.Int64Counter
+	insertDuration                      metric.Float64Histogram
 }
 
 func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
@@ -26,8 +26,8 @@ func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
 		metric.WithDescription("Redelivered decisions skipped because they were already stored.")); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	if in.insertErrors, err = m.Int64Counter("quotaflow.aggregator.insert.errors",
-		metric.WithDescription("Failed insert attempts (each is retried).")); err != nil {
+	if in.clickhouseErrors, err = m.Int64Counter("quotaflow.aggregator.clickhouse.errors",
+		metric.WithDescription("Failed ClickHouse inserts and lookups (each is retried).")); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if in.insertDuration, err = m.Float64Histogram("quotaflow.aggregator.insert.duration",

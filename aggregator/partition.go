@@ -107,6 +107,8 @@ func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map
 		if err == nil {
 			return stored, true
 		}
+		a.clickhouseErrors.Add(1)
+		a.m.clickhouseErrors.Add(context.Background(), 1)
 		wait := b.next()
 		a.log.Warn("look up stored messages failed; retrying", "partition", p, "err", err, "retry_in", wait)
 		if !sleep(ctx, wait) {

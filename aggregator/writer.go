@@ -146,8 +146,8 @@ func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
 	if b.rows.n > 0 {
 		start := time.Now()
 		if err := a.insert(ctx, b); err != nil {
-			a.insertErrors.Add(1)
-			a.m.insertErrors.Add(context.Background(), 1)
+			a.clickhouseErrors.Add(1)
+			a.m.clickhouseErrors.Add(context.Background(), 1)
 			return err
 		}
 		a.m.insertDuration.Record(context.Background(), time.Since(start).Seconds())
