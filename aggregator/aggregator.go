@@ -56,8 +56,9 @@ type Config struct {
 	PinnedTTL time.Duration
 	// Heartbeat is the membership heartbeat (1s); a member is gone after three missed.
 	Heartbeat time.Duration
-	// AckWait is the consumers' ack wait (2m): longer than any insert with its retries takes
-	// while this aggregator stays pinned.
+	// AckWait is the consumers' ack wait (30s): messages a dead aggregator had fetched and not
+	// stored are redelivered to its successor after it. It must exceed FlushInterval plus
+	// InsertTimeout; a live aggregator that gets its own messages again skips the copies.
 	AckWait time.Duration
 	// MaxBackoff caps the wait between retries while ClickHouse fails (5s).
 	MaxBackoff time.Duration
@@ -109,7 +110,7 @@ func (c Config) withDefaults() Config {
 	def(&c.InsertTimeout, 10*time.Second)
 	def(&c.PinnedTTL, 10*time.Second)
 	def(&c.Heartbeat, time.Second)
-	def(&c.AckWait, 2*time.Minute)
+	def(&c.AckWait, 30*time.Second)
 	def(&c.MaxBackoff, 5*time.Second)
 	def(&c.RetentionInterval, time.Hour)
 	if c.Logger == nil {
@@ -129,6 +130,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("batch rows %d: want at least 1", c.BatchRows)
 	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0:
 		return errors.New("durations must not be negative")
+	case c.AckWait <= c.FlushInterval+c.InsertTimeout:
+		return fmt.Errorf("ack wait %v must exceed the flush interval plus the insert timeout (%v)", c.AckWait, c.FlushInterval+c.InsertTimeout)
 	case c.PinnedTTL <= c.InsertTimeout:
 		return fmt.Errorf("pinned TTL %v must exceed the insert timeout %v", c.PinnedTTL, c.InsertTimeout)
 	case !validKey(c.InstanceID):

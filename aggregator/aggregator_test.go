@@ -89,7 +89,7 @@ func (e *env) config(id string) aggregator.Config {
 	return aggregator.Config{
 		Stream: e.stream, SubjectPrefix: e.prefix, Partitions: partitions, Database: e.db,
 		InstanceID: id, FlushInterval: 50 * time.Millisecond, InsertTimeout: time.Second,
-		PinnedTTL: 2 * time.Second, Heartbeat: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		PinnedTTL: 2 * time.Second, AckWait: 3 * time.Second, Heartbeat: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		RetentionInterval: -1, BatchRows: 2000, Logger: testLogger(id),
 	}
 }

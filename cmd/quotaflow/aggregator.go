@@ -65,6 +65,7 @@ type aggregatorFlags struct {
 	flushInterval     time.Duration
 	insertTimeout     time.Duration
 	pinnedTTL         time.Duration
+	ackWait           time.Duration
 	retentionInterval time.Duration
 	instanceID        string
 	logLevel          string
@@ -100,6 +101,8 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	fs.fromEnv("insert-timeout", "QUOTAFLOW_INSERT_TIMEOUT")
 	fs.DurationVar(&a.pinnedTTL, "pinned-ttl", 10*time.Second, "fail-over time: how long a dead aggregator's partitions stay pinned to it (more than --insert-timeout)")
 	fs.fromEnv("pinned-ttl", "QUOTAFLOW_PINNED_TTL")
+	fs.DurationVar(&a.ackWait, "ack-wait", 30*time.Second, "how long a fetched decision may stay unstored before it is redelivered: the fail-over time of a dead aggregator's fetched decisions (more than --flush-interval plus --insert-timeout)")
+	fs.fromEnv("ack-wait", "QUOTAFLOW_ACK_WAIT")
 	fs.DurationVar(&a.retentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
 	fs.fromEnv("retention-interval", "QUOTAFLOW_RETENTION_INTERVAL")
 }
@@ -118,6 +121,8 @@ func (a *aggregatorFlags) validate() error {
 		return fmt.Errorf("--insert-timeout: want at least 100ms, got %s", a.insertTimeout)
 	case a.pinnedTTL <= a.insertTimeout:
 		return fmt.Errorf("--pinned-ttl: want more than --insert-timeout (%s), got %s", a.insertTimeout, a.pinnedTTL)
+	case a.ackWait <= a.flushInterval+a.insertTimeout:
+		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", a.flushInterval+a.insertTimeout, a.ackWait)
 	case a.retentionInterval < time.Second:
 		return fmt.Errorf("--retention-interval: want at least 1s, got %s", a.retentionInterval)
 	case !validInstance(a.instanceID):
@@ -145,7 +150,7 @@ func (a *aggregatorFlags) config(db string, log *slog.Logger, tel *telemetry.Tel
 	}
 	cfg := aggregator.Config{
 		Partitions: a.partitions, Database: db, InstanceID: id, BatchRows: a.batchRows,
-		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL,
+		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
 		RetentionInterval: a.retentionInterval, Logger: log,
 	}
 	if tel != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
@@ -19,6 +20,7 @@ import (
 var (
 	redisSrv *redistest.Server
 	natsSrv  *natstest.Server
+	chSrv    *clickhousetest.Server
 )
 
 // TestMain gives the package one Redis and one embedded NATS; started as a child by
@@ -27,7 +29,11 @@ func TestMain(m *testing.M) { os.Exit(natstest.Main(withRedis{m}, &natsSrv)) }
 
 type withRedis struct{ m *testing.M }
 
-func (w withRedis) Run() int { return redistest.Main(w.m, &redisSrv) }
+func (w withRedis) Run() int { return redistest.Main(withClickHouse(w), &redisSrv) }
+
+type withClickHouse struct{ m *testing.M }
+
+func (w withClickHouse) Run() int { return clickhousetest.Main(w.m, &chSrv) }
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/natstest"
+)
+
+// startAggregatorProcess runs `quotaflow aggregator` as a child process (the test binary
+// re-executed), so that the test can kill -9 it.
+func startAggregatorProcess(t *testing.T, natsURL, dsn string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "aggregator", "--nats-url", natsURL, "--clickhouse-dsn", dsn,
+		"--listen", freeAddr(t), "--flush-interval", "1500ms", "--insert-timeout", "1s", "--pinned-ttl", "2s", "--ack-wait", "3s",
+		"--log-level", "warn")
+	cmd.Env = append(os.Environ(), asCheckerEnv+"=1")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("aggregator process did not stop on SIGINT")
+		}
+	})
+	return cmd
+}
+
+// TestAggregatorEndToEnd: checks through a real checker land in ClickHouse exactly once,
+// across a kill -9 of the aggregator mid-batch and a restart of NATS (the checker's and the
+// aggregator's connections drop) while checks go on.
+func TestAggregatorEndToEnd(t *testing.T) {
+	t.Parallel()
+	ns, err := natstest.StartProcess()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	db := fmt.Sprintf("e2e_%d", os.Getpid())
+	dsn := chSrv.DSN(db)
+	if out, _, code := runCmd(context.Background(), []string{"migrate", "--clickhouse-dsn", dsn}, nil); code != 0 || out == "" {
+		t.Fatalf("migrate exit %d: %s", code, out)
+	}
+	p := startChecker(t, "e2e", ns.URL, t.TempDir())
+
+	var mu sync.Mutex
+	ids := map[string]bool{}
+	check := func(n int, tag string) {
+		for i := 0; i < n; i++ {
+			resp, err := p.client.CheckRateLimit(context.Background(), userCheck(fmt.Sprintf("e2e-%s-%d", tag, i%20)))
+			if err != nil {
+				t.Errorf("check: %v", err)
+				return
+			}
+			mu.Lock()
+			ids[resp.Msg.DecisionId] = true
+			mu.Unlock()
+		}
+	}
+
+	first := startAggregatorProcess(t, ns.URL, dsn)
+	check(300, "a")
+	time.Sleep(700 * time.Millisecond) // fetched, not yet inserted (flush interval 1.5s)
+	first.Process.Kill()               // kill -9 mid-batch: nothing acked, nothing lost
+	check(200, "b")
+	ns.Stop() // the checker spools, the next aggregator cannot connect yet
+	outage := make(chan struct{})
+	go func() { defer close(outage); check(100, "c") }()
+	time.Sleep(300 * time.Millisecond)
+	if err := ns.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-outage
+	startAggregatorProcess(t, ns.URL, dsn)
+	check(100, "d")
+
+	const want = 700
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	count := func(q string) uint64 {
+		var n uint64
+		if err := c.QueryRow(context.Background(), fmt.Sprintf(q, db)).Scan(&n); err != nil {
+			return 0
+		}
+		return n
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for count("SELECT count() FROM %s.decisions") < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("decisions holds %d rows after 60s, want %d", count("SELECT count() FROM %s.decisions"), want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // a duplicate would arrive now
+	mu.Lock()
+	if len(ids) != want {
+		t.Errorf("%d distinct decision ids answered, want %d", len(ids), want)
+	}
+	mu.Unlock()
+	for _, q := range []string{
+		"SELECT count() FROM %s.decisions",
+		"SELECT uniqExact(id) FROM %s.decisions",
+		"SELECT sum(requests) FROM %s.usage_minute",
+		"SELECT sum(requests) FROM %s.usage_hour",
+		"SELECT sum(requests) FROM %s.usage_day",
+		"SELECT sum(decisions) FROM %s.ingested_messages",
+	} {
+		if got := count(q); got != want {
+			t.Errorf("%s = %d, want %d", fmt.Sprintf(q, db), got, want)
+		}
+	}
+}
