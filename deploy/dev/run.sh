@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make dev`: starts Redis (data under .dev/) and `quotaflow serve` (checker, publisher and an
-# embedded NATS with JetStream, data under .dev/) with deploy/dev/rules.yaml, prints where
-# everything listens, and stops all of it on Ctrl-C.
+# `make dev`: starts Redis and ClickHouse (Debian's packages, data under .dev/) and
+# `quotaflow serve` (checker, publisher, aggregator and an embedded NATS with JetStream, data
+# under .dev/) with deploy/dev/rules.yaml, prints where everything listens, and stops all of it
+# on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -9,7 +10,11 @@ DEV_DIR="${QUOTAFLOW_DEV_DIR:-.dev}"
 REDIS_PORT="${QUOTAFLOW_DEV_REDIS_PORT:-6390}"
 LISTEN="${QUOTAFLOW_LISTEN:-127.0.0.1:8080}"
 NATS_LISTEN="${QUOTAFLOW_NATS_LISTEN:-127.0.0.1:4222}"
-mkdir -p "$DEV_DIR/redis"
+CH_PORT="${QUOTAFLOW_DEV_CLICKHOUSE_PORT:-9000}"
+CH_HTTP_PORT="${QUOTAFLOW_DEV_CLICKHOUSE_HTTP_PORT:-8123}"
+mkdir -p "$DEV_DIR/redis" "$DEV_DIR/clickhouse"
+CH_DIR="$(cd "$DEV_DIR/clickhouse" && pwd)"
+CH_BIN="$(command -v clickhouse-server || echo /usr/sbin/clickhouse-server)"
 
 pids=()
 cleanup() {
@@ -30,6 +35,44 @@ for _ in $(seq 100); do
 done
 redis-cli -p "$REDIS_PORT" ping >/dev/null || { echo "dev: redis did not start; see $DEV_DIR/redis/redis.log" >&2; exit 1; }
 
+# A loopback-only ClickHouse with its data, logs and config under .dev/clickhouse.
+cat > "$CH_DIR/config.xml" <<XML
+<?xml version="1.0"?>
+<yandex>
+    <logger><level>warning</level><log>$CH_DIR/server.log</log><errorlog>$CH_DIR/error.log</errorlog><console>0</console></logger>
+    <listen_host>127.0.0.1</listen_host>
+    <tcp_port>$CH_PORT</tcp_port>
+    <http_port>$CH_HTTP_PORT</http_port>
+    <path>$CH_DIR/data/</path>
+    <tmp_path>$CH_DIR/tmp/</tmp_path>
+    <user_files_path>$CH_DIR/user_files/</user_files_path>
+    <format_schema_path>$CH_DIR/format_schemas/</format_schema_path>
+    <mark_cache_size>67108864</mark_cache_size>
+    <max_concurrent_queries>100</max_concurrent_queries>
+    <users_config>users.xml</users_config>
+    <default_profile>default</default_profile>
+    <default_database>default</default_database>
+    <timezone>UTC</timezone>
+    <mlock_executable>false</mlock_executable>
+</yandex>
+XML
+cat > "$CH_DIR/users.xml" <<'XML'
+<?xml version="1.0"?>
+<yandex>
+    <profiles><default></default></profiles>
+    <users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users>
+    <quotas><default></default></quotas>
+</yandex>
+XML
+(cd "$CH_DIR" && exec "$CH_BIN" --config-file="$CH_DIR/config.xml" >"$CH_DIR/stdout.log" 2>&1) &
+pids+=($!)
+for _ in $(seq 300); do
+  clickhouse-client --port "$CH_PORT" -q "SELECT 1" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+clickhouse-client --port "$CH_PORT" -q "SELECT 1" >/dev/null || { echo "dev: clickhouse did not start; see $CH_DIR/error.log" >&2; exit 1; }
+
+export QUOTAFLOW_CLICKHOUSE_DSN="clickhouse://127.0.0.1:$CH_PORT/quotaflow"
 export QUOTAFLOW_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 export QUOTAFLOW_RULES="deploy/dev/rules.yaml"
 export QUOTAFLOW_LISTEN="$LISTEN"
@@ -49,6 +92,8 @@ quotaflow dev is running (Ctrl-C stops everything):
   checker  http://$LISTEN   Connect, gRPC, gRPC-Web, GET /ratelimit/check, /healthz, /readyz
   nats     nats://$NATS_LISTEN   JetStream stream QUOTAFLOW_DECISIONS, subjects quotaflow.decisions.> (data in $DEV_DIR/nats)
   redis    $QUOTAFLOW_REDIS_URL   (data in $DEV_DIR/redis)
+  clickhouse $QUOTAFLOW_CLICKHOUSE_DSN   native protocol; clickhouse-client --port $CH_PORT (data in $DEV_DIR/clickhouse)
+  aggregator  runs inside serve: every decision into quotaflow.decisions and the usage_* rollups
   rules    $QUOTAFLOW_RULES
   spool    $QUOTAFLOW_SPOOL_DIR   (decisions wait here while NATS is unreachable)
 
@@ -57,6 +102,7 @@ Try:
     -d '{"identifier":"alice","dimension":"DIMENSION_USER","endpoint":"/api/v1/orders"}'
   ./bin/quotaflow check --user alice --endpoint /api/v1/orders
   ./bin/quotaflow watch decisions          # the live decision stream
+  clickhouse-client --port $CH_PORT -q 'SELECT tier, count() FROM quotaflow.decisions GROUP BY tier'
 
 MSG
 wait -n "${pids[@]}"
