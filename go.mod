@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	connectrpc.com/connect v1.21.1
 	connectrpc.com/grpcreflect v1.3.1
+	github.com/ClickHouse/clickhouse-go/v2 v2.50.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -27,7 +28,6 @@ require (
 require (
 	cel.dev/expr v0.25.3 // indirect
 	github.com/ClickHouse/ch-go v0.74.0 // indirect
-	github.com/ClickHouse/clickhouse-go/v2 v2.50.0 // indirect
 	github.com/andybalholm/brotli v1.2.6 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
