@@ -44,8 +44,6 @@ type tb interface {
 	Cleanup(func())
 }
 
-func testingT(b *testing.B) tb { return b }
-
 // env is one test's stream (own subjects) and database on the shared servers.
 type env struct {
 	t      tb

@@ -9,7 +9,7 @@ import (
 // process: b.N decisions published beforehand in 512-decision messages (the publisher's
 // batch), then consumed, inserted (with their rollups) and acked.
 func BenchmarkStreamToClickHouse(b *testing.B) {
-	e := newEnv(testingT(b))
+	e := newEnv(b)
 	n := max(b.N, 1000)
 	e.publish(n, 512)
 	cfg := e.config("bench")

@@ -31,7 +31,8 @@ func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if in.insertDuration, err = m.Float64Histogram("quotaflow.aggregator.insert.duration",
-		metric.WithUnit("s"), metric.WithDescription("Duration of successful inserts.")); err != nil {
+		metric.WithUnit("s"), metric.WithDescription("Duration of successful inserts."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	lag, err := m.Int64ObservableGauge("quotaflow.aggregator.consumer.lag",

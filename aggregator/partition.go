@@ -38,10 +38,9 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 	wait := min(time.Second, a.cfg.PinnedTTL/4)
 	var cons jetstream.Consumer
 	b := backoff{max: a.cfg.MaxBackoff}
-	for cons == nil {
-		c, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(pt.p))
-		if err == nil {
-			cons = c
+	for {
+		var err error
+		if cons, err = a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(pt.p)); err == nil {
 			break
 		}
 		if !sleep(ctx, b.next()) {

@@ -35,17 +35,17 @@ type row struct {
 // columns holds a batch's rows until they are inserted.
 type columns struct {
 	rows []row
-	n    int
 }
+
+func (c *columns) len() int { return len(c.rows) }
 
 func (c *columns) add(d *quotaflowv1.Decision, p int, seq uint64, batchID string) {
 	c.rows = append(c.rows, row{d, p, seq, batchID})
-	c.n++
 }
 
 func (c *columns) reset() {
 	clear(c.rows)
-	c.rows, c.n = c.rows[:0], 0
+	c.rows = c.rows[:0]
 }
 
 // filter keeps the rows keep accepts and returns how many it dropped.
@@ -58,7 +58,7 @@ func (c *columns) filter(keep func(p int, seq uint64) bool) int {
 	}
 	dropped := len(c.rows) - len(kept)
 	clear(c.rows[len(kept):])
-	c.rows, c.n = kept, len(kept)
+	c.rows = kept
 	return dropped
 }
 

@@ -42,7 +42,7 @@ func (a *Aggregator) writeLoop(ctx context.Context) error {
 		select {
 		case it := <-a.items:
 			a.add(b, it)
-			if b.rows.n >= a.cfg.BatchRows {
+			if b.rows.len() >= a.cfg.BatchRows {
 				a.flush(ctx, b)
 			}
 		case <-tick.C:
@@ -50,30 +50,28 @@ func (a *Aggregator) writeLoop(ctx context.Context) error {
 				a.flush(ctx, b)
 			}
 		case req := <-a.flushReqs:
-			for drained := false; !drained; {
-				select {
-				case it := <-a.items:
-					a.add(b, it)
-				default:
-					drained = true
-				}
-			}
+			a.drain(b)
 			req <- a.flush(ctx, b)
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.InsertTimeout)
 			defer cancel()
-			for drained := false; !drained; {
-				select {
-				case it := <-a.items:
-					a.add(b, it)
-				default:
-					drained = true
-				}
-			}
+			a.drain(b)
 			if err := a.flushOnce(final, b); err != nil {
 				a.log.Warn("final insert failed; the unacked decisions are redelivered", "err", err)
 			}
 			return nil
+		}
+	}
+}
+
+// drain adds the items already handed over, without waiting for more.
+func (a *Aggregator) drain(b *pending) {
+	for {
+		select {
+		case it := <-a.items:
+			a.add(b, it)
+		default:
+			return
 		}
 	}
 }
@@ -125,7 +123,7 @@ func (a *Aggregator) flush(ctx context.Context, b *pending) error {
 			return err
 		}
 		wait := bo.next()
-		a.log.Warn("insert into clickhouse failed; holding the acks and retrying", "rows", b.rows.n, "err", err, "retry_in", wait)
+		a.log.Warn("insert into clickhouse failed; holding the acks and retrying", "rows", b.rows.len(), "err", err, "retry_in", wait)
 		if !sleep(ctx, wait) {
 			return ctx.Err()
 		}
@@ -143,7 +141,7 @@ func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
 	if len(b.parts) == 0 {
 		return nil
 	}
-	if b.rows.n > 0 {
+	if b.rows.len() > 0 {
 		start := time.Now()
 		if err := a.insert(ctx, b); err != nil {
 			a.clickhouseErrors.Add(1)
@@ -152,8 +150,8 @@ func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
 		}
 		a.m.insertDuration.Record(context.Background(), time.Since(start).Seconds())
 		a.inserts.Add(1)
-		a.inserted.Add(int64(b.rows.n))
-		a.m.inserted.Add(context.Background(), int64(b.rows.n))
+		a.inserted.Add(int64(b.rows.len()))
+		a.m.inserted.Add(context.Background(), int64(b.rows.len()))
 	}
 	for p, pp := range b.parts {
 		// Acked without waiting for the server's confirmation: a lost ack only means a
@@ -187,7 +185,7 @@ func (a *Aggregator) insert(ctx context.Context, b *pending) error {
 		return fmt.Errorf("append rows: %w", err)
 	}
 	if err := batch.Send(); err != nil {
-		return fmt.Errorf("insert %d decisions: %w", b.rows.n, err)
+		return fmt.Errorf("insert %d decisions: %w", b.rows.len(), err)
 	}
 	return nil
 }

@@ -103,13 +103,13 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.T
 // partitionEnd returns the first instant after a partition: the next day for YYYYMMDD, the
 // next month for YYYYMM.
 func partitionEnd(id string, monthly bool) (time.Time, error) {
-	layout := "20060102"
+	layout, want := "20060102", "YYYYMMDD"
 	if monthly {
-		layout = "200601"
+		layout, want = "200601", "YYYYMM"
 	}
 	start, err := time.ParseInLocation(layout, id, time.UTC)
 	if err != nil || len(id) != len(layout) {
-		return time.Time{}, fmt.Errorf("partition id %q: want %s", id, map[bool]string{false: "YYYYMMDD", true: "YYYYMM"}[monthly])
+		return time.Time{}, fmt.Errorf("partition id %q: want %s", id, want)
 	}
 	if monthly {
 		return start.AddDate(0, 1, 0), nil

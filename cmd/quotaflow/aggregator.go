@@ -14,7 +14,9 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
@@ -31,15 +33,24 @@ func (c *clickhouseFlags) register(fs *flagSet, def string) {
 	fs.fromEnv("clickhouse-dsn", "QUOTAFLOW_CLICKHOUSE_DSN")
 }
 
-// open connects to the server (not to the database, which migrations may still have to
-// create) and returns the database the DSN names.
-func (c *clickhouseFlags) open() (driver.Conn, string, error) {
+// parse checks the DSN and returns its options.
+func (c *clickhouseFlags) parse() (*clickhouse.Options, error) {
 	if !strings.HasPrefix(c.dsn, "clickhouse://") {
-		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: want a clickhouse:// URL (native protocol), got %q", c.dsn)}
+		return nil, fmt.Errorf("--clickhouse-dsn: want a clickhouse:// URL (native protocol), got %q", c.dsn)
 	}
 	opts, err := clickhouse.ParseDSN(c.dsn)
 	if err != nil {
-		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
+		return nil, fmt.Errorf("--clickhouse-dsn: %w", err)
+	}
+	return opts, nil
+}
+
+// open connects to the server (not to the database, which migrations may still have to
+// create) and returns the database the DSN names.
+func (c *clickhouseFlags) open() (driver.Conn, string, error) {
+	opts, err := c.parse()
+	if err != nil {
+		return nil, "", usageError{err}
 	}
 	db := opts.Auth.Database
 	if db == "" {
@@ -128,7 +139,8 @@ func (a *aggregatorFlags) validate() error {
 	case !validInstance(a.instanceID):
 		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", a.instanceID)
 	}
-	return nil
+	_, err := a.ch.parse()
+	return err
 }
 
 func validInstance(s string) bool {
@@ -143,20 +155,44 @@ func validInstance(s string) bool {
 	return true
 }
 
-func (a *aggregatorFlags) config(db string, log *slog.Logger, tel *telemetry.Telemetry) aggregator.Config {
-	id := "aggregator-" + newInstanceID()[:6]
-	if a.instanceID != "" {
-		id = a.instanceID + "-" + newInstanceID()[:6]
+func (a *aggregatorFlags) config(db string, log *slog.Logger, meter metric.Meter) aggregator.Config {
+	// Unique per process start, as the checker's: a restarted aggregator is a new member.
+	name := a.instanceID
+	if name == "" {
+		name = "aggregator"
 	}
-	cfg := aggregator.Config{
-		Partitions: a.partitions, Database: db, InstanceID: id, BatchRows: a.batchRows,
+	return aggregator.Config{
+		Partitions: a.partitions, Database: db, InstanceID: name + "-" + newInstanceID()[:6], BatchRows: a.batchRows,
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
-		RetentionInterval: a.retentionInterval, Logger: log,
+		RetentionInterval: a.retentionInterval, Logger: log, Meter: meter,
 	}
-	if tel != nil {
-		cfg.Meter = tel.Meter
+}
+
+// newAggregator connects to ClickHouse and NATS and returns an aggregator (not yet running),
+// its NATS connection, and a function that closes both connections.
+func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
+	conn, db, err := a.ch.open()
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return cfg
+	nc, err := connectNATS(a.natsURL, "quotaflow aggregator", log)
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, err
+	}
+	closeAll := func() { nc.Close(); conn.Close() }
+	js, err := jetstream.New(nc)
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	agg, err := aggregator.New(js, conn, a.config(db, log, meter))
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db)
+	return agg, nc, closeAll, nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -178,34 +214,21 @@ once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.
 	if err != nil {
 		return err
 	}
-	conn, db, err := a.ch.open()
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
 	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: a.instanceID})
 	if err != nil {
 		return err
 	}
 	defer tel.Close(context.WithoutCancel(ctx))
-	nc, err := connectNATS(a.natsURL, "quotaflow aggregator", log)
+	agg, nc, closeConns, err := a.newAggregator(log, tel.Meter)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	agg, err := aggregator.New(js, conn, a.config(db, log, tel))
-	if err != nil {
-		return err
-	}
+	defer closeConns()
 	ln, err := net.Listen("tcp", a.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db, "metrics", "http://"+ln.Addr().String()+"/metrics")
+	log.Info("aggregator serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })

@@ -7,10 +7,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
-
-	"github.com/quotaflow/quotaflow/aggregator"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -69,26 +66,11 @@ aggregator's insert in flight and stops NATS.`, stderr)
 
 // serveWithAggregator runs the checker and an aggregator in one process.
 func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	conn, db, err := a.ch.open()
+	agg, _, closeConns, err := a.newAggregator(log.With("component", "aggregator"), nil)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	alog := log.With("component", "aggregator")
-	nc, err := connectNATS(p.natsURL, "quotaflow aggregator", alog)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	agg, err := aggregator.New(js, conn, a.config(db, alog, nil))
-	if err != nil {
-		return err
-	}
-	log.Info("aggregator starting", "instance", agg.InstanceID(), "clickhouse", redactDSN(a.ch.dsn), "database", db)
+	defer closeConns()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveChecker(gctx, c, p, log) })
 	g.Go(func() error { return agg.Run(gctx) })

@@ -53,7 +53,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := WriteConfig(dir, tcp, http); err != nil {
+	if err := writeConfig(dir, tcp, http); err != nil {
 		return nil, err
 	}
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(tcp)), dir: dir}
@@ -89,10 +89,10 @@ func binary() (string, error) {
 	return "", errors.New("clickhouse-server not found (run `make test`, which installs it)")
 }
 
-// WriteConfig writes a minimal config.xml and users.xml for a loopback-only server with its
-// data, logs and temporary files under dir. `make dev` uses it too (through `quotaflow`'s
-// tests it is checked to start Debian's 18.16).
-func WriteConfig(dir string, tcpPort, httpPort int) error {
+// writeConfig writes a minimal config.xml and users.xml for a loopback-only server with its
+// data, logs and temporary files under dir. deploy/dev/run.sh writes the same files for
+// `make dev`; keep the two in step.
+func writeConfig(dir string, tcpPort, httpPort int) error {
 	config := fmt.Sprintf(`<?xml version="1.0"?>
 <yandex>
     <logger><level>warning</level><log>%[1]s/server.log</log><errorlog>%[1]s/error.log</errorlog><console>0</console></logger>
