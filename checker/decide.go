@@ -168,6 +168,11 @@ func resolveTier(set *rules.Set, q *query, out *outcome) error {
 // limits and one for its shadow limits, so that a shadow denial never blocks a charge.
 func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) (plan, error) {
 	var pl plan
+	// Overrides expire by the clock: read it once per check, and only when there are any.
+	var now time.Time
+	if set.HasOverrides() {
+		now = time.Now()
+	}
 	add := func(sub subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
 		var req bucket.Request
 		first := len(out.limits)
@@ -175,7 +180,7 @@ func (s *Server) plan(set *rules.Set, q *query, peek bool, out *outcome) (plan, 
 			if r.Shadow != shadow {
 				continue
 			}
-			lim := r.Bucket(limitKey(tag, r), custom[r.ID])
+			lim := set.Effective(r, limitKey(tag, r), sub.dim, sub.id, out.tier, custom[r.ID], now)
 			if q.cost > lim.Capacity() {
 				return fieldErr("cost", "%d is more than rule %q can ever allow at once (%d)", q.cost, r.ID, lim.Capacity())
 			}

@@ -33,37 +33,6 @@ const ImplicitTier = "default"
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
-// file is the YAML document. Scalars are decoded as strings so that every conversion error can
-// name its rule and field.
-type file struct {
-	DefaultTier string              `yaml:"default_tier"`
-	Tiers       map[string]fileTier `yaml:"tiers"`
-	Users       map[string]fileUser `yaml:"users"`
-	Rules       []fileRule          `yaml:"rules"`
-}
-
-type fileTier struct {
-	Description string `yaml:"description"`
-}
-
-type fileUser struct {
-	Tier   string            `yaml:"tier"`
-	Limits map[string]string `yaml:"limits"`
-}
-
-type fileRule struct {
-	ID        string `yaml:"id"`
-	Dimension string `yaml:"dimension"`
-	Endpoint  string `yaml:"endpoint"`
-	Tier      string `yaml:"tier"`
-	Algorithm string `yaml:"algorithm"`
-	Limit     string `yaml:"limit"`
-	Window    string `yaml:"window"`
-	Burst     string `yaml:"burst"`
-	Shadow    string `yaml:"shadow"`
-	FailMode  string `yaml:"fail_mode"`
-}
-
 // Load reads and validates the rules file at path.
 func Load(path string) (*Set, error) {
 	data, err := os.ReadFile(path)
@@ -77,28 +46,53 @@ func Load(path string) (*Set, error) {
 	return s, nil
 }
 
-// Parse validates a rules document and compiles it. Every problem is reported, each naming the
-// rule (or tier, or user) and the field.
+// Parse validates a rules document (YAML, or JSON) and compiles it. Every problem is
+// reported, each naming the rule (or tier, or user) and the field.
 func Parse(data []byte) (*Set, error) {
-	var f file
+	d, err := Decode(data)
+	if err != nil {
+		return nil, err
+	}
+	return d.Compile()
+}
+
+// Decode reads a rules document, YAML or JSON, refusing unknown fields. It does not validate:
+// Compile does, naming every problem.
+func Decode(data []byte) (*Document, error) {
+	var d Document
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&d); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, errors.New("rules: the file is empty; it needs a top-level rules: list")
+			return nil, errors.New("rules: the document is empty; it needs a top-level rules: list")
 		}
 		return nil, fmt.Errorf("yaml: %w", err)
 	}
+	return &d, nil
+}
+
+// Compile validates the document as a whole and compiles it into a Set.
+func (d *Document) Compile() (*Set, error) {
+	return d.compile(d.Users)
+}
+
+// CompileWithUsers is Compile with the users kept apart from the document (the rule store keeps
+// each user under a key of its own); the document's own users: are ignored.
+func (d *Document) CompileWithUsers(users map[string]DocUser) (*Set, error) {
+	return d.compile(users)
+}
+
+func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	var p problems
-	tiers, defaultTier := f.tiers(&p)
-	rules := make([]Rule, 0, len(f.Rules))
-	for i, fr := range f.Rules {
+	tiers, defaultTier := d.tiers(&p)
+	rules := make([]Rule, 0, len(d.Rules))
+	for i, fr := range d.Rules {
 		r, ok := fr.rule(&p, fmt.Sprintf("rules[%d]", i), tiers)
 		if ok {
 			rules = append(rules, r)
 		}
 	}
-	if len(f.Rules) == 0 {
+	if len(d.Rules) == 0 {
 		p.add("rules", "at least one rule is required")
 	}
 	byID := make(map[string]*Rule, len(rules))
@@ -109,14 +103,27 @@ func Parse(data []byte) (*Set, error) {
 		}
 		byID[r.ID] = r
 	}
-	users := f.users(&p, tiers, byID)
+	users := usersOf(&p, docUsers, tiers, byID)
+	warn := d.Warnings.thresholds(&p, "warnings", DefaultThresholds)
+	ruleWarn := map[string]Thresholds{}
+	for i, fr := range d.Rules {
+		if fr.Warning != nil {
+			ruleWarn[fr.ID] = fr.Warning.thresholds(&p, fmt.Sprintf("rule %q (rules[%d]): warning", fr.ID, i), warn)
+		}
+	}
+	pol := d.Policies.policies(&p, tiers)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
-	return compile(rules, tiers, defaultTier, users)
+	s, err := compile(rules, tiers, defaultTier, users)
+	if err != nil {
+		return nil, err
+	}
+	s.doc, s.warnings, s.ruleWarnings, s.policies = d.WithoutUsers(), warn, ruleWarn, pol
+	return s, nil
 }
 
-func (f *file) tiers(p *problems) (map[string]Tier, string) {
+func (f *Document) tiers(p *problems) (map[string]Tier, string) {
 	tiers := make(map[string]Tier, len(f.Tiers)+1)
 	for name, t := range f.Tiers {
 		if !nameRE.MatchString(name) {
@@ -146,9 +153,9 @@ func (f *file) tiers(p *problems) (map[string]Tier, string) {
 	return tiers, def
 }
 
-func (f *file) users(p *problems, tiers map[string]Tier, byID map[string]*Rule) map[string]User {
-	users := make(map[string]User, len(f.Users))
-	for id, fu := range f.Users {
+func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, byID map[string]*Rule) map[string]User {
+	users := make(map[string]User, len(docUsers))
+	for id, fu := range docUsers {
 		where := fmt.Sprintf("users[%q]", id)
 		if id == "" || len(id) > MaxIdentifierLen || !utf8.ValidString(id) {
 			p.add(where, "id: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
@@ -170,7 +177,7 @@ func (f *file) users(p *problems, tiers map[string]Tier, byID map[string]*Rule) 
 				p.add(where, "limits[%q]: rule counts per %s; custom limits apply to user rules", ruleID, r.Dimension)
 				continue
 			}
-			n, err := parseCount(s)
+			n, err := parseCount(string(s))
 			if err != nil {
 				p.add(where, "limits[%q]: %v", ruleID, err)
 				continue
@@ -185,7 +192,7 @@ func (f *file) users(p *problems, tiers map[string]Tier, byID map[string]*Rule) 
 	return users
 }
 
-func (fr *fileRule) rule(p *problems, index string, tiers map[string]Tier) (Rule, bool) {
+func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule, bool) {
 	where := index
 	if fr.ID != "" {
 		where = fmt.Sprintf("rule %q (%s)", fr.ID, index)
@@ -216,17 +223,17 @@ func (fr *fileRule) rule(p *problems, index string, tiers map[string]Tier) (Rule
 	}
 	if fr.Limit == "" {
 		p.add(where, "limit: required")
-	} else if r.Limit, err = parseCount(fr.Limit); err != nil {
+	} else if r.Limit, err = parseCount(string(fr.Limit)); err != nil {
 		p.add(where, "limit: %v", err)
 	}
 	if fr.Window == "" {
 		p.add(where, "window: required (a Go duration: 1s, 1m, 1h, 24h)")
-	} else if r.Window, err = parseWindow(fr.Window); err != nil {
+	} else if r.Window, err = parseWindow(string(fr.Window)); err != nil {
 		p.add(where, "window: %v", err)
 	}
 	r.Burst = r.Limit
 	if fr.Burst != "" {
-		switch b, err := parseCount(fr.Burst); {
+		switch b, err := parseCount(string(fr.Burst)); {
 		case err != nil:
 			p.add(where, "burst: %v", err)
 		case r.Algorithm.Valid() && !r.Algorithm.HasBurst():
@@ -236,7 +243,7 @@ func (fr *fileRule) rule(p *problems, index string, tiers map[string]Tier) (Rule
 		}
 	}
 	if fr.Shadow != "" {
-		if r.Shadow, err = strconv.ParseBool(fr.Shadow); err != nil {
+		if r.Shadow, err = strconv.ParseBool(string(fr.Shadow)); err != nil {
 			p.add(where, "shadow: want true or false, got %q", fr.Shadow)
 		}
 	}

@@ -15,6 +15,12 @@ type Set struct {
 	defaultTier string
 	users       map[string]User
 	matchers    map[matcherKey]*matcher
+
+	doc          *Document // the source document, without users
+	warnings     Thresholds
+	ruleWarnings map[string]Thresholds
+	policies     Policies
+	ovr          *overrideIndex // nil: no overrides
 }
 
 type matcherKey struct {
@@ -109,6 +115,27 @@ func (s *Set) TierOf(userID string) string {
 	}
 	return s.defaultTier
 }
+
+// Document returns the document the set was compiled from, without its users. Do not modify it.
+func (s *Set) Document() *Document { return s.doc }
+
+// Users returns every configured user. Do not modify the map.
+func (s *Set) Users() map[string]User { return s.users }
+
+// Thresholds returns the warning thresholds of the rule with the given id: its own, else the
+// document's, else DefaultThresholds.
+func (s *Set) Thresholds(ruleID string) Thresholds {
+	if t, ok := s.ruleWarnings[ruleID]; ok {
+		return t
+	}
+	if s.warnings == (Thresholds{}) {
+		return DefaultThresholds
+	}
+	return s.warnings
+}
+
+// Policies returns the aggregator's automatic override policies.
+func (s *Set) Policies() Policies { return s.policies }
 
 // matcher finds the rules of one dimension and tier for an endpoint.
 type matcher struct {

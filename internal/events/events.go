@@ -1,0 +1,139 @@
+// Package events defines quotaflow's JSON events for people and services to subscribe to —
+// warning-state transitions on quotaflow.warnings.<tier>.<dimension> and override changes on
+// quotaflow.overrides.<action> — and the JetStream stream that keeps them (QUOTAFLOW_EVENTS), so
+// that the aggregator can store them in ClickHouse and late subscribers can replay them.
+//
+// Every event has a deterministic id, sent as its Nats-Msg-Id: a producer that recomputes an
+// event after a crash publishes the same id, and the stream drops the copy.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// Stream settings.
+const (
+	Stream          = "QUOTAFLOW_EVENTS"
+	WarningsPrefix  = "quotaflow.warnings"
+	OverridesPrefix = "quotaflow.overrides"
+	// DuplicateWindow is how long the stream remembers event ids to drop re-published copies.
+	DuplicateWindow = 10 * time.Minute
+	// MaxAge is how long the stream keeps events (ClickHouse keeps them longer).
+	MaxAge = 7 * 24 * time.Hour
+)
+
+// The states of seed 000's state machine.
+const (
+	StateNormal    = "normal"
+	StateWarning   = "warning"
+	StateThrottled = "throttled"
+)
+
+// Transition is a subject's warning state changing on one rule.
+type Transition struct {
+	ID         string    `json:"id"`
+	Tier       string    `json:"tier"`
+	Dimension  string    `json:"dimension"`
+	Subject    string    `json:"subject"`
+	RuleID     string    `json:"rule_id"`
+	From       string    `json:"from"`
+	To         string    `json:"to"`
+	UsageRatio float64   `json:"usage_ratio"`
+	Limit      int64     `json:"limit"`
+	Remaining  int64     `json:"remaining"`
+	WindowMs   int64     `json:"window_ms"`
+	At         time.Time `json:"at"`
+	// Cause is what made the change: "decision" or "timer".
+	Cause string `json:"cause"`
+}
+
+// NATSSubject is the transition's subject: quotaflow.warnings.<tier>.<dimension>.
+func (t *Transition) NATSSubject() string {
+	return WarningsPrefix + "." + Token(t.Tier) + "." + Token(t.Dimension)
+}
+
+// The override actions.
+const (
+	OverrideCreated = "created"
+	OverrideDeleted = "deleted"
+	OverrideExpired = "expired"
+)
+
+// OverrideEvent is an override created, deleted or expired.
+type OverrideEvent struct {
+	ID       string         `json:"id"`
+	Action   string         `json:"action"`
+	At       time.Time      `json:"at"`
+	Actor    string         `json:"actor"`
+	Override rules.Override `json:"override"`
+}
+
+// NATSSubject is the event's subject: quotaflow.overrides.<action>.
+func (e *OverrideEvent) NATSSubject() string { return OverridesPrefix + "." + e.Action }
+
+// Token makes s safe as one NATS subject token.
+func Token(s string) string {
+	if s == "" {
+		return "_"
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '.' || r == '*' || r == '>' || r <= ' ' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// EnsureStream creates or updates the events stream.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream,
+		Description: "quotaflow warning transitions and override changes",
+		Subjects:    []string{WarningsPrefix + ".>", OverridesPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      MaxAge,
+		Duplicates:  DuplicateWindow,
+		Replicas:    max(1, replicas),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events stream: %w", err)
+	}
+	return st, nil
+}
+
+// Publish sends one event to the stream with its id as Nats-Msg-Id and waits for the stream to
+// keep it. A duplicate of an event already kept is not an error.
+func Publish(ctx context.Context, js jetstream.JetStream, subject, id string, event any) error {
+	data, err := json.Marshal(event)
+	if err != nil {
+		return fmt.Errorf("encode event %s: %w", id, err)
+	}
+	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("publish event %s: %w", id, err)
+	}
+	return nil
+}
+
+// Kind tells a stream message's event kind from its subject: "warning" or "override".
+func Kind(subject string) (string, error) {
+	switch {
+	case strings.HasPrefix(subject, WarningsPrefix+"."):
+		return "warning", nil
+	case strings.HasPrefix(subject, OverridesPrefix+"."):
+		return "override", nil
+	}
+	return "", errors.New("not an event subject: " + subject)
+}

@@ -1,0 +1,274 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Document is a rules document as people write it: the YAML rules file, the value kept in the
+// rule store and the admin API's JSON are all this one form. Its scalars are Scalar so that a
+// number or a string decodes alike and validation (Compile), not decoding, names a bad field.
+type Document struct {
+	DefaultTier string             `yaml:"default_tier,omitempty" json:"default_tier,omitempty"`
+	Tiers       map[string]DocTier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
+	Users       map[string]DocUser `yaml:"users,omitempty" json:"users,omitempty"`
+	Warnings    *DocWarnings       `yaml:"warnings,omitempty" json:"warnings,omitempty"`
+	Policies    *DocPolicies       `yaml:"policies,omitempty" json:"policies,omitempty"`
+	Rules       []DocRule          `yaml:"rules" json:"rules"`
+}
+
+// DocTier is a tier of a Document.
+type DocTier struct {
+	Description string `yaml:"description,omitempty" json:"description,omitempty"`
+}
+
+// DocUser is a user's tier and custom limits (rule id to limit).
+type DocUser struct {
+	Tier   string            `yaml:"tier,omitempty" json:"tier,omitempty"`
+	Limits map[string]Scalar `yaml:"limits,omitempty" json:"limits,omitempty"`
+}
+
+// DocRule is one rule of a Document.
+type DocRule struct {
+	ID        string       `yaml:"id" json:"id"`
+	Dimension string       `yaml:"dimension" json:"dimension"`
+	Endpoint  string       `yaml:"endpoint" json:"endpoint"`
+	Tier      string       `yaml:"tier,omitempty" json:"tier,omitempty"`
+	Algorithm string       `yaml:"algorithm" json:"algorithm"`
+	Limit     Scalar       `yaml:"limit" json:"limit"`
+	Window    Scalar       `yaml:"window" json:"window"`
+	Burst     Scalar       `yaml:"burst,omitempty" json:"burst,omitempty"`
+	Shadow    Scalar       `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+	FailMode  string       `yaml:"fail_mode,omitempty" json:"fail_mode,omitempty"`
+	Warning   *DocWarnings `yaml:"warning,omitempty" json:"warning,omitempty"`
+}
+
+// DocWarnings are warning thresholds: document-wide under warnings:, or a rule's own under
+// warning:. Unset fields inherit.
+type DocWarnings struct {
+	Enter       Scalar `yaml:"enter,omitempty" json:"enter,omitempty"`
+	Exit        Scalar `yaml:"exit,omitempty" json:"exit,omitempty"`
+	QuietPeriod Scalar `yaml:"quiet_period,omitempty" json:"quiet_period,omitempty"`
+}
+
+// DocPolicies are the aggregator's automatic overrides.
+type DocPolicies struct {
+	Penalty        *DocPenalty         `yaml:"penalty,omitempty" json:"penalty,omitempty"`
+	TierProtection []DocTierProtection `yaml:"tier_protection,omitempty" json:"tier_protection,omitempty"`
+}
+
+// DocPenalty: a subject throttled on a rule for more than Throttled of the last Within gets
+// that rule's limit scaled by Factor for Duration.
+type DocPenalty struct {
+	Throttled Scalar `yaml:"throttled" json:"throttled"`
+	Within    Scalar `yaml:"within" json:"within"`
+	Factor    Scalar `yaml:"factor" json:"factor"`
+	Duration  Scalar `yaml:"duration" json:"duration"`
+}
+
+// DocTierProtection: when Tier's allowed checks over the last Window exceed Capacity, its limits
+// are scaled by Factor, for Duration at a time, until the rate falls back.
+type DocTierProtection struct {
+	Tier     string `yaml:"tier" json:"tier"`
+	Capacity Scalar `yaml:"capacity" json:"capacity"`
+	Window   Scalar `yaml:"window,omitempty" json:"window,omitempty"`
+	Factor   Scalar `yaml:"factor" json:"factor"`
+	Duration Scalar `yaml:"duration,omitempty" json:"duration,omitempty"`
+}
+
+// Scalar is a document's number, duration or boolean as written: JSON numbers and strings both
+// decode into it, and it encodes back as a number or boolean when it reads as one.
+type Scalar string
+
+// UnmarshalJSON accepts a JSON number, string or boolean.
+func (s *Scalar) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		*s = Scalar(str)
+		return nil
+	}
+	if string(b) == "null" {
+		*s = ""
+		return nil
+	}
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch v.(type) {
+	case float64, bool:
+		*s = Scalar(b)
+		return nil
+	}
+	return fmt.Errorf("want a number, string or boolean, got %s", b)
+}
+
+// MarshalJSON writes numbers and booleans bare and anything else as a string.
+func (s Scalar) MarshalJSON() ([]byte, error) {
+	str := string(s)
+	if str == "true" || str == "false" {
+		return []byte(str), nil
+	}
+	if _, err := strconv.ParseFloat(str, 64); err == nil && json.Valid([]byte(str)) {
+		return []byte(str), nil
+	}
+	return json.Marshal(str)
+}
+
+// Thresholds are a rule's warning-state thresholds (seed 000's state machine): a subject goes
+// from normal to warning when its usage ratio exceeds Enter, back to normal when it falls below
+// Exit (hysteresis), and from throttled straight back to normal after QuietPeriod without
+// calls.
+type Thresholds struct {
+	Enter, Exit float64
+	QuietPeriod time.Duration
+}
+
+// DefaultThresholds are the thresholds of a document that sets none: warning above 80% used,
+// normal again below 70%, quiet after 30s.
+var DefaultThresholds = Thresholds{Enter: 0.8, Exit: 0.7, QuietPeriod: 30 * time.Second}
+
+func (w *DocWarnings) thresholds(p *problems, where string, inherit Thresholds) Thresholds {
+	t := inherit
+	if w == nil {
+		return t
+	}
+	ratio := func(field string, s Scalar, dst *float64) {
+		if s == "" {
+			return
+		}
+		v, err := strconv.ParseFloat(string(s), 64)
+		if err != nil || v <= 0 || v > 1 {
+			p.add(where, "%s: want a usage ratio above 0 and at most 1, got %q", field, s)
+			return
+		}
+		*dst = v
+	}
+	ratio("enter", w.Enter, &t.Enter)
+	ratio("exit", w.Exit, &t.Exit)
+	if w.QuietPeriod != "" {
+		d, err := parsePositiveDuration(w.QuietPeriod)
+		if err != nil {
+			p.add(where, "quiet_period: %v", err)
+		} else {
+			t.QuietPeriod = d
+		}
+	}
+	if t.Exit >= t.Enter {
+		p.add(where, "exit: %v must be below enter (%v), or states would flap around one threshold", t.Exit, t.Enter)
+	}
+	return t
+}
+
+// Policies are the aggregator's automatic overrides, validated.
+type Policies struct {
+	Penalty        *Penalty
+	TierProtection []TierProtection
+}
+
+// Penalty scales a subject's limit on a rule by Factor for Duration once it has been throttled
+// on that rule for more than Throttled of the last Within (abuse dampening).
+type Penalty struct {
+	Throttled, Within time.Duration
+	Factor            float64
+	Duration          time.Duration
+}
+
+// TierProtection scales Tier's limits by Factor while its allowed checks over the last Window
+// exceed Capacity (load shedding); each override lasts Duration and is renewed while the rate
+// stays above.
+type TierProtection struct {
+	Tier     string
+	Capacity int64
+	Window   time.Duration
+	Factor   float64
+	Duration time.Duration
+}
+
+func (d *DocPolicies) policies(p *problems, tiers map[string]Tier) Policies {
+	var pol Policies
+	if d == nil {
+		return pol
+	}
+	if pe := d.Penalty; pe != nil {
+		where := "policies.penalty"
+		var out Penalty
+		var err error
+		if out.Throttled, err = parsePositiveDuration(pe.Throttled); err != nil {
+			p.add(where, "throttled: %v", err)
+		}
+		if out.Within, err = parsePositiveDuration(pe.Within); err != nil {
+			p.add(where, "within: %v", err)
+		} else if out.Throttled >= out.Within {
+			p.add(where, "throttled: %v must be shorter than within (%v)", out.Throttled, out.Within)
+		}
+		if out.Factor, err = parseFactor(pe.Factor); err != nil {
+			p.add(where, "factor: %v", err)
+		}
+		if out.Duration, err = parsePositiveDuration(pe.Duration); err != nil {
+			p.add(where, "duration: %v", err)
+		}
+		pol.Penalty = &out
+	}
+	seen := map[string]bool{}
+	for i, tp := range d.TierProtection {
+		where := fmt.Sprintf("policies.tier_protection[%d]", i)
+		out := TierProtection{Tier: tp.Tier, Window: time.Minute, Duration: time.Minute}
+		if _, ok := tiers[tp.Tier]; !ok {
+			p.add(where, "tier: %q is not declared under tiers:", tp.Tier)
+		} else if seen[tp.Tier] {
+			p.add(where, "tier: %q is protected twice", tp.Tier)
+		}
+		seen[tp.Tier] = true
+		var err error
+		if out.Capacity, err = parseCount(string(tp.Capacity)); err != nil {
+			p.add(where, "capacity: %v", err)
+		}
+		if tp.Window != "" {
+			if out.Window, err = parsePositiveDuration(tp.Window); err != nil {
+				p.add(where, "window: %v", err)
+			}
+		}
+		if out.Factor, err = parseFactor(tp.Factor); err != nil {
+			p.add(where, "factor: %v", err)
+		}
+		if tp.Duration != "" {
+			if out.Duration, err = parsePositiveDuration(tp.Duration); err != nil {
+				p.add(where, "duration: %v", err)
+			}
+		}
+		pol.TierProtection = append(pol.TierProtection, out)
+	}
+	return pol
+}
+
+// parseFactor reads a policy's scaling factor: a policy only ever tightens.
+func parseFactor(s Scalar) (float64, error) {
+	v, err := strconv.ParseFloat(string(s), 64)
+	if err != nil || v <= 0 || v >= 1 {
+		return 0, fmt.Errorf("want a factor above 0 and below 1, got %q", s)
+	}
+	return v, nil
+}
+
+func parsePositiveDuration(s Scalar) (time.Duration, error) {
+	d, err := time.ParseDuration(string(s))
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("want a positive Go duration such as 30s or 5m, got %q", s)
+	}
+	return d, nil
+}
+
+// WithoutUsers returns a copy of the document without its users (kept apart by the rule store).
+func (d *Document) WithoutUsers() *Document {
+	c := *d
+	c.Users = nil
+	return &c
+}

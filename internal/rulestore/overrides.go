@@ -1,0 +1,108 @@
+package rulestore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// ErrExists is an override id already in use.
+var ErrExists = errors.New("already exists")
+
+// PutOverride validates o against the current configuration and stores it until its expiry,
+// then publishes its "created" event. An id in use is refused with ErrExists, so that an
+// automatic policy that names its overrides deterministically never makes one twice.
+func (s *Store) PutOverride(ctx context.Context, o rules.Override) error {
+	set, err := s.Current(ctx)
+	if err != nil {
+		return err
+	}
+	if err := set.ValidateOverride(&o); err != nil {
+		return err
+	}
+	ttl := time.Until(o.ExpiresAt)
+	if ttl < time.Second {
+		return &rules.FieldError{Field: "duration", Problem: "the override would expire within a second"}
+	}
+	data, err := json.Marshal(o)
+	if err != nil {
+		return fmt.Errorf("encode override: %w", err)
+	}
+	if _, err := s.overrides.Create(ctx, o.ID, data, jetstream.KeyTTL(ttl.Round(time.Second)+time.Second)); errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("override %q: %w", o.ID, ErrExists)
+	} else if err != nil {
+		return fmt.Errorf("store override: %w", err)
+	}
+	return s.publishOverride(ctx, events.OverrideCreated, o.Creator, o.CreatedAt, o)
+}
+
+// DeleteOverride removes an override before its expiry and publishes its "deleted" event.
+func (s *Store) DeleteOverride(ctx context.Context, id, actor string) error {
+	o, err := s.Override(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := s.overrides.Delete(ctx, id); err != nil {
+		return fmt.Errorf("delete override %q: %w", id, err)
+	}
+	return s.publishOverride(ctx, events.OverrideDeleted, actor, s.now(), o)
+}
+
+// Override returns the override with the given id.
+func (s *Store) Override(ctx context.Context, id string) (rules.Override, error) {
+	var o rules.Override
+	e, err := s.overrides.Get(ctx, id)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrInvalidKey):
+		return o, fmt.Errorf("override %q: %w", id, ErrNotFound)
+	case err != nil:
+		return o, fmt.Errorf("read override %q: %w", id, err)
+	}
+	if err := json.Unmarshal(e.Value(), &o); err != nil {
+		return o, fmt.Errorf("decode override %q: %w", id, err)
+	}
+	return o, nil
+}
+
+// Overrides returns the overrides not yet expired.
+func (s *Store) Overrides(ctx context.Context) ([]rules.Override, error) {
+	keys, err := s.overrides.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list overrides: %w", err)
+	}
+	now := s.now()
+	var out []rules.Override
+	for k := range keys.Keys() {
+		o, err := s.Override(ctx, k)
+		if errors.Is(err, ErrNotFound) {
+			continue // expired or deleted since listed
+		} else if err != nil {
+			return nil, err
+		}
+		if o.ExpiresAt.After(now) {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
+// publishOverride sends an override event; its id makes a repeated publication of the same
+// change a duplicate the stream drops.
+func (s *Store) publishOverride(ctx context.Context, action, actor string, at time.Time, o rules.Override) error {
+	ev := OverrideEvent(action, actor, at, o)
+	return events.Publish(ctx, s.js, ev.NATSSubject(), ev.ID, ev)
+}
+
+// OverrideEvent builds the event of an override change. An override's "created" and
+// "expired" events are ids of the override alone; a deletion's carries its instant.
+func OverrideEvent(action, actor string, at time.Time, o rules.Override) *events.OverrideEvent {
+	id := fmt.Sprintf("override-%s-%s-%d", action, o.ID, o.CreatedAt.UnixMicro())
+	return &events.OverrideEvent{ID: id, Action: action, At: at.UTC(), Actor: actor, Override: o}
+}

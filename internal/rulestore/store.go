@@ -1,0 +1,316 @@
+// Package rulestore keeps quotaflow's configuration in NATS JetStream KV, where every checker
+// watches it: the rules document (rules, tiers, warning thresholds, policies) and one key per
+// user in bucket QUOTAFLOW_CONFIG, and one key per temporary override, with a per-key TTL that
+// ends at its expiry, in bucket QUOTAFLOW_OVERRIDES.
+//
+// Every write is validated against the whole configuration it would make and refused whole:
+// a rule change that would not validate, or the deletion of a rule a user's limit names, leaves
+// the stored configuration as it was. Concurrent writers are serialised by compare-and-swap on
+// the document's revision.
+package rulestore
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// Bucket names and keys.
+const (
+	ConfigBucket   = "QUOTAFLOW_CONFIG"
+	OverrideBucket = "QUOTAFLOW_OVERRIDES"
+	rulesetKey     = "ruleset"
+	userPrefix     = "users."
+)
+
+// ErrNotFound is a rule, user or override that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrNotSeeded is a store whose configuration bucket holds no rules document yet.
+var ErrNotSeeded = errors.New("the rule store holds no rules yet: start a checker with --rules, or run quotaflow rules apply -f FILE")
+
+// Config configures a Store. The zero value is usable.
+type Config struct {
+	// Replicas of the KV buckets and the events stream (1).
+	Replicas int
+	// Logger receives the store's logs (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Store reads and writes the configuration. It is safe for concurrent use.
+type Store struct {
+	js        jetstream.JetStream
+	config    jetstream.KeyValue
+	overrides jetstream.KeyValue
+	log       *slog.Logger
+	now       func() time.Time
+}
+
+// Open creates or updates the buckets and the events stream.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error) {
+	replicas := max(1, cfg.Replicas)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	config, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: ConfigBucket, Description: "quotaflow rules document and users", History: 5, Replicas: replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("config bucket: %w", err)
+	}
+	overrides, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: OverrideBucket, Description: "quotaflow temporary overrides, one key each, expiring by TTL",
+		History: 1, Replicas: replicas, LimitMarkerTTL: time.Hour,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("overrides bucket: %w", err)
+	}
+	if _, err := events.EnsureStream(ctx, js, replicas); err != nil {
+		return nil, err
+	}
+	return &Store{js: js, config: config, overrides: overrides, log: log, now: time.Now}, nil
+}
+
+// UserKey is the KV key of a user: user ids may hold any UTF-8, keys may not.
+func UserKey(id string) string {
+	return userPrefix + base64.RawURLEncoding.EncodeToString([]byte(id))
+}
+
+func userID(key string) (string, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(key, userPrefix))
+	return string(b), err == nil && strings.HasPrefix(key, userPrefix)
+}
+
+// snapshot is the whole configuration at one moment.
+type snapshot struct {
+	doc       *rules.Document
+	rev       uint64 // of the ruleset key
+	users     map[string]rules.DocUser
+	overrides []rules.Override
+}
+
+func (sn *snapshot) compile() (*rules.Set, error) {
+	set, err := sn.doc.CompileWithUsers(sn.users)
+	if err != nil {
+		return nil, err
+	}
+	return set.WithOverrides(sn.overrides), nil
+}
+
+// read loads the whole configuration.
+func (s *Store) read(ctx context.Context) (*snapshot, error) {
+	sn := &snapshot{users: map[string]rules.DocUser{}}
+	e, err := s.config.Get(ctx, rulesetKey)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil, ErrNotSeeded
+	case err != nil:
+		return nil, fmt.Errorf("read rules: %w", err)
+	}
+	if sn.doc, err = decodeDoc(e.Value()); err != nil {
+		return nil, err
+	}
+	sn.rev = e.Revision()
+	keys, err := s.config.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	for k := range keys.Keys() {
+		id, ok := userID(k)
+		if !ok {
+			continue
+		}
+		e, err := s.config.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("read user %q: %w", id, err)
+		}
+		var u rules.DocUser
+		if err := json.Unmarshal(e.Value(), &u); err != nil {
+			return nil, fmt.Errorf("decode user %q: %w", id, err)
+		}
+		sn.users[id] = u
+	}
+	if sn.overrides, err = s.Overrides(ctx); err != nil {
+		return nil, err
+	}
+	return sn, nil
+}
+
+func decodeDoc(b []byte) (*rules.Document, error) {
+	var d rules.Document
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("decode stored rules: %w", err)
+	}
+	return &d, nil
+}
+
+// Current returns the configuration as a compiled set, overrides applied.
+func (s *Store) Current(ctx context.Context) (*rules.Set, error) {
+	sn, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return sn.compile()
+}
+
+// Seed stores doc (its users as user keys) unless the store holds a rules document already;
+// it reports whether it did. Checkers seed the store from their rules file at start, and after
+// that the store wins.
+func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
+	if _, err := doc.Compile(); err != nil {
+		return false, err
+	}
+	if _, err := s.config.Get(ctx, rulesetKey); err == nil {
+		return false, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, fmt.Errorf("read rules: %w", err)
+	}
+	for id, u := range doc.Users {
+		if err := s.putUser(ctx, id, u); err != nil {
+			return false, err
+		}
+	}
+	data, err := json.Marshal(doc.WithoutUsers())
+	if err != nil {
+		return false, fmt.Errorf("encode rules: %w", err)
+	}
+	if _, err := s.config.Create(ctx, rulesetKey, data); errors.Is(err, jetstream.ErrKeyExists) {
+		return false, nil // another checker seeded first
+	} else if err != nil {
+		return false, fmt.Errorf("seed rules: %w", err)
+	}
+	return true, nil
+}
+
+// Apply replaces the whole configuration with doc: its rules, tiers, thresholds and policies,
+// and its users (users not in doc are removed). Overrides stay; ones naming a rule or tier doc
+// lacks stop applying.
+func (s *Store) Apply(ctx context.Context, doc *rules.Document) error {
+	if _, err := doc.Compile(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(doc.WithoutUsers())
+	if err != nil {
+		return fmt.Errorf("encode rules: %w", err)
+	}
+	old, err := s.read(ctx)
+	if err != nil && !errors.Is(err, ErrNotSeeded) {
+		return err
+	}
+	for id, u := range doc.Users {
+		if err := s.putUser(ctx, id, u); err != nil {
+			return err
+		}
+	}
+	if _, err := s.config.Put(ctx, rulesetKey, data); err != nil {
+		return fmt.Errorf("write rules: %w", err)
+	}
+	if old != nil {
+		for id := range old.users {
+			if _, keep := doc.Users[id]; !keep {
+				if err := s.config.Delete(ctx, UserKey(id)); err != nil {
+					return fmt.Errorf("remove user %q: %w", id, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Store) putUser(ctx context.Context, id string, u rules.DocUser) error {
+	data, err := json.Marshal(u)
+	if err != nil {
+		return fmt.Errorf("encode user %q: %w", id, err)
+	}
+	if _, err := s.config.Put(ctx, UserKey(id), data); err != nil {
+		return fmt.Errorf("write user %q: %w", id, err)
+	}
+	return nil
+}
+
+// updateDoc applies change to the stored document and writes it back if the whole
+// configuration still validates, retrying when another writer came first.
+func (s *Store) updateDoc(ctx context.Context, change func(*rules.Document) error) error {
+	for attempt := 0; ; attempt++ {
+		sn, err := s.read(ctx)
+		if err != nil {
+			return err
+		}
+		if err := change(sn.doc); err != nil {
+			return err
+		}
+		if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
+			return err
+		}
+		data, err := json.Marshal(sn.doc)
+		if err != nil {
+			return fmt.Errorf("encode rules: %w", err)
+		}
+		_, err = s.config.Update(ctx, rulesetKey, data, sn.rev)
+		if err == nil {
+			return nil
+		}
+		var apiErr *jetstream.APIError
+		if attempt < 20 && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			continue // another writer changed the document: redo the change on theirs
+		}
+		return fmt.Errorf("write rules: %w", err)
+	}
+}
+
+// PutRule adds rule, or replaces the rule with its id; it reports whether the rule is new.
+func (s *Store) PutRule(ctx context.Context, rule rules.DocRule) (created bool, err error) {
+	err = s.updateDoc(ctx, func(d *rules.Document) error {
+		created = true
+		for i := range d.Rules {
+			if d.Rules[i].ID == rule.ID {
+				d.Rules[i], created = rule, false
+				return nil
+			}
+		}
+		d.Rules = append(d.Rules, rule)
+		return nil
+	})
+	return created, err
+}
+
+// DeleteRule removes the rule with the given id.
+func (s *Store) DeleteRule(ctx context.Context, id string) error {
+	return s.updateDoc(ctx, func(d *rules.Document) error {
+		for i := range d.Rules {
+			if d.Rules[i].ID == id {
+				d.Rules = append(d.Rules[:i], d.Rules[i+1:]...)
+				return nil
+			}
+		}
+		return fmt.Errorf("rule %q: %w", id, ErrNotFound)
+	})
+}
+
+// SetUserTier sets a user's tier, keeping the user's custom limits.
+func (s *Store) SetUserTier(ctx context.Context, id, tier string) error {
+	sn, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	u := sn.users[id]
+	u.Tier = tier
+	sn.users[id] = u
+	if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
+		return err
+	}
+	return s.putUser(ctx, id, u)
+}
