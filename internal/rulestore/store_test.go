@@ -1,0 +1,269 @@
+package rulestore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+const doc = `
+default_tier: free
+tiers: {free: {}, premium: {}}
+users:
+  alice: {tier: premium}
+  bob: {limits: {user-min: 20}}
+rules:
+  - {id: user-min, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 10, window: 1m}
+  - {id: ip-sec, dimension: ip, endpoint: "*", algorithm: gcra, limit: 5, window: 1s}
+`
+
+// newStore opens a store on a fresh JetStream domain of its own: each test gets its own
+// server so that buckets do not leak between parallel tests.
+func newStore(t *testing.T) (*Store, jetstream.JetStream) {
+	t.Helper()
+	srv, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := Open(ctx, js, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, js
+}
+
+func mustDecode(t *testing.T, text string) *rules.Document {
+	t.Helper()
+	d, err := rules.Decode([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestSeedAndWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newStore(t)
+	if _, err := s.Current(ctx); !errors.Is(err, ErrNotSeeded) {
+		t.Fatalf("Current before seeding: err = %v, want ErrNotSeeded", err)
+	}
+	seeded, err := s.Seed(ctx, mustDecode(t, doc))
+	if err != nil || !seeded {
+		t.Fatalf("Seed = %v, %v; want true, nil", seeded, err)
+	}
+	other := mustDecode(t, "rules:\n  - {id: x, dimension: ip, endpoint: \"*\", algorithm: gcra, limit: 1, window: 1s}\n")
+	if seeded, err := s.Seed(ctx, other); err != nil || seeded {
+		t.Fatalf("second Seed = %v, %v; want false, nil (the store wins)", seeded, err)
+	}
+	set, err := s.Current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.TierOf("alice"); got != "premium" {
+		t.Errorf("TierOf(alice) = %q, want premium", got)
+	}
+	if u, _ := set.User("bob"); u.Limits["user-min"] != 20 {
+		t.Errorf("bob's limits = %v, want user-min 20", u.Limits)
+	}
+
+	// Refused writes leave everything as it was.
+	bad := []struct {
+		name string
+		do   func() error
+	}{
+		{"invalid rule", func() error {
+			_, err := s.PutRule(ctx, rules.DocRule{ID: "bad", Dimension: "user", Endpoint: "*", Algorithm: "gcra", Limit: "0", Window: "1s"})
+			return err
+		}},
+		{"rule a user limit names", func() error { return s.DeleteRule(ctx, "user-min") }},
+		{"unknown tier", func() error { return s.SetUserTier(ctx, "carol", "gold") }},
+	}
+	for _, b := range bad {
+		var ve *rules.ValidationError
+		if err := b.do(); !errors.As(err, &ve) {
+			t.Errorf("%s: err = %v, want a ValidationError", b.name, err)
+		}
+	}
+	if err := s.DeleteRule(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("DeleteRule(nope) = %v, want ErrNotFound", err)
+	}
+	after, err := s.Current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after.Rules()) != 2 || after.TierOf("carol") != "free" {
+		t.Errorf("after refused writes: %d rules, carol's tier %q; want 2 and free", len(after.Rules()), after.TierOf("carol"))
+	}
+
+	// Accepted writes.
+	if created, err := s.PutRule(ctx, rules.DocRule{ID: "ip-min", Dimension: "ip", Endpoint: "*", Algorithm: "fixed_window", Limit: "100", Window: "1m"}); err != nil || !created {
+		t.Fatalf("PutRule(ip-min) = %v, %v", created, err)
+	}
+	if err := s.SetUserTier(ctx, "carol", "premium"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(ctx, mustDecode(t, doc+"  - {id: apikey-h, dimension: apikey, endpoint: \"*\", algorithm: leaky_bucket, limit: 60, window: 1h}\n")); err != nil {
+		t.Fatal(err)
+	}
+	final, err := s.Current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := final.Rule("apikey-h"); !ok || len(final.Rules()) != 3 {
+		t.Errorf("after Apply: %d rules, want the file's 3", len(final.Rules()))
+	}
+	if _, ok := final.User("carol"); ok {
+		t.Error("after Apply: carol, who is not in the file, is still there")
+	}
+}
+
+func TestConcurrentRuleWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newStore(t)
+	if _, err := s.Seed(ctx, mustDecode(t, doc)); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for i := range 5 {
+		wg.Go(func() {
+			_, err := s.PutRule(ctx, rules.DocRule{ID: fmt.Sprintf("r%d", i), Dimension: "apikey", Endpoint: fmt.Sprintf("/p%d", i), Algorithm: "gcra", Limit: "5", Window: "1s"})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	set, err := s.Current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(set.Rules()); got != 7 {
+		t.Errorf("after 5 concurrent PutRule: %d rules, want 7 (none lost to a race)", got)
+	}
+}
+
+func TestOverrideLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, js := newStore(t)
+	if _, err := s.Seed(ctx, mustDecode(t, doc)); err != nil {
+		t.Fatal(err)
+	}
+	sets := make(chan *rules.Set, 100)
+	go s.Watch(ctx, func(set *rules.Set) { sets <- set })
+	go s.PublishExpiries(ctx)
+	waitFor := func(what string, ok func(*rules.Set) bool) {
+		t.Helper()
+		for {
+			select {
+			case set := <-sets:
+				if ok(set) {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("watch never delivered a set where %s", what)
+			}
+		}
+	}
+	waitFor("the seeded rules apply", func(set *rules.Set) bool { return len(set.Rules()) == 2 })
+
+	now := time.Now()
+	short := rules.Override{ID: "short", Dimension: "user", Identifier: "alice", Limit: 3, Reason: "test", Creator: "t", Source: "admin", CreatedAt: now, ExpiresAt: now.Add(2 * time.Second)}
+	long := rules.Override{ID: "long", Tier: "free", Multiplier: 0.5, Reason: "test", Creator: "t", Source: "admin", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	for _, o := range []rules.Override{short, long} {
+		if err := s.PutOverride(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutOverride(ctx, short); !errors.Is(err, ErrExists) {
+		t.Errorf("PutOverride of a used id = %v, want ErrExists", err)
+	}
+	bad := short
+	bad.ID, bad.RuleID = "bad", "nope"
+	var fe *rules.FieldError
+	if err := s.PutOverride(ctx, bad); !errors.As(err, &fe) || fe.Field != "rule_id" {
+		t.Errorf("PutOverride naming an unknown rule = %v, want a FieldError on rule_id", err)
+	}
+	waitFor("both overrides apply", func(set *rules.Set) bool { return len(set.Overrides()) == 2 })
+	if err := s.DeleteOverride(ctx, "long", "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteOverride(ctx, "long", "t"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second DeleteOverride = %v, want ErrNotFound", err)
+	}
+	waitFor("the short one expires by itself", func(set *rules.Set) bool { return len(set.Overrides()) == 0 })
+	if ovs, err := s.Overrides(ctx); err != nil || len(ovs) != 0 {
+		t.Errorf("Overrides after expiry = %v, %v; want none", ovs, err)
+	}
+
+	// The events: created twice, deleted once, expired once.
+	want := map[string]int{"created/short": 1, "created/long": 1, "deleted/long": 1, "expired/short": 1}
+	got := map[string]int{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < len(want) && time.Now().Before(deadline) {
+		got = readOverrideEvents(t, ctx, js)
+		time.Sleep(50 * time.Millisecond)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("override events %v: want %s once", got, k)
+		}
+	}
+}
+
+func readOverrideEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.OverridesPrefix + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev events.OverrideEvent
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			got[ev.Action+"/"+ev.Override.ID]++
+		}
+		if n == 0 {
+			return got
+		}
+	}
+}
