@@ -1,0 +1,342 @@
+package aggregator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
+)
+
+// OverrideStore is what the policies need of the rule store (rulestore.Store).
+type OverrideStore interface {
+	PutOverride(ctx context.Context, o rules.Override) error
+	DeleteOverride(ctx context.Context, id, actor string) error
+	Overrides(ctx context.Context) ([]rules.Override, error)
+}
+
+// PolicyConfig configures Policies. Rules, Store and JetStream are required.
+type PolicyConfig struct {
+	// Rules returns the rule set whose policies: apply (nil: none yet).
+	Rules func() *rules.Set
+	// Store keeps the overrides the policies make.
+	Store OverrideStore
+	// JetStream reads the warning transitions from EventsStream (events.Stream).
+	JetStream    jetstream.JetStream
+	EventsStream string
+	// TierRate counts a tier's allowed checks since an instant (ClickHouseTierRate); nil
+	// disables tier protection.
+	TierRate func(ctx context.Context, tier string, since time.Time) (int64, error)
+	// Leader reports whether this process acts on the policies (nil: always). Every aggregator
+	// follows the transitions; only the leader writes overrides.
+	Leader func() bool
+	// Interval is how often the policies are evaluated (1s).
+	Interval time.Duration
+	// Logger receives the component's logs (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Policies makes the automatic overrides of a rules document's policies:
+//   - penalty: a subject throttled on a rule for more than Throttled of the last Within gets
+//     that rule's limit multiplied by Factor for Duration (abuse dampening);
+//   - tier protection: while a tier's allowed checks over the last Window exceed Capacity, the
+//     tier's limits are multiplied by Factor (load shedding); the override lasts Duration, is
+//     renewed while the rate stays above, and is deleted once the rate falls back.
+//
+// Every override it makes or deletes goes through the rule store, so it is an event on
+// quotaflow.overrides.> and a row in ClickHouse like an admin's. Overrides expire by
+// themselves, so a leader that dies leaves nothing in force for longer than Duration.
+type Policies struct {
+	cfg  PolicyConfig
+	log  *slog.Logger
+	keys map[string]*penaltyKey
+}
+
+// penaltyKey is what the penalty needs to know of one subject and rule.
+type penaltyKey struct {
+	dimension, subject, rule string
+	spans                    []span    // throttled spans that ended, oldest first
+	since                    time.Time // start of the throttled span in progress; zero when not throttled
+	// after is when the key's last penalty began: throttled time before it was paid for and
+	// does not count again.
+	after time.Time
+}
+
+type span struct{ from, to time.Time }
+
+// NewPolicies returns Policies for cfg.
+func NewPolicies(cfg PolicyConfig) *Policies {
+	if cfg.EventsStream == "" {
+		cfg.EventsStream = events.Stream
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Policies{cfg: cfg, log: cfg.Logger, keys: map[string]*penaltyKey{}}
+}
+
+// Run follows the warning transitions (from as far back as the longest penalty window, so a
+// restarted aggregator knows the recent past) and evaluates the policies every Interval
+// until ctx ends.
+func (p *Policies) Run(ctx context.Context) error {
+	within := time.Hour
+	if set := p.rules(); set != nil && set.Policies().Penalty != nil {
+		within = set.Policies().Penalty.Within
+	}
+	cons, err := p.cfg.JetStream.OrderedConsumer(ctx, p.cfg.EventsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.WarningsPrefix + ".>"},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   ptr(time.Now().Add(-within)),
+	})
+	if err != nil {
+		return fmt.Errorf("follow warning transitions: %w", err)
+	}
+	tick := time.NewTicker(p.cfg.Interval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(p.cfg.Interval))
+		if err != nil && ctx.Err() == nil {
+			p.log.Debug("fetch transitions failed", "err", err)
+			sleep(ctx, p.cfg.Interval)
+		} else if err == nil {
+			for msg := range batch.Messages() {
+				var t events.Transition
+				if err := json.Unmarshal(msg.Data(), &t); err != nil {
+					p.log.Warn("undecodable warning transition skipped", "subject", msg.Subject(), "err", err)
+					continue
+				}
+				p.observe(t)
+			}
+		}
+		select {
+		case <-tick.C:
+			p.evaluate(ctx, time.Now())
+		default:
+		}
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (p *Policies) rules() *rules.Set {
+	if p.cfg.Rules == nil {
+		return nil
+	}
+	return p.cfg.Rules()
+}
+
+// observe records a transition into or out of Throttled.
+func (p *Policies) observe(t events.Transition) {
+	k := t.Dimension + "\x00" + t.Subject + "\x00" + t.RuleID
+	pk := p.keys[k]
+	if pk == nil {
+		if t.To != events.StateThrottled {
+			return
+		}
+		pk = &penaltyKey{dimension: t.Dimension, subject: t.Subject, rule: t.RuleID}
+		p.keys[k] = pk
+	}
+	switch {
+	case t.To == events.StateThrottled && pk.since.IsZero():
+		pk.since = t.At
+	case t.From == events.StateThrottled && t.To != events.StateThrottled && !pk.since.IsZero():
+		pk.spans = append(pk.spans, span{pk.since, t.At})
+		pk.since = time.Time{}
+	}
+}
+
+// throttledWithin is how long the key was throttled in (now-within, now].
+func (pk *penaltyKey) throttledWithin(now time.Time, within time.Duration) time.Duration {
+	from := now.Add(-within)
+	if pk.after.After(from) {
+		from = pk.after
+	}
+	var total time.Duration
+	add := func(a, b time.Time) {
+		if a.Before(from) {
+			a = from
+		}
+		if b.After(a) {
+			total += b.Sub(a)
+		}
+	}
+	for _, s := range pk.spans {
+		add(s.from, s.to)
+	}
+	if !pk.since.IsZero() {
+		add(pk.since, now)
+	}
+	return total
+}
+
+// evaluate applies both policies at now. Only the leader writes.
+func (p *Policies) evaluate(ctx context.Context, now time.Time) {
+	set := p.rules()
+	if set == nil {
+		return
+	}
+	pol := set.Policies()
+	p.prune(now, pol.Penalty)
+	if p.cfg.Leader != nil && !p.cfg.Leader() {
+		return
+	}
+	if pol.Penalty == nil && (len(pol.TierProtection) == 0 || p.cfg.TierRate == nil) {
+		return
+	}
+	active, err := p.cfg.Store.Overrides(ctx)
+	if err != nil {
+		p.log.Warn("policies: list overrides failed; evaluating next time", "err", err)
+		return
+	}
+	if pol.Penalty != nil {
+		p.penalize(ctx, now, *pol.Penalty, active)
+	}
+	if p.cfg.TierRate != nil {
+		for _, tp := range pol.TierProtection {
+			p.protect(ctx, now, tp, active)
+		}
+	}
+}
+
+// prune forgets spans older than the penalty window, and keys left with nothing.
+func (p *Policies) prune(now time.Time, pe *rules.Penalty) {
+	within := time.Hour
+	if pe != nil {
+		within = pe.Within
+	}
+	for k, pk := range p.keys {
+		i := 0
+		for i < len(pk.spans) && pk.spans[i].to.Before(now.Add(-within)) {
+			i++
+		}
+		pk.spans = pk.spans[i:]
+		if len(pk.spans) == 0 && pk.since.IsZero() {
+			delete(p.keys, k)
+		}
+	}
+}
+
+func (p *Policies) penalize(ctx context.Context, now time.Time, pe rules.Penalty, active []rules.Override) {
+	for _, pk := range p.keys {
+		if o, ok := activePenalty(active, pk); ok {
+			pk.after = o.CreatedAt
+			continue
+		}
+		throttled := pk.throttledWithin(now, pe.Within)
+		if throttled <= pe.Throttled {
+			continue
+		}
+		// Named by the key and the start of the throttled time that crossed the threshold: a
+		// second evaluation (or a second leader) makes the same id, which the store refuses.
+		start := pk.since
+		if start.IsZero() && len(pk.spans) > 0 {
+			start = pk.spans[len(pk.spans)-1].from
+		}
+		o := rules.Override{
+			ID:        "penalty-" + shortHash(pk.dimension, pk.subject, pk.rule) + fmt.Sprintf("-%d", start.UnixMilli()),
+			Dimension: pk.dimension, Identifier: pk.subject, RuleID: pk.rule, Multiplier: pe.Factor,
+			Reason:  fmt.Sprintf("penalty: throttled %s of the last %s (more than %s)", throttled.Round(time.Millisecond), pe.Within, pe.Throttled),
+			Creator: "policy:penalty", Source: "penalty", CreatedAt: now, ExpiresAt: now.Add(pe.Duration),
+		}
+		if p.put(ctx, o) {
+			pk.after = now
+		}
+	}
+}
+
+func activePenalty(active []rules.Override, pk *penaltyKey) (rules.Override, bool) {
+	for _, o := range active {
+		if o.Source == "penalty" && o.Dimension == pk.dimension && o.Identifier == pk.subject && o.RuleID == pk.rule {
+			return o, true
+		}
+	}
+	return rules.Override{}, false
+}
+
+func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProtection, active []rules.Override) {
+	rate, err := p.cfg.TierRate(ctx, tp.Tier, now.Add(-tp.Window))
+	if err != nil {
+		p.log.Warn("tier protection: counting the tier's checks failed; evaluating next time", "tier", tp.Tier, "err", err)
+		return
+	}
+	var mine []rules.Override
+	for _, o := range active {
+		if o.Source == "tier_protection" && o.Tier == tp.Tier {
+			mine = append(mine, o)
+		}
+	}
+	if rate <= tp.Capacity {
+		for _, o := range mine {
+			if err := p.cfg.Store.DeleteOverride(ctx, o.ID, "policy:tier_protection"); err != nil && !errors.Is(err, rulestore.ErrNotFound) {
+				p.log.Warn("tier protection: lifting failed; it expires by itself", "tier", tp.Tier, "override", o.ID, "err", err)
+				continue
+			}
+			p.log.Info("tier protection lifted", "tier", tp.Tier, "allowed", rate, "capacity", tp.Capacity, "window", tp.Window)
+		}
+		return
+	}
+	// Above capacity: keep one override in force, renewed before it runs out.
+	for _, o := range mine {
+		if o.ExpiresAt.Sub(now) > tp.Duration/2 {
+			return
+		}
+	}
+	o := rules.Override{
+		ID:   fmt.Sprintf("tier-protection-%s-%d", shortHash(tp.Tier), now.UnixMilli()),
+		Tier: tp.Tier, Multiplier: tp.Factor,
+		Reason:  fmt.Sprintf("tier protection: %d allowed checks in the last %s, capacity %d", rate, tp.Window, tp.Capacity),
+		Creator: "policy:tier_protection", Source: "tier_protection", CreatedAt: now, ExpiresAt: now.Add(tp.Duration),
+	}
+	if p.put(ctx, o) {
+		p.log.Info("tier protection engaged", "tier", tp.Tier, "allowed", rate, "capacity", tp.Capacity, "factor", tp.Factor)
+	}
+}
+
+func (p *Policies) put(ctx context.Context, o rules.Override) bool {
+	err := p.cfg.Store.PutOverride(ctx, o)
+	switch {
+	case err == nil:
+		p.log.Info("policy override made", "override", o.ID, "source", o.Source, "reason", o.Reason)
+		return true
+	case errors.Is(err, rulestore.ErrExists):
+	default:
+		p.log.Warn("policy override not made; evaluating next time", "override", o.ID, "err", err)
+	}
+	return false
+}
+
+func shortHash(parts ...string) string {
+	h := sha256.New()
+	for _, s := range parts {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// ClickHouseTierRate counts a tier's allowed decisions in db.decisions since an instant: the
+// whole fleet's, whichever checker decided and whichever aggregator stored them.
+func ClickHouseTierRate(conn driver.Conn, db string) func(ctx context.Context, tier string, since time.Time) (int64, error) {
+	q := "SELECT count() FROM " + db + ".decisions WHERE tier = ? AND allowed = 1 AND time >= toDateTime(?)"
+	return func(ctx context.Context, tier string, since time.Time) (int64, error) {
+		var n uint64
+		if err := conn.QueryRow(ctx, q, tier, since.Unix()).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count allowed checks of tier %q: %w", tier, err)
+		}
+		return int64(n), nil
+	}
+}

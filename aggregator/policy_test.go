@@ -1,0 +1,207 @@
+package aggregator_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
+)
+
+const policyRules = `
+default_tier: free
+tiers: {free: {}, pro: {}}
+policies:
+  penalty: {throttled: 400ms, within: 5s, factor: 0.5, duration: 2s}
+  tier_protection:
+    - {tier: free, capacity: 100, window: 2s, factor: 0.25, duration: 3s}
+rules:
+  - {id: r1, dimension: user, endpoint: "*", algorithm: token_bucket, limit: 10, window: 1s}
+`
+
+// policyStore is a rule store seeded with policyRules on a NATS server of the test's own (the
+// store's buckets and the events stream have fixed names).
+func policyStore(t *testing.T) (*rulestore.Store, jetstream.JetStream, *rules.Set) {
+	t.Helper()
+	srv, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	store, err := rulestore.Open(ctx, js, rulestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := rules.Decode([]byte(policyRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Seed(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	set, err := store.Current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, js, set
+}
+
+func runPolicies(t *testing.T, cfg aggregator.PolicyConfig) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- aggregator.NewPolicies(cfg).Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("policies: %v", err)
+		}
+	})
+}
+
+// waitOverrides polls the store until ok holds of the overrides in force.
+func waitOverrides(t *testing.T, store *rulestore.Store, what string, ok func([]rules.Override) bool) []rules.Override {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ovs, err := store.Overrides(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(ovs) {
+			return ovs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20s, %s: overrides %+v", what, ovs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func publishTransition(t *testing.T, js jetstream.JetStream, subject, from, to string, at time.Time) {
+	t.Helper()
+	tr := events.Transition{ID: subject + from + to + at.String(), Tier: "free", Dimension: "user", Subject: subject, RuleID: "r1", From: from, To: to, At: at, Cause: "decision"}
+	if err := events.Publish(context.Background(), js, tr.NATSSubject(), tr.ID, tr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPenaltyPolicy: a subject throttled longer than the policy allows gets its limit halved
+// for the duration, once; a subject throttled briefly does not; the penalty lifts itself.
+func TestPenaltyPolicy(t *testing.T) {
+	t.Parallel()
+	store, js, set := policyStore(t)
+	now := time.Now()
+	publishTransition(t, js, "abuser", events.StateWarning, events.StateThrottled, now.Add(-time.Second))
+	publishTransition(t, js, "brief", events.StateWarning, events.StateThrottled, now.Add(-time.Second))
+	publishTransition(t, js, "brief", events.StateThrottled, events.StateWarning, now.Add(-900*time.Millisecond))
+	runPolicies(t, aggregator.PolicyConfig{Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond})
+
+	ovs := waitOverrides(t, store, "want a penalty for abuser", func(ovs []rules.Override) bool { return len(ovs) > 0 })
+	if len(ovs) != 1 {
+		t.Fatalf("overrides = %+v, want one penalty", ovs)
+	}
+	o := ovs[0]
+	if o.Source != "penalty" || o.Dimension != "user" || o.Identifier != "abuser" || o.RuleID != "r1" || o.Multiplier != 0.5 {
+		t.Errorf("penalty = %+v, want user abuser on r1 times 0.5 from the penalty policy", o)
+	}
+	if d := o.ExpiresAt.Sub(o.CreatedAt); d != 2*time.Second {
+		t.Errorf("penalty lasts %v, want the policy's 2s", d)
+	}
+	// The abuser stops being throttled: the penalty expires by itself and is not made again
+	// from the throttled time it already paid for.
+	publishTransition(t, js, "abuser", events.StateThrottled, events.StateWarning, time.Now())
+	waitOverrides(t, store, "want the penalty expired", func(ovs []rules.Override) bool { return len(ovs) == 0 })
+	time.Sleep(500 * time.Millisecond)
+	if ovs, _ := store.Overrides(context.Background()); len(ovs) != 0 {
+		t.Errorf("after the penalty expired: overrides %+v, want none (no second penalty for the same throttled time)", ovs)
+	}
+}
+
+// TestTierProtectionPolicy: generated decisions of tier free, stored by a real aggregator in
+// ClickHouse, push its allowed rate over capacity: the tier's limits are scaled down; when the
+// load stops, the override is lifted.
+func TestTierProtectionPolicy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start("tp")
+	store, js, set := policyStore(t)
+	runPolicies(t, aggregator.PolicyConfig{
+		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 100 * time.Millisecond,
+		TierRate: aggregator.ClickHouseTierRate(e.ch, e.db),
+	})
+	// 600 decisions: half of tier free, two thirds of those allowed = 200 > capacity 100.
+	e.publish(600, 50)
+	ovs := waitOverrides(t, store, "want tier protection for free", func(ovs []rules.Override) bool { return len(ovs) > 0 })
+	o := ovs[0]
+	if len(ovs) != 1 || o.Source != "tier_protection" || o.Tier != "free" || o.Multiplier != 0.25 || o.Target() != "tier" {
+		t.Fatalf("overrides = %+v, want one tier_protection override of free times 0.25", ovs)
+	}
+	if limit := set.WithOverrides(ovs).Effective(mustRule(t, set, "r1"), "k", rules.DimensionUser, "u", "free", 0, time.Now()).Limit; limit != 3 {
+		t.Errorf("r1's effective limit for free under protection = %d, want 10 × 0.25 rounded = 3", limit)
+	}
+	// No more load: the rate over the 2s window falls to 0 and the policy deletes its override
+	// (well before the 3s it would take to expire by itself, since it is checked every 100ms).
+	waitOverrides(t, store, "want tier protection lifted", func(ovs []rules.Override) bool { return len(ovs) == 0 })
+	if got := overrideActions(t, js, o.ID); got != "created,deleted" {
+		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire)", o.ID, got)
+	}
+}
+
+// overrideActions lists the actions of an override's events on the stream.
+func overrideActions(t *testing.T, js jetstream.JetStream, id string) string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.OverridesPrefix + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev events.OverrideEvent
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			if ev.Override.ID == id {
+				actions = append(actions, ev.Action)
+			}
+		}
+		if n == 0 {
+			return strings.Join(actions, ",")
+		}
+	}
+}
+
+func mustRule(t *testing.T, set *rules.Set, id string) *rules.Rule {
+	t.Helper()
+	r, ok := set.Rule(id)
+	if !ok {
+		t.Fatalf("no rule %q", id)
+	}
+	return r
+}
