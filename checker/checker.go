@@ -53,6 +53,8 @@ type Config struct {
 	TraceRatio float64
 	// Logger receives the checker's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Admin configures the admin REST API under /api/v1 (rules, tiers, overrides).
+	Admin AdminConfig
 }
 
 // Server decides checks. Its methods are safe for concurrent use.
@@ -75,6 +77,7 @@ type Server struct {
 	decisionSeq  atomic.Uint64
 	olc          *overLimitCache // nil when disabled
 	tel          *instruments
+	admin        *admin
 }
 
 // New returns a Server for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -123,6 +126,7 @@ func New(cfg Config) *Server {
 	if cfg.Rules != nil {
 		s.rules.Store(cfg.Rules)
 	}
+	s.admin = newAdmin(s, cfg.Admin)
 	return s
 }
 

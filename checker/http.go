@@ -16,7 +16,8 @@ import (
 )
 
 // Handler serves everything on one port: the RateLimiter service over Connect, gRPC and
-// gRPC-Web, Envoy's RateLimitService (RLS v3), gRPC reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz.
+// gRPC-Web, Envoy's RateLimitService (RLS v3), gRPC reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz,
+// and the admin REST API under /api/v1.
 // Serve it with HTTP/1.1 and h2c enabled for gRPC clients.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -27,6 +28,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/ratelimit/check", s.forwardAuth)
+	s.admin.register(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -10,14 +10,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/publisher"
 )
@@ -36,6 +39,7 @@ type checkerFlags struct {
 	otlpEndpoint    string
 	traceRatio      float64
 	debugListen     string
+	admin           adminFlags
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -43,7 +47,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("listen", "QUOTAFLOW_LISTEN")
 	fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the buckets, a redis:// or rediss:// `URL`")
 	fs.fromEnv("redis-url", "QUOTAFLOW_REDIS_URL")
-	fs.StringVar(&c.rulesPath, "rules", "", "rules `file` (YAML; required)")
+	fs.StringVar(&c.rulesPath, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
 	fs.fromEnv("rules", "QUOTAFLOW_RULES")
 	fs.DurationVar(&c.redisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
 	fs.fromEnv("redis-timeout", "QUOTAFLOW_REDIS_TIMEOUT")
@@ -63,6 +67,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("trace-sample-ratio", "QUOTAFLOW_TRACE_SAMPLE_RATIO")
 	fs.StringVar(&c.debugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
 	fs.fromEnv("debug-listen", "QUOTAFLOW_DEBUG_LISTEN")
+	c.admin.register(fs)
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -103,7 +108,11 @@ func runChecker(ctx context.Context, args []string, getenv func(string) string, 
 reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz, all on one port.
 Buckets live in Redis; the rules file is validated at start and any problem stops the start.
 With --nats-url every decision is published to the QUOTAFLOW_DECISIONS stream (spooled on disk
-while NATS is unreachable); on SIGTERM the queue and the spool are drained first.`, stderr)
+while NATS is unreachable; on SIGTERM the queue and the spool are drained first), and the rules,
+tiers, users and overrides come from the rule store in NATS KV (seeded from --rules when empty),
+watched so that every change is enforced within a fraction of a second. The admin REST API under
+/api/v1 (rules, tiers, overrides; bearer tokens from --admin-token or --admin-tokens-file)
+writes to that store.`, stderr)
 	var c checkerFlags
 	var p publishFlags
 	c.register(fs)
@@ -120,8 +129,8 @@ while NATS is unreachable); on SIGTERM the queue and the spool are drained first
 
 // validate checks the flags of a checker and returns its logger.
 func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
-	if c.rulesPath == "" {
-		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required")}
+	if c.rulesPath == "" && p.natsURL == "" {
+		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
 	}
 	if strings.ContainsAny(c.instanceID, " .*>\t\r\n") || len(c.instanceID) > 64 {
 		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", c.instanceID)}
@@ -132,15 +141,28 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	if c.traceRatio <= 0 || c.traceRatio > 1 {
 		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", c.traceRatio)}
 	}
+	if err := c.admin.validate(); err != nil {
+		return nil, usageError{err}
+	}
 	return c.logger(stderr)
 }
 
-// serveChecker runs a checker, and its publisher when p names NATS, until ctx is done; then it
-// stops taking checks and drains the decisions.
+// serveChecker runs a checker, and its publisher and rule-store watch when p names NATS, until
+// ctx is done; then it stops taking checks and drains the decisions.
 func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger) error {
-	set, err := rules.Load(c.rulesPath)
-	if err != nil {
-		return err
+	var set *rules.Set
+	var seed *rules.Document
+	if c.rulesPath != "" {
+		data, err := os.ReadFile(c.rulesPath)
+		if err != nil {
+			return fmt.Errorf("read rules file: %w", err)
+		}
+		if seed, err = rules.Decode(data); err == nil {
+			set, err = seed.Compile()
+		}
+		if err != nil {
+			return fmt.Errorf("rules file %s: %w", c.rulesPath, err)
+		}
 	}
 	rdb, err := c.redisClient()
 	if err != nil {
@@ -164,15 +186,42 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 			log.Warn("telemetry flush", "err", err)
 		}
 	}()
-	cfg := checker.Config{Redis: rdb, Rules: set, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
+	cfg := checker.Config{Redis: rdb, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
 		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio}
-	var pub *publisher.Client
+	var (
+		pub    *publisher.Client
+		source *ruleSource
+		store  *rulestore.Store
+	)
+	sourceName := "file"
 	if p.natsURL != "" {
 		nc, err := connectNATS(p.natsURL, "quotaflow checker "+instanceID, log)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+		source = &ruleSource{js: js, cfg: rulestore.Config{Replicas: p.replicas, Logger: log}, seed: seed, seedPath: c.rulesPath, log: log}
+		// The store's rules, not the file's, are enforced from the first check: the file may be
+		// older than changes made through the API.
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var storeSet *rules.Set
+		store, storeSet, err = source.open(octx)
+		cancel()
+		switch {
+		case err == nil:
+			set, sourceName = storeSet, "store"
+		case errors.Is(err, rulestore.ErrNotSeeded):
+			return err
+		case set == nil:
+			return fmt.Errorf("rule store unreachable at start and no --rules file to enforce meanwhile: %w", err)
+		default:
+			log.Warn("rule store unreachable at start; enforcing the rules file and retrying in the background", "err", err)
+		}
+		cfg.Admin = c.admin.config(&source.lazy)
 		if pub, err = publisher.New(nc, p.config(instanceID, log)); err != nil {
 			return err
 		}
@@ -181,8 +230,10 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 			return errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
 		}
 	} else {
-		log.Warn("no --nats-url: decisions are not published")
+		cfg.Admin = c.admin.config(nil)
+		log.Warn("no --nats-url: decisions are not published, rules come from the file only and the admin API is off")
 	}
+	cfg.Rules = set
 	srv := checker.New(cfg)
 	defer srv.Close()
 	ln, err := net.Listen("tcp", c.listen)
@@ -192,8 +243,9 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		}
 		return fmt.Errorf("listen: %w", err)
 	}
-	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath,
-		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID)
+	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
+		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID,
+		"admin_tokens", len(cfg.Admin.Tokens))
 	if c.debugListen != "" {
 		stop, err := serveDebug(ctx, c.debugListen, log)
 		if err != nil {
@@ -202,7 +254,12 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		}
 		defer stop()
 	}
-	err = serveHTTP(ctx, ln, withMetrics(srv.Handler(), tel), c.shutdownTimeout, log)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveHTTP(gctx, ln, withMetrics(srv.Handler(), tel), c.shutdownTimeout, log) })
+	if source != nil {
+		g.Go(func() error { return source.run(gctx, store, srv) })
+	}
+	err = g.Wait()
 	if pub != nil {
 		// No check can run any more: every decision made is in the publisher.
 		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))

@@ -43,6 +43,33 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
 	}
+	return fs.fillEnv(getenv)
+}
+
+// parseArgs is parse for commands that take n arguments, which may come before, between or
+// after the flags (quotaflow rules get ID --json).
+func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, names string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) != n {
+		return nil, usageError{fmt.Errorf("%s: want %s, got %d argument(s)", fs.Name(), names, len(pos))}
+	}
+	return pos, fs.fillEnv(getenv)
+}
+
+func (fs *flagSet) fillEnv(getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for name, variable := range fs.env {

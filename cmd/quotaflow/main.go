@@ -41,6 +41,9 @@ func commands() []command {
 		{"check", "ask a checker whether a request may go ahead", runCheck},
 		{"watch", "print the live decision stream: quotaflow watch decisions", runWatch},
 		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},
+		{"rules", "list, get, apply -f or delete the rules of the rule store (admin API)", runRules},
+		{"override", "set, list or delete temporary limit overrides (admin API)", runOverride},
+		{"tier", "set a user's tier: quotaflow tier set USER TIER (admin API)", runTier},
 	}
 }
 

@@ -79,7 +79,8 @@ export QUOTAFLOW_LISTEN="$LISTEN"
 export QUOTAFLOW_NATS_LISTEN="$NATS_LISTEN"
 export QUOTAFLOW_NATS_DIR="$DEV_DIR/nats"
 export QUOTAFLOW_SPOOL_DIR="$DEV_DIR/spool"
-./bin/quotaflow serve &
+ADMIN_TOKEN="${QUOTAFLOW_ADMIN_TOKEN:-dev-admin-token}"
+./bin/quotaflow serve --admin-token "$ADMIN_TOKEN" &
 pids+=($!)
 for _ in $(seq 100); do
   curl -fsS "http://$LISTEN/healthz" >/dev/null 2>&1 && break
@@ -90,6 +91,7 @@ cat <<MSG
 
 quotaflow dev is running (Ctrl-C stops everything):
   checker  http://$LISTEN   Connect, gRPC, gRPC-Web, GET /ratelimit/check, /healthz, /readyz
+  admin    http://$LISTEN/api/v1   token: $ADMIN_TOKEN   (rules, tiers and overrides in NATS KV)
   nats     nats://$NATS_LISTEN   JetStream stream QUOTAFLOW_DECISIONS, subjects quotaflow.decisions.> (data in $DEV_DIR/nats)
   redis    $QUOTAFLOW_REDIS_URL   (data in $DEV_DIR/redis)
   clickhouse $QUOTAFLOW_CLICKHOUSE_DSN   native protocol; clickhouse-client --port $CH_PORT (data in $DEV_DIR/clickhouse)
@@ -102,6 +104,9 @@ Try:
     -d '{"identifier":"alice","dimension":"DIMENSION_USER","endpoint":"/api/v1/orders"}'
   ./bin/quotaflow check --user alice --endpoint /api/v1/orders
   ./bin/quotaflow watch decisions          # the live decision stream
+  export QUOTAFLOW_ADMIN_TOKEN=$ADMIN_TOKEN
+  ./bin/quotaflow override set --user alice --limit 500 --duration 10m --reason demo
+  ./bin/quotaflow rules list
   clickhouse-client --port $CH_PORT -q 'SELECT tier, count() FROM quotaflow.decisions GROUP BY tier'
 
 MSG

@@ -1,0 +1,342 @@
+package checker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// The rules handlers read the store, not the enforced set, so that a write is visible to the
+// next read at once, before every checker has caught up.
+
+func (a *admin) getRules(r *http.Request, _ caller) (int, any, error) {
+	set, err := a.store.Current(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, set.Document(), nil
+}
+
+// applyRules replaces the whole configuration (quotaflow rules apply -f).
+func (a *admin) applyRules(r *http.Request, c caller) (int, any, error) {
+	var doc rules.Document
+	if err := decodeBody(r, &doc); err != nil {
+		return 0, nil, err
+	}
+	if err := a.store.Apply(r.Context(), &doc); err != nil {
+		return 0, nil, err
+	}
+	a.s.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users))
+	return http.StatusOK, map[string]int{"rules": len(doc.Rules), "users": len(doc.Users)}, nil
+}
+
+func (a *admin) getRule(r *http.Request, _ caller) (int, any, error) {
+	set, err := a.store.Current(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	id := r.PathValue("rule_id")
+	for _, dr := range set.Document().Rules {
+		if dr.ID == id {
+			return http.StatusOK, dr, nil
+		}
+	}
+	return 0, nil, notFound("no rule has id %q", id)
+}
+
+func (a *admin) createRule(r *http.Request, c caller) (int, any, error) {
+	var dr rules.DocRule
+	if err := decodeBody(r, &dr); err != nil {
+		return 0, nil, err
+	}
+	if dr.ID == "" {
+		return 0, nil, badField("id", "required")
+	}
+	set, err := a.store.Current(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, ok := set.Rule(dr.ID); ok {
+		return 0, nil, &apiErr{status: http.StatusConflict, code: "already_exists", field: "id",
+			msg: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
+	}
+	return a.writeRule(r, c, dr)
+}
+
+func (a *admin) putRule(r *http.Request, c caller) (int, any, error) {
+	var dr rules.DocRule
+	if err := decodeBody(r, &dr); err != nil {
+		return 0, nil, err
+	}
+	id := r.PathValue("rule_id")
+	switch dr.ID {
+	case "":
+		dr.ID = id
+	case id:
+	default:
+		return 0, nil, badField("id", "%q differs from the id in the path (%q)", dr.ID, id)
+	}
+	return a.writeRule(r, c, dr)
+}
+
+func (a *admin) writeRule(r *http.Request, c caller, dr rules.DocRule) (int, any, error) {
+	created, err := a.store.PutRule(r.Context(), dr)
+	if err != nil {
+		return 0, nil, err
+	}
+	status, verb := http.StatusOK, "replaced"
+	if created {
+		status, verb = http.StatusCreated, "created"
+	}
+	a.s.log.Info("admin: rule "+verb, "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
+	return status, dr, nil
+}
+
+func (a *admin) deleteRule(r *http.Request, c caller) (int, any, error) {
+	id := r.PathValue("rule_id")
+	if err := a.store.DeleteRule(r.Context(), id); err != nil {
+		return 0, nil, err
+	}
+	a.s.log.Info("admin: rule deleted", "token", c.Name, "rule", id)
+	return http.StatusNoContent, nil, nil
+}
+
+func (a *admin) setTier(r *http.Request, c caller) (int, any, error) {
+	var body struct {
+		Tier string `json:"tier"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	set, err := a.store.Current(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	if !set.HasTier(body.Tier) {
+		return 0, nil, badField("tier", "%q is not a configured tier", body.Tier)
+	}
+	user := r.PathValue("user_id")
+	if err := a.store.SetUserTier(r.Context(), user, body.Tier); err != nil {
+		return 0, nil, err
+	}
+	a.s.log.Info("admin: user tier set", "token", c.Name, "user", user, "tier", body.Tier)
+	return http.StatusOK, map[string]string{"user_id": user, "tier": body.Tier}, nil
+}
+
+// overrideBody is an override as the API takes it.
+type overrideBody struct {
+	ID         string  `json:"id"`
+	Dimension  string  `json:"dimension"`
+	Identifier string  `json:"identifier"`
+	Tier       string  `json:"tier"`
+	RuleID     string  `json:"rule_id"`
+	Limit      int64   `json:"limit"`
+	Multiplier float64 `json:"multiplier"`
+	Duration   string  `json:"duration"`
+	Reason     string  `json:"reason"`
+}
+
+// userOverride is POST /users/{user_id}/override: an override of one user.
+func (a *admin) userOverride(r *http.Request, c caller) (int, any, error) {
+	var body struct {
+		ID         string  `json:"id"`
+		RuleID     string  `json:"rule_id"`
+		Limit      int64   `json:"limit"`
+		Multiplier float64 `json:"multiplier"`
+		Duration   string  `json:"duration"`
+		Reason     string  `json:"reason"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	return a.putOverride(r, c, overrideBody{ID: body.ID, Dimension: "user", Identifier: r.PathValue("user_id"),
+		RuleID: body.RuleID, Limit: body.Limit, Multiplier: body.Multiplier, Duration: body.Duration, Reason: body.Reason})
+}
+
+// createOverride is POST /overrides: an override of a subject, a tier or a rule.
+func (a *admin) createOverride(r *http.Request, c caller) (int, any, error) {
+	var body overrideBody
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	return a.putOverride(r, c, body)
+}
+
+func (a *admin) putOverride(r *http.Request, c caller, b overrideBody) (int, any, error) {
+	if b.Duration == "" {
+		return 0, nil, badField("duration", "required: a positive Go duration such as 10m or 24h")
+	}
+	d, err := time.ParseDuration(b.Duration)
+	if err != nil || d <= 0 {
+		return 0, nil, badField("duration", "want a positive Go duration such as 10m or 24h, got %q", b.Duration)
+	}
+	if b.ID == "" {
+		b.ID = newOverrideID()
+	}
+	now := time.Now().UTC()
+	o := rules.Override{ID: b.ID, Dimension: b.Dimension, Identifier: b.Identifier, Tier: b.Tier, RuleID: b.RuleID,
+		Limit: b.Limit, Multiplier: b.Multiplier, Reason: b.Reason, Creator: c.Name, Source: "admin",
+		CreatedAt: now, ExpiresAt: now.Add(d)}
+	if err := a.store.PutOverride(r.Context(), o); err != nil {
+		return 0, nil, err
+	}
+	a.s.log.Info("admin: override created", "token", c.Name, "override", o.ID, "target", o.Target(),
+		"dimension", o.Dimension, "identifier", o.Identifier, "tier", o.Tier, "rule", o.RuleID,
+		"limit", o.Limit, "multiplier", o.Multiplier, "expires", o.ExpiresAt, "reason", o.Reason)
+	return http.StatusCreated, o, nil
+}
+
+func newOverrideID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "ovr-" + hex.EncodeToString(b[:])
+}
+
+func (a *admin) listOverrides(r *http.Request, _ caller) (int, any, error) {
+	ovs, err := a.store.Overrides(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	if ovs == nil {
+		ovs = []rules.Override{}
+	}
+	return http.StatusOK, map[string]any{"overrides": ovs}, nil
+}
+
+func (a *admin) deleteOverride(r *http.Request, c caller) (int, any, error) {
+	id := r.PathValue("id")
+	if err := a.store.DeleteOverride(r.Context(), id, c.Name); err != nil {
+		return 0, nil, err
+	}
+	a.s.log.Info("admin: override deleted", "token", c.Name, "override", id)
+	return http.StatusNoContent, nil, nil
+}
+
+// userLimits is the answer of GET /users/{user_id}/limits.
+type userLimits struct {
+	UserID string      `json:"user_id"`
+	Tier   string      `json:"tier"`
+	Limits []userLimit `json:"limits"`
+	// QuotaError says why remaining quotas are missing (Redis unreachable).
+	QuotaError string `json:"quota_error,omitempty"`
+}
+
+// userLimit is one rule as it applies to the user now.
+type userLimit struct {
+	RuleID      string           `json:"rule_id"`
+	Endpoint    string           `json:"endpoint"`
+	Algorithm   string           `json:"algorithm"`
+	Window      string           `json:"window"`
+	WindowMs    int64            `json:"window_ms"`
+	Shadow      bool             `json:"shadow,omitempty"`
+	BaseLimit   int64            `json:"base_limit"`
+	CustomLimit int64            `json:"custom_limit,omitempty"`
+	Limit       int64            `json:"limit"`
+	Burst       int64            `json:"burst"`
+	Overrides   []rules.Override `json:"overrides,omitempty"`
+	Used        *int64           `json:"used,omitempty"`
+	Remaining   *int64           `json:"remaining,omitempty"`
+	ResetAt     *time.Time       `json:"reset_at,omitempty"`
+}
+
+// userLimits lists the user's rules with their effective limits as this checker enforces them
+// (its watched set, overrides applied) and the remaining quota of each, peeked from Redis.
+func (a *admin) userLimits(r *http.Request, _ caller) (int, any, error) {
+	set := a.s.rules.Load()
+	if set == nil {
+		return 0, nil, errNoRules
+	}
+	user := r.PathValue("user_id")
+	if user == "" || len(user) > MaxIdentifierLen {
+		return 0, nil, badField("user_id", "must be 1 to %d bytes", MaxIdentifierLen)
+	}
+	tier := set.TierOf(user)
+	u, _ := set.User(user)
+	now := time.Now()
+	out := userLimits{UserID: user, Tier: tier, Limits: []userLimit{}}
+	tag := subjectTag(rules.DimensionUser, user)
+	var peek bucket.Request
+	for _, rule := range applyingRules(set, tier) {
+		lim := set.Effective(rule, limitKey(tag, rule), rules.DimensionUser, user, tier, u.Limits[rule.ID], now)
+		out.Limits = append(out.Limits, userLimit{
+			RuleID: rule.ID, Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
+			Window: rule.Window.String(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
+			BaseLimit: rule.Limit, CustomLimit: u.Limits[rule.ID], Limit: lim.Limit, Burst: lim.Capacity(),
+			Overrides: applyingOverrides(set, rule, user, tier, now),
+		})
+		peek.Limits = append(peek.Limits, lim)
+	}
+	if len(peek.Limits) == 0 {
+		return http.StatusOK, out, nil
+	}
+	peek.Cost, peek.Peek = 1, true
+	if a.s.redisDown.Load() {
+		out.QuotaError = errRedisDown.Error()
+		return http.StatusOK, out, nil
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.s.timeout)
+	results, err := a.s.store.Check(ctx, []bucket.Request{peek})
+	cancel()
+	if err != nil {
+		if redisUnavailable(err) {
+			a.s.markRedisDown(err)
+		}
+		out.QuotaError = "remaining quota unknown: " + err.Error()
+		return http.StatusOK, out, nil
+	}
+	for i, lr := range results[0].Limits {
+		l := &out.Limits[i]
+		l.Used, l.Remaining = &lr.Used, &lr.Remaining
+		reset := lr.ResetAt.UTC()
+		l.ResetAt = &reset
+	}
+	return http.StatusOK, out, nil
+}
+
+// applyingRules are the user-dimension rules of tier: at one endpoint pattern, rules naming the
+// tier replace rules naming none (as Set.Match does).
+func applyingRules(set *rules.Set, tier string) []*rules.Rule {
+	all := set.Rules()
+	tiered := map[string]bool{}
+	for i := range all {
+		if r := &all[i]; r.Dimension == rules.DimensionUser && r.Tier == tier {
+			tiered[r.Endpoint] = true
+		}
+	}
+	var out []*rules.Rule
+	for i := range all {
+		r := &all[i]
+		if r.Dimension == rules.DimensionUser && (r.Tier == tier || r.Tier == "" && !tiered[r.Endpoint]) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// applyingOverrides are the unexpired overrides that reach rule for the user: the user's own,
+// the tier's and the rule's, each unless narrowed to another rule.
+func applyingOverrides(set *rules.Set, rule *rules.Rule, user, tier string, now time.Time) []rules.Override {
+	var out []rules.Override
+	for _, o := range set.Overrides() {
+		if !o.ExpiresAt.After(now) || set.ValidateOverride(&o) != nil || o.RuleID != "" && o.RuleID != rule.ID {
+			continue
+		}
+		switch o.Target() {
+		case "subject":
+			if o.Dimension != "user" || o.Identifier != user {
+				continue
+			}
+		case "tier":
+			if o.Tier != tier {
+				continue
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}

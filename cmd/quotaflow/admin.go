@@ -1,0 +1,432 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// The admin commands talk to a checker's admin REST API (/api/v1).
+
+// adminClient calls the admin API with a bearer token.
+type adminClient struct {
+	target, token string
+	http          *http.Client
+}
+
+// registerAdminClient adds the flags every admin command shares.
+func registerAdminClient(fs *flagSet) *adminClient {
+	c := &adminClient{}
+	var timeout time.Duration
+	fs.StringVar(&c.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
+	fs.fromEnv("target", "QUOTAFLOW_TARGET")
+	fs.StringVar(&c.token, "token", "", "admin API bearer `token`")
+	fs.fromEnv("token", "QUOTAFLOW_ADMIN_TOKEN")
+	fs.DurationVar(&timeout, "timeout", 10*time.Second, "deadline of the call")
+	c.http = &http.Client{Transport: timeoutTransport{&timeout}}
+	return c
+}
+
+// timeoutTransport applies the --timeout flag, read at call time (after parsing).
+type timeoutTransport struct{ d *time.Duration }
+
+func (t timeoutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), *t.d)
+	resp, err := http.DefaultTransport.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
+	return resp, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error { err := c.ReadCloser.Close(); c.cancel(); return err }
+
+// apiError is an error answered by the admin API.
+type apiError struct {
+	Status   int      `json:"-"`
+	Code     string   `json:"error"`
+	Field    string   `json:"field"`
+	Message  string   `json:"message"`
+	Problems []string `json:"problems"`
+}
+
+func (e *apiError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (HTTP %d %s", e.Message, e.Status, e.Code)
+	if e.Field != "" {
+		fmt.Fprintf(&b, ", field %s", e.Field)
+	}
+	b.WriteString(")")
+	// A single problem is the message already.
+	if len(e.Problems) > 1 {
+		for _, p := range e.Problems {
+			b.WriteString("\n  " + p)
+		}
+	}
+	return b.String()
+}
+
+// do sends body (JSON) and decodes the answer into out (when not nil).
+func (c *adminClient) do(ctx context.Context, method, path string, body, out any) error {
+	if c.token == "" {
+		return usageError{errors.New("--token (or QUOTAFLOW_ADMIN_TOKEN) is required: the admin API needs a bearer token")}
+	}
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.target, "/")+path, rd)
+	if err != nil {
+		return usageError{fmt.Errorf("--target: %w", err)}
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		ae := &apiError{Status: resp.StatusCode}
+		if json.Unmarshal(data, ae) != nil || ae.Message == "" {
+			return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(data))
+		}
+		return ae
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// subcommand dispatches "quotaflow <group> <verb> ...".
+func subcommand(ctx context.Context, group string, verbs map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error,
+	help string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintf(stdout, "Usage:\n%s\nRun quotaflow %s <verb> --help for a verb's flags.\n", help, group)
+		if len(args) == 0 {
+			return usageError{fmt.Errorf("%s: name a verb", group)}
+		}
+		return nil
+	}
+	run, ok := verbs[args[0]]
+	if !ok {
+		return usageError{fmt.Errorf("%s: unknown verb %q\nUsage:\n%s", group, args[0], help)}
+	}
+	return run(ctx, args[1:], getenv, stdout, stderr)
+}
+
+const rulesHelp = `  quotaflow rules list              the rules of the rule store
+  quotaflow rules get ID            one rule, as YAML
+  quotaflow rules apply -f FILE     replace rules, tiers, users and policies with a rules file
+  quotaflow rules delete ID         remove a rule (refused while a user's limit names it)
+`
+
+func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "rules", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": rulesDelete,
+	}, rulesHelp, args, getenv, stdout, stderr)
+}
+
+func rulesList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules list", "Lists the rules of the rule store through a checker's admin API.", stderr)
+	c := registerAdminClient(fs)
+	asJSON := fs.Bool("json", false, "print the whole rules document as JSON")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/api/v1/rules", nil, &raw); err != nil {
+		return err
+	}
+	if *asJSON {
+		var b bytes.Buffer
+		json.Indent(&b, raw, "", "  ")
+		fmt.Fprintln(stdout, b.String())
+		return nil
+	}
+	var doc rules.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("decode rules: %w", err)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tDIMENSION\tENDPOINT\tTIER\tALGORITHM\tLIMIT\tWINDOW\tBURST\tFLAGS")
+	for _, r := range doc.Rules {
+		var flags []string
+		if r.Shadow == "true" {
+			flags = append(flags, "shadow")
+		}
+		if r.FailMode != "" {
+			flags = append(flags, "fail_mode="+r.FailMode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Dimension, r.Endpoint, dash(r.Tier), r.Algorithm,
+			r.Limit, r.Window, dash(string(r.Burst)), dash(strings.Join(flags, ",")))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules get", "Prints one rule (argument: its id) as YAML, as a rules file writes it.", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/api/v1/rules/"+url.PathEscape(pos[0]), nil, &raw); err != nil {
+		return err
+	}
+	// JSON is YAML: read as a node tree it keeps the fields' order and numbers as numbers
+	// (rules.Scalar would encode them quoted); dropping the styles prints block YAML.
+	var n yaml.Node
+	if err := yaml.Unmarshal(raw, &n); err != nil {
+		return fmt.Errorf("decode rule: %w", err)
+	}
+	plainStyle(&n)
+	return yaml.NewEncoder(stdout).Encode(&n)
+}
+
+func plainStyle(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		plainStyle(c)
+	}
+}
+
+func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules apply", `Replaces the rule store's whole configuration (rules, tiers, users, warnings, policies) with a
+rules file; overrides stay. The checker validates it as a whole: a file with any problem
+changes nothing. Every checker enforces the new rules within a fraction of a second.`, stderr)
+	c := registerAdminClient(fs)
+	file := fs.String("f", "", "rules `file` (YAML or JSON; required)")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if *file == "" {
+		return usageError{errors.New("rules apply: -f FILE is required")}
+	}
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return fmt.Errorf("read rules file: %w", err)
+	}
+	doc, err := rules.Decode(data)
+	if err != nil {
+		return fmt.Errorf("rules file %s: %w", *file, err)
+	}
+	var out struct{ Rules, Users int }
+	if err := c.do(ctx, http.MethodPut, "/api/v1/rules", doc, &out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %s: %d rules, %d users\n", *file, out.Rules, out.Users)
+	return nil
+}
+
+func rulesDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules delete", "Removes one rule (argument: its id).", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
+	if err != nil {
+		return err
+	}
+	if err := c.do(ctx, http.MethodDelete, "/api/v1/rules/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
+	return nil
+}
+
+const overrideHelp = `  quotaflow override set [--user ID|--ip IP|--api-key KEY|--tier T] [--rule RULE] (--limit N|--multiplier F) --duration D --reason TEXT
+  quotaflow override list
+  quotaflow override delete ID
+`
+
+func runOverride(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "override", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+		"set": overrideSet, "list": overrideList, "delete": overrideDelete,
+	}, overrideHelp, args, getenv, stdout, stderr)
+}
+
+func overrideSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override set", `Changes a limit for a while: a subject's (--user, --ip, --api-key), a tier's (--tier) or, with
+--rule alone, one rule's for everyone. --rule narrows a subject's or tier's override to that
+rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 raised to 200 leaves
+110); --multiplier scales it. The override vanishes by itself after --duration.`, stderr)
+	c := registerAdminClient(fs)
+	var (
+		user, ip, apiKey, tier, rule, reason, id string
+		limit                                    int64
+		mult                                     float64
+		duration                                 time.Duration
+	)
+	fs.StringVar(&user, "user", "", "user id to override")
+	fs.StringVar(&ip, "ip", "", "client IP to override")
+	fs.StringVar(&apiKey, "api-key", "", "API key to override")
+	fs.StringVar(&apiKey, "apikey", "", "same as --api-key")
+	fs.StringVar(&tier, "tier", "", "tier to override")
+	fs.StringVar(&rule, "rule", "", "rule `id` the override applies to (default: every rule of the target)")
+	fs.Int64Var(&limit, "limit", 0, "new limit")
+	fs.Float64Var(&mult, "multiplier", 0, "factor applied to the limit, e.g. 2 or 0.5")
+	fs.DurationVar(&duration, "duration", 0, "how long the override lasts, e.g. 30m or 24h (required)")
+	fs.StringVar(&reason, "reason", "", "why, for the audit (required)")
+	fs.StringVar(&id, "id", "", "override `id` (default: a random one)")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	body := map[string]any{"reason": reason, "duration": duration.String()}
+	if duration == 0 {
+		return usageError{errors.New("override set: --duration is required")}
+	}
+	targets := 0
+	for _, s := range []struct{ dim, id string }{{"user", user}, {"ip", ip}, {"apikey", apiKey}} {
+		if s.id != "" {
+			body["dimension"], body["identifier"] = s.dim, s.id
+			targets++
+		}
+	}
+	if tier != "" {
+		body["tier"] = tier
+		targets++
+	}
+	if targets > 1 {
+		return usageError{errors.New("override set: name one target: --user, --ip, --api-key or --tier")}
+	}
+	if targets == 0 && rule == "" {
+		return usageError{errors.New("override set: name a target (--user, --ip, --api-key, --tier) or a --rule")}
+	}
+	for k, v := range map[string]any{"rule_id": rule, "id": id} {
+		if v != "" {
+			body[k] = v
+		}
+	}
+	if limit != 0 {
+		body["limit"] = limit
+	}
+	if mult != 0 {
+		body["multiplier"] = mult
+	}
+	var o rules.Override
+	if err := c.do(ctx, http.MethodPost, "/api/v1/overrides", body, &o); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "override %s: %s %s until %s\n", o.ID, overrideTarget(&o), overrideChange(&o), o.ExpiresAt.Local().Format(time.RFC3339))
+	return nil
+}
+
+func overrideTarget(o *rules.Override) string {
+	var t string
+	switch o.Target() {
+	case "subject":
+		t = o.Dimension + ":" + o.Identifier
+	case "tier":
+		t = "tier:" + o.Tier
+	default:
+		return "rule:" + o.RuleID
+	}
+	if o.RuleID != "" {
+		t += " rule:" + o.RuleID
+	}
+	return t
+}
+
+func overrideChange(o *rules.Override) string {
+	if o.Multiplier != 0 {
+		return "limit×" + strconv.FormatFloat(o.Multiplier, 'g', -1, 64)
+	}
+	return "limit=" + strconv.FormatInt(o.Limit, 10)
+}
+
+func overrideList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override list", "Lists the overrides not yet expired.", stderr)
+	c := registerAdminClient(fs)
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	var out struct{ Overrides []rules.Override }
+	if err := c.do(ctx, http.MethodGet, "/api/v1/overrides", nil, &out); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTARGET\tCHANGE\tEXPIRES\tLEFT\tSOURCE\tCREATOR\tREASON")
+	for _, o := range out.Overrides {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, overrideTarget(&o), overrideChange(&o),
+			o.ExpiresAt.Local().Format(time.RFC3339), time.Until(o.ExpiresAt).Round(time.Second), o.Source, o.Creator, o.Reason)
+	}
+	return tw.Flush()
+}
+
+func overrideDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override delete", "Removes an override (argument: its id) before its expiry.", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "an override id")
+	if err != nil {
+		return err
+	}
+	if err := c.do(ctx, http.MethodDelete, "/api/v1/overrides/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "deleted override %s\n", pos[0])
+	return nil
+}
+
+const tierHelp = `  quotaflow tier set USER TIER      move a user to a tier (what the user consumed is kept)
+`
+
+func runTier(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "tier", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+		"set": tierSet,
+	}, tierHelp, args, getenv, stdout, stderr)
+}
+
+func tierSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("tier set", "Sets a user's tier (arguments: USER TIER), keeping the user's custom limits.", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 2, "USER and TIER")
+	if err != nil {
+		return err
+	}
+	if err := c.do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(pos[0])+"/tier", map[string]string{"tier": pos[1]}, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "user %s is on tier %s\n", pos[0], pos[1])
+	return nil
+}
