@@ -24,6 +24,7 @@ import (
 type ConfigStore interface {
 	Current(ctx context.Context) (*rules.Set, error)
 	Apply(ctx context.Context, doc *rules.Document) error
+	CreateRule(ctx context.Context, rule rules.DocRule) error
 	PutRule(ctx context.Context, rule rules.DocRule) (created bool, err error)
 	DeleteRule(ctx context.Context, id string) error
 	SetUserTier(ctx context.Context, userID, tier string) error

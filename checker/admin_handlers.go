@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
@@ -57,15 +59,16 @@ func (a *admin) createRule(r *http.Request, c caller) (int, any, error) {
 	if dr.ID == "" {
 		return 0, nil, badField("id", "required")
 	}
-	set, err := a.store.Current(r.Context())
-	if err != nil {
-		return 0, nil, err
-	}
-	if _, ok := set.Rule(dr.ID); ok {
+	// Created only if the id is free when the store writes: two admins creating one id never
+	// replace each other's rule.
+	if err := a.store.CreateRule(r.Context(), dr); errors.Is(err, rulestore.ErrExists) {
 		return 0, nil, &apiErr{status: http.StatusConflict, code: "already_exists", field: "id",
 			msg: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
+	} else if err != nil {
+		return 0, nil, err
 	}
-	return a.writeRule(r, c, dr)
+	a.s.log.Info("admin: rule created", "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
+	return http.StatusCreated, dr, nil
 }
 
 func (a *admin) putRule(r *http.Request, c caller) (int, any, error) {

@@ -13,8 +13,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// ErrExists is an override id already in use.
-var ErrExists = errors.New("already exists")
 
 // PutOverride validates o against the current configuration and stores it until its expiry,
 // then publishes its "created" event. An id in use is refused with ErrExists, so that an

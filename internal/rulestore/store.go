@@ -36,6 +36,9 @@ const (
 // ErrNotFound is a rule, user or override that does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrExists is a rule or override id already in use.
+var ErrExists = errors.New("already exists")
+
 // ErrNotSeeded is a store whose configuration bucket holds no rules document yet.
 var ErrNotSeeded = errors.New("the rule store holds no rules yet: start a checker with --rules, or run quotaflow rules apply -f FILE")
 
@@ -285,6 +288,19 @@ func (s *Store) PutRule(ctx context.Context, rule rules.DocRule) (created bool, 
 		return nil
 	})
 	return created, err
+}
+
+// CreateRule adds rule; an id in use is refused with ErrExists.
+func (s *Store) CreateRule(ctx context.Context, rule rules.DocRule) error {
+	return s.updateDoc(ctx, func(d *rules.Document) error {
+		for i := range d.Rules {
+			if d.Rules[i].ID == rule.ID {
+				return fmt.Errorf("rule %q: %w", rule.ID, ErrExists)
+			}
+		}
+		d.Rules = append(d.Rules, rule)
+		return nil
+	})
 }
 
 // DeleteRule removes the rule with the given id.

@@ -107,6 +107,9 @@ func TestSeedAndWrites(t *testing.T) {
 			t.Errorf("%s: err = %v, want a ValidationError", b.name, err)
 		}
 	}
+	if err := s.CreateRule(ctx, rules.DocRule{ID: "ip-sec", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "9", Window: "1s"}); !errors.Is(err, ErrExists) {
+		t.Errorf("CreateRule of a used id = %v, want ErrExists", err)
+	}
 	if err := s.DeleteRule(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("DeleteRule(nope) = %v, want ErrNotFound", err)
 	}
