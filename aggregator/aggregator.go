@@ -13,6 +13,12 @@
 // sequence up there and skips (and acks) what is stored; it acks the others only after
 // ClickHouse accepted their insert. On current servers inserts also carry
 // insert_deduplication_token. docs/aggregator.md has the whole argument and its limits.
+//
+// Each partition's owner also runs the warning-state machine of the partition's subjects
+// (warnings.go): it publishes every transition to the events stream with a deterministic id
+// and keeps the states in the KV bucket <stream>_WARNINGS, so that a restart or a successor
+// neither repeats nor misses a transition. All aggregators store the events stream in
+// ClickHouse (events.go). docs/warnings.md has the argument.
 package aggregator
 
 import (
@@ -20,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +37,8 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -64,6 +73,18 @@ type Config struct {
 	MaxBackoff time.Duration
 	// RetentionInterval is how often the retention job runs (1h); negative disables it.
 	RetentionInterval time.Duration
+	// Rules returns the current rule set, whose warning thresholds the warning states follow
+	// (rules.DefaultThresholds when Rules or what it returns is nil).
+	Rules func() *rules.Set
+	// WarningGrace is how long past a warning timer's instant (event time) the wall clock must
+	// be before the timer fires without traffic (1s): decisions of that instant still in
+	// flight are applied first.
+	WarningGrace time.Duration
+	// EventsConsumer is the durable consumer, shared by all aggregators, that stores the
+	// events stream (warning transitions, override changes) in ClickHouse
+	// ("quotaflow-aggregator-events"). EventsSubjects are its subjects (all events).
+	EventsConsumer string
+	EventsSubjects []string
 	// Logger receives the component's logs (discarded when nil).
 	Logger *slog.Logger
 	// Meter records metrics (none when nil).
@@ -77,6 +98,8 @@ const (
 	DefaultPartitions    = 16
 	// PriorityGroup is the consumers' pinned priority group.
 	PriorityGroup = "aggregators"
+	// DefaultEventsConsumer is the events stream's durable consumer.
+	DefaultEventsConsumer = "quotaflow-aggregator-events"
 )
 
 func (c Config) withDefaults() Config {
@@ -113,6 +136,13 @@ func (c Config) withDefaults() Config {
 	def(&c.AckWait, 30*time.Second)
 	def(&c.MaxBackoff, 5*time.Second)
 	def(&c.RetentionInterval, time.Hour)
+	def(&c.WarningGrace, time.Second)
+	if c.EventsConsumer == "" {
+		c.EventsConsumer = DefaultEventsConsumer
+	}
+	if len(c.EventsSubjects) == 0 {
+		c.EventsSubjects = []string{events.WarningsPrefix + ".>", events.OverridesPrefix + ".>"}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -128,12 +158,14 @@ func (c Config) validate() error {
 		return fmt.Errorf("partitions %d: want 1..1024", c.Partitions)
 	case c.BatchRows < 1:
 		return fmt.Errorf("batch rows %d: want at least 1", c.BatchRows)
-	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0:
+	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0 || c.WarningGrace < 0:
 		return errors.New("durations must not be negative")
 	case c.AckWait <= c.FlushInterval+c.InsertTimeout:
 		return fmt.Errorf("ack wait %v must exceed the flush interval plus the insert timeout (%v)", c.AckWait, c.FlushInterval+c.InsertTimeout)
 	case c.PinnedTTL <= c.InsertTimeout:
 		return fmt.Errorf("pinned TTL %v must exceed the insert timeout %v", c.PinnedTTL, c.InsertTimeout)
+	case !validKey(c.EventsConsumer) || strings.Contains(c.EventsConsumer, "."):
+		return fmt.Errorf("events consumer %q: want letters, digits, '-', '_', '='", c.EventsConsumer)
 	case !validKey(c.InstanceID):
 		return fmt.Errorf("instance id %q: want letters, digits, '-', '_', '=', '.'", c.InstanceID)
 	}
@@ -150,6 +182,9 @@ type Stats struct {
 	// Lag is the decisions' messages not yet delivered on the owned partitions' consumers, as
 	// last measured.
 	Lag int64
+	// Transitions are the warning-state transitions this process published (copies the stream
+	// dropped as duplicates not counted); EventsStored the events it stored in ClickHouse.
+	Transitions, EventsStored int64
 }
 
 // Aggregator consumes decision partitions into ClickHouse.
@@ -167,7 +202,9 @@ type Aggregator struct {
 	mu    sync.Mutex
 	owned map[int]*partition // partitions being consumed
 
-	inserted, skipped, inserts, clickhouseErrors, lag atomic.Int64
+	warnKV jetstream.KeyValue
+
+	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored atomic.Int64
 }
 
 // New returns an Aggregator reading stream messages with js and writing with ch.
@@ -201,7 +238,16 @@ func (a *Aggregator) Stats() Stats {
 	return Stats{
 		Inserted: a.inserted.Load(), Skipped: a.skipped.Load(), Inserts: a.inserts.Load(),
 		ClickHouseErrors: a.clickhouseErrors.Load(), Owned: owned, Lag: a.lag.Load(),
+		Transitions: a.transitions.Load(), EventsStored: a.eventsStored.Load(),
 	}
+}
+
+// rules returns the current rule set, nil without one.
+func (a *Aggregator) rules() *rules.Set {
+	if a.cfg.Rules == nil {
+		return nil
+	}
+	return a.cfg.Rules()
 }
 
 // InstanceID is this aggregator's name among its peers.
@@ -223,6 +269,14 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("members bucket: %w", err)
 	}
+	if a.warnKV, err = a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: a.warningsBucket(), Description: "quotaflow warning states per partition, subject and rule", History: 1,
+	}); err != nil {
+		return fmt.Errorf("warnings bucket: %w", err)
+	}
+	if err := a.ensureEventsStream(ctx); err != nil {
+		return err
+	}
 	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWriter()
 	writerDone := make(chan error, 1)
@@ -231,6 +285,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.membershipLoop(gctx, members) })
 	g.Go(func() error { a.lagLoop(gctx); return nil })
+	g.Go(func() error { a.eventsLoop(gctx); return nil })
 	if a.cfg.RetentionInterval > 0 {
 		g.Go(func() error { a.retentionLoop(gctx); return nil })
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -55,6 +56,7 @@ type env struct {
 	seq    atomic.Int64 // decisions published
 	mu     sync.Mutex
 	ids    int
+	tier   string // the tier of this test's warning events
 }
 
 func newEnv(t tb) *env {
@@ -74,7 +76,7 @@ func newEnv(t tb) *env {
 	}
 	t.Cleanup(func() { ch.Close() })
 	n := dbSeq.Add(1)
-	e := &env{t: t, js: js, ch: ch, stream: fmt.Sprintf("AGGTEST_%d", n), prefix: fmt.Sprintf("aggtest.%d", n), db: fmt.Sprintf("aggtest_%d_%d", os.Getpid(), n)}
+	e := &env{t: t, js: js, ch: ch, stream: fmt.Sprintf("AGGTEST_%d", n), prefix: fmt.Sprintf("aggtest.%d", n), db: fmt.Sprintf("aggtest_%d_%d", os.Getpid(), n), tier: fmt.Sprintf("wt%d_%d", os.Getpid(), n)}
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: e.stream, Subjects: []string{e.prefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: time.Minute,
 	}); err != nil {
@@ -89,6 +91,9 @@ func (e *env) config(id string) aggregator.Config {
 		InstanceID: id, FlushInterval: 50 * time.Millisecond, InsertTimeout: time.Second,
 		PinnedTTL: 2 * time.Second, AckWait: 3 * time.Second, Heartbeat: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		RetentionInterval: -1, BatchRows: 2000, Logger: testLogger(id),
+		// Each test stores only its own events: its tier's warnings.
+		EventsConsumer: "events-" + e.stream, EventsSubjects: []string{events.WarningsPrefix + "." + e.tier + ".>"},
+		WarningGrace: 100 * time.Millisecond,
 	}
 }
 
@@ -122,7 +127,10 @@ func (e *env) startWith(cfg aggregator.Config) (*aggregator.Aggregator, func()) 
 
 // publish puts n decisions on the stream in batches of size per message, spread over the
 // partitions, each message with a Nats-Msg-Id as the publisher sends.
-func (e *env) publish(n, size int) {
+func (e *env) publish(n, size int) { e.publishEdited(n, size, nil) }
+
+// publishEdited is publish with edit applied to every decision before it is sent.
+func (e *env) publishEdited(n, size int, edit func(*quotaflowv1.Decision)) {
 	e.t.Helper()
 	ctx := context.Background()
 	for sent := 0; sent < n; {
@@ -142,6 +150,11 @@ func (e *env) publish(n, size int) {
 				Cost: 1, Allowed: id%3 != 0, Limit: 10, State: quotaflowv1.State_STATE_NORMAL,
 				Limits: []*quotaflowv1.LimitStatus{{RuleId: "r1", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Limit: 10, Allowed: id%3 != 0}},
 			})
+		}
+		if edit != nil {
+			for _, d := range b.Decisions {
+				edit(d)
+			}
 		}
 		data, err := proto.Marshal(&b)
 		if err != nil {

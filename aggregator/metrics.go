@@ -12,6 +12,7 @@ import (
 
 type instruments struct {
 	inserted, skipped, clickhouseErrors metric.Int64Counter
+	transitions, eventsStored           metric.Int64Counter
 	insertDuration                      metric.Float64Histogram
 }
 
@@ -28,6 +29,14 @@ func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
 	}
 	if in.clickhouseErrors, err = m.Int64Counter("quotaflow.aggregator.clickhouse.errors",
 		metric.WithDescription("Failed ClickHouse inserts and lookups (each is retried).")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if in.transitions, err = m.Int64Counter("quotaflow.aggregator.warning.transitions",
+		metric.WithDescription("Warning-state transitions published (attributes from and to); a copy the events stream dropped as a duplicate is not counted.")); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if in.eventsStored, err = m.Int64Counter("quotaflow.aggregator.events.stored",
+		metric.WithDescription("Events stored in ClickHouse (attribute kind: warning or override).")); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if in.insertDuration, err = m.Float64Histogram("quotaflow.aggregator.insert.duration",

@@ -47,8 +47,20 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 			return
 		}
 	}
+	// The partition's warning states are this goroutine's alone: decisions and timers take
+	// turns, so no lock is needed.
+	w := a.startWarnings(ctx, pt, cons)
+	if w == nil {
+		return
+	}
 	var items []item
+	caughtUp := false
 	for ctx.Err() == nil {
+		// Timers fire only when the partition is caught up (the last fetch was not full), not
+		// ahead of a backlog of earlier decisions.
+		if caughtUp && !a.tickWarnings(ctx, w) {
+			return
+		}
 		batch, err := cons.Fetch(a.cfg.FetchBatch, jetstream.FetchMaxWait(wait), jetstream.FetchPriorityGroup(PriorityGroup))
 		if err != nil {
 			a.log.Debug("fetch failed", "partition", pt.p, "err", err)
@@ -59,7 +71,9 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 		}
 		b = backoff{max: a.cfg.MaxBackoff}
 		items = items[:0]
+		fetched := 0
 		for msg := range batch.Messages() {
+			fetched++
 			it, err := decode(pt.p, msg)
 			if err != nil {
 				// A message that is not a DecisionBatch can never be stored: terminate it so it
@@ -70,12 +84,24 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 			}
 			items = append(items, it)
 		}
+		caughtUp = fetched < a.cfg.FetchBatch
 		if len(items) == 0 {
 			continue
 		}
 		stored, ok := a.lookupStored(ctx, pt.p, items)
 		if !ok {
 			return // cancelled: the messages are redelivered to whoever owns the partition
+		}
+		// Warning states first: the transitions are published and the states saved before the
+		// writer may ack the messages, so a message acked is a message applied.
+		w.m.th = thresholdsOf(a.rules())
+		for _, it := range items {
+			if !stored[it.seq] {
+				w.m.apply(it.seq, it.decisions)
+			}
+		}
+		if a.saveWarnings(ctx, w) != nil {
+			return // released while NATS failed: the messages go to the next owner, unacked
 		}
 		for _, it := range items {
 			if stored[it.seq] {

@@ -20,7 +20,14 @@ const (
 	// IngestedMessages only serves to skip redelivered messages: a week covers the stream's
 	// 72h default.
 	IngestedMessages Table = "ingested_messages"
+	// StateTransitions are the warning-state transitions.
+	StateTransitions Table = "state_transitions"
+	// Overrides is the override audit (monthly partitions).
+	Overrides Table = "overrides"
 )
+
+// tables lists every table with a retention horizon: the ones ApplyRetention manages.
+var tables = []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages, StateTransitions, Overrides}
 
 // Horizon is how long a table keeps rows and how it is partitioned.
 type Horizon struct {
@@ -30,10 +37,11 @@ type Horizon struct {
 }
 
 // Retention returns the horizon of a table (seed 000's retention table): decisions 90 days,
-// usage_minute 30 days, usage_hour and usage_day a year.
+// usage_minute 30 days, usage_hour and usage_day a year; state_transitions 90 days, overrides a
+// year.
 func Retention(t Table) Horizon {
 	switch t {
-	case Decisions:
+	case Decisions, StateTransitions:
 		return Horizon{Days: 90}
 	case UsageMinute:
 		return Horizon{Days: 30}
@@ -62,7 +70,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.T
 		return nil, fmt.Errorf("database %q: want letters, digits and underscores", db)
 	}
 	var dropped []Dropped
-	for _, t := range []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages} {
+	for _, t := range tables {
 		h := Retention(t)
 		horizon := now.UTC().AddDate(0, 0, -h.Days)
 		rows, err := conn.Query(ctx, "SELECT DISTINCT partition_id FROM system.parts WHERE database = ? AND table = ? AND active", db, string(t))

@@ -70,7 +70,7 @@ func TestStatementsModern(t *testing.T) {
 			}
 		}
 		sql := all.String()
-		for _, feature := range []string{"TTL toDateTime(time) + INTERVAL 90 DAY", "LowCardinality(String)", "DateTime64(6, 'UTC')", "non_replicated_deduplication_window", "TTL minute + INTERVAL 30 DAY", "TTL toDateTime(day) + INTERVAL 365 DAY"} {
+		for _, feature := range []string{"TTL toDateTime(time) + INTERVAL 90 DAY", "LowCardinality(String)", "DateTime64(6, 'UTC')", "non_replicated_deduplication_window", "TTL minute + INTERVAL 30 DAY", "TTL toDateTime(day) + INTERVAL 365 DAY", "TTL toDateTime(at) + INTERVAL 90 DAY", "TTL toDateTime(at) + INTERVAL 365 DAY"} {
 			if got := strings.Contains(sql, feature); got != modern {
 				t.Errorf("modern=%v: SQL contains %q = %v, want %v", modern, feature, got, modern)
 			}
@@ -117,7 +117,7 @@ func TestMigrate(t *testing.T) {
 		rows.Scan(&n)
 		tables = append(tables, n)
 	}
-	want := "decisions ingested_messages ingested_messages_mv schema_migrations usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
+	want := "decisions ingested_messages ingested_messages_mv overrides schema_migrations state_transitions usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
 	if got := strings.Join(tables, " "); got != want {
 		t.Errorf("tables = %s, want %s", got, want)
 	}
@@ -159,6 +159,21 @@ func TestRetention(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
+	// The event tables: state_transitions daily (90 days), overrides monthly (a year).
+	for _, table := range []string{"state_transitions (id, at", "overrides (event_id, at"} {
+		b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+table+")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, age := range ages {
+			if err := b.Append(fmt.Sprint(i), now.AddDate(0, 0, -age)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Send(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dropped, err := schema.ApplyRetention(ctx, c, db, now)
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +197,8 @@ func TestRetention(t *testing.T) {
 		{"SELECT sum(requests) FROM " + db + ".usage_day", 6},    // all but 400 days
 		{"SELECT sum(requests) FROM " + db + ".usage_hour", 6},   // the same months
 		{"SELECT count() FROM " + db + ".decisions WHERE time < now() - INTERVAL 90 DAY", 0},
+		{"SELECT count() FROM " + db + ".state_transitions", 4}, // 0, 29, 31, 89 days
+		{"SELECT count() FROM " + db + ".overrides", 6},         // all but 400 days (whole months)
 	} {
 		if got := count(tt.query); got != tt.want {
 			t.Errorf("%s = %d, want %d", tt.query, got, tt.want)

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -19,6 +21,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -78,6 +82,7 @@ type aggregatorFlags struct {
 	pinnedTTL         time.Duration
 	ackWait           time.Duration
 	retentionInterval time.Duration
+	warningGrace      time.Duration
 	instanceID        string
 	logLevel          string
 	logFormat         string
@@ -116,6 +121,8 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	fs.fromEnv("ack-wait", "QUOTAFLOW_ACK_WAIT")
 	fs.DurationVar(&a.retentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
 	fs.fromEnv("retention-interval", "QUOTAFLOW_RETENTION_INTERVAL")
+	fs.DurationVar(&a.warningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
+	fs.fromEnv("warning-grace", "QUOTAFLOW_WARNING_GRACE")
 }
 
 func (a *aggregatorFlags) validate() error {
@@ -136,6 +143,8 @@ func (a *aggregatorFlags) validate() error {
 		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", a.flushInterval+a.insertTimeout, a.ackWait)
 	case a.retentionInterval < time.Second:
 		return fmt.Errorf("--retention-interval: want at least 1s, got %s", a.retentionInterval)
+	case a.warningGrace < 0 || a.warningGrace > time.Minute:
+		return fmt.Errorf("--warning-grace: want 0 to 1m, got %s", a.warningGrace)
 	case !validInstance(a.instanceID):
 		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", a.instanceID)
 	}
@@ -164,12 +173,14 @@ func (a *aggregatorFlags) config(db string, log *slog.Logger, meter metric.Meter
 	return aggregator.Config{
 		Partitions: a.partitions, Database: db, InstanceID: name + "-" + newInstanceID()[:6], BatchRows: a.batchRows,
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
-		RetentionInterval: a.retentionInterval, Logger: log, Meter: meter,
+		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, Logger: log, Meter: meter,
 	}
 }
 
 // newAggregator connects to ClickHouse and NATS and returns an aggregator (not yet running),
-// its NATS connection, and a function that closes both connections.
+// its NATS connection, and a function that closes both connections. Until that function is
+// called it also follows the rule store (the warning thresholds the aggregator applies) and
+// publishes the "expired" events of overrides whose TTL ends.
 func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
 	conn, db, err := a.ch.open()
 	if err != nil {
@@ -180,19 +191,76 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 		conn.Close()
 		return nil, nil, nil, err
 	}
-	closeAll := func() { nc.Close(); conn.Close() }
+	closeConns := func() { nc.Close(); conn.Close() }
 	js, err := jetstream.New(nc)
 	if err != nil {
-		closeAll()
+		closeConns()
 		return nil, nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
-	agg, err := aggregator.New(js, conn, a.config(db, log, meter))
+	octx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	store, err := rulestore.Open(octx, js, rulestore.Config{Logger: log})
+	cancel()
 	if err != nil {
-		closeAll()
+		closeConns()
+		return nil, nil, nil, fmt.Errorf("rule store: %w", err)
+	}
+	// Whether the store holds rules decides whether to wait for them: the thresholds should be
+	// the configured ones from the first decision on.
+	octx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = store.Current(octx)
+	cancel()
+	seeded := err == nil
+	if err != nil && !errors.Is(err, rulestore.ErrNotSeeded) {
+		log.Warn("rule store unreadable; warning thresholds are the defaults until it is", "err", err)
+	}
+	var set atomic.Pointer[rules.Set]
+	loaded := make(chan struct{})
+	var once sync.Once
+	cfg := a.config(db, log, meter)
+	cfg.Rules = set.Load
+	agg, err := aggregator.New(js, conn, cfg)
+	if err != nil {
+		closeConns()
 		return nil, nil, nil, err
 	}
+	bg, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		keepRunning(bg, log, "follow the rule store", func(ctx context.Context) error {
+			return store.Watch(ctx, func(s *rules.Set) { set.Store(s); once.Do(func() { close(loaded) }) })
+		})
+	}()
+	if seeded {
+		select {
+		case <-loaded:
+		case <-time.After(10 * time.Second):
+			log.Warn("rules not loaded yet; warning thresholds are the defaults until they are")
+		}
+	}
+	go func() {
+		defer wg.Done()
+		keepRunning(bg, log, "publish override expiries", store.PublishExpiries)
+	}()
+	closeAll := func() { stop(); wg.Wait(); closeConns() }
 	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db)
 	return agg, nc, closeAll, nil
+}
+
+// keepRunning runs f until ctx ends, starting it again a second after it stops early.
+func keepRunning(ctx context.Context, log *slog.Logger, what string, f func(context.Context) error) {
+	for ctx.Err() == nil {
+		err := f(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn(what+" stopped; restarting", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -201,7 +269,11 @@ quotaflow.decisions (kept 90 days) and, through materialized views, the usage ro
 usage_minute (30 days), usage_hour and usage_day (1 year). Applies the schema migrations at
 start. Run several: they split the stream's partitions, one active consumer per partition,
 and take over a dead one's partitions after --pinned-ttl. Every decision is stored exactly
-once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.`, stderr)
+once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.
+It also computes each subject's warning state per rule (normal, warning, throttled, with the
+rule store's thresholds), publishes every transition on quotaflow.warnings.<tier>.<dimension>
+(QUOTAFLOW_EVENTS) exactly once, and stores the events stream (transitions, override changes)
+in state_transitions (90 days) and overrides (1 year).`, stderr)
 	var a aggregatorFlags
 	a.register(fs, false)
 	if err := fs.parse(args, getenv); err != nil {

@@ -165,6 +165,14 @@ func (l *lazyStore) PutRule(ctx context.Context, r rules.DocRule) (bool, error) 
 	return s.PutRule(ctx, r)
 }
 
+func (l *lazyStore) CreateRule(ctx context.Context, r rules.DocRule) error {
+	s, err := l.get()
+	if err != nil {
+		return err
+	}
+	return s.CreateRule(ctx, r)
+}
+
 func (l *lazyStore) DeleteRule(ctx context.Context, id string) error {
 	s, err := l.get()
 	if err != nil {

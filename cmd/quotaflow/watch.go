@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,23 +14,36 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/events"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 func runWatch(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "decisions" && !strings.HasPrefix(args[0], "-")) {
-		what := "nothing"
-		if len(args) > 0 {
-			what = fmt.Sprintf("%q", args[0])
-		}
-		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions`, got %s", what)}
+	what := "decisions"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		what, args = args[0], args[1:]
 	}
-	if args[0] == "decisions" {
-		args = args[1:]
-	}
-	fs := newFlagSet("watch decisions", `Prints the decision stream as it happens, one line per decision: time, verdict, subject,
+	var synopsis, defStream string
+	var subjects []string
+	switch what {
+	case "decisions":
+		synopsis, defStream = `Prints the decision stream as it happens, one line per decision: time, verdict, subject,
 endpoint, deciding rule, remaining/limit, state and flags. Reads QUOTAFLOW_DECISIONS with an
-ephemeral ordered consumer, so it changes nothing on the server.`, stderr)
+ephemeral ordered consumer, so it changes nothing on the server.`, "QUOTAFLOW_DECISIONS"
+	case "warnings":
+		synopsis, defStream = `Prints the warning-state transitions as they happen, one line each: time, tier, subject,
+rule, from → to, usage, remaining/limit and cause. Reads quotaflow.warnings.> of
+QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
+		subjects = []string{events.WarningsPrefix + ".>"}
+	case "overrides":
+		synopsis, defStream = `Prints the override changes as they happen, one line each: time, action, override,
+target, limit or multiplier, expiry, actor and reason. Reads quotaflow.overrides.> of
+QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
+		subjects = []string{events.OverridesPrefix + ".>"}
+	default:
+		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides`, got %q", what)}
+	}
+	fs := newFlagSet("watch "+what, synopsis, stderr)
 	var (
 		natsURL, stream string
 		all, asJSON     bool
@@ -37,13 +51,29 @@ ephemeral ordered consumer, so it changes nothing on the server.`, stderr)
 	)
 	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
-	fs.StringVar(&stream, "stream", "QUOTAFLOW_DECISIONS", "stream to read")
-	fs.BoolVar(&all, "all", false, "start from the oldest decision kept instead of new ones")
-	fs.BoolVar(&asJSON, "json", false, "print each decision as one line of JSON")
-	fs.IntVar(&count, "count", 0, "stop after this many decisions (0: until interrupted)")
+	fs.StringVar(&stream, "stream", defStream, "stream to read")
+	fs.BoolVar(&all, "all", false, "start from the oldest "+strings.TrimSuffix(what, "s")+" kept instead of new ones")
+	fs.BoolVar(&asJSON, "json", false, "print each "+strings.TrimSuffix(what, "s")+" as one line of JSON")
+	fs.IntVar(&count, "count", 0, "stop after this many "+what+" (0: until interrupted)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
+	print := func(msg jetstream.Msg, left int) (int, error) {
+		return printDecisions(stdout, stderr, msg, left, asJSON)
+	}
+	switch what {
+	case "warnings":
+		print = func(msg jetstream.Msg, _ int) (int, error) { return 1, printTransition(stdout, msg, asJSON) }
+	case "overrides":
+		print = func(msg jetstream.Msg, _ int) (int, error) { return 1, printOverride(stdout, msg, asJSON) }
+	}
+	return watchStream(ctx, natsURL, stream, subjects, all, count, print)
+}
+
+// watchStream reads a stream with an ephemeral ordered consumer (new messages, or all with
+// all) and hands each message to print, with how many items may still be printed (0: no
+// bound), until count items were printed or ctx ends. print returns how many it printed.
+func watchStream(ctx context.Context, natsURL, stream string, subjects []string, all bool, count int, print func(msg jetstream.Msg, left int) (int, error)) error {
 	nc, err := nats.Connect(natsURL, nats.Name("quotaflow watch"))
 	if err != nil {
 		return fmt.Errorf("nats connect %s: %w", natsURL, err)
@@ -57,7 +87,7 @@ ephemeral ordered consumer, so it changes nothing on the server.`, stderr)
 	if all {
 		deliver = jetstream.DeliverAllPolicy
 	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: deliver})
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: deliver, FilterSubjects: subjects})
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", stream, err)
 	}
@@ -71,18 +101,16 @@ ephemeral ordered consumer, so it changes nothing on the server.`, stderr)
 			return fmt.Errorf("fetch: %w", err)
 		}
 		for msg := range batch.Messages() {
-			var b quotaflowv1.DecisionBatch
-			if err := proto.Unmarshal(msg.Data(), &b); err != nil {
-				fmt.Fprintf(stderr, "quotaflow watch: skipping undecodable message on %s: %v\n", msg.Subject(), err)
-				continue
+			left := 0
+			if count > 0 {
+				left = count - seen
 			}
-			for _, d := range b.Decisions {
-				if err := printDecision(stdout, d, asJSON); err != nil {
-					return err
-				}
-				if seen++; count > 0 && seen >= count {
-					return nil
-				}
+			n, err := print(msg, left)
+			if err != nil {
+				return err
+			}
+			if seen += n; count > 0 && seen >= count {
+				return nil
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
@@ -90,6 +118,73 @@ ephemeral ordered consumer, so it changes nothing on the server.`, stderr)
 		}
 	}
 	return nil
+}
+
+// printDecisions prints the decisions of one stream message, at most left of them (0: all).
+func printDecisions(stdout, stderr io.Writer, msg jetstream.Msg, left int, asJSON bool) (int, error) {
+	var b quotaflowv1.DecisionBatch
+	if err := proto.Unmarshal(msg.Data(), &b); err != nil {
+		fmt.Fprintf(stderr, "quotaflow watch: skipping undecodable message on %s: %v\n", msg.Subject(), err)
+		return 0, nil
+	}
+	ds := b.Decisions
+	if left > 0 && len(ds) > left {
+		ds = ds[:left]
+	}
+	for _, d := range ds {
+		if err := printDecision(stdout, d, asJSON); err != nil {
+			return 0, err
+		}
+	}
+	return len(ds), nil
+}
+
+// printTransition prints one warning-state transition.
+func printTransition(w io.Writer, msg jetstream.Msg, asJSON bool) error {
+	if asJSON {
+		_, err := fmt.Fprintln(w, string(msg.Data()))
+		return err
+	}
+	var t events.Transition
+	if err := json.Unmarshal(msg.Data(), &t); err != nil {
+		_, err = fmt.Fprintf(w, "(undecodable transition on %s: %v)\n", msg.Subject(), err)
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%s %-10s %-24s %-16s %-9s → %-9s usage=%.2f %d/%d window=%dms cause=%s id=%s\n",
+		t.At.UTC().Format("2006-01-02 15:04:05.000000"), t.Tier, t.Dimension+":"+t.Subject, t.RuleID, t.From, t.To,
+		t.UsageRatio, t.Remaining, t.Limit, t.WindowMs, t.Cause, t.ID)
+	return err
+}
+
+// printOverride prints one override change.
+func printOverride(w io.Writer, msg jetstream.Msg, asJSON bool) error {
+	if asJSON {
+		_, err := fmt.Fprintln(w, string(msg.Data()))
+		return err
+	}
+	var e events.OverrideEvent
+	if err := json.Unmarshal(msg.Data(), &e); err != nil {
+		_, err = fmt.Fprintf(w, "(undecodable override event on %s: %v)\n", msg.Subject(), err)
+		return err
+	}
+	o := e.Override
+	target := o.Target() + " " + o.Tier
+	if o.Target() == "subject" {
+		target = o.Target() + " " + o.Dimension + ":" + o.Identifier
+	} else if o.Target() == "rule" {
+		target = "rule"
+	}
+	if o.RuleID != "" {
+		target += " rule=" + o.RuleID
+	}
+	change := fmt.Sprintf("x%g", o.Multiplier)
+	if o.Limit != 0 {
+		change = fmt.Sprintf("limit=%d", o.Limit)
+	}
+	_, err := fmt.Fprintf(w, "%s %-7s %-20s %-32s %-12s until %s by %s (%s) reason=%q\n",
+		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), o.ID, target, change,
+		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
+	return err
 }
 
 func printDecision(w io.Writer, d *quotaflowv1.Decision, asJSON bool) error {

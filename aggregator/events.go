@@ -1,0 +1,283 @@
+package aggregator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/quotaflow/quotaflow/internal/events"
+)
+
+// ensureEventsStream creates the events stream when it is missing. An existing one is left
+// as it is: its replicas are the rule store's to set.
+func (a *Aggregator) ensureEventsStream(ctx context.Context) error {
+	if _, err := a.js.Stream(ctx, events.Stream); err == nil {
+		return nil
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("events stream: %w", err)
+	}
+	_, err := events.EnsureStream(ctx, a.js, 1)
+	return err
+}
+
+// storedEvent is one events-stream message, decoded, bound for one table.
+type storedEvent struct {
+	msg        jetstream.Msg
+	seq        uint64
+	transition *events.Transition
+	override   *events.OverrideEvent
+}
+
+func (e *storedEvent) id() string {
+	if e.transition != nil {
+		return e.transition.ID
+	}
+	return e.override.ID
+}
+
+func (e *storedEvent) at() time.Time {
+	if e.transition != nil {
+		return e.transition.At
+	}
+	return e.override.At
+}
+
+// eventsLoop stores the events stream in ClickHouse (state_transitions, overrides) through one
+// durable consumer that every aggregator pulls. Each event's id is looked up before it is
+// inserted, and its message is acked only after the insert: an event redelivered, or
+// re-published after the stream's duplicate window, is stored once.
+func (a *Aggregator) eventsLoop(ctx context.Context) {
+	b := backoff{max: a.cfg.MaxBackoff}
+	var cons jetstream.Consumer
+	for {
+		var err error
+		cons, err = a.js.CreateOrUpdateConsumer(ctx, events.Stream, jetstream.ConsumerConfig{
+			Durable:        a.cfg.EventsConsumer,
+			Description:    "quotaflow aggregators: warning transitions and override changes into ClickHouse",
+			FilterSubjects: a.cfg.EventsSubjects,
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        a.cfg.AckWait,
+			MaxDeliver:     -1,
+			MaxAckPending:  10000,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+		})
+		if err == nil {
+			break
+		}
+		wait := b.next()
+		a.log.Warn("create events consumer failed; retrying", "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return
+		}
+	}
+	wait := min(time.Second, a.cfg.PinnedTTL/4)
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(wait))
+		if err != nil {
+			if !sleep(ctx, b.next()) {
+				return
+			}
+			continue
+		}
+		b = backoff{max: a.cfg.MaxBackoff}
+		var evs []storedEvent
+		for msg := range batch.Messages() {
+			ev, err := decodeEvent(msg)
+			if err != nil {
+				a.log.Error("undecodable event terminated", "subject", msg.Subject(), "err", err)
+				msg.Term()
+				continue
+			}
+			evs = append(evs, ev)
+		}
+		if len(evs) > 0 && !a.storeEvents(ctx, evs) {
+			return // the messages are redelivered after the ack wait
+		}
+	}
+}
+
+func decodeEvent(msg jetstream.Msg) (storedEvent, error) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return storedEvent{}, fmt.Errorf("event metadata: %w", err)
+	}
+	ev := storedEvent{msg: msg, seq: meta.Sequence.Stream}
+	kind, err := events.Kind(msg.Subject())
+	if err != nil {
+		return ev, err
+	}
+	if kind == "warning" {
+		ev.transition = &events.Transition{}
+		err = json.Unmarshal(msg.Data(), ev.transition)
+	} else {
+		ev.override = &events.OverrideEvent{}
+		err = json.Unmarshal(msg.Data(), ev.override)
+	}
+	if err == nil && ev.id() == "" {
+		err = errors.New("event without an id")
+	}
+	if err != nil {
+		return ev, fmt.Errorf("event at stream sequence %d: %w", ev.seq, err)
+	}
+	return ev, nil
+}
+
+// storeEvents inserts the events ClickHouse does not hold yet and acks them all, retrying
+// with backoff while ClickHouse fails; false when ctx ended first.
+func (a *Aggregator) storeEvents(ctx context.Context, evs []storedEvent) bool {
+	b := backoff{max: a.cfg.MaxBackoff}
+	for {
+		n, err := a.storeEventsOnce(ctx, evs)
+		if err == nil {
+			for _, ev := range evs {
+				ev.msg.Ack()
+			}
+			return true
+		}
+		a.clickhouseErrors.Add(1)
+		a.m.clickhouseErrors.Add(context.Background(), 1)
+		wait := b.next()
+		a.log.Warn("storing events failed; holding their acks and retrying", "events", len(evs), "stored", n, "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+// storeEventsOnce inserts, table by table, the events whose ids ClickHouse does not hold (and
+// each id once); it returns how many it stored.
+func (a *Aggregator) storeEventsOnce(ctx context.Context, evs []storedEvent) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
+	defer cancel()
+	stored := 0
+	for _, t := range []struct {
+		table, idCol, kind string
+		isKind             func(*storedEvent) bool
+	}{
+		{"state_transitions", "id", "warning", func(e *storedEvent) bool { return e.transition != nil }},
+		{"overrides", "event_id", "override", func(e *storedEvent) bool { return e.override != nil }},
+	} {
+		var mine []*storedEvent
+		for i := range evs {
+			if t.isKind(&evs[i]) {
+				mine = append(mine, &evs[i])
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		have, err := a.storedEventIDs(ctx, t.table, t.idCol, mine)
+		if err != nil {
+			return stored, err
+		}
+		var fresh []*storedEvent
+		for _, e := range mine {
+			if !have[e.id()] {
+				have[e.id()] = true
+				fresh = append(fresh, e)
+			}
+		}
+		if len(fresh) == 0 {
+			continue
+		}
+		if err := a.insertEvents(ctx, t.table, fresh); err != nil {
+			return stored, err
+		}
+		stored += len(fresh)
+		a.eventsStored.Add(int64(len(fresh)))
+		a.m.eventsStored.Add(context.Background(), int64(len(fresh)), metric.WithAttributes(attribute.String("kind", t.kind)))
+	}
+	return stored, nil
+}
+
+// storedEventIDs returns which of the events' ids the table holds. A copy has its original's
+// instant, so the lookup reads only the partitions of the events' instants.
+func (a *Aggregator) storedEventIDs(ctx context.Context, table, idCol string, evs []*storedEvent) (map[string]bool, error) {
+	lo, hi := evs[0].at(), evs[0].at()
+	ids := make([]string, len(evs))
+	for i, e := range evs {
+		lo, hi = minTime(lo, e.at()), maxTime(hi, e.at())
+		ids[i] = quote(e.id())
+	}
+	q := fmt.Sprintf("SELECT %s FROM %s.%s WHERE at >= toDateTime(%d) AND at <= toDateTime(%d) AND %s IN (%s)",
+		idCol, a.cfg.Database, table, max(0, lo.Unix()-1), max(0, hi.Unix()+1), idCol, strings.Join(ids, ", "))
+	rows, err := a.ch.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("look up stored events in %s: %w", table, err)
+	}
+	defer rows.Close()
+	have := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("look up stored events in %s: %w", table, err)
+		}
+		have[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up stored events in %s: %w", table, err)
+	}
+	return have, nil
+}
+
+const (
+	transitionColumns = "id, at, at_us, tier, dimension, subject, rule_id, from_state, to_state, usage_ratio, limit_value, remaining, window_ms, cause, stream_seq, ingested_at"
+	overrideColumns   = "event_id, action, at, actor, override_id, target, dimension, identifier, tier, rule_id, limit_value, multiplier, reason, creator, source, created_at, expires_at, stream_seq, ingested_at"
+)
+
+func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*storedEvent) error {
+	cols := transitionColumns
+	if table == "overrides" {
+		cols = overrideColumns
+	}
+	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+table+" ("+cols+")")
+	if err != nil {
+		return fmt.Errorf("prepare insert into %s: %w", table, err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	for _, e := range evs {
+		if t := e.transition; t != nil {
+			err = batch.Append(t.ID, t.At.UTC(), t.At.UnixMicro(), t.Tier, t.Dimension, t.Subject, t.RuleID, t.From, t.To,
+				t.UsageRatio, t.Limit, t.Remaining, t.WindowMs, t.Cause, e.seq, now)
+		} else {
+			o := e.override
+			err = batch.Append(o.ID, o.Action, o.At.UTC(), o.Actor, o.Override.ID, o.Override.Target(), o.Override.Dimension,
+				o.Override.Identifier, o.Override.Tier, o.Override.RuleID, o.Override.Limit, o.Override.Multiplier,
+				o.Override.Reason, o.Override.Creator, o.Override.Source, o.Override.CreatedAt.UTC(), o.Override.ExpiresAt.UTC(), e.seq, now)
+		}
+		if err != nil {
+			batch.Abort()
+			return fmt.Errorf("append to %s: %w", table, err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("insert %d events into %s: %w", len(evs), table, err)
+	}
+	return nil
+}
+
+// quote makes s a ClickHouse string literal.
+func quote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/rulestore"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+const warningRules = `
+default_tier: free
+tiers: {free: {}}
+warnings: {enter: 0.5, exit: 0.4}
+rules:
+  - {id: per-user, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 100, window: 1m}
+`
+
+// TestAggregatorWarningsAndOverrides runs `quotaflow aggregator` on its own NATS: it applies the
+// rule store's thresholds (60% used is a warning with enter 0.5, not with the default 0.8),
+// publishes the override expiry of an override it did not create, and stores both kinds of
+// events in ClickHouse; `quotaflow watch warnings` and `watch overrides` print them.
+func TestAggregatorWarningsAndOverrides(t *testing.T) {
+	t.Parallel()
+	ns, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nc, err := nats.Connect(ns.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := rulestore.Open(ctx, js, rulestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := rules.Decode([]byte(warningRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Seed(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "QUOTAFLOW_DECISIONS", Subjects: []string{"quotaflow.decisions.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	db := fmt.Sprintf("warn_%d", os.Getpid())
+	aggCtx, stopAgg := context.WithCancel(ctx)
+	aggDone := make(chan string, 1)
+	go func() {
+		_, stderr, code := runCmd(aggCtx, []string{"aggregator", "--nats-url", ns.URL, "--clickhouse-dsn", chSrv.DSN(db),
+			"--partitions", "1", "--listen", freeAddr(t), "--warning-grace", "100ms", "--flush-interval", "100ms",
+			"--insert-timeout", "1s", "--pinned-ttl", "2s", "--ack-wait", "3s", "--log-level", "warn"}, nil)
+		aggDone <- fmt.Sprintf("exit %d: %s", code, stderr)
+	}()
+	defer func() { stopAgg(); t.Log("aggregator ", <-aggDone) }()
+
+	now := time.Now()
+	batch := &quotaflowv1.DecisionBatch{Decisions: []*quotaflowv1.Decision{{
+		Id: "d1", TimeUs: now.UnixMicro(), Tier: "free", Allowed: true, RuleId: "per-user",
+		Subject: &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "carol"},
+		Limits: []*quotaflowv1.LimitStatus{{RuleId: "per-user", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "carol",
+			Limit: 100, CurrentCount: 60, Remaining: 40, Allowed: true, WindowMs: 60000, ResetAt: now.Add(time.Minute).Unix()}},
+	}}}
+	data, _ := proto.Marshal(batch)
+	if _, err := js.Publish(ctx, "quotaflow.decisions.0", data); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := runCmd(ctx, []string{"watch", "warnings", "--nats-url", ns.URL, "--all", "--count", "1"}, nil)
+	if code != 0 || !strings.Contains(out, "user:carol") || !strings.Contains(out, "normal    → warning") ||
+		!strings.Contains(out, "usage=0.60 40/100") || !strings.Contains(out, "cause=decision") {
+		t.Errorf("watch warnings: exit %d, %q %s; want carol normal → warning at usage 0.60", code, out, stderr)
+	}
+
+	created := time.Now().Truncate(time.Second)
+	if err := store.PutOverride(ctx, rules.Override{ID: "ov-carol", Dimension: "user", Identifier: "carol", Multiplier: 2,
+		Reason: "launch", Creator: "ops", Source: "admin", CreatedAt: created, ExpiresAt: created.Add(2 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code = runCmd(ctx, []string{"watch", "overrides", "--nats-url", ns.URL, "--all", "--count", "2"}, nil)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "CREATED") || !strings.Contains(lines[1], "EXPIRED") ||
+		!strings.Contains(lines[0], "subject user:carol") || !strings.Contains(lines[0], `reason="launch"`) {
+		t.Errorf("watch overrides: exit %d, %q %s; want the override created, then expired", code, out, stderr)
+	}
+
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tt := range []struct {
+		query string
+		want  uint64
+	}{
+		{"SELECT count() FROM %s.state_transitions WHERE subject = 'carol' AND to_state = 'warning' AND rule_id = 'per-user'", 1},
+		{"SELECT count() FROM %s.overrides WHERE override_id = 'ov-carol' AND action IN ('created', 'expired')", 2},
+	} {
+		var got uint64
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if c.QueryRow(ctx, fmt.Sprintf(tt.query, db)).Scan(&got) == nil && got >= tt.want {
+				break
+			}
+		}
+		if got != tt.want {
+			t.Errorf("%s = %d, want %d", fmt.Sprintf(tt.query, db), got, tt.want)
+		}
+	}
+}
+
+func TestWatchAndAggregatorUsage(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown stream", []string{"watch", "alerts"}, "want `quotaflow watch decisions|warnings|overrides`"},
+		{"negative grace", []string{"aggregator", "--warning-grace", "-1s"}, "--warning-grace"},
+		{"warnings help", []string{"watch", "warnings", "--help"}, "quotaflow.warnings.>"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, stderr, _ := runCmd(context.Background(), tt.args, nil)
+			if got := out + stderr; !strings.Contains(got, tt.want) {
+				t.Errorf("quotaflow %v: %q, want %q", tt.args, got, tt.want)
+			}
+		})
+	}
+}
