@@ -203,6 +203,7 @@ type Aggregator struct {
 	owned map[int]*partition // partitions being consumed
 
 	warnKV jetstream.KeyValue
+	leader atomic.Bool // see Leader
 
 	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored atomic.Int64
 }

@@ -254,6 +254,10 @@ func TestScaleOutAndFailover(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The leader (which writes the policies' overrides) is one of them: the first by name.
+	if !a.Leader() || b.Leader() {
+		t.Errorf("Leader() a=%v b=%v, want agg-a only", a.Leader(), b.Leader())
+	}
 	e.publish(2000, 20)
 	e.waitStored(2000)
 	if a.Stats().Inserted == 0 || b.Stats().Inserted == 0 {
@@ -264,6 +268,9 @@ func TestScaleOutAndFailover(t *testing.T) {
 	e.waitStored(4000)
 	if got := b.Stats().Owned; got != partitions {
 		t.Errorf("after a stopped b owns %d partitions, want %d", got, partitions)
+	}
+	if !b.Leader() {
+		t.Error("after a stopped, b is not the leader")
 	}
 }
 

@@ -31,6 +31,7 @@ func (a *Aggregator) membershipLoop(ctx context.Context, kv jetstream.KeyValue) 
 			a.log.Warn("list aggregators failed; keeping the current partitions", "err", err)
 		} else {
 			a.reconcile(ctx, assign(members, a.cfg.InstanceID, a.cfg.Partitions))
+			a.leader.Store(leads(members, a.cfg.InstanceID))
 		}
 		select {
 		case <-ctx.Done():
@@ -71,6 +72,22 @@ func assign(members []string, self string, partitions int) []int {
 	}
 	return mine
 }
+
+// leads reports whether self is the first live member by name: the one that acts for all
+// (the policies' overrides).
+func leads(members []string, self string) bool {
+	for _, m := range members {
+		if m < self {
+			return false
+		}
+	}
+	return true
+}
+
+// Leader reports whether this aggregator is, as of its last heartbeat, the first live member
+// by name, which writes the policies' overrides. Two may both believe it for a heartbeat after
+// a change of members; the policies' deterministic override ids make that harmless.
+func (a *Aggregator) Leader() bool { return a.leader.Load() }
 
 // reconcile starts consuming the partitions newly assigned and releases the others.
 func (a *Aggregator) reconcile(ctx context.Context, want []int) {

@@ -83,6 +83,7 @@ type aggregatorFlags struct {
 	ackWait           time.Duration
 	retentionInterval time.Duration
 	warningGrace      time.Duration
+	policyInterval    time.Duration
 	instanceID        string
 	logLevel          string
 	logFormat         string
@@ -123,6 +124,8 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	fs.fromEnv("retention-interval", "QUOTAFLOW_RETENTION_INTERVAL")
 	fs.DurationVar(&a.warningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
 	fs.fromEnv("warning-grace", "QUOTAFLOW_WARNING_GRACE")
+	fs.DurationVar(&a.policyInterval, "policy-interval", time.Second, "how often the rules' policies (penalty, tier protection) are evaluated")
+	fs.fromEnv("policy-interval", "QUOTAFLOW_POLICY_INTERVAL")
 }
 
 func (a *aggregatorFlags) validate() error {
@@ -143,6 +146,8 @@ func (a *aggregatorFlags) validate() error {
 		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", a.flushInterval+a.insertTimeout, a.ackWait)
 	case a.retentionInterval < time.Second:
 		return fmt.Errorf("--retention-interval: want at least 1s, got %s", a.retentionInterval)
+	case a.policyInterval < 10*time.Millisecond || a.policyInterval > time.Hour:
+		return fmt.Errorf("--policy-interval: want 10ms to 1h, got %s", a.policyInterval)
 	case a.warningGrace < 0 || a.warningGrace > time.Minute:
 		return fmt.Errorf("--warning-grace: want 0 to 1m, got %s", a.warningGrace)
 	case !validInstance(a.instanceID):
@@ -225,7 +230,7 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 	}
 	bg, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		keepRunning(bg, log, "follow the rule store", func(ctx context.Context) error {
@@ -242,6 +247,14 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 	go func() {
 		defer wg.Done()
 		keepRunning(bg, log, "publish override expiries", store.PublishExpiries)
+	}()
+	policies := aggregator.NewPolicies(aggregator.PolicyConfig{
+		Rules: set.Load, Store: store, JetStream: js, TierRate: aggregator.ClickHouseTierRate(conn, db),
+		Leader: agg.Leader, Interval: a.policyInterval, Logger: log.With("component", "policies"),
+	})
+	go func() {
+		defer wg.Done()
+		keepRunning(bg, log, "run the policies", policies.Run)
 	}()
 	closeAll := func() { stop(); wg.Wait(); closeConns() }
 	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db)
