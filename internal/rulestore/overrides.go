@@ -13,7 +13,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-
 // PutOverride validates o against the current configuration and stores it until its expiry,
 // then publishes its "created" event. An id in use is refused with ErrExists, so that an
 // automatic policy that names its overrides deterministically never makes one twice.
