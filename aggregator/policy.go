@@ -88,9 +88,9 @@ func NewPolicies(cfg PolicyConfig) *Policies {
 	return &Policies{cfg: cfg, log: cfg.Logger, keys: map[string]*penaltyKey{}}
 }
 
-// Run follows the warning transitions (from as far back as the longest penalty window, so a
-// restarted aggregator knows the recent past) and evaluates the policies every Interval
-// until ctx ends.
+// Run follows the warning transitions (from as far back as the penalty window, so a restarted
+// aggregator knows the recent past) and evaluates the policies every Interval until ctx ends.
+// It returns early, to be run again, when NATS stays unreachable.
 func (p *Policies) Run(ctx context.Context) error {
 	within := time.Hour
 	if set := p.rules(); set != nil && set.Policies().Penalty != nil {
@@ -100,26 +100,31 @@ func (p *Policies) Run(ctx context.Context) error {
 		FilterSubjects: []string{events.WarningsPrefix + ".>"},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   ptr(time.Now().Add(-within)),
+		// Unlimited resets retry forever while NATS is down, deaf to ctx: give up after two
+		// and let Run's caller start again, from the transitions of the last window.
+		MaxResetAttempts: 2,
 	})
 	if err != nil {
 		return fmt.Errorf("follow warning transitions: %w", err)
 	}
+	clear(p.keys) // rebuilt from the window's transitions
 	tick := time.NewTicker(p.cfg.Interval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
 		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(p.cfg.Interval))
-		if err != nil && ctx.Err() == nil {
-			p.log.Debug("fetch transitions failed", "err", err)
-			sleep(ctx, p.cfg.Interval)
-		} else if err == nil {
-			for msg := range batch.Messages() {
-				var t events.Transition
-				if err := json.Unmarshal(msg.Data(), &t); err != nil {
-					p.log.Warn("undecodable warning transition skipped", "subject", msg.Subject(), "err", err)
-					continue
-				}
-				p.observe(t)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
+			return fmt.Errorf("follow warning transitions: %w", err)
+		}
+		for msg := range batch.Messages() {
+			var t events.Transition
+			if err := json.Unmarshal(msg.Data(), &t); err != nil {
+				p.log.Warn("undecodable warning transition skipped", "subject", msg.Subject(), "err", err)
+				continue
+			}
+			p.observe(t)
 		}
 		select {
 		case <-tick.C:

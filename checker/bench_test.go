@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -23,10 +25,22 @@ const benchRules = `rules:
 
 // BenchmarkDecide measures a check inside the process (rule lookup, keys, one Redis round trip,
 // the outcome), spread over 10k subjects.
+// With overrides, 1000 subjects have their own limit and a multiplier scales the whole tier:
+// the cost of the override lookups on every check.
 func BenchmarkDecide(b *testing.B) {
-	for _, ep := range []string{"/one", "/three"} {
-		b.Run(ep[1:]+"-limits", func(b *testing.B) {
-			env := newEnv(b, Config{Rules: mustRules(b, benchRules)})
+	for _, c := range []struct {
+		name, ep  string
+		overrides bool
+	}{
+		{"one-limits", "/one", false}, {"three-limits", "/three", false}, {"three-limits-overrides", "/three", true},
+	} {
+		ep := c.ep
+		b.Run(c.name, func(b *testing.B) {
+			set := mustRules(b, benchRules)
+			if c.overrides {
+				set = set.WithOverrides(benchOverrides())
+			}
+			env := newEnv(b, Config{Rules: set})
 			rdb := newRedis(redisSrv.Addr)
 			defer rdb.Close()
 			var n atomic.Int64
@@ -48,6 +62,16 @@ func BenchmarkDecide(b *testing.B) {
 			b.ReportMetric((scriptMicros(b, rdb)-before)/float64(b.N), "redis-µs/check")
 		})
 	}
+}
+
+func benchOverrides() []rules.Override {
+	now := time.Now()
+	ovs := []rules.Override{{ID: "tier", Tier: rules.ImplicitTier, Multiplier: 0.9, Reason: "bench", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}}
+	for i := range 1000 {
+		ovs = append(ovs, rules.Override{ID: "s" + strconv.Itoa(i), Dimension: "user", Identifier: "bench-" + strconv.Itoa(i*10), RuleID: "three-m",
+			Limit: 1_000_000_000, Reason: "bench", CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+	}
+	return ovs
 }
 
 // scriptMicros is the Redis CPU time spent in scripts so far (INFO commandstats), in µs.
