@@ -92,10 +92,12 @@ cat <<MSG
 quotaflow dev is running (Ctrl-C stops everything):
   checker  http://$LISTEN   Connect, gRPC, gRPC-Web, GET /ratelimit/check, /healthz, /readyz
   admin    http://$LISTEN/api/v1   token: $ADMIN_TOKEN   (rules, tiers and overrides in NATS KV)
-  nats     nats://$NATS_LISTEN   JetStream stream QUOTAFLOW_DECISIONS, subjects quotaflow.decisions.> (data in $DEV_DIR/nats)
+  nats     nats://$NATS_LISTEN   streams QUOTAFLOW_DECISIONS (quotaflow.decisions.>) and QUOTAFLOW_EVENTS
+           (quotaflow.warnings.<tier>.<dimension>, quotaflow.overrides.<action>); data in $DEV_DIR/nats
   redis    $QUOTAFLOW_REDIS_URL   (data in $DEV_DIR/redis)
   clickhouse $QUOTAFLOW_CLICKHOUSE_DSN   native protocol; clickhouse-client --port $CH_PORT (data in $DEV_DIR/clickhouse)
-  aggregator  runs inside serve: every decision into quotaflow.decisions and the usage_* rollups
+  aggregator  runs inside serve: decisions into quotaflow.decisions and the usage_* rollups,
+              warning states and their events, policies, events into state_transitions and overrides
   rules    $QUOTAFLOW_RULES
   spool    $QUOTAFLOW_SPOOL_DIR   (decisions wait here while NATS is unreachable)
 
@@ -104,6 +106,7 @@ Try:
     -d '{"identifier":"alice","dimension":"DIMENSION_USER","endpoint":"/api/v1/orders"}'
   ./bin/quotaflow check --user alice --endpoint /api/v1/orders
   ./bin/quotaflow watch decisions          # the live decision stream
+  ./bin/quotaflow watch warnings           # normal/warning/throttled transitions as they happen
   export QUOTAFLOW_ADMIN_TOKEN=$ADMIN_TOKEN
   ./bin/quotaflow override set --user alice --limit 500 --duration 10m --reason demo
   ./bin/quotaflow rules list
