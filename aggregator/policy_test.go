@@ -31,20 +31,7 @@ rules:
 // store's buckets and the events stream have fixed names).
 func policyStore(t *testing.T) (*rulestore.Store, jetstream.JetStream, *rules.Set) {
 	t.Helper()
-	srv, err := natstest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	nc, err := srv.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t)
 	ctx := context.Background()
 	store, err := rulestore.Open(ctx, js, rulestore.Config{})
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
@@ -56,20 +55,7 @@ func newAdminEnv(t *testing.T, doc string, cfg AdminConfig) (*testEnv, *rulestor
 func newAdminEnvConfig(t *testing.T, doc string, checkerCfg Config) (*testEnv, *rulestore.Store) {
 	t.Helper()
 	cfg := checkerCfg.Admin
-	ns, err := natstest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Close)
-	nc, err := ns.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t)
 	ctx := context.Background()
 	store, err := rulestore.Open(ctx, js, rulestore.Config{})
 	if err != nil {

@@ -15,10 +15,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // childEnv makes a test binary started by StartProcess serve NATS instead of running tests.
@@ -110,6 +112,28 @@ func (s *Server) Close() {
 func (s *Server) Connect() (*nats.Conn, error) {
 	return nats.Connect(s.URL, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
 		nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1))
+}
+
+// JetStream starts a server of the test's own and returns a JetStream client of it; both end
+// with the test. For tests whose streams or buckets have fixed names (the rule store's, the
+// events stream), which a server shared by parallel tests would mix up.
+func JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	nc, err := s.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 func run(port int, dir string) (*server.Server, error) {

@@ -31,20 +31,7 @@ rules:
 // server so that buckets do not leak between parallel tests.
 func newStore(t *testing.T) (*Store, jetstream.JetStream) {
 	t.Helper()
-	srv, err := natstest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	nc, err := srv.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := Open(ctx, js, Config{})
