@@ -30,8 +30,8 @@ func (a *Aggregator) membershipLoop(ctx context.Context, kv jetstream.KeyValue) 
 			}
 			a.log.Warn("list aggregators failed; keeping the current partitions", "err", err)
 		} else {
-			a.reconcile(ctx, assign(members, a.cfg.InstanceID, a.cfg.Partitions))
 			a.leader.Store(leads(members, a.cfg.InstanceID))
+			a.reconcile(ctx, assign(members, a.cfg.InstanceID, a.cfg.Partitions))
 		}
 		select {
 		case <-ctx.Done():
