@@ -99,7 +99,7 @@ func (p *Policies) Run(ctx context.Context) error {
 	cons, err := p.cfg.JetStream.OrderedConsumer(ctx, p.cfg.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.WarningsPrefix + ".>"},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   ptr(time.Now().Add(-within)),
+		OptStartTime:   new(time.Now().Add(-within)),
 		// Unlimited resets retry forever while NATS is down, deaf to ctx: give up after two
 		// and let Run's caller start again, from the transitions of the last window.
 		MaxResetAttempts: 2,
@@ -134,8 +134,6 @@ func (p *Policies) Run(ctx context.Context) error {
 	}
 	return nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func (p *Policies) rules() *rules.Set {
 	if p.cfg.Rules == nil {

@@ -14,7 +14,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -260,13 +259,7 @@ func TestAdminRateLimit(t *testing.T) {
 // limited, by this process's own buckets.
 func TestAdminRateLimitWithoutRedis(t *testing.T) {
 	t.Parallel()
-	rs, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	rdb := newRedis(rs.Addr)
-	t.Cleanup(func() { rdb.Close() })
+	rs, rdb := ownRedis(t)
 	env, _ := newAdminEnvConfig(t, adminRules, Config{Redis: rdb, RedisTimeout: 200 * time.Millisecond,
 		Admin: AdminConfig{ReadPerMinute: 2, WritePerMinute: 1}})
 	rs.Stop()

@@ -150,6 +150,14 @@ func debugOut() io.Writer {
 // ownRedisEnv serves a checker on a Redis of its own, which the test may stop, stall or inspect.
 func ownRedisEnv(t *testing.T, cfg Config) (*redistest.Server, *testEnv, *redis.Client) {
 	t.Helper()
+	rs, rdb := ownRedis(t)
+	cfg.Redis = rdb
+	return rs, newEnv(t, cfg), rdb
+}
+
+// ownRedis starts a Redis of the test's own and a client of it, both ending with the test.
+func ownRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
 	rs, err := redistest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +165,5 @@ func ownRedisEnv(t *testing.T, cfg Config) (*redistest.Server, *testEnv, *redis.
 	t.Cleanup(rs.Close)
 	rdb := newRedis(rs.Addr)
 	t.Cleanup(func() { rdb.Close() })
-	cfg.Redis = rdb
-	return rs, newEnv(t, cfg), rdb
+	return rs, rdb
 }
