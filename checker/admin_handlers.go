@@ -84,10 +84,6 @@ func (a *admin) putRule(r *http.Request, c caller) (int, any, error) {
 	default:
 		return 0, nil, badField("id", "%q differs from the id in the path (%q)", dr.ID, id)
 	}
-	return a.writeRule(r, c, dr)
-}
-
-func (a *admin) writeRule(r *http.Request, c caller, dr rules.DocRule) (int, any, error) {
 	created, err := a.store.PutRule(r.Context(), dr)
 	if err != nil {
 		return 0, nil, err
