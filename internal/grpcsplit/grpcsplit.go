@@ -1,0 +1,290 @@
+// Package grpcsplit splits one listener in two: cleartext HTTP/2 connections whose first request
+// is gRPC go to one listener, for grpc-go's server, and every other connection (HTTP/1.1, and
+// h2c carrying Connect or gRPC-Web) to the other, for net/http.
+//
+// Both servers then share one port, and gRPC clients (Envoy, grpc-go, grpcurl) get grpc-go's
+// HTTP/2 transport, which costs a fraction of net/http's per call. A connection is sorted once,
+// by its first request's content-type, read with HPACK before either server sees a byte; every
+// byte read is then replayed to the chosen server.
+//
+// grpc-go clients send no request before they have the server's SETTINGS frame, so the splitter
+// writes an empty one first. The server chosen later sends its own as well, and the client
+// acknowledges both; grpc-go ignores acknowledgements, but net/http's HTTP/2 server closes a
+// connection that acknowledges settings it never sent, so the first acknowledgement is removed
+// from what net/http reads.
+package grpcsplit
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// Config tunes a Splitter. The zero value is usable.
+type Config struct {
+	// SniffTimeout bounds how long a new connection may take to show its first request
+	// (default 10s); one that takes longer is closed.
+	SniffTimeout time.Duration
+	// MaxSniffFrames bounds the frames read before the first HEADERS frame (default 16); a
+	// connection that sends more goes to net/http, which judges it.
+	MaxSniffFrames int
+	// Logger receives accept errors (default: discarded).
+	Logger *slog.Logger
+}
+
+// Splitter accepts connections from one listener and hands each to the GRPC or the HTTP
+// listener. Run Serve; Close stops it and both listeners.
+type Splitter struct {
+	ln         net.Listener
+	cfg        Config
+	grpc, http *listener
+	closed     chan struct{}
+	closeOnce  sync.Once
+}
+
+// New returns a Splitter of ln's connections.
+func New(ln net.Listener, cfg Config) *Splitter {
+	if cfg.SniffTimeout <= 0 {
+		cfg.SniffTimeout = 10 * time.Second
+	}
+	if cfg.MaxSniffFrames <= 0 {
+		cfg.MaxSniffFrames = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Splitter{
+		ln:     ln,
+		cfg:    cfg,
+		grpc:   newListener(ln.Addr()),
+		http:   newListener(ln.Addr()),
+		closed: make(chan struct{}),
+	}
+}
+
+// GRPC returns the listener of h2c connections whose first request is gRPC.
+func (s *Splitter) GRPC() net.Listener { return s.grpc }
+
+// HTTP returns the listener of every other connection.
+func (s *Splitter) HTTP() net.Listener { return s.http }
+
+// Serve accepts connections until the listener is closed; it returns nil after Close.
+func (s *Splitter) Serve() error {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.closed:
+				return nil
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				s.cfg.Logger.Warn("accept", "err", err)
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		go s.sort(c)
+	}
+}
+
+// Close closes the underlying listener and both of the Splitter's listeners.
+func (s *Splitter) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	s.grpc.Close()
+	s.http.Close()
+	return s.ln.Close()
+}
+
+// sort reads c's first request and hands c to the listener serving it.
+func (s *Splitter) sort(c net.Conn) {
+	_ = c.SetReadDeadline(time.Now().Add(s.cfg.SniffTimeout))
+	rec := &recorder{r: c}
+	isH2, err := readPreface(rec)
+	if err != nil {
+		c.Close()
+		return
+	}
+	if !isH2 {
+		s.hand(s.http, c, rec.buf.Bytes(), false)
+		return
+	}
+	// An empty SETTINGS frame: grpc-go clients wait for one before their first request.
+	if _, err := c.Write([]byte{0, 0, 0, byte(http2.FrameSettings), 0, 0, 0, 0, 0}); err != nil {
+		c.Close()
+		return
+	}
+	grpc, err := s.firstRequestIsGRPC(rec)
+	if err != nil && rec.buf.Len() == len(http2.ClientPreface) {
+		c.Close() // nothing beyond the preface: the client went away or stayed silent
+		return
+	}
+	if grpc {
+		s.hand(s.grpc, c, rec.buf.Bytes(), false)
+		return
+	}
+	s.hand(s.http, c, rec.buf.Bytes(), true)
+}
+
+// hand passes c, with the bytes already read from it, to l; dropAck removes the client's first
+// SETTINGS acknowledgement (the one for the splitter's own frame).
+func (s *Splitter) hand(l *listener, c net.Conn, read []byte, dropAck bool) {
+	_ = c.SetReadDeadline(time.Time{})
+	var r io.Reader = io.MultiReader(bytes.NewReader(read), c)
+	if dropAck {
+		r = &ackFilter{r: r, pass: len(http2.ClientPreface)}
+	}
+	select {
+	case l.conns <- &conn{Conn: c, r: r}:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// readPreface reports whether the connection starts with the HTTP/2 client preface. It reads
+// only as far as the first byte that differs, so an HTTP/1 request shorter than the preface
+// does not wait for more.
+func readPreface(rec *recorder) (bool, error) {
+	var b [64]byte
+	for rec.buf.Len() < len(http2.ClientPreface) {
+		n, err := rec.Read(b[:len(http2.ClientPreface)-rec.buf.Len()])
+		if n > 0 && !strings.HasPrefix(http2.ClientPreface, rec.buf.String()) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// firstRequestIsGRPC reads frames up to the first HEADERS frame and reports whether its
+// content-type is gRPC's (and not gRPC-Web's).
+func (s *Splitter) firstRequestIsGRPC(rec *recorder) (bool, error) {
+	fr := http2.NewFramer(io.Discard, rec)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	for range s.cfg.MaxSniffFrames {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return false, err
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			return isGRPC(f.PseudoValue("method"), f), nil
+		case *http2.SettingsFrame, *http2.WindowUpdateFrame, *http2.PriorityFrame, *http2.PingFrame:
+			continue
+		}
+		return false, nil
+	}
+	return false, nil
+}
+
+func isGRPC(method string, f *http2.MetaHeadersFrame) bool {
+	if method != "POST" {
+		return false
+	}
+	for _, hf := range f.RegularFields() {
+		if hf.Name == "content-type" {
+			ct := hf.Value
+			rest, ok := strings.CutPrefix(ct, "application/grpc")
+			return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+		}
+	}
+	return false
+}
+
+// recorder keeps every byte read through it.
+type recorder struct {
+	r   io.Reader
+	buf bytes.Buffer
+}
+
+func (r *recorder) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	r.buf.Write(p[:n])
+	return n, err
+}
+
+// ackFilter passes an HTTP/2 client's byte stream through, less the first SETTINGS frame with
+// the ACK flag.
+type ackFilter struct {
+	r    io.Reader
+	pass int  // bytes to pass before the next frame header (first the preface)
+	done bool // the acknowledgement was removed: pass everything
+	hdr  []byte
+}
+
+func (f *ackFilter) Read(p []byte) (int, error) {
+	for {
+		switch {
+		case f.done:
+			return f.r.Read(p)
+		case len(f.hdr) > 0:
+			n := copy(p, f.hdr)
+			f.hdr = f.hdr[n:]
+			return n, nil
+		case f.pass > 0:
+			n, err := f.r.Read(p[:min(len(p), f.pass)])
+			f.pass -= n
+			return n, err
+		}
+		var h [9]byte
+		if _, err := io.ReadFull(f.r, h[:]); err != nil {
+			return 0, err
+		}
+		length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+		if http2.FrameType(h[3]) == http2.FrameSettings && http2.Flags(h[4]).Has(http2.FlagSettingsAck) && length == 0 {
+			f.done = true
+			continue
+		}
+		f.hdr, f.pass = h[:], length
+	}
+}
+
+// conn is a connection whose reads start with the bytes the splitter read.
+type conn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *conn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// listener is one side of a Splitter.
+type listener struct {
+	addr      net.Addr
+	conns     chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newListener(addr net.Addr) *listener {
+	return &listener{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops this side's Accept; connections sorted to it afterwards are closed. The
+// Splitter's own listener stays open until the Splitter's Close.
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
