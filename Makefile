@@ -30,6 +30,7 @@ generate:
 	$(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" buf generate
 
 ## fuzz: run each fuzz target for FUZZTIME (default 30s)

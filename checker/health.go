@@ -51,16 +51,21 @@ func (h *healthService) Check(ctx context.Context, req *connect.Request[healthpb
 
 // Watch implements grpc.health.v1.Health: it sends the status now and on every change.
 func (h *healthService) Watch(ctx context.Context, req *connect.Request[healthpb.HealthCheckRequest], stream *connect.ServerStream[healthpb.HealthCheckResponse]) error {
+	return h.watch(ctx, req.Msg.GetService(), stream.Send)
+}
+
+// watch serves Watch for both RPC stacks.
+func (h *healthService) watch(ctx context.Context, service string, send func(*healthpb.HealthCheckResponse) error) error {
 	last := healthpb.HealthCheckResponse_ServingStatus(-1)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		st, err := h.status(ctx, req.Msg.GetService())
+		st, err := h.status(ctx, service)
 		if err != nil {
 			return err
 		}
 		if st != last {
-			if err := stream.Send(&healthpb.HealthCheckResponse{Status: st}); err != nil {
+			if err := send(&healthpb.HealthCheckResponse{Status: st}); err != nil {
 				return err
 			}
 			last = st

@@ -1,10 +1,12 @@
 package checker
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -12,8 +14,10 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -101,19 +105,38 @@ func newEnv(t testing.TB, cfg Config) *testEnv {
 		cfg.Logger = slog.New(slog.NewTextHandler(debugOut(), nil))
 	}
 	srv := New(cfg)
-	hs := httptest.NewUnstartedServer(srv.Handler())
-	hs.Config.Protocols = new(http.Protocols)
-	hs.Config.Protocols.SetHTTP1(true)
-	hs.Config.Protocols.SetUnencryptedHTTP2(true)
-	hs.Start()
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Close()
-	})
+	url := serve(t, srv, srv.Handler())
+	t.Cleanup(func() { srv.Close() })
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetHTTP1(true)
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	return &testEnv{srv: srv, url: hs.URL, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	return &testEnv{srv: srv, url: url, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// serve serves h and srv's gRPC services on one loopback port, split as the quotaflow command
+// splits them, until the test ends; it returns the base URL.
+func serve(t testing.TB, srv *Server, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	srv.RegisterGRPC(gs)
+	hs := &http.Server{Handler: h, Protocols: new(http.Protocols)}
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- grpcsplit.Serve(ctx, ln, gs, hs, time.Second, grpcsplit.Config{}) }()
+	t.Cleanup(func() {
+		cancel()
+		// Streams a test left open (reflection, health Watch) are cut off at the timeout.
+		if err := <-done; err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
 }
 
 // h2cClient forces HTTP/2 without TLS, as gRPC clients do.

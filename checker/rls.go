@@ -152,7 +152,16 @@ func (q *rlsQuery) rename(err error) error {
 
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService; see RLSHandler.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratelimitv3.RateLimitRequest]) (*connect.Response[ratelimitv3.RateLimitResponse], error) {
-	qs, err := rlsQueries(req.Msg)
+	resp, err := s.shouldRateLimit(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// shouldRateLimit serves ShouldRateLimit for both RPC stacks; its errors are Connect errors.
+func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
+	qs, err := rlsQueries(req)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -199,7 +208,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratel
 	if worst != nil {
 		resp.ResponseHeadersToAdd = rlsHeaders(worstOut, worst)
 	}
-	return connect.NewResponse(resp), nil
+	return resp, nil
 }
 
 // moreRestrictive reports whether limit a (of outcome ao) restricts more than limit b: a

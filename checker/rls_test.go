@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"go/build"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,8 +56,7 @@ rules:
   - {id: rls-closed, dimension: user, endpoint: /closed, algorithm: fixed_window, limit: 1, window: 1h, fail_mode: closed}
 `
 
-// rlsEnv is a checker serving its Handler and the RLS handler on one h2c port, whether or not
-// Handler registers the RLS handler itself.
+// rlsEnv is a checker with a go-control-plane RLS client, as Envoy would call it.
 type rlsEnv struct {
 	*testEnv
 	rlsURL string
@@ -71,21 +69,12 @@ func newRLSEnv(t *testing.T, cfg Config) *rlsEnv {
 		cfg.Rules = mustRules(t, rlsRules)
 	}
 	env := newEnv(t, cfg)
-	mux := http.NewServeMux()
-	mux.Handle(env.srv.RLSHandler())
-	mux.Handle("/", env.srv.Handler())
-	hs := httptest.NewUnstartedServer(mux)
-	hs.Config.Protocols = new(http.Protocols)
-	hs.Config.Protocols.SetHTTP1(true)
-	hs.Config.Protocols.SetUnencryptedHTTP2(true)
-	hs.Start()
-	t.Cleanup(hs.Close)
-	conn, err := grpc.NewClient(strings.TrimPrefix(hs.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(strings.TrimPrefix(env.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &rlsEnv{testEnv: env, rlsURL: hs.URL, client: ratelimitv3.NewRateLimitServiceClient(conn)}
+	return &rlsEnv{testEnv: env, rlsURL: env.url, client: ratelimitv3.NewRateLimitServiceClient(conn)}
 }
 
 // desc builds a descriptor from key, value pairs.

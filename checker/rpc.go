@@ -18,7 +18,16 @@ var _ quotaflowv1connect.RateLimiterHandler = (*Server)(nil)
 
 // CheckRateLimit implements quotaflow.v1.RateLimiter.
 func (s *Server) CheckRateLimit(ctx context.Context, req *connect.Request[quotaflowv1.CheckRateLimitRequest]) (*connect.Response[quotaflowv1.CheckRateLimitResponse], error) {
-	q, err := newCheckQuery(req.Msg, time.Now())
+	resp, err := s.checkRateLimit(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// checkRateLimit serves CheckRateLimit for both RPC stacks; its errors are Connect errors.
+func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
+	q, err := newCheckQuery(req, time.Now())
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -43,12 +52,20 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *connect.Request[quotaf
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ceilSeconds(d.RetryAfterMs)
 	}
-	return connect.NewResponse(resp), nil
+	return resp, nil
 }
 
 // GetRemainingQuota implements quotaflow.v1.RateLimiter.
 func (s *Server) GetRemainingQuota(ctx context.Context, req *connect.Request[quotaflowv1.GetRemainingQuotaRequest]) (*connect.Response[quotaflowv1.GetRemainingQuotaResponse], error) {
-	q, err := newQuotaQuery(req.Msg)
+	resp, err := s.getRemainingQuota(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {
+	q, err := newQuotaQuery(req)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -68,16 +85,24 @@ func (s *Server) GetRemainingQuota(ctx context.Context, req *connect.Request[quo
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ceilSeconds(d.RetryAfterMs)
 	}
-	return connect.NewResponse(resp), nil
+	return resp, nil
 }
 
 // ResetLimit implements quotaflow.v1.RateLimiter.
 func (s *Server) ResetLimit(ctx context.Context, req *connect.Request[quotaflowv1.ResetLimitRequest]) (*connect.Response[quotaflowv1.ResetLimitResponse], error) {
-	n, ids, err := s.reset(ctx, req.Msg)
+	resp, err := s.resetLimit(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *Server) resetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequest) (*quotaflowv1.ResetLimitResponse, error) {
+	n, ids, err := s.reset(ctx, req)
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	return connect.NewResponse(&quotaflowv1.ResetLimitResponse{ResetCount: n, RuleIds: ids}), nil
+	return &quotaflowv1.ResetLimitResponse{ResetCount: n, RuleIds: ids}, nil
 }
 
 // reset deletes the buckets of one subject for every rule of its dimension (whatever the

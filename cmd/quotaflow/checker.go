@@ -17,8 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
@@ -255,7 +258,9 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		defer stop()
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveHTTP(gctx, ln, withMetrics(srv.Handler(), tel), c.shutdownTimeout, log) })
+	g.Go(func() error {
+		return serveSplit(gctx, ln, withMetrics(srv.Handler(), tel), srv.RegisterGRPC, c.shutdownTimeout, log)
+	})
 	if source != nil {
 		g.Go(func() error { return source.run(gctx, store, srv) })
 	}
@@ -274,13 +279,41 @@ func newInstanceID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 (gRPC) until ctx is done, then
-// shuts down gracefully within timeout.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
+// grpcStreamWorkers is the number of goroutines reused for gRPC calls; calls beyond it get a
+// goroutine of their own.
+const grpcStreamWorkers = 128
+
+// serveSplit serves one port with two stacks until ctx is done: h2c connections whose first
+// request is gRPC go to a grpc-go server with register's services, every other connection to
+// h (HTTP/1.1 and h2c). Shutdown is graceful for both within timeout.
+func serveSplit(ctx context.Context, ln net.Listener, h http.Handler, register func(*grpc.Server), timeout time.Duration, log *slog.Logger) error {
+	gs := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime: 10 * time.Second, PermitWithoutStream: true, // as lenient as Envoy's own keepalives need
+		}),
+		// Calls run on reused goroutines whose stacks have already grown: a new goroutine
+		// per call spent about 7% of the checker's CPU growing its stack.
+		grpc.NumStreamWorkers(grpcStreamWorkers),
+	)
+	register(gs)
+	go func() {
+		<-ctx.Done()
+		log.Info("shutting down", "timeout", timeout)
+	}()
+	return grpcsplit.Serve(ctx, ln, gs, newHTTPServer(h), timeout, grpcsplit.Config{Logger: log})
+}
+
+func newHTTPServer(h http.Handler) *http.Server {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	hs := &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+}
+
+// serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 (gRPC) until ctx is done, then
+// shuts down gracefully within timeout.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
+	hs := newHTTPServer(h)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
