@@ -142,8 +142,7 @@ func newBenchTarget(o *benchOptions) (func() benchCall, func(), error) {
 	u, _ := url.Parse(o.target)
 	base := strings.TrimSuffix(o.target, "/")
 	dim := benchDimensions[o.dimension]
-	switch o.protocol {
-	case "connect", "grpc":
+	if o.protocol == "connect" {
 		tr := &http.Transport{
 			Proxy:               nil,
 			DialContext:         (&net.Dialer{Timeout: o.timeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -153,21 +152,11 @@ func newBenchTarget(o *benchOptions) (func() benchCall, func(), error) {
 			DisableCompression:  true,
 			Protocols:           new(http.Protocols),
 		}
+		tr.Protocols.SetHTTP1(true)
 		// Responses are not compressed: the generator and the checker share the CPU, and
 		// gateways do not compress these small messages either.
-		opts := []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}
-		if o.protocol == "grpc" {
-			opts = append(opts, connect.WithGRPC())
-			if u.Scheme == "https" {
-				tr.Protocols.SetHTTP2(true)
-				tr.ForceAttemptHTTP2 = true
-			} else {
-				tr.Protocols.SetUnencryptedHTTP2(true) // h2c, as gRPC clients do
-			}
-		} else {
-			tr.Protocols.SetHTTP1(true)
-		}
-		client := quotaflowv1connect.NewRateLimiterClient(&http.Client{Transport: tr}, base, opts...)
+		client := quotaflowv1connect.NewRateLimiterClient(&http.Client{Transport: tr}, base,
+			connect.WithAcceptCompression("gzip", nil, nil))
 		return func() benchCall {
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: o.endpoint}
 			return func(ctx context.Context, id string) (bool, error) {
@@ -180,7 +169,7 @@ func newBenchTarget(o *benchOptions) (func() benchCall, func(), error) {
 			}
 		}, tr.CloseIdleConnections, nil
 	}
-	// rls: go-control-plane's client over grpc-go, as Envoy would call.
+	// grpc and rls: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC services call.
 	host := u.Host
 	if u.Port() == "" {
 		port := "80"
@@ -196,6 +185,20 @@ func newBenchTarget(o *benchOptions) (func() benchCall, func(), error) {
 	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, nil, usageError{fmt.Errorf("--target: %w", err)}
+	}
+	if o.protocol == "grpc" {
+		client := quotaflowv1.NewRateLimiterClient(conn)
+		return func() benchCall {
+			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: o.endpoint}
+			return func(ctx context.Context, id string) (bool, error) {
+				msg.Identifier = id
+				resp, err := client.CheckRateLimit(ctx, msg)
+				if err != nil {
+					return false, err
+				}
+				return resp.Allowed, nil
+			}
+		}, func() { conn.Close() }, nil
 	}
 	client := ratelimitv3.NewRateLimitServiceClient(conn)
 	return func() benchCall {
