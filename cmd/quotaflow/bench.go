@@ -301,13 +301,15 @@ func benchRun(ctx context.Context, o *benchOptions, newCall func() benchCall, st
 	measureFrom := start.Add(o.warmup)
 	end := measureFrom.Add(o.duration)
 	var (
-		next    atomic.Int64 // open loop: the next scheduled slot
 		sent    atomic.Int64 // open loop: measured slots sent
 		workers sync.WaitGroup
+		slots   chan time.Time // open loop: due times, from pace
 	)
 	interval := 0.0
 	if o.rate > 0 {
 		interval = float64(time.Second) / o.rate
+		slots = make(chan time.Time, o.concurrency)
+		go pace(runCtx, start, end, interval, slots)
 	}
 	seed := uint64(time.Now().UnixNano())
 	for w := 0; w < o.concurrency; w++ {
@@ -316,36 +318,21 @@ func benchRun(ctx context.Context, o *benchOptions, newCall func() benchCall, st
 		picker, _ := newKeyPicker(o.distribution, o.keys, seed+uint64(w))
 		go func() {
 			defer workers.Done()
-			timer := time.NewTimer(time.Hour)
-			defer timer.Stop()
-			pause := func(d time.Duration) bool {
-				timer.Reset(d)
-				select {
-				case <-runCtx.Done():
-					return false
-				case <-timer.C:
-					return true
-				}
-			}
 			for {
-				now := time.Now()
-				if !now.Before(end) || runCtx.Err() != nil {
+				var from time.Time // what latency counts from
+				if slots != nil {
+					at, ok := <-slots
+					if !ok {
+						return
+					}
+					from = at
+				} else if from = time.Now(); !from.Before(end) || runCtx.Err() != nil {
 					return
-				}
-				from := now // what latency counts from
-				if interval > 0 {
-					from = slotTime(start, next.Add(1)-1, interval)
-					if !from.Before(end) {
-						return
-					}
-					if d := from.Sub(now); d > 0 && !pause(d) {
-						return
-					}
 				}
 				stats := measured
 				if from.Before(measureFrom) {
 					stats = warm
-				} else if interval > 0 {
+				} else if slots != nil {
 					sent.Add(1)
 				}
 				cctx, ccancel := context.WithTimeout(runCtx, o.timeout)
@@ -355,7 +342,7 @@ func benchRun(ctx context.Context, o *benchOptions, newCall func() benchCall, st
 					return // interrupted: not the target's error
 				}
 				stats.done(allowed, err, time.Since(from))
-				if err != nil && interval == 0 && !pause(benchErrorPause) {
+				if err != nil && slots == nil && !sleepCtx(runCtx, benchErrorPause) {
 					return
 				}
 			}
@@ -387,6 +374,18 @@ func benchRun(ctx context.Context, o *benchOptions, newCall func() benchCall, st
 	rep.P50Ms, rep.P90Ms, rep.P99Ms, rep.P999Ms = h.quantileMs(0.5), h.quantileMs(0.9), h.quantileMs(0.99), h.quantileMs(0.999)
 	rep.MaxMs, rep.MeanMs = round3(float64(h.max.Load())/1000), h.meanMs()
 	return rep
+}
+
+// sleepCtx sleeps for d; it reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // slotTime is when the open loop's check number k is due.
