@@ -8,6 +8,13 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
+# grpcurl, for the README's tour and the test that calls the checker with it (TestRLSGrpcurl).
+gobin="$(go env GOPATH)/bin"
+if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
+  echo "install-deps: installing grpcurl into $gobin (go install)"
+  go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+fi
+
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
