@@ -310,7 +310,7 @@ func newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
 }
 
-// serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 (gRPC) until ctx is done, then
+// serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 until ctx is done, then
 // shuts down gracefully within timeout.
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
 	hs := newHTTPServer(h)
