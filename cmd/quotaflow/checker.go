@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -115,7 +116,7 @@ while NATS is unreachable; on SIGTERM the queue and the spool are drained first)
 tiers, users and overrides come from the rule store in NATS KV (seeded from --rules when empty),
 watched so that every change is enforced within a fraction of a second. The admin REST API under
 /api/v1 (rules, tiers, overrides; bearer tokens from --admin-token or --admin-tokens-file)
-writes to that store.`, stderr)
+writes to that store. Unless GOGC is set, the checker runs with GOGC=400.`, stderr)
 	var c checkerFlags
 	var p publishFlags
 	c.register(fs)
@@ -127,7 +128,20 @@ writes to that store.`, stderr)
 	if err != nil {
 		return err
 	}
+	if pct, ok := checkerGCPercent(getenv); ok {
+		debug.SetGCPercent(pct)
+	}
 	return serveChecker(ctx, &c, &p, log)
+}
+
+// checkerGCPercent is the GC target the checker command sets: 400 unless GOGC is set. The
+// checker's live heap is small and its garbage is per check, so collecting a quarter as often
+// buys 5-8 % more checks/s for about 12 MB more peak memory (docs/performance.md).
+func checkerGCPercent(getenv func(string) string) (int, bool) {
+	if getenv("GOGC") != "" {
+		return 0, false
+	}
+	return 400, true
 }
 
 // validate checks the flags of a checker and returns its logger.

@@ -162,3 +162,27 @@ func TestExitCode(t *testing.T) {
 		t.Errorf("error: exit %d, output %q; want 1 and the error", got, b.String())
 	}
 }
+
+func TestCheckerGCPercent(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		gogc   string
+		want   int
+		wantOK bool
+	}{
+		{"", 400, true},
+		{"100", 0, false}, // the runtime already applied the user's GOGC
+		{"off", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := checkerGCPercent(func(k string) string {
+			if k == "GOGC" {
+				return tt.gogc
+			}
+			return ""
+		})
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("GOGC=%q: got (%d, %v), want (%d, %v)", tt.gogc, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
