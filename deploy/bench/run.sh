@@ -3,10 +3,11 @@
 # run: a Redis and a checker of their own, then
 #   1. the Redis ceiling: redis-benchmark pipelining a minimal token-bucket script (the cost of
 #      one bucket check in Redis, without quotaflow);
-#   2. quotaflow bench, closed loop, for the maximum checks/s, with the CPU the checker and
-#      Redis spent per check (from /proc/<pid>/stat);
-#   3. quotaflow bench, open loop at half that rate, for the latency percentiles;
-#   4. the same with three limits per check.
+#   2. quotaflow bench, closed loop, for the maximum checks/s, with the CPU the generator, the
+#      checker and Redis spent per check (bash's time, /proc/<pid>/stat);
+#   3. quotaflow bench, open loop at half that rate and at lower rates, for the latency
+#      percentiles;
+#   4. three limits per check, and the other protocols.
 # Usage: deploy/bench/run.sh [seconds per run, default 10]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,26 +41,33 @@ redis-benchmark -p "$PORT_REDIS" -n $((SECS * 100000)) -c 50 -P 16 -r 10000 -q e
 
 run() { # label, extra bench flags...
   local label=$1; shift
-  local c0 r0 c1 r1 out checks
+  local c0 r0 c1 r1 out checks gen
   c0=$(ticks "$ck"); r0=$(ticks "$redis_pid")
-  out=$(./bin/quotaflow bench --target "http://$LISTEN" --duration "${SECS}s" --json "$@" 2>/dev/null)
+  gen=$( { TIMEFORMAT='%U %S'; time ./bin/quotaflow bench --target "http://$LISTEN" --duration "${SECS}s" --json "$@" >"$dir/out" 2>/dev/null; } 2>&1 )
   c1=$(ticks "$ck"); r1=$(ticks "$redis_pid")
+  out=$(cat "$dir/out")
   checks=$(echo "$out" | sed -n 's/.*"checks":\([0-9]*\).*/\1/p')
-  echo "$out" | awk -v label="$label" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v n="$checks" -v hz="$hz" '{
+  echo "$out" | awk -v label="$label" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v n="$checks" -v hz="$hz" -v gen="$gen" '{
     match($0, /"checks_per_sec":[0-9.]+/); cps = substr($0, RSTART + 17, RLENGTH - 17)
     match($0, /"p50_ms":[0-9.]+/); p50 = substr($0, RSTART + 9, RLENGTH - 9)
     match($0, /"p99_ms":[0-9.]+/); p99 = substr($0, RSTART + 9, RLENGTH - 9)
     match($0, /"p999_ms":[0-9.]+/); p999 = substr($0, RSTART + 10, RLENGTH - 10)
     match($0, /"errors":[0-9]+/); errs = substr($0, RSTART + 9, RLENGTH - 9)
-    printf "%-34s %9.0f checks/s  p50 %6.3f ms  p99 %6.3f ms  p99.9 %6.3f ms  checker %5.1f us/check  redis %5.1f us/check  errors %s\n",
-      label, cps, p50, p99, p999, cc * 1e6 / hz / n, rc * 1e6 / hz / n, errs }'
+    split(gen, g, " ")
+    printf "%-36s %7.0f checks/s  p50 %6.3f  p99 %6.3f  p99.9 %6.3f ms  CPU us/check: generator %5.1f  checker %5.1f  redis %5.1f  errors %s\n",
+      label, cps, p50, p99, p999, (g[1] + g[2]) * 1e6 / n, cc * 1e6 / hz / n, rc * 1e6 / hz / n, errs }'
   echo "$out" | sed -n 's/.*"checks_per_sec":\([0-9.]*\).*/\1/p' > "$dir/last_rate"
 }
 
-echo "== 2-4. quotaflow bench (grpc), 10k uniform keys"
-run "1 limit, closed loop, 64 workers" --protocol grpc --concurrency 64 --endpoint /one --keys 10000
+echo "== 2. closed loop, 64 workers, 1 limit, 10k uniform keys: Envoy RLS (the peer's protocol) and gRPC"
+run "rls, closed loop" --protocol rls --concurrency 64 --endpoint /one --keys 10000
 half=$(awk '{printf "%d", $1 / 2}' "$dir/last_rate")
-run "1 limit, open loop at half ($half/s)" --protocol grpc --rate "$half" --concurrency 256 --endpoint /one --keys 10000
-run "3 limits, closed loop, 64 workers" --protocol grpc --concurrency 64 --endpoint /three --keys 10000
-run "1 limit, connect, closed loop" --protocol connect --concurrency 64 --endpoint /one --keys 10000
-run "1 limit, envoy rls, closed loop" --protocol rls --concurrency 64 --endpoint /one --keys 10000
+run "grpc, closed loop" --protocol grpc --concurrency 64 --endpoint /one --keys 10000
+echo "== 3. open loop (latency from each check's due time), rls, 1 limit"
+run "rls, open loop at half ($half/s)" --protocol rls --rate "$half" --concurrency 256 --endpoint /one --keys 10000
+for rate in 5000 2000 1000; do
+  run "rls, open loop at $rate/s" --protocol rls --rate "$rate" --concurrency 256 --endpoint /one --keys 10000
+done
+echo "== 4. three limits per check, Connect over HTTP/1.1"
+run "rls, 3 limits, closed loop" --protocol rls --concurrency 64 --endpoint /three --keys 10000
+run "connect, closed loop" --protocol connect --concurrency 64 --endpoint /one --keys 10000
