@@ -12,7 +12,7 @@ fi
 gobin="$(go env GOPATH)/bin"
 if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
   echo "install-deps: installing grpcurl into $gobin (go install)"
-  go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+  go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 fi
 
 missing=()
