@@ -308,6 +308,9 @@ func serveSplit(ctx context.Context, ln net.Listener, h http.Handler, register f
 		// Calls run on reused goroutines whose stacks have already grown: a new goroutine
 		// per call spent about 7% of the checker's CPU growing its stack.
 		grpc.NumStreamWorkers(grpcStreamWorkers),
+		// A check cut off by the shutdown timeout still hands its decision to the publisher
+		// before the publisher is drained (checks are bounded by --redis-timeout).
+		grpc.WaitForHandlers(true),
 	)
 	register(gs)
 	go func() {
