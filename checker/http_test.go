@@ -10,10 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
-
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -143,6 +145,39 @@ func TestHealthEndpoints(t *testing.T) {
 	_, err = hc.CallUnary(context.Background(), connect.NewRequest(&healthpb.HealthCheckRequest{Service: "nope"}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("grpc health of an unknown service: %v, want NotFound", err)
+	}
+}
+
+// TestHealthWatch: Watch sends the status at once, on both stacks: grpc-go (a gRPC client on
+// h2c) and connect-go (gRPC-Web over HTTP/1.1).
+func TestHealthWatch(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	conn, err := grpc.NewClient(strings.TrimPrefix(env.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	gs, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := gs.Recv(); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("grpc-go Watch: first message %v, %v, want SERVING", resp, err)
+	}
+
+	web := connect.NewClient[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse](
+		env.http, env.url+healthWatchProcedure, connect.WithGRPCWeb())
+	ws, err := web.CallServerStream(ctx, connect.NewRequest(&healthpb.HealthCheckRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if !ws.Receive() || ws.Msg().GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC-Web Watch: first message %v, %v, want SERVING", ws.Msg(), ws.Err())
 	}
 }
 
