@@ -59,7 +59,6 @@ rules:
 // rlsEnv is a checker with a go-control-plane RLS client, as Envoy would call it.
 type rlsEnv struct {
 	*testEnv
-	rlsURL string
 	client ratelimitv3.RateLimitServiceClient
 }
 
@@ -74,7 +73,7 @@ func newRLSEnv(t *testing.T, cfg Config) *rlsEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &rlsEnv{testEnv: env, rlsURL: env.url, client: ratelimitv3.NewRateLimitServiceClient(conn)}
+	return &rlsEnv{testEnv: env, client: ratelimitv3.NewRateLimitServiceClient(conn)}
 }
 
 // desc builds a descriptor from key, value pairs.
@@ -371,7 +370,7 @@ func TestRLSInvalid(t *testing.T) {
 		t.Errorf("after refused requests: %v, want the first charge (2 of 3 left)", st)
 	}
 	// Another method of the service does not exist.
-	conn, _ := grpc.NewClient(strings.TrimPrefix(e.rlsURL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, _ := grpc.NewClient(strings.TrimPrefix(e.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	defer conn.Close()
 	err = conn.Invoke(context.Background(), "/"+RLSServiceName+"/Nope", rlsReq(), &ratelimitv3.RateLimitResponse{})
 	if status.Code(err) != codes.Unimplemented {
@@ -384,7 +383,7 @@ func TestRLSConnectJSON(t *testing.T) {
 	t.Parallel()
 	e := newRLSEnv(t, Config{})
 	body := `{"domain":"quotaflow","descriptors":[{"entries":[{"key":"user_id","value":"` + id(t, "u") + `"},{"key":"path","value":"/rls/j"}]}]}`
-	resp, err := http.Post(e.rlsURL+RLSProcedure, "application/json", strings.NewReader(body))
+	resp, err := http.Post(e.url+RLSProcedure, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +426,7 @@ func TestRLSGrpcurl(t *testing.T) {
 		t.Skip("grpcurl not found on PATH or in GOPATH/bin (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest)")
 	}
 	e := newRLSEnv(t, Config{})
-	addr := strings.TrimPrefix(e.rlsURL, "http://")
+	addr := strings.TrimPrefix(e.url, "http://")
 	grpcurl := func(args ...string) string {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
