@@ -31,6 +31,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/instance"
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
@@ -39,6 +42,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -93,9 +97,6 @@ type Config struct {
 
 // Defaults used for zero Config fields.
 const (
-	DefaultStream        = "QUOTAFLOW_DECISIONS"
-	DefaultSubjectPrefix = "quotaflow.decisions"
-	DefaultPartitions    = 16
 	// PriorityGroup is the consumers' pinned priority group.
 	PriorityGroup = "aggregators"
 	// DefaultEventsConsumer is the events stream's durable consumer.
@@ -109,19 +110,19 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if c.Stream == "" {
-		c.Stream = DefaultStream
+		c.Stream = stream.Name
 	}
 	if c.SubjectPrefix == "" {
-		c.SubjectPrefix = DefaultSubjectPrefix
+		c.SubjectPrefix = stream.SubjectPrefix
 	}
 	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
+		c.Partitions = stream.Partitions
 	}
 	if c.Database == "" {
 		c.Database = schema.DefaultDatabase
 	}
 	if c.InstanceID == "" {
-		c.InstanceID = "aggregator-" + randomHex(4)
+		c.InstanceID = "aggregator-" + instance.NewID()
 	}
 	if c.BatchRows == 0 {
 		c.BatchRows = 50000
@@ -154,8 +155,8 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	switch {
-	case c.Partitions < 1 || c.Partitions > 1024:
-		return fmt.Errorf("partitions %d: want 1..1024", c.Partitions)
+	case c.Partitions < 1 || c.Partitions > stream.MaxPartitions:
+		return fmt.Errorf("partitions %d: want 1..%d", c.Partitions, stream.MaxPartitions)
 	case c.BatchRows < 1:
 		return fmt.Errorf("batch rows %d: want at least 1", c.BatchRows)
 	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0 || c.WarningGrace < 0:
@@ -312,7 +313,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 
 // migrate applies the schema, retrying with backoff while ClickHouse is unreachable.
 func (a *Aggregator) migrate(ctx context.Context) error {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		d, applied, err := schema.Migrate(ctx, a.ch, a.cfg.Database)
 		if err == nil {
@@ -320,31 +321,27 @@ func (a *Aggregator) migrate(ctx context.Context) error {
 			a.log.Info("schema ready", "database", a.cfg.Database, "server", d.Version, "dialect", d.String(), "applied", applied)
 			return nil
 		}
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("schema migration failed; retrying", "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, wait) {
 			return fmt.Errorf("migrate: %w", err)
-		case <-time.After(wait):
 		}
 	}
 }
 
 // ensureConsumers creates or updates one durable consumer per partition.
 func (a *Aggregator) ensureConsumers(ctx context.Context) error {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for p := 0; p < a.cfg.Partitions; p++ {
 		for {
 			_, err := a.js.CreateOrUpdateConsumer(ctx, a.cfg.Stream, a.consumerConfig(p))
 			if err == nil {
 				break
 			}
-			wait := b.next()
+			wait := b.Next()
 			a.log.Warn("create consumer failed; retrying (is the stream there? checkers create it)", "partition", p, "err", err, "retry_in", wait)
-			select {
-			case <-ctx.Done():
+			if !retry.Sleep(ctx, wait) {
 				return fmt.Errorf("create consumer for partition %d: %w", p, err)
-			case <-time.After(wait):
 			}
 		}
 	}
@@ -358,7 +355,7 @@ func (a *Aggregator) consumerConfig(p int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        ConsumerName(p),
 		Description:    "quotaflow aggregator, decisions of one partition into ClickHouse",
-		FilterSubject:  fmt.Sprintf("%s.%d", a.cfg.SubjectPrefix, p),
+		FilterSubject:  stream.Subject(a.cfg.SubjectPrefix, p),
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        a.cfg.AckWait,
 		MaxDeliver:     -1,

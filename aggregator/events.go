@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -54,7 +56,7 @@ func (e *storedEvent) at() time.Time {
 // inserted, and its message is acked only after the insert: an event redelivered, or
 // re-published after the stream's duplicate window, is stored once.
 func (a *Aggregator) eventsLoop(ctx context.Context) {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	var cons jetstream.Consumer
 	for {
 		var err error
@@ -71,9 +73,9 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("create events consumer failed; retrying", "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return
 		}
 	}
@@ -81,12 +83,12 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(wait))
 		if err != nil {
-			if !sleep(ctx, b.next()) {
+			if !retry.Sleep(ctx, b.Next()) {
 				return
 			}
 			continue
 		}
-		b = backoff{max: a.cfg.MaxBackoff}
+		b = retry.Backoff{Max: a.cfg.MaxBackoff}
 		var evs []storedEvent
 		for msg := range batch.Messages() {
 			ev, err := decodeEvent(msg)
@@ -132,7 +134,7 @@ func decodeEvent(msg jetstream.Msg) (storedEvent, error) {
 // storeEvents inserts the events ClickHouse does not hold yet and acks them all, retrying
 // with backoff while ClickHouse fails; false when ctx ended first.
 func (a *Aggregator) storeEvents(ctx context.Context, evs []storedEvent) bool {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		n, err := a.storeEventsOnce(ctx, evs)
 		if err == nil {
@@ -143,9 +145,9 @@ func (a *Aggregator) storeEvents(ctx context.Context, evs []storedEvent) bool {
 		}
 		a.clickhouseErrors.Add(1)
 		a.m.clickhouseErrors.Add(context.Background(), 1)
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("storing events failed; holding their acks and retrying", "events", len(evs), "stored", n, "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return false
 		}
 	}

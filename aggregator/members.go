@@ -2,8 +2,6 @@ package aggregator
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"regexp"
 	"slices"
@@ -164,26 +162,3 @@ func (a *Aggregator) unpin(ctx context.Context, p int) {
 var keyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
 
 func validKey(s string) bool { return keyRE.MatchString(s) }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// backoff doubles a wait from 100ms up to max.
-type backoff struct {
-	max, cur time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = 100 * time.Millisecond
-	} else {
-		b.cur *= 2
-	}
-	if b.max > 0 && b.cur > b.max {
-		b.cur = b.max
-	}
-	return b.cur
-}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/schema"
@@ -111,7 +113,7 @@ func (a *Aggregator) retentionLoop(ctx context.Context) {
 		case len(dropped) > 0:
 			a.log.Info("retention job dropped expired partitions", "dropped", fmt.Sprint(dropped))
 		}
-		if !sleep(ctx, a.cfg.RetentionInterval) {
+		if !retry.Sleep(ctx, a.cfg.RetentionInterval) {
 			return
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -37,13 +39,13 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 	defer close(pt.done)
 	wait := min(time.Second, a.cfg.PinnedTTL/4)
 	var cons jetstream.Consumer
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		var err error
 		if cons, err = a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(pt.p)); err == nil {
 			break
 		}
-		if !sleep(ctx, b.next()) {
+		if !retry.Sleep(ctx, b.Next()) {
 			return
 		}
 	}
@@ -64,12 +66,12 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 		batch, err := cons.Fetch(a.cfg.FetchBatch, jetstream.FetchMaxWait(wait), jetstream.FetchPriorityGroup(PriorityGroup))
 		if err != nil {
 			a.log.Debug("fetch failed", "partition", pt.p, "err", err)
-			if !sleep(ctx, b.next()) {
+			if !retry.Sleep(ctx, b.Next()) {
 				return
 			}
 			continue
 		}
-		b = backoff{max: a.cfg.MaxBackoff}
+		b = retry.Backoff{Max: a.cfg.MaxBackoff}
 		items = items[:0]
 		fetched := 0
 		for msg := range batch.Messages() {
@@ -126,7 +128,7 @@ func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map
 	for _, it := range items {
 		lo, hi = min(lo, it.seq), max(hi, it.seq)
 	}
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		stored, err := a.storedSeqs(ctx, p, lo, hi)
 		if err == nil {
@@ -134,9 +136,9 @@ func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map
 		}
 		a.clickhouseErrors.Add(1)
 		a.m.clickhouseErrors.Add(context.Background(), 1)
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("look up stored messages failed; retrying", "partition", p, "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return nil, false
 		}
 	}
@@ -176,15 +178,4 @@ func decode(p int, msg jetstream.Msg) (item, error) {
 		return item{}, fmt.Errorf("stream sequence %d: decode decision batch: %w", meta.Sequence.Stream, err)
 	}
 	return item{p: p, seq: meta.Sequence.Stream, pin: msg.Headers().Get(pinHeader), msg: msg, decisions: batch.Decisions}, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 
 // OverrideStore is what the policies need of the rule store (rulestore.Store).
@@ -284,7 +283,7 @@ func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProt
 	}
 	if rate <= tp.Capacity {
 		for _, o := range mine {
-			if err := p.cfg.Store.DeleteOverride(ctx, o.ID, "policy:tier_protection"); err != nil && !errors.Is(err, rulestore.ErrNotFound) {
+			if err := p.cfg.Store.DeleteOverride(ctx, o.ID, "policy:tier_protection"); err != nil && !errors.Is(err, rules.ErrNotFound) {
 				p.log.Warn("tier protection: lifting failed; it expires by itself", "tier", tp.Tier, "override", o.ID, "err", err)
 				continue
 			}
@@ -315,7 +314,7 @@ func (p *Policies) put(ctx context.Context, o rules.Override) bool {
 	case err == nil:
 		p.log.Info("policy override made", "override", o.ID, "source", o.Source, "reason", o.Reason)
 		return true
-	case errors.Is(err, rulestore.ErrExists):
+	case errors.Is(err, rules.ErrExists):
 	default:
 		p.log.Warn("policy override not made; evaluating next time", "override", o.ID, "err", err)
 	}

@@ -9,12 +9,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -45,7 +48,7 @@ type warnings struct {
 // high-water sequence (a dead owner's fetched, unsaved messages, which would otherwise come
 // back only after the ack wait, behind newer ones). It returns nil when ctx ends first.
 func (a *Aggregator) startWarnings(ctx context.Context, pt *partition, cons jetstream.Consumer) *warnings {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		w, err := a.loadWarnings(ctx, pt.p, cons)
 		if err == nil {
@@ -54,9 +57,9 @@ func (a *Aggregator) startWarnings(ctx context.Context, pt *partition, cons jets
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("load warning states failed; retrying", "partition", pt.p, "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -74,7 +77,7 @@ func (a *Aggregator) loadWarnings(ctx context.Context, p int, cons jetstream.Con
 		if pinned(info) == "" || time.Now().After(deadline) {
 			break
 		}
-		if !sleep(ctx, 50*time.Millisecond) {
+		if !retry.Sleep(ctx, 50*time.Millisecond) {
 			return nil, ctx.Err()
 		}
 	}
@@ -126,7 +129,7 @@ func pinned(info *jetstream.ConsumerInfo) string {
 // directly from the stream, and saves the result.
 func (a *Aggregator) catchUp(ctx context.Context, w *warnings, through uint64) error {
 	oc, err := a.js.OrderedConsumer(ctx, a.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{fmt.Sprintf("%s.%d", a.cfg.SubjectPrefix, w.p)},
+		FilterSubjects: []string{stream.Subject(a.cfg.SubjectPrefix, w.p)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: w.m.hw + 1,
 	})
 	if err != nil {
@@ -166,7 +169,7 @@ func (a *Aggregator) catchUp(ctx context.Context, w *warnings, through uint64) e
 // same transitions (whose copies the stream drops). It retries until it succeeds; it returns an
 // error only when ctx ended first, and then the caller must not hand the messages on.
 func (a *Aggregator) saveWarnings(ctx context.Context, w *warnings) error {
-	b := backoff{max: a.cfg.MaxBackoff}
+	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		err := a.saveOnce(ctx, w)
 		if err == nil {
@@ -175,9 +178,9 @@ func (a *Aggregator) saveWarnings(ctx context.Context, w *warnings) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		wait := b.next()
+		wait := b.Next()
 		a.log.Warn("saving warning states failed; holding the partition's messages and retrying", "partition", w.p, "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return err
 		}
 	}

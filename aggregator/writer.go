@@ -8,8 +8,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
+
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
 // pending is the batch the writer is filling: rows plus, per partition, the messages to ack
@@ -108,7 +112,7 @@ func (a *Aggregator) add(b *pending, it item) {
 	}
 	pp.seqs[it.seq] = true
 	pp.lo, pp.hi, pp.pin = min(pp.lo, it.seq), max(pp.hi, it.seq), it.pin
-	batchID := it.msg.Headers().Get("Nats-Msg-Id")
+	batchID := it.msg.Headers().Get(stream.MsgIDHeader)
 	for _, d := range it.decisions {
 		b.rows.add(d, it.p, it.seq, batchID)
 	}
@@ -116,15 +120,15 @@ func (a *Aggregator) add(b *pending, it item) {
 
 // flush inserts the batch, retrying with backoff until it is stored or ctx ends.
 func (a *Aggregator) flush(ctx context.Context, b *pending) error {
-	bo := backoff{max: a.cfg.MaxBackoff}
+	bo := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		err := a.flushOnce(ctx, b)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		wait := bo.next()
+		wait := bo.Next()
 		a.log.Warn("insert into clickhouse failed; holding the acks and retrying", "rows", b.rows.len(), "err", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 		// The failed attempt may have been stored all the same (a timeout after the server

@@ -15,7 +15,6 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 
 // ConfigStore is the configuration store the admin API reads and writes (rulestore.Store in
@@ -268,11 +267,11 @@ func writeAPIError(w http.ResponseWriter, err error) {
 	case errors.As(err, &me):
 		ae = &apiErr{status: http.StatusRequestEntityTooLarge, code: "invalid_argument", field: "body",
 			msg: fmt.Sprintf("body: larger than %d bytes", me.Limit)}
-	case errors.Is(err, rulestore.ErrNotFound):
+	case errors.Is(err, rules.ErrNotFound):
 		ae = notFound("%v", err)
-	case errors.Is(err, rulestore.ErrExists):
+	case errors.Is(err, rules.ErrExists):
 		ae = &apiErr{status: http.StatusConflict, code: "already_exists", msg: err.Error()}
-	case errors.Is(err, rulestore.ErrNotSeeded):
+	case errors.Is(err, rules.ErrNotSeeded):
 		ae = &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: err.Error()}
 	case errors.Is(err, context.Canceled):
 		return // the caller went away

@@ -10,7 +10,6 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
@@ -61,7 +60,7 @@ func (a *admin) createRule(r *http.Request, c caller) (int, any, error) {
 	}
 	// Created only if the id is free when the store writes: two admins creating one id never
 	// replace each other's rule.
-	if err := a.store.CreateRule(r.Context(), dr); errors.Is(err, rulestore.ErrExists) {
+	if err := a.store.CreateRule(r.Context(), dr); errors.Is(err, rules.ErrExists) {
 		return 0, nil, &apiErr{status: http.StatusConflict, code: "already_exists", field: "id",
 			msg: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
 	} else if err != nil {

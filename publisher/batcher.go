@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -106,7 +107,7 @@ func (c *Client) batchLoop() {
 
 // add encodes d into its partition's batch, and flushes the batch when it is full.
 func (c *Client) add(open []batch, d *quotaflowv1.Decision, now uint64) {
-	p := Partition(d.Subject, c.cfg.Partitions)
+	p := stream.Partition(d.Subject, c.cfg.Partitions)
 	b := &open[p]
 	if b.buf == nil {
 		b.buf = c.getBuf()
@@ -154,7 +155,7 @@ func (c *Client) subject(p int) string {
 	if p >= 0 && p < len(c.subjects) {
 		return c.subjects[p]
 	}
-	return c.cfg.SubjectPrefix + "." + strconv.Itoa(p) // a spooled batch of another partition count
+	return stream.Subject(c.cfg.SubjectPrefix, p) // a spooled batch of another partition count
 }
 
 // newMsg returns the message of a batch; its Nats-Msg-Id is set with jetstream.WithMsgID.
@@ -162,7 +163,7 @@ func (c *Client) newMsg(partition, count int, data []byte) *nats.Msg {
 	return &nats.Msg{
 		Subject: c.subject(partition),
 		Data:    data,
-		Header:  nats.Header{CountHeader: []string{strconv.Itoa(count)}},
+		Header:  nats.Header{stream.CountHeader: []string{strconv.Itoa(count)}},
 	}
 }
 
@@ -281,7 +282,7 @@ type overflowSlot struct {
 // the spool when it is full, and every FlushInterval (as the spool's buffer is written to
 // the OS): one record per batch, not per decision, so the replayer publishes batches too.
 func (c *Client) spoolOne(d *quotaflowv1.Decision) {
-	p := Partition(d.Subject, c.cfg.Partitions)
+	p := stream.Partition(d.Subject, c.cfg.Partitions)
 	o := &c.overflow[p]
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -154,7 +155,7 @@ type streamMsg struct {
 }
 
 // readStream returns every message of the stream, in stream order.
-func readStream(t testing.TB, nc *nats.Conn, stream string) []streamMsg {
+func readStream(t testing.TB, nc *nats.Conn, name string) []streamMsg {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -162,9 +163,9 @@ func readStream(t testing.TB, nc *nats.Conn, stream string) []streamMsg {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, stream)
+	s, err := js.Stream(ctx, name)
 	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
+		t.Fatalf("stream %s: %v", name, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -178,7 +179,7 @@ func readStream(t testing.TB, nc *nats.Conn, stream string) []streamMsg {
 	var out []streamMsg
 	for uint64(len(out)) < want {
 		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d messages of %s", len(out), want, stream)
+			t.Fatalf("read %d of %d messages of %s", len(out), want, name)
 		}
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
@@ -190,7 +191,7 @@ func readStream(t testing.TB, nc *nats.Conn, stream string) []streamMsg {
 				t.Fatalf("decode DecisionBatch: %v", err)
 			}
 			out = append(out, streamMsg{subject: m.Subject(), msgID: m.Headers().Get(jetstream.MsgIDHeader),
-				count: m.Headers().Get(CountHeader), decisions: b.Decisions})
+				count: m.Headers().Get(stream.CountHeader), decisions: b.Decisions})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			t.Fatalf("fetch: %v", err)
@@ -216,7 +217,7 @@ func checkStream(t testing.TB, nc *nats.Conn, cfg Config, want map[string]*quota
 	}
 	for _, m := range msgs {
 		if got, wantCount := m.count, strconv.Itoa(len(m.decisions)); got != wantCount {
-			fail("message %s: %s header %q, want %q", m.msgID, CountHeader, got, wantCount)
+			fail("message %s: %s header %q, want %q", m.msgID, stream.CountHeader, got, wantCount)
 		}
 		for _, d := range m.decisions {
 			total++
@@ -232,7 +233,7 @@ func checkStream(t testing.TB, nc *nats.Conn, cfg Config, want map[string]*quota
 			if !proto.Equal(d, w) {
 				fail("decision %s: got %v, want %v", d.Id, d, w)
 			}
-			if got, wantSubj := m.subject, fmt.Sprintf("%s.%d", cfg.SubjectPrefix, Partition(d.Subject, cfg.Partitions)); got != wantSubj {
+			if got, wantSubj := m.subject, fmt.Sprintf("%s.%d", cfg.SubjectPrefix, stream.Partition(d.Subject, cfg.Partitions)); got != wantSubj {
 				fail("decision %s on subject %s, want %s", d.Id, got, wantSubj)
 			}
 			id := d.Subject.Identifier

@@ -49,31 +49,25 @@ package publisher
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/instance"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// CountHeader is the message header that holds the number of decisions in a batch.
-const CountHeader = "Quotaflow-Count"
-
 // The defaults of Config's fields.
 const (
-	defaultStream          = "QUOTAFLOW_DECISIONS"
-	defaultSubjectPrefix   = "quotaflow.decisions"
-	defaultPartitions      = 16
 	defaultReplicas        = 1
 	defaultMaxAge          = 72 * time.Hour
 	defaultDuplicateWindow = 2 * time.Minute
@@ -132,13 +126,13 @@ type Config struct {
 // withDefaults returns cfg with every unset field at its default.
 func (cfg Config) withDefaults() Config {
 	if cfg.Stream == "" {
-		cfg.Stream = defaultStream
+		cfg.Stream = stream.Name
 	}
 	if cfg.SubjectPrefix == "" {
-		cfg.SubjectPrefix = defaultSubjectPrefix
+		cfg.SubjectPrefix = stream.SubjectPrefix
 	}
 	if cfg.Partitions <= 0 {
-		cfg.Partitions = defaultPartitions
+		cfg.Partitions = stream.Partitions
 	}
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = defaultReplicas
@@ -226,31 +220,6 @@ type Stats struct {
 	SpoolBytes int64
 	// Pending is the number of decisions in messages awaiting acks.
 	Pending int64
-}
-
-// Partition returns the partition of a subject: the 32-bit FNV-1a hash of
-// "<dimension number>:<identifier>" (for example "1:user-42" for a user), modulo partitions.
-// A nil subject, or partitions below 2, give 0. Downstream consumers rely on this function:
-// all the decisions of one first subject go to one partition, in order.
-func Partition(s *quotaflowv1.Subject, partitions int) int {
-	if s == nil || partitions <= 1 {
-		return 0
-	}
-	const (
-		offset32 = 2166136261
-		prime32  = 16777619
-	)
-	var num [12]byte
-	h := uint32(offset32)
-	for _, c := range strconv.AppendInt(num[:0], int64(s.Dimension), 10) {
-		h = (h ^ uint32(c)) * prime32
-	}
-	h = (h ^ ':') * prime32
-	id := s.Identifier
-	for i := 0; i < len(id); i++ {
-		h = (h ^ uint32(id[i])) * prime32
-	}
-	return int(h % uint32(partitions))
 }
 
 // EnsureStream creates the decision stream, or updates it to cfg: file storage, limits
@@ -351,11 +320,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	cfg = cfg.withDefaults()
 	if cfg.InstanceID == "" {
-		var b [6]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("publisher: instance id: %w", err)
-		}
-		cfg.InstanceID = hex.EncodeToString(b[:])
+		cfg.InstanceID = instance.NewID()
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
@@ -396,7 +361,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
 	for p := range c.subjects {
-		c.subjects[p] = cfg.SubjectPrefix + "." + strconv.Itoa(p)
+		c.subjects[p] = stream.Subject(cfg.SubjectPrefix, p)
 	}
 	// Batch sequences start at the start time in microseconds, not 1: a process restarted
 	// with the same InstanceID must not reuse a message id the stream still remembers (it

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/instance"
+
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go"
@@ -23,6 +25,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -94,7 +97,7 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	if !inServe {
 		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
 		fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
-		fs.IntVar(&a.partitions, "partitions", 16, "partitions of the decision stream; the checkers' --partitions")
+		fs.IntVar(&a.partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
 		fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
 		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
 		fs.fromEnv("listen", "QUOTAFLOW_LISTEN")
@@ -132,8 +135,8 @@ func (a *aggregatorFlags) validate() error {
 	switch {
 	case !strings.HasPrefix(a.natsURL, "nats://") && !strings.HasPrefix(a.natsURL, "tls://"):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.natsURL)
-	case a.partitions < 1 || a.partitions > 1024:
-		return fmt.Errorf("--partitions: want 1 to 1024, got %d", a.partitions)
+	case a.partitions < 1 || a.partitions > stream.MaxPartitions:
+		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, a.partitions)
 	case a.batchRows < 1:
 		return fmt.Errorf("--batch-rows: want at least 1, got %d", a.batchRows)
 	case a.flushInterval < time.Millisecond:
@@ -176,7 +179,7 @@ func (a *aggregatorFlags) config(db string, log *slog.Logger, meter metric.Meter
 		name = "aggregator"
 	}
 	return aggregator.Config{
-		Partitions: a.partitions, Database: db, InstanceID: name + "-" + newInstanceID()[:6], BatchRows: a.batchRows,
+		Partitions: a.partitions, Database: db, InstanceID: instance.Named(name), BatchRows: a.batchRows,
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
 		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, Logger: log, Meter: meter,
 	}
@@ -215,7 +218,7 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 	_, err = store.Current(octx)
 	cancel()
 	seeded := err == nil
-	if err != nil && !errors.Is(err, rulestore.ErrNotSeeded) {
+	if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
 		log.Warn("rule store unreadable; warning thresholds are the defaults until it is", "err", err)
 	}
 	var set atomic.Pointer[rules.Set]

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +12,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/instance"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -188,10 +188,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	defer rdb.Close()
 	// Unique per process start even with a stable --instance-id (a pod name): decision ids and
 	// message ids repeated after a restart would be dropped by the stream as duplicates.
-	instanceID := newInstanceID()
-	if c.instanceID != "" {
-		instanceID = c.instanceID + "-" + instanceID[:6]
-	}
+	instanceID := instance.Named(c.instanceID)
 	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: instanceID, OTLPEndpoint: c.otlpEndpoint, SampleRatio: c.traceRatio})
 	if err != nil {
 		return err
@@ -231,7 +228,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		switch {
 		case err == nil:
 			set, sourceName = storeSet, "store"
-		case errors.Is(err, rulestore.ErrNotSeeded):
+		case errors.Is(err, rules.ErrNotSeeded):
 			return err
 		case set == nil:
 			return fmt.Errorf("rule store unreachable at start and no --rules file to enforce meanwhile: %w", err)
@@ -284,13 +281,6 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
 	}
 	return err
-}
-
-// newInstanceID names this process in decision ids and message ids.
-func newInstanceID() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // grpcStreamWorkers is the number of goroutines reused for gRPC calls; calls beyond it get a

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/publisher"
 )
 
@@ -36,7 +37,7 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.fromEnv("spool-dir", "QUOTAFLOW_SPOOL_DIR")
 	fs.Int64Var(&p.spoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
 	fs.fromEnv("spool-max-bytes", "QUOTAFLOW_SPOOL_MAX_BYTES")
-	fs.IntVar(&p.partitions, "partitions", 16, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
+	fs.IntVar(&p.partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
 	fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
 	fs.IntVar(&p.replicas, "stream-replicas", 1, "replicas of the QUOTAFLOW_DECISIONS stream")
 	fs.fromEnv("stream-replicas", "QUOTAFLOW_STREAM_REPLICAS")
@@ -54,8 +55,8 @@ func (p *publishFlags) validate() error {
 	switch {
 	case p.natsURL != "" && !strings.HasPrefix(p.natsURL, "nats://") && !strings.HasPrefix(p.natsURL, "tls://"):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
-	case p.partitions < 1 || p.partitions > 1024:
-		return fmt.Errorf("--partitions: want 1 to 1024, got %d", p.partitions)
+	case p.partitions < 1 || p.partitions > stream.MaxPartitions:
+		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, p.partitions)
 	case p.replicas < 1 || p.replicas > 5:
 		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", p.replicas)
 	case p.dupWindow <= 0 || p.dupWindow > p.maxAge:

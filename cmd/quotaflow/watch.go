@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -29,7 +30,7 @@ func runWatch(ctx context.Context, args []string, getenv func(string) string, st
 	case "decisions":
 		synopsis, defStream = `Prints the decision stream as it happens, one line per decision: time, verdict, subject,
 endpoint, deciding rule, remaining/limit, state and flags. Reads QUOTAFLOW_DECISIONS with an
-ephemeral ordered consumer, so it changes nothing on the server.`, "QUOTAFLOW_DECISIONS"
+ephemeral ordered consumer, so it changes nothing on the server.`, stream.Name
 	case "warnings":
 		synopsis, defStream = `Prints the warning-state transitions as they happen, one line each: time, tier, subject,
 rule, from → to, usage, remaining/limit and cause. Reads quotaflow.warnings.> of

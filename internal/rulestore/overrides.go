@@ -14,7 +14,7 @@ import (
 )
 
 // PutOverride validates o against the current configuration and stores it until its expiry,
-// then publishes its "created" event. An id in use is refused with ErrExists, so that an
+// then publishes its "created" event. An id in use is refused with rules.ErrExists, so that an
 // automatic policy that names its overrides deterministically never makes one twice.
 func (s *Store) PutOverride(ctx context.Context, o rules.Override) error {
 	set, err := s.Current(ctx)
@@ -33,7 +33,7 @@ func (s *Store) PutOverride(ctx context.Context, o rules.Override) error {
 		return fmt.Errorf("encode override: %w", err)
 	}
 	if _, err := s.overrides.Create(ctx, o.ID, data, jetstream.KeyTTL(ttl.Round(time.Second)+time.Second)); errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("override %q: %w", o.ID, ErrExists)
+		return fmt.Errorf("override %q: %w", o.ID, rules.ErrExists)
 	} else if err != nil {
 		return fmt.Errorf("store override: %w", err)
 	}
@@ -58,7 +58,7 @@ func (s *Store) Override(ctx context.Context, id string) (rules.Override, error)
 	e, err := s.overrides.Get(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrInvalidKey):
-		return o, fmt.Errorf("override %q: %w", id, ErrNotFound)
+		return o, fmt.Errorf("override %q: %w", id, rules.ErrNotFound)
 	case err != nil:
 		return o, fmt.Errorf("read override %q: %w", id, err)
 	}
@@ -78,7 +78,7 @@ func (s *Store) Overrides(ctx context.Context) ([]rules.Override, error) {
 	var out []rules.Override
 	for k := range keys.Keys() {
 		o, err := s.Override(ctx, k)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, rules.ErrNotFound) {
 			continue // expired or deleted since listed
 		} else if err != nil {
 			return nil, err

@@ -33,15 +33,6 @@ const (
 	userPrefix     = "users."
 )
 
-// ErrNotFound is a rule, user or override that does not exist.
-var ErrNotFound = errors.New("not found")
-
-// ErrExists is a rule or override id already in use.
-var ErrExists = errors.New("already exists")
-
-// ErrNotSeeded is a store whose configuration bucket holds no rules document yet.
-var ErrNotSeeded = errors.New("the rule store holds no rules yet: start a checker with --rules, or run quotaflow rules apply -f FILE")
-
 // Config configures a Store. The zero value is usable.
 type Config struct {
 	// Replicas of the KV buckets and the events stream (1).
@@ -117,7 +108,7 @@ func (s *Store) read(ctx context.Context) (*snapshot, error) {
 	e, err := s.config.Get(ctx, rulesetKey)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return nil, ErrNotSeeded
+		return nil, rules.ErrNotSeeded
 	case err != nil:
 		return nil, fmt.Errorf("read rules: %w", err)
 	}
@@ -210,7 +201,7 @@ func (s *Store) Apply(ctx context.Context, doc *rules.Document) error {
 		return fmt.Errorf("encode rules: %w", err)
 	}
 	old, err := s.read(ctx)
-	if err != nil && !errors.Is(err, ErrNotSeeded) {
+	if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
 		return err
 	}
 	for id, u := range doc.Users {
@@ -290,12 +281,12 @@ func (s *Store) PutRule(ctx context.Context, rule rules.DocRule) (created bool, 
 	return created, err
 }
 
-// CreateRule adds rule; an id in use is refused with ErrExists.
+// CreateRule adds rule; an id in use is refused with rules.ErrExists.
 func (s *Store) CreateRule(ctx context.Context, rule rules.DocRule) error {
 	return s.updateDoc(ctx, func(d *rules.Document) error {
 		for i := range d.Rules {
 			if d.Rules[i].ID == rule.ID {
-				return fmt.Errorf("rule %q: %w", rule.ID, ErrExists)
+				return fmt.Errorf("rule %q: %w", rule.ID, rules.ErrExists)
 			}
 		}
 		d.Rules = append(d.Rules, rule)
@@ -312,7 +303,7 @@ func (s *Store) DeleteRule(ctx context.Context, id string) error {
 				return nil
 			}
 		}
-		return fmt.Errorf("rule %q: %w", id, ErrNotFound)
+		return fmt.Errorf("rule %q: %w", id, rules.ErrNotFound)
 	})
 }
 

@@ -54,8 +54,8 @@ func TestSeedAndWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, _ := newStore(t)
-	if _, err := s.Current(ctx); !errors.Is(err, ErrNotSeeded) {
-		t.Fatalf("Current before seeding: err = %v, want ErrNotSeeded", err)
+	if _, err := s.Current(ctx); !errors.Is(err, rules.ErrNotSeeded) {
+		t.Fatalf("Current before seeding: err = %v, want rules.ErrNotSeeded", err)
 	}
 	seeded, err := s.Seed(ctx, mustDecode(t, doc))
 	if err != nil || !seeded {
@@ -94,11 +94,11 @@ func TestSeedAndWrites(t *testing.T) {
 			t.Errorf("%s: err = %v, want a ValidationError", b.name, err)
 		}
 	}
-	if err := s.CreateRule(ctx, rules.DocRule{ID: "ip-sec", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "9", Window: "1s"}); !errors.Is(err, ErrExists) {
-		t.Errorf("CreateRule of a used id = %v, want ErrExists", err)
+	if err := s.CreateRule(ctx, rules.DocRule{ID: "ip-sec", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "9", Window: "1s"}); !errors.Is(err, rules.ErrExists) {
+		t.Errorf("CreateRule of a used id = %v, want rules.ErrExists", err)
 	}
-	if err := s.DeleteRule(ctx, "nope"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("DeleteRule(nope) = %v, want ErrNotFound", err)
+	if err := s.DeleteRule(ctx, "nope"); !errors.Is(err, rules.ErrNotFound) {
+		t.Errorf("DeleteRule(nope) = %v, want rules.ErrNotFound", err)
 	}
 	after, err := s.Current(ctx)
 	if err != nil {
@@ -195,8 +195,8 @@ func TestOverrideLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.PutOverride(ctx, short); !errors.Is(err, ErrExists) {
-		t.Errorf("PutOverride of a used id = %v, want ErrExists", err)
+	if err := s.PutOverride(ctx, short); !errors.Is(err, rules.ErrExists) {
+		t.Errorf("PutOverride of a used id = %v, want rules.ErrExists", err)
 	}
 	bad := short
 	bad.ID, bad.RuleID = "bad", "nope"
@@ -208,8 +208,8 @@ func TestOverrideLifecycle(t *testing.T) {
 	if err := s.DeleteOverride(ctx, "long", "t"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteOverride(ctx, "long", "t"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("second DeleteOverride = %v, want ErrNotFound", err)
+	if err := s.DeleteOverride(ctx, "long", "t"); !errors.Is(err, rules.ErrNotFound) {
+		t.Errorf("second DeleteOverride = %v, want rules.ErrNotFound", err)
 	}
 	waitFor("the short one expires by itself", func(set *rules.Set) bool { return len(set.Overrides()) == 0 })
 	if ovs, err := s.Overrides(ctx); err != nil || len(ovs) != 0 {

@@ -1,0 +1,61 @@
+// Package stream is the contract of quotaflow's decision stream, shared by the checkers that
+// publish it (package publisher) and the aggregators that consume it (package aggregator): the
+// JetStream stream's name, its subjects, how decisions are spread over partitions and the
+// headers of its messages. docs/architecture.md describes it.
+//
+// A message is one batch of decisions of one partition (a quotaflowv1.DecisionBatch) published
+// to <prefix>.<partition>. Its Nats-Msg-Id is unique per batch, so that the stream drops a
+// batch re-sent after a lost ack, and CountHeader holds the number of decisions in it.
+package stream
+
+import (
+	"strconv"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+const (
+	// Name is the decision stream's default name.
+	Name = "QUOTAFLOW_DECISIONS"
+	// SubjectPrefix is the default prefix of its subjects: partition p is <prefix>.<p>, and
+	// the stream takes <prefix>.>.
+	SubjectPrefix = "quotaflow.decisions"
+	// Partitions is the default number of partitions. Every checker and aggregator of one
+	// stream must use the same number: it decides which partition a subject's decisions go to.
+	Partitions = 16
+	// MaxPartitions bounds the number of partitions.
+	MaxPartitions = 1024
+	// CountHeader is the message header that holds the number of decisions in a batch.
+	CountHeader = "Quotaflow-Count"
+	// MsgIDHeader is JetStream's deduplication header: the batch's id.
+	MsgIDHeader = "Nats-Msg-Id"
+)
+
+// Subject returns the subject of partition p under prefix.
+func Subject(prefix string, p int) string {
+	return prefix + "." + strconv.Itoa(p)
+}
+
+// Partition returns the partition, in [0, partitions), of a decision whose first subject is s:
+// FNV-1a over "<dimension number>:<identifier>". All decisions of one subject land in one
+// partition, so that one aggregator sees them in order. A nil subject is partition 0.
+func Partition(s *quotaflowv1.Subject, partitions int) int {
+	if s == nil || partitions <= 1 {
+		return 0
+	}
+	const (
+		offset32 = 2166136261
+		prime32  = 16777619
+	)
+	var num [12]byte
+	h := uint32(offset32)
+	for _, c := range strconv.AppendInt(num[:0], int64(s.Dimension), 10) {
+		h = (h ^ uint32(c)) * prime32
+	}
+	h = (h ^ ':') * prime32
+	id := s.Identifier
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint32(id[i])) * prime32
+	}
+	return int(h % uint32(partitions))
+}
