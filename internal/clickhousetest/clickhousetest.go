@@ -8,85 +8,59 @@ package clickhousetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/quotaflow/quotaflow/internal/proctest"
 )
 
 // Server is a clickhouse-server process owned by a test package. Its data survives Stop and
 // Start, as a real server's does across a crash.
+//
+// Its Start (re)starts the process on the same port and data and waits until it answers; Stop
+// kills the process (as a crash would) and waits for it to exit; Close stops the server and
+// removes its data.
 type Server struct {
 	// Addr is host:port of the native protocol; it stays the same across Stop and Start.
 	Addr string
 
-	dir  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	*proc
+}
+
+// setup runs clickhouse-server from a config in dir that has it serve the native protocol on
+// ports[0] and HTTP on ports[1].
+func setup(p *proctest.Process, dir string, ports []int) (*Server, proctest.Config, error) {
+	if err := writeConfig(dir, ports[0], ports[1]); err != nil {
+		return nil, proctest.Config{}, err
+	}
+	s := &Server{Addr: proctest.Addr(ports[0]), proc: p}
+	return s, proctest.Config{
+		Name:     "clickhouse-server",
+		Path:     "clickhouse-server",
+		Search:   []string{"/usr/sbin"}, // Debian's place for it, which a user's PATH may lack
+		Args:     []string{"--config-file=" + filepath.Join(dir, "config.xml")},
+		Dir:      dir,
+		LogFiles: []string{filepath.Join(dir, "error.log")},
+		Ready:    ping(s.Addr),
+		// A first start creates the system tables, which takes seconds on a slow machine.
+		Timeout: 60 * time.Second,
+		Poll:    50 * time.Millisecond,
+	}, nil
 }
 
 // Start launches clickhouse-server on a free loopback port with its data in a temporary folder.
 func Start() (*Server, error) {
-	bin, err := binary()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "quotaflow-clickhouse-")
-	if err != nil {
-		return nil, fmt.Errorf("create clickhouse data dir: %w", err)
-	}
-	tcp, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	http, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	if err := writeConfig(dir, tcp, http); err != nil {
-		return nil, err
-	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(tcp)), dir: dir}
-	if err := s.start(bin); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return s, nil
+	return proctest.Start("clickhouse", 2, setup)
 }
 
 // Main is a TestMain helper: it starts a server, runs the tests and stops the server. It sets
 // *srv before the tests run.
 func Main(m interface{ Run() int }, srv **Server) int {
-	s, err := Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "clickhousetest:", err)
-		return 1
-	}
-	*srv = s
-	code := m.Run()
-	s.Close()
-	return code
-}
-
-// binary finds clickhouse-server; Debian installs it in /usr/sbin, which a user's PATH may lack.
-func binary() (string, error) {
-	if p, err := exec.LookPath("clickhouse-server"); err == nil {
-		return p, nil
-	}
-	if _, err := os.Stat("/usr/sbin/clickhouse-server"); err == nil {
-		return "/usr/sbin/clickhouse-server", nil
-	}
-	return "", errors.New("clickhouse-server not found (run `make test`, which installs it)")
+	return proctest.Main("clickhousetest", m, srv, Start)
 }
 
 // writeConfig writes a minimal config.xml and users.xml for a loopback-only server with its
@@ -138,103 +112,31 @@ func (s *Server) DSN(db string) string {
 
 // Conn opens a native connection to the server's default database; the caller closes it.
 func (s *Server) Conn() (driver.Conn, error) {
-	return clickhouse.Open(&clickhouse.Options{Addr: []string{s.Addr}, DialTimeout: 2 * time.Second})
+	return open(s.Addr)
 }
 
-// Start (re)starts the process on the same port and data and waits until it answers.
-func (s *Server) Start() error {
-	bin, err := binary()
-	if err != nil {
-		return err
-	}
-	return s.start(bin)
-}
+// pingTimeout bounds one readiness check: a starting server may accept the connection and
+// answer only once it has loaded its tables.
+const pingTimeout = 2 * time.Second
 
-func (s *Server) start(bin string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return nil
-	}
-	cmd := exec.Command(bin, "--config-file="+filepath.Join(s.dir, "config.xml"))
-	cmd.Dir = s.dir
-	out, err := os.OpenFile(filepath.Join(s.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("clickhouse stdout: %w", err)
-	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start clickhouse-server: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	conn, err := s.Conn()
-	if err != nil {
-		cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("clickhouse options: %w", err)
-	}
-	defer conn.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := conn.Ping(ctx)
-		cancel()
-		if err == nil {
-			break
+// ping is the server's readiness check.
+func ping(addr string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		conn, err := open(addr)
+		if err != nil {
+			return fmt.Errorf("clickhouse options: %w", err)
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("clickhouse-server exited at start: %s", s.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-done
-			return fmt.Errorf("clickhouse-server did not answer within 60s: %v; %s", err, s.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		defer cancel()
+		return conn.Ping(ctx)
 	}
-	s.cmd, s.done = cmd, done
-	return nil
 }
 
-func (s *Server) logTail() string {
-	var b strings.Builder
-	for _, f := range []string{"stdout.log", "error.log"} {
-		data, _ := os.ReadFile(filepath.Join(s.dir, f))
-		if len(data) > 2000 {
-			data = data[len(data)-2000:]
-		}
-		b.Write(data)
-	}
-	return b.String()
+// open opens a native connection to the server at addr.
+func open(addr string) (driver.Conn, error) {
+	return clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, DialTimeout: 2 * time.Second})
 }
 
-// Stop kills the process (as a crash would) and waits for it to exit. Data is kept.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
-}
-
-// Close stops the server and removes its data.
-func (s *Server) Close() {
-	s.Stop()
-	os.RemoveAll(s.dir)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// proc gives Server its Start, Stop and Close without adding exported fields to it.
+type proc = proctest.Process

@@ -6,9 +6,7 @@ package natstest
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -21,6 +19,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/quotaflow/quotaflow/internal/proctest"
 )
 
 // childEnv makes a test binary started by StartProcess serve NATS instead of running tests.
@@ -40,17 +39,17 @@ type Server struct {
 
 // Start starts an embedded server on a free loopback port.
 func Start() (*Server, error) {
-	dir, err := os.MkdirTemp("", "quotaflow-nats-")
-	if err != nil {
-		return nil, fmt.Errorf("create nats store dir: %w", err)
-	}
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), port: port, dir: dir, own: true}
+	dir, err := proctest.TempDir("nats")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{URL: natsURL(port), port: port, dir: dir, own: true}
 	if err := s.Start(); err != nil {
-		os.RemoveAll(dir)
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -62,15 +61,7 @@ func Main(m interface{ Run() int }, srv **Server) int {
 	if spec := os.Getenv(childEnv); spec != "" {
 		return serveChild(spec)
 	}
-	s, err := Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "natstest:", err)
-		return 1
-	}
-	*srv = s
-	code := m.Run()
-	s.Close()
-	return code
+	return proctest.Main("natstest", m, srv, Start)
 }
 
 // Start (re)starts the embedded server on its port and store.
@@ -138,7 +129,7 @@ func JetStream(t testing.TB) jetstream.JetStream {
 
 func run(port int, dir string) (*server.Server, error) {
 	srv, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
+		Host:      proctest.Loopback,
 		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
@@ -157,90 +148,36 @@ func run(port int, dir string) (*server.Server, error) {
 }
 
 // Process is a nats-server running in a child process.
+//
+// Its Start (re)starts the process on its port and store and waits until it accepts
+// connections; Stop kills the process (SIGKILL, as a crash would) and waits for it to exit;
+// Close stops the process and removes its data.
 type Process struct {
 	// URL is the server's nats:// URL; it stays the same across Stop and Start.
 	URL string
 
-	mu   sync.Mutex
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	*proc
+}
+
+// setupChild re-executes the test binary, told by childEnv to serve on ports[0] with its
+// store in dir.
+func setupChild(p *proctest.Process, dir string, ports []int) (*Process, proctest.Config, error) {
+	c := &Process{URL: natsURL(ports[0]), proc: p}
+	return c, proctest.Config{
+		Name: "nats-server process",
+		Path: os.Args[0],
+		Env:  []string{childEnv + "=" + strconv.Itoa(ports[0]) + ":" + dir},
+		// The child prints nothing unless it fails; then the test's output should show why.
+		Output:  os.Stderr,
+		Ready:   proctest.Listening(proctest.Addr(ports[0])),
+		Timeout: 15 * time.Second,
+	}, nil
 }
 
 // StartProcess starts a nats-server with JetStream as a separate process: the running test
 // binary, whose TestMain must call Main.
 func StartProcess() (*Process, error) {
-	dir, err := os.MkdirTemp("", "quotaflow-nats-proc-")
-	if err != nil {
-		return nil, fmt.Errorf("create nats store dir: %w", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	p := &Process{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), port: port, dir: dir}
-	if err := p.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return p, nil
-}
-
-// Start (re)starts the process on its port and store and waits until it accepts connections.
-func (p *Process) Start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		return nil
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(p.port)+":"+p.dir)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start nats-server process: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.port), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case <-done:
-			return errors.New("nats-server process exited at start")
-		default:
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-done
-			return errors.New("nats-server process not listening within 15s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	p.cmd, p.done = cmd, done
-	return nil
-}
-
-// Stop kills the process (SIGKILL, as a crash would) and waits for it to exit.
-func (p *Process) Stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return
-	}
-	p.cmd.Process.Kill()
-	<-p.done
-	p.cmd, p.done = nil, nil
-}
-
-// Close stops the process and removes its data.
-func (p *Process) Close() {
-	p.Stop()
-	os.RemoveAll(p.dir)
+	return proctest.Start("nats-proc", 1, setupChild)
 }
 
 // serveChild is the child side of StartProcess: serve until killed or interrupted.
@@ -264,11 +201,10 @@ func serveChild(spec string) int {
 	return 0
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+// natsURL is the URL of a server on the loopback port.
+func natsURL(port int) string {
+	return "nats://" + proctest.Addr(port)
 }
+
+// proc gives Process its Start, Stop and Close without adding exported fields to it.
+type proc = proctest.Process
