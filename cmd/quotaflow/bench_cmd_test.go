@@ -17,6 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/loadgen"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -47,8 +49,9 @@ func startBenchTarget(t *testing.T) string {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true})
-	srv := checker.New(checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	engine := checker.New(checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet})
+	srv := transport.New(engine, transport.Config{Logger: quiet})
 	mux := http.NewServeMux()
 	mux.Handle(srv.RLSHandler())
 	mux.Handle("/", srv.Handler())
@@ -59,14 +62,14 @@ func startBenchTarget(t *testing.T) string {
 	hs.Start()
 	t.Cleanup(func() {
 		hs.Close()
-		srv.Close()
+		engine.Close()
 		rdb.Close()
 	})
 	return hs.URL
 }
 
 // bench runs `quotaflow bench --json` and decodes its report.
-func bench(t *testing.T, args ...string) (*benchReport, string) {
+func bench(t *testing.T, args ...string) (*loadgen.Report, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -75,7 +78,7 @@ func bench(t *testing.T, args ...string) (*benchReport, string) {
 	if err := runBenchCmd(ctx, append([]string{"--json"}, args...), env(nil), &stdout, &stderr); err != nil {
 		t.Fatalf("bench %v: %v\n%s", args, err, stderr.String())
 	}
-	var rep benchReport
+	var rep loadgen.Report
 	dec := json.NewDecoder(&stdout)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&rep); err != nil {
@@ -88,7 +91,7 @@ func bench(t *testing.T, args ...string) (*benchReport, string) {
 }
 
 // checkReport asserts what holds for every complete run.
-func checkReport(t *testing.T, rep *benchReport) {
+func checkReport(t *testing.T, rep *loadgen.Report) {
 	t.Helper()
 	if rep.Checks == 0 || rep.ChecksPerSec <= 0 || rep.Errors != 0 {
 		t.Errorf("report %+v: want checks, checks_per_sec > 0 and no errors", rep)
@@ -225,7 +228,7 @@ func TestBenchStops(t *testing.T) {
 	if err != nil || time.Since(start) > 5*time.Second {
 		t.Fatalf("bench: %v after %s, want nil soon after the cancel", err, time.Since(start))
 	}
-	var rep benchReport
+	var rep loadgen.Report
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || !rep.Interrupted || rep.Errors != 0 || rep.Checks == 0 || rep.Missed != 0 {
 		t.Errorf("report %s (%v): want interrupted, some checks, no errors or missed", stdout.String(), err)
 	}
@@ -264,117 +267,6 @@ func TestBenchUsage(t *testing.T) {
 		}
 		if out := stdout.String() + stderr.String(); code != wantCode || !strings.Contains(out, tt.want) {
 			t.Errorf("bench %v: exit %d, output %q; want exit %d and %q", tt.args, code, out, wantCode, tt.want)
-		}
-	}
-}
-
-func TestBenchHistogram(t *testing.T) {
-	t.Parallel()
-	// Buckets tile the values: each value is in the bucket whose range holds it, and buckets are
-	// at most 1/128 of their values wide.
-	for v := uint64(0); v < 1<<22; v += 1 + v/97 {
-		i := histIndex(v)
-		if up := histUpper(i); up < v || (i > 0 && histUpper(i-1) >= v) {
-			t.Fatalf("value %d in bucket %d [%d, %d]", v, i, histUpper(i-1)+1, up)
-		}
-		if lo := histUpper(i-1) + 1; v >= 256 && float64(histUpper(i)-lo+1) > float64(lo)/128 {
-			t.Fatalf("bucket %d [%d, %d] too wide", i, lo, histUpper(i))
-		}
-	}
-	if i := histIndex(histMaxUS); i != histBuckets-1 {
-		t.Fatalf("histIndex(max) = %d, want the last bucket %d", i, histBuckets-1)
-	}
-
-	var h histogram
-	if h.quantile(0.99) != 0 || h.meanMs() != 0 {
-		t.Error("empty histogram: want zeros")
-	}
-	for v := 1; v <= 100; v++ { // exact below 256µs
-		h.record(time.Duration(v) * time.Microsecond)
-	}
-	for q, want := range map[float64]uint64{0.01: 1, 0.5: 50, 0.9: 90, 0.99: 99, 0.999: 100, 1: 100} {
-		if got := h.quantile(q); got != want {
-			t.Errorf("1..100µs: quantile(%v) = %d, want %d", q, got, want)
-		}
-	}
-	if h.meanMs() != 0.051 { // 50.5µs, rounded to the µs
-		t.Errorf("mean %vms, want 0.051", h.meanMs())
-	}
-
-	var u histogram
-	for v := 1; v <= 100000; v++ {
-		u.record(time.Duration(v) * time.Microsecond)
-	}
-	for _, q := range []float64{0.5, 0.9, 0.99, 0.999} {
-		want := q * 100000
-		if got := float64(u.quantile(q)); got < want || got > want*1.01 {
-			t.Errorf("1..100000µs: quantile(%v) = %v, want %v within +1%%", q, got, want)
-		}
-	}
-	if u.quantile(1) != 100000 || u.quantileMs(1) != 100 {
-		t.Errorf("quantile(1) = %d, want the maximum 100000", u.quantile(1))
-	}
-	var big histogram
-	big.record(-time.Second)    // clamped to 0
-	big.record(100 * time.Hour) // clamped to the largest value
-	if big.quantile(0.5) != 0 || big.quantile(1) != histMaxUS {
-		t.Errorf("clamping: quantiles %d, %d", big.quantile(0.5), big.quantile(1))
-	}
-}
-
-func TestBenchKeyPickers(t *testing.T) {
-	t.Parallel()
-	const n, draws = 10000, 200000
-	counts := func(dist string) []int {
-		p, err := newKeyPicker(dist, n, 42)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := make([]int, n)
-		for range draws {
-			k := p.next()
-			if k < 0 || k >= n {
-				t.Fatalf("%s: key %d out of [0, %d)", dist, k, n)
-			}
-			c[k]++
-		}
-		return c
-	}
-	share := func(c []int, lo, hi int) float64 {
-		s := 0
-		for _, x := range c[lo:hi] {
-			s += x
-		}
-		return float64(s) / draws
-	}
-	uni := counts("uniform")
-	if s := share(uni, 0, n/100); s < 0.008 || s > 0.012 {
-		t.Errorf("uniform: first 1%% of keys got %.3f of the draws, want about 0.01", s)
-	}
-	// Zipf s=1.1 over 10k keys: key 0 gets about 15%, the first 1% of keys about 65%.
-	z := counts("zipf")
-	if s := share(z, 0, 1); s < 0.12 || s > 0.18 {
-		t.Errorf("zipf: key 0 got %.3f of the draws, want about 0.15", s)
-	}
-	if s := share(z, 0, n/100); s < 0.6 || s > 0.7 {
-		t.Errorf("zipf: first 1%% of keys got %.3f, want about 0.65", s)
-	}
-	if !(z[0] > z[1] && z[1] > z[10] && z[10] > z[1000]) {
-		t.Errorf("zipf: counts %d, %d, %d, %d not decreasing", z[0], z[1], z[10], z[1000])
-	}
-	hot := counts("hot")
-	if s := share(hot, 0, n/100); s < 0.89 || s > 0.91 {
-		t.Errorf("hot: first 1%% of keys got %.3f, want about 0.901", s)
-	}
-	if s := share(hot, n/100, n); s < 0.09 || s > 0.11 {
-		t.Errorf("hot: other keys got %.3f, want about 0.099", s)
-	}
-	for _, dist := range []string{"uniform", "zipf", "hot"} {
-		p, _ := newKeyPicker(dist, 1, 1)
-		for range 100 {
-			if k := p.next(); k != 0 {
-				t.Fatalf("%s over one key: got %d", dist, k)
-			}
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -41,8 +42,9 @@ func newBenchConfig(b *testing.B, db int) checker.Config {
 // subjects for b.N checks, and reports checks/s.
 func runChecks(b *testing.B, cfg checker.Config) {
 	b.Helper()
-	srv := checker.New(cfg)
-	defer srv.Close()
+	engine := checker.New(cfg)
+	defer engine.Close()
+	srv := transport.New(engine, transport.Config{})
 	var n atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(8)

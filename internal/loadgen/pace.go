@@ -1,7 +1,8 @@
-package main
+package loadgen
 
 import (
 	"context"
+	"math"
 	"time"
 )
 
@@ -10,8 +11,8 @@ import (
 // latency still counts from its due time.
 //
 // Go's timers wake up to a millisecond late (the poller's timeout has millisecond resolution),
-// and bench bills a late send to the target, so pace sleeps on a timerfd where there is one
-// (see newSleeper).
+// and the report bills a late send to the target, so pace sleeps on a timerfd where there is
+// one (see newSleeper).
 func pace(ctx context.Context, start, end time.Time, interval float64, out chan<- time.Time) {
 	defer close(out)
 	sleep, closeSleeper, err := newSleeper()
@@ -38,4 +39,21 @@ func pace(ctx context.Context, start, end time.Time, interval float64, out chan<
 			return
 		}
 	}
+}
+
+// slotTime is when the open loop's check number k is due.
+func slotTime(start time.Time, k int64, interval float64) time.Time {
+	return start.Add(time.Duration(float64(k) * interval))
+}
+
+// slotsBefore is the number of the open loop's checks due before t.
+func slotsBefore(start, t time.Time, interval float64) int64 {
+	k := int64(math.Ceil(float64(t.Sub(start)) / interval))
+	for k > 0 && !slotTime(start, k-1, interval).Before(t) {
+		k--
+	}
+	for slotTime(start, k, interval).Before(t) {
+		k++
+	}
+	return k
 }

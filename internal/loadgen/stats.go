@@ -1,55 +1,43 @@
-package main
+package loadgen
 
 import (
-	"fmt"
 	"math"
 	"math/bits"
-	"math/rand/v2"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// keyPicker draws subject numbers in [0, n) from a distribution. It is not safe for concurrent
-// use: each worker has its own.
-type keyPicker struct {
-	n    int
-	r    *rand.Rand
-	zipf *rand.Zipf // zipf only
-	hot  int        // hot only: the number of hot subjects
+// errorSamples is how many distinct error messages a report keeps.
+const errorSamples = 3
+
+// stats are the counts of one phase (warm-up or measurement).
+type stats struct {
+	hist                    histogram // latency of answered checks, µs
+	allowed, denied, errors atomic.Uint64
+
+	mu      sync.Mutex
+	samples []string // the first distinct error messages
 }
 
-// The zipf and hot distributions' parameters.
-const (
-	zipfS       = 1.1
-	hotShare    = 0.9  // of checks...
-	hotFraction = 0.01 // ...go to this share of the subjects
-)
-
-func newKeyPicker(distribution string, n int, seed uint64) (*keyPicker, error) {
-	p := &keyPicker{n: n, r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
-	switch distribution {
-	case "uniform":
-	case "zipf":
-		p.zipf = rand.NewZipf(p.r, zipfS, 1, uint64(n-1))
-	case "hot":
-		p.hot = max(1, int(float64(n)*hotFraction))
-	default:
-		return nil, fmt.Errorf("--distribution: want uniform, zipf or hot, got %q", distribution)
-	}
-	return p, nil
-}
-
-// next returns a subject number. uniform: every subject alike; zipf: subject k with probability
-// proportional to 1/(k+1)^1.1; hot: 90% of draws among the first 1% of subjects (at least one),
-// the other 10% uniform over all of them.
-func (p *keyPicker) next() int {
+func (s *stats) done(allowed bool, err error, latency time.Duration) {
 	switch {
-	case p.zipf != nil:
-		return int(p.zipf.Uint64())
-	case p.hot > 0 && p.r.Float64() < hotShare:
-		return p.r.IntN(p.hot)
+	case err != nil:
+		s.errors.Add(1)
+		msg := err.Error()
+		s.mu.Lock()
+		if len(s.samples) < errorSamples && !slices.Contains(s.samples, msg) {
+			s.samples = append(s.samples, msg)
+		}
+		s.mu.Unlock()
+		return
+	case allowed:
+		s.allowed.Add(1)
+	default:
+		s.denied.Add(1)
 	}
-	return p.r.IntN(p.n)
+	s.hist.record(latency)
 }
 
 // histogram is a log-linear latency histogram in the manner of HdrHistogram: values below 256µs

@@ -1,0 +1,186 @@
+// Package loadgen puts load on a checker and measures what it sustains: checks per second,
+// latency percentiles, and how many checks were allowed, denied or failed.
+//
+// A run is a closed loop (Config.Concurrency workers, each sending its next check as soon as
+// the last is answered) or, with Config.Rate, an open loop: checks start on a fixed schedule
+// whatever the answers, and latency counts from each check's scheduled time, so that a target
+// that falls behind shows as latency instead of being hidden.
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Bounds on a Config.
+const (
+	// MaxKeys bounds Config.Keys: the subjects' identifiers are made up front.
+	MaxKeys = 1_000_000
+	// MaxConcurrency bounds Config.Concurrency.
+	MaxConcurrency = 10_000
+)
+
+// Protocol is how checks reach the target.
+type Protocol string
+
+// The protocols.
+const (
+	// ProtocolConnect sends CheckRateLimit over Connect on HTTP/1.1.
+	ProtocolConnect Protocol = "connect"
+	// ProtocolGRPC sends CheckRateLimit over gRPC on HTTP/2.
+	ProtocolGRPC Protocol = "grpc"
+	// ProtocolRLS sends Envoy's ShouldRateLimit over gRPC on HTTP/2.
+	ProtocolRLS Protocol = "rls"
+)
+
+// Distribution is how checks pick their subject.
+type Distribution string
+
+// The distributions.
+const (
+	// DistributionUniform picks every subject alike.
+	DistributionUniform Distribution = "uniform"
+	// DistributionZipf picks subject n in proportion to 1/(n+1)^1.1.
+	DistributionZipf Distribution = "zipf"
+	// DistributionHot sends 90% of checks to 1% of the subjects (at least one), the rest to
+	// any subject.
+	DistributionHot Distribution = "hot"
+)
+
+// Dimension is what the subjects are.
+type Dimension string
+
+// The dimensions.
+const (
+	// DimensionUser makes the subjects user ids.
+	DimensionUser Dimension = "user"
+	// DimensionIP makes the subjects client addresses.
+	DimensionIP Dimension = "ip"
+	// DimensionAPIKey makes the subjects API keys.
+	DimensionAPIKey Dimension = "apikey"
+)
+
+// Config describes a run. The zero value is usable: a closed loop of 64 workers checking
+// 10000 users on /api/v1/orders of http://127.0.0.1:8080 over Connect for 10s.
+type Config struct {
+	// Target is the checker's base URL, http:// or https://; empty means
+	// http://127.0.0.1:8080.
+	Target string
+	// Protocol is how checks are sent; empty means ProtocolConnect.
+	Protocol Protocol
+	// Concurrency is the number of workers of a closed loop, or the most checks in flight of
+	// an open loop; 0 means 64. At most MaxConcurrency.
+	Concurrency int
+	// Rate makes the run an open loop of Rate checks per second in total; 0 means a closed
+	// loop.
+	Rate float64
+	// Duration is how long to measure; 0 means 10s.
+	Duration time.Duration
+	// Warmup is how long to put load on before measuring; what it sends is not reported.
+	Warmup time.Duration
+	// Timeout is the deadline of each check, which counts as an error if it misses it; 0
+	// means 2s.
+	Timeout time.Duration
+	// Keys is the number of distinct subjects; 0 means 10000. At most MaxKeys.
+	Keys int
+	// Distribution is how checks pick their subject; empty means DistributionUniform.
+	Distribution Distribution
+	// Endpoint is the path every check names; empty means /api/v1/orders.
+	Endpoint string
+	// Dimension is what the subjects are; empty means DimensionUser.
+	Dimension Dimension
+	// KeyPrefix comes before each subject's number in its identifier. Empty is a valid
+	// prefix: the identifiers are then the bare numbers.
+	KeyPrefix string
+	// Domain is the RLS domain of ProtocolRLS. Empty is a valid domain, and is sent as such.
+	Domain string
+	// Progress receives a line a second while the run lasts, rewritten in place when it is a
+	// terminal; nil means no progress.
+	Progress io.Writer
+}
+
+// ConfigError is a Config that cannot be run, or whose target cannot be reached by any client
+// (a URL that grpc-go rejects, say).
+type ConfigError struct {
+	// Field is the name of the Config field at fault, such as "Rate".
+	Field string
+	// Err says what is wrong with it.
+	Err error
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("loadgen: Config.%s: %v", e.Field, e.Err) }
+
+// Unwrap returns the cause.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configErrorf(field, format string, args ...any) *ConfigError {
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// withDefaults returns c with every zero field that has a default set to it.
+func (c Config) withDefaults() Config {
+	if c.Target == "" {
+		c.Target = "http://127.0.0.1:8080"
+	}
+	if c.Protocol == "" {
+		c.Protocol = ProtocolConnect
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 2 * time.Second
+	}
+	if c.Keys == 0 {
+		c.Keys = 10000
+	}
+	if c.Distribution == "" {
+		c.Distribution = DistributionUniform
+	}
+	if c.Endpoint == "" {
+		c.Endpoint = "/api/v1/orders"
+	}
+	if c.Dimension == "" {
+		c.Dimension = DimensionUser
+	}
+	return c
+}
+
+// validate checks a Config with its defaults set.
+func (c *Config) validate() error {
+	switch {
+	case c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC && c.Protocol != ProtocolRLS:
+		return configErrorf("Protocol", "want connect, grpc or rls, got %q", c.Protocol)
+	case c.Concurrency < 1 || c.Concurrency > MaxConcurrency:
+		return configErrorf("Concurrency", "want 1 to %d, got %d", MaxConcurrency, c.Concurrency)
+	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
+		return configErrorf("Rate", "want a positive number of checks per second (or 0 for a closed loop), got %v", c.Rate)
+	case c.Duration <= 0:
+		return configErrorf("Duration", "want more than 0, got %s", c.Duration)
+	case c.Warmup < 0:
+		return configErrorf("Warmup", "want 0 or more, got %s", c.Warmup)
+	case c.Timeout <= 0:
+		return configErrorf("Timeout", "want more than 0, got %s", c.Timeout)
+	case c.Keys < 1 || c.Keys > MaxKeys:
+		return configErrorf("Keys", "want 1 to %d, got %d", MaxKeys, c.Keys)
+	case !strings.HasPrefix(c.Endpoint, "/"):
+		return configErrorf("Endpoint", "want a path starting with /, got %q", c.Endpoint)
+	case c.Distribution != DistributionUniform && c.Distribution != DistributionZipf && c.Distribution != DistributionHot:
+		return configErrorf("Distribution", "want uniform, zipf or hot, got %q", c.Distribution)
+	}
+	if _, ok := dimensions[c.Dimension]; !ok {
+		return configErrorf("Dimension", "want user, ip or apikey, got %q", c.Dimension)
+	}
+	u, err := url.Parse(c.Target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return configErrorf("Target", "want an http:// or https:// URL, got %q", c.Target)
+	}
+	return nil
+}

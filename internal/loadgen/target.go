@@ -1,0 +1,126 @@
+package loadgen
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// dimensions maps a Dimension to the RPC's dimension and the RLS descriptor key.
+var dimensions = map[Dimension]struct {
+	dim    quotaflowv1.Dimension
+	rlsKey string
+}{
+	DimensionUser:   {quotaflowv1.Dimension_DIMENSION_USER, "user_id"},
+	DimensionIP:     {quotaflowv1.Dimension_DIMENSION_IP, "remote_address"},
+	DimensionAPIKey: {quotaflowv1.Dimension_DIMENSION_API_KEY, "api_key"},
+}
+
+// call sends one check for subject id; it reports whether it was allowed. Each worker gets its
+// own, so that it may reuse its request.
+type call func(ctx context.Context, id string) (allowed bool, err error)
+
+// newTarget returns a maker of per-worker calls for cfg's protocol and a function releasing the
+// connections. cfg must be valid.
+func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
+	u, err := url.Parse(cfg.Target)
+	if err != nil {
+		return nil, nil, &ConfigError{Field: "Target", Err: err}
+	}
+	base := strings.TrimSuffix(cfg.Target, "/")
+	dim := dimensions[cfg.Dimension]
+	if cfg.Protocol == ProtocolConnect {
+		tr := &http.Transport{
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        cfg.Concurrency,
+			MaxIdleConnsPerHost: cfg.Concurrency,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+			Protocols:           new(http.Protocols),
+		}
+		tr.Protocols.SetHTTP1(true)
+		// Responses are not compressed: the generator and the checker share the CPU, and
+		// gateways do not compress these small messages either.
+		client := quotaflowv1connect.NewRateLimiterClient(&http.Client{Transport: tr}, base,
+			connect.WithAcceptCompression("gzip", nil, nil))
+		return func() call {
+			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
+			return func(ctx context.Context, id string) (bool, error) {
+				msg.Identifier = id
+				resp, err := client.CheckRateLimit(ctx, connect.NewRequest(msg))
+				if err != nil {
+					return false, err
+				}
+				return resp.Msg.Allowed, nil
+			}
+		}, tr.CloseIdleConnections, nil
+	}
+	// grpc and rls: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC services call.
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	creds := insecure.NewCredentials()
+	if u.Scheme == "https" {
+		creds = credentials.NewTLS(&tls.Config{ServerName: u.Hostname()})
+	}
+	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, nil, &ConfigError{Field: "Target", Err: err}
+	}
+	if cfg.Protocol == ProtocolGRPC {
+		client := quotaflowv1.NewRateLimiterClient(conn)
+		return func() call {
+			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
+			return func(ctx context.Context, id string) (bool, error) {
+				msg.Identifier = id
+				resp, err := client.CheckRateLimit(ctx, msg)
+				if err != nil {
+					return false, err
+				}
+				return resp.Allowed, nil
+			}
+		}, func() { conn.Close() }, nil
+	}
+	client := ratelimitv3.NewRateLimitServiceClient(conn)
+	return func() call {
+		subject := &rlcommonv3.RateLimitDescriptor_Entry{Key: dim.rlsKey}
+		req := &ratelimitv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*rlcommonv3.RateLimitDescriptor{{
+			Entries: []*rlcommonv3.RateLimitDescriptor_Entry{subject, {Key: "path", Value: cfg.Endpoint}},
+		}}}
+		return func(ctx context.Context, id string) (bool, error) {
+			subject.Value = id
+			resp, err := client.ShouldRateLimit(ctx, req)
+			if err != nil {
+				return false, err
+			}
+			switch resp.OverallCode {
+			case ratelimitv3.RateLimitResponse_OK:
+				return true, nil
+			case ratelimitv3.RateLimitResponse_OVER_LIMIT:
+				return false, nil
+			}
+			return false, fmt.Errorf("ShouldRateLimit: overall code %s", resp.OverallCode)
+		}
+	}, func() { conn.Close() }, nil
+}
