@@ -19,6 +19,10 @@
 // and keeps the states in the KV bucket <stream>_WARNINGS, so that a restart or a successor
 // neither repeats nor misses a transition. All aggregators store the events stream in
 // ClickHouse (events.go). docs/warnings.md has the argument.
+//
+// Given the rule store (Config.RuleStore), the aggregator follows its rules (the warning
+// thresholds), publishes the expiry events of its overrides and, as the leader, applies the
+// rules' policies (policy.go), as long as Run runs (rulestore.go).
 package aggregator
 
 import (
@@ -62,7 +66,7 @@ type Config struct {
 	FlushInterval time.Duration
 	// FetchBatch is the number of stream messages (each a batch of decisions) per pull (64).
 	FetchBatch int
-	// InsertTimeout bounds one insert (10s).
+	// InsertTimeout bounds one insert (5s).
 	InsertTimeout time.Duration
 	// PinnedTTL is how long a partition stays pinned to an aggregator that stopped pulling:
 	// the fail-over time after a crash (10s). It must exceed InsertTimeout.
@@ -77,9 +81,17 @@ type Config struct {
 	MaxBackoff time.Duration
 	// RetentionInterval is how often the retention job runs (1h); negative disables it.
 	RetentionInterval time.Duration
-	// Rules returns the current rule set, whose warning thresholds the warning states follow
-	// (rules.DefaultThresholds when Rules or what it returns is nil).
+	// RuleStore, when set, is followed for the rule set, whose warning thresholds the warning
+	// states follow and whose policies (penalty, tier protection) the leader applies; Run also
+	// publishes its overrides' expiry events. Without it (and without Rules) the thresholds
+	// are rules.DefaultThresholds and there are no policies.
+	RuleStore RuleStore
+	// Rules, for an aggregator without a RuleStore, returns the rule set whose warning
+	// thresholds the warning states follow (rules.DefaultThresholds when what it returns is
+	// nil). It must be nil when RuleStore is set.
 	Rules func() *rules.Set
+	// PolicyInterval is how often the rule set's policies are evaluated (1s).
+	PolicyInterval time.Duration
 	// WarningGrace is how long past a warning timer's instant (event time) the wall clock must
 	// be before the timer fires without traffic (1s): decisions of that instant still in
 	// flight are applied first.
@@ -89,7 +101,8 @@ type Config struct {
 	// ("quotaflow-aggregator-events"). EventsSubjects are its subjects (all events).
 	EventsConsumer string
 	EventsSubjects []string
-	// Logger receives the component's logs (discarded when nil).
+	// Logger receives the logs, with "component"="aggregator" (the policies': "policies");
+	// discarded when nil.
 	Logger *slog.Logger
 	// Meter records metrics (none when nil).
 	Meter metric.Meter
@@ -131,13 +144,14 @@ func (c Config) withDefaults() Config {
 		c.FetchBatch = 64
 	}
 	def(&c.FlushInterval, time.Second)
-	def(&c.InsertTimeout, 10*time.Second)
+	def(&c.InsertTimeout, 5*time.Second)
 	def(&c.PinnedTTL, 10*time.Second)
 	def(&c.Heartbeat, time.Second)
 	def(&c.AckWait, 30*time.Second)
 	def(&c.MaxBackoff, 5*time.Second)
 	def(&c.RetentionInterval, time.Hour)
 	def(&c.WarningGrace, time.Second)
+	def(&c.PolicyInterval, time.Second)
 	if c.EventsConsumer == "" {
 		c.EventsConsumer = DefaultEventsConsumer
 	}
@@ -159,8 +173,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("partitions %d: want 1..%d", c.Partitions, stream.MaxPartitions)
 	case c.BatchRows < 1:
 		return fmt.Errorf("batch rows %d: want at least 1", c.BatchRows)
-	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0 || c.WarningGrace < 0:
+	case c.FlushInterval < 0 || c.InsertTimeout < 0 || c.Heartbeat < 0 || c.AckWait < 0 || c.MaxBackoff < 0 || c.WarningGrace < 0 || c.PolicyInterval < 0:
 		return errors.New("durations must not be negative")
+	case c.RuleStore != nil && c.Rules != nil:
+		return errors.New("rules and rule store are exclusive: the rule store provides the rules")
 	case c.AckWait <= c.FlushInterval+c.InsertTimeout:
 		return fmt.Errorf("ack wait %v must exceed the flush interval plus the insert timeout (%v)", c.AckWait, c.FlushInterval+c.InsertTimeout)
 	case c.PinnedTTL <= c.InsertTimeout:
@@ -204,7 +220,8 @@ type Aggregator struct {
 	owned map[int]*partition // partitions being consumed
 
 	warnKV jetstream.KeyValue
-	leader atomic.Bool // see Leader
+	leader atomic.Bool               // see Leader
+	set    atomic.Pointer[rules.Set] // the rule store's, as last followed; nil until then
 
 	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored atomic.Int64
 }
@@ -219,7 +236,7 @@ func New(js jetstream.JetStream, ch driver.Conn, cfg Config) (*Aggregator, error
 		cfg:       cfg,
 		js:        js,
 		ch:        ch,
-		log:       cfg.Logger,
+		log:       cfg.Logger.With("component", "aggregator"),
 		items:     make(chan item, 4*cfg.FetchBatch),
 		flushReqs: make(chan flushRequest),
 		owned:     map[int]*partition{},
@@ -246,6 +263,9 @@ func (a *Aggregator) Stats() Stats {
 
 // rules returns the current rule set, nil without one.
 func (a *Aggregator) rules() *rules.Set {
+	if a.cfg.RuleStore != nil {
+		return a.set.Load()
+	}
 	if a.cfg.Rules == nil {
 		return nil
 	}
@@ -258,7 +278,17 @@ func (a *Aggregator) InstanceID() string { return a.cfg.InstanceID }
 // Run migrates the schema (retrying while ClickHouse is unreachable), creates the consumers,
 // joins the aggregators and consumes until ctx ends. Then it finishes the insert in flight,
 // acks what was stored and gives its partitions up, so that a peer takes them at once.
+//
+// With a RuleStore, Run first loads its rules (waiting up to 10s when it holds some) and, for
+// as long as it runs, follows them, publishes the overrides' expiry events and runs the
+// policies; these tasks have stopped when Run returns, so that the caller may then close the
+// connections.
 func (a *Aggregator) Run(ctx context.Context) error {
+	stopRuleTasks := a.startRuleTasks(ctx)
+	defer stopRuleTasks()
+	if ctx.Err() != nil {
+		return nil // stopped while waiting for the rules: nothing was consumed
+	}
 	if err := a.migrate(ctx); err != nil {
 		return err
 	}

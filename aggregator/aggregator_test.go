@@ -70,6 +70,13 @@ func newEnv(t tb) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newEnvOn(t, js)
+}
+
+// newEnvOn is newEnv on the NATS server of js: one of the test's own, for a test that needs
+// the rule store (fixed bucket names).
+func newEnvOn(t tb, js jetstream.JetStream) *env {
+	t.Helper()
 	ch, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)

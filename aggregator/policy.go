@@ -41,7 +41,7 @@ type PolicyConfig struct {
 	Leader func() bool
 	// Interval is how often the policies are evaluated (1s).
 	Interval time.Duration
-	// Logger receives the component's logs (discarded when nil).
+	// Logger receives the component's logs, with "component"="policies" (discarded when nil).
 	Logger *slog.Logger
 }
 
@@ -84,7 +84,7 @@ func NewPolicies(cfg PolicyConfig) *Policies {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Policies{cfg: cfg, log: cfg.Logger, keys: map[string]*penaltyKey{}}
+	return &Policies{cfg: cfg, log: cfg.Logger.With("component", "policies"), keys: map[string]*penaltyKey{}}
 }
 
 // Run follows the warning transitions (from as far back as the penalty window, so a restarted

@@ -11,7 +11,7 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// The warning states (seed 000's state machine), as stored and as events name them.
+// The warning states (docs/warnings.md), as stored and as events name them.
 const (
 	stNormal uint8 = iota
 	stWarning
@@ -125,7 +125,7 @@ func (m *machine) apply(seq uint64, decisions []*quotaflowv1.Decision) {
 			st := m.states[wkey{l.Dimension, l.Identifier, l.RuleId}]
 			if st == nil {
 				// The common case: a subject that stays normal costs this lookup and no allocation.
-				if l.Allowed && float64(l.CurrentCount) <= m.th(l.RuleId).Enter*float64(l.Limit) {
+				if l.Allowed && !m.th(l.RuleId).Enters(l.CurrentCount, l.Limit) {
 					continue
 				}
 				st = &wstate{Dim: l.Dimension, ID: l.Identifier, Rule: l.RuleId}
@@ -160,7 +160,7 @@ func (m *machine) step(st *wstate, d *quotaflowv1.Decision, l *quotaflowv1.Limit
 		} else {
 			st.Until = max(st.Until, until)
 		}
-	case st.State == stNormal && usage > th.Enter:
+	case st.State == stNormal && th.Enters(l.CurrentCount, l.Limit): // the checker's answers use the same test
 		m.change(st, stWarning, t, causeDecision)
 	case st.State == stWarning && usage < th.Exit:
 		m.change(st, stNormal, t, causeDecision)

@@ -57,7 +57,7 @@ func run(th rules.Thresholds, steps []step) []string {
 	return got
 }
 
-// TestStateMachine walks every transition of seed 000's state machine, the hysteresis, the
+// TestStateMachine walks every transition of the state machine (docs/warnings.md), the hysteresis, the
 // timers, late and redelivered decisions.
 func TestStateMachine(t *testing.T) {
 	t.Parallel()

@@ -10,11 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/quotaflow/quotaflow/internal/instance"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -23,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/aggregator"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
@@ -37,7 +33,7 @@ type clickhouseFlags struct {
 
 func (c *clickhouseFlags) register(fs *flagSet, def string) {
 	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow)")
-	fs.fromEnv("clickhouse-dsn", "QUOTAFLOW_CLICKHOUSE_DSN")
+	fs.fromEnv("clickhouse-dsn")
 }
 
 // parse checks the DSN and returns its options.
@@ -96,17 +92,12 @@ type aggregatorFlags struct {
 func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	if !inServe {
 		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
-		fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
 		fs.IntVar(&a.partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
-		fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
 		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
-		fs.fromEnv("listen", "QUOTAFLOW_LISTEN")
 		fs.StringVar(&a.instanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
-		fs.fromEnv("instance-id", "QUOTAFLOW_INSTANCE_ID")
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
-		fs.fromEnv("log-level", "QUOTAFLOW_LOG_LEVEL")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
-		fs.fromEnv("log-format", "QUOTAFLOW_LOG_FORMAT")
+		fs.fromEnv("nats-url", "partitions", "listen", "instance-id", "log-level", "log-format")
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
 	if inServe {
@@ -114,21 +105,15 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	}
 	a.ch.register(fs, def)
 	fs.IntVar(&a.batchRows, "batch-rows", 50000, "most decisions in one ClickHouse insert")
-	fs.fromEnv("batch-rows", "QUOTAFLOW_BATCH_ROWS")
 	fs.DurationVar(&a.flushInterval, "flush-interval", time.Second, "longest a decision waits for its insert")
-	fs.fromEnv("flush-interval", "QUOTAFLOW_FLUSH_INTERVAL")
 	fs.DurationVar(&a.insertTimeout, "insert-timeout", 5*time.Second, "deadline of one insert; a failed insert is retried with backoff")
-	fs.fromEnv("insert-timeout", "QUOTAFLOW_INSERT_TIMEOUT")
 	fs.DurationVar(&a.pinnedTTL, "pinned-ttl", 10*time.Second, "fail-over time: how long a dead aggregator's partitions stay pinned to it (more than --insert-timeout)")
-	fs.fromEnv("pinned-ttl", "QUOTAFLOW_PINNED_TTL")
 	fs.DurationVar(&a.ackWait, "ack-wait", 30*time.Second, "how long a fetched decision may stay unstored before it is redelivered: the fail-over time of a dead aggregator's fetched decisions (more than --flush-interval plus --insert-timeout)")
-	fs.fromEnv("ack-wait", "QUOTAFLOW_ACK_WAIT")
 	fs.DurationVar(&a.retentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
-	fs.fromEnv("retention-interval", "QUOTAFLOW_RETENTION_INTERVAL")
 	fs.DurationVar(&a.warningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
-	fs.fromEnv("warning-grace", "QUOTAFLOW_WARNING_GRACE")
 	fs.DurationVar(&a.policyInterval, "policy-interval", time.Second, "how often the rules' policies (penalty, tier protection) are evaluated")
-	fs.fromEnv("policy-interval", "QUOTAFLOW_POLICY_INTERVAL")
+	fs.fromEnv("batch-rows", "flush-interval", "insert-timeout", "pinned-ttl", "ack-wait", "retention-interval",
+		"warning-grace", "policy-interval")
 }
 
 func (a *aggregatorFlags) validate() error {
@@ -172,7 +157,7 @@ func validInstance(s string) bool {
 	return true
 }
 
-func (a *aggregatorFlags) config(db string, log *slog.Logger, meter metric.Meter) aggregator.Config {
+func (a *aggregatorFlags) config(db string, store aggregator.RuleStore, log *slog.Logger, meter metric.Meter) aggregator.Config {
 	// Unique per process start, as the checker's: a restarted aggregator is a new member.
 	name := a.instanceID
 	if name == "" {
@@ -181,14 +166,17 @@ func (a *aggregatorFlags) config(db string, log *slog.Logger, meter metric.Meter
 	return aggregator.Config{
 		Partitions: a.partitions, Database: db, InstanceID: instance.Named(name), BatchRows: a.batchRows,
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
-		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, Logger: log, Meter: meter,
+		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, RuleStore: store,
+		PolicyInterval: a.policyInterval, Logger: log, Meter: meter,
 	}
 }
 
-// newAggregator connects to ClickHouse and NATS and returns an aggregator (not yet running),
-// its NATS connection, and a function that closes both connections. Until that function is
-// called it also follows the rule store (the warning thresholds the aggregator applies) and
-// publishes the "expired" events of overrides whose TTL ends.
+// The aggregator owns the interface it depends on; the rule store must keep satisfying it.
+var _ aggregator.RuleStore = (*rulestore.Store)(nil)
+
+// newAggregator connects to ClickHouse and NATS, opens the rule store and returns an aggregator
+// (not yet running), its NATS connection, and a function that closes both connections, to be
+// called once the aggregator's Run returned.
 func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
 	conn, db, err := a.ch.open()
 	if err != nil {
@@ -205,78 +193,20 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 		closeConns()
 		return nil, nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
-	octx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	store, err := rulestore.Open(octx, js, rulestore.Config{Logger: log})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	store, err := rulestore.Open(ctx, js, rulestore.Config{Logger: log})
 	cancel()
 	if err != nil {
 		closeConns()
 		return nil, nil, nil, fmt.Errorf("rule store: %w", err)
 	}
-	// Whether the store holds rules decides whether to wait for them: the thresholds should be
-	// the configured ones from the first decision on.
-	octx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-	_, err = store.Current(octx)
-	cancel()
-	seeded := err == nil
-	if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
-		log.Warn("rule store unreadable; warning thresholds are the defaults until it is", "err", err)
-	}
-	var set atomic.Pointer[rules.Set]
-	loaded := make(chan struct{})
-	var once sync.Once
-	cfg := a.config(db, log, meter)
-	cfg.Rules = set.Load
-	agg, err := aggregator.New(js, conn, cfg)
+	agg, err := aggregator.New(js, conn, a.config(db, store, log, meter))
 	if err != nil {
 		closeConns()
 		return nil, nil, nil, err
 	}
-	bg, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		keepRunning(bg, log, "follow the rule store", func(ctx context.Context) error {
-			return store.Watch(ctx, func(s *rules.Set) { set.Store(s); once.Do(func() { close(loaded) }) })
-		})
-	}()
-	if seeded {
-		select {
-		case <-loaded:
-		case <-time.After(10 * time.Second):
-			log.Warn("rules not loaded yet; warning thresholds are the defaults until they are")
-		}
-	}
-	go func() {
-		defer wg.Done()
-		keepRunning(bg, log, "publish override expiries", store.PublishExpiries)
-	}()
-	policies := aggregator.NewPolicies(aggregator.PolicyConfig{
-		Rules: set.Load, Store: store, JetStream: js, TierRate: aggregator.ClickHouseTierRate(conn, db),
-		Leader: agg.Leader, Interval: a.policyInterval, Logger: log.With("component", "policies"),
-	})
-	go func() {
-		defer wg.Done()
-		keepRunning(bg, log, "run the policies", policies.Run)
-	}()
-	closeAll := func() { stop(); wg.Wait(); closeConns() }
 	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db)
-	return agg, nc, closeAll, nil
-}
-
-// keepRunning runs f until ctx ends, starting it again a second after it stops early.
-func keepRunning(ctx context.Context, log *slog.Logger, what string, f func(context.Context) error) {
-	for ctx.Err() == nil {
-		err := f(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn(what+" stopped; restarting", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	return agg, nc, closeConns, nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

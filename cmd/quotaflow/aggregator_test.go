@@ -1,15 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
 // startAggregatorProcess runs `quotaflow aggregator` as a child process (the test binary
@@ -122,6 +127,77 @@ func TestAggregatorEndToEnd(t *testing.T) {
 	} {
 		if got := count(q); got != want {
 			t.Errorf("%s = %d, want %d", fmt.Sprintf(q, db), got, want)
+		}
+	}
+}
+
+// TestServeWithAggregator runs `quotaflow serve` with a ClickHouse, so with the aggregator in
+// process on the embedded NATS: checks land in ClickHouse, every log line names its component
+// at most once, and Ctrl-C stops it cleanly.
+func TestServeWithAggregator(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(pipelineRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := fmt.Sprintf("serve_%d", os.Getpid())
+	addr := freeAddr(t)
+	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5),
+		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
+		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "2", "--flush-interval", "100ms"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logMu sync.Mutex
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		w := lockedWriter{&logMu, &logs}
+		done <- run(ctx, args, env(nil), w, w)
+	}()
+	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
+	const want = 20
+	for i := 0; i < want; {
+		if _, err := client.CheckRateLimit(ctx, userCheck(fmt.Sprintf("serve-agg-%d", i))); err != nil {
+			select {
+			case err := <-done:
+				t.Fatalf("serve exited at start: %v\n%s", err, logs.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		i++
+	}
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var got uint64
+	for deadline := time.Now().Add(30 * time.Second); got < want && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions", db)).Scan(&got)
+	}
+	if got != want {
+		t.Errorf("%s.decisions holds %d of the checks, want %d", db, got, want)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(out, "component=aggregator") {
+		t.Errorf("no log line of the aggregator's component:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Count(line, "component=") > 1 {
+			t.Errorf("component named twice: %s", line)
 		}
 	}
 }

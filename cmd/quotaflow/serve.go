@@ -26,9 +26,8 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	p.register(fs, ".dev/spool")
 	a.register(fs, true)
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
-	fs.fromEnv("nats-listen", "QUOTAFLOW_NATS_LISTEN")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
-	fs.fromEnv("nats-dir", "QUOTAFLOW_NATS_DIR")
+	fs.fromEnv("nats-listen", "nats-dir")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
@@ -67,7 +66,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 
 // serveWithAggregator runs the checker and an aggregator in one process.
 func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	agg, _, closeConns, err := a.newAggregator(log.With("component", "aggregator"), nil)
+	agg, _, closeConns, err := a.newAggregator(log, nil)
 	if err != nil {
 		return err
 	}
