@@ -42,7 +42,7 @@ fuzz:
 
 ## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
+	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
 
 clean:
 	rm -rf bin .dev

@@ -10,10 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"connectrpc.com/connect"
-
+	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 const benchRules = `rules:
@@ -23,7 +21,7 @@ const benchRules = `rules:
 - {id: three-d, dimension: user, endpoint: /three, algorithm: fixed_window, limit: 1000000000, window: 24h}
 `
 
-// BenchmarkDecide measures a check inside the process (rule lookup, keys, one Redis round trip,
+// BenchmarkDecide measures Engine.Check inside the process (rule lookup, keys, one Redis round trip,
 // the outcome), spread over 10k subjects.
 // With overrides, 1000 subjects have their own limit and a multiplier scales the whole tier:
 // the cost of the override lookups on every check.
@@ -40,8 +38,8 @@ func BenchmarkDecide(b *testing.B) {
 			if c.overrides {
 				set = set.WithOverrides(benchOverrides())
 			}
-			env := newEnv(b, Config{Rules: set})
-			rdb := newRedis(redisSrv.Addr)
+			e := newEngine(b, Config{Rules: set})
+			rdb := checkertest.Redis(redisSrv.Addr)
 			defer rdb.Close()
 			var n atomic.Int64
 			b.ReportAllocs()
@@ -50,10 +48,9 @@ func BenchmarkDecide(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					q := &query{subjects: []subject{{dim: 1, id: "bench-" + strconv.Itoa(int(n.Add(1)%10000))}}, endpoint: ep, cost: 1}
-					out, err := env.srv.decide(context.Background(), q, false)
-					if err != nil || !out.allowed {
-						b.Fatalf("decide: %v allowed=%v", err, out != nil && out.allowed)
+					out, err := e.Check(context.Background(), userQuery("bench-"+strconv.Itoa(int(n.Add(1)%10000)), ep))
+					if err != nil || !out.Allowed {
+						b.Fatalf("check: %v allowed=%v", err, out != nil && out.Allowed)
 					}
 				}
 			})
@@ -93,24 +90,4 @@ func scriptMicros(b *testing.B, rdb *redis.Client) float64 {
 		}
 	}
 	return total
-}
-
-// BenchmarkCheckRPC measures CheckRateLimit end to end over Connect on loopback.
-func BenchmarkCheckRPC(b *testing.B) {
-	env := newEnv(b, Config{Rules: mustRules(b, benchRules)})
-	c := env.client("connect")
-	var n atomic.Int64
-	b.ReportAllocs()
-	b.SetParallelism(16)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-				Identifier: "rpc-" + strconv.Itoa(int(n.Add(1)%10000)), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/one"}))
-			if err != nil || !resp.Msg.Allowed {
-				b.Fatalf("check: %v", err)
-			}
-		}
-	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
 }

@@ -5,10 +5,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// Redis keys follow seed 000's rl:{dimension}:{identifier}:{window}:{endpoint}, with the
+// Redis keys follow rl:{dimension:identifier}:{algorithm}:{window}:{endpoint} (docs/architecture.md), with the
 // subject as a hash tag so that all of one subject's buckets live in one Redis Cluster slot and
 // one Lua call can update them together:
 //
@@ -96,4 +97,19 @@ func escapeTo(b *strings.Builder, s string) {
 			b.WriteByte(hexDigits[c&15])
 		}
 	}
+}
+
+// allowanceKey returns the key of an Allowance's token bucket, "rl:{ns:id}:tb:1m:name": the
+// shape of a rule's bucket key, in a namespace no rule dimension uses.
+func allowanceKey(ns, id, name string) string {
+	var b strings.Builder
+	b.WriteString("rl:{")
+	b.WriteString(ns)
+	b.WriteByte(':')
+	escapeTo(&b, id)
+	b.WriteString("}:")
+	b.WriteString(bucket.TokenBucket.Code())
+	b.WriteString(":1m:")
+	escapeTo(&b, name)
+	return b.String()
 }

@@ -5,9 +5,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
-
 	"github.com/quotaflow/quotaflow/internal/rules"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // Bounds on check requests.
@@ -20,8 +19,8 @@ const (
 	MaxClockSkew = 24 * time.Hour
 )
 
-// FieldError is a request that broke a rule; the RPC layer answers it with InvalidArgument
-// (HTTP 400).
+// FieldError is a request that broke a rule, naming the field; transports answer it with
+// InvalidArgument (HTTP 400).
 type FieldError struct {
 	Field string
 	Msg   string
@@ -30,26 +29,65 @@ type FieldError struct {
 // Error implements error.
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-func fieldErr(field, format string, args ...any) *FieldError {
+// FieldErrorf returns a FieldError about field.
+func FieldErrorf(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-type subject struct {
-	dim rules.Dimension
-	id  string
+// Subject is who a check counts against: a user, an IP, an API key, or the global subject.
+type Subject struct {
+	Dimension rules.Dimension
+	ID        string
 }
 
-// query is a validated check, whatever transport it came from.
-type query struct {
-	subjects  []subject
-	endpoint  string
-	cost      int64
-	timestamp int64 // client clock, unix ms; 0 if unknown
-	idemKey   string
-	tier      string
-	// skipGlobal leaves the global rules out: an incoming request checked as several queries
+var globalSubject = Subject{Dimension: rules.DimensionGlobal, ID: "global"}
+
+// Query is one check, validated, whatever transport it came from: NewCheckQuery and
+// NewQuotaQuery build it from the RPC messages; other transports fill it field by field,
+// validating each with CheckText and CheckCost so that an error names their own field.
+type Query struct {
+	// Subjects are the check's subjects, at most one of each dimension; the global subject is
+	// added by the engine.
+	Subjects []Subject
+	// Endpoint is the called endpoint that rules' patterns match.
+	Endpoint string
+	// Cost is the units the check consumes, 1 to MaxCost.
+	Cost int64
+	// Timestamp is the client's clock (unix ms), for the reported skew; 0 when unknown.
+	Timestamp int64
+	// IdempotencyKey makes a retried check replay its first decision.
+	IdempotencyKey string
+	// Tier names the tier to check under; empty means the user's configured tier.
+	Tier string
+	// SkipGlobal leaves the global rules out: an incoming request checked as several queries
 	// (Envoy's descriptors) counts once against them, with its first query.
-	skipGlobal bool
+	SkipGlobal bool
+}
+
+// CheckText reports a text field that is empty, longer than max bytes or not UTF-8.
+func CheckText(field, s string, max int) error {
+	switch {
+	case s == "":
+		return FieldErrorf(field, "required")
+	case len(s) > max:
+		return FieldErrorf(field, "must be at most %d bytes, got %d", max, len(s))
+	case !utf8.ValidString(s):
+		return FieldErrorf(field, "must be valid UTF-8")
+	}
+	return nil
+}
+
+// CheckCost validates a cost and returns it, 0 meaning 1; errors name the field "cost".
+func CheckCost(cost int64) (int64, error) {
+	switch {
+	case cost == 0:
+		return 1, nil
+	case cost < 0:
+		return 0, FieldErrorf("cost", "must not be negative, got %d", cost)
+	case cost > MaxCost:
+		return 0, FieldErrorf("cost", "must be at most %d, got %d", MaxCost, cost)
+	}
+	return cost, nil
 }
 
 // subjectFields are the subject-naming fields shared by the check and quota requests.
@@ -61,18 +99,18 @@ type subjectFields struct {
 
 // parseSubjects validates the request's subjects: the top-level identifier/dimension pair and
 // the subjects list, at most one of each dimension.
-func parseSubjects(f subjectFields, dst []subject) ([]subject, error) {
+func parseSubjects(f subjectFields, dst []Subject) ([]Subject, error) {
 	add := func(field string, dim quotaflowv1.Dimension, id string) error {
 		d, err := checkSubject(field, dim, id)
 		if err != nil {
 			return err
 		}
 		for _, s := range dst {
-			if s.dim == d {
-				return fieldErr(field+"dimension", "the request names two %s subjects; name one of each dimension", d)
+			if s.Dimension == d {
+				return FieldErrorf(field+"dimension", "the request names two %s subjects; name one of each dimension", d)
 			}
 		}
-		dst = append(dst, subject{d, id})
+		dst = append(dst, Subject{d, id})
 		return nil
 	}
 	if f.identifier != "" || f.dimension != quotaflowv1.Dimension_DIMENSION_UNSPECIFIED || len(f.subjects) == 0 {
@@ -89,7 +127,7 @@ func parseSubjects(f subjectFields, dst []subject) ([]subject, error) {
 }
 
 func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Dimension, error) {
-	if err := checkText(prefix+"identifier", id, MaxIdentifierLen); err != nil {
+	if err := CheckText(prefix+"identifier", id, MaxIdentifierLen); err != nil {
 		return 0, err
 	}
 	switch dim {
@@ -100,70 +138,49 @@ func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Di
 	case quotaflowv1.Dimension_DIMENSION_API_KEY:
 		return rules.DimensionAPIKey, nil
 	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED:
-		return 0, fieldErr(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
+		return 0, FieldErrorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
-		return 0, fieldErr(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
+		return 0, FieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
 	}
-	return 0, fieldErr(prefix+"dimension", "unknown dimension %d", int32(dim))
-}
-
-func checkText(field, s string, max int) error {
-	switch {
-	case s == "":
-		return fieldErr(field, "required")
-	case len(s) > max:
-		return fieldErr(field, "must be at most %d bytes, got %d", max, len(s))
-	case !utf8.ValidString(s):
-		return fieldErr(field, "must be valid UTF-8")
-	}
-	return nil
-}
-
-func checkCost(cost int64) (int64, error) {
-	switch {
-	case cost == 0:
-		return 1, nil
-	case cost < 0:
-		return 0, fieldErr("cost", "must not be negative, got %d", cost)
-	case cost > MaxCost:
-		return 0, fieldErr("cost", "must be at most %d, got %d", MaxCost, cost)
-	}
-	return cost, nil
+	return 0, FieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
 }
 
 // parseCommon validates what check and quota requests share: subjects, endpoint, cost.
-func parseCommon(q *query, subjects subjectFields, cost int64) error {
+func parseCommon(q *Query, subjects subjectFields, cost int64) error {
 	var err error
-	if q.subjects, err = parseSubjects(subjects, make([]subject, 0, 3)); err != nil {
+	if q.Subjects, err = parseSubjects(subjects, make([]Subject, 0, 3)); err != nil {
 		return err
 	}
-	if err := checkText("endpoint", q.endpoint, MaxEndpointLen); err != nil {
+	if err := CheckText("endpoint", q.Endpoint, MaxEndpointLen); err != nil {
 		return err
 	}
-	q.cost, err = checkCost(cost)
+	q.Cost, err = CheckCost(cost)
 	return err
 }
 
-func newCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*query, error) {
-	q := &query{tier: r.GetTier(), idemKey: r.GetIdempotencyKey(), timestamp: r.GetTimestamp(), endpoint: r.GetEndpoint()}
+// NewCheckQuery validates a CheckRateLimit request; now is the server's clock, which the
+// request's timestamp may not be more than MaxClockSkew from.
+func NewCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*Query, error) {
+	q := &Query{Tier: r.GetTier(), IdempotencyKey: r.GetIdempotencyKey(), Timestamp: r.GetTimestamp(), Endpoint: r.GetEndpoint()}
 	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
 		return nil, err
 	}
-	if q.idemKey != "" {
-		if err := checkText("idempotency_key", q.idemKey, MaxIdempotentLen); err != nil {
+	if q.IdempotencyKey != "" {
+		if err := CheckText("idempotency_key", q.IdempotencyKey, MaxIdempotentLen); err != nil {
 			return nil, err
 		}
 	}
-	if q.timestamp != 0 {
-		if skew := time.UnixMilli(q.timestamp).Sub(now); skew > MaxClockSkew || skew < -MaxClockSkew {
-			return nil, fieldErr("timestamp", "%d (unix ms) is more than %s from the server's clock", q.timestamp, MaxClockSkew)
+	if q.Timestamp != 0 {
+		if skew := time.UnixMilli(q.Timestamp).Sub(now); skew > MaxClockSkew || skew < -MaxClockSkew {
+			return nil, FieldErrorf("timestamp", "%d (unix ms) is more than %s from the server's clock", q.Timestamp, MaxClockSkew)
 		}
 	}
 	return q, nil
 }
 
-func newQuotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*query, error) {
-	q := &query{tier: r.GetTier(), endpoint: r.GetEndpoint()}
+// NewQuotaQuery validates a GetRemainingQuota request.
+func NewQuotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*Query, error) {
+	q := &Query{Tier: r.GetTier(), Endpoint: r.GetEndpoint()}
 	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
 		return nil, err
 	}

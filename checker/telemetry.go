@@ -75,15 +75,15 @@ func (in *instruments) startSpan(ctx context.Context) (context.Context, trace.Sp
 }
 
 // record counts a decided check and its latency.
-func (in *instruments) record(ctx context.Context, out *outcome, start time.Time) {
+func (in *instruments) record(ctx context.Context, out *Outcome, start time.Time) {
 	var add metric.AddOption
 	var rec metric.RecordOption
 	switch {
-	case out.allowed && !out.degraded:
+	case out.Allowed && !out.Degraded:
 		add, rec = in.addAllowed, in.recAllowed
-	case out.allowed:
+	case out.Allowed:
 		add, rec = in.addAllowedDegraded, in.recAllowed
-	case !out.degraded:
+	case !out.Degraded:
 		add, rec = in.addDenied, in.recDenied
 	default:
 		add, rec = in.addDeniedDegraded, in.recDenied

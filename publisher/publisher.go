@@ -61,6 +61,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -119,6 +120,8 @@ type Config struct {
 	// InstanceID names this client in message ids (default: 12 random hex characters). It
 	// must not contain '.', '*', '>' or white space.
 	InstanceID string
+	// Meter receives the client's counters (Stats) as metrics (none when nil).
+	Meter metric.Meter
 	// Logger receives the client's logs, with "component"="publisher" (slog.Default()).
 	Logger *slog.Logger
 }
@@ -356,6 +359,11 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		stop:      make(chan struct{}),
 	}
 	c.cond = sync.NewCond(&c.modeMu)
+	if cfg.Meter != nil {
+		if err := c.observe(cfg.Meter); err != nil {
+			return nil, fmt.Errorf("publisher: metrics: %w", err)
+		}
+	}
 	c.spool, err = openSpool(cfg.SpoolDir, cfg.SpoolMaxBytes, cfg.SegmentBytes, log, c.drop)
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)

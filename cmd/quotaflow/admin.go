@@ -17,119 +17,32 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // The admin commands talk to a checker's admin REST API (/api/v1).
 
-// adminClient calls the admin API with a bearer token.
-type adminClient struct {
-	target, token string
-	http          *http.Client
-}
-
 // registerAdminClient adds the flags every admin command shares.
-func registerAdminClient(fs *flagSet) *adminClient {
-	c := &adminClient{}
+func registerAdminClient(fs *flagSet) *admin.Client {
+	c := &admin.Client{}
 	var timeout time.Duration
-	fs.StringVar(&c.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
-	fs.fromEnv("target", "QUOTAFLOW_TARGET")
-	fs.StringVar(&c.token, "token", "", "admin API bearer `token`")
-	fs.fromEnv("token", "QUOTAFLOW_ADMIN_TOKEN")
+	fs.StringVar(&c.BaseURL, "target", "http://127.0.0.1:8080", "checker base `URL`")
+	fs.fromEnv("target")
+	fs.StringVar(&c.Token, "token", "", "admin API bearer `token`")
+	fs.fromEnvAs("token", "QUOTAFLOW_ADMIN_TOKEN")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "deadline of the call")
-	c.http = &http.Client{Transport: timeoutTransport{&timeout}}
+	fs.check(func() error {
+		if c.Token == "" {
+			return errors.New("--token (or QUOTAFLOW_ADMIN_TOKEN) is required: the admin API needs a bearer token")
+		}
+		if _, err := url.Parse(c.BaseURL); err != nil {
+			return fmt.Errorf("--target: %w", err)
+		}
+		c.HTTP = &http.Client{Timeout: timeout}
+		return nil
+	})
 	return c
-}
-
-// timeoutTransport applies the --timeout flag, read at call time (after parsing).
-type timeoutTransport struct{ d *time.Duration }
-
-func (t timeoutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), *t.d)
-	resp, err := http.DefaultTransport.RoundTrip(r.WithContext(ctx))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = cancelOnClose{resp.Body, cancel}
-	return resp, nil
-}
-
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (c cancelOnClose) Close() error { err := c.ReadCloser.Close(); c.cancel(); return err }
-
-// apiError is an error answered by the admin API.
-type apiError struct {
-	Status   int      `json:"-"`
-	Code     string   `json:"error"`
-	Field    string   `json:"field"`
-	Message  string   `json:"message"`
-	Problems []string `json:"problems"`
-}
-
-func (e *apiError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s (HTTP %d %s", e.Message, e.Status, e.Code)
-	if e.Field != "" {
-		fmt.Fprintf(&b, ", field %s", e.Field)
-	}
-	b.WriteString(")")
-	// A single problem is the message already.
-	if len(e.Problems) > 1 {
-		for _, p := range e.Problems {
-			b.WriteString("\n  " + p)
-		}
-	}
-	return b.String()
-}
-
-// do sends body (JSON) and decodes the answer into out (when not nil).
-func (c *adminClient) do(ctx context.Context, method, path string, body, out any) error {
-	if c.token == "" {
-		return usageError{errors.New("--token (or QUOTAFLOW_ADMIN_TOKEN) is required: the admin API needs a bearer token")}
-	}
-	var rd io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
-		}
-		rd = bytes.NewReader(data)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.target, "/")+path, rd)
-	if err != nil {
-		return usageError{fmt.Errorf("--target: %w", err)}
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
-	}
-	if resp.StatusCode >= 300 {
-		ae := &apiError{Status: resp.StatusCode}
-		if json.Unmarshal(data, ae) != nil || ae.Message == "" {
-			return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(data))
-		}
-		return ae
-	}
-	if out != nil && len(data) > 0 {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
-		}
-	}
-	return nil
 }
 
 // subcommand dispatches "quotaflow <group> <verb> ...".
@@ -168,8 +81,8 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	var raw json.RawMessage
-	if err := c.do(ctx, http.MethodGet, "/api/v1/rules", nil, &raw); err != nil {
+	raw, err := c.Rules(ctx)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -212,8 +125,8 @@ func rulesGet(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	var raw json.RawMessage
-	if err := c.do(ctx, http.MethodGet, "/api/v1/rules/"+url.PathEscape(pos[0]), nil, &raw); err != nil {
+	raw, err := c.Rule(ctx, pos[0])
+	if err != nil {
 		return err
 	}
 	// JSON is YAML: read as a node tree it keeps the fields' order and numbers as numbers
@@ -253,11 +166,11 @@ changes nothing. Every checker enforces the new rules within a fraction of a sec
 	if err != nil {
 		return fmt.Errorf("rules file %s: %w", *file, err)
 	}
-	var out struct{ Rules, Users int }
-	if err := c.do(ctx, http.MethodPut, "/api/v1/rules", doc, &out); err != nil {
+	n, users, err := c.ApplyRules(ctx, doc)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "applied %s: %d rules, %d users\n", *file, out.Rules, out.Users)
+	fmt.Fprintf(stdout, "applied %s: %d rules, %d users\n", *file, n, users)
 	return nil
 }
 
@@ -268,7 +181,7 @@ func rulesDelete(ctx context.Context, args []string, getenv func(string) string,
 	if err != nil {
 		return err
 	}
-	if err := c.do(ctx, http.MethodDelete, "/api/v1/rules/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+	if err := c.DeleteRule(ctx, pos[0]); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
@@ -344,8 +257,8 @@ rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 rais
 	if mult != 0 {
 		body["multiplier"] = mult
 	}
-	var o rules.Override
-	if err := c.do(ctx, http.MethodPost, "/api/v1/overrides", body, &o); err != nil {
+	o, err := c.CreateOverride(ctx, body)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "override %s: %s %s until %s\n", o.ID, overrideTarget(&o), overrideChange(&o), o.ExpiresAt.Local().Format(time.RFC3339))
@@ -381,13 +294,13 @@ func overrideList(ctx context.Context, args []string, getenv func(string) string
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	var out struct{ Overrides []rules.Override }
-	if err := c.do(ctx, http.MethodGet, "/api/v1/overrides", nil, &out); err != nil {
+	overrides, err := c.Overrides(ctx)
+	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTARGET\tCHANGE\tEXPIRES\tLEFT\tSOURCE\tCREATOR\tREASON")
-	for _, o := range out.Overrides {
+	for _, o := range overrides {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, overrideTarget(&o), overrideChange(&o),
 			o.ExpiresAt.Local().Format(time.RFC3339), time.Until(o.ExpiresAt).Round(time.Second), o.Source, o.Creator, o.Reason)
 	}
@@ -401,7 +314,7 @@ func overrideDelete(ctx context.Context, args []string, getenv func(string) stri
 	if err != nil {
 		return err
 	}
-	if err := c.do(ctx, http.MethodDelete, "/api/v1/overrides/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+	if err := c.DeleteOverride(ctx, pos[0]); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "deleted override %s\n", pos[0])
@@ -424,7 +337,7 @@ func tierSet(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	if err := c.do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(pos[0])+"/tier", map[string]string{"tier": pos[1]}, nil); err != nil {
+	if err := c.SetUserTier(ctx, pos[0], pos[1]); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "user %s is on tier %s\n", pos[0], pos[1])

@@ -36,7 +36,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 		timeout                                                  time.Duration
 	)
 	fs.StringVar(&target, "target", "http://127.0.0.1:8080", "checker base `URL`")
-	fs.fromEnv("target", "QUOTAFLOW_TARGET")
+	fs.fromEnv("target")
 	fs.StringVar(&protocol, "protocol", "connect", "wire protocol: connect, grpc or grpcweb")
 	fs.StringVar(&user, "user", "", "user id subject")
 	fs.StringVar(&ip, "ip", "", "client IP subject")

@@ -13,20 +13,25 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/instance"
-
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
+	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/publisher"
+)
+
+// The checker's parts meet here: each implements an interface the package that uses it owns.
+var (
+	_ checker.DecisionSink = (*publisher.Client)(nil)
+	_ admin.Store          = (*rulestore.Follower)(nil)
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.
@@ -48,29 +53,20 @@ type checkerFlags struct {
 
 func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
-	fs.fromEnv("listen", "QUOTAFLOW_LISTEN")
 	fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the buckets, a redis:// or rediss:// `URL`")
-	fs.fromEnv("redis-url", "QUOTAFLOW_REDIS_URL")
 	fs.StringVar(&c.rulesPath, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
-	fs.fromEnv("rules", "QUOTAFLOW_RULES")
 	fs.DurationVar(&c.redisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
-	fs.fromEnv("redis-timeout", "QUOTAFLOW_REDIS_TIMEOUT")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
-	fs.fromEnv("shutdown-timeout", "QUOTAFLOW_SHUTDOWN_TIMEOUT")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
-	fs.fromEnv("log-level", "QUOTAFLOW_LOG_LEVEL")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
-	fs.fromEnv("log-format", "QUOTAFLOW_LOG_FORMAT")
 	fs.StringVar(&c.instanceID, "instance-id", "", "`name` of this checker in decision ids and events, e.g. the pod name; a random suffix keeps each process start unique")
-	fs.fromEnv("instance-id", "QUOTAFLOW_INSTANCE_ID")
 	fs.BoolVar(&c.overLimitCache, "over-limit-cache", true, "answer checks of buckets known to deny until a known instant without a Redis call (exact)")
-	fs.fromEnv("over-limit-cache", "QUOTAFLOW_OVER_LIMIT_CACHE")
 	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
-	fs.fromEnv("otlp-endpoint", "QUOTAFLOW_OTLP_ENDPOINT")
 	fs.Float64Var(&c.traceRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
-	fs.fromEnv("trace-sample-ratio", "QUOTAFLOW_TRACE_SAMPLE_RATIO")
 	fs.StringVar(&c.debugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
-	fs.fromEnv("debug-listen", "QUOTAFLOW_DEBUG_LISTEN")
+	fs.fromEnv("listen", "redis-url", "rules", "redis-timeout", "shutdown-timeout", "log-level",
+		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
+		"debug-listen")
 	c.admin.register(fs)
 }
 
@@ -168,7 +164,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 // ctx is done; then it stops taking checks and drains the decisions.
 func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger) error {
 	var set *rules.Set
-	var seed *rules.Document
+	var seed *rules.Document // with its users, which set.Document() leaves out
 	if c.rulesPath != "" {
 		data, err := os.ReadFile(c.rulesPath)
 		if err != nil {
@@ -203,9 +199,9 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	cfg := checker.Config{Redis: rdb, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
 		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio}
 	var (
-		pub    *publisher.Client
-		source *ruleSource
-		store  *rulestore.Store
+		pub      *publisher.Client
+		follower *rulestore.Follower
+		store    admin.Store // nil: the admin API answers 503
 	)
 	sourceName := "file"
 	if p.natsURL != "" {
@@ -218,13 +214,12 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		source = &ruleSource{js: js, cfg: rulestore.Config{Replicas: p.replicas, Logger: log}, seed: seed, seedPath: c.rulesPath, log: log}
+		follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
+			Store: rulestore.Config{Replicas: p.replicas}, Seed: seed, SeedPath: c.rulesPath, Logger: log})
+		store = follower
 		// The store's rules, not the file's, are enforced from the first check: the file may be
 		// older than changes made through the API.
-		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		var storeSet *rules.Set
-		store, storeSet, err = source.open(octx)
-		cancel()
+		storeSet, err := follower.Open(ctx)
 		switch {
 		case err == nil:
 			set, sourceName = storeSet, "store"
@@ -235,21 +230,23 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		default:
 			log.Warn("rule store unreachable at start; enforcing the rules file and retrying in the background", "err", err)
 		}
-		cfg.Admin = c.admin.config(&source.lazy)
-		if pub, err = publisher.New(nc, p.config(instanceID, log)); err != nil {
+		pcfg := p.config(instanceID, log)
+		pcfg.Meter = tel.Meter
+		if pub, err = publisher.New(nc, pcfg); err != nil {
 			return err
 		}
 		cfg.Decisions = pub
-		if err := observePublisher(tel.Meter, pub); err != nil {
-			return errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
-		}
 	} else {
-		cfg.Admin = c.admin.config(nil)
 		log.Warn("no --nats-url: decisions are not published, rules come from the file only and the admin API is off")
 	}
 	cfg.Rules = set
-	srv := checker.New(cfg)
-	defer srv.Close()
+	engine := checker.New(cfg)
+	defer engine.Close()
+	front := transport.New(engine, transport.Config{Logger: log})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.Metrics)
+	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, log)).Handler())
+	mux.Handle("/", front.Handler())
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		if pub != nil {
@@ -259,7 +256,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	}
 	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
 		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID,
-		"admin_tokens", len(cfg.Admin.Tokens))
+		"admin_tokens", len(c.admin.tokens))
 	if c.debugListen != "" {
 		stop, err := serveDebug(ctx, c.debugListen, log)
 		if err != nil {
@@ -270,10 +267,10 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return serveSplit(gctx, ln, withMetrics(srv.Handler(), tel), srv.RegisterGRPC, c.shutdownTimeout, log)
+		return front.Serve(gctx, ln, mux, c.shutdownTimeout)
 	})
-	if source != nil {
-		g.Go(func() error { return source.run(gctx, store, srv) })
+	if follower != nil {
+		g.Go(func() error { return follower.Run(gctx, engine.SetRules) })
 	}
 	err = g.Wait()
 	if pub != nil {
@@ -283,44 +280,10 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	return err
 }
 
-// grpcStreamWorkers is the number of goroutines reused for gRPC calls; calls beyond it get a
-// goroutine of their own.
-const grpcStreamWorkers = 128
-
-// serveSplit serves one port with two stacks until ctx is done: h2c connections whose first
-// request is gRPC go to a grpc-go server with register's services, every other connection to
-// h (HTTP/1.1 and h2c). Shutdown is graceful for both within timeout.
-func serveSplit(ctx context.Context, ln net.Listener, h http.Handler, register func(*grpc.Server), timeout time.Duration, log *slog.Logger) error {
-	gs := grpc.NewServer(
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-			MinTime: 10 * time.Second, PermitWithoutStream: true, // as lenient as Envoy's own keepalives need
-		}),
-		// Calls run on reused goroutines whose stacks have already grown: a new goroutine
-		// per call spent about 7% of the checker's CPU growing its stack.
-		grpc.NumStreamWorkers(grpcStreamWorkers),
-		// A check cut off by the shutdown timeout still hands its decision to the publisher
-		// before the publisher is drained (checks are bounded by --redis-timeout).
-		grpc.WaitForHandlers(true),
-	)
-	register(gs)
-	go func() {
-		<-ctx.Done()
-		log.Info("shutting down", "timeout", timeout)
-	}()
-	return grpcsplit.Serve(ctx, ln, gs, newHTTPServer(h), timeout, grpcsplit.Config{Logger: log})
-}
-
-func newHTTPServer(h http.Handler) *http.Server {
-	protocols := new(http.Protocols)
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
-}
-
 // serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 until ctx is done, then
 // shuts down gracefully within timeout.
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
-	hs := newHTTPServer(h)
+	hs := grpcsplit.NewHTTPServer(h)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -11,7 +11,8 @@ import (
 // flagSet is a flag.FlagSet whose flags may also come from environment variables.
 type flagSet struct {
 	*flag.FlagSet
-	env map[string]string // flag name → environment variable
+	env   map[string]string // flag name → environment variable
+	after []func() error    // checks of the parsed values, run by parse
 }
 
 func newFlagSet(name, synopsis string, stderr io.Writer) *flagSet {
@@ -24,8 +25,16 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flagSet {
 	return fs
 }
 
-// fromEnv names the environment variable of flag name and says so in its help.
-func (fs *flagSet) fromEnv(name, variable string) {
+// fromEnv lets the environment set each named flag, from QUOTAFLOW_ and the flag's name in
+// capitals with '-' as '_' (--redis-url: QUOTAFLOW_REDIS_URL), and says so in its help.
+func (fs *flagSet) fromEnv(names ...string) {
+	for _, name := range names {
+		fs.fromEnvAs(name, "QUOTAFLOW_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
+	}
+}
+
+// fromEnvAs lets the environment variable set flag name, and says so in its help.
+func (fs *flagSet) fromEnvAs(name, variable string) {
 	f := fs.Lookup(name)
 	f.Usage += " (env " + variable + ")"
 	fs.env[name] = variable
@@ -45,6 +54,9 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	}
 	return fs.fillEnv(getenv)
 }
+
+// check adds a check of the parsed values that parse runs; its error is a usage error.
+func (fs *flagSet) check(f func() error) { fs.after = append(fs.after, f) }
 
 // parseArgs is parse for commands that take n arguments, which may come before, between or
 // after the flags (quotaflow rules get ID --json).
@@ -70,6 +82,18 @@ func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, n
 }
 
 func (fs *flagSet) fillEnv(getenv func(string) string) error {
+	if err := fs.setFromEnv(getenv); err != nil {
+		return err
+	}
+	for _, f := range fs.after {
+		if err := f(); err != nil {
+			return usageError{err}
+		}
+	}
+	return nil
+}
+
+func (fs *flagSet) setFromEnv(getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for name, variable := range fs.env {

@@ -32,23 +32,16 @@ type publishFlags struct {
 
 func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.StringVar(&p.natsURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
-	fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
 	fs.StringVar(&p.spoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
-	fs.fromEnv("spool-dir", "QUOTAFLOW_SPOOL_DIR")
 	fs.Int64Var(&p.spoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
-	fs.fromEnv("spool-max-bytes", "QUOTAFLOW_SPOOL_MAX_BYTES")
 	fs.IntVar(&p.partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
-	fs.fromEnv("partitions", "QUOTAFLOW_PARTITIONS")
 	fs.IntVar(&p.replicas, "stream-replicas", 1, "replicas of the QUOTAFLOW_DECISIONS stream")
-	fs.fromEnv("stream-replicas", "QUOTAFLOW_STREAM_REPLICAS")
 	fs.DurationVar(&p.maxAge, "stream-max-age", 72*time.Hour, "how long the stream keeps decisions: the buffer for a downstream outage")
-	fs.fromEnv("stream-max-age", "QUOTAFLOW_STREAM_MAX_AGE")
 	fs.DurationVar(&p.dupWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
-	fs.fromEnv("stream-duplicate-window", "QUOTAFLOW_STREAM_DUPLICATE_WINDOW")
 	fs.IntVar(&p.batch, "publish-batch", 512, "most decisions in one message")
-	fs.fromEnv("publish-batch", "QUOTAFLOW_PUBLISH_BATCH")
 	fs.DurationVar(&p.flush, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
-	fs.fromEnv("publish-flush", "QUOTAFLOW_PUBLISH_FLUSH")
+	fs.fromEnv("nats-url", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
+		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush")
 }
 
 func (p *publishFlags) validate() error {

@@ -51,7 +51,7 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 		count           int
 	)
 	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
-	fs.fromEnv("nats-url", "QUOTAFLOW_NATS_URL")
+	fs.fromEnv("nats-url")
 	fs.StringVar(&stream, "stream", defStream, "stream to read")
 	fs.BoolVar(&all, "all", false, "start from the oldest "+strings.TrimSuffix(what, "s")+" kept instead of new ones")
 	fs.BoolVar(&asJSON, "json", false, "print each "+strings.TrimSuffix(what, "s")+" as one line of JSON")
@@ -64,9 +64,13 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 	}
 	switch what {
 	case "warnings":
-		print = func(msg jetstream.Msg, _ int) (int, error) { return 1, printTransition(stdout, msg, asJSON) }
+		print = func(msg jetstream.Msg, _ int) (int, error) {
+			return 1, printEvent[events.Transition](stdout, msg, asJSON, "transition")
+		}
 	case "overrides":
-		print = func(msg jetstream.Msg, _ int) (int, error) { return 1, printOverride(stdout, msg, asJSON) }
+		print = func(msg jetstream.Msg, _ int) (int, error) {
+			return 1, printEvent[events.OverrideEvent](stdout, msg, asJSON, "override event")
+		}
 	}
 	return watchStream(ctx, natsURL, stream, subjects, all, count, print)
 }
@@ -140,51 +144,22 @@ func printDecisions(stdout, stderr io.Writer, msg jetstream.Msg, left int, asJSO
 	return len(ds), nil
 }
 
-// printTransition prints one warning-state transition.
-func printTransition(w io.Writer, msg jetstream.Msg, asJSON bool) error {
+// printEvent prints one event of the events stream (a warning transition, an override
+// change): its JSON as sent, or its one-line String.
+func printEvent[E any, P interface {
+	*E
+	fmt.Stringer
+}](w io.Writer, msg jetstream.Msg, asJSON bool, kind string) error {
 	if asJSON {
 		_, err := fmt.Fprintln(w, string(msg.Data()))
 		return err
 	}
-	var t events.Transition
-	if err := json.Unmarshal(msg.Data(), &t); err != nil {
-		_, err = fmt.Fprintf(w, "(undecodable transition on %s: %v)\n", msg.Subject(), err)
-		return err
-	}
-	_, err := fmt.Fprintf(w, "%s %-10s %-24s %-16s %-9s → %-9s usage=%.2f %d/%d window=%dms cause=%s id=%s\n",
-		t.At.UTC().Format("2006-01-02 15:04:05.000000"), t.Tier, t.Dimension+":"+t.Subject, t.RuleID, t.From, t.To,
-		t.UsageRatio, t.Remaining, t.Limit, t.WindowMs, t.Cause, t.ID)
-	return err
-}
-
-// printOverride prints one override change.
-func printOverride(w io.Writer, msg jetstream.Msg, asJSON bool) error {
-	if asJSON {
-		_, err := fmt.Fprintln(w, string(msg.Data()))
-		return err
-	}
-	var e events.OverrideEvent
+	var e E
 	if err := json.Unmarshal(msg.Data(), &e); err != nil {
-		_, err = fmt.Fprintf(w, "(undecodable override event on %s: %v)\n", msg.Subject(), err)
+		_, err = fmt.Fprintf(w, "(undecodable %s on %s: %v)\n", kind, msg.Subject(), err)
 		return err
 	}
-	o := e.Override
-	target := o.Target() + " " + o.Tier
-	if o.Target() == "subject" {
-		target = o.Target() + " " + o.Dimension + ":" + o.Identifier
-	} else if o.Target() == "rule" {
-		target = "rule"
-	}
-	if o.RuleID != "" {
-		target += " rule=" + o.RuleID
-	}
-	change := fmt.Sprintf("x%g", o.Multiplier)
-	if o.Limit != 0 {
-		change = fmt.Sprintf("limit=%d", o.Limit)
-	}
-	_, err := fmt.Fprintf(w, "%s %-7s %-20s %-32s %-12s until %s by %s (%s) reason=%q\n",
-		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), o.ID, target, change,
-		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
+	_, err := fmt.Fprintln(w, P(&e).String())
 	return err
 }
 

@@ -32,7 +32,7 @@ const (
 	MaxAge = 7 * 24 * time.Hour
 )
 
-// The states of seed 000's state machine.
+// The states of the warning state machine (docs/warnings.md).
 const (
 	StateNormal    = "normal"
 	StateWarning   = "warning"
@@ -62,6 +62,14 @@ func (t *Transition) NATSSubject() string {
 	return WarningsPrefix + "." + Token(t.Tier) + "." + Token(t.Dimension)
 }
 
+// String is the transition as one line, for people watching the stream (quotaflow watch
+// warnings).
+func (t *Transition) String() string {
+	return fmt.Sprintf("%s %-10s %-24s %-16s %-9s → %-9s usage=%.2f %d/%d window=%dms cause=%s id=%s",
+		t.At.UTC().Format("2006-01-02 15:04:05.000000"), t.Tier, t.Dimension+":"+t.Subject, t.RuleID, t.From, t.To,
+		t.UsageRatio, t.Remaining, t.Limit, t.WindowMs, t.Cause, t.ID)
+}
+
 // The override actions.
 const (
 	OverrideCreated = "created"
@@ -80,6 +88,27 @@ type OverrideEvent struct {
 
 // NATSSubject is the event's subject: quotaflow.overrides.<action>.
 func (e *OverrideEvent) NATSSubject() string { return OverridesPrefix + "." + e.Action }
+
+// String is the event as one line, for people watching the stream (quotaflow watch overrides).
+func (e *OverrideEvent) String() string {
+	o := e.Override
+	target := o.Target() + " " + o.Tier
+	if o.Target() == "subject" {
+		target = o.Target() + " " + o.Dimension + ":" + o.Identifier
+	} else if o.Target() == "rule" {
+		target = "rule"
+	}
+	if o.RuleID != "" {
+		target += " rule=" + o.RuleID
+	}
+	change := fmt.Sprintf("x%g", o.Multiplier)
+	if o.Limit != 0 {
+		change = fmt.Sprintf("limit=%d", o.Limit)
+	}
+	return fmt.Sprintf("%s %-7s %-20s %-32s %-12s until %s by %s (%s) reason=%q",
+		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), o.ID, target, change,
+		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
+}
 
 // Token makes s safe as one NATS subject token.
 func Token(s string) string {

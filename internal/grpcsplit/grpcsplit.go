@@ -36,7 +36,7 @@ type Config struct {
 	// MaxSniffFrames bounds the frames read before the first HEADERS frame (default 16); a
 	// connection that sends more goes to net/http, which judges it.
 	MaxSniffFrames int
-	// Logger receives accept errors (default: discarded).
+	// Logger receives accept errors, with "component"="grpcsplit" (default: discarded).
 	Logger *slog.Logger
 }
 
@@ -61,6 +61,7 @@ func New(ln net.Listener, cfg Config) *Splitter {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.Logger = cfg.Logger.With("component", "grpcsplit")
 	return &Splitter{
 		ln:     ln,
 		cfg:    cfg,

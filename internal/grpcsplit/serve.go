@@ -60,3 +60,12 @@ func Serve(ctx context.Context, ln net.Listener, gs *grpc.Server, hs *http.Serve
 	})
 	return g.Wait()
 }
+
+// NewHTTPServer returns the net/http server of a split port, or of a port of its own: HTTP/1.1
+// and cleartext HTTP/2, with a bound on reading request headers.
+func NewHTTPServer(h http.Handler) *http.Server {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+}

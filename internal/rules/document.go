@@ -122,7 +122,7 @@ func (s Scalar) MarshalJSON() ([]byte, error) {
 	return json.Marshal(str)
 }
 
-// Thresholds are a rule's warning-state thresholds (seed 000's state machine): a subject goes
+// Thresholds are a rule's warning-state thresholds (docs/warnings.md): a subject goes
 // from normal to warning when its usage ratio exceeds Enter, back to normal when it falls below
 // Exit (hysteresis), and from throttled straight back to normal after QuietPeriod without
 // calls.
@@ -134,6 +134,13 @@ type Thresholds struct {
 // DefaultThresholds are the thresholds of a document that sets none: warning above 80% used,
 // normal again below 70%, quiet after 30s.
 var DefaultThresholds = Thresholds{Enter: 0.8, Exit: 0.7, QuietPeriod: 30 * time.Second}
+
+// Enters reports whether a subject that used used of limit (the rule's limit per window, not
+// its burst) is past Enter: the one test, shared by the checker's per-answer state and the
+// aggregator's events, of when a subject goes from normal to warning.
+func (t Thresholds) Enters(used, limit int64) bool {
+	return float64(used) > t.Enter*float64(limit)
+}
 
 func (w *DocWarnings) thresholds(p *problems, where string, inherit Thresholds) Thresholds {
 	t := inherit

@@ -113,7 +113,7 @@ func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
 	return l
 }
 
-// User is a user's tier and custom limits (seed 000 USER_TIER), cached in memory.
+// User is a user's tier and custom limits, cached in memory.
 type User struct {
 	Tier string
 	// Limits maps a rule id to the limit that replaces the rule's for this user.

@@ -243,3 +243,28 @@ func BenchmarkMatch(b *testing.B) {
 		}
 	}
 }
+
+// TestThresholdsEnters pins the one test of when a subject goes from normal to warning, which
+// the checker's answers and the aggregator's events both apply: used above Enter × limit.
+func TestThresholdsEnters(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		th          Thresholds
+		used, limit int64
+		want        bool
+	}{
+		{DefaultThresholds, 8, 10, false},
+		{DefaultThresholds, 9, 10, true},
+		{DefaultThresholds, 4, 5, false},
+		{DefaultThresholds, 5, 5, true},
+		{Thresholds{Enter: 0.9}, 9, 10, false},
+		{Thresholds{Enter: 0.9}, 10, 10, true},
+		{Thresholds{Enter: 0.9}, 15, 10, true}, // a burst beyond the limit
+		{Thresholds{Enter: 0.5}, 0, 0, false},
+	}
+	for _, tt := range tests {
+		if got := tt.th.Enters(tt.used, tt.limit); got != tt.want {
+			t.Errorf("Thresholds{Enter: %v}.Enters(%d, %d) = %v, want %v", tt.th.Enter, tt.used, tt.limit, got, tt.want)
+		}
+	}
+}

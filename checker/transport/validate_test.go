@@ -1,4 +1,4 @@
-package checker
+package transport
 
 import (
 	"context"
@@ -8,16 +8,16 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/checker"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 func TestInvalidRequests(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Config{})
+	env := newEnv(t, checker.Config{})
 	c := env.client("connect")
 	user := quotaflowv1.Dimension_DIMENSION_USER
 	tests := []struct {
@@ -59,7 +59,7 @@ func TestInvalidRequests(t *testing.T) {
 // TestInvalidJSON: plain HTTP/JSON callers get 400 naming the field.
 func TestInvalidJSON(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Config{})
+	env := newEnv(t, checker.Config{})
 	tests := []struct{ body, want string }{
 		{`{"identifier":"a","dimension":"DIMENSION_USER","endpoint":"/x","cost":-5}`, "cost: must not be negative"},
 		{`{"identifier":"a","dimension":"DIMENSION_USER"}`, "endpoint: required"},
@@ -78,66 +78,6 @@ func TestInvalidJSON(t *testing.T) {
 		json.Unmarshal(b, &e)
 		if resp.StatusCode != http.StatusBadRequest || e.Code != "invalid_argument" || !strings.Contains(e.Message, tt.want) {
 			t.Errorf("POST %s = %d %s, want 400 invalid_argument containing %q", tt.body, resp.StatusCode, b, tt.want)
-		}
-	}
-}
-
-func FuzzCheckRequest(f *testing.F) {
-	f.Add("user-1", int32(1), "/api/v1/orders", int64(1), int64(0), "", "", "10.0.0.1", int32(2))
-	f.Add("", int32(0), "", int64(-1), int64(1), "k", "premium", "", int32(4))
-	f.Add("a\xff", int32(3), "/x\x00y", int64(1_000_001), int64(1<<62), "\xfe", "free", "b", int32(1))
-	f.Add("{user:1}", int32(1), "*", int64(0), time.Now().UnixMilli(), "idem", "", "::1", int32(7))
-	now := time.Now()
-	f.Fuzz(func(t *testing.T, ident string, dim int32, endpoint string, cost, ts int64, idem, tier, other string, otherDim int32) {
-		req := &quotaflowv1.CheckRateLimitRequest{Identifier: ident, Dimension: quotaflowv1.Dimension(dim), Endpoint: endpoint,
-			Cost: cost, Timestamp: ts, IdempotencyKey: idem, Tier: tier}
-		if other != "" {
-			req.Subjects = []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension(otherDim), Identifier: other}}
-		}
-		q, err := newCheckQuery(req, now)
-		if err != nil {
-			if !isFieldError(err) {
-				t.Fatalf("error %v is not a FieldError", err)
-			}
-			return
-		}
-		if len(q.subjects) == 0 || q.cost < 1 || q.cost > MaxCost || !utf8.ValidString(q.endpoint) || len(q.endpoint) > MaxEndpointLen {
-			t.Fatalf("accepted an invalid request: %+v", q)
-		}
-		seen := map[any]bool{}
-		for _, s := range q.subjects {
-			if s.id == "" || len(s.id) > MaxIdentifierLen || !utf8.ValidString(s.id) || !s.dim.Valid() || seen[s.dim] {
-				t.Fatalf("accepted an invalid subject: %+v", s)
-			}
-			seen[s.dim] = true
-			// Whatever the identifier holds, its key stays inside its own hash tag.
-			tag := subjectTag(s.dim, s.id)
-			if strings.Count(tag, "{") != 1 || strings.Count(tag, "}") != 1 || strings.ContainsAny(tag[1:len(tag)-1], "{}") {
-				t.Fatalf("subject %q escapes its hash tag: %q", s.id, tag)
-			}
-		}
-	})
-}
-
-func TestKeys(t *testing.T) {
-	t.Parallel()
-	set := mustRules(t, testRules)
-	r, _ := set.Rule("user-api")
-	tests := []struct{ id, want string }{
-		{"12345", "rl:{user:12345}:tb:1h:/api/*"},
-		{"a}:tb:1h:/x", "rl:{user:a%7D%3Atb%3A1h%3A/x}:tb:1h:/api/*"},
-		{"{user:1}", "rl:{user:%7Buser%3A1%7D}:tb:1h:/api/*"},
-		{"ünï cödé", "rl:{user:%C3%BCn%C3%AF%20c%C3%B6d%C3%A9}:tb:1h:/api/*"},
-	}
-	for _, tt := range tests {
-		if got := limitKey(subjectTag(r.Dimension, tt.id), r); got != tt.want {
-			t.Errorf("key for %q = %q, want %q", tt.id, got, tt.want)
-		}
-	}
-	for d, want := range map[time.Duration]string{time.Second: "1s", 90 * time.Second: "90s", time.Minute: "1m",
-		2 * time.Hour: "2h", 24 * time.Hour: "1d", 1500 * time.Millisecond: "1500ms"} {
-		if got := windowToken(d); got != want {
-			t.Errorf("windowToken(%s) = %q, want %q", d, got, want)
 		}
 	}
 }

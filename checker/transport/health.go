@@ -1,4 +1,4 @@
-package checker
+package transport
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func (h *healthService) status(ctx context.Context, service string) (healthpb.He
 	if service != "" && service != quotaflowv1connect.RateLimiterName {
 		return 0, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", service))
 	}
-	if h.s.Ready(ctx) != nil {
+	if h.s.engine.Ready(ctx) != nil {
 		return healthpb.HealthCheckResponse_NOT_SERVING, nil
 	}
 	return healthpb.HealthCheckResponse_SERVING, nil
@@ -76,4 +76,25 @@ func (h *healthService) watch(ctx context.Context, service string, send func(*he
 		case <-t.C:
 		}
 	}
+}
+
+// grpcHealth serves the health service on grpc-go.
+type grpcHealth struct {
+	healthpb.UnimplementedHealthServer
+	h *healthService
+}
+
+func (g grpcHealth) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	st, err := g.h.status(ctx, req.GetService())
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &healthpb.HealthCheckResponse{Status: st}, nil
+}
+
+func (g grpcHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if err := g.h.watch(stream.Context(), req.GetService(), stream.Send); err != nil {
+		return grpcError(err)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package checker
+package transport
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -111,7 +112,7 @@ func (s *Server) RLSHandler() (string, http.Handler) {
 // rlsQuery is one descriptor as a check, with where its tier and cost came from, so that an
 // error about them names the request's field. Field names are only made on errors.
 type rlsQuery struct {
-	query
+	checker.Query
 	desc      int  // index of the descriptor
 	tierEntry int  // index of the tier entry; -1 for none
 	ownCost   bool // the cost is the descriptor's hits_addend, not the request's
@@ -137,17 +138,17 @@ func (q *rlsQuery) costField() string {
 
 // rename turns a FieldError about the check into one about the RLS request.
 func (q *rlsQuery) rename(err error) error {
-	var fe *FieldError
+	var fe *checker.FieldError
 	if !errors.As(err, &fe) {
 		return err
 	}
 	switch fe.Field {
 	case "tier":
-		return &FieldError{Field: q.tierField(), Msg: fe.Msg}
+		return &checker.FieldError{Field: q.tierField(), Msg: fe.Msg}
 	case "cost":
-		return &FieldError{Field: q.costField(), Msg: fe.Msg}
+		return &checker.FieldError{Field: q.costField(), Msg: fe.Msg}
 	}
-	return &FieldError{Field: q.field("." + fe.Field), Msg: fe.Msg}
+	return &checker.FieldError{Field: q.field("." + fe.Field), Msg: fe.Msg}
 }
 
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService; see RLSHandler.
@@ -163,14 +164,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratel
 func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
 	qs, err := rlsQueries(req)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, s.rpcError(err)
 	}
 	// An unknown tier fails before anything is charged (decide would find it too, but only
 	// after the descriptors before it were charged).
-	if set := s.rules.Load(); set != nil {
+	if set := s.engine.Rules(); set != nil {
 		for i := range qs {
-			if t := qs[i].tier; t != "" && !set.HasTier(t) {
-				return nil, rpcError(fieldErr(qs[i].tierField(), "%q is not a configured tier", t))
+			if t := qs[i].Tier; t != "" && !set.HasTier(t) {
+				return nil, s.rpcError(checker.FieldErrorf(qs[i].tierField(), "%q is not a configured tier", t))
 			}
 		}
 	}
@@ -179,28 +180,28 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(qs)),
 	}
 	var (
-		worst    *limitOutcome // the most restrictive descriptor's deciding limit
-		worstOut *outcome
+		worst    *checker.LimitOutcome // the most restrictive descriptor's deciding limit
+		worstOut *checker.Outcome
 	)
 	for i := range qs {
-		qs[i].skipGlobal = i > 0 // one Envoy request counts once against global rules
-		out, err := s.decide(ctx, &qs[i].query, false)
+		qs[i].SkipGlobal = i > 0 // one Envoy request counts once against global rules
+		out, err := s.engine.Check(ctx, &qs[i].Query)
 		if err != nil {
-			return nil, rpcError(qs[i].rename(err))
+			return nil, s.rpcError(qs[i].rename(err))
 		}
 		st := &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
-		if !out.allowed {
+		if !out.Allowed {
 			st.Code = ratelimitv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = ratelimitv3.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses[i] = st
-		if out.decider < 0 || out.limits[out.decider].rule.Shadow {
+		l := out.DecidingLimit()
+		if l == nil || l.Rule.Shadow {
 			continue // no enforced limit: nothing to report, shadow rules stay invisible
 		}
-		l := &out.limits[out.decider]
 		st.CurrentLimit = rlsRate(l)
-		st.LimitRemaining = clampUint32(l.res.Remaining)
-		st.DurationUntilReset = durationpb.New(max(0, l.res.ResetAt.Sub(out.now)))
+		st.LimitRemaining = clampUint32(l.Result.Remaining)
+		st.DurationUntilReset = durationpb.New(max(0, l.Result.ResetAt.Sub(out.Now)))
 		if worst == nil || moreRestrictive(out, l, worstOut, worst) {
 			worst, worstOut = l, out
 		}
@@ -214,28 +215,28 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 // moreRestrictive reports whether limit a (of outcome ao) restricts more than limit b: a
 // denial over an allowance, then the longer wait among denials, else the fewer remaining and
 // then the smaller capacity (Envoy's own choice for its X-RateLimit headers).
-func moreRestrictive(ao *outcome, a *limitOutcome, bo *outcome, b *limitOutcome) bool {
+func moreRestrictive(ao *checker.Outcome, a *checker.LimitOutcome, bo *checker.Outcome, b *checker.LimitOutcome) bool {
 	switch {
-	case ao.allowed != bo.allowed:
-		return !ao.allowed
-	case !ao.allowed:
-		return a.res.RetryAfter > b.res.RetryAfter
-	case a.res.Remaining != b.res.Remaining:
-		return a.res.Remaining < b.res.Remaining
+	case ao.Allowed != bo.Allowed:
+		return !ao.Allowed
+	case !ao.Allowed:
+		return a.Result.RetryAfter > b.Result.RetryAfter
+	case a.Result.Remaining != b.Result.Remaining:
+		return a.Result.Remaining < b.Result.Remaining
 	}
-	return a.limit.Capacity() < b.limit.Capacity()
+	return a.Limit.Capacity() < b.Limit.Capacity()
 }
 
 // rlsHeaders are the response headers Envoy adds to the response to the client.
-func rlsHeaders(out *outcome, l *limitOutcome) []*corev3.HeaderValue {
-	reset := ceilSeconds(ceilMillis(max(0, l.res.ResetAt.Sub(out.now))))
+func rlsHeaders(out *checker.Outcome, l *checker.LimitOutcome) []*corev3.HeaderValue {
+	reset := checker.CeilSeconds(checker.CeilMillis(max(0, l.Result.ResetAt.Sub(out.Now))))
 	h := []*corev3.HeaderValue{
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.limit.Capacity(), 10)},
-		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.res.Remaining), 10)},
+		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity(), 10)},
+		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.Result.Remaining), 10)},
 		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
 	}
-	if !out.allowed {
-		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ceilSeconds(ceilMillis(l.res.RetryAfter)), 10)})
+	if !out.Allowed {
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(checker.CeilSeconds(checker.CeilMillis(l.Result.RetryAfter)), 10)})
 	}
 	return h
 }
@@ -257,19 +258,19 @@ var rlsUnits = []struct {
 // exactly. A window that is not a whole number of seconds (200ms) cannot be stated in Envoy's
 // units: it is given as the same rate per SECOND, rounded to the nearest whole number and at
 // least 1 (2 per 200ms: 10 per SECOND).
-func rlsRate(l *limitOutcome) *ratelimitv3.RateLimitResponse_RateLimit {
-	rl := &ratelimitv3.RateLimitResponse_RateLimit{Name: l.rule.ID}
-	w := l.limit.Window
+func rlsRate(l *checker.LimitOutcome) *ratelimitv3.RateLimitResponse_RateLimit {
+	rl := &ratelimitv3.RateLimitResponse_RateLimit{Name: l.Rule.ID}
+	w := l.Limit.Window
 	for _, u := range rlsUnits {
 		if w >= u.d && w%u.d == 0 {
-			rl.Unit, rl.RequestsPerUnit = u.unit, clampUint32(l.limit.Limit)
+			rl.Unit, rl.RequestsPerUnit = u.unit, clampUint32(l.Limit.Limit)
 			if n := w / u.d; n != 1 {
 				rl.UnitMultiplier = wrapperspb.UInt32(uint32(n))
 			}
 			return rl
 		}
 	}
-	perSecond := math.Round(float64(l.limit.Limit) * float64(time.Second) / float64(w))
+	perSecond := math.Round(float64(l.Limit.Limit) * float64(time.Second) / float64(w))
 	rl.Unit, rl.RequestsPerUnit = ratelimitv3.RateLimitResponse_RateLimit_SECOND, uint32(min(max(perSecond, 1), math.MaxUint32))
 	return rl
 }
@@ -282,16 +283,16 @@ func clampUint32(n int64) uint32 {
 func rlsQueries(r *ratelimitv3.RateLimitRequest) ([]rlsQuery, error) {
 	domain := r.GetDomain()
 	if domain != "" {
-		if err := checkText("domain", domain, MaxEndpointLen-1); err != nil {
+		if err := checker.CheckText("domain", domain, checker.MaxEndpointLen-1); err != nil {
 			return nil, err
 		}
 	}
 	ds := r.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, fieldErr("descriptors", "required: at least one descriptor")
+		return nil, checker.FieldErrorf("descriptors", "required: at least one descriptor")
 	case len(ds) > MaxRLSDescriptors:
-		return nil, fieldErr("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
+		return nil, checker.FieldErrorf("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
 	}
 	qs := make([]rlsQuery, len(ds))
 	for i, d := range ds {
@@ -307,11 +308,11 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	entries := d.GetEntries()
 	switch {
 	case len(entries) == 0:
-		return fieldErr(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
+		return checker.FieldErrorf(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
 	case len(entries) > MaxRLSEntries:
-		return fieldErr(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
+		return checker.FieldErrorf(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
 	}
-	q.subjects = make([]subject, 0, 3)
+	q.Subjects = make([]checker.Subject, 0, 3)
 	endpointSet := false
 	for j, e := range entries {
 		kind, ok := rlsKeys[e.GetKey()]
@@ -319,27 +320,27 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			continue
 		}
 		entryErr := func(suffix, format string, args ...any) error {
-			return fieldErr(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
+			return checker.FieldErrorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
 		}
-		v, limit := e.GetValue(), MaxIdentifierLen
+		v, limit := e.GetValue(), checker.MaxIdentifierLen
 		if kind == rlsEndpoint {
 			v, _, _ = strings.Cut(v, "?")
-			limit = MaxEndpointLen
+			limit = checker.MaxEndpointLen
 		}
-		if err := checkText("", v, limit); err != nil {
-			return entryErr(".value", "%s", err.(*FieldError).Msg)
+		if err := checker.CheckText("", v, limit); err != nil {
+			return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
 		}
 		switch kind {
 		case rlsEndpoint:
 			if endpointSet {
 				return entryErr(".key", "a second endpoint (path or endpoint) in one descriptor")
 			}
-			q.endpoint, endpointSet = v, true
+			q.Endpoint, endpointSet = v, true
 		case rlsTier:
 			if q.tierEntry >= 0 {
 				return entryErr(".key", "a second tier in one descriptor")
 			}
-			q.tier, q.tierEntry = v, j
+			q.Tier, q.tierEntry = v, j
 		default:
 			dim := rules.DimensionUser
 			switch kind {
@@ -348,33 +349,46 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			case rlsAPIKey:
 				dim = rules.DimensionAPIKey
 			}
-			for _, s := range q.subjects {
-				if s.dim == dim {
+			for _, s := range q.Subjects {
+				if s.Dimension == dim {
 					return entryErr(".key", "a second %s subject in one descriptor; name one of each dimension", dim)
 				}
 			}
-			q.subjects = append(q.subjects, subject{dim: dim, id: v})
+			q.Subjects = append(q.Subjects, checker.Subject{Dimension: dim, ID: v})
 		}
 	}
-	if len(q.subjects) == 0 {
-		return fieldErr(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
+	if len(q.Subjects) == 0 {
+		return checker.FieldErrorf(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
 	}
 	if !endpointSet {
-		q.endpoint = "/" + domain
+		q.Endpoint = "/" + domain
 	}
 	if d.GetIsNegativeHits() {
-		return fieldErr(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
+		return checker.FieldErrorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
 	}
 	cost := uint64(hits)
 	if h := d.GetHitsAddend(); h != nil {
 		cost, q.ownCost = h.GetValue(), true
 	}
-	if cost > MaxCost {
-		return fieldErr(q.costField(), "must be at most %d, got %d", MaxCost, cost)
+	if cost > checker.MaxCost {
+		return checker.FieldErrorf(q.costField(), "must be at most %d, got %d", checker.MaxCost, cost)
 	}
 	var err error
-	if q.cost, err = checkCost(int64(cost)); err != nil {
+	if q.Cost, err = checker.CheckCost(int64(cost)); err != nil {
 		return q.rename(err)
 	}
 	return nil
+}
+
+// grpcRLS serves Envoy's rate limit service on grpc-go.
+type grpcRLS struct {
+	s *Server
+}
+
+func (g grpcRLS) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
+	resp, err := g.s.shouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return resp, nil
 }

@@ -1,21 +1,20 @@
-package checker
+package admin
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"net/http"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
 // next read at once, before every checker has caught up.
 
-func (a *admin) getRules(r *http.Request, _ caller) (int, any, error) {
+func (a *API) getRules(r *http.Request, _ caller) (int, any, error) {
 	set, err := a.store.Current(r.Context())
 	if err != nil {
 		return 0, nil, err
@@ -24,7 +23,7 @@ func (a *admin) getRules(r *http.Request, _ caller) (int, any, error) {
 }
 
 // applyRules replaces the whole configuration (quotaflow rules apply -f).
-func (a *admin) applyRules(r *http.Request, c caller) (int, any, error) {
+func (a *API) applyRules(r *http.Request, c caller) (int, any, error) {
 	var doc rules.Document
 	if err := decodeBody(r, &doc); err != nil {
 		return 0, nil, err
@@ -32,11 +31,11 @@ func (a *admin) applyRules(r *http.Request, c caller) (int, any, error) {
 	if err := a.store.Apply(r.Context(), &doc); err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users))
+	a.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users))
 	return http.StatusOK, map[string]int{"rules": len(doc.Rules), "users": len(doc.Users)}, nil
 }
 
-func (a *admin) getRule(r *http.Request, _ caller) (int, any, error) {
+func (a *API) getRule(r *http.Request, _ caller) (int, any, error) {
 	set, err := a.store.Current(r.Context())
 	if err != nil {
 		return 0, nil, err
@@ -50,7 +49,7 @@ func (a *admin) getRule(r *http.Request, _ caller) (int, any, error) {
 	return 0, nil, notFound("no rule has id %q", id)
 }
 
-func (a *admin) createRule(r *http.Request, c caller) (int, any, error) {
+func (a *API) createRule(r *http.Request, c caller) (int, any, error) {
 	var dr rules.DocRule
 	if err := decodeBody(r, &dr); err != nil {
 		return 0, nil, err
@@ -66,11 +65,11 @@ func (a *admin) createRule(r *http.Request, c caller) (int, any, error) {
 	} else if err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: rule created", "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
+	a.log.Info("admin: rule created", "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
 	return http.StatusCreated, dr, nil
 }
 
-func (a *admin) putRule(r *http.Request, c caller) (int, any, error) {
+func (a *API) putRule(r *http.Request, c caller) (int, any, error) {
 	var dr rules.DocRule
 	if err := decodeBody(r, &dr); err != nil {
 		return 0, nil, err
@@ -91,20 +90,20 @@ func (a *admin) putRule(r *http.Request, c caller) (int, any, error) {
 	if created {
 		status, verb = http.StatusCreated, "created"
 	}
-	a.s.log.Info("admin: rule "+verb, "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
+	a.log.Info("admin: rule "+verb, "token", c.Name, "rule", dr.ID, "limit", dr.Limit, "window", dr.Window)
 	return status, dr, nil
 }
 
-func (a *admin) deleteRule(r *http.Request, c caller) (int, any, error) {
+func (a *API) deleteRule(r *http.Request, c caller) (int, any, error) {
 	id := r.PathValue("rule_id")
 	if err := a.store.DeleteRule(r.Context(), id); err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: rule deleted", "token", c.Name, "rule", id)
+	a.log.Info("admin: rule deleted", "token", c.Name, "rule", id)
 	return http.StatusNoContent, nil, nil
 }
 
-func (a *admin) setTier(r *http.Request, c caller) (int, any, error) {
+func (a *API) setTier(r *http.Request, c caller) (int, any, error) {
 	var body struct {
 		Tier string `json:"tier"`
 	}
@@ -122,7 +121,7 @@ func (a *admin) setTier(r *http.Request, c caller) (int, any, error) {
 	if err := a.store.SetUserTier(r.Context(), user, body.Tier); err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: user tier set", "token", c.Name, "user", user, "tier", body.Tier)
+	a.log.Info("admin: user tier set", "token", c.Name, "user", user, "tier", body.Tier)
 	return http.StatusOK, map[string]string{"user_id": user, "tier": body.Tier}, nil
 }
 
@@ -140,7 +139,7 @@ type overrideBody struct {
 }
 
 // userOverride is POST /users/{user_id}/override: an override of one user.
-func (a *admin) userOverride(r *http.Request, c caller) (int, any, error) {
+func (a *API) userOverride(r *http.Request, c caller) (int, any, error) {
 	var body struct {
 		ID         string  `json:"id"`
 		RuleID     string  `json:"rule_id"`
@@ -157,7 +156,7 @@ func (a *admin) userOverride(r *http.Request, c caller) (int, any, error) {
 }
 
 // createOverride is POST /overrides: an override of a subject, a tier or a rule.
-func (a *admin) createOverride(r *http.Request, c caller) (int, any, error) {
+func (a *API) createOverride(r *http.Request, c caller) (int, any, error) {
 	var body overrideBody
 	if err := decodeBody(r, &body); err != nil {
 		return 0, nil, err
@@ -165,7 +164,7 @@ func (a *admin) createOverride(r *http.Request, c caller) (int, any, error) {
 	return a.putOverride(r, c, body)
 }
 
-func (a *admin) putOverride(r *http.Request, c caller, b overrideBody) (int, any, error) {
+func (a *API) putOverride(r *http.Request, c caller, b overrideBody) (int, any, error) {
 	if b.Duration == "" {
 		return 0, nil, badField("duration", "required: a positive Go duration such as 10m or 24h")
 	}
@@ -183,7 +182,7 @@ func (a *admin) putOverride(r *http.Request, c caller, b overrideBody) (int, any
 	if err := a.store.PutOverride(r.Context(), o); err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: override created", "token", c.Name, "override", o.ID, "target", o.Target(),
+	a.log.Info("admin: override created", "token", c.Name, "override", o.ID, "target", o.Target(),
 		"dimension", o.Dimension, "identifier", o.Identifier, "tier", o.Tier, "rule", o.RuleID,
 		"limit", o.Limit, "multiplier", o.Multiplier, "expires", o.ExpiresAt, "reason", o.Reason)
 	return http.StatusCreated, o, nil
@@ -195,7 +194,7 @@ func newOverrideID() string {
 	return "ovr-" + hex.EncodeToString(b[:])
 }
 
-func (a *admin) listOverrides(r *http.Request, _ caller) (int, any, error) {
+func (a *API) listOverrides(r *http.Request, _ caller) (int, any, error) {
 	ovs, err := a.store.Overrides(r.Context())
 	if err != nil {
 		return 0, nil, err
@@ -206,12 +205,12 @@ func (a *admin) listOverrides(r *http.Request, _ caller) (int, any, error) {
 	return http.StatusOK, map[string]any{"overrides": ovs}, nil
 }
 
-func (a *admin) deleteOverride(r *http.Request, c caller) (int, any, error) {
+func (a *API) deleteOverride(r *http.Request, c caller) (int, any, error) {
 	id := r.PathValue("id")
 	if err := a.store.DeleteOverride(r.Context(), id, c.Name); err != nil {
 		return 0, nil, err
 	}
-	a.s.log.Info("admin: override deleted", "token", c.Name, "override", id)
+	a.log.Info("admin: override deleted", "token", c.Name, "override", id)
 	return http.StatusNoContent, nil, nil
 }
 
@@ -244,76 +243,36 @@ type userLimit struct {
 
 // userLimits lists the user's rules with their effective limits as this checker enforces them
 // (its watched set, overrides applied) and the remaining quota of each, peeked from Redis.
-func (a *admin) userLimits(r *http.Request, _ caller) (int, any, error) {
-	set := a.s.rules.Load()
-	if set == nil {
-		return 0, nil, errNoRules
-	}
+func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 	user := r.PathValue("user_id")
-	if user == "" || len(user) > MaxIdentifierLen {
-		return 0, nil, badField("user_id", "must be 1 to %d bytes", MaxIdentifierLen)
+	if user == "" || len(user) > checker.MaxIdentifierLen {
+		return 0, nil, badField("user_id", "must be 1 to %d bytes", checker.MaxIdentifierLen)
 	}
-	tier := set.TierOf(user)
-	u, _ := set.User(user)
+	u, err := a.engine.UserUsage(r.Context(), user)
+	if err != nil {
+		return 0, nil, err
+	}
 	now := time.Now()
-	out := userLimits{UserID: user, Tier: tier, Limits: []userLimit{}}
-	tag := subjectTag(rules.DimensionUser, user)
-	var peek bucket.Request
-	for _, rule := range applyingRules(set, tier) {
-		lim := set.Effective(rule, limitKey(tag, rule), rules.DimensionUser, user, tier, u.Limits[rule.ID], now)
-		out.Limits = append(out.Limits, userLimit{
+	set := a.engine.Rules()
+	out := userLimits{UserID: user, Tier: u.Tier, Limits: []userLimit{}}
+	if u.Err != nil {
+		out.QuotaError = "remaining quota unknown: " + u.Err.Error()
+	}
+	for _, l := range u.Limits {
+		rule := l.Rule
+		ul := userLimit{
 			RuleID: rule.ID, Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
 			Window: rule.Window.String(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
-			BaseLimit: rule.Limit, CustomLimit: u.Limits[rule.ID], Limit: lim.Limit, Burst: lim.Capacity(),
-			Overrides: applyingOverrides(set, rule, user, tier, now),
-		})
-		peek.Limits = append(peek.Limits, lim)
-	}
-	if len(peek.Limits) == 0 {
-		return http.StatusOK, out, nil
-	}
-	peek.Cost, peek.Peek = 1, true
-	if a.s.redisDown.Load() {
-		out.QuotaError = errRedisDown.Error()
-		return http.StatusOK, out, nil
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), a.s.timeout)
-	results, err := a.s.store.Check(ctx, []bucket.Request{peek})
-	cancel()
-	if err != nil {
-		if redisUnavailable(err) {
-			a.s.markRedisDown(err)
+			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity(),
+			Overrides: applyingOverrides(set, rule, user, u.Tier, now),
 		}
-		out.QuotaError = "remaining quota unknown: " + err.Error()
-		return http.StatusOK, out, nil
-	}
-	for i, lr := range results[0].Limits {
-		l := &out.Limits[i]
-		l.Used, l.Remaining = &lr.Used, &lr.Remaining
-		reset := lr.ResetAt.UTC()
-		l.ResetAt = &reset
+		if res := l.Result; res != nil {
+			reset := res.ResetAt.UTC()
+			ul.Used, ul.Remaining, ul.ResetAt = &res.Used, &res.Remaining, &reset
+		}
+		out.Limits = append(out.Limits, ul)
 	}
 	return http.StatusOK, out, nil
-}
-
-// applyingRules are the user-dimension rules of tier: at one endpoint pattern, rules naming the
-// tier replace rules naming none (as Set.Match does).
-func applyingRules(set *rules.Set, tier string) []*rules.Rule {
-	all := set.Rules()
-	tiered := map[string]bool{}
-	for i := range all {
-		if r := &all[i]; r.Dimension == rules.DimensionUser && r.Tier == tier {
-			tiered[r.Endpoint] = true
-		}
-	}
-	var out []*rules.Rule
-	for i := range all {
-		r := &all[i]
-		if r.Dimension == rules.DimensionUser && (r.Tier == tier || r.Tier == "" && !tiered[r.Endpoint]) {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // applyingOverrides are the unexpired overrides that reach rule for the user: the user's own,

@@ -1,4 +1,9 @@
-package checker
+// Package admin serves quotaflow's admin REST API under /api/v1: the rules, tiers, users and
+// overrides of the rule store, and each user's limits as a checker enforces them. Callers
+// authenticate with bearer tokens, each rate-limited per minute in the checkers' shared
+// buckets. The API writes to the rule store only; every checker sees a change through its own
+// watch of the store, within a fraction of a second.
+package admin
 
 import (
 	"context"
@@ -8,19 +13,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// ConfigStore is the configuration store the admin API reads and writes (rulestore.Store in
+// Store is the configuration store the admin API reads and writes (the rule store in NATS KV in
 // production). Every write is validated by the store against the whole configuration and
 // refused whole; the checkers see the change through their own watch, not through this API.
-type ConfigStore interface {
+// Its errors rules.ErrNotFound, rules.ErrExists and rules.ErrNotSeeded are answered 404, 409
+// and 503.
+type Store interface {
 	Current(ctx context.Context) (*rules.Set, error)
 	Apply(ctx context.Context, doc *rules.Document) error
 	CreateRule(ctx context.Context, rule rules.DocRule) error
@@ -38,39 +46,49 @@ const (
 	RoleWrite = "write"
 )
 
-// AdminToken is who holds a bearer token of the admin API, and what it may do: RoleRead
-// reads, RoleWrite reads and writes.
-type AdminToken struct {
+// Token is who holds a bearer token of the admin API, and what it may do: RoleRead reads,
+// RoleWrite reads and writes.
+type Token struct {
 	Name string
 	Role string
 }
 
-// AdminConfig configures the admin REST API under /api/v1.
-type AdminConfig struct {
+// Config configures the admin API. The zero value is usable: an API that refuses every call.
+type Config struct {
 	// Store is where the configuration lives; nil answers every /api/v1 call with 503.
-	Store ConfigStore
+	Store Store
 	// Tokens maps a bearer token to its holder. None: every call is refused with 401, so that
 	// the API is never open by default.
-	Tokens map[string]AdminToken
+	Tokens map[string]Token
 	// ReadPerMinute and WritePerMinute rate-limit each token's reads and writes with the
 	// checker's own buckets; 0 means 1000 and 100.
 	ReadPerMinute, WritePerMinute int
+	// Logger receives the API's logs (every write, with the token's name), with
+	// "component"="admin"; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // maxAdminBody bounds request bodies: a whole rules document fits many times over.
 const maxAdminBody = 1 << 20
 
-// admin serves /api/v1.
-type admin struct {
-	s      *Server
-	store  ConfigStore
-	tokens map[string]AdminToken // by hex SHA-256 of the token
+// API serves /api/v1. Its methods are safe for concurrent use.
+type API struct {
+	engine *checker.Engine
+	log    *slog.Logger
+	store  Store
+	tokens map[string]Token // by hex SHA-256 of the token
 	read   int64
 	write  int64
 }
 
-func newAdmin(s *Server, cfg AdminConfig) *admin {
-	a := &admin{s: s, store: cfg.Store, tokens: make(map[string]AdminToken, len(cfg.Tokens)),
+// New returns the API for cfg. The engine rate-limits the tokens in its store and reports
+// users' remaining quotas.
+func New(engine *checker.Engine, cfg Config) *API {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.Store, tokens: make(map[string]Token, len(cfg.Tokens)),
 		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute)}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its
 	// prefix through timing, and the hash is also the rate-limit key, so no secret reaches Redis.
@@ -93,7 +111,7 @@ func tokenHash(tok string) string {
 
 // caller is the authenticated holder of a request's token.
 type caller struct {
-	AdminToken
+	Token
 	hash string
 }
 
@@ -101,7 +119,9 @@ type caller struct {
 // body to send, or an error that apiError renders.
 type adminHandler func(r *http.Request, c caller) (int, any, error)
 
-func (a *admin) register(mux *http.ServeMux) {
+// Handler serves /api/v1/ (mount it there).
+func (a *API) Handler() http.Handler {
+	mux := http.NewServeMux()
 	route := func(pattern, role string, h adminHandler) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { a.serve(w, r, role, h) })
 	}
@@ -121,10 +141,11 @@ func (a *admin) register(mux *http.ServeMux) {
 		writeAPIError(w, &apiErr{status: http.StatusNotFound, code: "not_found",
 			msg: fmt.Sprintf("no admin endpoint %s %s", r.Method, r.URL.Path)})
 	})
+	return mux
 }
 
 // serve authenticates, authorizes and rate-limits a call, then runs h.
-func (a *admin) serve(w http.ResponseWriter, r *http.Request, role string, h adminHandler) {
+func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h adminHandler) {
 	if a.store == nil {
 		writeAPIError(w, &apiErr{status: http.StatusServiceUnavailable, code: "unavailable",
 			msg: "the admin API needs the rule store: start the checker with --nats-url"})
@@ -143,7 +164,7 @@ func (a *admin) serve(w http.ResponseWriter, r *http.Request, role string, h adm
 	}
 	if err := a.limit(r.Context(), c, role); err != nil {
 		if e, ok := err.(*apiErr); ok && e.retryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(e.retryAfter.Milliseconds()), 10))
+			w.Header().Set("Retry-After", strconv.FormatInt(checker.CeilSeconds(e.retryAfter.Milliseconds()), 10))
 		}
 		writeAPIError(w, err)
 		return
@@ -161,7 +182,7 @@ func (a *admin) serve(w http.ResponseWriter, r *http.Request, role string, h adm
 	writeJSON(w, status, body)
 }
 
-func (a *admin) authenticate(r *http.Request) (caller, error) {
+func (a *API) authenticate(r *http.Request) (caller, error) {
 	if len(a.tokens) == 0 {
 		return caller{}, &apiErr{status: http.StatusUnauthorized, code: "unauthenticated",
 			msg: "the admin API has no tokens configured: start the checker with --admin-token or --admin-tokens-file"}
@@ -176,45 +197,28 @@ func (a *admin) authenticate(r *http.Request) (caller, error) {
 	if !ok {
 		return caller{}, &apiErr{status: http.StatusUnauthorized, code: "unauthenticated", msg: "unknown admin token"}
 	}
-	return caller{AdminToken: who, hash: h}, nil
+	return caller{Token: who, hash: h}, nil
 }
 
 // limit charges the call to its token's read or write bucket: a token bucket per minute in
 // Redis, shared by every checker, or this process's own while Redis is unreachable.
-func (a *admin) limit(ctx context.Context, c caller, role string) error {
+func (a *API) limit(ctx context.Context, c caller, role string) error {
 	perMinute := a.read
 	if role == RoleWrite {
 		perMinute = a.write
 	}
-	// The "admin" namespace is no rule dimension, so no subject's bucket can share the key.
-	req := bucket.Request{Cost: 1, Limits: []bucket.Limit{{
-		Key:       "rl:{admin:" + c.hash[:32] + "}:tb:1m:" + role,
-		Algorithm: bucket.TokenBucket, Limit: perMinute, Window: time.Minute, Burst: perMinute,
-	}}}
-	var res bucket.Result
-	done := false
-	if !a.s.redisDown.Load() {
-		rctx, cancel := context.WithTimeout(ctx, a.s.timeout)
-		results, err := a.s.store.Check(rctx, []bucket.Request{req})
-		cancel()
-		switch {
-		case err == nil:
-			res, done = results[0], true
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case redisUnavailable(err):
-			a.s.markRedisDown(err)
-		default:
-			return &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: "admin rate limit: " + err.Error()}
-		}
-	}
-	if !done {
-		res = a.s.local.Check(time.Now(), req)
+	res, err := a.engine.Take(ctx, checker.Allowance{Namespace: "admin", ID: c.hash[:32], Name: role, PerMinute: perMinute})
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return ctx.Err()
+	default:
+		return &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: "admin rate limit: " + err.Error()}
 	}
 	if res.Allowed {
 		return nil
 	}
-	retry := res.Limits[0].RetryAfter
+	retry := res.RetryAfter
 	return &apiErr{status: http.StatusTooManyRequests, code: "rate_limited", retryAfter: retry,
 		msg: fmt.Sprintf("token %q exceeded %d %ss per minute; retry after %s", c.Name, perMinute, role, retry.Round(time.Millisecond))}
 }
@@ -240,20 +244,13 @@ func notFound(format string, args ...any) *apiErr {
 	return &apiErr{status: http.StatusNotFound, code: "not_found", msg: fmt.Sprintf(format, args...)}
 }
 
-// apiErrorBody is the JSON of every admin API error.
-type apiErrorBody struct {
-	Error    string   `json:"error"`
-	Field    string   `json:"field,omitempty"`
-	Message  string   `json:"message"`
-	Problems []string `json:"problems,omitempty"`
-}
-
 // writeAPIError renders err: the API's own errors as they say, the store's by kind, and
 // anything else (the store unreachable) as 503.
 func writeAPIError(w http.ResponseWriter, err error) {
 	var (
 		ae *apiErr
 		fe *rules.FieldError
+		ce *checker.FieldError
 		ve *rules.ValidationError
 		me *http.MaxBytesError
 	)
@@ -261,6 +258,8 @@ func writeAPIError(w http.ResponseWriter, err error) {
 	case errors.As(err, &ae):
 	case errors.As(err, &fe):
 		ae = badField(fe.Field, "%s", fe.Problem)
+	case errors.As(err, &ce):
+		ae = badField(ce.Field, "%s", ce.Msg)
 	case errors.As(err, &ve):
 		ae = &apiErr{status: http.StatusBadRequest, code: "invalid_argument", problems: ve.Problems,
 			msg: "refused, nothing was changed: " + err.Error()}
@@ -278,7 +277,7 @@ func writeAPIError(w http.ResponseWriter, err error) {
 	default:
 		ae = &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: "rule store: " + err.Error()}
 	}
-	writeJSON(w, ae.status, apiErrorBody{Error: ae.code, Field: ae.field, Message: ae.msg, Problems: ae.problems})
+	writeJSON(w, ae.status, Error{Code: ae.code, Field: ae.field, Message: ae.msg, Problems: ae.problems})
 }
 
 // decodeBody reads a JSON body into dst, refusing unknown fields and trailing data; a field of
@@ -314,4 +313,10 @@ func decodeBody(r *http.Request, dst any) error {
 	}
 	// A nested value's own decoder (rules.Scalar) names no field: report its message.
 	return badField("body", "%v", err)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
 }

@@ -1,0 +1,150 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// Error is the body of every error the API answers, and what Client returns for one.
+type Error struct {
+	// Status is the HTTP status (not in the body).
+	Status int `json:"-"`
+	// Code names the kind of error: invalid_argument, unauthenticated, permission_denied,
+	// not_found, already_exists, rate_limited, unavailable.
+	Code string `json:"error"`
+	// Field names the request's field that broke a rule, if one did.
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+	// Problems lists every problem of a refused rules document.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Error implements error: the message, the status and code, the field, and each problem when
+// there are several.
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (HTTP %d %s", e.Message, e.Status, e.Code)
+	if e.Field != "" {
+		fmt.Fprintf(&b, ", field %s", e.Field)
+	}
+	b.WriteString(")")
+	// A single problem is the message already.
+	if len(e.Problems) > 1 {
+		for _, p := range e.Problems {
+			b.WriteString("\n  " + p)
+		}
+	}
+	return b.String()
+}
+
+// Client calls the admin API of a checker. The zero value needs BaseURL and Token.
+type Client struct {
+	// BaseURL is the checker's base URL, e.g. http://127.0.0.1:8080.
+	BaseURL string
+	// Token is the bearer token.
+	Token string
+	// HTTP is the client to call with; nil means http.DefaultClient.
+	HTTP *http.Client
+}
+
+// Do sends body (as JSON, when not nil) to method path and decodes the answer into out (when
+// not nil). An error the API answers is an *Error.
+func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, rd)
+	if err != nil {
+		return fmt.Errorf("base url: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		ae := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, ae) != nil || ae.Message == "" {
+			return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(data))
+		}
+		return ae
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// Rules returns the rule store's whole rules document, as JSON.
+func (c *Client) Rules(ctx context.Context) (json.RawMessage, error) {
+	var raw json.RawMessage
+	return raw, c.Do(ctx, http.MethodGet, "/api/v1/rules", nil, &raw)
+}
+
+// Rule returns one rule, as JSON.
+func (c *Client) Rule(ctx context.Context, id string) (json.RawMessage, error) {
+	var raw json.RawMessage
+	return raw, c.Do(ctx, http.MethodGet, "/api/v1/rules/"+url.PathEscape(id), nil, &raw)
+}
+
+// ApplyRules replaces the rules, tiers, users and policies with doc, and returns how many rules
+// and users it holds.
+func (c *Client) ApplyRules(ctx context.Context, doc *rules.Document) (nrules, users int, err error) {
+	var out struct{ Rules, Users int }
+	err = c.Do(ctx, http.MethodPut, "/api/v1/rules", doc, &out)
+	return out.Rules, out.Users, err
+}
+
+// DeleteRule removes a rule.
+func (c *Client) DeleteRule(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/api/v1/rules/"+url.PathEscape(id), nil, nil)
+}
+
+// CreateOverride creates an override from the fields of POST /api/v1/overrides and returns it.
+func (c *Client) CreateOverride(ctx context.Context, fields map[string]any) (rules.Override, error) {
+	var o rules.Override
+	return o, c.Do(ctx, http.MethodPost, "/api/v1/overrides", fields, &o)
+}
+
+// Overrides lists the overrides not yet expired.
+func (c *Client) Overrides(ctx context.Context) ([]rules.Override, error) {
+	var out struct{ Overrides []rules.Override }
+	return out.Overrides, c.Do(ctx, http.MethodGet, "/api/v1/overrides", nil, &out)
+}
+
+// DeleteOverride removes an override before its expiry.
+func (c *Client) DeleteOverride(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/api/v1/overrides/"+url.PathEscape(id), nil, nil)
+}
+
+// SetUserTier moves a user to a tier.
+func (c *Client) SetUserTier(ctx context.Context, user, tier string) error {
+	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/tier", map[string]string{"tier": tier}, nil)
+}

@@ -1,0 +1,57 @@
+package admin
+
+import (
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// redisSrv is the package's shared redis-server; tests isolate themselves by identifier.
+var redisSrv *redistest.Server
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
+
+// testEnv is a checker serving the check API and, under /api/v1, the admin API, as the
+// quotaflow command mounts them.
+type testEnv struct {
+	engine *checker.Engine
+	url    string
+	http   *http.Client
+}
+
+func newEnv(t testing.TB, cfg checker.Config, admin Config) *testEnv {
+	t.Helper()
+	if cfg.Redis == nil {
+		rdb := checkertest.Redis(redisSrv.Addr)
+		t.Cleanup(func() { rdb.Close() })
+		cfg.Redis = rdb
+	}
+	if cfg.RedisTimeout == 0 {
+		cfg.RedisTimeout = 5 * time.Second
+	}
+	cfg.Logger = checkertest.Logger()
+	admin.Logger = cfg.Logger
+	engine := checker.New(cfg)
+	t.Cleanup(func() { engine.Close() })
+	srv := transport.New(engine, transport.Config{Logger: cfg.Logger})
+	mux := http.NewServeMux()
+	mux.Handle("/api/v1/", New(engine, admin).Handler())
+	mux.Handle("/", srv.Handler())
+	return &testEnv{engine: engine, url: checkertest.Serve(t, mux, srv.RegisterGRPC), http: checkertest.HTTPClient()}
+}
+
+func (e *testEnv) client(string) quotaflowv1connect.RateLimiterClient {
+	return quotaflowv1connect.NewRateLimiterClient(e.http, e.url)
+}
+
+var (
+	id       = checkertest.ID
+	ownRedis = checkertest.OwnRedis
+)

@@ -1,0 +1,187 @@
+package checker
+
+import (
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/rules"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// Outcome is one decided check: what every transport renders, each in its own wire format.
+type Outcome struct {
+	// Allowed is the answer: no enforced limit denied.
+	Allowed bool
+	// Replayed reports the first decision of an idempotency key, replayed uncharged.
+	Replayed bool
+	// Degraded reports that the store could not answer and fail modes decided.
+	Degraded bool
+	// Now is the store's clock at the decision.
+	Now time.Time
+	// Tier is the tier the check was decided under.
+	Tier string
+	// ID is the decision's id ("<instance>-<sequence>"); empty for a peek.
+	ID string
+	// Limits are the evaluated limits: every matching rule of every subject, or, when the
+	// over-limit cache answered, only the cached denials.
+	Limits []LimitOutcome
+	// Decider is the index in Limits of the deciding limit: the denying one with the longest
+	// wait, or when allowed the one with the largest share of its capacity used; -1 when no
+	// rule matched.
+	Decider int
+
+	rendered []*quotaflowv1.LimitStatus // Statuses, rendered once
+}
+
+// LimitOutcome is one rule applied to one subject.
+type LimitOutcome struct {
+	Rule     *rules.Rule
+	Subject  Subject
+	Limit    bucket.Limit // the effective limit, overrides and custom limits applied
+	Result   bucket.LimitResult
+	Degraded bool // decided by the rule's fail mode
+
+	thresholds rules.Thresholds // the rule's warning thresholds, as the aggregator applies them
+}
+
+// State is the limit's warning state as this answer sees it: throttled when it denied, warning
+// when its use is past the rule's warning threshold (rules.Thresholds.Enters, the test the
+// aggregator's events apply), else normal. An answer knows no history, so it cannot apply the
+// events' hysteresis: a subject back below the threshold but above the rule's exit ratio is
+// still in warning in the event stream and normal here.
+func (l *LimitOutcome) State() quotaflowv1.State {
+	switch {
+	case !l.Result.Allowed:
+		return quotaflowv1.State_STATE_THROTTLED
+	case l.thresholds.Enters(l.Result.Used, l.Limit.Limit):
+		return quotaflowv1.State_STATE_WARNING
+	}
+	return quotaflowv1.State_STATE_NORMAL
+}
+
+// DecidingLimit returns the deciding limit, or nil when no rule matched.
+func (o *Outcome) DecidingLimit() *LimitOutcome {
+	if o.Decider < 0 {
+		return nil
+	}
+	return &o.Limits[o.Decider]
+}
+
+// summarize derives the overall answer: allowed when no enforced limit denied; the deciding
+// limit is the denying one with the longest wait, or when allowed the one with the largest
+// share of its capacity used.
+func (o *Outcome) summarize() {
+	o.Allowed = true
+	bestShare := -1.0
+	for i := range o.Limits {
+		l := &o.Limits[i]
+		if l.Degraded {
+			o.Degraded = true
+		}
+		if l.Rule.Shadow {
+			continue
+		}
+		if !l.Result.Allowed {
+			if o.Allowed || l.Result.RetryAfter > o.Limits[o.Decider].Result.RetryAfter {
+				o.Decider = i
+			}
+			o.Allowed = false
+			continue
+		}
+		if !o.Allowed {
+			continue
+		}
+		share := float64(l.Result.Used) / float64(l.Limit.Capacity())
+		if share > bestShare || (share == bestShare && l.Result.Remaining < o.Limits[o.Decider].Result.Remaining) {
+			bestShare, o.Decider = share, i
+		}
+	}
+	if o.Decider < 0 && len(o.Limits) > 0 {
+		o.Decider = 0 // only shadow limits matched: report the first
+	}
+}
+
+// Statuses renders every evaluated limit, once: the RPC answers and the decision event share it.
+func (o *Outcome) Statuses() []*quotaflowv1.LimitStatus {
+	if o.rendered != nil || len(o.Limits) == 0 {
+		return o.rendered
+	}
+	out := make([]*quotaflowv1.LimitStatus, len(o.Limits))
+	for i := range o.Limits {
+		l := &o.Limits[i]
+		out[i] = &quotaflowv1.LimitStatus{
+			RuleId:       l.Rule.ID,
+			Dimension:    protoDimension(l.Subject.Dimension),
+			Identifier:   l.Subject.ID,
+			Endpoint:     l.Rule.Endpoint,
+			Algorithm:    l.Rule.Algorithm.String(),
+			Limit:        l.Limit.Limit,
+			Burst:        l.Limit.Capacity(),
+			WindowMs:     l.Limit.Window.Milliseconds(),
+			Allowed:      l.Result.Allowed,
+			CurrentCount: l.Result.Used,
+			Remaining:    l.Result.Remaining,
+			ResetAt:      ceilUnix(l.Result.ResetAt),
+			RetryAfterMs: CeilMillis(l.Result.RetryAfter),
+			Shadow:       l.Rule.Shadow,
+			State:        l.State(),
+			Degraded:     l.Degraded,
+		}
+		if l.Degraded {
+			out[i].FailMode = l.Rule.FailMode.String()
+		}
+	}
+	o.rendered = out
+	return out
+}
+
+// Deciding returns the deciding limit's status, or nil when no rule matched.
+func (o *Outcome) Deciding() *quotaflowv1.LimitStatus {
+	if o.Decider < 0 {
+		return nil
+	}
+	return o.Statuses()[o.Decider]
+}
+
+// State is the check's warning state: the deciding limit's, except that a check allowed while a
+// shadow limit would have denied it is a warning, not throttled.
+func (o *Outcome) State() quotaflowv1.State {
+	d := o.Deciding()
+	switch {
+	case d == nil:
+		return quotaflowv1.State_STATE_NORMAL
+	case o.Allowed && d.State == quotaflowv1.State_STATE_THROTTLED:
+		return quotaflowv1.State_STATE_WARNING
+	}
+	return d.State
+}
+
+func protoDimension(d rules.Dimension) quotaflowv1.Dimension {
+	switch d {
+	case rules.DimensionUser:
+		return quotaflowv1.Dimension_DIMENSION_USER
+	case rules.DimensionIP:
+		return quotaflowv1.Dimension_DIMENSION_IP
+	case rules.DimensionAPIKey:
+		return quotaflowv1.Dimension_DIMENSION_API_KEY
+	case rules.DimensionGlobal:
+		return quotaflowv1.Dimension_DIMENSION_GLOBAL
+	}
+	return quotaflowv1.Dimension_DIMENSION_UNSPECIFIED
+}
+
+// CeilMillis is d in whole milliseconds, rounded up: a wait is never reported shorter than it is.
+func CeilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// CeilSeconds is ms in whole seconds, rounded up (Retry-After, retry_after).
+func CeilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
+
+func ceilUnix(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}

@@ -1,0 +1,50 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotaflow/quotaflow/checker"
+)
+
+// rpcError maps an engine error to its Connect code: a broken request is InvalidArgument, no
+// rules or no store Unavailable, a caller that gave up Canceled or DeadlineExceeded. Anything
+// else is a failure of the store that no fail mode covers (a script error): Unavailable, and
+// logged, since the caller only learns that the check failed.
+func (s *Server) rpcError(err error) error {
+	var fe *checker.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	case errors.Is(err, checker.ErrNoRules), errors.Is(err, checker.ErrUnavailable):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	}
+	s.log.Error("check failed", "err", err)
+	return connect.NewError(connect.CodeUnavailable, err)
+}
+
+// grpcError turns a Connect error into a gRPC status; the codes are the same numbers.
+func grpcError(err error) error {
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		return status.Error(codes.Code(ce.Code()), ce.Message())
+	}
+	return status.Error(codes.Unknown, err.Error())
+}
+
+// httpStatus maps an engine error to an HTTP status and the error code of a JSON body.
+func httpStatus(err error) (int, string) {
+	var fe *checker.FieldError
+	if errors.As(err, &fe) {
+		return http.StatusBadRequest, "invalid_argument"
+	}
+	return http.StatusServiceUnavailable, "unavailable"
+}

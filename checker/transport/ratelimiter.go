@@ -1,0 +1,123 @@
+package transport
+
+import (
+	"context"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/quotaflow/quotaflow/checker"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// The quotaflow.v1.RateLimiter service. Each method has one implementation, returning Connect
+// errors, that the connect-go handlers (Server's methods) and the grpc-go ones
+// (grpcRateLimiter) wrap.
+
+// CheckRateLimit implements quotaflow.v1.RateLimiter.
+func (s *Server) CheckRateLimit(ctx context.Context, req *connect.Request[quotaflowv1.CheckRateLimitRequest]) (*connect.Response[quotaflowv1.CheckRateLimitResponse], error) {
+	return connectResponse(s.checkRateLimit(ctx, req.Msg))
+}
+
+// GetRemainingQuota implements quotaflow.v1.RateLimiter.
+func (s *Server) GetRemainingQuota(ctx context.Context, req *connect.Request[quotaflowv1.GetRemainingQuotaRequest]) (*connect.Response[quotaflowv1.GetRemainingQuotaResponse], error) {
+	return connectResponse(s.getRemainingQuota(ctx, req.Msg))
+}
+
+// ResetLimit implements quotaflow.v1.RateLimiter.
+func (s *Server) ResetLimit(ctx context.Context, req *connect.Request[quotaflowv1.ResetLimitRequest]) (*connect.Response[quotaflowv1.ResetLimitResponse], error) {
+	return connectResponse(s.resetLimit(ctx, req.Msg))
+}
+
+func connectResponse[T any](msg *T, err error) (*connect.Response[T], error) {
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(msg), nil
+}
+
+func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
+	q, err := checker.NewCheckQuery(req, time.Now())
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	out, err := s.engine.Check(ctx, q)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	resp := &quotaflowv1.CheckRateLimitResponse{
+		Allowed:    out.Allowed,
+		Replayed:   out.Replayed,
+		Degraded:   out.Degraded,
+		Tier:       out.Tier,
+		Limits:     out.Statuses(),
+		State:      out.State(),
+		DecisionId: out.ID,
+	}
+	if q.Timestamp != 0 {
+		resp.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
+	}
+	if d := out.Deciding(); d != nil {
+		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
+		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
+		resp.RetryAfter = checker.CeilSeconds(d.RetryAfterMs)
+	}
+	return resp, nil
+}
+
+func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {
+	q, err := checker.NewQuotaQuery(req)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	out, err := s.engine.Peek(ctx, q)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	resp := &quotaflowv1.GetRemainingQuotaResponse{
+		Allowed:  out.Allowed,
+		Degraded: out.Degraded,
+		Tier:     out.Tier,
+		Limits:   out.Statuses(),
+		State:    out.State(),
+	}
+	if d := out.Deciding(); d != nil {
+		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
+		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
+		resp.RetryAfter = checker.CeilSeconds(d.RetryAfterMs)
+	}
+	return resp, nil
+}
+
+func (s *Server) resetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequest) (*quotaflowv1.ResetLimitResponse, error) {
+	n, ids, err := s.engine.Reset(ctx, req)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	return &quotaflowv1.ResetLimitResponse{ResetCount: n, RuleIds: ids}, nil
+}
+
+// grpcRateLimiter serves the RateLimiter service on grpc-go.
+type grpcRateLimiter struct {
+	quotaflowv1.UnimplementedRateLimiterServer
+	s *Server
+}
+
+func grpcResponse[T any](msg *T, err error) (*T, error) {
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return msg, nil
+}
+
+func (g grpcRateLimiter) CheckRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
+	return grpcResponse(g.s.checkRateLimit(ctx, req))
+}
+
+func (g grpcRateLimiter) GetRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {
+	return grpcResponse(g.s.getRemainingQuota(ctx, req))
+}
+
+func (g grpcRateLimiter) ResetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequest) (*quotaflowv1.ResetLimitResponse, error) {
+	return grpcResponse(g.s.resetLimit(ctx, req))
+}

@@ -1,0 +1,91 @@
+// Package transport serves a checker.Engine on one port, in every wire format quotaflow speaks:
+// the quotaflow.v1.RateLimiter service over Connect, gRPC, gRPC-Web and HTTP/JSON; Envoy's rate
+// limit service (RLS v3); GET /ratelimit/check for gateways' forward-auth; gRPC health and
+// reflection; /healthz and /readyz.
+//
+// The engine decides; this package only parses requests into checker.Query values and renders
+// checker.Outcome values, and it is the one place that maps the engine's errors to Connect and
+// gRPC codes and HTTP statuses. A new transport is a new file here and a line in Handler or
+// RegisterGRPC; docs/architecture.md has the steps.
+package transport
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"connectrpc.com/grpcreflect"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/quotaflow/quotaflow/checker"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// Config configures a Server. The zero value is usable.
+type Config struct {
+	// Logger receives the transports' logs, with "component"="transport"; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves one engine. Its methods are safe for concurrent use.
+type Server struct {
+	engine *checker.Engine
+	log    *slog.Logger
+	base   *slog.Logger // the Config's, for the components Serve starts
+}
+
+var _ quotaflowv1connect.RateLimiterHandler = (*Server)(nil)
+
+// New returns a Server for engine.
+func New(engine *checker.Engine, cfg Config) *Server {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{engine: engine, log: log.With("component", "transport"), base: log}
+}
+
+// Handler serves everything on one port over HTTP/1.1 and h2c: the RateLimiter service over
+// Connect, gRPC and gRPC-Web, Envoy's RateLimitService, gRPC reflection and health,
+// GET /ratelimit/check for gateways, /healthz and /readyz. gRPC clients are served far more
+// cheaply by grpc-go: give it RegisterGRPC's services and split the port (internal/grpcsplit).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s))
+	mux.Handle(s.RLSHandler())
+	mux.Handle((&healthService{s: s}).handler())
+	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.HandleFunc("/ratelimit/check", s.forwardAuth)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := s.engine.Ready(r.Context()); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready:", err)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// RegisterGRPC registers the services Handler serves to gRPC clients — quotaflow.v1.RateLimiter,
+// Envoy's RateLimitService, grpc.health.v1.Health and reflection — on a grpc-go server. Serve it
+// the h2c connections whose first request is gRPC (see internal/grpcsplit): grpc-go's HTTP/2
+// transport costs far less per call than net/http's, and the answers are the same.
+func (s *Server) RegisterGRPC(g *grpc.Server) {
+	quotaflowv1.RegisterRateLimiterServer(g, grpcRateLimiter{s: s})
+	ratelimitv3.RegisterRateLimitServiceServer(g, grpcRLS{s})
+	healthpb.RegisterHealthServer(g, grpcHealth{h: &healthService{s: s}})
+	reflection.Register(g)
+}

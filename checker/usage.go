@@ -1,0 +1,115 @@
+package checker
+
+import (
+	"context"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// UserUsage is every rule that applies to a user now, with its effective limit and what is
+// left of it: the admin API's GET /users/{id}/limits.
+type UserUsage struct {
+	User   string
+	Tier   string
+	Limits []RuleUsage
+	// Err says why the remaining quotas are missing (the store unreachable); the limits are
+	// listed all the same.
+	Err error
+}
+
+// RuleUsage is one rule as it applies to a user.
+type RuleUsage struct {
+	Rule *rules.Rule
+	// Custom is the user's own limit for the rule (0: none).
+	Custom int64
+	// Limit is the effective limit: the rule's, the custom one, overrides applied.
+	Limit bucket.Limit
+	// Result is the bucket's state, peeked without consuming; nil when UserUsage.Err is set.
+	Result *bucket.LimitResult
+}
+
+// UserUsage lists the user-dimension rules of the user's tier with their effective limits as
+// this engine enforces them (its rule set, overrides applied) and peeks the remaining quota of
+// each in the store. At one endpoint pattern, rules naming the tier replace rules naming none,
+// as in matching a check.
+func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error) {
+	set := e.rules.Load()
+	if set == nil {
+		return nil, ErrNoRules
+	}
+	if err := CheckText("user_id", user, MaxIdentifierLen); err != nil {
+		return nil, err
+	}
+	tier := set.TierOf(user)
+	u, _ := set.User(user)
+	now := time.Now()
+	out := &UserUsage{User: user, Tier: tier}
+	tag := subjectTag(rules.DimensionUser, user)
+	var peek bucket.Request
+	for _, rule := range applyingRules(set, tier) {
+		lim := set.Effective(rule, limitKey(tag, rule), rules.DimensionUser, user, tier, u.Limits[rule.ID], now)
+		out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: u.Limits[rule.ID], Limit: lim})
+		peek.Limits = append(peek.Limits, lim)
+	}
+	if len(peek.Limits) == 0 {
+		return out, nil
+	}
+	peek.Cost, peek.Peek = 1, true
+	results, _, err := e.store.check(ctx, []bucket.Request{peek}, nil)
+	if err != nil {
+		out.Err = err
+		return out, nil
+	}
+	for i := range results[0].Limits {
+		out.Limits[i].Result = &results[0].Limits[i]
+	}
+	return out, nil
+}
+
+// applyingRules are the user-dimension rules of tier: at one endpoint pattern, rules naming the
+// tier replace rules naming none (as Set.Match does).
+func applyingRules(set *rules.Set, tier string) []*rules.Rule {
+	all := set.Rules()
+	tiered := map[string]bool{}
+	for i := range all {
+		if r := &all[i]; r.Dimension == rules.DimensionUser && r.Tier == tier {
+			tiered[r.Endpoint] = true
+		}
+	}
+	var out []*rules.Rule
+	for i := range all {
+		r := &all[i]
+		if r.Dimension == rules.DimensionUser && (r.Tier == tier || r.Tier == "" && !tiered[r.Endpoint]) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Allowance is a token bucket outside the rules, in a namespace of its own, for quotaflow's
+// own use (the admin API's per-token rate limits).
+type Allowance struct {
+	// Namespace and ID name the bucket's owner; no rule dimension is a namespace, so no
+	// subject's bucket can share its key.
+	Namespace, ID string
+	// Name tells the owner's buckets apart ("read", "write").
+	Name string
+	// PerMinute is the bucket's rate and capacity.
+	PerMinute int64
+}
+
+// Take charges one unit to a's bucket, in the store shared by every checker, or in this
+// process's own buckets while the store is unreachable.
+func (e *Engine) Take(ctx context.Context, a Allowance) (bucket.LimitResult, error) {
+	req := bucket.Request{Cost: 1, Limits: []bucket.Limit{{
+		Key:       allowanceKey(a.Namespace, a.ID, a.Name),
+		Algorithm: bucket.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
+	}}}
+	results, _, err := e.store.check(ctx, []bucket.Request{req}, allLocal)
+	if err != nil {
+		return bucket.LimitResult{}, err
+	}
+	return results[0].Limits[0], nil
+}

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/quotaflow/quotaflow/checker/admin"
+)
+
+// adminFlags configure the admin REST API of the commands that run a checker.
+type adminFlags struct {
+	token          string
+	tokensFile     string
+	readPerMinute  int
+	writePerMinute int
+	tokens         map[string]admin.Token // loaded by validate
+}
+
+func (a *adminFlags) register(fs *flagSet) {
+	fs.StringVar(&a.token, "admin-token", "", "bearer `token` with write access to the admin API under /api/v1 (name \"admin\"); without any token the API refuses every call")
+	fs.StringVar(&a.tokensFile, "admin-tokens-file", "", "YAML `file` of admin API tokens: tokens: [{token: ..., name: ..., role: read|write}]")
+	fs.IntVar(&a.readPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
+	fs.IntVar(&a.writePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
+	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute")
+}
+
+func (a *adminFlags) validate() error {
+	if a.readPerMinute < 1 {
+		return fmt.Errorf("--admin-read-per-minute: want at least 1, got %d", a.readPerMinute)
+	}
+	if a.writePerMinute < 1 {
+		return fmt.Errorf("--admin-write-per-minute: want at least 1, got %d", a.writePerMinute)
+	}
+	a.tokens = map[string]admin.Token{}
+	if a.tokensFile != "" {
+		data, err := os.ReadFile(a.tokensFile)
+		if err != nil {
+			return fmt.Errorf("--admin-tokens-file: %w", err)
+		}
+		if a.tokens, err = admin.ParseTokens(data); err != nil {
+			return fmt.Errorf("--admin-tokens-file %s: %w", a.tokensFile, err)
+		}
+	}
+	if a.token != "" {
+		if _, dup := a.tokens[a.token]; dup {
+			return errors.New("--admin-token: the same token is also in --admin-tokens-file")
+		}
+		a.tokens[a.token] = admin.Token{Name: "admin", Role: admin.RoleWrite}
+	}
+	return nil
+}
+
+func (a *adminFlags) config(store admin.Store, log *slog.Logger) admin.Config {
+	return admin.Config{Store: store, Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute, Logger: log}
+}

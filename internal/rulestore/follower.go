@@ -1,0 +1,178 @@
+package rulestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/retry"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// ErrNotReachable is a Follower's answer to reads and writes while the store has not been
+// opened yet (NATS down when the checker started).
+var ErrNotReachable = errors.New("the rule store is not reachable yet (NATS down at start); the checker enforces its rules file meanwhile")
+
+// FollowerConfig configures a Follower. The zero value follows an existing store.
+type FollowerConfig struct {
+	// Store configures the store the Follower opens.
+	Store Config
+	// Seed, when set, is written to the store when it holds no rules yet (the --rules file);
+	// SeedPath names it in logs.
+	Seed     *rules.Document
+	SeedPath string
+	// OpenTimeout bounds each attempt to open the store (5s).
+	OpenTimeout time.Duration
+	// Logger receives the follower's and the store's logs, with "component"="rulestore"
+	// (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Follower keeps a checker's rules in step with the store: it opens the store (seeding it when
+// empty), retries with backoff while NATS is unreachable, and watches every change. It also
+// serves the admin API's reads and writes, which fail with ErrNotReachable until the store is
+// open. Its methods are safe for concurrent use.
+type Follower struct {
+	js    jetstream.JetStream
+	cfg   FollowerConfig
+	log   *slog.Logger
+	store atomic.Pointer[Store]
+}
+
+// NewFollower returns a Follower of the store in js; it does not contact NATS.
+func NewFollower(js jetstream.JetStream, cfg FollowerConfig) *Follower {
+	if cfg.OpenTimeout <= 0 {
+		cfg.OpenTimeout = 5 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "rulestore")
+	if cfg.Store.Logger == nil {
+		cfg.Store.Logger = log
+	}
+	return &Follower{js: js, cfg: cfg, log: log}
+}
+
+// Open opens the store within the open timeout, seeds it when it holds no rules yet, and
+// returns its configuration. An empty store without a seed is rules.ErrNotSeeded.
+func (f *Follower) Open(ctx context.Context) (*rules.Set, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.OpenTimeout)
+	defer cancel()
+	store, err := Open(ctx, f.js, f.cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	if f.cfg.Seed != nil {
+		seeded, err := store.Seed(ctx, f.cfg.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("seed the rule store: %w", err)
+		}
+		if seeded {
+			f.log.Info("rule store seeded from the rules file", "rules", f.cfg.SeedPath)
+		} else {
+			f.log.Info("rule store already holds rules: they win over the rules file (quotaflow rules apply -f replaces them)", "rules", f.cfg.SeedPath)
+		}
+	}
+	set, err := store.Current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.store.Store(store)
+	return set, nil
+}
+
+// Run hands every change of the store's configuration to apply until ctx ends. When the store
+// is not open yet (Open failed at start) it first retries opening it, with a backoff of 250ms
+// doubling to 10s, the rules file enforced meanwhile; a watch that stops is restarted a second
+// later.
+func (f *Follower) Run(ctx context.Context, apply func(*rules.Set)) error {
+	b := retry.Backoff{Min: 250 * time.Millisecond, Max: 10 * time.Second}
+	for ctx.Err() == nil {
+		store := f.store.Load()
+		if store == nil {
+			set, err := f.Open(ctx)
+			if err != nil {
+				wait := b.Next()
+				if ctx.Err() == nil {
+					f.log.Warn("rule store still unreachable; enforcing the rules file", "err", err, "retry_in", wait)
+				}
+				retry.Sleep(ctx, wait)
+				continue
+			}
+			apply(set)
+			f.log.Info("rule store reachable: enforcing its rules from now on", "rule_count", len(set.Rules()))
+			store = f.store.Load()
+		}
+		err := store.Watch(ctx, apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.log.Warn("rule store watch stopped; restarting it", "err", err)
+		retry.Sleep(ctx, time.Second)
+	}
+	return nil
+}
+
+// with runs op on the store, or fails with ErrNotReachable before it is open.
+func (f *Follower) with(op func(*Store) error) error {
+	s := f.store.Load()
+	if s == nil {
+		return ErrNotReachable
+	}
+	return op(s)
+}
+
+// Current is Store.Current.
+func (f *Follower) Current(ctx context.Context) (set *rules.Set, err error) {
+	err = f.with(func(s *Store) error { set, err = s.Current(ctx); return err })
+	return set, err
+}
+
+// Apply is Store.Apply.
+func (f *Follower) Apply(ctx context.Context, doc *rules.Document) error {
+	return f.with(func(s *Store) error { return s.Apply(ctx, doc) })
+}
+
+// PutRule is Store.PutRule.
+func (f *Follower) PutRule(ctx context.Context, r rules.DocRule) (created bool, err error) {
+	err = f.with(func(s *Store) error { created, err = s.PutRule(ctx, r); return err })
+	return created, err
+}
+
+// CreateRule is Store.CreateRule.
+func (f *Follower) CreateRule(ctx context.Context, r rules.DocRule) error {
+	return f.with(func(s *Store) error { return s.CreateRule(ctx, r) })
+}
+
+// DeleteRule is Store.DeleteRule.
+func (f *Follower) DeleteRule(ctx context.Context, id string) error {
+	return f.with(func(s *Store) error { return s.DeleteRule(ctx, id) })
+}
+
+// SetUserTier is Store.SetUserTier.
+func (f *Follower) SetUserTier(ctx context.Context, user, tier string) error {
+	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier) })
+}
+
+// PutOverride is Store.PutOverride.
+func (f *Follower) PutOverride(ctx context.Context, o rules.Override) error {
+	return f.with(func(s *Store) error { return s.PutOverride(ctx, o) })
+}
+
+// DeleteOverride is Store.DeleteOverride.
+func (f *Follower) DeleteOverride(ctx context.Context, id, actor string) error {
+	return f.with(func(s *Store) error { return s.DeleteOverride(ctx, id, actor) })
+}
+
+// Overrides is Store.Overrides.
+func (f *Follower) Overrides(ctx context.Context) (ovs []rules.Override, err error) {
+	err = f.with(func(s *Store) error { ovs, err = s.Overrides(ctx); return err })
+	return ovs, err
+}
