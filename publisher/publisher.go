@@ -479,6 +479,9 @@ drain:
 		return fmt.Errorf("publisher: close spool: %w", err)
 	}
 	c.logDrops(true)
+	st := c.Stats()
+	c.log.Info("publisher closed", "published", st.Published, "spooled", st.Spooled, "replayed", st.Replayed,
+		"dropped", st.Dropped, "spool_bytes_left", st.SpoolBytes)
 	if left > 0 {
 		return fmt.Errorf("publisher: spool not drained, %d bytes left in %s: %w", left, c.cfg.SpoolDir, context.Cause(ctx))
 	}

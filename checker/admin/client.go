@@ -127,10 +127,10 @@ func (c *Client) DeleteRule(ctx context.Context, id string) error {
 	return c.Do(ctx, http.MethodDelete, "/api/v1/rules/"+url.PathEscape(id), nil, nil)
 }
 
-// CreateOverride creates an override from the fields of POST /api/v1/overrides and returns it.
-func (c *Client) CreateOverride(ctx context.Context, fields map[string]any) (rules.Override, error) {
+// CreateOverride creates an override and returns it.
+func (c *Client) CreateOverride(ctx context.Context, req OverrideRequest) (rules.Override, error) {
 	var o rules.Override
-	return o, c.Do(ctx, http.MethodPost, "/api/v1/overrides", fields, &o)
+	return o, c.Do(ctx, http.MethodPost, "/api/v1/overrides", req, &o)
 }
 
 // Overrides lists the overrides not yet expired.

@@ -125,15 +125,17 @@ func (a *API) setTier(r *http.Request, c caller) (int, any, error) {
 	return http.StatusOK, map[string]string{"user_id": user, "tier": body.Tier}, nil
 }
 
-// overrideBody is an override as the API takes it.
-type overrideBody struct {
-	ID         string  `json:"id"`
-	Dimension  string  `json:"dimension"`
-	Identifier string  `json:"identifier"`
-	Tier       string  `json:"tier"`
-	RuleID     string  `json:"rule_id"`
-	Limit      int64   `json:"limit"`
-	Multiplier float64 `json:"multiplier"`
+// OverrideRequest is an override as POST /api/v1/overrides takes it: a target (a subject by
+// Dimension and Identifier, a Tier, or with RuleID alone a rule), a new Limit or a Multiplier,
+// how long it lasts (a Go duration) and why. ID is optional.
+type OverrideRequest struct {
+	ID         string  `json:"id,omitempty"`
+	Dimension  string  `json:"dimension,omitempty"`
+	Identifier string  `json:"identifier,omitempty"`
+	Tier       string  `json:"tier,omitempty"`
+	RuleID     string  `json:"rule_id,omitempty"`
+	Limit      int64   `json:"limit,omitempty"`
+	Multiplier float64 `json:"multiplier,omitempty"`
 	Duration   string  `json:"duration"`
 	Reason     string  `json:"reason"`
 }
@@ -151,20 +153,20 @@ func (a *API) userOverride(r *http.Request, c caller) (int, any, error) {
 	if err := decodeBody(r, &body); err != nil {
 		return 0, nil, err
 	}
-	return a.putOverride(r, c, overrideBody{ID: body.ID, Dimension: "user", Identifier: r.PathValue("user_id"),
+	return a.putOverride(r, c, OverrideRequest{ID: body.ID, Dimension: "user", Identifier: r.PathValue("user_id"),
 		RuleID: body.RuleID, Limit: body.Limit, Multiplier: body.Multiplier, Duration: body.Duration, Reason: body.Reason})
 }
 
 // createOverride is POST /overrides: an override of a subject, a tier or a rule.
 func (a *API) createOverride(r *http.Request, c caller) (int, any, error) {
-	var body overrideBody
+	var body OverrideRequest
 	if err := decodeBody(r, &body); err != nil {
 		return 0, nil, err
 	}
 	return a.putOverride(r, c, body)
 }
 
-func (a *API) putOverride(r *http.Request, c caller, b overrideBody) (int, any, error) {
+func (a *API) putOverride(r *http.Request, c caller, b OverrideRequest) (int, any, error) {
 	if b.Duration == "" {
 		return 0, nil, badField("duration", "required: a positive Go duration such as 10m or 24h")
 	}

@@ -225,20 +225,18 @@ rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 rais
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	body := map[string]any{"reason": reason, "duration": duration.String()}
 	if duration == 0 {
 		return usageError{errors.New("override set: --duration is required")}
 	}
+	req := admin.OverrideRequest{ID: id, Tier: tier, RuleID: rule, Limit: limit, Multiplier: mult, Duration: duration.String(), Reason: reason}
 	targets := 0
-	for _, s := range []struct{ dim, id string }{{"user", user}, {"ip", ip}, {"apikey", apiKey}} {
+	for _, s := range []struct{ dim, id string }{{"user", user}, {"ip", ip}, {"apikey", apiKey}, {"", tier}} {
 		if s.id != "" {
-			body["dimension"], body["identifier"] = s.dim, s.id
+			if s.dim != "" {
+				req.Dimension, req.Identifier = s.dim, s.id
+			}
 			targets++
 		}
-	}
-	if tier != "" {
-		body["tier"] = tier
-		targets++
 	}
 	if targets > 1 {
 		return usageError{errors.New("override set: name one target: --user, --ip, --api-key or --tier")}
@@ -246,18 +244,7 @@ rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 rais
 	if targets == 0 && rule == "" {
 		return usageError{errors.New("override set: name a target (--user, --ip, --api-key, --tier) or a --rule")}
 	}
-	for k, v := range map[string]any{"rule_id": rule, "id": id} {
-		if v != "" {
-			body[k] = v
-		}
-	}
-	if limit != 0 {
-		body["limit"] = limit
-	}
-	if mult != 0 {
-		body["multiplier"] = mult
-	}
-	o, err := c.CreateOverride(ctx, body)
+	o, err := c.CreateOverride(ctx, req)
 	if err != nil {
 		return err
 	}

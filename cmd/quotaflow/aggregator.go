@@ -8,17 +8,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/stream"
@@ -36,38 +36,14 @@ func (c *clickhouseFlags) register(fs *flagSet, def string) {
 	fs.fromEnv("clickhouse-dsn")
 }
 
-// parse checks the DSN and returns its options.
-func (c *clickhouseFlags) parse() (*clickhouse.Options, error) {
-	if !strings.HasPrefix(c.dsn, "clickhouse://") {
-		return nil, fmt.Errorf("--clickhouse-dsn: want a clickhouse:// URL (native protocol), got %q", c.dsn)
-	}
-	opts, err := clickhouse.ParseDSN(c.dsn)
-	if err != nil {
-		return nil, fmt.Errorf("--clickhouse-dsn: %w", err)
-	}
-	return opts, nil
-}
-
-// open connects to the server (not to the database, which migrations may still have to
-// create) and returns the database the DSN names.
+// open connects to the server and returns the database the DSN names; a bad DSN is a usage
+// error naming the flag.
 func (c *clickhouseFlags) open() (driver.Conn, string, error) {
-	opts, err := c.parse()
-	if err != nil {
-		return nil, "", usageError{err}
+	conn, db, err := schema.Open(c.dsn)
+	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
+		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
 	}
-	db := opts.Auth.Database
-	if db == "" {
-		db = schema.DefaultDatabase
-	}
-	opts.Auth.Database = ""
-	if opts.DialTimeout == 0 || opts.DialTimeout > 5*time.Second {
-		opts.DialTimeout = 5 * time.Second
-	}
-	conn, err := clickhouse.Open(opts)
-	if err != nil {
-		return nil, "", fmt.Errorf("clickhouse: %w", err)
-	}
-	return conn, db, nil
+	return conn, db, err
 }
 
 type aggregatorFlags struct {
@@ -141,8 +117,10 @@ func (a *aggregatorFlags) validate() error {
 	case !validInstance(a.instanceID):
 		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", a.instanceID)
 	}
-	_, err := a.ch.parse()
-	return err
+	if _, err := schema.ParseDSN(a.ch.dsn); err != nil {
+		return fmt.Errorf("--clickhouse-dsn: %w", err)
+	}
+	return nil
 }
 
 func validInstance(s string) bool {
@@ -182,7 +160,7 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	nc, err := connectNATS(a.natsURL, "quotaflow aggregator", log)
+	nc, err := broker.Connect(a.natsURL, "quotaflow aggregator", log)
 	if err != nil {
 		conn.Close()
 		return nil, nil, nil, err
@@ -205,7 +183,7 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 		closeConns()
 		return nil, nil, nil, err
 	}
-	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", redactDSN(a.ch.dsn), "database", db)
+	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", schema.RedactDSN(a.ch.dsn), "database", db)
 	return agg, nc, closeConns, nil
 }
 
@@ -258,7 +236,7 @@ in state_transitions (90 days) and overrides (1 year).`, stderr)
 		io.WriteString(w, "ok\n")
 	})
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- serveHTTP(ctx, ln, mux, 5*time.Second, log) }()
+	go func() { httpDone <- grpcsplit.ServeHTTP(ctx, ln, mux, 5*time.Second) }()
 	err = agg.Run(ctx)
 	return errors.Join(err, <-httpDone)
 }
@@ -290,13 +268,4 @@ plain types (Debian's 18.16) before.`, stderr)
 	}
 	fmt.Fprintln(stdout)
 	return nil
-}
-
-// redactDSN hides a DSN's password in logs.
-func redactDSN(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "clickhouse://?"
-	}
-	return u.Redacted()
 }

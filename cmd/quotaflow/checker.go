@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -20,7 +19,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/grpcsplit"
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
@@ -164,17 +163,11 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 // ctx is done; then it stops taking checks and drains the decisions.
 func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger) error {
 	var set *rules.Set
-	var seed *rules.Document // with its users, which set.Document() leaves out
+	var seed *rules.Document
 	if c.rulesPath != "" {
-		data, err := os.ReadFile(c.rulesPath)
-		if err != nil {
-			return fmt.Errorf("read rules file: %w", err)
-		}
-		if seed, err = rules.Decode(data); err == nil {
-			set, err = seed.Compile()
-		}
-		if err != nil {
-			return fmt.Errorf("rules file %s: %w", c.rulesPath, err)
+		var err error
+		if seed, set, err = rules.LoadFile(c.rulesPath); err != nil {
+			return err
 		}
 	}
 	rdb, err := c.redisClient()
@@ -205,7 +198,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	)
 	sourceName := "file"
 	if p.natsURL != "" {
-		nc, err := connectNATS(p.natsURL, "quotaflow checker "+instanceID, log)
+		nc, err := broker.Connect(p.natsURL, "quotaflow checker "+instanceID, log)
 		if err != nil {
 			return err
 		}
@@ -250,7 +243,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		if pub != nil {
-			err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
+			err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
 		}
 		return fmt.Errorf("listen: %w", err)
 	}
@@ -258,12 +251,13 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID,
 		"admin_tokens", len(c.admin.tokens))
 	if c.debugListen != "" {
-		stop, err := serveDebug(ctx, c.debugListen, log)
+		url, stop, err := telemetry.ServeProfiles(c.debugListen)
 		if err != nil {
 			ln.Close()
-			return err
+			return fmt.Errorf("--debug-listen: %w", err)
 		}
 		defer stop()
+		log.Info("profiles served", "url", url)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -275,31 +269,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	err = g.Wait()
 	if pub != nil {
 		// No check can run any more: every decision made is in the publisher.
-		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout, log))
+		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
 	}
 	return err
-}
-
-// serveHTTP serves h on ln with HTTP/1.1 and cleartext HTTP/2 until ctx is done, then
-// shuts down gracefully within timeout.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
-	hs := grpcsplit.NewHTTPServer(h)
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		log.Info("shutting down", "timeout", timeout)
-		sctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := hs.Shutdown(sctx); err != nil {
-			return fmt.Errorf("shutdown: %w", err)
-		}
-		return nil
-	})
-	return g.Wait()
 }

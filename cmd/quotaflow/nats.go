@@ -5,13 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/publisher"
@@ -81,68 +76,12 @@ func (p *publishFlags) config(instanceID string, log *slog.Logger) publisher.Con
 	}
 }
 
-// connectNATS connects for good: it retries a NATS that is down at start and reconnects
-// forever, without buffering publishes while disconnected (the spool keeps them instead).
-func connectNATS(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.ReconnectBufSize(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("nats connect %s: %w", url, err)
-	}
-	return nc, nil
-}
-
-// embeddedNATS runs a NATS server with JetStream inside this process, for development.
-func embeddedNATS(listen, dir string) (*server.Server, string, error) {
-	host, portStr, err := net.SplitHostPort(listen)
-	if err != nil {
-		return nil, "", fmt.Errorf("--nats-listen: %w", err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, "", fmt.Errorf("--nats-listen: bad port %q", portStr)
-	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "quotaflow-dev",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dir,
-		NoLog:      true,
-		NoSigs:     true,
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("embedded nats: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, "", fmt.Errorf("embedded nats on %s not ready within 10s", listen)
-	}
-	return srv, srv.ClientURL(), nil
-}
-
 // closePublisher drains the publisher within timeout: the queue and the spool go to NATS;
 // what cannot stays in the spool for the next start.
-func closePublisher(pub *publisher.Client, timeout time.Duration, log *slog.Logger) error {
+func closePublisher(pub *publisher.Client, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	err := pub.Close(ctx)
-	st := pub.Stats()
-	log.Info("publisher closed", "published", st.Published, "spooled", st.Spooled, "replayed", st.Replayed,
-		"dropped", st.Dropped, "spool_bytes_left", st.SpoolBytes)
-	if err != nil {
+	if err := pub.Close(ctx); err != nil {
 		return fmt.Errorf("drain decisions: %w", err)
 	}
 	return nil

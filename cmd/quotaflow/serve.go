@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -43,10 +45,11 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		if err := os.MkdirAll(natsDir, 0o755); err != nil {
 			return fmt.Errorf("--nats-dir: %w", err)
 		}
-		ns, url, err := embeddedNATS(natsListen, natsDir)
+		ns, err := broker.Embedded("quotaflow-dev", natsListen, natsDir)
 		if err != nil {
-			return err
+			return fmt.Errorf("--nats-listen: %w", err)
 		}
+		url := ns.ClientURL()
 		defer func() {
 			ns.Shutdown()
 			ns.WaitForShutdown()

@@ -3,17 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -75,9 +74,9 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 	return watchStream(ctx, natsURL, stream, subjects, all, count, print)
 }
 
-// watchStream reads a stream with an ephemeral ordered consumer (new messages, or all with
-// all) and hands each message to print, with how many items may still be printed (0: no
-// bound), until count items were printed or ctx ends. print returns how many it printed.
+// watchStream tails a stream and hands each message to print, with how many items may still
+// be printed (0: no bound), until count items were printed or ctx ends. print returns how many
+// it printed.
 func watchStream(ctx context.Context, natsURL, stream string, subjects []string, all bool, count int, print func(msg jetstream.Msg, left int) (int, error)) error {
 	nc, err := nats.Connect(natsURL, nats.Name("quotaflow watch"))
 	if err != nil {
@@ -88,41 +87,16 @@ func watchStream(ctx context.Context, natsURL, stream string, subjects []string,
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	deliver := jetstream.DeliverNewPolicy
-	if all {
-		deliver = jetstream.DeliverAllPolicy
-	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: deliver, FilterSubjects: subjects})
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", stream, err)
-	}
 	seen := 0
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			return fmt.Errorf("fetch: %w", err)
+	return broker.Tail(ctx, js, stream, subjects, all, func(msg jetstream.Msg) (bool, error) {
+		left := 0
+		if count > 0 {
+			left = count - seen
 		}
-		for msg := range batch.Messages() {
-			left := 0
-			if count > 0 {
-				left = count - seen
-			}
-			n, err := print(msg, left)
-			if err != nil {
-				return err
-			}
-			if seen += n; count > 0 && seen >= count {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-			return fmt.Errorf("fetch: %w", err)
-		}
-	}
-	return nil
+		n, err := print(msg, left)
+		seen += n
+		return count > 0 && seen >= count, err
+	})
 }
 
 // printDecisions prints the decisions of one stream message, at most left of them (0: all).
@@ -172,33 +146,6 @@ func printDecision(w io.Writer, d *quotaflowv1.Decision, asJSON bool) error {
 		_, err = fmt.Fprintln(w, string(b))
 		return err
 	}
-	verdict := "ALLOW"
-	if !d.Allowed {
-		verdict = "DENY "
-	}
-	subject := "-"
-	if s := d.Subject; s != nil {
-		subject = strings.ToLower(strings.TrimPrefix(s.Dimension.String(), "DIMENSION_")) + ":" + s.Identifier
-	}
-	rule := "(no rule)"
-	if d.RuleId != "" {
-		rule = fmt.Sprintf("%s %d/%d", d.RuleId, d.Remaining, d.Limit)
-	}
-	var flags []string
-	if d.Shadow {
-		flags = append(flags, "shadow-deny")
-	}
-	if d.Degraded {
-		flags = append(flags, "degraded:"+d.FailMode)
-	}
-	if d.Replayed {
-		flags = append(flags, "replayed")
-	}
-	if !d.Allowed {
-		flags = append(flags, fmt.Sprintf("retry=%dms", d.RetryAfterMs))
-	}
-	_, err := fmt.Fprintf(w, "%s %s %-24s %-24s %-28s %-8s tier=%s id=%s %s\n",
-		time.UnixMicro(d.TimeUs).UTC().Format("15:04:05.000000"), verdict, subject, d.Endpoint, rule,
-		strings.ToLower(strings.TrimPrefix(d.State.String(), "STATE_")), d.Tier, d.Id, strings.Join(flags, " "))
+	_, err := fmt.Fprintln(w, stream.Describe(d))
 	return err
 }

@@ -254,3 +254,30 @@ func TestAckFilter(t *testing.T) {
 		}
 	}
 }
+
+// TestServeHTTP: a port of its own answers until its context ends, then shuts down cleanly.
+func TestServeHTTP(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- ServeHTTP(ctx, ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), time.Second)
+	}()
+	resp, err := http.Get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "ok" {
+		t.Errorf("body %q, want ok", body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("ServeHTTP = %v, want nil after ctx ends", err)
+	}
+}

@@ -69,3 +69,27 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	protocols.SetUnencryptedHTTP2(true)
 	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
 }
+
+// ServeHTTP serves h alone on ln (a port of its own, such as a metrics port) with HTTP/1.1
+// and cleartext HTTP/2 until ctx is done, then shuts down gracefully within timeout. It
+// closes ln.
+func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration) error {
+	hs := NewHTTPServer(h)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			return fmt.Errorf("shutdown: %w", err)
+		}
+		return nil
+	})
+	return g.Wait()
+}

@@ -4,7 +4,6 @@
 package natstest
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,6 +18,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/proctest"
 )
 
@@ -128,23 +129,7 @@ func JetStream(t testing.TB) jetstream.JetStream {
 }
 
 func run(port int, dir string) (*server.Server, error) {
-	srv, err := server.NewServer(&server.Options{
-		Host:      proctest.Loopback,
-		Port:      port,
-		JetStream: true,
-		StoreDir:  dir,
-		NoLog:     true,
-		NoSigs:    true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("nats server: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, errors.New("nats server not ready within 10s")
-	}
-	return srv, nil
+	return broker.Embedded("", proctest.Addr(port), dir)
 }
 
 // Process is a nats-server running in a child process.

@@ -35,15 +35,26 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // Load reads and validates the rules file at path.
 func Load(path string) (*Set, error) {
+	_, s, err := LoadFile(path)
+	return s, err
+}
+
+// LoadFile reads and validates the rules file at path, and returns its document too: with its
+// users, which Set.Document leaves out, as a rule store is seeded.
+func LoadFile(path string) (*Document, *Set, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read rules file: %w", err)
+		return nil, nil, fmt.Errorf("read rules file: %w", err)
 	}
-	s, err := Parse(data)
+	d, err := Decode(data)
+	var s *Set
+	if err == nil {
+		s, err = d.Compile()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("rules file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("rules file %s: %w", path, err)
 	}
-	return s, nil
+	return d, s, nil
 }
 
 // Parse validates a rules document (YAML, or JSON) and compiles it. Every problem is

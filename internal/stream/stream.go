@@ -9,7 +9,10 @@
 package stream
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -58,4 +61,38 @@ func Partition(s *quotaflowv1.Subject, partitions int) int {
 		h = (h ^ uint32(id[i])) * prime32
 	}
 	return int(h % uint32(partitions))
+}
+
+// Describe is a decision as one line, for people watching the stream (quotaflow watch): time,
+// verdict, first subject, endpoint, deciding rule with remaining/limit, state, tier, id and
+// flags.
+func Describe(d *quotaflowv1.Decision) string {
+	verdict := "ALLOW"
+	if !d.Allowed {
+		verdict = "DENY "
+	}
+	subject := "-"
+	if s := d.Subject; s != nil {
+		subject = strings.ToLower(strings.TrimPrefix(s.Dimension.String(), "DIMENSION_")) + ":" + s.Identifier
+	}
+	rule := "(no rule)"
+	if d.RuleId != "" {
+		rule = fmt.Sprintf("%s %d/%d", d.RuleId, d.Remaining, d.Limit)
+	}
+	var flags []string
+	if d.Shadow {
+		flags = append(flags, "shadow-deny")
+	}
+	if d.Degraded {
+		flags = append(flags, "degraded:"+d.FailMode)
+	}
+	if d.Replayed {
+		flags = append(flags, "replayed")
+	}
+	if !d.Allowed {
+		flags = append(flags, fmt.Sprintf("retry=%dms", d.RetryAfterMs))
+	}
+	return fmt.Sprintf("%s %s %-24s %-24s %-28s %-8s tier=%s id=%s %s",
+		time.UnixMicro(d.TimeUs).UTC().Format("15:04:05.000000"), verdict, subject, d.Endpoint, rule,
+		strings.ToLower(strings.TrimPrefix(d.State.String(), "STATE_")), d.Tier, d.Id, strings.Join(flags, " "))
 }

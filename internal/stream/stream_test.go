@@ -58,3 +58,14 @@ func TestPartition(t *testing.T) {
 		}
 	}
 }
+
+func TestDescribe(t *testing.T) {
+	t.Parallel()
+	d := &quotaflowv1.Decision{Id: "c1-7", TimeUs: 1_700_000_000_123_456, Allowed: false, Tier: "free", Endpoint: "/orders",
+		Subject: &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "bob"},
+		RuleId:  "orders", Remaining: 0, Limit: 10, State: quotaflowv1.State_STATE_THROTTLED, RetryAfterMs: 1500}
+	want := "22:13:20.123456 DENY  user:bob                 /orders                  orders 0/10                  throttled tier=free id=c1-7 retry=1500ms"
+	if got := Describe(d); got != want {
+		t.Errorf("Describe\n got %q\nwant %q", got, want)
+	}
+}

@@ -1,21 +1,19 @@
-package main
+package telemetry
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
 )
 
-// serveDebug serves Go's profiles (/debug/pprof) on their own address, apart from the public
-// port; the returned function stops it.
-func serveDebug(ctx context.Context, addr string, log *slog.Logger) (func(), error) {
+// ServeProfiles serves Go's profiles (/debug/pprof) on addr, a port of their own apart from
+// the public one, and returns the URL they are served at and a function that stops serving.
+func ServeProfiles(addr string) (url string, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--debug-listen: %w", err)
+		return "", nil, fmt.Errorf("profiles: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -25,6 +23,5 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) (func(), err
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go hs.Serve(ln)
-	log.Info("profiles served", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
-	return func() { hs.Close() }, nil
+	return "http://" + ln.Addr().String() + "/debug/pprof/", func() { hs.Close() }, nil
 }
