@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/retry"
 )
 
 // errorPause is how long a closed-loop worker waits after an error, so that a target that
@@ -87,7 +89,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 					return // interrupted: not the target's error
 				}
 				st.done(allowed, err, time.Since(from))
-				if err != nil && slots == nil && !sleepCtx(runCtx, errorPause) {
+				if err != nil && slots == nil && !retry.Sleep(runCtx, errorPause) {
 					return
 				}
 			}
@@ -120,18 +122,6 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 	rep.P50Ms, rep.P90Ms, rep.P99Ms, rep.P999Ms = h.quantileMs(0.5), h.quantileMs(0.9), h.quantileMs(0.99), h.quantileMs(0.999)
 	rep.MaxMs, rep.MeanMs = round3(float64(h.max.Load())/1000), h.meanMs()
 	return rep
-}
-
-// sleepCtx sleeps for d; it reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -116,6 +116,13 @@ func JetStream(t testing.TB) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
+	return s.JetStream(t)
+}
+
+// JetStream returns a JetStream client of the server over a connection that reconnects
+// forever (Connect); the connection ends with the test.
+func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
 	nc, err := s.Connect()
 	if err != nil {
 		t.Fatal(err)

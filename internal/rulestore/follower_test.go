@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
@@ -24,15 +22,7 @@ func TestFollowerNATSDownAtStart(t *testing.T) {
 	}
 	t.Cleanup(ns.Close)
 	ns.Stop()
-	nc, err := ns.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := ns.JetStream(t)
 	seed := mustDecode(t, doc)
 	f := NewFollower(js, FollowerConfig{Seed: seed, SeedPath: "test.yaml", OpenTimeout: 300 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
