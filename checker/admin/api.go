@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -116,7 +115,7 @@ type caller struct {
 }
 
 // adminHandler is one endpoint: it gets the authenticated caller and returns the status and
-// body to send, or an error that apiError renders.
+// body to send, or an error that writeAPIError renders.
 type adminHandler func(r *http.Request, c caller) (int, any, error)
 
 // Handler serves /api/v1/ (mount it there).
@@ -138,8 +137,8 @@ func (a *API) Handler() http.Handler {
 	route("POST /api/v1/overrides", RoleWrite, a.createOverride)
 	route("DELETE /api/v1/overrides/{id}", RoleWrite, a.deleteOverride)
 	mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
-		writeAPIError(w, &apiErr{status: http.StatusNotFound, code: "not_found",
-			msg: fmt.Sprintf("no admin endpoint %s %s", r.Method, r.URL.Path)})
+		writeAPIError(w, &Error{Status: http.StatusNotFound, Code: "not_found",
+			Message: fmt.Sprintf("no admin endpoint %s %s", r.Method, r.URL.Path)})
 	})
 	return mux
 }
@@ -147,8 +146,8 @@ func (a *API) Handler() http.Handler {
 // serve authenticates, authorizes and rate-limits a call, then runs h.
 func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h adminHandler) {
 	if a.store == nil {
-		writeAPIError(w, &apiErr{status: http.StatusServiceUnavailable, code: "unavailable",
-			msg: "the admin API needs the rule store: start the checker with --nats-url"})
+		writeAPIError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: "the admin API needs the rule store: start the checker with --nats-url"})
 		return
 	}
 	c, err := a.authenticate(r)
@@ -158,14 +157,11 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 		return
 	}
 	if role == RoleWrite && c.Role != RoleWrite {
-		writeAPIError(w, &apiErr{status: http.StatusForbidden, code: "permission_denied",
-			msg: fmt.Sprintf("token %q is read-only; %s %s needs a write token", c.Name, r.Method, r.URL.Path)})
+		writeAPIError(w, &Error{Status: http.StatusForbidden, Code: "permission_denied",
+			Message: fmt.Sprintf("token %q is read-only; %s %s needs a write token", c.Name, r.Method, r.URL.Path)})
 		return
 	}
 	if err := a.limit(r.Context(), c, role); err != nil {
-		if e, ok := err.(*apiErr); ok && e.retryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.FormatInt(checker.CeilSeconds(e.retryAfter.Milliseconds()), 10))
-		}
 		writeAPIError(w, err)
 		return
 	}
@@ -184,18 +180,18 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 
 func (a *API) authenticate(r *http.Request) (caller, error) {
 	if len(a.tokens) == 0 {
-		return caller{}, &apiErr{status: http.StatusUnauthorized, code: "unauthenticated",
-			msg: "the admin API has no tokens configured: start the checker with --admin-token or --admin-tokens-file"}
+		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
+			Message: "the admin API has no tokens configured: start the checker with --admin-token or --admin-tokens-file"}
 	}
 	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
-		return caller{}, &apiErr{status: http.StatusUnauthorized, code: "unauthenticated",
-			msg: "send an admin token: Authorization: Bearer <token>"}
+		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
+			Message: "send an admin token: Authorization: Bearer <token>"}
 	}
 	h := tokenHash(strings.TrimSpace(tok))
 	who, ok := a.tokens[h]
 	if !ok {
-		return caller{}, &apiErr{status: http.StatusUnauthorized, code: "unauthenticated", msg: "unknown admin token"}
+		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unknown admin token"}
 	}
 	return caller{Token: who, hash: h}, nil
 }
@@ -213,71 +209,14 @@ func (a *API) limit(ctx context.Context, c caller, role string) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	default:
-		return &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: "admin rate limit: " + err.Error()}
+		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "admin rate limit: " + err.Error()}
 	}
 	if res.Allowed {
 		return nil
 	}
 	retry := res.RetryAfter
-	return &apiErr{status: http.StatusTooManyRequests, code: "rate_limited", retryAfter: retry,
-		msg: fmt.Sprintf("token %q exceeded %d %ss per minute; retry after %s", c.Name, perMinute, role, retry.Round(time.Millisecond))}
-}
-
-// apiErr is an error with its HTTP rendering.
-type apiErr struct {
-	status     int
-	code       string
-	field      string
-	msg        string
-	problems   []string
-	retryAfter time.Duration
-}
-
-func (e *apiErr) Error() string { return e.msg }
-
-func badField(field, format string, args ...any) *apiErr {
-	return &apiErr{status: http.StatusBadRequest, code: "invalid_argument", field: field,
-		msg: field + ": " + fmt.Sprintf(format, args...)}
-}
-
-func notFound(format string, args ...any) *apiErr {
-	return &apiErr{status: http.StatusNotFound, code: "not_found", msg: fmt.Sprintf(format, args...)}
-}
-
-// writeAPIError renders err: the API's own errors as they say, the store's by kind, and
-// anything else (the store unreachable) as 503.
-func writeAPIError(w http.ResponseWriter, err error) {
-	var (
-		ae *apiErr
-		fe *rules.FieldError
-		ce *checker.FieldError
-		ve *rules.ValidationError
-		me *http.MaxBytesError
-	)
-	switch {
-	case errors.As(err, &ae):
-	case errors.As(err, &fe):
-		ae = badField(fe.Field, "%s", fe.Problem)
-	case errors.As(err, &ce):
-		ae = badField(ce.Field, "%s", ce.Msg)
-	case errors.As(err, &ve):
-		ae = &apiErr{status: http.StatusBadRequest, code: "invalid_argument", problems: ve.Problems,
-			msg: "refused, nothing was changed: " + err.Error()}
-	case errors.As(err, &me):
-		ae = &apiErr{status: http.StatusRequestEntityTooLarge, code: "invalid_argument", field: "body",
-			msg: fmt.Sprintf("body: larger than %d bytes", me.Limit)}
-	case errors.Is(err, rules.ErrNotFound):
-		ae = notFound("%v", err)
-	case errors.Is(err, rules.ErrExists):
-		ae = &apiErr{status: http.StatusConflict, code: "already_exists", msg: err.Error()}
-	case errors.Is(err, rules.ErrNotSeeded):
-		ae = &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: err.Error()}
-	case errors.Is(err, context.Canceled):
-		return // the caller went away
-	default:
-		ae = &apiErr{status: http.StatusServiceUnavailable, code: "unavailable", msg: "rule store: " + err.Error()}
-	}
-	writeJSON(w, ae.status, Error{Code: ae.code, Field: ae.field, Message: ae.msg, Problems: ae.problems})
+	return &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", RetryAfter: retry,
+		Message: fmt.Sprintf("token %q exceeded %d %ss per minute; retry after %s", c.Name, perMinute, role, retry.Round(time.Millisecond))}
 }
 
 // decodeBody reads a JSON body into dst, refusing unknown fields and trailing data; a field of

@@ -13,38 +13,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// Error is the body of every error the API answers, and what Client returns for one.
-type Error struct {
-	// Status is the HTTP status (not in the body).
-	Status int `json:"-"`
-	// Code names the kind of error: invalid_argument, unauthenticated, permission_denied,
-	// not_found, already_exists, rate_limited, unavailable.
-	Code string `json:"error"`
-	// Field names the request's field that broke a rule, if one did.
-	Field   string `json:"field,omitempty"`
-	Message string `json:"message"`
-	// Problems lists every problem of a refused rules document.
-	Problems []string `json:"problems,omitempty"`
-}
-
-// Error implements error: the message, the status and code, the field, and each problem when
-// there are several.
-func (e *Error) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s (HTTP %d %s", e.Message, e.Status, e.Code)
-	if e.Field != "" {
-		fmt.Fprintf(&b, ", field %s", e.Field)
-	}
-	b.WriteString(")")
-	// A single problem is the message already.
-	if len(e.Problems) > 1 {
-		for _, p := range e.Problems {
-			b.WriteString("\n  " + p)
-		}
-	}
-	return b.String()
-}
-
 // Client calls the admin API of a checker. The zero value needs BaseURL and Token.
 type Client struct {
 	// BaseURL is the checker's base URL, e.g. http://127.0.0.1:8080.

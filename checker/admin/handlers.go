@@ -60,8 +60,8 @@ func (a *API) createRule(r *http.Request, c caller) (int, any, error) {
 	// Created only if the id is free when the store writes: two admins creating one id never
 	// replace each other's rule.
 	if err := a.store.CreateRule(r.Context(), dr); errors.Is(err, rules.ErrExists) {
-		return 0, nil, &apiErr{status: http.StatusConflict, code: "already_exists", field: "id",
-			msg: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
+		return 0, nil, &Error{Status: http.StatusConflict, Code: "already_exists", Field: "id",
+			Message: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
 	} else if err != nil {
 		return 0, nil, err
 	}
