@@ -97,6 +97,8 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 	return out
 }
 
+// resolveTier picks the check's tier: the one the query names (transports let only callers
+// allowed to assert tiers name one), else the subjects' configured tier.
 func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 	switch {
 	case q.Tier != "":
@@ -105,12 +107,16 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 		}
 		out.Tier = q.Tier
 	default:
-		out.Tier = set.DefaultTier()
+		var user, key string
 		for _, sub := range q.Subjects {
-			if sub.Dimension == rules.DimensionUser {
-				out.Tier = set.TierOf(sub.ID)
+			switch sub.Dimension {
+			case rules.DimensionUser:
+				user = sub.ID
+			case rules.DimensionAPIKey:
+				key = sub.ID
 			}
 		}
+		out.Tier = set.SubjectTier(user, key)
 	}
 	return nil
 }

@@ -4,22 +4,36 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // forwardAuth serves gateways (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz over
 // HTTP): the subjects and endpoint come from headers, the answer is 200 or 429 with the
 // X-RateLimit-*, Retry-After and IETF RateLimit fields and the JSON body the README's "The check API" describes.
-func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
-	q, err := forwardAuthQuery(r)
+func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
+	q, err := s.fa.query(r)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
+	}
+	if err := s.authorize(r.Context(), auth.Check, "GET /ratelimit/check"); err != nil {
+		status, code := authStatus(err)
+		writeJSONError(w, status, code, connectMessage(err))
+		return
+	}
+	if q.Tier != "" {
+		if err := s.authorize(r.Context(), auth.AssertTier, s.fa.tierField(r)); err != nil {
+			status, code := authStatus(err)
+			writeJSONError(w, status, code, connectMessage(err))
+			return
+		}
 	}
 	out, err := s.engine.Check(r.Context(), q)
 	if err != nil {
@@ -73,28 +87,108 @@ type forwardAuthBody struct {
 	DecisionID string `json:"decision_id,omitempty"`
 }
 
-// forwardAuthQuery reads a check from gateway headers. The client IP is X-Client-Ip, else
-// X-Real-Ip, else the first X-Forwarded-For entry; the endpoint is X-Forwarded-Uri, else
-// X-Original-URI, else ?endpoint=, without its query string.
-func forwardAuthQuery(r *http.Request) (*checker.Query, error) {
+// ForwardAuthConfig configures GET /ratelimit/check. The zero value reads the subjects from
+// X-User-Id and X-Api-Key, the endpoint from X-Forwarded-Uri (then X-Original-URI, then
+// ?endpoint=), takes the connection's address as the client IP, and reads no idempotency key.
+type ForwardAuthConfig struct {
+	// TrustedProxies are the networks of the proxies in front of the checker. Only from a peer
+	// in one of them are X-Forwarded-For (walked from the right, past the trusted proxies),
+	// X-Real-Ip and X-Client-Ip believed for the client IP; otherwise the client IP is the
+	// connection's address. A client can write any of these headers: a proxy that is not listed
+	// cannot vouch for them.
+	TrustedProxies []netip.Prefix
+	// UserHeader, APIKeyHeader and EndpointHeader name the headers of the user, API key and
+	// endpoint; empty means X-User-Id, X-Api-Key and X-Forwarded-Uri.
+	UserHeader, APIKeyHeader, EndpointHeader string
+	// IdempotencyHeader names the header whose value is the check's idempotency key; empty
+	// means none. A key replays the first decision of a request for 5 minutes, so only a header
+	// that the gateway sets (and strips from clients) may carry it.
+	IdempotencyHeader string
+}
+
+// forwardAuth is the resolved ForwardAuthConfig.
+type forwardAuth struct {
+	ForwardAuthConfig
+	endpointFallback bool // EndpointHeader was defaulted: X-Original-URI and ?endpoint= are read too
+}
+
+func newForwardAuth(cfg ForwardAuthConfig) forwardAuth {
+	fa := forwardAuth{ForwardAuthConfig: cfg}
+	if fa.UserHeader == "" {
+		fa.UserHeader = "X-User-Id"
+	}
+	if fa.APIKeyHeader == "" {
+		fa.APIKeyHeader = "X-Api-Key"
+	}
+	if fa.EndpointHeader == "" {
+		fa.EndpointHeader, fa.endpointFallback = "X-Forwarded-Uri", true
+	}
+	return fa
+}
+
+// clientIP is the request's client address: the connection's, or, from a trusted proxy, the
+// address the proxies forwarded.
+func (fa *forwardAuth) clientIP(r *http.Request) string {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr // not an IP connection (a test's pipe): its name is its address
+	}
+	ip := peer.Addr().Unmap()
+	if !fa.trusted(ip) {
+		return ip.String()
+	}
+	h := r.Header
+	if xff := h.Values("X-Forwarded-For"); len(xff) > 0 {
+		hops := strings.Split(strings.Join(xff, ","), ",")
+		for i := len(hops) - 1; i >= 0; i-- {
+			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			if err != nil {
+				break // garbage a client wrote: the last address believed stands
+			}
+			ip = hop.Unmap()
+			if !fa.trusted(ip) {
+				break
+			}
+		}
+		return ip.String()
+	}
+	for _, name := range []string{"X-Real-Ip", "X-Client-Ip"} {
+		if v, err := netip.ParseAddr(strings.TrimSpace(h.Get(name))); err == nil {
+			return v.Unmap().String()
+		}
+	}
+	return ip.String()
+}
+
+func (fa *forwardAuth) trusted(ip netip.Addr) bool {
+	for _, p := range fa.TrustedProxies {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// tierField names where the request asserted its tier.
+func (fa *forwardAuth) tierField(r *http.Request) string {
+	if r.Header.Get("X-RateLimit-Tier") != "" {
+		return "X-RateLimit-Tier"
+	}
+	return "tier"
+}
+
+// query reads a check from gateway headers.
+func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 	h, qs := r.Header, r.URL.Query()
-	ip := h.Get("X-Client-Ip")
-	if ip == "" {
-		ip = h.Get("X-Real-Ip")
-	}
-	if ip == "" {
-		ip, _, _ = strings.Cut(h.Get("X-Forwarded-For"), ",")
-		ip = strings.TrimSpace(ip)
-	}
 	q := &checker.Query{Subjects: make([]checker.Subject, 0, 3)}
 	for _, s := range []struct {
 		header string
 		dim    rules.Dimension
 		value  string
 	}{
-		{"X-User-Id", rules.DimensionUser, h.Get("X-User-Id")},
-		{"X-Client-Ip", rules.DimensionIP, ip},
-		{"X-Api-Key", rules.DimensionAPIKey, h.Get("X-Api-Key")},
+		{fa.UserHeader, rules.DimensionUser, h.Get(fa.UserHeader)},
+		{"client IP", rules.DimensionIP, fa.clientIP(r)},
+		{fa.APIKeyHeader, rules.DimensionAPIKey, h.Get(fa.APIKeyHeader)},
 	} {
 		if s.value == "" {
 			continue
@@ -104,15 +198,12 @@ func forwardAuthQuery(r *http.Request) (*checker.Query, error) {
 		}
 		q.Subjects = append(q.Subjects, checker.Subject{Dimension: s.dim, ID: s.value})
 	}
-	if len(q.Subjects) == 0 {
-		return nil, checker.FieldErrorf("X-User-Id", "no subject: send at least one of X-User-Id, X-Client-Ip (or X-Real-Ip, X-Forwarded-For) and X-Api-Key")
-	}
-	field, ep := "X-Forwarded-Uri", h.Get("X-Forwarded-Uri")
-	if ep == "" {
+	field, ep := fa.EndpointHeader, h.Get(fa.EndpointHeader)
+	if ep == "" && fa.endpointFallback {
 		field, ep = "X-Original-URI", h.Get("X-Original-URI")
-	}
-	if ep == "" {
-		field, ep = "endpoint", qs.Get("endpoint")
+		if ep == "" {
+			field, ep = "endpoint", qs.Get("endpoint")
+		}
 	}
 	ep, _, _ = strings.Cut(ep, "?")
 	if err := checker.CheckText(field, ep, checker.MaxEndpointLen); err != nil {
@@ -134,13 +225,11 @@ func forwardAuthQuery(r *http.Request) (*checker.Query, error) {
 	if q.Cost, err = checker.CheckCost(q.Cost); err != nil {
 		return nil, err
 	}
-	q.IdempotencyKey = h.Get("X-Idempotency-Key")
-	if q.IdempotencyKey == "" {
-		q.IdempotencyKey = h.Get("Idempotency-Key")
-	}
-	if q.IdempotencyKey != "" {
-		if err := checker.CheckText("X-Idempotency-Key", q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
-			return nil, err
+	if fa.IdempotencyHeader != "" {
+		if q.IdempotencyKey = h.Get(fa.IdempotencyHeader); q.IdempotencyKey != "" {
+			if err := checker.CheckText(fa.IdempotencyHeader, q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
+				return nil, err
+			}
 		}
 	}
 	q.Tier = h.Get("X-RateLimit-Tier")

@@ -21,7 +21,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 )
 
-func forwardAuth(t *testing.T, env *testEnv, headers map[string]string, query string) (*http.Response, map[string]any) {
+func getForwardAuth(t *testing.T, env *testEnv, headers map[string]string, query string) (*http.Response, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, env.url+"/ratelimit/check"+query, nil)
 	for k, v := range headers {
@@ -43,8 +43,8 @@ func forwardAuth(t *testing.T, env *testEnv, headers map[string]string, query st
 func TestForwardAuth(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
-	headers := map[string]string{"X-User-Id": id(t, "u"), "X-Client-Ip": id(t, "ip"), "X-Forwarded-Uri": "/api/v1/items?page=2"}
-	resp, body := forwardAuth(t, env, headers, "")
+	headers := map[string]string{"X-User-Id": id(t, "u"), "X-Client-Ip": "10.77.0.1", "X-Forwarded-Uri": "/api/v1/items?page=2"}
+	resp, body := getForwardAuth(t, env, headers, "")
 	if resp.StatusCode != http.StatusOK || body["allowed"] != true || body["retry_after"] != nil {
 		t.Fatalf("first call = %d %v, want 200 allowed with retry_after null", resp.StatusCode, body)
 	}
@@ -62,8 +62,8 @@ func TestForwardAuth(t *testing.T) {
 			t.Errorf("RateLimit-Policy = %q, want it to list %s", policy, want)
 		}
 	}
-	forwardAuth(t, env, headers, "")
-	resp, body = forwardAuth(t, env, headers, "")
+	getForwardAuth(t, env, headers, "")
+	resp, body = getForwardAuth(t, env, headers, "")
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("third call = %d, want 429", resp.StatusCode)
 	}
@@ -90,9 +90,11 @@ func TestForwardAuthInputs(t *testing.T) {
 		status  int
 		want    string
 	}{
-		{"original uri and forwarded-for", map[string]string{"X-Forwarded-For": id(t, "ip") + ", 10.0.0.1", "X-Original-URI": "/api/a"}, "", 200, ""},
-		{"endpoint from query", map[string]string{"X-Api-Key": id(t, "key")}, "?endpoint=/api/b&cost=2", 200, ""},
-		{"no subject", map[string]string{"X-Forwarded-Uri": "/api/a"}, "", 400, "no subject"},
+		{"original uri and forwarded-for", map[string]string{"X-Forwarded-For": "10.9.0.1, 10.0.0.1", "X-Original-URI": "/api/a"}, "", 200, ""},
+		{"endpoint from query", map[string]string{"X-Api-Key": id(t, "key"), "X-Real-Ip": "10.9.0.2"}, "?endpoint=/api/b&cost=2", 200, ""},
+		// The client IP is always known (the connection's, else what a trusted proxy forwards),
+		// so a request always names a subject.
+		{"the connection is the subject", map[string]string{"X-Forwarded-Uri": "/free"}, "", 200, ""},
 		{"no endpoint", map[string]string{"X-User-Id": "u"}, "", 400, "endpoint: required"},
 		{"bad cost", map[string]string{"X-User-Id": "u", "X-RateLimit-Cost": "lots"}, "?endpoint=/a", 400, `cost: want a whole number, got "lots"`},
 		{"negative cost", map[string]string{"X-User-Id": "u"}, "?endpoint=/a&cost=-3", 400, "cost: must not be negative"},
@@ -102,7 +104,7 @@ func TestForwardAuthInputs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			resp, body := forwardAuth(t, env, tt.headers, tt.query)
+			resp, body := getForwardAuth(t, env, tt.headers, tt.query)
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status = %d (%v), want %d", resp.StatusCode, body, tt.status)
 			}

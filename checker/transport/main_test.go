@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/http"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -78,9 +80,22 @@ func (e *testEnv) client(protocol string) quotaflowv1connect.RateLimiterClient {
 	return quotaflowv1connect.NewRateLimiterClient(e.http, e.url, opts...)
 }
 
-// newEnv serves a checker for cfg over real HTTP (HTTP/1.1 and h2c) on loopback. Without a
-// Redis in cfg it uses the package's shared server.
+// newEnv serves a checker for cfg over real HTTP (HTTP/1.1 and h2c) on loopback, as a
+// checker behind a trusted gateway is configured: anonymous callers may check, assert tiers and
+// reset, the loopback proxy is trusted and forward-auth reads X-Idempotency-Key. Tests of those
+// defaults use newEnvWith. Without a Redis in cfg it uses the package's shared server.
 func newEnv(t testing.TB, cfg checker.Config) *testEnv {
+	t.Helper()
+	callers := new(auth.Registry)
+	if err := callers.Load([]byte("anonymous: {permissions: [check, assert-tier, reset]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	return newEnvWith(t, cfg, Config{Callers: callers, ForwardAuth: ForwardAuthConfig{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, IdempotencyHeader: "X-Idempotency-Key"}})
+}
+
+// newEnvWith is newEnv with the transport's configuration.
+func newEnvWith(t testing.TB, cfg checker.Config, tcfg Config) *testEnv {
 	t.Helper()
 	if cfg.Redis == nil {
 		rdb := newRedis(redisSrv.Addr)
@@ -100,7 +115,8 @@ func newEnv(t testing.TB, cfg checker.Config) *testEnv {
 	}
 	engine := checker.New(cfg)
 	t.Cleanup(func() { engine.Close() })
-	srv := New(engine, Config{Logger: cfg.Logger})
+	tcfg.Logger = cfg.Logger
+	srv := New(engine, tcfg)
 	url := checkertest.Serve(t, srv.Handler(), srv.RegisterGRPC)
 	return &testEnv{engine: engine, srv: srv, url: url, http: checkertest.HTTPClient()}
 }

@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -37,6 +38,9 @@ func connectResponse[T any](msg *T, err error) (*connect.Response[T], error) {
 }
 
 func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
+	if err := s.authorizeCheck(ctx, "CheckRateLimit", req.GetTier()); err != nil {
+		return nil, err
+	}
 	q, err := checker.NewCheckQuery(req, time.Now())
 	if err != nil {
 		return nil, s.rpcError(err)
@@ -66,6 +70,9 @@ func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateL
 }
 
 func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {
+	if err := s.authorizeCheck(ctx, "GetRemainingQuota", req.GetTier()); err != nil {
+		return nil, err
+	}
 	q, err := checker.NewQuotaQuery(req)
 	if err != nil {
 		return nil, s.rpcError(err)
@@ -90,6 +97,9 @@ func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRema
 }
 
 func (s *Server) resetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequest) (*quotaflowv1.ResetLimitResponse, error) {
+	if err := s.authorize(ctx, auth.Reset, "ResetLimit"); err != nil {
+		return nil, err
+	}
 	n, ids, err := s.engine.Reset(ctx, req)
 	if err != nil {
 		return nil, s.rpcError(err)
@@ -111,13 +121,13 @@ func grpcResponse[T any](msg *T, err error) (*T, error) {
 }
 
 func (g grpcRateLimiter) CheckRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
-	return grpcResponse(g.s.checkRateLimit(ctx, req))
+	return grpcResponse(g.s.checkRateLimit(g.s.authenticateGRPC(ctx), req))
 }
 
 func (g grpcRateLimiter) GetRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {
-	return grpcResponse(g.s.getRemainingQuota(ctx, req))
+	return grpcResponse(g.s.getRemainingQuota(g.s.authenticateGRPC(ctx), req))
 }
 
 func (g grpcRateLimiter) ResetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequest) (*quotaflowv1.ResetLimitResponse, error) {
-	return grpcResponse(g.s.resetLimit(ctx, req))
+	return grpcResponse(g.s.resetLimit(g.s.authenticateGRPC(ctx), req))
 }

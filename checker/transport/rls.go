@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -162,9 +163,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratel
 
 // shouldRateLimit serves ShouldRateLimit for both RPC stacks; its errors are Connect errors.
 func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
+	if err := s.authorize(ctx, auth.Check, "ShouldRateLimit"); err != nil {
+		return nil, err
+	}
 	qs, err := rlsQueries(req)
 	if err != nil {
 		return nil, s.rpcError(err)
+	}
+	for i := range qs {
+		if qs[i].Tier != "" {
+			if err := s.authorize(ctx, auth.AssertTier, qs[i].tierField()); err != nil {
+				return nil, err
+			}
+		}
 	}
 	// An unknown tier fails before anything is charged (decide would find it too, but only
 	// after the descriptors before it were charged).
@@ -386,7 +397,7 @@ type grpcRLS struct {
 }
 
 func (g grpcRLS) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
-	resp, err := g.s.shouldRateLimit(ctx, req)
+	resp, err := g.s.shouldRateLimit(g.s.authenticateGRPC(ctx), req)
 	if err != nil {
 		return nil, grpcError(err)
 	}

@@ -21,12 +21,19 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
-// Config configures a Server. The zero value is usable.
+// Config configures a Server. The zero value is usable: anyone may check, nobody may assert a
+// tier or reset, and forward-auth believes no proxy and reads no idempotency key.
 type Config struct {
+	// Callers authenticates the callers and says what each may do; nil means no callers:
+	// anyone may check, nobody may assert a tier or reset.
+	Callers *auth.Registry
+	// ForwardAuth configures GET /ratelimit/check.
+	ForwardAuth ForwardAuthConfig
 	// Logger receives the transports' logs, with "component"="transport"; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -34,9 +41,11 @@ type Config struct {
 
 // Server serves one engine. Its methods are safe for concurrent use.
 type Server struct {
-	engine *checker.Engine
-	log    *slog.Logger
-	base   *slog.Logger // the Config's, for the components Serve starts
+	engine  *checker.Engine
+	callers *auth.Registry
+	fa      forwardAuth
+	log     *slog.Logger
+	base    *slog.Logger // the Config's, for the components Serve starts
 }
 
 var _ quotaflowv1connect.RateLimiterHandler = (*Server)(nil)
@@ -47,7 +56,12 @@ func New(engine *checker.Engine, cfg Config) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{engine: engine, log: log.With("component", "transport"), base: log}
+	callers := cfg.Callers
+	if callers == nil {
+		callers = new(auth.Registry)
+	}
+	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth),
+		log: log.With("component", "transport"), base: log}
 }
 
 // Handler serves everything on one port over HTTP/1.1 and h2c: the RateLimiter service over
@@ -62,7 +76,7 @@ func (s *Server) Handler() http.Handler {
 	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	mux.HandleFunc("/ratelimit/check", s.forwardAuth)
+	mux.HandleFunc("/ratelimit/check", s.serveForwardAuth)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -76,7 +90,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	return mux
+	return s.authenticate(mux)
 }
 
 // RegisterGRPC registers the services Handler serves to gRPC clients — quotaflow.v1.RateLimiter,

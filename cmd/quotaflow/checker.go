@@ -48,6 +48,7 @@ type checkerFlags struct {
 	traceRatio      float64
 	debugListen     string
 	admin           adminFlags
+	callers         callerFlags
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -67,6 +68,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen")
 	c.admin.register(fs)
+	c.callers.register(fs)
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -156,6 +158,9 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	if err := c.admin.validate(); err != nil {
 		return nil, usageError{err}
 	}
+	if err := c.callers.validate(c.admin.tokens); err != nil {
+		return nil, usageError{err}
+	}
 	return c.logger(stderr)
 }
 
@@ -235,7 +240,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	cfg.Rules = set
 	engine := checker.New(cfg)
 	defer engine.Close()
-	front := transport.New(engine, transport.Config{Logger: log})
+	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, Logger: log})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, log)).Handler())
@@ -265,6 +270,9 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	})
 	if follower != nil {
 		g.Go(func() error { return follower.Run(gctx, engine.SetRules) })
+	}
+	if c.callers.callersFile != "" {
+		g.Go(func() error { c.callers.callers.Follow(gctx, c.callers.callersFile, 2*time.Second, log); return nil })
 	}
 	err = g.Wait()
 	if pub != nil {

@@ -76,6 +76,9 @@ export QUOTAFLOW_CLICKHOUSE_DSN="clickhouse://127.0.0.1:$CH_PORT/quotaflow"
 export QUOTAFLOW_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 export QUOTAFLOW_RULES="deploy/dev/rules.yaml"
 export QUOTAFLOW_LISTEN="$LISTEN"
+# The terminal plays the gateway in the tour: forward-auth believes X-Forwarded-For, X-Real-Ip
+# and X-Client-Ip from loopback only (a real deployment lists its proxies' networks).
+export QUOTAFLOW_TRUSTED_PROXIES="${QUOTAFLOW_TRUSTED_PROXIES:-127.0.0.1/32,::1/128}"
 export QUOTAFLOW_NATS_LISTEN="$NATS_LISTEN"
 export QUOTAFLOW_NATS_DIR="$DEV_DIR/nats"
 export QUOTAFLOW_SPOOL_DIR="$DEV_DIR/spool"

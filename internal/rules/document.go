@@ -15,6 +15,7 @@ type Document struct {
 	DefaultTier string             `yaml:"default_tier,omitempty" json:"default_tier,omitempty"`
 	Tiers       map[string]DocTier `yaml:"tiers,omitempty" json:"tiers,omitempty"`
 	Users       map[string]DocUser `yaml:"users,omitempty" json:"users,omitempty"`
+	APIKeys     map[string]DocKey  `yaml:"api_keys,omitempty" json:"api_keys,omitempty"`
 	Warnings    *DocWarnings       `yaml:"warnings,omitempty" json:"warnings,omitempty"`
 	Policies    *DocPolicies       `yaml:"policies,omitempty" json:"policies,omitempty"`
 	Rules       []DocRule          `yaml:"rules" json:"rules"`
@@ -29,6 +30,12 @@ type DocTier struct {
 type DocUser struct {
 	Tier   string            `yaml:"tier,omitempty" json:"tier,omitempty"`
 	Limits map[string]Scalar `yaml:"limits,omitempty" json:"limits,omitempty"`
+}
+
+// DocKey is an API key's tier: the tier of checks whose apikey subject it is, unless their
+// user has a tier of its own.
+type DocKey struct {
+	Tier string `yaml:"tier" json:"tier"`
 }
 
 // DocRule is one rule of a Document.

@@ -115,6 +115,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 		byID[r.ID] = r
 	}
 	users := usersOf(&p, docUsers, tiers, byID)
+	keys := keysOf(&p, d.APIKeys, tiers)
 	warn := d.Warnings.thresholds(&p, "warnings", DefaultThresholds)
 	ruleWarn := map[string]Thresholds{}
 	for i, fr := range d.Rules {
@@ -130,7 +131,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.doc, s.warnings, s.ruleWarnings, s.policies = d.WithoutUsers(), warn, ruleWarn, pol
+	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers = d.WithoutUsers(), warn, ruleWarn, pol, keys
 	return s, nil
 }
 
@@ -162,6 +163,25 @@ func (f *Document) tiers(p *problems) (map[string]Tier, string) {
 		}
 	}
 	return tiers, def
+}
+
+// keysOf validates the api_keys: section: each key names a declared tier.
+func keysOf(p *problems, docKeys map[string]DocKey, tiers map[string]Tier) map[string]string {
+	keys := make(map[string]string, len(docKeys))
+	for key, k := range docKeys {
+		where := fmt.Sprintf("api_keys[%q]", key)
+		switch _, ok := tiers[k.Tier]; {
+		case key == "" || len(key) > MaxIdentifierLen || !utf8.ValidString(key):
+			p.add(where, "key: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
+		case k.Tier == "":
+			p.add(where, "tier: required")
+		case !ok:
+			p.add(where, "tier: %q is not declared under tiers:", k.Tier)
+		default:
+			keys[key] = k.Tier
+		}
+	}
+	return keys
 }
 
 func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, byID map[string]*Rule) map[string]User {

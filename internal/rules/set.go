@@ -14,6 +14,7 @@ type Set struct {
 	tiers       map[string]Tier
 	defaultTier string
 	users       map[string]User
+	keyTiers    map[string]string // API key → tier
 	matchers    map[matcherKey]*matcher
 
 	doc          *Document // the source document, without users
@@ -112,6 +113,19 @@ func (s *Set) User(id string) (User, bool) {
 func (s *Set) TierOf(userID string) string {
 	if u, ok := s.users[userID]; ok && u.Tier != "" {
 		return u.Tier
+	}
+	return s.defaultTier
+}
+
+// SubjectTier returns the tier of a check's subjects from the configuration alone, never from
+// the request: the user's configured tier, else the API key's, else the default tier. Either
+// may be empty (no such subject).
+func (s *Set) SubjectTier(userID, apiKey string) string {
+	if u, ok := s.users[userID]; ok && u.Tier != "" && userID != "" {
+		return u.Tier
+	}
+	if t, ok := s.keyTiers[apiKey]; ok && apiKey != "" {
+		return t
 	}
 	return s.defaultTier
 }

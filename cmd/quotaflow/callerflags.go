@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/transport"
+)
+
+// callerFlags configure who may call the check API and what forward-auth believes.
+type callerFlags struct {
+	callersFile    string
+	trustedProxies string
+	fa             transport.ForwardAuthConfig
+	callers        *auth.Registry // loaded by validate
+}
+
+func (c *callerFlags) register(fs *flagSet) {
+	fs.StringVar(&c.callersFile, "callers-file", "", "YAML `file` of the check API's callers and their permissions (check, assert-tier, reset, admin), reloaded when it changes; without it anyone may check, nobody may assert a tier, and reset needs an admin write token")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "comma-separated `CIDRs` of the proxies whose X-Forwarded-For, X-Real-Ip and X-Client-Ip forward-auth believes; without any, the client IP is the connection's address")
+	fs.StringVar(&c.fa.UserHeader, "forward-auth-user-header", "X-User-Id", "forward-auth `header` naming the user")
+	fs.StringVar(&c.fa.APIKeyHeader, "forward-auth-api-key-header", "X-Api-Key", "forward-auth `header` naming the API key")
+	fs.StringVar(&c.fa.EndpointHeader, "forward-auth-endpoint-header", "", "forward-auth `header` naming the endpoint (default X-Forwarded-Uri, then X-Original-URI, then ?endpoint=)")
+	fs.StringVar(&c.fa.IdempotencyHeader, "forward-auth-idempotency-header", "", "forward-auth `header` carrying an idempotency key, set by the gateway and stripped from clients (default: none, idempotency off)")
+	fs.fromEnv("callers-file", "trusted-proxies", "forward-auth-user-header", "forward-auth-api-key-header",
+		"forward-auth-endpoint-header", "forward-auth-idempotency-header")
+}
+
+// validate parses the proxies and loads the callers file; the admin API's write tokens are
+// admin callers of the check API too (reset is authenticated as the admin API is).
+func (c *callerFlags) validate(adminTokens map[string]admin.Token) error {
+	for _, s := range strings.Split(c.trustedProxies, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return fmt.Errorf("--trusted-proxies: %q is neither a CIDR nor an address", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.fa.TrustedProxies = append(c.fa.TrustedProxies, p.Masked())
+	}
+	c.callers = new(auth.Registry)
+	if c.callersFile != "" {
+		data, err := os.ReadFile(c.callersFile)
+		if err != nil {
+			return fmt.Errorf("--callers-file: %w", err)
+		}
+		if err := c.callers.Load(data); err != nil {
+			return fmt.Errorf("--callers-file %s: %w", c.callersFile, err)
+		}
+	}
+	writers := map[string]string{}
+	for tok, who := range adminTokens {
+		if who.Role == admin.RoleWrite {
+			writers[tok] = who.Name
+		}
+	}
+	c.callers.SetAdminTokens(writers)
+	return nil
+}
