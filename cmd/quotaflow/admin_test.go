@@ -151,6 +151,10 @@ func TestAdminCLI(t *testing.T) {
 		{"tier override", []string{"override", "set", "--tier", "free", "--multiplier", "0.5", "--duration", "10m", "--reason", "load"}, envs, 0, []string{"tier:free limit×0.5"}},
 		{"override list", []string{"override", "list"}, envs, 0, []string{"cli-ovr", "limit=70", "admin", "launch", "tier:free"}},
 		{"unknown verb", []string{"override", "frob"}, envs, 2, []string{`unknown verb "frob"`}},
+		{"check naming a tier without a token", []string{"check", "--user", user + "-t", "--endpoint", "/orders", "--tier", "premium"}, envs, 1,
+			[]string{"permission_denied", "tier", "assert-tier"}},
+		{"check naming a tier with an admin token", []string{"check", "--user", user + "-t", "--endpoint", "/orders", "--tier", "premium", "--token", adminTestToken}, envs, 0,
+			[]string{"ALLOWED", "tier=premium"}},
 	}
 	for _, st := range steps {
 		stdout, stderr, code := runCmd(context.Background(), st.args, st.env)

@@ -30,7 +30,7 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allowed, 3 denied,
 1 on an error, 2 on a bad command line.`, stderr)
 	var (
-		target, protocol, user, ip, apiKey, endpoint, tier, idem string
+		target, protocol, user, ip, apiKey, endpoint, tier, idem, token string
 		cost                                                     int64
 		peek, asJSON                                             bool
 		timeout                                                  time.Duration
@@ -43,7 +43,9 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	fs.StringVar(&apiKey, "api-key", "", "API key subject")
 	fs.StringVar(&endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
 	fs.Int64Var(&cost, "cost", 1, "units the call consumes")
-	fs.StringVar(&tier, "tier", "", "tier to check under (default: the user's configured tier)")
+	fs.StringVar(&tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
+	fs.StringVar(&token, "token", "", "bearer `token` of a caller of the check API (--callers-file), or an admin write token")
+	fs.fromEnvAs("token", "QUOTAFLOW_CALLER_TOKEN")
 	fs.StringVar(&idem, "idempotency-key", "", "makes a retried check replay the first decision for 5 minutes")
 	fs.BoolVar(&peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
 	fs.BoolVar(&asJSON, "json", false, "print the response as JSON")
@@ -66,7 +68,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	if endpoint == "" {
 		return usageError{errors.New("--endpoint is required")}
 	}
-	client, err := newClient(target, protocol)
+	client, err := newClient(target, protocol, token)
 	if err != nil {
 		return err
 	}
@@ -114,9 +116,17 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 }
 
 // newClient makes a RateLimiter client speaking protocol; gRPC uses cleartext HTTP/2.
-func newClient(target, protocol string) (quotaflowv1connect.RateLimiterClient, error) {
+func newClient(target, protocol, token string) (quotaflowv1connect.RateLimiterClient, error) {
 	httpClient := http.DefaultClient
 	var opts []connect.ClientOption
+	if token != "" {
+		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Authorization", "Bearer "+token)
+				return next(ctx, req)
+			}
+		})))
+	}
 	switch protocol {
 	case "connect":
 	case "grpc":
