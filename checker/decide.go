@@ -2,6 +2,7 @@ package checker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -65,6 +66,9 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	results, degraded, err := e.store.check(ctx, pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.first[i]+j].Rule.FailMode
 	})
+	if errors.Is(err, bucket.ErrIdempotencyConflict) {
+		return nil, idempotencyConflict()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +129,12 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 // limits and one for its shadow limits, so that a shadow denial never blocks a charge.
 func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, error) {
 	var pl plan
+	// One fingerprint binds every idempotency record of the check (each subject's, enforced and
+	// shadow) to the request; checks without a key pay nothing for it.
+	var fp string
+	if q.IdempotencyKey != "" && !peek {
+		fp = fingerprint(q)
+	}
 	// Overrides expire by the clock: read it once per check, and only when there are any.
 	var now time.Time
 	if set.HasOverrides() {
@@ -153,7 +163,7 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 			if shadow {
 				suffix += "\x00shadow"
 			}
-			req.IdempotencyKey = idempotencyKey(tag, suffix)
+			req.IdempotencyKey, req.Fingerprint = idempotencyKey(tag, suffix), fp
 		}
 		pl.reqs = append(pl.reqs, req)
 		pl.first = append(pl.first, first)

@@ -20,14 +20,20 @@ const (
 )
 
 // FieldError is a request that broke a rule, naming the field; transports answer it with
-// InvalidArgument (HTTP 400).
+// InvalidArgument (HTTP 400, or the status of Err where it has one).
 type FieldError struct {
 	Field string
 	Msg   string
+	// Err, when set, is the sentinel of the rule broken (ErrIdempotencyConflict), for
+	// errors.Is; it is not part of the message, which Field and Msg say in full.
+	Err error
 }
 
 // Error implements error.
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
 
 // FieldErrorf returns a FieldError about field.
 func FieldErrorf(field, format string, args ...any) *FieldError {

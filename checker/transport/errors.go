@@ -40,8 +40,14 @@ func grpcError(err error) error {
 	return status.Error(codes.Unknown, err.Error())
 }
 
-// httpStatus maps an engine error to an HTTP status and the error code of a JSON body.
+// httpStatus maps an engine error to an HTTP status and the error code of a JSON body. An
+// idempotency key reused for another request is 409: the request is well-formed, it clashes
+// with an earlier one. Connect and gRPC answer it as the FieldError it also is:
+// InvalidArgument, naming idempotency_key.
 func httpStatus(err error) (int, string) {
+	if errors.Is(err, checker.ErrIdempotencyConflict) {
+		return http.StatusConflict, "conflict"
+	}
 	var fe *checker.FieldError
 	if errors.As(err, &fe) {
 		return http.StatusBadRequest, "invalid_argument"

@@ -162,6 +162,12 @@ func BenchmarkStoreScript(b *testing.B) {
 			r.IdempotencyKey = p + ":idem"
 			return r
 		}},
+		{"token_bucket_idem_fingerprint", func(p string) Request {
+			r := one(lim(p+":tbf", TokenBucket, 1<<40, time.Hour, 0), 1)
+			r.IdempotencyKey = p + ":idem"
+			r.Fingerprint = "0123456789abcdef0123456789abcdef" // the size of checker's
+			return r
+		}},
 		{"peek_token_bucket", func(p string) Request { return peekReq(lim(p+":tb", TokenBucket, 1<<40, time.Hour, 0)) }},
 	}
 	for _, tc := range cases {
@@ -174,7 +180,7 @@ func BenchmarkStoreScript(b *testing.B) {
 				reqs[i] = tc.req(fmt.Sprintf("{script-%s-%d}", tc.name, i))
 			}
 			ctx := context.Background()
-			idem := tc.name == "token_bucket_idem"
+			idem := strings.HasPrefix(tc.name, "token_bucket_idem") // a new key per call
 			before := readRedisStats(b, c)
 			b.ResetTimer()
 			for i := 0; i < b.N; i += perCheck {

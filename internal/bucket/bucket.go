@@ -113,6 +113,13 @@ type Request struct {
 	// first result, with Replayed set, and charge nothing. Denials are recorded too. Peek
 	// ignores it, and a refund deletes the record: the charge it protected no longer exists.
 	IdempotencyKey string
+	// Fingerprint identifies what this request asks (the caller decides what that covers),
+	// and binds the idempotency record to it: a record replays only for the fingerprint that
+	// wrote it, and for any other the check fails with ErrIdempotencyConflict, charging
+	// nothing, so that one key cannot pass different requests uncharged. Empty is a valid
+	// fingerprint: it matches only records written without one, including those of the
+	// script's previous version. Ignored without IdempotencyKey.
+	Fingerprint string
 }
 
 // IdempotencyTTL is how long an idempotency record is kept.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -65,6 +66,15 @@ var (
 	argCodes       = [...]any{"0", "1", "2", "3", "4", "5", "6"}
 )
 
+// ErrIdempotencyConflict is wrapped by Check's error when a request's idempotency record was
+// written for another Fingerprint: the key was reused for a different request. Nothing stays
+// charged: the script changed nothing, and the other requests of the call are refunded as
+// after a denial.
+var ErrIdempotencyConflict = errors.New("idempotency key bound to another request")
+
+// conflictPrefix starts the script's error reply for ErrIdempotencyConflict (lua/check.lua).
+const conflictPrefix = "IDEMPOTENCY_CONFLICT "
+
 // Reply layout (see lua/check.lua).
 const (
 	replyHead     = 3
@@ -82,6 +92,9 @@ const (
 // as with any timeout, the outcome is unknown. A pipeline runs until the earliest deadline of
 // the Checks it carries (capped by StoreConfig.BatchTimeout), so a Check with a very short
 // deadline can fail the others of its batch.
+//
+// A request whose idempotency record is bound to another Fingerprint fails the call with an
+// error wrapping ErrIdempotencyConflict; the other requests' charges are refunded first.
 func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	if len(reqs) == 0 {
 		return nil, nil
@@ -155,7 +168,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 // growFor adds to the storage counts what one call for r needs (see job.addCall).
 func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
 	n := len(r.Limits)
-	// keys, idempotency key, charge time, one token per limit
+	// keys, idempotency key, charge time or fingerprint, one token per limit
 	nstrs += 2*n + 2
 	nnums += 3 + 3*n
 	nargs += 3 + n + 1 + 5 + 5*n
@@ -202,8 +215,9 @@ func (s *Store) refund(ctx context.Context, j *job, reqs []Request, results []Re
 
 // addCall appends the EVALSHA command of one script call for r (see lua/check.lua): KEYS
 // are the limit keys and, unless peeking, the idempotency key; ARGV is n, cost, mode,
-// idempotency TTL, charge time, then code, limit, window, burst and refund token per limit.
-// j must have been reserved for it.
+// idempotency TTL, charge time (refund) or fingerprint (charge with an idempotency key),
+// then code, limit, window, burst and refund token per limit. j must have been reserved for
+// it.
 func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
 	a0 := len(j.args)
 	nk := len(r.Limits)
@@ -220,11 +234,15 @@ func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
 		j.args = append(j.args, j.str(r.IdempotencyKey))
 		idemArg = argIdemTTL
 	}
-	charge := argEmpty
-	if chargeNow != "" {
-		charge = j.str(chargeNow)
+	// ARGV[5] is the charge time of a refund or the fingerprint of a charge, never both.
+	arg5 := argEmpty
+	switch {
+	case chargeNow != "":
+		arg5 = j.str(chargeNow)
+	case idem && mode == modeCharge && r.Fingerprint != "":
+		arg5 = j.str(r.Fingerprint)
 	}
-	j.args = append(j.args, j.num(int64(len(r.Limits))), j.num(r.Cost), argModes[mode], idemArg, charge)
+	j.args = append(j.args, j.num(int64(len(r.Limits))), j.num(r.Cost), argModes[mode], idemArg, arg5)
 	for i := range r.Limits {
 		l := &r.Limits[i]
 		token := argEmpty
@@ -244,7 +262,7 @@ var errMalformed = errors.New("malformed script reply")
 func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 	arr, err := cmd.Result()
 	if err != nil {
-		return err
+		return scriptError(err)
 	}
 	if len(arr) != replyHead+replyPerLimit*len(res.Limits) {
 		return errMalformed
@@ -283,6 +301,17 @@ func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 		}
 	}
 	return nil
+}
+
+// scriptError marks the script's idempotency conflict with ErrIdempotencyConflict. The Redis
+// error stays in the chain: callers that sort errors into outages and bugs (checker's guard)
+// must keep seeing a script reply, not a network failure.
+func scriptError(err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), conflictPrefix) {
+		return fmt.Errorf("%w: %w", ErrIdempotencyConflict, err)
+	}
+	return err
 }
 
 func parseInt(s string) (int64, bool) {

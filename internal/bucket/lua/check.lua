@@ -8,7 +8,9 @@
 -- ARGV[2]      cost (>= 1)
 -- ARGV[3]      mode: "0" charge, "1" peek, "2" refund
 -- ARGV[4]      idempotency TTL in ms; "0" = no idempotency key
--- ARGV[5]      refund only: now_us of the charge being refunded (else "")
+-- ARGV[5]      charge: the request's fingerprint, bound to the idempotency record ("" for
+--              none; ignored without an idempotency key); refund: now_us of the charge being
+--              refunded; peek: ""
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
 --              algorithm code (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
 --              4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
@@ -17,10 +19,19 @@
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec.
 --
--- Charge: when the idempotency record exists, its stored reply is returned with replayed = 1
--- and nothing changes. Otherwise every limit is evaluated; only if ALL allow is every limit's
--- new state written (a denied check writes nothing). Then, with an idempotency key, the reply
--- (allowed or denied) is stored under it with PX = ARGV[4].
+-- Charge: when the idempotency record exists, it is bound to the fingerprint of the request
+-- that wrote it. For the same fingerprint (a retry) its stored reply is returned with
+-- replayed = 1 and nothing changes. For another fingerprint (the key reused for another
+-- request) the reply is the error 'IDEMPOTENCY_CONFLICT ...' and nothing changes either:
+-- replaying would let one key pass any number of different requests uncharged.
+-- Otherwise every limit is evaluated; only if ALL allow is every limit's new state written (a
+-- denied check writes nothing). Then, with an idempotency key, the record is stored under it
+-- with PX = ARGV[4]: cmsgpack.pack(reply, fingerprint), two msgpack values.
+-- Records of the previous script version hold the reply alone (no fingerprint): they are read
+-- as bound to the empty fingerprint, so they replay only for a request without one and are a
+-- conflict for any other. A retry that spans an upgrade is thus refused for at most
+-- IdempotencyTTL (5 minutes) rather than charged twice or replayed unverified. (A checker still
+-- on the previous version reads only the first value of a new record: it replays, as before.)
 -- Peek: evaluate only; the reply gives the state before consumption and whether cost fits.
 -- Refund: give cost back to every limit exactly (see each algorithm), delete the idempotency
 -- record (the charge it protected no longer exists, so a retry must be evaluated afresh),
@@ -91,7 +102,10 @@ if n == 1 then
   if mode == '0' and idem then
     local rec = redis.call('GET', idem)
     if rec then
-      local reply = cmsgpack.unpack(rec)
+      local reply, fp = cmsgpack.unpack(rec)
+      if (fp or '') ~= ARGV[5] then
+        return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
+      end
       reply[3] = 1
       return reply
     end
@@ -111,7 +125,7 @@ if n == 1 then
     ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
   local reply = {f1, now_s, 0, f1, f2, f3, f4, f5, f6}
   if mode == '0' and idem then
-    redis.call('SET', idem, cmsgpack.pack(reply), 'PX', ARGV[4])
+    redis.call('SET', idem, cmsgpack.pack(reply, ARGV[5]), 'PX', ARGV[4])
   end
   return reply
 end
@@ -160,7 +174,10 @@ local now_s = us(now)
 if mode == '0' and idem then
   local rec = redis.call('GET', idem)
   if rec then
-    local reply = cmsgpack.unpack(rec)
+    local reply, fp = cmsgpack.unpack(rec)
+    if (fp or '') ~= ARGV[5] then
+      return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
+    end
     reply[3] = 1
     return reply
   end
@@ -199,6 +216,6 @@ for i = 1, n do
 end
 
 if mode == '0' and idem then
-  redis.call('SET', idem, cmsgpack.pack(reply), 'PX', ARGV[4])
+  redis.call('SET', idem, cmsgpack.pack(reply, ARGV[5]), 'PX', ARGV[4])
 end
 return reply
