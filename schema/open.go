@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/url"
 	"strings"
@@ -34,11 +35,15 @@ func ParseDSN(dsn string) (*clickhouse.Options, error) {
 
 // Open connects to the server a DSN names, not to its database (which Migrate may still have
 // to create), and returns the database: the DSN's, else DefaultDatabase. Dialing gives up after
-// 5s (or the DSN's dial_timeout when shorter).
-func Open(dsn string) (driver.Conn, string, error) {
+// 5s (or the DSN's dial_timeout when shorter). tlsConfig, when set, is the TLS the server is
+// reached with (a DSN with secure=true without it uses the system's roots).
+func Open(dsn string, tlsConfig *tls.Config) (driver.Conn, string, error) {
 	opts, err := ParseDSN(dsn)
 	if err != nil {
 		return nil, "", err
+	}
+	if tlsConfig != nil {
+		opts.TLS = tlsConfig
 	}
 	db := opts.Auth.Database
 	if db == "" {

@@ -10,6 +10,7 @@
 package transport
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -34,6 +35,9 @@ type Config struct {
 	Callers *auth.Registry
 	// ForwardAuth configures GET /ratelimit/check.
 	ForwardAuth ForwardAuthConfig
+	// TLS, when set, makes Serve serve TLS with it (internal/tlsfiles builds one that reloads
+	// its certificate and can require client certificates); nil serves cleartext and h2c.
+	TLS *tls.Config
 	// Logger receives the transports' logs, with "component"="transport"; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -44,6 +48,7 @@ type Server struct {
 	engine  *checker.Engine
 	callers *auth.Registry
 	fa      forwardAuth
+	tls     *tls.Config
 	log     *slog.Logger
 	base    *slog.Logger // the Config's, for the components Serve starts
 }
@@ -60,7 +65,7 @@ func New(engine *checker.Engine, cfg Config) *Server {
 	if callers == nil {
 		callers = new(auth.Registry)
 	}
-	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth),
+	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth), tls: cfg.TLS,
 		log: log.With("component", "transport"), base: log}
 }
 

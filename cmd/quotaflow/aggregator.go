@@ -29,17 +29,23 @@ import (
 // clickhouseFlags name the ClickHouse server and database.
 type clickhouseFlags struct {
 	dsn string
+	tls clientTLSFlags
 }
 
 func (c *clickhouseFlags) register(fs *flagSet, def string) {
-	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow)")
+	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow; ?secure=true for TLS)")
 	fs.fromEnv("clickhouse-dsn")
+	c.tls.register(fs, "clickhouse", "ClickHouse")
 }
 
 // open connects to the server and returns the database the DSN names; a bad DSN is a usage
 // error naming the flag.
 func (c *clickhouseFlags) open() (driver.Conn, string, error) {
-	conn, db, err := schema.Open(c.dsn)
+	tlsCfg, err := c.tls.config("")
+	if err != nil {
+		return nil, "", usageError{err}
+	}
+	conn, db, err := schema.Open(c.dsn, tlsCfg)
 	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
 		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
 	}
@@ -48,6 +54,7 @@ func (c *clickhouseFlags) open() (driver.Conn, string, error) {
 
 type aggregatorFlags struct {
 	natsURL           string
+	natsTLS           clientTLSFlags
 	ch                clickhouseFlags
 	listen            string
 	partitions        int
@@ -68,6 +75,7 @@ type aggregatorFlags struct {
 func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	if !inServe {
 		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
+		a.natsTLS.register(fs, "nats", "NATS")
 		fs.IntVar(&a.partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
 		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
 		fs.StringVar(&a.instanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
@@ -160,7 +168,12 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	nc, err := broker.Connect(a.natsURL, "quotaflow aggregator", log)
+	natsTLS, err := a.natsTLS.config("")
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, usageError{err}
+	}
+	nc, err := broker.Connect(a.natsURL, "quotaflow aggregator", natsTLS, log)
 	if err != nil {
 		conn.Close()
 		return nil, nil, nil, err

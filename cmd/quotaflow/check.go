@@ -31,9 +31,9 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 1 on an error, 2 on a bad command line.`, stderr)
 	var (
 		target, protocol, user, ip, apiKey, endpoint, tier, idem, token string
-		cost                                                     int64
-		peek, asJSON                                             bool
-		timeout                                                  time.Duration
+		cost                                                            int64
+		peek, asJSON                                                    bool
+		timeout                                                         time.Duration
 	)
 	fs.StringVar(&target, "target", "http://127.0.0.1:8080", "checker base `URL`")
 	fs.fromEnv("target")

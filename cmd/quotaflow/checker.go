@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +50,9 @@ type checkerFlags struct {
 	debugListen     string
 	admin           adminFlags
 	callers         callerFlags
+	tls             serverTLSFlags
+	redisTLS        clientTLSFlags
+	tlsConfig       *tls.Config // of tls, made by validate
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
@@ -69,6 +73,8 @@ func (c *checkerFlags) register(fs *flagSet) {
 		"debug-listen")
 	c.admin.register(fs)
 	c.callers.register(fs)
+	c.tls.register(fs)
+	c.redisTLS.register(fs, "redis", "Redis")
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -101,6 +107,15 @@ func (c *checkerFlags) redisClient() (*redis.Client, error) {
 	}
 	// Without it go-redis ignores context deadlines, and --redis-timeout would not bound a check.
 	opts.ContextTimeoutEnabled = true
+	if c.redisTLS.set() {
+		if opts.TLSConfig == nil {
+			return nil, usageError{errors.New("--redis-ca-file, --redis-cert-file, --redis-key-file: need a rediss:// --redis-url")}
+		}
+		host, _, _ := net.SplitHostPort(opts.Addr)
+		if opts.TLSConfig, err = c.redisTLS.config(host); err != nil {
+			return nil, usageError{err}
+		}
+	}
 	return redis.NewClient(opts), nil
 }
 
@@ -161,6 +176,10 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	if err := c.callers.validate(c.admin.tokens); err != nil {
 		return nil, usageError{err}
 	}
+	var err error
+	if c.tlsConfig, err = c.tls.config(); err != nil {
+		return nil, usageError{err}
+	}
 	return c.logger(stderr)
 }
 
@@ -203,7 +222,11 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	)
 	sourceName := "file"
 	if p.natsURL != "" {
-		nc, err := broker.Connect(p.natsURL, "quotaflow checker "+instanceID, log)
+		natsTLS, err := p.natsTLS.config("")
+		if err != nil {
+			return usageError{err}
+		}
+		nc, err := broker.Connect(p.natsURL, "quotaflow checker "+instanceID, natsTLS, log)
 		if err != nil {
 			return err
 		}
@@ -240,7 +263,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	cfg.Rules = set
 	engine := checker.New(cfg)
 	defer engine.Close()
-	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, Logger: log})
+	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, TLS: c.tlsConfig, Logger: log})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, log)).Handler())
@@ -252,7 +275,11 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		}
 		return fmt.Errorf("listen: %w", err)
 	}
-	log.Info("checker listening", "url", "http://"+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
+	scheme := "http://"
+	if c.tlsConfig != nil {
+		scheme = "https://"
+	}
+	log.Info("checker listening", "url", scheme+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
 		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID,
 		"admin_tokens", len(c.admin.tokens))
 	if c.debugListen != "" {

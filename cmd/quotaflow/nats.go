@@ -23,10 +23,12 @@ type publishFlags struct {
 	dupWindow     time.Duration
 	batch         int
 	flush         time.Duration
+	natsTLS       clientTLSFlags
 }
 
 func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.StringVar(&p.natsURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
+	p.natsTLS.register(fs, "nats", "NATS")
 	fs.StringVar(&p.spoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
 	fs.Int64Var(&p.spoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
 	fs.IntVar(&p.partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")

@@ -60,7 +60,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	if a.ch.dsn == "" {
 		return serveChecker(ctx, &c, &p, log)
 	}
-	a.natsURL, a.partitions, a.instanceID = p.natsURL, p.partitions, c.instanceID
+	a.natsURL, a.natsTLS, a.partitions, a.instanceID = p.natsURL, p.natsTLS, p.partitions, c.instanceID
 	if err := a.validate(); err != nil {
 		return usageError{err}
 	}

@@ -5,6 +5,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,13 +20,14 @@ import (
 
 // Connect connects for good: it retries a NATS that is down at start and reconnects forever,
 // without buffering publishes while disconnected (the publisher's spool keeps them instead).
-// url may list several servers of a cluster, separated by commas.
-func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+// url may list several servers of a cluster, separated by commas. tlsConfig, when set, is the
+// TLS the servers are reached with (tls:// URLs without it use the system's roots).
+func Connect(url, name string, tlsConfig *tls.Config, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -33,7 +35,11 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
-	)
+	}
+	if tlsConfig != nil {
+		opts = append(opts, nats.Secure(tlsConfig))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("nats connect %s: %w", url, err)
 	}

@@ -19,7 +19,7 @@ func TestEmbeddedConnectTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := Connect(srv.ClientURL(), "broker test", slog.New(slog.DiscardHandler))
+	nc, err := Connect(srv.ClientURL(), "broker test", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ package grpcsplit
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -259,6 +260,30 @@ type conn struct {
 }
 
 func (c *conn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// NetConn returns the connection the splitter accepted, as tls.Conn.NetConn does.
+func (c *conn) NetConn() net.Conn { return c.Conn }
+
+// TLSState returns the TLS state of a connection the splitter handed on, once its handshake
+// is done, or nil for a cleartext one: net/http and grpc-go do not see a *tls.Conn behind the
+// splitter's own connection type.
+func TLSState(c net.Conn) *tls.ConnectionState {
+	for c != nil {
+		if tc, ok := c.(*tls.Conn); ok {
+			st := tc.ConnectionState()
+			if !st.HandshakeComplete {
+				return nil
+			}
+			return &st
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+	return nil
+}
 
 // listener is one side of a Splitter.
 type listener struct {

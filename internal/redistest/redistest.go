@@ -7,11 +7,15 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"strconv"
 
-	"github.com/quotaflow/quotaflow/internal/proctest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/proctest"
 )
 
 // Server is a redis-server process owned by a test package.
@@ -24,6 +28,7 @@ type Server struct {
 	Addr string
 
 	*proc
+	tls bool
 }
 
 // setup runs redis-server as a cache that keeps nothing on disk: after Stop and Start, tests
@@ -51,15 +56,47 @@ func Start() (*Server, error) {
 	return proctest.Start("redis", 1, setup)
 }
 
+// StartTLS launches redis-server serving TLS only, with the key pair in certFile and keyFile;
+// clients may present a certificate signed by caFile's CA (tls-auth-clients optional). URL
+// then gives a rediss:// URL.
+func StartTLS(certFile, keyFile, caFile string) (*Server, error) {
+	return proctest.Start("redis-tls", 1, func(p *proctest.Process, dir string, ports []int) (*Server, proctest.Config, error) {
+		s, cfg, err := setup(p, dir, ports)
+		if err != nil {
+			return nil, cfg, err
+		}
+		s.tls = true
+		cfg.Args = append(cfg.Args[:2], append([]string{"--port", "0", "--tls-port", strconv.Itoa(ports[0]),
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
+			"--tls-auth-clients", "optional"}, cfg.Args[4:]...)...)
+		cfg.Ready = func(ctx context.Context) error {
+			pem, err := os.ReadFile(caFile)
+			if err != nil {
+				return err
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(pem)
+			c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: &tls.Config{RootCAs: roots, ServerName: proctest.Loopback}})
+			defer c.Close()
+			return c.Ping(ctx).Err()
+		}
+		return s, cfg, nil
+	})
+}
+
 // Main is a TestMain helper: it starts a server, runs the tests and stops the server. It sets
 // *srv before the tests run.
 func Main(m interface{ Run() int }, srv **Server) int {
 	return proctest.Main("redistest", m, srv, Start)
 }
 
-// URL is the redis:// URL of database db on the server.
+// URL is the redis:// (rediss:// with TLS) URL of database db on the server.
 func (s *Server) URL(db int) string {
-	return fmt.Sprintf("redis://%s/%d", s.Addr, db)
+	scheme := "redis"
+	if s.tls {
+		scheme = "rediss"
+	}
+	return fmt.Sprintf("%s://%s/%d", scheme, s.Addr, db)
 }
 
 // Client returns a client for database db; the caller closes it.
