@@ -103,7 +103,16 @@ type Allowance struct {
 // Take charges one unit to a's bucket, in the store shared by every checker, or in this
 // process's own buckets while the store is unreachable.
 func (e *Engine) Take(ctx context.Context, a Allowance) (bucket.LimitResult, error) {
-	req := bucket.Request{Cost: 1, Limits: []bucket.Limit{{
+	return e.allowance(ctx, a, false)
+}
+
+// Left reports whether a's bucket would allow one more unit, without charging it.
+func (e *Engine) Left(ctx context.Context, a Allowance) (bucket.LimitResult, error) {
+	return e.allowance(ctx, a, true)
+}
+
+func (e *Engine) allowance(ctx context.Context, a Allowance, peek bool) (bucket.LimitResult, error) {
+	req := bucket.Request{Cost: 1, Peek: peek, Limits: []bucket.Limit{{
 		Key:       allowanceKey(a.Namespace, a.ID, a.Name),
 		Algorithm: bucket.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
 	}}}

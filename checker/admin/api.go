@@ -62,6 +62,9 @@ type Config struct {
 	// ReadPerMinute and WritePerMinute rate-limit each token's reads and writes with the
 	// checker's own buckets; 0 means 1000 and 100.
 	ReadPerMinute, WritePerMinute int
+	// AuthFailuresPerMinute bounds the failed authentications of one source address: past it,
+	// every call from the address is refused (429) until its bucket refills; 0 means 10.
+	AuthFailuresPerMinute int
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
 	Logger *slog.Logger
@@ -78,6 +81,8 @@ type API struct {
 	tokens map[string]Token // by hex SHA-256 of the token
 	read   int64
 	write  int64
+	// authFailures is the failed authentications allowed per source address and minute.
+	authFailures int64
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -99,6 +104,9 @@ func New(engine *checker.Engine, cfg Config) *API {
 	}
 	if a.write <= 0 {
 		a.write = 100
+	}
+	if a.authFailures = int64(cfg.AuthFailuresPerMinute); a.authFailures <= 0 {
+		a.authFailures = 10
 	}
 	return a
 }
@@ -150,8 +158,14 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 			Message: "the admin API needs the rule store: start the checker with --nats-url"})
 		return
 	}
+	src := source(r)
+	if err := a.lockedOut(r.Context(), src); err != nil {
+		writeAPIError(w, err)
+		return
+	}
 	c, err := a.authenticate(r)
 	if err != nil {
+		a.failed(r.Context(), src, err)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="quotaflow"`)
 		writeAPIError(w, err)
 		return

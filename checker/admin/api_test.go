@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,6 +76,9 @@ func newAdminEnvConfig(t *testing.T, doc string, checkerCfg checker.Config, cfg 
 	if cfg.ReadPerMinute == 0 && cfg.WritePerMinute == 0 {
 		// The fixed test tokens' buckets are shared by every test of the run (and -count=N).
 		cfg.ReadPerMinute, cfg.WritePerMinute = 1e6, 1e6
+	}
+	if cfg.AuthFailuresPerMinute == 0 {
+		cfg.AuthFailuresPerMinute = 1e6 // every test calls from 127.0.0.1
 	}
 	if cfg.Tokens == nil {
 		cfg.Tokens = map[string]Token{writeToken: {"alice-ops", RoleWrite}, readToken: {"dashboard", RoleRead}}
@@ -546,4 +550,33 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestAdminAuthLockout: past the failed authentications allowed per minute, every call from
+// the address is refused with 429 before its token is looked at, the right token included, so
+// a guess cannot be told right or wrong; another address is not affected.
+func TestAdminAuthLockout(t *testing.T) {
+	t.Parallel()
+	_, rdb := ownRedis(t) // the address's bucket is the test's own
+	env, _ := newAdminEnvConfig(t, adminRules, checker.Config{Redis: rdb}, Config{AuthFailuresPerMinute: 3})
+	for i := range 3 {
+		if got := env.call(t, "GET", "/api/v1/rules", "guess-"+strconv.Itoa(i), nil); got.status != 401 {
+			t.Fatalf("failed attempt %d = %d, want 401", i+1, got.status)
+		}
+	}
+	for _, tok := range []string{"guess-3", writeToken} {
+		got := env.call(t, "GET", "/api/v1/rules", tok, nil)
+		if got.status != 429 || got.body["error"] != "rate_limited" || got.header.Get("Retry-After") == "" {
+			t.Errorf("call with %s after 3 failures = %d %s, want 429 rate_limited with Retry-After", tok, got.status, got.raw)
+		}
+	}
+	// The failures of one address do not lock out another: the bucket is per source address.
+	other := httptest.NewRequest("GET", "/api/v1/rules", nil)
+	other.RemoteAddr = "192.0.2.7:5555"
+	other.Header.Set("Authorization", "Bearer "+writeToken)
+	rec := httptest.NewRecorder()
+	env.admin.Handler().ServeHTTP(rec, other)
+	if rec.Code != 200 {
+		t.Errorf("a call from another address = %d %s, want 200", rec.Code, rec.Body)
+	}
 }

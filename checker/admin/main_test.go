@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
 // quotaflow command mounts them.
 type testEnv struct {
 	engine *checker.Engine
+	admin  *API
 	url    string
 	http   *http.Client
 }
@@ -38,13 +39,17 @@ func newEnv(t testing.TB, cfg checker.Config, admin Config) *testEnv {
 	}
 	cfg.Logger = checkertest.Logger()
 	admin.Logger = cfg.Logger
+	if admin.AuthFailuresPerMinute == 0 {
+		admin.AuthFailuresPerMinute = 1e6 // every test calls from 127.0.0.1
+	}
 	engine := checker.New(cfg)
 	t.Cleanup(func() { engine.Close() })
 	srv := transport.New(engine, transport.Config{Logger: cfg.Logger})
 	mux := http.NewServeMux()
-	mux.Handle("/api/v1/", New(engine, admin).Handler())
+	api := New(engine, admin)
+	mux.Handle("/api/v1/", api.Handler())
 	mux.Handle("/", srv.Handler())
-	return &testEnv{engine: engine, url: checkertest.Serve(t, mux, srv.RegisterGRPC), http: checkertest.HTTPClient()}
+	return &testEnv{engine: engine, admin: api, url: checkertest.Serve(t, mux, srv.RegisterGRPC), http: checkertest.HTTPClient()}
 }
 
 func (e *testEnv) client(string) quotaflowv1connect.RateLimiterClient {

@@ -15,6 +15,7 @@ type adminFlags struct {
 	tokensFile     string
 	readPerMinute  int
 	writePerMinute int
+	authFailures   int
 	tokens         map[string]admin.Token // loaded by validate
 }
 
@@ -23,7 +24,8 @@ func (a *adminFlags) register(fs *flagSet) {
 	fs.StringVar(&a.tokensFile, "admin-tokens-file", "", "YAML `file` of admin API tokens: tokens: [{token: ..., name: ..., role: read|write}]")
 	fs.IntVar(&a.readPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
 	fs.IntVar(&a.writePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
-	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute")
+	fs.IntVar(&a.authFailures, "admin-auth-failures-per-minute", 10, "failed admin API authentications allowed per source address per minute; past it the address is refused (429) until its bucket refills")
+	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute")
 }
 
 func (a *adminFlags) validate() error {
@@ -32,6 +34,9 @@ func (a *adminFlags) validate() error {
 	}
 	if a.writePerMinute < 1 {
 		return fmt.Errorf("--admin-write-per-minute: want at least 1, got %d", a.writePerMinute)
+	}
+	if a.authFailures < 1 {
+		return fmt.Errorf("--admin-auth-failures-per-minute: want at least 1, got %d", a.authFailures)
 	}
 	a.tokens = map[string]admin.Token{}
 	if a.tokensFile != "" {
@@ -53,5 +58,6 @@ func (a *adminFlags) validate() error {
 }
 
 func (a *adminFlags) config(store admin.Store, log *slog.Logger) admin.Config {
-	return admin.Config{Store: store, Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute, Logger: log}
+	return admin.Config{Store: store, Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute,
+		AuthFailuresPerMinute: a.authFailures, Logger: log}
 }
