@@ -282,6 +282,7 @@ func (e *environment) UnmarshalYAML(n *yaml.Node) error {
 // composePort is a ports entry: "[ip:][published:]target[/proto]" or the long form.
 type composePort struct {
 	first, last int // the container port, or range of ports
+	hostIP      string
 	raw         string
 }
 
@@ -293,13 +294,17 @@ func (p *composePort) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.MappingNode {
 		var long struct {
 			Target string `yaml:"target"`
+			HostIP string `yaml:"host_ip"`
 		}
 		if err := n.Decode(&long); err != nil {
 			return err
 		}
-		target, p.raw = long.Target, "target "+long.Target
+		target, p.raw, p.hostIP = long.Target, "target "+long.Target, long.HostIP
 	} else {
 		target, _, _ = strings.Cut(target, "/")
+		if parts := strings.Split(target, ":"); len(parts) == 3 {
+			p.hostIP = parts[0]
+		}
 		if i := strings.LastIndex(target, ":"); i >= 0 {
 			target = target[i+1:]
 		}
@@ -338,8 +343,30 @@ func (v *composeVolume) UnmarshalYAML(n *yaml.Node) error {
 	return n.Decode((*plain)(v))
 }
 
-// loadCompose runs `docker-compose config` on file and parses what it prints.
+// composeAdminToken is the operator's admin token the compose tests supply.
+const composeAdminToken = "compose-test-admin-token"
+
+// loadCompose runs `docker-compose config` on file, with the operator's admin token in the
+// environment, and parses what it prints.
 func loadCompose(t *testing.T, file string) composeFile {
+	t.Helper()
+	out, err := composeConfig(t, file, "QUOTAFLOW_ADMIN_TOKEN="+composeAdminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
+		t.Fatalf("parse `docker-compose config` output: %v\n%s", err, out)
+	}
+	if len(cf.Services) == 0 {
+		t.Fatalf("docker-compose config: no services:\n%s", out)
+	}
+	return cf
+}
+
+// composeConfig runs `docker-compose -f file config` with env added to this process's
+// environment (QUOTAFLOW_ADMIN_TOKEN taken out first) and returns what it prints.
+func composeConfig(t *testing.T, file string, env ...string) (string, error) {
 	t.Helper()
 	bin, err := exec.LookPath("docker-compose")
 	if err != nil {
@@ -348,20 +375,37 @@ func loadCompose(t *testing.T, file string) composeFile {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-f", file, "config")
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "QUOTAFLOW_ADMIN_TOKEN=") })
+	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("docker-compose -f %s config: %v\n%s", file, err, stderr.String())
+		return "", fmt.Errorf("docker-compose -f %s config: %w\n%s", file, err, stderr.String())
 	}
-	var cf composeFile
-	if err := yaml.Unmarshal(out, &cf); err != nil {
-		t.Fatalf("parse `docker-compose config` output: %v\n%s", err, out)
+	return string(out), nil
+}
+
+// TestComposeSecureDefaults: compose refuses to start without an admin token of the
+// operator's (there is no default token outside make dev), and publishes every port on
+// loopback only.
+func TestComposeSecureDefaults(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join("..", "..", "docker-compose.yml")
+	if _, err := composeConfig(t, file); err == nil || !strings.Contains(err.Error(), "set QUOTAFLOW_ADMIN_TOKEN") {
+		t.Errorf("docker-compose config without QUOTAFLOW_ADMIN_TOKEN = %v, want a refusal naming it", err)
 	}
-	if len(cf.Services) == 0 {
-		t.Fatalf("docker-compose config: no services:\n%s", out)
+	cf := loadCompose(t, file)
+	if got := cf.Services["checker"].Environment["QUOTAFLOW_ADMIN_TOKEN"]; got != composeAdminToken {
+		t.Errorf("checker's QUOTAFLOW_ADMIN_TOKEN = %q, want the operator's %q", got, composeAdminToken)
 	}
-	return cf
+	for name, s := range cf.Services {
+		for _, p := range s.Ports {
+			if p.hostIP != "127.0.0.1" {
+				t.Errorf("service %s publishes %s on %q, want 127.0.0.1 only", name, p, p.hostIP)
+			}
+		}
+	}
 }
 
 // commandHelp is what `quotaflow <sub> --help` says about the flags.
