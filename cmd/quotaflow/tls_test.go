@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/certtest"
+	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/tlsfiles"
@@ -142,5 +143,28 @@ func TestTLSFlags(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr, tt.want) {
 			t.Errorf("%s: exit %d, stderr %q; want 2 and %q", tt.name, code, stderr, tt.want)
 		}
+	}
+}
+
+// TestClickHouseTLS: migrate reaches Debian's clickhouse-server over its TLS port with the
+// project's CA (DSN ?secure=true, --clickhouse-ca-file), and refuses a server its CA does not
+// vouch for.
+func TestClickHouseTLS(t *testing.T) {
+	t.Parallel()
+	ca := certtest.NewCA(t, "quotaflow-ch")
+	cert, key := ca.Server(t, "clickhouse")
+	ch, err := clickhousetest.StartTLS(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ch.Close)
+	dsn := "clickhouse://" + ch.SecureAddr + "/tls_migrate?secure=true&dial_timeout=5s"
+	stdout, stderr, code := runCmd(context.Background(), []string{"migrate", "--clickhouse-dsn", dsn, "--clickhouse-ca-file", ca.CertFile}, nil)
+	if code != 0 || !strings.Contains(stdout, "database tls_migrate: applied") {
+		t.Fatalf("migrate over TLS: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	other := certtest.NewCA(t, "not-quotaflow")
+	if _, stderr, code := runCmd(context.Background(), []string{"migrate", "--clickhouse-dsn", dsn, "--clickhouse-ca-file", other.CertFile}, nil); code == 0 {
+		t.Errorf("migrate trusting another CA succeeded; stderr %q", stderr)
 	}
 }

@@ -27,6 +27,8 @@ import (
 type Server struct {
 	// Addr is host:port of the native protocol; it stays the same across Stop and Start.
 	Addr string
+	// SecureAddr is host:port of the native protocol over TLS (StartTLS only).
+	SecureAddr string
 
 	*proc
 }
@@ -34,7 +36,7 @@ type Server struct {
 // setup runs clickhouse-server from a config in dir that has it serve the native protocol on
 // ports[0] and HTTP on ports[1].
 func setup(p *proctest.Process, dir string, ports []int) (*Server, proctest.Config, error) {
-	if err := writeConfig(dir, ports[0], ports[1]); err != nil {
+	if err := writeConfig(dir, ports[0], ports[1], ""); err != nil {
 		return nil, proctest.Config{}, err
 	}
 	s := &Server{Addr: proctest.Addr(ports[0]), proc: p}
@@ -57,6 +59,25 @@ func Start() (*Server, error) {
 	return proctest.Start("clickhouse", 2, setup)
 }
 
+// StartTLS launches clickhouse-server as Start does, also serving the native protocol over TLS
+// on SecureAddr with the key pair in certFile and keyFile.
+func StartTLS(certFile, keyFile string) (*Server, error) {
+	return proctest.Start("clickhouse-tls", 3, func(p *proctest.Process, dir string, ports []int) (*Server, proctest.Config, error) {
+		extra := fmt.Sprintf(`    <tcp_port_secure>%d</tcp_port_secure>
+    <openSSL><server><certificateFile>%s</certificateFile><privateKeyFile>%s</privateKeyFile><verificationMode>none</verificationMode><loadDefaultCAFile>false</loadDefaultCAFile><disableProtocols>sslv2,sslv3</disableProtocols></server></openSSL>
+`, ports[2], certFile, keyFile)
+		s, cfg, err := setup(p, dir, ports)
+		if err != nil {
+			return nil, cfg, err
+		}
+		if err := writeConfig(dir, ports[0], ports[1], extra); err != nil { // setup's, with TLS
+			return nil, proctest.Config{}, err
+		}
+		s.SecureAddr = proctest.Addr(ports[2])
+		return s, cfg, nil
+	})
+}
+
 // Main is a TestMain helper: it starts a server, runs the tests and stops the server. It sets
 // *srv before the tests run.
 func Main(m interface{ Run() int }, srv **Server) int {
@@ -66,7 +87,7 @@ func Main(m interface{ Run() int }, srv **Server) int {
 // writeConfig writes a minimal config.xml and users.xml for a loopback-only server with its
 // data, logs and temporary files under dir. deploy/dev/run.sh writes the same files for
 // `make dev`; keep the two in step.
-func writeConfig(dir string, tcpPort, httpPort int) error {
+func writeConfig(dir string, tcpPort, httpPort int, extra string) error {
 	config := fmt.Sprintf(`<?xml version="1.0"?>
 <yandex>
     <logger><level>warning</level><log>%[1]s/server.log</log><errorlog>%[1]s/error.log</errorlog><console>0</console></logger>
@@ -84,8 +105,8 @@ func writeConfig(dir string, tcpPort, httpPort int) error {
     <default_database>default</default_database>
     <timezone>UTC</timezone>
     <mlock_executable>false</mlock_executable>
-</yandex>
-`, dir, tcpPort, httpPort)
+%[4]s</yandex>
+`, dir, tcpPort, httpPort, extra)
 	users := `<?xml version="1.0"?>
 <yandex>
     <profiles><default></default></profiles>
