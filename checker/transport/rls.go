@@ -75,7 +75,8 @@ const (
 //   - path or endpoint is the endpoint, without its query string; a descriptor without one is
 //     checked against "/" + the request's domain ("/quotaflow" for domain quotaflow; "/" when
 //     the domain is empty), so that rules can tell descriptors of different domains apart.
-//   - tier overrides the user's tier, as the tier field of CheckRateLimit does.
+//   - tier overrides the subjects' configured tier, as the tier field of CheckRateLimit does,
+//     and only from a caller with the assert-tier permission.
 //   - every other key is ignored.
 //   - the cost is the descriptor's hits_addend when set, else the request's hits_addend;
 //     0 means 1. is_negative_hits is refused (quotaflow does not refill buckets on request), and
