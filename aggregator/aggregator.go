@@ -156,7 +156,7 @@ func (c Config) withDefaults() Config {
 		c.EventsConsumer = DefaultEventsConsumer
 	}
 	if len(c.EventsSubjects) == 0 {
-		c.EventsSubjects = []string{events.WarningsPrefix + ".>", events.OverridesPrefix + ".>"}
+		c.EventsSubjects = events.Subjects()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,44 +18,68 @@ import (
 	"github.com/quotaflow/quotaflow/internal/events"
 )
 
-// ensureEventsStream creates the events stream when it is missing. An existing one is left
-// as it is: its replicas are the rule store's to set.
+// ensureEventsStream creates the events stream when it is missing. An existing one keeps its
+// settings — its replicas are the rule store's to set — but gets the subjects of the event
+// kinds it lacks (a stream made before config events), without which the events consumer
+// could not be created on them.
 func (a *Aggregator) ensureEventsStream(ctx context.Context) error {
-	if _, err := a.js.Stream(ctx, events.Stream); err == nil {
-		return nil
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	st, err := a.js.Stream(ctx, events.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = events.EnsureStream(ctx, a.js, 1)
+		return err
+	} else if err != nil {
 		return fmt.Errorf("events stream: %w", err)
 	}
-	_, err := events.EnsureStream(ctx, a.js, 1)
-	return err
+	cfg := st.CachedInfo().Config
+	missing := false
+	for _, s := range events.Subjects() {
+		if !slices.Contains(cfg.Subjects, s) {
+			cfg.Subjects, missing = append(cfg.Subjects, s), true
+		}
+	}
+	if !missing {
+		return nil
+	}
+	if _, err := a.js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("events stream: add subjects: %w", err)
+	}
+	return nil
 }
 
-// storedEvent is one events-stream message, decoded, bound for one table.
+// storedEvent is one events-stream message, decoded, bound for one table: exactly one of
+// transition, override and config is set.
 type storedEvent struct {
 	msg        jetstream.Msg
 	seq        uint64
 	transition *events.Transition
 	override   *events.OverrideEvent
+	config     *events.ConfigEvent
 }
 
 func (e *storedEvent) id() string {
-	if e.transition != nil {
+	switch {
+	case e.transition != nil:
 		return e.transition.ID
+	case e.override != nil:
+		return e.override.ID
 	}
-	return e.override.ID
+	return e.config.ID
 }
 
 func (e *storedEvent) at() time.Time {
-	if e.transition != nil {
+	switch {
+	case e.transition != nil:
 		return e.transition.At
+	case e.override != nil:
+		return e.override.At
 	}
-	return e.override.At
+	return e.config.At
 }
 
-// eventsLoop stores the events stream in ClickHouse (state_transitions, overrides) through one
-// durable consumer that every aggregator pulls. Each event's id is looked up before it is
-// inserted, and its message is acked only after the insert: an event redelivered, or
-// re-published after the stream's duplicate window, is stored once.
+// eventsLoop stores the events stream in ClickHouse (state_transitions, overrides,
+// config_changes) through one durable consumer that every aggregator pulls. Each event's id is
+// looked up before it is inserted, and its message is acked only after the insert: an event
+// redelivered, or re-published after the stream's duplicate window, is stored once.
 func (a *Aggregator) eventsLoop(ctx context.Context) {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	var cons jetstream.Consumer
@@ -62,7 +87,7 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 		var err error
 		cons, err = a.js.CreateOrUpdateConsumer(ctx, events.Stream, jetstream.ConsumerConfig{
 			Durable:        a.cfg.EventsConsumer,
-			Description:    "quotaflow aggregators: warning transitions and override changes into ClickHouse",
+			Description:    "quotaflow aggregators: warning transitions, override and configuration changes into ClickHouse",
 			FilterSubjects: a.cfg.EventsSubjects,
 			AckPolicy:      jetstream.AckExplicitPolicy,
 			AckWait:        a.cfg.AckWait,
@@ -115,12 +140,16 @@ func decodeEvent(msg jetstream.Msg) (storedEvent, error) {
 	if err != nil {
 		return ev, err
 	}
-	if kind == "warning" {
+	switch kind {
+	case "warning":
 		ev.transition = &events.Transition{}
 		err = json.Unmarshal(msg.Data(), ev.transition)
-	} else {
+	case "override":
 		ev.override = &events.OverrideEvent{}
 		err = json.Unmarshal(msg.Data(), ev.override)
+	default:
+		ev.config = &events.ConfigEvent{}
+		err = json.Unmarshal(msg.Data(), ev.config)
 	}
 	if err == nil && ev.id() == "" {
 		err = errors.New("event without an id")
@@ -165,6 +194,7 @@ func (a *Aggregator) storeEventsOnce(ctx context.Context, evs []storedEvent) (in
 	}{
 		{"state_transitions", "id", "warning", func(e *storedEvent) bool { return e.transition != nil }},
 		{"overrides", "event_id", "override", func(e *storedEvent) bool { return e.override != nil }},
+		{"config_changes", "event_id", "config", func(e *storedEvent) bool { return e.config != nil }},
 	} {
 		var mine []*storedEvent
 		for i := range evs {
@@ -232,12 +262,16 @@ func (a *Aggregator) storedEventIDs(ctx context.Context, table, idCol string, ev
 const (
 	transitionColumns = "id, at, at_us, tier, dimension, subject, rule_id, from_state, to_state, usage_ratio, limit_value, remaining, window_ms, cause, stream_seq, ingested_at"
 	overrideColumns   = "event_id, action, at, actor, override_id, target, dimension, identifier, tier, rule_id, limit_value, multiplier, reason, creator, source, created_at, expires_at, stream_seq, ingested_at"
+	configColumns     = "event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at"
 )
 
 func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*storedEvent) error {
 	cols := transitionColumns
-	if table == "overrides" {
+	switch table {
+	case "overrides":
 		cols = overrideColumns
+	case "config_changes":
+		cols = configColumns
 	}
 	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+table+" ("+cols+")")
 	if err != nil {
@@ -245,10 +279,15 @@ func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*stor
 	}
 	now := time.Now().UTC().Truncate(time.Second)
 	for _, e := range evs {
-		if t := e.transition; t != nil {
+		switch {
+		case e.transition != nil:
+			t := e.transition
 			err = batch.Append(t.ID, t.At.UTC(), t.At.UnixMicro(), t.Tier, t.Dimension, t.Subject, t.RuleID, t.From, t.To,
 				t.UsageRatio, t.Limit, t.Remaining, t.WindowMs, t.Cause, e.seq, now)
-		} else {
+		case e.config != nil:
+			c := e.config
+			err = batch.Append(c.ID, c.At.UTC(), c.Action, c.Actor, c.Target(), c.Tier, string(c.Detail), e.seq, now)
+		default:
 			o := e.override
 			err = batch.Append(o.ID, o.Action, o.At.UTC(), o.Actor, o.Override.ID, o.Override.Target(), o.Override.Dimension,
 				o.Override.Identifier, o.Override.Tier, o.Override.RuleID, o.Override.Limit, o.Override.Multiplier,

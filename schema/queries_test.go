@@ -237,6 +237,30 @@ func TestQueriesDoc(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The configuration changes: three today, one two days ago (outside the last day).
+	type qchange struct {
+		age                         time.Duration
+		actor, action, target, tier string
+	}
+	changes := []qchange{
+		{48 * time.Hour, "alice-ops", "rule_created", "old-rule", ""},
+		{3 * time.Hour, "seed", "rules_seeded", "", ""},
+		{2 * time.Hour, "alice-ops", "rule_replaced", "free-user-search", ""},
+		{time.Hour, "ci-pipeline", "user_tier_set", "bob", "pro"},
+	}
+	cb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+".config_changes (event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range changes {
+		if err := cb.Append(fmt.Sprintf("config-%s-%d", ch.action, i+1), now.Add(-ch.age), ch.action, ch.actor, ch.target, ch.tier, "{}", uint64(i+1), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cb.Send(); err != nil {
+		t.Fatal(err)
+	}
+
 	total := int64(len(ds))
 	checks := map[string]func(t *testing.T, s string, r result){
 		"Usage per tier per hour": func(t *testing.T, s string, r result) {
@@ -290,6 +314,16 @@ func TestQueriesDoc(t *testing.T) {
 			}
 			if rules := r.col(t, s, "shadow_rules")[0]; !reflect.DeepEqual(rules, []string{"ip-strict-shadow"}) {
 				t.Errorf("%s: first subject's shadow rules %v, want [ip-strict-shadow]", s, rules)
+			}
+		},
+		"Configuration changes in the last day": func(t *testing.T, s string, r result) {
+			var got []string
+			for i, actor := range r.col(t, s, "actor") {
+				got = append(got, fmt.Sprintf("%v %v %v", actor, r.col(t, s, "action")[i], r.col(t, s, "target")[i]))
+			}
+			want := []string{"seed rules_seeded ", "alice-ops rule_replaced free-user-search", "ci-pipeline user_tier_set bob"}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: changes %q, want %q (the last day's, oldest first)", s, got, want)
 			}
 		},
 		"Endpoint usage per minute": func(t *testing.T, s string, r result) {

@@ -24,10 +24,13 @@ const (
 	StateTransitions Table = "state_transitions"
 	// Overrides is the override audit (monthly partitions).
 	Overrides Table = "overrides"
+	// ConfigChanges is the audit of the other configuration changes: rules, users' tiers
+	// (monthly partitions).
+	ConfigChanges Table = "config_changes"
 )
 
 // tables lists every table with a retention horizon: the ones ApplyRetention manages.
-var tables = []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages, StateTransitions, Overrides}
+var tables = []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages, StateTransitions, Overrides, ConfigChanges}
 
 // Horizon is how long a table keeps rows and how it is partitioned.
 type Horizon struct {
@@ -37,8 +40,8 @@ type Horizon struct {
 }
 
 // Retention returns the horizon of a table (README, "Stored decisions"): decisions 90 days,
-// usage_minute 30 days, usage_hour and usage_day a year; state_transitions 90 days, overrides a
-// year.
+// usage_minute 30 days, usage_hour and usage_day a year; state_transitions 90 days, overrides
+// and config_changes a year.
 func Retention(t Table) Horizon {
 	switch t {
 	case Decisions, StateTransitions:

@@ -117,7 +117,7 @@ func TestMigrate(t *testing.T) {
 		rows.Scan(&n)
 		tables = append(tables, n)
 	}
-	want := "decisions ingested_messages ingested_messages_mv overrides schema_migrations state_transitions usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
+	want := "config_changes decisions ingested_messages ingested_messages_mv overrides schema_migrations state_transitions usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv"
 	if got := strings.Join(tables, " "); got != want {
 		t.Errorf("tables = %s, want %s", got, want)
 	}
@@ -159,8 +159,9 @@ func TestRetention(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	// The event tables: state_transitions daily (90 days), overrides monthly (a year).
-	for _, table := range []string{"state_transitions (id, at", "overrides (event_id, at"} {
+	// The event tables: state_transitions daily (90 days), overrides and config_changes monthly
+	// (a year).
+	for _, table := range []string{"state_transitions (id, at", "overrides (event_id, at", "config_changes (event_id, at"} {
 		b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+table+")")
 		if err != nil {
 			t.Fatal(err)
@@ -199,6 +200,7 @@ func TestRetention(t *testing.T) {
 		{"SELECT count() FROM " + db + ".decisions WHERE time < now() - INTERVAL 90 DAY", 0},
 		{"SELECT count() FROM " + db + ".state_transitions", 4}, // 0, 29, 31, 89 days
 		{"SELECT count() FROM " + db + ".overrides", 6},         // all but 400 days (whole months)
+		{"SELECT count() FROM " + db + ".config_changes", 6},    // the same
 	} {
 		if got := count(tt.query); got != tt.want {
 			t.Errorf("%s = %d, want %d", tt.query, got, tt.want)
@@ -207,5 +209,26 @@ func TestRetention(t *testing.T) {
 	// A second run finds nothing more to drop.
 	if again, err := schema.ApplyRetention(ctx, c, db, now); err != nil || len(again) != 0 {
 		t.Errorf("second run dropped %v, %v; want nothing", again, err)
+	}
+}
+
+func TestRetentionHorizons(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		table schema.Table
+		want  schema.Horizon
+	}{
+		{schema.Decisions, schema.Horizon{Days: 90}},
+		{schema.UsageMinute, schema.Horizon{Days: 30}},
+		{schema.UsageHour, schema.Horizon{Days: 365, Monthly: true}},
+		{schema.UsageDay, schema.Horizon{Days: 365, Monthly: true}},
+		{schema.IngestedMessages, schema.Horizon{Days: 7}},
+		{schema.StateTransitions, schema.Horizon{Days: 90}},
+		{schema.Overrides, schema.Horizon{Days: 365, Monthly: true}},
+		{schema.ConfigChanges, schema.Horizon{Days: 365, Monthly: true}},
+	} {
+		if got := schema.Retention(tt.table); got != tt.want {
+			t.Errorf("Retention(%s) = %+v, want %+v", tt.table, got, tt.want)
+		}
 	}
 }

@@ -26,14 +26,15 @@ import (
 // production). Every write is validated by the store against the whole configuration and
 // refused whole; the checkers see the change through their own watch, not through this API.
 // Its errors rules.ErrNotFound, rules.ErrExists and rules.ErrNotSeeded are answered 404, 409
-// and 503.
+// and 503. Every write names its actor, the calling token's name (an override's its Creator),
+// which the store records with the change on the events stream.
 type Store interface {
 	Current(ctx context.Context) (*rules.Set, error)
-	Apply(ctx context.Context, doc *rules.Document) error
-	CreateRule(ctx context.Context, rule rules.DocRule) error
-	PutRule(ctx context.Context, rule rules.DocRule) (created bool, err error)
-	DeleteRule(ctx context.Context, id string) error
-	SetUserTier(ctx context.Context, userID, tier string) error
+	Apply(ctx context.Context, doc *rules.Document, actor string) error
+	CreateRule(ctx context.Context, rule rules.DocRule, actor string) error
+	PutRule(ctx context.Context, rule rules.DocRule, actor string) (created bool, err error)
+	DeleteRule(ctx context.Context, id, actor string) error
+	SetUserTier(ctx context.Context, userID, tier, actor string) error
 	PutOverride(ctx context.Context, o rules.Override) error
 	DeleteOverride(ctx context.Context, id, actor string) error
 	Overrides(ctx context.Context) ([]rules.Override, error)

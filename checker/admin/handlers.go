@@ -28,7 +28,7 @@ func (a *API) applyRules(r *http.Request, c caller) (int, any, error) {
 	if err := decodeBody(r, &doc); err != nil {
 		return 0, nil, err
 	}
-	if err := a.store.Apply(r.Context(), &doc); err != nil {
+	if err := a.store.Apply(r.Context(), &doc, c.Name); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users))
@@ -59,7 +59,7 @@ func (a *API) createRule(r *http.Request, c caller) (int, any, error) {
 	}
 	// Created only if the id is free when the store writes: two admins creating one id never
 	// replace each other's rule.
-	if err := a.store.CreateRule(r.Context(), dr); errors.Is(err, rules.ErrExists) {
+	if err := a.store.CreateRule(r.Context(), dr, c.Name); errors.Is(err, rules.ErrExists) {
 		return 0, nil, &Error{Status: http.StatusConflict, Code: "already_exists", Field: "id",
 			Message: "id: rule " + dr.ID + " exists; PUT /api/v1/rules/" + dr.ID + " replaces it"}
 	} else if err != nil {
@@ -82,7 +82,7 @@ func (a *API) putRule(r *http.Request, c caller) (int, any, error) {
 	default:
 		return 0, nil, badField("id", "%q differs from the id in the path (%q)", dr.ID, id)
 	}
-	created, err := a.store.PutRule(r.Context(), dr)
+	created, err := a.store.PutRule(r.Context(), dr, c.Name)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -96,7 +96,7 @@ func (a *API) putRule(r *http.Request, c caller) (int, any, error) {
 
 func (a *API) deleteRule(r *http.Request, c caller) (int, any, error) {
 	id := r.PathValue("rule_id")
-	if err := a.store.DeleteRule(r.Context(), id); err != nil {
+	if err := a.store.DeleteRule(r.Context(), id, c.Name); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: rule deleted", "token", c.Name, "rule", id)
@@ -118,7 +118,7 @@ func (a *API) setTier(r *http.Request, c caller) (int, any, error) {
 		return 0, nil, badField("tier", "%q is not a configured tier", body.Tier)
 	}
 	user := r.PathValue("user_id")
-	if err := a.store.SetUserTier(r.Context(), user, body.Tier); err != nil {
+	if err := a.store.SetUserTier(r.Context(), user, body.Tier, c.Name); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: user tier set", "token", c.Name, "user", user, "tier", body.Tier)

@@ -209,8 +209,8 @@ and take over a dead one's partitions after --pinned-ttl. Every decision is stor
 once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.
 It also computes each subject's warning state per rule (normal, warning, throttled, with the
 rule store's thresholds), publishes every transition on quotaflow.warnings.<tier>.<dimension>
-(QUOTAFLOW_EVENTS) exactly once, and stores the events stream (transitions, override changes)
-in state_transitions (90 days) and overrides (1 year).`, stderr)
+(QUOTAFLOW_EVENTS) exactly once, and stores the events stream (transitions, override and
+configuration changes) in state_transitions (90 days), overrides and config_changes (1 year).`, stderr)
 	var a aggregatorFlags
 	a.register(fs, false)
 	if err := fs.parse(args, getenv); err != nil {

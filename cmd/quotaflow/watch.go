@@ -40,8 +40,13 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 target, limit or multiplier, expiry, actor and reason. Reads quotaflow.overrides.> of
 QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
 		subjects = []string{events.OverridesPrefix + ".>"}
+	case "config":
+		synopsis, defStream = `Prints the configuration changes as they happen, one line each: time, action, rule or
+user (and tier), actor and event id. Reads quotaflow.config.> of QUOTAFLOW_EVENTS with an
+ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
+		subjects = []string{events.ConfigPrefix + ".>"}
 	default:
-		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides`, got %q", what)}
+		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", what)}
 	}
 	fs := newFlagSet("watch "+what, synopsis, stderr)
 	var (
@@ -52,9 +57,13 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.fromEnv("nats-url")
 	fs.StringVar(&stream, "stream", defStream, "stream to read")
-	fs.BoolVar(&all, "all", false, "start from the oldest "+strings.TrimSuffix(what, "s")+" kept instead of new ones")
-	fs.BoolVar(&asJSON, "json", false, "print each "+strings.TrimSuffix(what, "s")+" as one line of JSON")
-	fs.IntVar(&count, "count", 0, "stop after this many "+what+" (0: until interrupted)")
+	one, many := strings.TrimSuffix(what, "s"), what
+	if what == "config" {
+		one, many = "configuration change", "configuration changes"
+	}
+	fs.BoolVar(&all, "all", false, "start from the oldest "+one+" kept instead of new ones")
+	fs.BoolVar(&asJSON, "json", false, "print each "+one+" as one line of JSON")
+	fs.IntVar(&count, "count", 0, "stop after this many "+many+" (0: until interrupted)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
@@ -69,6 +78,10 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 	case "overrides":
 		print = func(msg jetstream.Msg, _ int) (int, error) {
 			return 1, printEvent[events.OverrideEvent](stdout, msg, asJSON, "override event")
+		}
+	case "config":
+		print = func(msg jetstream.Msg, _ int) (int, error) {
+			return 1, printEvent[events.ConfigEvent](stdout, msg, asJSON, "config event")
 		}
 	}
 	return watchStream(ctx, natsURL, stream, subjects, all, count, print)
@@ -118,8 +131,8 @@ func printDecisions(stdout, stderr io.Writer, msg jetstream.Msg, left int, asJSO
 	return len(ds), nil
 }
 
-// printEvent prints one event of the events stream (a warning transition, an override
-// change): its JSON as sent, or its one-line String.
+// printEvent prints one event of the events stream (a warning transition, an override or
+// configuration change): its JSON as sent, or its one-line String.
 func printEvent[E any, P interface {
 	*E
 	fmt.Stringer

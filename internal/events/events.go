@@ -1,7 +1,8 @@
 // Package events defines quotaflow's JSON events for people and services to subscribe to —
-// warning-state transitions on quotaflow.warnings.<tier>.<dimension> and override changes on
-// quotaflow.overrides.<action> — and the JetStream stream that keeps them (QUOTAFLOW_EVENTS), so
-// that the aggregator can store them in ClickHouse and late subscribers can replay them.
+// warning-state transitions on quotaflow.warnings.<tier>.<dimension>, override changes on
+// quotaflow.overrides.<action> and configuration changes on quotaflow.config.<action> — and the
+// JetStream stream that keeps them (QUOTAFLOW_EVENTS), so that the aggregator can store them in
+// ClickHouse and late subscribers can replay them.
 //
 // Every event has a deterministic id, sent as its Nats-Msg-Id: a producer that recomputes an
 // event after a crash publishes the same id, and the stream drops the copy.
@@ -26,6 +27,7 @@ const (
 	Stream          = "QUOTAFLOW_EVENTS"
 	WarningsPrefix  = "quotaflow.warnings"
 	OverridesPrefix = "quotaflow.overrides"
+	ConfigPrefix    = "quotaflow.config"
 	// DuplicateWindow is how long the stream remembers event ids to drop re-published copies.
 	DuplicateWindow = 10 * time.Minute
 	// MaxAge is how long the stream keeps events (ClickHouse keeps them longer).
@@ -110,6 +112,60 @@ func (e *OverrideEvent) String() string {
 		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
 }
 
+// The configuration change actions: every write of the rule store but overrides, which have
+// events of their own.
+const (
+	ConfigRulesApplied = "rules_applied" // the whole document replaced (PUT /api/v1/rules)
+	ConfigRulesSeeded  = "rules_seeded"  // an empty store seeded from a checker's rules file
+	ConfigRuleCreated  = "rule_created"
+	ConfigRuleReplaced = "rule_replaced"
+	ConfigRuleDeleted  = "rule_deleted"
+	ConfigUserTierSet  = "user_tier_set"
+)
+
+// ConfigEvent is a change of the stored configuration — the rules document, a rule, a user's
+// tier — with who made it: the admin API token's name, or "seed" for the seeding of an empty
+// store from a rules file.
+type ConfigEvent struct {
+	ID     string    `json:"id"`
+	Action string    `json:"action"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	// RuleID is the rule created, replaced or deleted; UserID and Tier the user whose tier was
+	// set and that tier.
+	RuleID string `json:"rule_id,omitempty"`
+	UserID string `json:"user_id,omitempty"`
+	Tier   string `json:"tier,omitempty"`
+	// Detail is what was written, as compact JSON: the rule (for a deletion the rule removed),
+	// the user, or the whole document (a summary when the document is too large for an event).
+	Detail json.RawMessage `json:"detail,omitempty"`
+}
+
+// NATSSubject is the event's subject: quotaflow.config.<action>.
+func (e *ConfigEvent) NATSSubject() string { return ConfigPrefix + "." + Token(e.Action) }
+
+// Target is what the change is about: the rule's id, the user's id, or "" for the whole
+// document.
+func (e *ConfigEvent) Target() string {
+	if e.RuleID != "" {
+		return e.RuleID
+	}
+	return e.UserID
+}
+
+// String is the event as one line, for people watching the stream (quotaflow watch config).
+func (e *ConfigEvent) String() string {
+	target := "document"
+	switch {
+	case e.RuleID != "":
+		target = "rule " + e.RuleID
+	case e.UserID != "":
+		target = "user " + e.UserID + " tier=" + e.Tier
+	}
+	return fmt.Sprintf("%s %-13s %-32s by %s id=%s",
+		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), target, e.Actor, e.ID)
+}
+
 // Token makes s safe as one NATS subject token.
 func Token(s string) string {
 	if s == "" {
@@ -123,12 +179,18 @@ func Token(s string) string {
 	}, s)
 }
 
-// EnsureStream creates or updates the events stream.
+// Subjects are the subjects of every event kind, as the stream takes them.
+func Subjects() []string {
+	return []string{WarningsPrefix + ".>", OverridesPrefix + ".>", ConfigPrefix + ".>"}
+}
+
+// EnsureStream creates or updates the events stream; an existing stream of an older version
+// gets the subjects of the event kinds it lacks.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream,
-		Description: "quotaflow warning transitions and override changes",
-		Subjects:    []string{WarningsPrefix + ".>", OverridesPrefix + ".>"},
+		Description: "quotaflow warning transitions, override changes and configuration changes",
+		Subjects:    Subjects(),
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      MaxAge,
@@ -156,13 +218,16 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, id string, ev
 	return nil
 }
 
-// Kind tells a stream message's event kind from its subject: "warning" or "override".
+// Kind tells a stream message's event kind from its subject: "warning", "override" or
+// "config".
 func Kind(subject string) (string, error) {
 	switch {
 	case strings.HasPrefix(subject, WarningsPrefix+"."):
 		return "warning", nil
 	case strings.HasPrefix(subject, OverridesPrefix+"."):
 		return "override", nil
+	case strings.HasPrefix(subject, ConfigPrefix+"."):
+		return "config", nil
 	}
 	return "", errors.New("not an event subject: " + subject)
 }

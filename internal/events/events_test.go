@@ -1,6 +1,7 @@
 package events
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +25,12 @@ func TestString(t *testing.T) {
 		{"tier override", &OverrideEvent{Action: OverrideExpired, At: at, Actor: "system", Override: rules.Override{ID: "ovr-2",
 			Tier: "free", Multiplier: 0.5, Source: "policy", ExpiresAt: at}},
 			`2026-11-24 10:00:00 EXPIRED ovr-2                tier free                        x0.5         until 2026-11-24 10:00:00 by system (policy) reason=""`},
+		{"rule config", &ConfigEvent{ID: "config-rule_created-7", Action: ConfigRuleCreated, At: at, Actor: "alice-ops", RuleID: "orders"},
+			"2026-11-24 10:00:00 RULE_CREATED  rule orders                      by alice-ops id=config-rule_created-7"},
+		{"user config", &ConfigEvent{ID: "config-user_tier_set-9", Action: ConfigUserTierSet, At: at, Actor: "alice-ops", UserID: "bob", Tier: "premium"},
+			"2026-11-24 10:00:00 USER_TIER_SET user bob tier=premium            by alice-ops id=config-user_tier_set-9"},
+		{"document config", &ConfigEvent{ID: "config-rules_applied-3", Action: ConfigRulesApplied, At: at, Actor: "ci"},
+			"2026-11-24 10:00:00 RULES_APPLIED document                         by ci id=config-rules_applied-3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -31,5 +38,59 @@ func TestString(t *testing.T) {
 				t.Errorf("String()\n got %q\nwant %q", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestKind(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		subject, want string
+	}{
+		{(&Transition{Tier: "free", Dimension: "user"}).NATSSubject(), "warning"},
+		{(&OverrideEvent{Action: OverrideCreated}).NATSSubject(), "override"},
+		{(&ConfigEvent{Action: ConfigRuleDeleted}).NATSSubject(), "config"},
+		{"quotaflow.configx.rule_deleted", ""},
+		{"quotaflow.decisions.3", ""},
+	}
+	for _, tt := range tests {
+		got, err := Kind(tt.subject)
+		if got != tt.want || (err != nil) != (tt.want == "") {
+			t.Errorf("Kind(%q) = %q, %v; want %q", tt.subject, got, err, tt.want)
+		}
+	}
+}
+
+// TestSubjects: the stream takes every event's subject.
+func TestSubjects(t *testing.T) {
+	t.Parallel()
+	for _, subject := range []string{
+		(&Transition{Tier: "free", Dimension: "user"}).NATSSubject(),
+		(&OverrideEvent{Action: OverrideDeleted}).NATSSubject(),
+		(&ConfigEvent{Action: ConfigRulesApplied}).NATSSubject(),
+	} {
+		taken := false
+		for _, s := range Subjects() {
+			taken = taken || strings.HasPrefix(subject, strings.TrimSuffix(s, ">"))
+		}
+		if !taken {
+			t.Errorf("subject %q is not among the stream's %v", subject, Subjects())
+		}
+	}
+}
+
+func TestConfigEventTarget(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		ev   ConfigEvent
+		want string
+	}{
+		{ConfigEvent{Action: ConfigRuleReplaced, RuleID: "orders"}, "orders"},
+		{ConfigEvent{Action: ConfigUserTierSet, UserID: "bob", Tier: "free"}, "bob"},
+		{ConfigEvent{Action: ConfigRulesApplied}, ""},
+	}
+	for _, tt := range tests {
+		if got := tt.ev.Target(); got != tt.want {
+			t.Errorf("%s: Target() = %q, want %q", tt.ev.Action, got, tt.want)
+		}
 	}
 }

@@ -136,29 +136,29 @@ func (f *Follower) Current(ctx context.Context) (set *rules.Set, err error) {
 }
 
 // Apply is Store.Apply.
-func (f *Follower) Apply(ctx context.Context, doc *rules.Document) error {
-	return f.with(func(s *Store) error { return s.Apply(ctx, doc) })
+func (f *Follower) Apply(ctx context.Context, doc *rules.Document, actor string) error {
+	return f.with(func(s *Store) error { return s.Apply(ctx, doc, actor) })
 }
 
 // PutRule is Store.PutRule.
-func (f *Follower) PutRule(ctx context.Context, r rules.DocRule) (created bool, err error) {
-	err = f.with(func(s *Store) error { created, err = s.PutRule(ctx, r); return err })
+func (f *Follower) PutRule(ctx context.Context, r rules.DocRule, actor string) (created bool, err error) {
+	err = f.with(func(s *Store) error { created, err = s.PutRule(ctx, r, actor); return err })
 	return created, err
 }
 
 // CreateRule is Store.CreateRule.
-func (f *Follower) CreateRule(ctx context.Context, r rules.DocRule) error {
-	return f.with(func(s *Store) error { return s.CreateRule(ctx, r) })
+func (f *Follower) CreateRule(ctx context.Context, r rules.DocRule, actor string) error {
+	return f.with(func(s *Store) error { return s.CreateRule(ctx, r, actor) })
 }
 
 // DeleteRule is Store.DeleteRule.
-func (f *Follower) DeleteRule(ctx context.Context, id string) error {
-	return f.with(func(s *Store) error { return s.DeleteRule(ctx, id) })
+func (f *Follower) DeleteRule(ctx context.Context, id, actor string) error {
+	return f.with(func(s *Store) error { return s.DeleteRule(ctx, id, actor) })
 }
 
 // SetUserTier is Store.SetUserTier.
-func (f *Follower) SetUserTier(ctx context.Context, user, tier string) error {
-	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier) })
+func (f *Follower) SetUserTier(ctx context.Context, user, tier, actor string) error {
+	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier, actor) })
 }
 
 // PutOverride is Store.PutOverride.

@@ -56,10 +56,14 @@ func TestFollowerNATSDownAtStart(t *testing.T) {
 	waitRules(len(seed.Rules))
 
 	// A write through the follower reaches its own watch.
-	if err := f.DeleteRule(ctx, "ip-sec"); err != nil {
+	if err := f.DeleteRule(ctx, "ip-sec", "alice-ops"); err != nil {
 		t.Fatal(err)
 	}
 	waitRules(len(seed.Rules) - 1)
+	evs := readConfigEvents(t, ctx, js)
+	if len(evs) != 2 || evs[0].Action != "rules_seeded" || evs[1].Action != "rule_deleted" || evs[1].Actor != "alice-ops" || evs[1].RuleID != "ip-sec" {
+		t.Errorf("config events %+v, want the seeding, then ip-sec deleted by alice-ops", evs)
+	}
 
 	// The store's rules win over another follower's seed.
 	other := mustDecode(t, "rules:\n  - {id: only, dimension: user, endpoint: \"*\", algorithm: gcra, limit: 1, window: 1s}\n")

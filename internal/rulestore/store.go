@@ -7,6 +7,11 @@
 // a rule change that would not validate, or the deletion of a rule a user's limit names, leaves
 // the stored configuration as it was. Concurrent writers are serialised by compare-and-swap on
 // the document's revision.
+//
+// Every write names its actor (the admin API token's name) and, once stored, publishes one
+// event on the events stream — a ConfigEvent for the rules and users (config.go), an
+// OverrideEvent for overrides (overrides.go) — so that "who changed what, when" is on record;
+// a refused write publishes nothing.
 package rulestore
 
 import (
@@ -163,6 +168,11 @@ func (s *Store) Current(ctx context.Context) (*rules.Set, error) {
 // Seed stores doc (its users as user keys) unless the store holds a rules document already;
 // it reports whether it did. Checkers seed the store from their rules file at start, and after
 // that the store wins.
+//
+// The seeding is no admin change, but it is the configuration every later change starts from,
+// so it is recorded too: a "rules_seeded" event by SeedActor, published only by the checker
+// that seeded. An event that cannot be published is logged rather than failing the seeding,
+// which a checker needs to start.
 func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 	if _, err := doc.Compile(); err != nil {
 		return false, err
@@ -173,7 +183,7 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 		return false, fmt.Errorf("read rules: %w", err)
 	}
 	for id, u := range doc.Users {
-		if err := s.putUser(ctx, id, u); err != nil {
+		if _, err := s.putUser(ctx, id, u); err != nil {
 			return false, err
 		}
 	}
@@ -181,18 +191,22 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("encode rules: %w", err)
 	}
-	if _, err := s.config.Create(ctx, rulesetKey, data); errors.Is(err, jetstream.ErrKeyExists) {
+	rev, err := s.config.Create(ctx, rulesetKey, data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil // another checker seeded first
 	} else if err != nil {
 		return false, fmt.Errorf("seed rules: %w", err)
+	}
+	if err := s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesSeeded, Actor: SeedActor}, doc); err != nil {
+		s.log.Warn("rule store seeded, but its event was not published", "err", err)
 	}
 	return true, nil
 }
 
 // Apply replaces the whole configuration with doc: its rules, tiers, thresholds and policies,
 // and its users (users not in doc are removed). Overrides stay; ones naming a rule or tier doc
-// lacks stop applying.
-func (s *Store) Apply(ctx context.Context, doc *rules.Document) error {
+// lacks stop applying. It publishes a "rules_applied" event by actor carrying doc.
+func (s *Store) Apply(ctx context.Context, doc *rules.Document, actor string) error {
 	if _, err := doc.Compile(); err != nil {
 		return err
 	}
@@ -205,11 +219,12 @@ func (s *Store) Apply(ctx context.Context, doc *rules.Document) error {
 		return err
 	}
 	for id, u := range doc.Users {
-		if err := s.putUser(ctx, id, u); err != nil {
+		if _, err := s.putUser(ctx, id, u); err != nil {
 			return err
 		}
 	}
-	if _, err := s.config.Put(ctx, rulesetKey, data); err != nil {
+	rev, err := s.config.Put(ctx, rulesetKey, data)
+	if err != nil {
 		return fmt.Errorf("write rules: %w", err)
 	}
 	if old != nil {
@@ -221,53 +236,57 @@ func (s *Store) Apply(ctx context.Context, doc *rules.Document) error {
 			}
 		}
 	}
-	return nil
+	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: actor}, doc)
 }
 
-func (s *Store) putUser(ctx context.Context, id string, u rules.DocUser) error {
+// putUser writes a user's key and returns its revision.
+func (s *Store) putUser(ctx context.Context, id string, u rules.DocUser) (uint64, error) {
 	data, err := json.Marshal(u)
 	if err != nil {
-		return fmt.Errorf("encode user %q: %w", id, err)
+		return 0, fmt.Errorf("encode user %q: %w", id, err)
 	}
-	if _, err := s.config.Put(ctx, UserKey(id), data); err != nil {
-		return fmt.Errorf("write user %q: %w", id, err)
+	rev, err := s.config.Put(ctx, UserKey(id), data)
+	if err != nil {
+		return 0, fmt.Errorf("write user %q: %w", id, err)
 	}
-	return nil
+	return rev, nil
 }
 
 // updateDoc applies change to the stored document and writes it back if the whole
-// configuration still validates, retrying when another writer came first.
-func (s *Store) updateDoc(ctx context.Context, change func(*rules.Document) error) error {
+// configuration still validates, retrying when another writer came first; it returns the
+// revision written.
+func (s *Store) updateDoc(ctx context.Context, change func(*rules.Document) error) (uint64, error) {
 	for attempt := 0; ; attempt++ {
 		sn, err := s.read(ctx)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if err := change(sn.doc); err != nil {
-			return err
+			return 0, err
 		}
 		if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
-			return err
+			return 0, err
 		}
 		data, err := json.Marshal(sn.doc)
 		if err != nil {
-			return fmt.Errorf("encode rules: %w", err)
+			return 0, fmt.Errorf("encode rules: %w", err)
 		}
-		_, err = s.config.Update(ctx, rulesetKey, data, sn.rev)
+		rev, err := s.config.Update(ctx, rulesetKey, data, sn.rev)
 		if err == nil {
-			return nil
+			return rev, nil
 		}
 		var apiErr *jetstream.APIError
 		if attempt < 20 && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 			continue // another writer changed the document: redo the change on theirs
 		}
-		return fmt.Errorf("write rules: %w", err)
+		return 0, fmt.Errorf("write rules: %w", err)
 	}
 }
 
-// PutRule adds rule, or replaces the rule with its id; it reports whether the rule is new.
-func (s *Store) PutRule(ctx context.Context, rule rules.DocRule) (created bool, err error) {
-	err = s.updateDoc(ctx, func(d *rules.Document) error {
+// PutRule adds rule, or replaces the rule with its id; it reports whether the rule is new. It
+// publishes a "rule_created" or "rule_replaced" event by actor carrying the rule.
+func (s *Store) PutRule(ctx context.Context, rule rules.DocRule, actor string) (created bool, err error) {
+	rev, err := s.updateDoc(ctx, func(d *rules.Document) error {
 		created = true
 		for i := range d.Rules {
 			if d.Rules[i].ID == rule.ID {
@@ -278,12 +297,20 @@ func (s *Store) PutRule(ctx context.Context, rule rules.DocRule) (created bool, 
 		d.Rules = append(d.Rules, rule)
 		return nil
 	})
-	return created, err
+	if err != nil {
+		return false, err
+	}
+	action := events.ConfigRuleReplaced
+	if created {
+		action = events.ConfigRuleCreated
+	}
+	return created, s.publishConfig(ctx, rev, &events.ConfigEvent{Action: action, Actor: actor, RuleID: rule.ID}, rule)
 }
 
-// CreateRule adds rule; an id in use is refused with rules.ErrExists.
-func (s *Store) CreateRule(ctx context.Context, rule rules.DocRule) error {
-	return s.updateDoc(ctx, func(d *rules.Document) error {
+// CreateRule adds rule; an id in use is refused with rules.ErrExists. It publishes a
+// "rule_created" event by actor carrying the rule.
+func (s *Store) CreateRule(ctx context.Context, rule rules.DocRule, actor string) error {
+	rev, err := s.updateDoc(ctx, func(d *rules.Document) error {
 		for i := range d.Rules {
 			if d.Rules[i].ID == rule.ID {
 				return fmt.Errorf("rule %q: %w", rule.ID, rules.ErrExists)
@@ -292,23 +319,35 @@ func (s *Store) CreateRule(ctx context.Context, rule rules.DocRule) error {
 		d.Rules = append(d.Rules, rule)
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRuleCreated, Actor: actor, RuleID: rule.ID}, rule)
 }
 
-// DeleteRule removes the rule with the given id.
-func (s *Store) DeleteRule(ctx context.Context, id string) error {
-	return s.updateDoc(ctx, func(d *rules.Document) error {
+// DeleteRule removes the rule with the given id. It publishes a "rule_deleted" event by actor
+// carrying the rule removed.
+func (s *Store) DeleteRule(ctx context.Context, id, actor string) error {
+	var removed rules.DocRule
+	rev, err := s.updateDoc(ctx, func(d *rules.Document) error {
 		for i := range d.Rules {
 			if d.Rules[i].ID == id {
+				removed = d.Rules[i]
 				d.Rules = append(d.Rules[:i], d.Rules[i+1:]...)
 				return nil
 			}
 		}
 		return fmt.Errorf("rule %q: %w", id, rules.ErrNotFound)
 	})
+	if err != nil {
+		return err
+	}
+	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRuleDeleted, Actor: actor, RuleID: id}, removed)
 }
 
-// SetUserTier sets a user's tier, keeping the user's custom limits.
-func (s *Store) SetUserTier(ctx context.Context, id, tier string) error {
+// SetUserTier sets a user's tier, keeping the user's custom limits. It publishes a
+// "user_tier_set" event by actor carrying the user as stored.
+func (s *Store) SetUserTier(ctx context.Context, id, tier, actor string) error {
 	sn, err := s.read(ctx)
 	if err != nil {
 		return err
@@ -319,5 +358,9 @@ func (s *Store) SetUserTier(ctx context.Context, id, tier string) error {
 	if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
 		return err
 	}
-	return s.putUser(ctx, id, u)
+	rev, err := s.putUser(ctx, id, u)
+	if err != nil {
+		return err
+	}
+	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: actor, UserID: id, Tier: tier}, u)
 }

@@ -82,11 +82,11 @@ func TestSeedAndWrites(t *testing.T) {
 		do   func() error
 	}{
 		{"invalid rule", func() error {
-			_, err := s.PutRule(ctx, rules.DocRule{ID: "bad", Dimension: "user", Endpoint: "*", Algorithm: "gcra", Limit: "0", Window: "1s"})
+			_, err := s.PutRule(ctx, rules.DocRule{ID: "bad", Dimension: "user", Endpoint: "*", Algorithm: "gcra", Limit: "0", Window: "1s"}, "t")
 			return err
 		}},
-		{"rule a user limit names", func() error { return s.DeleteRule(ctx, "user-min") }},
-		{"unknown tier", func() error { return s.SetUserTier(ctx, "carol", "gold") }},
+		{"rule a user limit names", func() error { return s.DeleteRule(ctx, "user-min", "t") }},
+		{"unknown tier", func() error { return s.SetUserTier(ctx, "carol", "gold", "t") }},
 	}
 	for _, b := range bad {
 		var ve *rules.ValidationError
@@ -94,10 +94,10 @@ func TestSeedAndWrites(t *testing.T) {
 			t.Errorf("%s: err = %v, want a ValidationError", b.name, err)
 		}
 	}
-	if err := s.CreateRule(ctx, rules.DocRule{ID: "ip-sec", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "9", Window: "1s"}); !errors.Is(err, rules.ErrExists) {
+	if err := s.CreateRule(ctx, rules.DocRule{ID: "ip-sec", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "9", Window: "1s"}, "t"); !errors.Is(err, rules.ErrExists) {
 		t.Errorf("CreateRule of a used id = %v, want rules.ErrExists", err)
 	}
-	if err := s.DeleteRule(ctx, "nope"); !errors.Is(err, rules.ErrNotFound) {
+	if err := s.DeleteRule(ctx, "nope", "t"); !errors.Is(err, rules.ErrNotFound) {
 		t.Errorf("DeleteRule(nope) = %v, want rules.ErrNotFound", err)
 	}
 	after, err := s.Current(ctx)
@@ -109,13 +109,13 @@ func TestSeedAndWrites(t *testing.T) {
 	}
 
 	// Accepted writes.
-	if created, err := s.PutRule(ctx, rules.DocRule{ID: "ip-min", Dimension: "ip", Endpoint: "*", Algorithm: "fixed_window", Limit: "100", Window: "1m"}); err != nil || !created {
+	if created, err := s.PutRule(ctx, rules.DocRule{ID: "ip-min", Dimension: "ip", Endpoint: "*", Algorithm: "fixed_window", Limit: "100", Window: "1m"}, "t"); err != nil || !created {
 		t.Fatalf("PutRule(ip-min) = %v, %v", created, err)
 	}
-	if err := s.SetUserTier(ctx, "carol", "premium"); err != nil {
+	if err := s.SetUserTier(ctx, "carol", "premium", "t"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, mustDecode(t, doc+"  - {id: apikey-h, dimension: apikey, endpoint: \"*\", algorithm: leaky_bucket, limit: 60, window: 1h}\n")); err != nil {
+	if err := s.Apply(ctx, mustDecode(t, doc+"  - {id: apikey-h, dimension: apikey, endpoint: \"*\", algorithm: leaky_bucket, limit: 60, window: 1h}\n"), "t"); err != nil {
 		t.Fatal(err)
 	}
 	final, err := s.Current(ctx)
@@ -141,7 +141,7 @@ func TestConcurrentRuleWrites(t *testing.T) {
 	errs := make(chan error, 5)
 	for i := range 5 {
 		wg.Go(func() {
-			_, err := s.PutRule(ctx, rules.DocRule{ID: fmt.Sprintf("r%d", i), Dimension: "apikey", Endpoint: fmt.Sprintf("/p%d", i), Algorithm: "gcra", Limit: "5", Window: "1s"})
+			_, err := s.PutRule(ctx, rules.DocRule{ID: fmt.Sprintf("r%d", i), Dimension: "apikey", Endpoint: fmt.Sprintf("/p%d", i), Algorithm: "gcra", Limit: "5", Window: "1s"}, "t")
 			errs <- err
 		})
 	}
