@@ -14,7 +14,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
 // TestConfigEventsStored: the rule store's config events land in config_changes once each,
@@ -23,19 +23,8 @@ import (
 // whole stream stores one twice.
 func TestConfigEventsStored(t *testing.T) {
 	t.Parallel()
-	js := natstest.JetStream(t) // the store's bucket and stream names are fixed
+	store, js := rulestoretest.Seeded(t, storeRules)
 	ctx := context.Background()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := rules.Decode([]byte(storeRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
 	r2 := rules.DocRule{ID: "r2", Dimension: "ip", Endpoint: "*", Algorithm: "gcra", Limit: "5", Window: "1s"}
 	for _, write := range []func() error{
 		func() error { return store.CreateRule(ctx, r2, "alice-ops") },

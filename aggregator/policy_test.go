@@ -11,9 +11,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
 const policyRules = `
@@ -31,20 +31,8 @@ rules:
 // store's buckets and the events stream have fixed names).
 func policyStore(t *testing.T) (*rulestore.Store, jetstream.JetStream, *rules.Set) {
 	t.Helper()
-	js := natstest.JetStream(t)
-	ctx := context.Background()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := rules.Decode([]byte(policyRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
-	set, err := store.Current(ctx)
+	store, js := rulestoretest.Seeded(t, policyRules)
+	set, err := store.Current(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

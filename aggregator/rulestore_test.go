@@ -11,9 +11,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
 // storeRules lowers the warning threshold to half the limit (the default is 0.8) and has a
@@ -34,19 +33,8 @@ rules:
 // once.
 func TestRuleStoreTasks(t *testing.T) {
 	t.Parallel()
-	js := natstest.JetStream(t) // the store's bucket and stream names are fixed
+	store, js := rulestoretest.Seeded(t, storeRules)
 	ctx := context.Background()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := rules.Decode([]byte(storeRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
 	e := newEnvOn(t, js)
 	now := time.Now()
 	// 60 of 100 is a warning only under the store's enter 0.5.

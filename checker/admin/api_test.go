@@ -15,9 +15,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -55,19 +54,8 @@ func newAdminEnv(t *testing.T, doc string, cfg Config) (*testEnv, *rulestore.Sto
 // newAdminEnvConfig is newAdminEnv with the engine's configuration.
 func newAdminEnvConfig(t *testing.T, doc string, checkerCfg checker.Config, cfg Config) (*testEnv, *rulestore.Store) {
 	t.Helper()
-	js := natstest.JetStream(t)
+	store, _ := rulestoretest.Seeded(t, doc)
 	ctx := context.Background()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := rules.Decode([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, d); err != nil {
-		t.Fatal(err)
-	}
 	set, err := store.Current(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
 // TestAdminAudit: every write through the API is an event on the events stream naming the
@@ -20,20 +18,9 @@ import (
 func TestAdminAudit(t *testing.T) {
 	t.Parallel()
 	// newAdminEnv's setup, keeping the JetStream context to read the events stream.
-	js := natstest.JetStream(t)
+	store, js := rulestoretest.Seeded(t, adminRules)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := rules.Decode([]byte(adminRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
 	set, err := store.Current(ctx)
 	if err != nil {
 		t.Fatal(err)

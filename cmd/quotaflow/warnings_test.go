@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -37,25 +36,10 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	nc, err := nats.Connect(ns.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := ns.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	store, err := rulestore.Open(ctx, js, rulestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := rules.Decode([]byte(warningRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seed(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
+	store := rulestoretest.SeededOn(t, js, warningRules)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "QUOTAFLOW_DECISIONS", Subjects: []string{"quotaflow.decisions.>"}}); err != nil {
 		t.Fatal(err)
 	}
