@@ -11,6 +11,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
@@ -144,32 +145,17 @@ func TestTierProtectionPolicy(t *testing.T) {
 // overrideActions lists the actions of an override's events on the stream.
 func overrideActions(t *testing.T, js jetstream.JetStream, id string) string {
 	t.Helper()
-	ctx := context.Background()
-	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.OverridesPrefix + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var actions []string
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
+	for _, m := range natstest.Messages(t, js, events.Stream, events.OverridesPrefix+".>") {
+		var ev events.OverrideEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var ev events.OverrideEvent
-			if err := json.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			if ev.Override.ID == id {
-				actions = append(actions, ev.Action)
-			}
-		}
-		if n == 0 {
-			return strings.Join(actions, ",")
+		if ev.Override.ID == id {
+			actions = append(actions, ev.Action)
 		}
 	}
+	return strings.Join(actions, ",")
 }
 
 func mustRule(t *testing.T, set *rules.Set, id string) *rules.Rule {

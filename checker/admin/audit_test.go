@@ -10,6 +10,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
@@ -54,13 +55,13 @@ func TestAdminAudit(t *testing.T) {
 			200, "quotaflow.config.rules_applied", "ci-pipeline", ""},
 		{"apply an invalid document", "PUT", "/api/v1/rules", ciToken, `{"rules":[]}`, 400, "", "", ""},
 	}
-	seen := len(readEvents(t, ctx, js)) // the seeding's
+	seen := len(readEvents(t, js)) // the seeding's
 	for _, tt := range tests {
 		got := env.call(t, tt.method, tt.path, tt.token, tt.body)
 		if got.status != tt.wantStatus {
 			t.Fatalf("%s: %s %s = %d %s, want %d", tt.name, tt.method, tt.path, got.status, got.raw, tt.wantStatus)
 		}
-		all := readEvents(t, ctx, js)
+		all := readEvents(t, js)
 		fresh := all[seen:]
 		seen = len(all)
 		if tt.wantSubject == "" {
@@ -83,40 +84,25 @@ func TestAdminAudit(t *testing.T) {
 type auditEvent struct{ subject, actor, target string }
 
 // readEvents returns the config and override events of the events stream, oldest first.
-func readEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) []auditEvent {
+func readEvents(t *testing.T, js jetstream.JetStream) []auditEvent {
 	t.Helper()
-	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.ConfigPrefix + ".>", events.OverridesPrefix + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []auditEvent
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			ev := auditEvent{subject: m.Subject()}
-			if kind, _ := events.Kind(m.Subject()); kind == "config" {
-				var ce events.ConfigEvent
-				if err := json.Unmarshal(m.Data(), &ce); err != nil {
-					t.Fatal(err)
-				}
-				ev.actor, ev.target = ce.Actor, ce.Target()
-			} else {
-				var oe events.OverrideEvent
-				if err := json.Unmarshal(m.Data(), &oe); err != nil {
-					t.Fatal(err)
-				}
-				ev.actor, ev.target = oe.Actor, oe.Override.ID
+	for _, m := range natstest.Messages(t, js, events.Stream, events.ConfigPrefix+".>", events.OverridesPrefix+".>") {
+		ev := auditEvent{subject: m.Subject()}
+		if kind, _ := events.Kind(m.Subject()); kind == "config" {
+			var ce events.ConfigEvent
+			if err := json.Unmarshal(m.Data(), &ce); err != nil {
+				t.Fatal(err)
 			}
-			out = append(out, ev)
+			ev.actor, ev.target = ce.Actor, ce.Target()
+		} else {
+			var oe events.OverrideEvent
+			if err := json.Unmarshal(m.Data(), &oe); err != nil {
+				t.Fatal(err)
+			}
+			ev.actor, ev.target = oe.Actor, oe.Override.ID
 		}
-		if n == 0 {
-			return out
-		}
+		out = append(out, ev)
 	}
+	return out
 }

@@ -4,6 +4,7 @@
 package natstest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -200,3 +201,30 @@ func natsURL(port int) string {
 
 // proc gives Process its Start, Stop and Close without adding exported fields to it.
 type proc = proctest.Process
+
+// Messages returns every message the stream holds now on subjects (all of them when none),
+// oldest first, read with an ordered consumer that changes nothing on the server.
+func Messages(t testing.TB, js jetstream.JetStream, stream string, subjects ...string) []jetstream.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			out = append(out, m)
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -27,7 +28,7 @@ func TestConfigEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	seen := readConfigEvents(t, ctx, js)
+	seen := readConfigEvents(t, js)
 	if len(seen) != 1 || seen[0].Action != events.ConfigRulesSeeded || seen[0].Actor != SeedActor {
 		t.Fatalf("after seeding twice: events %+v, want one rules_seeded by %q", seen, SeedActor)
 	}
@@ -74,7 +75,7 @@ func TestConfigEvents(t *testing.T) {
 		if (err == nil) != (tt.want != nil) {
 			t.Fatalf("%s: err = %v, want refused %v", tt.name, err, tt.want == nil)
 		}
-		all := readConfigEvents(t, ctx, js)
+		all := readConfigEvents(t, js)
 		fresh := all[len(seen):]
 		seen = all
 		if tt.want == nil {
@@ -141,32 +142,18 @@ func TestConfigEventDetail(t *testing.T) {
 }
 
 // readConfigEvents returns the config events on the events stream, oldest first.
-func readConfigEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) []events.ConfigEvent {
+func readConfigEvents(t *testing.T, js jetstream.JetStream) []events.ConfigEvent {
 	t.Helper()
-	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.ConfigPrefix + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []events.ConfigEvent
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
+	for _, m := range natstest.Messages(t, js, events.Stream, events.ConfigPrefix+".>") {
+		var ev events.ConfigEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var ev events.ConfigEvent
-			if err := json.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			if kind, err := events.Kind(m.Subject()); kind != "config" || err != nil || m.Subject() != ev.NATSSubject() {
-				t.Errorf("config event on %s: kind %q, %v; want config, on %s", m.Subject(), kind, err, ev.NATSSubject())
-			}
-			out = append(out, ev)
+		if kind, err := events.Kind(m.Subject()); kind != "config" || err != nil || m.Subject() != ev.NATSSubject() {
+			t.Errorf("config event on %s: kind %q, %v; want config, on %s", m.Subject(), kind, err, ev.NATSSubject())
 		}
-		if n == 0 {
-			return out
-		}
+		out = append(out, ev)
 	}
+	return out
 }

@@ -60,7 +60,7 @@ func TestFollowerNATSDownAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRules(len(seed.Rules) - 1)
-	evs := readConfigEvents(t, ctx, js)
+	evs := readConfigEvents(t, js)
 	if len(evs) != 2 || evs[0].Action != "rules_seeded" || evs[1].Action != "rule_deleted" || evs[1].Actor != "alice-ops" || evs[1].RuleID != "ip-sec" {
 		t.Errorf("config events %+v, want the seeding, then ip-sec deleted by alice-ops", evs)
 	}

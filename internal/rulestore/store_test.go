@@ -233,27 +233,13 @@ func TestOverrideLifecycle(t *testing.T) {
 
 func readOverrideEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
 	t.Helper()
-	c, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.OverridesPrefix + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]int{}
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
+	for _, m := range natstest.Messages(t, js, events.Stream, events.OverridesPrefix+".>") {
+		var ev events.OverrideEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var ev events.OverrideEvent
-			if err := json.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			got[ev.Action+"/"+ev.Override.ID]++
-		}
-		if n == 0 {
-			return got
-		}
+		got[ev.Action+"/"+ev.Override.ID]++
 	}
+	return got
 }
