@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quotaflow/quotaflow/checker"
@@ -37,7 +36,6 @@ var (
 // checkerFlags are the checker's settings, shared by the commands that run one.
 type checkerFlags struct {
 	listen          string
-	redisURL        string
 	rulesPath       string
 	redisTimeout    time.Duration
 	shutdownTimeout time.Duration
@@ -51,13 +49,12 @@ type checkerFlags struct {
 	admin           adminFlags
 	callers         callerFlags
 	tls             serverTLSFlags
-	redisTLS        clientTLSFlags
+	redis           redisFlags
 	tlsConfig       *tls.Config // of tls, made by validate
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
-	fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the buckets, a redis:// or rediss:// `URL`")
 	fs.StringVar(&c.rulesPath, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
 	fs.DurationVar(&c.redisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
@@ -68,13 +65,13 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
 	fs.Float64Var(&c.traceRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
 	fs.StringVar(&c.debugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
-	fs.fromEnv("listen", "redis-url", "rules", "redis-timeout", "shutdown-timeout", "log-level",
+	fs.fromEnv("listen", "rules", "redis-timeout", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen")
 	c.admin.register(fs)
 	c.callers.register(fs)
 	c.tls.register(fs)
-	c.redisTLS.register(fs, "redis", "Redis")
+	c.redis.register(fs)
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -95,28 +92,6 @@ func newLogger(levelName, format string, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageError{fmt.Errorf("--log-format: want text or json, got %q", format)}
-}
-
-func (c *checkerFlags) redisClient() (*redis.Client, error) {
-	if !strings.HasPrefix(c.redisURL, "redis://") && !strings.HasPrefix(c.redisURL, "rediss://") {
-		return nil, usageError{fmt.Errorf("--redis-url: want a redis:// or rediss:// URL, got %q", c.redisURL)}
-	}
-	opts, err := redis.ParseURL(c.redisURL)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("--redis-url: %w", err)}
-	}
-	// Without it go-redis ignores context deadlines, and --redis-timeout would not bound a check.
-	opts.ContextTimeoutEnabled = true
-	if c.redisTLS.set() {
-		if opts.TLSConfig == nil {
-			return nil, usageError{errors.New("--redis-ca-file, --redis-cert-file, --redis-key-file: need a rediss:// --redis-url")}
-		}
-		host, _, _ := net.SplitHostPort(opts.Addr)
-		if opts.TLSConfig, err = c.redisTLS.config(host); err != nil {
-			return nil, usageError{err}
-		}
-	}
-	return redis.NewClient(opts), nil
 }
 
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -194,7 +169,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 			return err
 		}
 	}
-	rdb, err := c.redisClient()
+	rdb, redisDesc, err := c.redis.client(ctx)
 	if err != nil {
 		return err
 	}
@@ -280,7 +255,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		scheme = "https://"
 	}
 	log.Info("checker listening", "url", scheme+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
-		"rule_count", len(set.Rules()), "redis", rdb.Options().Addr, "nats", p.natsURL, "instance", instanceID,
+		"rule_count", len(set.Rules()), "redis", redisDesc, "nats", p.natsURL, "instance", instanceID,
 		"admin_tokens", len(c.admin.tokens))
 	if c.debugListen != "" {
 		url, stop, err := telemetry.ServeProfiles(c.debugListen)

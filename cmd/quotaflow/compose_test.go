@@ -479,7 +479,10 @@ var composeValidators = map[string]func(args []string, getenv func(string) strin
 		}
 		_, err := c.validate(&p, io.Discard)
 		if err == nil {
-			_, err = c.redisClient()
+			var rdb interface{ Close() error }
+			if rdb, _, err = c.redis.client(context.Background()); err == nil {
+				rdb.Close() // a --redis-url client: nothing was contacted
+			}
 		}
 		return err
 	},

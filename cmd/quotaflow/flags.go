@@ -105,3 +105,10 @@ func (fs *flagSet) setFromEnv(getenv func(string) string) error {
 	}
 	return nil
 }
+
+// isSet reports whether flag name was given, on the command line or by its variable.
+func (fs *flagSet) isSet(name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

@@ -168,3 +168,29 @@ func TestClickHouseTLS(t *testing.T) {
 		t.Errorf("migrate trusting another CA succeeded; stderr %q", stderr)
 	}
 }
+
+// TestRedisTopologyFlags: a bad combination of topologies, or a cluster no seed of which
+// answers, stops the start with an error naming the flag.
+func TestRedisTopologyFlags(t *testing.T) {
+	t.Parallel()
+	rules := writeFile(t, "rules.yaml", "rules:\n- {id: one, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1h}\n")
+	for _, tt := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     string
+	}{
+		{"two topologies", []string{"--redis-cluster", "127.0.0.1:1", "--redis-sentinel", "127.0.0.1:2", "--redis-sentinel-master", "m"}, 2, "--redis-cluster and --redis-sentinel: name one topology"},
+		{"a URL and a cluster", []string{"--redis-url", "redis://127.0.0.1:1/0", "--redis-cluster", "127.0.0.1:1"}, 2, "--redis-url: not with --redis-cluster"},
+		{"sentinels without a master", []string{"--redis-sentinel", "127.0.0.1:2"}, 2, "--redis-sentinel: needs --redis-sentinel-master"},
+		{"a master without sentinels", []string{"--redis-sentinel-master", "m"}, 2, "--redis-sentinel-master: needs --redis-sentinel"},
+		{"credentials with a URL", []string{"--redis-password", "secret"}, 2, "--redis-username, --redis-password, --redis-tls: for --redis-cluster"},
+		{"an unreachable seed list", []string{"--redis-cluster", "127.0.0.1:1,127.0.0.1:2"}, 1, "--redis-cluster: no server answered at start"},
+		{"unreachable sentinels", []string{"--redis-sentinel", "127.0.0.1:1", "--redis-sentinel-master", "m"}, 1, "--redis-sentinel: no server answered at start"},
+	} {
+		_, stderr, code := runCmd(context.Background(), append([]string{"checker", "--rules", rules, "--listen", "127.0.0.1:0"}, tt.args...), nil)
+		if code != tt.wantCode || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %d and %q", tt.name, code, stderr, tt.wantCode, tt.want)
+		}
+	}
+}

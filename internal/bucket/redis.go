@@ -1,0 +1,86 @@
+package bucket
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig names where the buckets live: one server (URL), a Redis Cluster (Cluster, its
+// seed nodes) or a Sentinel group (Sentinels and MasterName). Exactly one topology is named.
+type RedisConfig struct {
+	// URL is a standalone server's redis:// or rediss:// URL (credentials and database in it).
+	URL string
+	// Cluster lists seed nodes (host:port) of a Redis Cluster; the client learns the rest.
+	Cluster []string
+	// Sentinels lists the sentinels (host:port) of the group watching MasterName.
+	Sentinels  []string
+	MasterName string
+	// Username and Password authenticate to the cluster's nodes or the group's servers (a URL
+	// carries its own).
+	Username, Password string
+	// TLS, when set, is the TLS the servers are reached with; with a URL it replaces the one a
+	// rediss:// URL implies (and needs rediss://).
+	TLS *tls.Config
+}
+
+// ErrTopology is a RedisConfig that names no topology, or two.
+var ErrTopology = errors.New("bucket: name one Redis topology: a URL, cluster seeds, or sentinels with a master name")
+
+// NewRedisClient returns a client of the topology cfg names, configured as the engine needs:
+// context deadlines enforced (without it go-redis ignores them, and a stalled Redis stalls
+// every check). It does not contact Redis.
+func NewRedisClient(cfg RedisConfig) (redis.UniversalClient, error) {
+	named := 0
+	for _, set := range []bool{cfg.URL != "", len(cfg.Cluster) > 0, len(cfg.Sentinels) > 0} {
+		if set {
+			named++
+		}
+	}
+	switch {
+	case named != 1:
+		return nil, ErrTopology
+	case len(cfg.Sentinels) > 0 && cfg.MasterName == "":
+		return nil, fmt.Errorf("%w: sentinels without a master name", ErrTopology)
+	case cfg.MasterName != "" && len(cfg.Sentinels) == 0:
+		return nil, fmt.Errorf("%w: a master name without sentinels", ErrTopology)
+	}
+	switch {
+	case len(cfg.Cluster) > 0:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Cluster, Username: cfg.Username, Password: cfg.Password,
+			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true}), nil
+	case len(cfg.Sentinels) > 0:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.MasterName, SentinelAddrs: cfg.Sentinels,
+			Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS, ContextTimeoutEnabled: true}), nil
+	}
+	if !strings.HasPrefix(cfg.URL, "redis://") && !strings.HasPrefix(cfg.URL, "rediss://") {
+		return nil, fmt.Errorf("want a redis:// or rediss:// URL, got %q", cfg.URL)
+	}
+	opts, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	opts.ContextTimeoutEnabled = true
+	if cfg.TLS != nil {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("TLS files need a rediss:// URL")
+		}
+		opts.TLSConfig = cfg.TLS
+	}
+	return redis.NewClient(opts), nil
+}
+
+// Reachable reports whether the topology answers: for a cluster, a seed node that knows the
+// slot map; for a Sentinel group, a sentinel that knows the master; for one server, a PING.
+func Reachable(ctx context.Context, rdb redis.UniversalClient) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ClusterSlots(ctx).Err()
+	default:
+		return rdb.Ping(ctx).Err()
+	}
+}
