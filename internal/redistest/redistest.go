@@ -1,4 +1,6 @@
-// Package redistest runs a real redis-server on a free loopback port for tests.
+// Package redistest runs a real redis-server on a free loopback port for tests, and real
+// groups of them: a Redis Cluster (StartCluster) and a Sentinel group (StartSentinel), whose
+// nodes a test can kill and restart to see failovers.
 //
 // A test package starts one server from TestMain and shares it; tests isolate themselves by
 // key prefix or by database number. A missing redis-server binary is a failure, never a skip:

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+const topologyRules = `rules:
+- {id: user-five, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1h}
+- {id: ip-two, dimension: ip, endpoint: /x, algorithm: gcra, limit: 2, window: 1h}
+`
+
+// admitted counts how many of n checks of user (and ip, when set) the checker allows.
+func admitted(t *testing.T, c quotaflowv1connect.RateLimiterClient, n int, user, ip string) int {
+	t.Helper()
+	req := &quotaflowv1.CheckRateLimitRequest{Endpoint: "/x", Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: user}}}
+	if ip != "" {
+		req.Subjects = append(req.Subjects, &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension_DIMENSION_IP, Identifier: ip})
+	}
+	allowed := 0
+	for range n {
+		resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Msg.Degraded {
+			t.Fatalf("degraded answer: %v", resp.Msg)
+		}
+		if resp.Msg.Allowed {
+			allowed++
+		}
+	}
+	return allowed
+}
+
+func used(t *testing.T, c quotaflowv1connect.RateLimiterClient, user string) int64 {
+	t.Helper()
+	resp, err := c.GetRemainingQuota(context.Background(), connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
+		Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.CurrentCount
+}
+
+// TestCheckerOnCluster: the checker command on a 3-master Redis Cluster, named by its seeds,
+// admits exactly the limit, and a check whose subjects live on different masters charges
+// none of them when one denies.
+func TestCheckerOnCluster(t *testing.T) {
+	t.Parallel()
+	cl, err := redistest.StartCluster(3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
+		"--redis-cluster", strings.Join(cl.Seeds(), ","))
+	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
+	if got := admitted(t, c, 8, "cluster-solo", ""); got != 5 {
+		t.Errorf("%d of 8 checks admitted on the cluster, want the limit 5", got)
+	}
+
+	// Subjects whose buckets live on different masters.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	userKey := func(u string) string { return "rl:{user:" + u + "}:fw:1h:/x" }
+	ipMaster, err := cl.MasterOf(ctx, "rl:{ip:192.0.2.9}:gcra:1h:/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := ""
+	for i := range 64 {
+		u := "cluster-multi-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		m, err := cl.MasterOf(ctx, userKey(u))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Addr != ipMaster.Addr {
+			user = u
+			break
+		}
+	}
+	if user == "" {
+		t.Fatal("no user key on another master than the IP's")
+	}
+	if got := admitted(t, c, 2, user+"-other", "192.0.2.9"); got != 2 { // spends the IP's 2
+		t.Fatalf("%d of 2 checks admitted while the IP had room", got)
+	}
+	if got := admitted(t, c, 3, user, "192.0.2.9"); got != 0 {
+		t.Errorf("%d checks admitted past the IP's limit, want 0", got)
+	}
+	if n := used(t, c, user); n != 0 {
+		t.Errorf("user %s on another master was charged %d by checks its IP denied, want 0", user, n)
+	}
+}
+
+// TestCheckerOnSentinel: the checker command on a Sentinel group, named by its sentinels and
+// master, admits exactly the limit.
+func TestCheckerOnSentinel(t *testing.T) {
+	t.Parallel()
+	sg, err := redistest.StartSentinel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sg.Close)
+	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
+		"--redis-sentinel", strings.Join(sg.SentinelAddrs, ","), "--redis-sentinel-master", sg.MasterName)
+	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
+	if got := admitted(t, c, 8, "sentinel-solo", ""); got != 5 {
+		t.Errorf("%d of 8 checks admitted through the sentinels, want the limit 5", got)
+	}
+}
