@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -31,11 +30,7 @@ rules:
 // events in ClickHouse; `quotaflow watch warnings` and `watch overrides` print them.
 func TestAggregatorWarningsAndOverrides(t *testing.T) {
 	t.Parallel()
-	ns, err := natstest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := ownNATS(t)
 	js := ns.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 
@@ -16,11 +15,7 @@ import (
 // one line each naming the action, the target and the actor, or their JSON.
 func TestWatchConfig(t *testing.T) {
 	t.Parallel()
-	ns, err := natstest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := ownNATS(t)
 	js := ns.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
