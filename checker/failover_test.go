@@ -2,14 +2,18 @@ package checker
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // failoverTopology is a Redis with a replica to promote: a cluster or a Sentinel group.
@@ -152,4 +156,52 @@ rules:
 	if err := e.Ready(context.Background()); err != nil {
 		t.Errorf("Ready after the failover = %v, want nil", err)
 	}
+}
+
+// TestClusterBalance: the buckets of 10,000 users spread over a 3-master cluster within ±15 % of
+// an even share, each user's keys on one master (docs/scaling.md).
+func TestClusterBalance(t *testing.T) {
+	t.Parallel()
+	cl, err := redistest.StartCluster(3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	rdb := cl.Client()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	slots, err := rdb.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := make([]string, 16384)
+	for _, s := range slots {
+		for i := s.Start; i <= s.End; i++ {
+			owner[i] = s.Nodes[0].Addr
+		}
+	}
+	const users = 10000
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, users)
+	for i := range users {
+		cmds[i] = pipe.ClusterKeySlot(ctx, limitKey(subjectTag(1, "user-"+strconv.Itoa(i)), &rules.Rule{Algorithm: bucket.TokenBucket, Window: time.Minute, Endpoint: "/api/*"}))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	perMaster := map[string]int{}
+	for _, c := range cmds {
+		perMaster[owner[c.Val()]]++
+	}
+	even := float64(users) / 3
+	for m, n := range perMaster {
+		if dev := (float64(n) - even) / even; dev > 0.15 || dev < -0.15 {
+			t.Errorf("master %s holds %d of %d users' buckets, %.1f %% off an even share", m, n, users, 100*dev)
+		}
+	}
+	if len(perMaster) != 3 {
+		t.Errorf("users' buckets on %d masters, want 3: %v", len(perMaster), perMaster)
+	}
+	t.Logf("buckets per master: %v (even share %.0f)", perMaster, even)
 }
