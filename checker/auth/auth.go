@@ -88,9 +88,6 @@ func (r *Registry) SetAdminTokens(tokens map[string]string) {
 	r.admin.Store(&entries)
 }
 
-// Configured reports whether a callers file is loaded.
-func (r *Registry) Configured() bool { return r.file.Load() != nil }
-
 // Authenticate returns the caller that authorization (the Authorization header's value, "" for
 // none) and the TLS state (nil without TLS, or without a client certificate) name. Without
 // credentials it is the anonymous caller: allowed to check when no callers file is loaded,

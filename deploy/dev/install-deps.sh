@@ -16,6 +16,7 @@ if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
 fi
 
 missing=()
+# redis-server also runs the Sentinel tests in its sentinel mode (redis-server --sentinel).
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v curl >/dev/null 2>&1 || missing+=(curl)

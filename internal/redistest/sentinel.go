@@ -88,7 +88,9 @@ func (s *Sentinel) start(ports []int, quorum int) error {
 	cfgs := make([]nodeConfig, sentinelCount)
 	for i := range cfgs {
 		port := ports[2+i]
-		cfgs[i] = nodeConfig{name: "redis-sentinel", port: port,
+		// Sentinel mode of the redis-server binary: Debian's redis-server package has it, with
+		// no need for the redis-sentinel package (a symlink and a service).
+		cfgs[i] = nodeConfig{name: "sentinel", port: port,
 			args: func(dir string) []string { return []string{filepath.Join(dir, "sentinel.conf"), "--sentinel"} },
 			files: func(dir string) map[string]string {
 				return map[string]string{"sentinel.conf": s.conf(dir, ports, ids, i, quorum)}
