@@ -3,17 +3,26 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/quotaflow
 
-.PHONY: dev test deps build generate vet fuzz fuzz-ci bench clean
+.PHONY: dev test test-cluster deps build generate vet fuzz fuzz-ci bench clean
 
 ## dev: install what is missing, start Redis and the checker, stop all on Ctrl-C
 dev: deps build
 	@bash deploy/dev/run.sh
 
-## test: install what is missing, then vet, run the whole suite against real servers, then
-## every fuzz target for FUZZTIME (fuzz-ci)
+## test: install what is missing, then vet, run the whole suite against real servers, the
+## decision engine's packages again on a Redis Cluster (test-cluster), then every fuzz target
+## for FUZZTIME (fuzz-ci)
 test: deps vet
 	$(GO) test -race -count=1 ./...
+	@$(MAKE) --no-print-directory test-cluster
 	@$(MAKE) --no-print-directory fuzz-ci
+
+## test-cluster: the packages whose tests share one Redis (the buckets, the engine, its
+## transports and admin API) run again with that Redis a 3-master cluster: the same table
+## tests, on the other topology
+CLUSTER_PACKAGES := ./internal/bucket/ ./checker/...
+test-cluster:
+	QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 $(CLUSTER_PACKAGES)
 
 ## deps: install the servers the project needs (Debian packages) when missing
 deps:

@@ -117,7 +117,7 @@ func New(cfg Config) *Engine {
 			e.log.Warn("redis client has ContextTimeoutEnabled off: the Redis deadline of checks cannot be enforced")
 		}
 		// A batch carries checks that each wait at most RedisTimeout: its own deadline is the same.
-		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{BatchTimeout: timeout})
+		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{BatchTimeout: timeout, Logger: e.log})
 		store = e.ownStore
 	}
 	e.store = newGuard(store, guardConfig{

@@ -9,12 +9,13 @@ import (
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
-// redisSrv is the package's shared redis-server. Tests isolate themselves by identifier (each
+// redisSrv is the package's shared Redis: one server, or a cluster when the suite runs on one
+// (redistest.TopologyEnv). Tests isolate themselves by identifier (each
 // uses names derived from t.Name()), never by flushing. The engine's behaviour through every
 // transport is tested in checker/transport; the tests here call the engine directly.
-var redisSrv *redistest.Server
+var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
 
 const testRules = `
 rules:
@@ -27,7 +28,7 @@ var mustRules = checkertest.Rules
 func newEngine(t testing.TB, cfg Config) *Engine {
 	t.Helper()
 	if cfg.Redis == nil {
-		rdb := checkertest.Redis(redisSrv.Addr)
+		rdb := redisSrv.UniversalClient()
 		t.Cleanup(func() { rdb.Close() })
 		cfg.Redis = rdb
 	}

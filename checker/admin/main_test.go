@@ -13,10 +13,11 @@ import (
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
-// redisSrv is the package's shared redis-server; tests isolate themselves by identifier.
-var redisSrv *redistest.Server
+// redisSrv is the package's shared Redis: one server, or a cluster when the suite runs on one
+// (redistest.TopologyEnv); tests isolate themselves by identifier.
+var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
 
 // testEnv is a checker serving the check API and, under /api/v1, the admin API, as the
 // quotaflow command mounts them.
@@ -30,7 +31,7 @@ type testEnv struct {
 func newEnv(t testing.TB, cfg checker.Config, admin Config) *testEnv {
 	t.Helper()
 	if cfg.Redis == nil {
-		rdb := checkertest.Redis(redisSrv.Addr)
+		rdb := redisSrv.UniversalClient()
 		t.Cleanup(func() { rdb.Close() })
 		cfg.Redis = rdb
 	}

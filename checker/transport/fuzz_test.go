@@ -121,7 +121,7 @@ type fuzzEnv struct {
 // which runs TestMain with its own redis-server), outside f.Fuzz.
 func newFuzzEnv(f *testing.F, doc string) *fuzzEnv {
 	f.Helper()
-	rdb := newRedis(redisSrv.Addr)
+	rdb := redisSrv.UniversalClient()
 	f.Cleanup(func() { rdb.Close() })
 	keys := &keyGuard{store: bucket.NewStore(rdb)}
 	f.Cleanup(func() { keys.Close() })

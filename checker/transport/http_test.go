@@ -129,7 +129,7 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 	}
 	// Without rules the process is up but not ready, and checks are Unavailable.
-	rdb := newRedis(redisSrv.Addr)
+	rdb := redisSrv.UniversalClient()
 	defer rdb.Close()
 	engine := checker.New(checker.Config{Redis: rdb})
 	defer engine.Close()

@@ -19,11 +19,12 @@ import (
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
-// redisSrv is the package's shared redis-server. Tests isolate themselves by identifier (each
-// uses names derived from t.Name()), never by flushing.
-var redisSrv *redistest.Server
+// redisSrv is the package's shared Redis: one server, or a cluster when the suite runs on one
+// (redistest.TopologyEnv). Tests isolate themselves by identifier (each uses names derived
+// from t.Name()), never by flushing.
+var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
 
 // testRules covers every algorithm, dimension, tier, fail mode and shadow.
 const testRules = `
@@ -98,7 +99,7 @@ func newEnv(t testing.TB, cfg checker.Config) *testEnv {
 func newEnvWith(t testing.TB, cfg checker.Config, tcfg Config) *testEnv {
 	t.Helper()
 	if cfg.Redis == nil {
-		rdb := newRedis(redisSrv.Addr)
+		rdb := redisSrv.UniversalClient()
 		t.Cleanup(func() { rdb.Close() })
 		cfg.Redis = rdb
 	}

@@ -40,7 +40,7 @@ func TestTLS(t *testing.T) {
 	if err := reg.Load([]byte("callers:\n  - {name: ops, certificate: ops.internal, permissions: [check, reset]}\n")); err != nil {
 		t.Fatal(err)
 	}
-	rdb := newRedis(redisSrv.Addr)
+	rdb := redisSrv.UniversalClient()
 	defer rdb.Close()
 	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, testRules), RedisTimeout: 5 * time.Second, Logger: checkertest.Logger()})
 	defer engine.Close()

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,9 @@ type StoreConfig struct {
 	// BatchTimeout bounds how long one pipeline may take: a batch runs with the earliest
 	// deadline of its callers, but never longer than this. Default 1s.
 	BatchTimeout time.Duration
+	// Logger receives what a Check cannot return: a refund that failed after the Check had
+	// already returned its error. Nil means no log.
+	Logger *slog.Logger
 }
 
 const (
@@ -213,6 +217,9 @@ func (b *batcher) do(ctx context.Context, j *job) error {
 		return j.result()
 	case <-ctx.Done():
 		err = ctx.Err()
+		if errors.Is(err, context.DeadlineExceeded) && j.state.Load() == jobRunning && b.awaitLate(j) {
+			return j.result()
+		}
 	case <-b.quit:
 		err = ErrStoreClosed
 	}
@@ -222,6 +229,25 @@ func (b *batcher) do(ctx context.Context, j *job) error {
 	}
 	<-j.done
 	return j.result()
+}
+
+// lateReplies is how long a caller whose deadline passed waits for its batch in flight.
+const lateReplies = 20 * time.Millisecond
+
+// awaitLate waits lateReplies for the batch in flight carrying j, and reports whether it
+// finished. A batch runs until the earliest deadline of its callers, so the batch of a caller
+// whose deadline passed usually ends a moment later, with the replies of the masters that did
+// answer: the charges they made are known, and can be refunded (Store.Check).
+func (b *batcher) awaitLate(j *job) bool {
+	t := time.NewTimer(lateReplies)
+	defer t.Stop()
+	select {
+	case <-j.done:
+		return true
+	case <-t.C:
+	case <-b.quit:
+	}
+	return false
 }
 
 // result is the outcome of a finished job; a failed job is recycled.
@@ -242,6 +268,10 @@ func (b *batcher) startLoops() {
 func (b *batcher) loop() {
 	batch := make([]*job, 0, 16)
 	pipe := b.rdb.Pipeline()
+	var ms *masters
+	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
+		ms = newMasters(cc)
+	}
 	for {
 		var j *job
 		select {
@@ -267,7 +297,7 @@ func (b *batcher) loop() {
 			}
 		}
 		if len(batch) > 0 {
-			b.exec(pipe, batch, now)
+			b.exec(pipe, ms, batch, now)
 		}
 		clear(batch)
 	}
@@ -304,10 +334,20 @@ func (b *batcher) finish(j *job) {
 	putJob(j)
 }
 
-// exec sends the calls of batch in one pipeline and finishes every job. Calls answered
-// NOSCRIPT (the script cache was flushed, or Redis restarted or failed over) never ran: they
-// alone are sent again with EVAL, which also caches the script again.
-func (b *batcher) exec(pipe redis.Pipeliner, batch []*job, now time.Time) {
+// exec sends the calls of batch in one pipeline — on a Redis Cluster, one per master (ms) —
+// and finishes every job. Three kinds of reply mean the call never ran, and only those calls
+// are sent again, through pipe, until the batch's deadline:
+//   - NOSCRIPT: the script cache was flushed, or Redis restarted or failed over, or the call
+//     reached a master that never ran the script. The call is re-sent with EVAL, which also
+//     caches the script again.
+//   - MOVED or ASK, on a cluster: the slot has moved or is moving. The cluster client that pipe
+//     belongs to follows the redirection.
+//   - TRYAGAIN: a cluster is moving the call's slot and holds some of its keys on each side
+//     (docs/scaling.md). The call is re-sent after a short pause, by when the slot's remaining
+//     keys have usually moved.
+//
+// Nothing else is re-sent: a script call that may have run must never run twice (scriptCmd).
+func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time.Time) {
 	deadline := now.Add(b.cfg.BatchTimeout)
 	for _, j := range batch {
 		if d, ok := j.ctx.Deadline(); ok && d.Before(deadline) {
@@ -318,61 +358,94 @@ func (b *batcher) exec(pipe redis.Pipeliner, batch []*job, now time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
-	for _, j := range batch {
-		for i := range j.calls {
-			c := &j.calls[i]
-			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
-			_ = pipe.Process(ctx, scriptCmd{c.cmd})
-		}
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-
-	retry := false
-	for _, j := range batch {
-		for i := range j.calls {
-			c := &j.calls[i]
-			if !isNoScript(c.cmd.Err()) {
-				continue
+	if ms != nil {
+		ms.send(ctx, batch)
+	} else {
+		for _, j := range batch {
+			for i := range j.calls {
+				c := &j.calls[i]
+				c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+				_ = pipe.Process(ctx, scriptCmd{c.cmd})
 			}
-			args := make([]any, len(c.args))
-			copy(args, c.args)
-			args[0], args[1] = argEval, argSource
-			c.cmd = newScriptCmd(ctx, args, c.nkeys)
-			_ = pipe.Process(ctx, scriptCmd{c.cmd})
-			retry = true
 		}
-	}
-	if retry {
-		_, _ = pipe.Exec(ctx)
+		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 
-	// (The socket deadline can pass a moment before the context's timer fires.)
-	if ctx.Err() != nil || !time.Now().Before(deadline) {
-		timedOut(batch)
+	pause := tryAgainPause
+	for range maxResends {
+		again, tryAgain := resends(batch)
+		if again == 0 {
+			break
+		}
+		if tryAgain {
+			if !sleep(ctx, pause) {
+				break // the calls keep their TRYAGAIN: they did not run
+			}
+			pause = min(2*pause, maxTryAgainPause)
+		}
+		for _, j := range batch {
+			for i := range j.calls {
+				c := &j.calls[i]
+				switch err := c.cmd.Err(); {
+				case isNoScript(err):
+					args := make([]any, len(c.args))
+					copy(args, c.args)
+					args[0], args[1] = argEval, argSource
+					c.args = args
+				case !isTryAgain(err) && !isRedirect(err):
+					continue
+				}
+				c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+				_ = pipe.Process(ctx, scriptCmd{c.cmd})
+			}
+		}
+		_, _ = pipe.Exec(ctx)
 	}
 	for _, j := range batch {
 		b.finish(j)
 	}
 }
 
-// timedOut handles a batch that ran out of time: the calls that failed did so with network
-// timeouts. A caller whose own deadline has passed gets a context error instead, like a
-// caller that stopped waiting; the others keep their replies or errors.
-func timedOut(batch []*job) {
-	end := time.Now()
+// Re-sending calls that did not run: the pause before re-sending TRYAGAIN calls doubles from
+// tryAgainPause to maxTryAgainPause; maxResends bounds the rounds, so that a slot stuck in
+// migration fails its calls at the deadline at the latest.
+const (
+	tryAgainPause    = 2 * time.Millisecond
+	maxTryAgainPause = 50 * time.Millisecond
+	maxResends       = 100
+)
+
+// resends counts the calls of batch to send again, and reports whether one of them was
+// answered TRYAGAIN.
+func resends(batch []*job) (again int, tryAgain bool) {
 	for _, j := range batch {
-		err := j.ctx.Err()
-		if d, ok := j.ctx.Deadline(); err == nil && ok && !end.Before(d) {
-			err = context.DeadlineExceeded
-		}
-		if err == nil {
-			continue
-		}
 		for i := range j.calls {
-			if j.calls[i].cmd.Err() != nil {
-				j.err = err
-				break
+			switch err := j.calls[i].cmd.Err(); {
+			case isTryAgain(err):
+				tryAgain = true
+				again++
+			case isNoScript(err), isRedirect(err):
+				again++
 			}
 		}
+	}
+	return again, tryAgain
+}
+
+// isTryAgain reports a Redis Cluster's refusal of a multi-key call whose slot is being moved
+// and whose keys are not all on one side: the call did not run.
+func isTryAgain(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
+}
+
+// sleep waits for d, or reports false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }

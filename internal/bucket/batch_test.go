@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
-// pipelineCounter is a go-redis hook counting the pipelines and the commands they carry.
+// pipelineCounter is a go-redis hook counting the pipelines of script calls and the calls
+// they carry.
 type pipelineCounter struct {
 	pipelines, cmds atomic.Int64
 }
@@ -26,10 +28,29 @@ func (h *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 
 func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.pipelines.Add(1)
-		h.cmds.Add(int64(len(cmds)))
+		scripts := 0
+		for _, c := range cmds {
+			if name := c.Name(); name == "evalsha" || name == "eval" {
+				scripts++
+			}
+		}
+		if scripts > 0 { // not a connection's set-up
+			h.pipelines.Add(1)
+			h.cmds.Add(int64(scripts))
+		}
 		return next(ctx, cmds)
 	}
+}
+
+// countPipelines counts the pipelines c sends to its server, or to each master of a cluster.
+func countPipelines(c redis.UniversalClient) *pipelineCounter {
+	hook := &pipelineCounter{}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(n *redis.Client) { n.AddHook(hook) })
+	} else {
+		c.AddHook(hook)
+	}
+	return hook
 }
 
 // hammer runs calls Checks of req from as many goroutines, released together, and returns
@@ -75,8 +96,7 @@ func TestStoreBatchExact(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/loops=%d/max=%d", tt.alg, tt.cfg.Loops, tt.cfg.MaxBatch), func(t *testing.T) {
 			t.Parallel()
 			c := client(t)
-			hook := &pipelineCounter{}
-			c.AddHook(hook)
+			hook := countPipelines(c)
 			s := NewStoreWithConfig(c, tt.cfg)
 			t.Cleanup(func() { s.Close() })
 			allowed, failed := hammer(s, calls, one(lim(key(t, "b"), tt.alg, L, long, 0), 1))
@@ -89,6 +109,72 @@ func TestStoreBatchExact(t *testing.T) {
 				t.Logf("%d checks in %d pipelines", calls, p)
 			}
 		})
+	}
+}
+
+// TestStoreBatchPerServer: concurrent Checks of many subjects travel in few pipelines per
+// server; on a cluster, one pipeline per master of each batch, each carrying the calls of the
+// slots the master owns, and every call sent once.
+func TestStoreBatchPerServer(t *testing.T) {
+	t.Parallel()
+	const subjects = 600
+	c := client(t)
+	var mu sync.Mutex
+	perServer := map[string]*pipelineCounter{}
+	count := func(addr string) *pipelineCounter {
+		mu.Lock()
+		defer mu.Unlock()
+		if perServer[addr] == nil {
+			perServer[addr] = &pipelineCounter{}
+		}
+		return perServer[addr]
+	}
+	servers := 1
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(n *redis.Client) { n.AddHook(count(n.Options().Addr)) })
+		servers = 3
+	} else {
+		c.AddHook(count("server"))
+	}
+	s := NewStore(c)
+	t.Cleanup(func() { s.Close() })
+	if err := s.LoadScript(ctxT(t)); err != nil { // so that no call meets NOSCRIPT and is sent again
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	start := make(chan struct{})
+	run := time.Now().UnixNano()
+	for i := range subjects {
+		wg.Go(func() {
+			<-start
+			k := fmt.Sprintf("{per-server-%d-%d}:b", run, i) // a subject of its own: a slot of its own
+			if _, err := s.Check(context.Background(), []Request{one(lim(k, FixedWindow, 10, long, 0), 1)}); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d checks failed", failed.Load(), subjects)
+	}
+	var cmds int64
+	used := 0
+	for addr, h := range perServer {
+		p, n := h.pipelines.Load(), h.cmds.Load()
+		if n == 0 {
+			continue // a replica
+		}
+		used++
+		cmds += n
+		if p >= n {
+			t.Errorf("%s: %d calls in %d pipelines: not batched", addr, n, p)
+		}
+		t.Logf("%s: %d calls in %d pipelines", addr, n, p)
+	}
+	if used != servers || cmds != subjects {
+		t.Errorf("%d calls over %d servers, want each of %d calls sent once over %d", cmds, used, subjects, servers)
 	}
 }
 

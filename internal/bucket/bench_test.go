@@ -28,19 +28,43 @@ func benchLimits(prefix string, n int) []Limit {
 	return ls
 }
 
-// redisStats is a snapshot of the server's script command counters and its CPU time.
+// redisStats is a snapshot of the servers' script command counters and their CPU time: of
+// the one server, or summed over a cluster's masters (whose count divides them per master).
 type redisStats struct {
 	calls, usec int64   // cmdstat_evalsha + cmdstat_eval + cmdstat_fcall
 	cpu         float64 // used_cpu_user + used_cpu_sys, in seconds
+	servers     int
 }
 
-func readRedisStats(tb testing.TB, c *redis.Client) redisStats {
+func readRedisStats(tb testing.TB, c redis.UniversalClient) redisStats {
 	tb.Helper()
-	info, err := c.Info(context.Background(), "commandstats", "cpu").Result()
+	ctx := context.Background()
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return parseRedisStats(tb, c.Info(ctx, "commandstats", "cpu"))
+	}
+	var mu sync.Mutex
+	var sum redisStats
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		st := parseRedisStats(tb, m.Info(ctx, "commandstats", "cpu"))
+		mu.Lock()
+		defer mu.Unlock()
+		sum.calls, sum.usec, sum.cpu, sum.servers = sum.calls+st.calls, sum.usec+st.usec, sum.cpu+st.cpu, sum.servers+1
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("INFO of the masters: %v", err)
+	}
+	return sum
+}
+
+func parseRedisStats(tb testing.TB, cmd *redis.StringCmd) redisStats {
+	tb.Helper()
+	info, err := cmd.Result()
 	if err != nil {
 		tb.Fatalf("INFO: %v", err)
 	}
-	var st redisStats
+	st := redisStats{servers: 1}
 	for line := range strings.SplitSeq(info, "\r\n") {
 		name, val, ok := strings.Cut(line, ":")
 		if !ok {
@@ -75,6 +99,9 @@ func reportRedis(b *testing.B, before, after redisStats, checks int) {
 	}
 	b.ReportMetric(float64(after.usec-before.usec)/float64(checks), "redis-script-µs/check")
 	b.ReportMetric((after.cpu-before.cpu)*1e6/float64(checks), "redis-cpu-µs/check")
+	if after.servers > 1 { // a cluster: the share of one master, for the capacity model
+		b.ReportMetric((after.cpu-before.cpu)/b.Elapsed().Seconds()/float64(after.servers), "redis-cpu-per-master")
+	}
 }
 
 // processCPU is the CPU time (user + system) of this process, without the redis-server.

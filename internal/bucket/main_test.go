@@ -10,16 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
-// srv is the package's redis-server, shared by all tests; tests isolate themselves by key
-// prefix.
-var srv *redistest.Server
+// srv is the package's Redis, shared by all tests: one server, or a cluster when the suite runs
+// on one (redistest.TopologyEnv); tests isolate themselves by key prefix.
+var srv *redistest.Shared
 
 func TestMain(m *testing.M) {
-	os.Exit(redistest.Main(m, &srv))
+	os.Exit(redistest.MainShared(m, &srv))
 }
 
 // long is a window long enough that refill during a test is far below one unit.
@@ -27,14 +28,14 @@ const long = 30 * 24 * time.Hour
 
 var allAlgorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, GCRA}
 
-func client(t testing.TB) *redis.Client {
+func client(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	c := srv.Client(0)
+	c := srv.UniversalClient()
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
-func newStore(t testing.TB) (*Store, *redis.Client) {
+func newStore(t testing.TB) (*Store, redis.UniversalClient) {
 	c := client(t)
 	return NewStore(c), c
 }
@@ -49,6 +50,20 @@ var (
 func key(t testing.TB, name string) string {
 	id, _ := testIDs.LoadOrStore(t, testSeq.Add(1))
 	return fmt.Sprintf("{%s#%d}:%s", strings.ReplaceAll(t.Name(), "/", ":"), id, name)
+}
+
+// serverOf is the server holding key: c itself, or on a cluster the master of key's slot.
+func serverOf(t testing.TB, c redis.UniversalClient, key string) redis.Cmdable {
+	t.Helper()
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return c
+	}
+	m, err := cc.MasterForKey(ctxT(t), key)
+	if err != nil {
+		t.Fatalf("master of %s: %v", key, err)
+	}
+	return m
 }
 
 func ctxT(t testing.TB) context.Context {

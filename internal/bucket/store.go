@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
@@ -84,8 +85,10 @@ const (
 // Check evaluates every request in one round trip and charges each allowed one, unless Peek.
 // When any request that is neither Peek nor Shadow is denied, the requests it charged
 // (Shadow ones included) are refunded in a second round trip and marked Refunded, so that a
-// call is charged either everywhere or nowhere. An error means the outcome is unknown;
-// charges that are known to have happened are refunded on a best-effort basis first.
+// call is charged either everywhere or nowhere. An error means the outcome is unknown: the
+// requests whose charges are known to have happened (on a Redis Cluster, those whose masters
+// answered while another's did not) are refunded in the background, within
+// StoreConfig.BatchTimeout, and a refund that fails is logged (StoreConfig.Logger).
 //
 // When ctx ends while the calls are queued, they are never sent. When it ends while they are
 // in flight, Check returns ctx.Err() (wrapped) at once, but the calls may still run in Redis:
@@ -155,7 +158,24 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 			refund = append(refund, i)
 		}
 	}
-	err = s.refund(ctx, j, reqs, results, refund)
+	j = refundJob(j, reqs, results, refund)
+	if err := ended(ctx); firstErr != nil && err != nil {
+		firstErr = fmt.Errorf("bucket: %w (%w)", err, firstErr)
+	}
+	switch {
+	case j == nil && firstErr != nil:
+		return nil, firstErr
+	case j == nil:
+		return results, nil
+	case firstErr != nil && !errors.Is(firstErr, ErrIdempotencyConflict):
+		// The outcome is unknown, and the caller decides without it (fail modes): it need not
+		// wait for the refund of the charges known to have happened (on a Redis Cluster, those
+		// of the masters that answered). The refund gets a deadline of its own, since the
+		// caller's may be what failed the call.
+		go s.refundLater(context.WithoutCancel(ctx), j)
+		return nil, firstErr
+	}
+	err = s.refund(ctx, j, results, refund)
 	if firstErr != nil {
 		return nil, firstErr
 	}
@@ -163,6 +183,18 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	return results, nil
+}
+
+// ended is ctx's error, or context.DeadlineExceeded once its deadline has passed: a socket
+// deadline set from it can fire a moment before its timer does.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // growFor adds to the storage counts what one call for r needs (see job.addCall).
@@ -175,9 +207,9 @@ func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
 	return nstrs, nnums, nargs
 }
 
-// refund gives back the charges of reqs[idx] and replaces their results by the state after
-// the refund. It takes over j (the job of the charges, whose replies were read).
-func (s *Store) refund(ctx context.Context, j *job, reqs []Request, results []Result, idx []int) error {
+// refundJob turns j (the job of the charges, whose replies were read) into the job that gives
+// back the charges of reqs[idx], or recycles it and returns nil when there are none.
+func refundJob(j *job, reqs []Request, results []Result, idx []int) *job {
 	j.reset()
 	if len(idx) == 0 {
 		putJob(j)
@@ -191,6 +223,12 @@ func (s *Store) refund(ctx context.Context, j *job, reqs []Request, results []Re
 	for _, i := range idx {
 		j.addCall(&reqs[i], modeRefund, strconv.FormatInt(results[i].Now.UnixMicro(), 10), results[i].refund)
 	}
+	return j
+}
+
+// refund runs the refund job j of results[idx] and replaces their results by the state after
+// the refund.
+func (s *Store) refund(ctx context.Context, j *job, results []Result, idx []int) error {
 	err := s.b.do(ctx, j)
 	runtime.KeepAlive(s)
 	if err != nil {
@@ -211,6 +249,28 @@ func (s *Store) refund(ctx context.Context, j *job, reqs []Request, results []Re
 	}
 	putJob(j)
 	return firstErr
+}
+
+// refundLater runs the refund job j of a Check that failed, within StoreConfig.BatchTimeout. A
+// refund that fails leaves its charges in place until their windows pass: the subjects were
+// charged for checks that the fail modes answered, which errs towards denying. It is logged.
+func (s *Store) refundLater(ctx context.Context, j *job) {
+	ctx, cancel := context.WithTimeout(ctx, s.b.cfg.BatchTimeout)
+	defer cancel()
+	calls := len(j.calls)
+	err := s.b.do(ctx, j)
+	if err == nil {
+		for k := range j.calls {
+			if _, e := j.calls[k].cmd.Result(); e != nil && err == nil {
+				err = e
+			}
+		}
+		putJob(j)
+	}
+	if err != nil && s.b.cfg.Logger != nil {
+		s.b.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "refund of a failed check's charges failed; they stay until their windows pass",
+			slog.Int("requests", calls), slog.Any("err", err))
+	}
 }
 
 // addCall appends the EVALSHA command of one script call for r (see lua/check.lua): KEYS

@@ -256,6 +256,9 @@ func (c *Cluster) MasterOf(ctx context.Context, key string) (*Node, error) {
 
 // Reshard moves slots hash slots, with their keys, from the master at fromAddr to the master
 // at toAddr with `redis-cli --cluster reshard`, and waits until the cluster is healthy again.
+// redis-cli moves the source's lowest slots first, and its keys one per MIGRATE: the keys of
+// one slot are split between the two masters for a while, which is when a multi-key command
+// meets TRYAGAIN.
 // It first waits for a healthy cluster, since redis-cli refuses to reshard one whose nodes
 // disagree.
 func (c *Cluster) Reshard(ctx context.Context, fromAddr, toAddr string, slots int) error {
@@ -278,7 +281,7 @@ func (c *Cluster) Reshard(ctx context.Context, fromAddr, toAddr string, slots in
 		}
 	}
 	if err := redisCLI(ctx, "--cluster", "reshard", fromAddr, "--cluster-from", ids[fromAddr],
-		"--cluster-to", ids[toAddr], "--cluster-slots", strconv.Itoa(slots), "--cluster-yes"); err != nil {
+		"--cluster-to", ids[toAddr], "--cluster-slots", strconv.Itoa(slots), "--cluster-pipeline", "1", "--cluster-yes"); err != nil {
 		return fmt.Errorf("reshard %d slots from %s to %s: %w", slots, fromAddr, toAddr, err)
 	}
 	return c.WaitHealthy(ctx)
