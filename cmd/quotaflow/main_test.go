@@ -33,7 +33,15 @@ func (w withRedis) Run() int { return redistest.Main(withClickHouse(w), &redisSr
 
 type withClickHouse struct{ m *testing.M }
 
-func (w withClickHouse) Run() int { return clickhousetest.Main(w.m, &chSrv) }
+func (w withClickHouse) Run() int { return clickhousetest.Main(withTopologies(w), &chSrv) }
+
+type withTopologies struct{ m *testing.M }
+
+// Run runs the tests, then stops the Redis topologies they started (topology_test.go).
+func (w withTopologies) Run() int {
+	defer closeTopologies()
+	return w.m.Run()
+}
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }

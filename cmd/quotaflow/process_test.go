@@ -84,8 +84,9 @@ func (p *checkerProcess) kill() {
 	<-p.done
 }
 
-// TestExactAcrossProcesses: three checker processes share one Redis; 300 concurrent checks of
-// one key spread over them admit exactly the limit, for each exact algorithm.
+// TestExactAcrossProcesses: three checker processes share one Redis — a server, a cluster or a
+// Sentinel group; 300 concurrent checks of one key spread over them admit exactly the limit,
+// for each exact algorithm.
 func TestExactAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	const limit, checks = 40, 300
@@ -98,36 +99,39 @@ func TestExactAcrossProcesses(t *testing.T) {
 	if err := os.WriteFile(rulesPath, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var clients []quotaflowv1connect.RateLimiterClient
-	for i := 0; i < 3; i++ {
-		p := startCheckerProcess(t, "--rules", rulesPath, "--redis-url", redisSrv.URL(4))
-		clients = append(clients, quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, p.url))
-	}
-	user := "procs-" + time.Now().Format("150405.000000")
-	for _, a := range algorithms {
-		t.Run(a, func(t *testing.T) {
-			var allowed, failed atomic.Int64
-			var wg sync.WaitGroup
-			for i := 0; i < checks; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					resp, err := clients[i%len(clients)].CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-						Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/" + a}))
-					switch {
-					case err != nil || resp.Msg.Degraded:
-						failed.Add(1)
-					case resp.Msg.Allowed:
-						allowed.Add(1)
+	for _, topo := range redisTopologies {
+		t.Run(topo.name, func(t *testing.T) {
+			t.Parallel()
+			var clients []quotaflowv1connect.RateLimiterClient
+			for range 3 {
+				p := startCheckerProcess(t, append([]string{"--rules", rulesPath}, topo.flags(t)...)...)
+				clients = append(clients, quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, p.url))
+			}
+			user := "procs-" + time.Now().Format("150405.000000")
+			for _, a := range algorithms {
+				t.Run(a, func(t *testing.T) {
+					var allowed, failed atomic.Int64
+					var wg sync.WaitGroup
+					for i := range checks {
+						wg.Go(func() {
+							resp, err := clients[i%len(clients)].CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+								Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/" + a}))
+							switch {
+							case err != nil || resp.Msg.Degraded:
+								failed.Add(1)
+							case resp.Msg.Allowed:
+								allowed.Add(1)
+							}
+						})
 					}
-				}()
-			}
-			wg.Wait()
-			if failed.Load() > 0 {
-				t.Fatalf("%d checks failed or were degraded", failed.Load())
-			}
-			if got := allowed.Load(); got != limit {
-				t.Errorf("%d concurrent checks over 3 processes admitted %d, want exactly %d", checks, got, limit)
+					wg.Wait()
+					if failed.Load() > 0 {
+						t.Fatalf("%d checks failed or were degraded", failed.Load())
+					}
+					if got := allowed.Load(); got != limit {
+						t.Errorf("%d concurrent checks over 3 processes admitted %d, want exactly %d", checks, got, limit)
+					}
+				})
 			}
 		})
 	}

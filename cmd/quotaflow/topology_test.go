@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,16 +53,63 @@ func used(t *testing.T, c quotaflowv1connect.RateLimiterClient, user string) int
 	return resp.Msg.CurrentCount
 }
 
+// The package's Redis Cluster and Sentinel group, started by the first test that needs each and
+// shared by the tests that do not change their shape; TestMain closes them.
+var (
+	clusterOnce, sentinelOnce sync.Once
+	pkgCluster                *redistest.Cluster
+	pkgSentinel               *redistest.Sentinel
+	clusterErr, sentinelErr   error
+)
+
+func sharedCluster(t *testing.T) *redistest.Cluster {
+	t.Helper()
+	clusterOnce.Do(func() { pkgCluster, clusterErr = redistest.StartCluster(3, 1) })
+	if clusterErr != nil {
+		t.Fatal(clusterErr)
+	}
+	return pkgCluster
+}
+
+func sharedSentinel(t *testing.T) *redistest.Sentinel {
+	t.Helper()
+	sentinelOnce.Do(func() { pkgSentinel, sentinelErr = redistest.StartSentinel(2) })
+	if sentinelErr != nil {
+		t.Fatal(sentinelErr)
+	}
+	return pkgSentinel
+}
+
+func closeTopologies() {
+	if pkgCluster != nil {
+		pkgCluster.Close()
+	}
+	if pkgSentinel != nil {
+		pkgSentinel.Close()
+	}
+}
+
+// redisTopologies name each Redis topology the checker runs on, with the flags that name it.
+var redisTopologies = []struct {
+	name  string
+	flags func(t *testing.T) []string
+}{
+	{"standalone", func(t *testing.T) []string { return []string{"--redis-url", redisSrv.URL(4)} }},
+	{"cluster", func(t *testing.T) []string {
+		return []string{"--redis-cluster", strings.Join(sharedCluster(t).Seeds(), ",")}
+	}},
+	{"sentinel", func(t *testing.T) []string {
+		sg := sharedSentinel(t)
+		return []string{"--redis-sentinel", strings.Join(sg.SentinelAddrs, ","), "--redis-sentinel-master", sg.MasterName}
+	}},
+}
+
 // TestCheckerOnCluster: the checker command on a 3-master Redis Cluster, named by its seeds,
 // admits exactly the limit, and a check whose subjects live on different masters charges
 // none of them when one denies.
 func TestCheckerOnCluster(t *testing.T) {
 	t.Parallel()
-	cl, err := redistest.StartCluster(3, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	cl := sharedCluster(t)
 	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
 		"--redis-cluster", strings.Join(cl.Seeds(), ","))
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
@@ -107,11 +155,7 @@ func TestCheckerOnCluster(t *testing.T) {
 // master, admits exactly the limit.
 func TestCheckerOnSentinel(t *testing.T) {
 	t.Parallel()
-	sg, err := redistest.StartSentinel(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sg.Close)
+	sg := sharedSentinel(t)
 	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
 		"--redis-sentinel", strings.Join(sg.SentinelAddrs, ","), "--redis-sentinel-master", sg.MasterName)
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
