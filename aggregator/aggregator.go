@@ -35,6 +35,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/retry"
 
@@ -57,6 +58,10 @@ type Config struct {
 	Stream        string
 	SubjectPrefix string
 	Partitions    int
+	// Replicas is the replica count of the buckets the aggregators share (members, warning
+	// states) and of the events stream when the aggregator creates it (1): as many as the
+	// decision stream's, so that losing a NATS server loses none of them.
+	Replicas int
 	// Database is the ClickHouse database ("quotaflow").
 	Database string
 	// InstanceID names this process among the aggregators (a random one when empty).
@@ -131,6 +136,7 @@ func (c Config) withDefaults() Config {
 	if c.Partitions == 0 {
 		c.Partitions = stream.Partitions
 	}
+	c.Replicas = max(1, c.Replicas)
 	if c.Database == "" {
 		c.Database = schema.DefaultDatabase
 	}
@@ -295,18 +301,29 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	if err := a.ensureConsumers(ctx); err != nil {
 		return err
 	}
-	members, err := a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: a.cfg.Stream + "_AGGREGATORS", Description: "quotaflow aggregator heartbeats", TTL: 3 * a.cfg.Heartbeat, History: 1,
+	ensure := broker.EnsureConfig{Replicas: a.cfg.Replicas, MaxBackoff: a.cfg.MaxBackoff}
+	var members jetstream.KeyValue
+	err := broker.Ensure(ctx, a.log, "members bucket", ensure, func(ctx context.Context) (err error) {
+		members, err = a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: a.cfg.Stream + "_AGGREGATORS", Description: "quotaflow aggregator heartbeats", TTL: 3 * a.cfg.Heartbeat,
+			History: 1, Replicas: a.cfg.Replicas,
+		})
+		return err
 	})
 	if err != nil {
-		return fmt.Errorf("members bucket: %w", err)
+		return err
 	}
-	if a.warnKV, err = a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: a.warningsBucket(), Description: "quotaflow warning states per partition, subject and rule", History: 1,
-	}); err != nil {
-		return fmt.Errorf("warnings bucket: %w", err)
+	err = broker.Ensure(ctx, a.log, "warnings bucket", ensure, func(ctx context.Context) (err error) {
+		a.warnKV, err = a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: a.warningsBucket(), Description: "quotaflow warning states per partition, subject and rule", History: 1,
+			Replicas: a.cfg.Replicas,
+		})
+		return err
+	})
+	if err != nil {
+		return err
 	}
-	if err := a.ensureEventsStream(ctx); err != nil {
+	if err := broker.Ensure(ctx, a.log, "events stream", ensure, a.ensureEventsStream); err != nil {
 		return err
 	}
 	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))

@@ -25,7 +25,7 @@ import (
 func (a *Aggregator) ensureEventsStream(ctx context.Context) error {
 	st, err := a.js.Stream(ctx, events.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		_, err = events.EnsureStream(ctx, a.js, 1)
+		_, err = events.EnsureStream(ctx, a.js, a.cfg.Replicas)
 		return err
 	} else if err != nil {
 		return fmt.Errorf("events stream: %w", err)

@@ -58,6 +58,7 @@ type aggregatorFlags struct {
 	ch                clickhouseFlags
 	listen            string
 	partitions        int
+	replicas          int
 	batchRows         int
 	flushInterval     time.Duration
 	insertTimeout     time.Duration
@@ -77,11 +78,12 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
 		a.natsTLS.register(fs, "nats", "NATS")
 		fs.IntVar(&a.partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
+		fs.IntVar(&a.replicas, "stream-replicas", 1, "replicas of the aggregators' buckets and of the rule store and events stream when the aggregator creates them; the checkers' --stream-replicas")
 		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
 		fs.StringVar(&a.instanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
-		fs.fromEnv("nats-url", "partitions", "listen", "instance-id", "log-level", "log-format")
+		fs.fromEnv("nats-url", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
 	if inServe {
@@ -106,6 +108,8 @@ func (a *aggregatorFlags) validate() error {
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.natsURL)
 	case a.partitions < 1 || a.partitions > stream.MaxPartitions:
 		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, a.partitions)
+	case a.replicas < 1 || a.replicas > 5:
+		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", a.replicas)
 	case a.batchRows < 1:
 		return fmt.Errorf("--batch-rows: want at least 1, got %d", a.batchRows)
 	case a.flushInterval < time.Millisecond:
@@ -150,7 +154,7 @@ func (a *aggregatorFlags) config(db string, store aggregator.RuleStore, log *slo
 		name = "aggregator"
 	}
 	return aggregator.Config{
-		Partitions: a.partitions, Database: db, InstanceID: instance.Named(name), BatchRows: a.batchRows,
+		Partitions: a.partitions, Replicas: a.replicas, Database: db, InstanceID: instance.Named(name), BatchRows: a.batchRows,
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
 		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, RuleStore: store,
 		PolicyInterval: a.policyInterval, Logger: log, Meter: meter,
@@ -163,7 +167,7 @@ var _ aggregator.RuleStore = (*rulestore.Store)(nil)
 // newAggregator connects to ClickHouse and NATS, opens the rule store and returns an aggregator
 // (not yet running), its NATS connection, and a function that closes both connections, to be
 // called once the aggregator's Run returned.
-func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
+func (a *aggregatorFlags) newAggregator(ctx context.Context, log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
 	conn, db, err := a.ch.open()
 	if err != nil {
 		return nil, nil, nil, err
@@ -184,12 +188,18 @@ func (a *aggregatorFlags) newAggregator(log *slog.Logger, meter metric.Meter) (*
 		closeConns()
 		return nil, nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	store, err := rulestore.Open(ctx, js, rulestore.Config{Logger: log})
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = broker.CheckReplicas(cctx, nc, a.replicas)
 	cancel()
 	if err != nil {
 		closeConns()
-		return nil, nil, nil, fmt.Errorf("rule store: %w", err)
+		return nil, nil, nil, replicasFlag(err)
+	}
+	// Waits for NATS (a cluster still electing its leaders, say), logging, until ctx ends.
+	store, err := rulestore.Open(ctx, js, rulestore.Config{Replicas: a.replicas, Logger: log})
+	if err != nil {
+		closeConns()
+		return nil, nil, nil, replicasFlag(err)
 	}
 	agg, err := aggregator.New(js, conn, a.config(db, store, log, meter))
 	if err != nil {
@@ -228,7 +238,7 @@ configuration changes) in state_transitions (90 days), overrides and config_chan
 		return err
 	}
 	defer tel.Close(context.WithoutCancel(ctx))
-	agg, nc, closeConns, err := a.newAggregator(log, tel.Meter)
+	agg, nc, closeConns, err := a.newAggregator(ctx, log, tel.Meter)
 	if err != nil {
 		return err
 	}

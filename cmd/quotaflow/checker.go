@@ -210,17 +210,31 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = broker.CheckReplicas(cctx, nc, p.replicas)
+		cancel()
+		if err != nil {
+			return replicasFlag(err)
+		}
 		follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
-			Store: rulestore.Config{Replicas: p.replicas}, Seed: seed, SeedPath: c.rulesPath, Logger: log})
+			Store: rulestore.Config{Replicas: p.replicas, Logger: log}, Seed: seed, SeedPath: c.rulesPath, Logger: log})
 		store = follower
 		// The store's rules, not the file's, are enforced from the first check: the file may be
 		// older than changes made through the API.
 		storeSet, err := follower.Open(ctx)
+		// Without a rules file there is nothing to enforce until the store answers: wait for it
+		// (a NATS cluster still electing its leaders, say) as long as the failure may pass.
+		for set == nil && err != nil && broker.Transient(err) && !errors.Is(err, rules.ErrNotSeeded) && ctx.Err() == nil {
+			log.Warn("rule store not reachable yet and no --rules file to enforce meanwhile: waiting", "err", err)
+			storeSet, err = follower.Open(ctx)
+		}
 		switch {
 		case err == nil:
 			set, sourceName = storeSet, "store"
 		case errors.Is(err, rules.ErrNotSeeded):
 			return err
+		case errors.As(err, new(*broker.ReplicasError)):
+			return replicasFlag(err)
 		case set == nil:
 			return fmt.Errorf("rule store unreachable at start and no --rules file to enforce meanwhile: %w", err)
 		default:

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/publisher"
 )
@@ -32,7 +33,7 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.StringVar(&p.spoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
 	fs.Int64Var(&p.spoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
 	fs.IntVar(&p.partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
-	fs.IntVar(&p.replicas, "stream-replicas", 1, "replicas of the QUOTAFLOW_DECISIONS stream")
+	fs.IntVar(&p.replicas, "stream-replicas", 1, "replicas of every stream and bucket quotaflow creates in NATS (decisions, events, rule store); at most the servers of the NATS cluster, 1 for a server outside a cluster; the same on every checker and aggregator")
 	fs.DurationVar(&p.maxAge, "stream-max-age", 72*time.Hour, "how long the stream keeps decisions: the buffer for a downstream outage")
 	fs.DurationVar(&p.dupWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
 	fs.IntVar(&p.batch, "publish-batch", 512, "most decisions in one message")
@@ -76,6 +77,16 @@ func (p *publishFlags) config(instanceID string, log *slog.Logger) publisher.Con
 		InstanceID:      instanceID,
 		Logger:          log,
 	}
+}
+
+// replicasFlag names --stream-replicas in an error about replicas the NATS servers cannot hold,
+// and makes it a usage error.
+func replicasFlag(err error) error {
+	var re *broker.ReplicasError
+	if errors.As(err, &re) {
+		return usageError{fmt.Errorf("--stream-replicas: %w", err)}
+	}
+	return err
 }
 
 // closePublisher drains the publisher within timeout: the queue and the spool go to NATS;

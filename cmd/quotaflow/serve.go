@@ -60,7 +60,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	if a.ch.dsn == "" {
 		return serveChecker(ctx, &c, &p, log)
 	}
-	a.natsURL, a.natsTLS, a.partitions, a.instanceID = p.natsURL, p.natsTLS, p.partitions, c.instanceID
+	a.natsURL, a.natsTLS, a.partitions, a.replicas, a.instanceID = p.natsURL, p.natsTLS, p.partitions, p.replicas, c.instanceID
 	if err := a.validate(); err != nil {
 		return usageError{err}
 	}
@@ -69,7 +69,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 
 // serveWithAggregator runs the checker and an aggregator in one process.
 func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	agg, _, closeConns, err := a.newAggregator(log, nil)
+	agg, _, closeConns, err := a.newAggregator(ctx, log, nil)
 	if err != nil {
 		return err
 	}

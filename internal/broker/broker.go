@@ -58,7 +58,7 @@ func Embedded(name, listen, dir string) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen address: bad port %q", portStr)
 	}
-	srv, err := server.NewServer(&server.Options{
+	return EmbeddedWith(&server.Options{
 		ServerName: name,
 		Host:       host,
 		Port:       port,
@@ -67,13 +67,19 @@ func Embedded(name, listen, dir string) (*server.Server, error) {
 		NoLog:      true,
 		NoSigs:     true,
 	})
+}
+
+// EmbeddedWith starts a NATS server inside this process with opts (a cluster member, say) and
+// waits until it accepts connections.
+func EmbeddedWith(opts *server.Options) (*server.Server, error) {
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		return nil, fmt.Errorf("embedded nats on %s not ready within 10s", listen)
+		return nil, fmt.Errorf("embedded nats on %s:%d not ready within 10s", opts.Host, opts.Port)
 	}
 	return srv, nil
 }

@@ -5,12 +5,10 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -155,16 +153,7 @@ type Process struct {
 // setupChild re-executes the test binary, told by childEnv to serve on ports[0] with its
 // store in dir.
 func setupChild(p *proctest.Process, dir string, ports []int) (*Process, proctest.Config, error) {
-	c := &Process{URL: natsURL(ports[0]), proc: p}
-	return c, proctest.Config{
-		Name: "nats-server process",
-		Path: os.Args[0],
-		Env:  []string{childEnv + "=" + strconv.Itoa(ports[0]) + ":" + dir},
-		// The child prints nothing unless it fails; then the test's output should show why.
-		Output:  os.Stderr,
-		Ready:   proctest.Listening(proctest.Addr(ports[0])),
-		Timeout: 15 * time.Second,
-	}, nil
+	return setupSpec(p, childSpec{Port: ports[0], Dir: dir})
 }
 
 // StartProcess starts a nats-server with JetStream as a separate process: the running test
@@ -173,15 +162,19 @@ func StartProcess() (*Process, error) {
 	return proctest.Start("nats-proc", 1, setupChild)
 }
 
-// serveChild is the child side of StartProcess: serve until killed or interrupted.
+// serveChild is the child side of StartProcess and StartCluster: serve spec (childSpec, JSON)
+// until killed or interrupted.
 func serveChild(spec string) int {
-	portStr, dir, ok := strings.Cut(spec, ":")
-	port, err := strconv.Atoi(portStr)
-	if !ok || err != nil {
-		fmt.Fprintf(os.Stderr, "natstest: bad %s=%q\n", childEnv, spec)
+	var cs childSpec
+	if err := json.Unmarshal([]byte(spec), &cs); err != nil {
+		fmt.Fprintf(os.Stderr, "natstest: bad %s=%q: %v\n", childEnv, spec, err)
 		return 2
 	}
-	srv, err := run(port, filepath.Clean(dir))
+	var srv *server.Server
+	opts, err := cs.options()
+	if err == nil {
+		srv, err = broker.EmbeddedWith(opts)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natstest:", err)
 		return 1

@@ -26,6 +26,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
@@ -55,27 +56,42 @@ type Store struct {
 	now       func() time.Time
 }
 
-// Open creates or updates the buckets and the events stream.
+// Open creates or updates the buckets and the events stream, each with cfg.Replicas replicas.
+// While the NATS servers cannot create them yet (JetStream starting, a cluster electing its
+// leader or with servers still joining), it retries, logging, until ctx ends
+// (broker.Ensure). Replicas the servers cannot hold fail with a *broker.ReplicasError.
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error) {
 	replicas := max(1, cfg.Replicas)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	config, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: ConfigBucket, Description: "quotaflow rules document and users", History: 5, Replicas: replicas,
+	ensure := broker.EnsureConfig{Replicas: replicas}
+	var config, overrides jetstream.KeyValue
+	err := broker.Ensure(ctx, log, "rule store: config bucket", ensure, func(ctx context.Context) (err error) {
+		config, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: ConfigBucket, Description: "quotaflow rules document and users", History: 5, Replicas: replicas,
+		})
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("config bucket: %w", err)
+		return nil, err
 	}
-	overrides, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: OverrideBucket, Description: "quotaflow temporary overrides, one key each, expiring by TTL",
-		History: 1, Replicas: replicas, LimitMarkerTTL: time.Hour,
+	err = broker.Ensure(ctx, log, "rule store: overrides bucket", ensure, func(ctx context.Context) (err error) {
+		overrides, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: OverrideBucket, Description: "quotaflow temporary overrides, one key each, expiring by TTL",
+			History: 1, Replicas: replicas, LimitMarkerTTL: time.Hour,
+		})
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("overrides bucket: %w", err)
+		return nil, err
 	}
-	if _, err := events.EnsureStream(ctx, js, replicas); err != nil {
+	err = broker.Ensure(ctx, log, "rule store: events stream", ensure, func(ctx context.Context) error {
+		_, err := events.EnsureStream(ctx, js, replicas)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &Store{js: js, config: config, overrides: overrides, log: log, now: time.Now}, nil
