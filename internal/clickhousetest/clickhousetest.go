@@ -1,5 +1,5 @@
 // Package clickhousetest runs a real clickhouse-server (Debian's package) on a free loopback
-// port for tests.
+// port for tests, or several as the replicas of a cluster (StartCluster).
 //
 // A test package starts one server from TestMain and shares it; tests isolate themselves by
 // database name. A missing clickhouse-server binary is a failure, never a skip: `make test`
