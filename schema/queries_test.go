@@ -143,9 +143,22 @@ type qdecision struct {
 }
 
 // TestQueriesDoc runs every query of docs/queries.md on Debian's ClickHouse against realistic
-// decisions and checks that each answers, and answers right.
+// decisions and checks that each answers, and answers right. TestReplicated runs them again on
+// a cluster.
 func TestQueriesDoc(t *testing.T) {
 	t.Parallel()
+	c := conn(t)
+	if err := c.Exec(context.Background(), "DROP DATABASE IF EXISTS queries_test"); err != nil {
+		t.Fatal(err)
+	}
+	checkQueriesDoc(t, c, c, "queries_test", schema.Layout{})
+}
+
+// checkQueriesDoc migrates db in the layout through c, stores the queries' fixture through
+// c, and runs and checks every query of docs/queries.md through read, once it holds the
+// fixture (another replica of a cluster gets it by replication).
+func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layout) {
+	t.Helper()
 	queries, err := parseQueriesDoc("../docs/queries.md")
 	if err != nil {
 		t.Fatal(err)
@@ -153,14 +166,10 @@ func TestQueriesDoc(t *testing.T) {
 	if len(queries) < 6 {
 		t.Fatalf("docs/queries.md has %d sql blocks, want at least 6", len(queries))
 	}
-
-	c := conn(t)
 	ctx := context.Background()
-	const db = "queries_test"
-	if err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+db); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := schema.Migrate(ctx, c, db); err != nil {
+	mctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, _, err := l.Migrate(mctx, c, db); err != nil {
 		t.Fatal(err)
 	}
 
@@ -200,7 +209,7 @@ func TestQueriesDoc(t *testing.T) {
 		}
 	}
 
-	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+".decisions (id, checker_id, time, time_us, subject_dimension, subject_id, subjects, tier, endpoint, rule_id, algorithm, cost, allowed, shadow, degraded, fail_mode, limit_value, remaining, current_count, window_ms, reset_at, retry_after_ms, state, replayed, clock_skew_ms, limits.rule_id, limits.shadow, limits.allowed, partition, stream_seq, batch_id, ingested_at)")
+	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.Decisions)+" (id, checker_id, time, time_us, subject_dimension, subject_id, subjects, tier, endpoint, rule_id, algorithm, cost, allowed, shadow, degraded, fail_mode, limit_value, remaining, current_count, window_ms, reset_at, retry_after_ms, state, replayed, clock_skew_ms, limits.rule_id, limits.shadow, limits.allowed, partition, stream_seq, batch_id, ingested_at)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +257,7 @@ func TestQueriesDoc(t *testing.T) {
 		{2 * time.Hour, "alice-ops", "rule_replaced", "free-user-search", ""},
 		{time.Hour, "ci-pipeline", "user_tier_set", "bob", "pro"},
 	}
-	cb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+".config_changes (event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at)")
+	cb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.ConfigChanges)+" (event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +271,21 @@ func TestQueriesDoc(t *testing.T) {
 	}
 
 	total := int64(len(ds))
+	for _, q := range []struct {
+		query string
+		want  uint64
+	}{
+		{"SELECT count() FROM " + db + ".decisions", uint64(total)},
+		{"SELECT count() FROM " + db + ".config_changes", uint64(len(changes))},
+	} {
+		eventually(t, 10*time.Second, "the fixture readable", func() error {
+			got, err := count(ctx, read, q.query)
+			if err == nil && got != q.want {
+				err = fmt.Errorf("%s = %d, want %d", q.query, got, q.want)
+			}
+			return err
+		})
+	}
 	checks := map[string]func(t *testing.T, s string, r result){
 		"Usage per tier per hour": func(t *testing.T, s string, r result) {
 			if got := r.sumInt(t, s, "total_requests"); got != total {
@@ -339,7 +363,7 @@ func TestQueriesDoc(t *testing.T) {
 		// A subtest per query: a failing query or check does not hide the others.
 		t.Run(q.section, func(t *testing.T) {
 			sql := strings.ReplaceAll(q.sql, "quotaflow.", db+".")
-			r, err := runQuery(ctx, c, sql)
+			r, err := runQuery(ctx, read, sql)
 			if err != nil {
 				t.Fatalf("query %q: %v\n%s", q.section, err, sql)
 			}

@@ -66,17 +66,29 @@ type Dropped struct {
 // its last instant is past the horizon, so no row is removed early. It works on every server;
 // on current servers TTL removes the same rows eventually, this makes it happen on schedule.
 func ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.Time) ([]Dropped, error) {
+	return Layout{}.ApplyRetention(ctx, conn, db, now)
+}
+
+// ApplyRetention is the package's ApplyRetention in the layout. On a cluster it drops the
+// partitions of the local replicated tables on the server conn reaches; a dropped partition
+// is a replicated operation, so ZooKeeper carries it to the shard's other replicas (one that
+// is down drops it when it comes back). Each shard of a cluster of several needs its own run.
+func (l Layout) ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.Time) ([]Dropped, error) {
 	if db == "" {
 		db = DefaultDatabase
 	}
 	if !validIdent(db) {
 		return nil, fmt.Errorf("database %q: want letters, digits and underscores", db)
 	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
 	var dropped []Dropped
 	for _, t := range tables {
 		h := Retention(t)
 		horizon := now.UTC().AddDate(0, 0, -h.Days)
-		rows, err := conn.Query(ctx, "SELECT DISTINCT partition_id FROM system.parts WHERE database = ? AND table = ? AND active", db, string(t))
+		local := l.Storage(t)
+		rows, err := conn.Query(ctx, "SELECT DISTINCT partition_id FROM system.parts WHERE database = ? AND table = ? AND active", db, local)
 		if err != nil {
 			return dropped, fmt.Errorf("list partitions of %s: %w", t, err)
 		}
@@ -102,7 +114,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, now time.T
 				continue
 			}
 			// The id is digits only (checked by partitionEnd), safe to quote.
-			if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION ID '%s'", db, t, id)); err != nil {
+			if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION ID '%s'", db, local, id)); err != nil {
 				return dropped, fmt.Errorf("drop partition %s of %s: %w", id, t, err)
 			}
 			dropped = append(dropped, Dropped{Table: t, PartitionID: id})

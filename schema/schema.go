@@ -6,6 +6,10 @@
 // LowCardinality and DateTime64(6); 18.16 gets plain String and DateTime, and its retention is
 // enforced only by ApplyRetention dropping expired partitions, which the aggregator runs on a
 // schedule against every server.
+//
+// The caller picks the Layout: one server (Migrate, ApplyRetention), or replicated over a
+// ClickHouse cluster (OnCluster(name).Migrate, .ApplyRetention), where the same templates
+// render Replicated engines, ON CLUSTER statements and Distributed tables for reads.
 package schema
 
 import (
@@ -113,18 +117,44 @@ type rollup struct {
 	Days                                   int
 }
 
-// Statements renders the migration for a database and dialect and splits it into statements.
+// Table is the rollup's table, usage_<name>.
+func (r rollup) Table() Table { return Table("usage_" + r.Name) }
+
+// Statements renders the migration for a database and dialect on one server and splits it
+// into statements.
 func (m Migration) Statements(db string, d Dialect) ([]string, error) {
-	tmpl, err := template.New(m.Name).Option("missingkey=error").Parse(m.text)
+	return m.Render(db, d, Layout{})
+}
+
+// Render renders the migration for a database, dialect and layout and splits it into
+// statements. Besides the data below, the templates call
+//
+//	{{local "decisions"}}            the table holding the rows: db.decisions or db.decisions_local
+//	{{.OnCluster}}                   " ON CLUSTER 'name'" on a cluster, else nothing
+//	{{engine "MergeTree" "decisions"}} the engine: MergeTree or ReplicatedMergeTree(path, replica)
+//	{{distributed "decisions"}}      on a cluster, the statement creating the Distributed table
+//	{{dedupWindow}}                  the setting keeping 1000 insert blocks' hashes (modern dialect)
+func (m Migration) Render(db string, d Dialect, l Layout) ([]string, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	funcs := template.FuncMap{
+		"local":       func(t Table) string { return db + "." + l.Storage(t) },
+		"engine":      func(kind string, t Table) string { return l.engine(db, kind, t) },
+		"distributed": func(t Table) string { return l.distributed(db, t) },
+		"dedupWindow": l.dedupWindow,
+	}
+	tmpl, err := template.New(m.Name).Option("missingkey=error").Funcs(funcs).Parse(m.text)
 	if err != nil {
 		return nil, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
 	}
 	data := map[string]any{
-		"DB":     db,
-		"Modern": d.Modern,
-		"String": "String",
-		"Time":   "DateTime",
-		"State":  "Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3)",
+		"DB":        db,
+		"OnCluster": l.onCluster(),
+		"Modern":    d.Modern,
+		"String":    "String",
+		"Time":      "DateTime",
+		"State":     "Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3)",
 		"Rollups": []rollup{
 			{"minute", "DateTime", "toStartOfMinute(time)", "toDate(minute)", "minute", Retention(UsageMinute).Days},
 			{"hour", "DateTime", "toStartOfHour(time)", "toYYYYMM(hour)", "hour", Retention(UsageHour).Days},
@@ -160,14 +190,29 @@ func stripComments(s string) string {
 }
 
 // Migrate creates the database and applies the migrations not yet recorded in
-// <db>.schema_migrations, in order. It is safe to run again and from several processes at once:
-// every statement is IF NOT EXISTS. It returns the names of the migrations it applied.
+// <db>.schema_migrations, in order, on one server. It is safe to run again and from several
+// processes at once: every statement is IF NOT EXISTS. It returns the names of the migrations
+// it applied.
 func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
+	return Layout{}.Migrate(ctx, conn, db)
+}
+
+// Migrate is the package's Migrate in the layout. On a cluster every statement runs ON
+// CLUSTER: the server conn reaches queues it in ZooKeeper and waits, up to ctx's deadline, for
+// every server of the cluster to run it, so migrate with all of them up (one that is down runs
+// the queue when it comes back, and the next Migrate records what this one could not). Once
+// every migration is recorded, Migrate runs no DDL at all, so an aggregator starting while a
+// replica is down is not held up. A database migrated with the other layout is refused with
+// an error wrapping ErrLayout.
+func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
 	if db == "" {
 		db = DefaultDatabase
 	}
 	if !validIdent(db) {
 		return Dialect{}, nil, fmt.Errorf("database %q: want letters, digits and underscores", db)
+	}
+	if err := l.Validate(); err != nil {
+		return Dialect{}, nil, err
 	}
 	d, err := DetectDialect(ctx, conn)
 	if err != nil {
@@ -177,12 +222,17 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []strin
 	if err != nil {
 		return d, nil, err
 	}
-	for _, q := range []string{
-		"CREATE DATABASE IF NOT EXISTS " + db,
-		"CREATE TABLE IF NOT EXISTS " + db + ".schema_migrations (version UInt32, name String, dialect String, server_version String, applied_at DateTime) ENGINE = MergeTree ORDER BY version",
-	} {
-		if err := conn.Exec(ctx, q); err != nil {
-			return d, nil, fmt.Errorf("bootstrap schema_migrations: %w", err)
+	exists, err := l.checkServer(ctx, conn, db)
+	if err != nil {
+		return d, nil, err
+	}
+	// On one server the bootstrap always runs, as it always did; on a cluster only while the
+	// table is missing here, as an ON CLUSTER statement waits for every server.
+	if !l.Replicated() || !exists {
+		for _, q := range []string{"CREATE DATABASE IF NOT EXISTS " + db + l.onCluster(), l.migrationsTable(db)} {
+			if err := conn.Exec(l.ddlContext(ctx), q); err != nil {
+				return d, nil, fmt.Errorf("bootstrap schema_migrations: %w", err)
+			}
 		}
 	}
 	done := map[uint32]bool{}
@@ -207,12 +257,12 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []strin
 		if done[uint32(m.Version)] {
 			continue
 		}
-		stmts, err := m.Statements(db, d)
+		stmts, err := m.Render(db, d, l)
 		if err != nil {
 			return d, applied, err
 		}
 		for _, s := range stmts {
-			if err := conn.Exec(ctx, s); err != nil {
+			if err := conn.Exec(l.ddlContext(ctx), s); err != nil {
 				return d, applied, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
 			}
 		}

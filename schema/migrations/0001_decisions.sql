@@ -2,8 +2,10 @@
 -- event plus where it came from in the stream (partition, stream_seq, batch_id).
 -- Partitioned by day so that retention drops whole days; ordered for the analysts' queries
 -- (a tier's or a subject's decisions over time). Kept 90 days: TTL on current servers, the
--- aggregator's retention job (DROP PARTITION) everywhere.
-CREATE TABLE IF NOT EXISTS {{.DB}}.decisions (
+-- aggregator's retention job (DROP PARTITION) everywhere. On a cluster (schema.Layout) the
+-- rows go to decisions_local, replicated, and decisions is the Distributed table reading them;
+-- its last 1000 insert blocks' hashes let a retried insert be dropped on every server.
+CREATE TABLE IF NOT EXISTS {{local "decisions"}}{{.OnCluster}} (
     id String,
     checker_id {{.String}},
     time {{.Time}},
@@ -52,10 +54,13 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.decisions (
     stream_seq UInt64,
     batch_id String,
     ingested_at DateTime
-) ENGINE = MergeTree
+) ENGINE = {{engine "MergeTree" "decisions"}}
 PARTITION BY toDate(time)
 ORDER BY (tier, subject_dimension, subject_id, time)
 {{- if .Modern}}
 TTL toDateTime(time) + INTERVAL 90 DAY
-SETTINGS ttl_only_drop_parts = 1, non_replicated_deduplication_window = 1000
+SETTINGS ttl_only_drop_parts = 1, {{dedupWindow}}
+{{- else if .OnCluster}}
+SETTINGS {{dedupWindow}}
 {{- end}};
+{{distributed "decisions"}}

@@ -4,7 +4,7 @@
 -- not be merged yet. Aggregate aliases differ from source column names (allowed_requests,
 -- cost_total, ...): ClickHouse 18.16 rejects `sum(allowed) AS allowed` in a view (code 184).
 {{- range .Rollups}}
-CREATE TABLE IF NOT EXISTS {{$.DB}}.usage_{{.Name}} (
+CREATE TABLE IF NOT EXISTS {{local .Table}}{{$.OnCluster}} (
     {{.Name}} {{.Type}},
     tier {{$.String}},
     dimension {{$.String}},
@@ -16,15 +16,16 @@ CREATE TABLE IF NOT EXISTS {{$.DB}}.usage_{{.Name}} (
     shadow_denied UInt64,
     cost_total Int64,
     allowed_cost Int64
-) ENGINE = SummingMergeTree
+) ENGINE = {{engine "SummingMergeTree" .Table}}
 PARTITION BY {{.Partition}}
 ORDER BY (tier, dimension, endpoint, rule_id, {{.Name}})
 {{- if $.Modern}}
 TTL {{.TTLTime}} + INTERVAL {{.Days}} DAY
 SETTINGS ttl_only_drop_parts = 1
 {{- end}};
+{{distributed .Table}}
 
-CREATE MATERIALIZED VIEW IF NOT EXISTS {{$.DB}}.usage_{{.Name}}_mv TO {{$.DB}}.usage_{{.Name}} AS
+CREATE MATERIALIZED VIEW IF NOT EXISTS {{$.DB}}.usage_{{.Name}}_mv{{$.OnCluster}} TO {{local .Table}} AS
 SELECT
     {{.Bucket}} AS {{.Name}},
     tier,
@@ -37,6 +38,6 @@ SELECT
     sum(shadow) AS shadow_denied,
     sum(cost) AS cost_total,
     sum(cost * allowed) AS allowed_cost
-FROM {{$.DB}}.decisions
+FROM {{local "decisions"}}
 GROUP BY {{.Name}}, tier, dimension, endpoint, rule_id;
 {{end}}

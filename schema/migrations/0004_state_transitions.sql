@@ -4,7 +4,7 @@
 -- at is the transition's instant (the decision's time, or a timer's); at_us keeps its
 -- microseconds where the legacy DateTime cannot. cause is "decision" or "timer"; stream_seq is
 -- the event's sequence in QUOTAFLOW_EVENTS. Partitioned by day, kept 90 days.
-CREATE TABLE IF NOT EXISTS {{.DB}}.state_transitions (
+CREATE TABLE IF NOT EXISTS {{local "state_transitions"}}{{.OnCluster}} (
     id String,
     at {{.Time}},
     at_us Int64,
@@ -21,10 +21,11 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.state_transitions (
     cause {{.String}},
     stream_seq UInt64,
     ingested_at DateTime
-) ENGINE = MergeTree
+) ENGINE = {{engine "MergeTree" "state_transitions"}}
 PARTITION BY toDate(at)
 ORDER BY (tier, dimension, subject, rule_id, at)
 {{- if .Modern}}
 TTL toDateTime(at) + INTERVAL 90 DAY
 SETTINGS ttl_only_drop_parts = 1
 {{- end}};
+{{distributed "state_transitions"}}

@@ -4,7 +4,7 @@
 -- Nats-Msg-Id); override_id the override's. target is "subject", "tier" or "rule". The
 -- aggregators' events consumer looks each event_id up before inserting it. Partitioned by
 -- month, kept a year.
-CREATE TABLE IF NOT EXISTS {{.DB}}.overrides (
+CREATE TABLE IF NOT EXISTS {{local "overrides"}}{{.OnCluster}} (
     event_id String,
     action {{.String}},
     at {{.Time}},
@@ -24,10 +24,11 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.overrides (
     expires_at DateTime,
     stream_seq UInt64,
     ingested_at DateTime
-) ENGINE = MergeTree
+) ENGINE = {{engine "MergeTree" "overrides"}}
 PARTITION BY toYYYYMM(at)
 ORDER BY (override_id, at)
 {{- if .Modern}}
 TTL toDateTime(at) + INTERVAL 365 DAY
 SETTINGS ttl_only_drop_parts = 1
 {{- end}};
+{{distributed "overrides"}}

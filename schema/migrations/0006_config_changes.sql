@@ -6,7 +6,7 @@
 -- the rule removed, the user, the document). event_id is the event's id (its Nats-Msg-Id),
 -- which the aggregators' events consumer looks up before inserting it. Overrides have their
 -- own audit (0005). Partitioned by month, kept a year.
-CREATE TABLE IF NOT EXISTS {{.DB}}.config_changes (
+CREATE TABLE IF NOT EXISTS {{local "config_changes"}}{{.OnCluster}} (
     event_id String,
     at {{.Time}},
     action {{.String}},
@@ -16,10 +16,11 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.config_changes (
     detail String,
     stream_seq UInt64,
     ingested_at DateTime
-) ENGINE = MergeTree
+) ENGINE = {{engine "MergeTree" "config_changes"}}
 PARTITION BY toYYYYMM(at)
 ORDER BY (at, event_id)
 {{- if .Modern}}
 TTL toDateTime(at) + INTERVAL 365 DAY
 SETTINGS ttl_only_drop_parts = 1
 {{- end}};
+{{distributed "config_changes"}}

@@ -1,0 +1,247 @@
+CREATE TABLE IF NOT EXISTS quotaflow.decisions_local ON CLUSTER 'qf' (
+    id String,
+    checker_id String,
+    time DateTime,
+    time_us Int64,
+    subject_dimension String,
+    subject_id String,
+    subjects Array(String),
+    tier String,
+    endpoint String,
+    rule_id String,
+    algorithm String,
+    cost Int64,
+    allowed UInt8,
+    shadow UInt8,
+    degraded UInt8,
+    fail_mode String,
+    limit_value Int64,
+    remaining Int64,
+    current_count Int64,
+    window_ms Int64,
+    reset_at DateTime,
+    retry_after_ms Int64,
+    state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    replayed UInt8,
+    clock_skew_ms Int64,
+    limits Nested(
+        rule_id String,
+        dimension String,
+        identifier String,
+        endpoint String,
+        algorithm String,
+        limit_value Int64,
+        window_ms Int64,
+        allowed UInt8,
+        current_count Int64,
+        remaining Int64,
+        reset_at DateTime,
+        retry_after_ms Int64,
+        shadow UInt8,
+        state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+        degraded UInt8,
+        fail_mode String,
+        burst Int64
+    ),
+    partition UInt16,
+    stream_seq UInt64,
+    batch_id String,
+    ingested_at DateTime
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/decisions_local', '{replica}')
+PARTITION BY toDate(time)
+ORDER BY (tier, subject_dimension, subject_id, time)
+SETTINGS replicated_deduplication_window = 1000;
+
+CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
+ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+
+CREATE TABLE IF NOT EXISTS quotaflow.ingested_messages_local ON CLUSTER 'qf' (
+    partition UInt16,
+    stream_seq UInt64,
+    day Date,
+    decisions UInt64
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/ingested_messages_local', '{replica}')
+PARTITION BY day
+ORDER BY (partition, stream_seq);
+
+CREATE TABLE IF NOT EXISTS quotaflow.ingested_messages ON CLUSTER 'qf' AS quotaflow.ingested_messages_local
+ENGINE = Distributed('qf', 'quotaflow', 'ingested_messages_local', rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.ingested_messages_mv ON CLUSTER 'qf' TO quotaflow.ingested_messages_local AS
+SELECT partition, stream_seq, toDate(ingested_at) AS day, count() AS decisions
+FROM quotaflow.decisions_local
+GROUP BY partition, stream_seq, day;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_minute_local ON CLUSTER 'qf' (
+    minute DateTime,
+    tier String,
+    dimension String,
+    endpoint String,
+    rule_id String,
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{shard}/quotaflow/usage_minute_local', '{replica}')
+PARTITION BY toDate(minute)
+ORDER BY (tier, dimension, endpoint, rule_id, minute);
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_minute ON CLUSTER 'qf' AS quotaflow.usage_minute_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_minute_local', rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf' TO quotaflow.usage_minute_local AS
+SELECT
+    toStartOfMinute(time) AS minute,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY minute, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_hour_local ON CLUSTER 'qf' (
+    hour DateTime,
+    tier String,
+    dimension String,
+    endpoint String,
+    rule_id String,
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{shard}/quotaflow/usage_hour_local', '{replica}')
+PARTITION BY toYYYYMM(hour)
+ORDER BY (tier, dimension, endpoint, rule_id, hour);
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_hour ON CLUSTER 'qf' AS quotaflow.usage_hour_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_hour_local', rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf' TO quotaflow.usage_hour_local AS
+SELECT
+    toStartOfHour(time) AS hour,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY hour, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_day_local ON CLUSTER 'qf' (
+    day Date,
+    tier String,
+    dimension String,
+    endpoint String,
+    rule_id String,
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{shard}/quotaflow/usage_day_local', '{replica}')
+PARTITION BY toYYYYMM(day)
+ORDER BY (tier, dimension, endpoint, rule_id, day);
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_day ON CLUSTER 'qf' AS quotaflow.usage_day_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_day_local', rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf' TO quotaflow.usage_day_local AS
+SELECT
+    toDate(time) AS day,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY day, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.state_transitions_local ON CLUSTER 'qf' (
+    id String,
+    at DateTime,
+    at_us Int64,
+    tier String,
+    dimension String,
+    subject String,
+    rule_id String,
+    from_state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    to_state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    usage_ratio Float64,
+    limit_value Int64,
+    remaining Int64,
+    window_ms Int64,
+    cause String,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/state_transitions_local', '{replica}')
+PARTITION BY toDate(at)
+ORDER BY (tier, dimension, subject, rule_id, at);
+
+CREATE TABLE IF NOT EXISTS quotaflow.state_transitions ON CLUSTER 'qf' AS quotaflow.state_transitions_local
+ENGINE = Distributed('qf', 'quotaflow', 'state_transitions_local', rand());
+
+CREATE TABLE IF NOT EXISTS quotaflow.overrides_local ON CLUSTER 'qf' (
+    event_id String,
+    action String,
+    at DateTime,
+    actor String,
+    override_id String,
+    target String,
+    dimension String,
+    identifier String,
+    tier String,
+    rule_id String,
+    limit_value Int64,
+    multiplier Float64,
+    reason String,
+    creator String,
+    source String,
+    created_at DateTime,
+    expires_at DateTime,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/overrides_local', '{replica}')
+PARTITION BY toYYYYMM(at)
+ORDER BY (override_id, at);
+
+CREATE TABLE IF NOT EXISTS quotaflow.overrides ON CLUSTER 'qf' AS quotaflow.overrides_local
+ENGINE = Distributed('qf', 'quotaflow', 'overrides_local', rand());
+
+CREATE TABLE IF NOT EXISTS quotaflow.config_changes_local ON CLUSTER 'qf' (
+    event_id String,
+    at DateTime,
+    action String,
+    actor String,
+    target String,
+    tier String,
+    detail String,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/config_changes_local', '{replica}')
+PARTITION BY toYYYYMM(at)
+ORDER BY (at, event_id);
+
+CREATE TABLE IF NOT EXISTS quotaflow.config_changes ON CLUSTER 'qf' AS quotaflow.config_changes_local
+ENGINE = Distributed('qf', 'quotaflow', 'config_changes_local', rand());
+

@@ -1,0 +1,238 @@
+CREATE TABLE IF NOT EXISTS quotaflow.decisions (
+    id String,
+    checker_id LowCardinality(String),
+    time DateTime64(6, 'UTC'),
+    time_us Int64,
+    subject_dimension LowCardinality(String),
+    subject_id String,
+    subjects Array(String),
+    tier LowCardinality(String),
+    endpoint LowCardinality(String),
+    rule_id LowCardinality(String),
+    algorithm LowCardinality(String),
+    cost Int64,
+    allowed UInt8,
+    shadow UInt8,
+    degraded UInt8,
+    fail_mode LowCardinality(String),
+    limit_value Int64,
+    remaining Int64,
+    current_count Int64,
+    window_ms Int64,
+    reset_at DateTime,
+    retry_after_ms Int64,
+    state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    replayed UInt8,
+    clock_skew_ms Int64,
+    limits Nested(
+        rule_id String,
+        dimension String,
+        identifier String,
+        endpoint String,
+        algorithm String,
+        limit_value Int64,
+        window_ms Int64,
+        allowed UInt8,
+        current_count Int64,
+        remaining Int64,
+        reset_at DateTime,
+        retry_after_ms Int64,
+        shadow UInt8,
+        state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+        degraded UInt8,
+        fail_mode String,
+        burst Int64
+    ),
+    partition UInt16,
+    stream_seq UInt64,
+    batch_id String,
+    ingested_at DateTime
+) ENGINE = MergeTree
+PARTITION BY toDate(time)
+ORDER BY (tier, subject_dimension, subject_id, time)
+TTL toDateTime(time) + INTERVAL 90 DAY
+SETTINGS ttl_only_drop_parts = 1, non_replicated_deduplication_window = 1000;
+
+CREATE TABLE IF NOT EXISTS quotaflow.ingested_messages (
+    partition UInt16,
+    stream_seq UInt64,
+    day Date,
+    decisions UInt64
+) ENGINE = MergeTree
+PARTITION BY day
+ORDER BY (partition, stream_seq)
+TTL day + INTERVAL 7 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.ingested_messages_mv TO quotaflow.ingested_messages AS
+SELECT partition, stream_seq, toDate(ingested_at) AS day, count() AS decisions
+FROM quotaflow.decisions
+GROUP BY partition, stream_seq, day;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_minute (
+    minute DateTime,
+    tier LowCardinality(String),
+    dimension LowCardinality(String),
+    endpoint LowCardinality(String),
+    rule_id LowCardinality(String),
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = SummingMergeTree
+PARTITION BY toDate(minute)
+ORDER BY (tier, dimension, endpoint, rule_id, minute)
+TTL minute + INTERVAL 30 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_minute_mv TO quotaflow.usage_minute AS
+SELECT
+    toStartOfMinute(time) AS minute,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions
+GROUP BY minute, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_hour (
+    hour DateTime,
+    tier LowCardinality(String),
+    dimension LowCardinality(String),
+    endpoint LowCardinality(String),
+    rule_id LowCardinality(String),
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (tier, dimension, endpoint, rule_id, hour)
+TTL hour + INTERVAL 365 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_hour_mv TO quotaflow.usage_hour AS
+SELECT
+    toStartOfHour(time) AS hour,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions
+GROUP BY hour, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_day (
+    day Date,
+    tier LowCardinality(String),
+    dimension LowCardinality(String),
+    endpoint LowCardinality(String),
+    rule_id LowCardinality(String),
+    requests UInt64,
+    allowed_requests UInt64,
+    denied_requests UInt64,
+    shadow_denied UInt64,
+    cost_total Int64,
+    allowed_cost Int64
+) ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (tier, dimension, endpoint, rule_id, day)
+TTL toDateTime(day) + INTERVAL 365 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_day_mv TO quotaflow.usage_day AS
+SELECT
+    toDate(time) AS day,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    count() AS requests,
+    sum(allowed) AS allowed_requests,
+    countIf(allowed = 0) AS denied_requests,
+    sum(shadow) AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions
+GROUP BY day, tier, dimension, endpoint, rule_id;
+
+CREATE TABLE IF NOT EXISTS quotaflow.state_transitions (
+    id String,
+    at DateTime64(6, 'UTC'),
+    at_us Int64,
+    tier LowCardinality(String),
+    dimension LowCardinality(String),
+    subject String,
+    rule_id LowCardinality(String),
+    from_state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    to_state Enum8('unspecified' = 0, 'normal' = 1, 'warning' = 2, 'throttled' = 3),
+    usage_ratio Float64,
+    limit_value Int64,
+    remaining Int64,
+    window_ms Int64,
+    cause LowCardinality(String),
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = MergeTree
+PARTITION BY toDate(at)
+ORDER BY (tier, dimension, subject, rule_id, at)
+TTL toDateTime(at) + INTERVAL 90 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE TABLE IF NOT EXISTS quotaflow.overrides (
+    event_id String,
+    action LowCardinality(String),
+    at DateTime64(6, 'UTC'),
+    actor String,
+    override_id String,
+    target LowCardinality(String),
+    dimension LowCardinality(String),
+    identifier String,
+    tier LowCardinality(String),
+    rule_id LowCardinality(String),
+    limit_value Int64,
+    multiplier Float64,
+    reason String,
+    creator String,
+    source LowCardinality(String),
+    created_at DateTime,
+    expires_at DateTime,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = MergeTree
+PARTITION BY toYYYYMM(at)
+ORDER BY (override_id, at)
+TTL toDateTime(at) + INTERVAL 365 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
+CREATE TABLE IF NOT EXISTS quotaflow.config_changes (
+    event_id String,
+    at DateTime64(6, 'UTC'),
+    action LowCardinality(String),
+    actor String,
+    target String,
+    tier LowCardinality(String),
+    detail String,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = MergeTree
+PARTITION BY toYYYYMM(at)
+ORDER BY (at, event_id)
+TTL toDateTime(at) + INTERVAL 365 DAY
+SETTINGS ttl_only_drop_parts = 1;
+
