@@ -64,6 +64,11 @@ type Config struct {
 	Replicas int
 	// Database is the ClickHouse database ("quotaflow").
 	Database string
+	// Cluster, when set, is the ClickHouse cluster the schema is laid out on
+	// (schema.OnCluster): the aggregator migrates ON CLUSTER, inserts into the local replicated
+	// tables of the server it is connected to (replication copies them to the other replicas)
+	// and reads through the Distributed tables.
+	Cluster string
 	// InstanceID names this process among the aggregators (a random one when empty).
 	InstanceID string
 	// BatchRows (50000) and FlushInterval (1s) bound an insert by size and age.
@@ -362,7 +367,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 func (a *Aggregator) migrate(ctx context.Context) error {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
-		d, applied, err := schema.Migrate(ctx, a.ch, a.cfg.Database)
+		d, applied, err := a.layout().Migrate(ctx, a.ch, a.cfg.Database)
 		if err == nil {
 			a.dialect = d
 			a.log.Info("schema ready", "database", a.cfg.Database, "server", d.Version, "dialect", d.String(), "applied", applied)
@@ -375,6 +380,9 @@ func (a *Aggregator) migrate(ctx context.Context) error {
 		}
 	}
 }
+
+// layout is the schema's layout: one server, or Config.Cluster's.
+func (a *Aggregator) layout() schema.Layout { return schema.OnCluster(a.cfg.Cluster) }
 
 // ensureConsumers creates or updates one durable consumer per partition.
 func (a *Aggregator) ensureConsumers(ctx context.Context) error {

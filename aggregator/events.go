@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/schema"
 )
 
 // ensureEventsStream creates the events stream when it is missing. An existing one keeps its
@@ -273,7 +274,7 @@ func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*stor
 	case "config_changes":
 		cols = configColumns
 	}
-	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+table+" ("+cols+")")
+	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+a.layout().Storage(schema.Table(table))+" ("+cols+")")
 	if err != nil {
 		return fmt.Errorf("prepare insert into %s: %w", table, err)
 	}

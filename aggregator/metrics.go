@@ -8,8 +8,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/retry"
 
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/quotaflow/quotaflow/schema"
 )
 
 type instruments struct {
@@ -105,7 +103,7 @@ func (a *Aggregator) lagLoop(ctx context.Context) {
 func (a *Aggregator) retentionLoop(ctx context.Context) {
 	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		dropped, err := schema.ApplyRetention(rctx, a.ch, a.cfg.Database, time.Now())
+		dropped, err := a.layout().ApplyRetention(rctx, a.ch, a.cfg.Database, time.Now())
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:

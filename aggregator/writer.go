@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/stream"
+	"github.com/quotaflow/quotaflow/schema"
 )
 
 // pending is the batch the writer is filling: rows plus, per partition, the messages to ack
@@ -180,7 +181,7 @@ func (a *Aggregator) insert(ctx context.Context, b *pending) error {
 		// Same token for the same rows: a retry the server already stored is dropped by it too.
 		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_deduplication_token": b.token()}))
 	}
-	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+".decisions ("+columnList+")")
+	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+a.layout().Storage(schema.Decisions)+" ("+columnList+")")
 	if err != nil {
 		return fmt.Errorf("prepare insert: %w", err)
 	}

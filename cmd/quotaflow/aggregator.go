@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
@@ -25,32 +24,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/schema"
 )
-
-// clickhouseFlags name the ClickHouse server and database.
-type clickhouseFlags struct {
-	dsn string
-	tls clientTLSFlags
-}
-
-func (c *clickhouseFlags) register(fs *flagSet, def string) {
-	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow; ?secure=true for TLS)")
-	fs.fromEnv("clickhouse-dsn")
-	c.tls.register(fs, "clickhouse", "ClickHouse")
-}
-
-// open connects to the server and returns the database the DSN names; a bad DSN is a usage
-// error naming the flag.
-func (c *clickhouseFlags) open() (driver.Conn, string, error) {
-	tlsCfg, err := c.tls.config("")
-	if err != nil {
-		return nil, "", usageError{err}
-	}
-	conn, db, err := schema.Open(c.dsn, tlsCfg)
-	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
-		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
-	}
-	return conn, db, err
-}
 
 type aggregatorFlags struct {
 	natsURL           string
@@ -158,6 +131,7 @@ func (a *aggregatorFlags) config(db string, store aggregator.RuleStore, log *slo
 		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
 		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, RuleStore: store,
 		PolicyInterval: a.policyInterval, Logger: log, Meter: meter,
+		Cluster: a.ch.cluster,
 	}
 }
 
@@ -262,33 +236,4 @@ configuration changes) in state_transitions (90 days), overrides and config_chan
 	go func() { httpDone <- grpcsplit.ServeHTTP(ctx, ln, mux, 5*time.Second) }()
 	err = agg.Run(ctx)
 	return errors.Join(err, <-httpDone)
-}
-
-func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("migrate", `Applies quotaflow's ClickHouse schema migrations (the aggregator also does at start).
-Idempotent: migrations already recorded in <database>.schema_migrations are skipped. The
-server's version picks the dialect: TTL, LowCardinality and DateTime64 from ClickHouse 22.8 on,
-plain types (Debian's 18.16) before.`, stderr)
-	var c clickhouseFlags
-	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
-	if err := fs.parse(args, getenv); err != nil {
-		return err
-	}
-	conn, db, err := c.open()
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	d, applied, err := schema.Migrate(ctx, conn, db)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "clickhouse %s (%s dialect), database %s: applied %d migration(s)", d.Version, d, db, len(applied))
-	if len(applied) > 0 {
-		fmt.Fprintf(stdout, ": %s", strings.Join(applied, ", "))
-	}
-	fmt.Fprintln(stdout)
-	return nil
 }

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/quotaflow/quotaflow/schema"
+)
+
+// clickhouseFlags name the ClickHouse server, database and layout: the flags `migrate` and
+// the aggregator (also under `serve`) share.
+type clickhouseFlags struct {
+	dsn     string
+	cluster string
+	tls     clientTLSFlags
+}
+
+func (c *clickhouseFlags) register(fs *flagSet, def string) {
+	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow; ?secure=true for TLS)")
+	fs.StringVar(&c.cluster, "clickhouse-cluster", "", "ClickHouse `cluster` (a name in the servers' remote_servers) to lay the schema out on: replicated tables, ON CLUSTER migrations, Distributed tables for reads (docs/clickhouse-cluster.md); empty: one server. The same for migrate and every aggregator")
+	fs.fromEnv("clickhouse-dsn", "clickhouse-cluster")
+	fs.check(func() error {
+		if err := c.layout().Validate(); err != nil {
+			return fmt.Errorf("--clickhouse-cluster: %w", err)
+		}
+		return nil
+	})
+	c.tls.register(fs, "clickhouse", "ClickHouse")
+}
+
+// layout is the schema's layout the flags name.
+func (c *clickhouseFlags) layout() schema.Layout { return schema.OnCluster(c.cluster) }
+
+// open connects to the server and returns the database the DSN names; a bad DSN is a usage
+// error naming the flag.
+func (c *clickhouseFlags) open() (driver.Conn, string, error) {
+	tlsCfg, err := c.tls.config("")
+	if err != nil {
+		return nil, "", usageError{err}
+	}
+	conn, db, err := schema.Open(c.dsn, tlsCfg)
+	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
+		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
+	}
+	return conn, db, err
+}
+
+// migrateTimeout bounds `quotaflow migrate`; on a cluster it is also how long a server waits
+// for the others to run each ON CLUSTER statement.
+const migrateTimeout = time.Minute
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("migrate", `Applies quotaflow's ClickHouse schema migrations (the aggregator also does at start).
+Idempotent: migrations already recorded in <database>.schema_migrations are skipped. The
+server's version picks the dialect: TTL, LowCardinality and DateTime64 from ClickHouse 22.8 on,
+plain types (Debian's 18.16) before. With --clickhouse-cluster the tables are replicated over
+that cluster (every statement runs ON CLUSTER, so every server must be up) and read through
+Distributed tables; without it they live on the one server the DSN names.`, stderr)
+	var c clickhouseFlags
+	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	conn, db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	d, applied, err := c.layout().Migrate(ctx, conn, db)
+	if err != nil {
+		return err
+	}
+	where := "database " + db
+	if c.cluster != "" {
+		where += " on cluster " + c.cluster
+	}
+	fmt.Fprintf(stdout, "clickhouse %s (%s dialect), %s: applied %d migration(s)", d.Version, d, where, len(applied))
+	if len(applied) > 0 {
+		fmt.Fprintf(stdout, ": %s", strings.Join(applied, ", "))
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
