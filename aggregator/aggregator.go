@@ -389,7 +389,10 @@ func (a *Aggregator) ensureConsumers(ctx context.Context) error {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for p := 0; p < a.cfg.Partitions; p++ {
 		for {
-			_, err := a.js.CreateOrUpdateConsumer(ctx, a.cfg.Stream, a.consumerConfig(p))
+			// A request in flight when its server dies is never answered: bound each attempt.
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := a.js.CreateOrUpdateConsumer(actx, a.cfg.Stream, a.consumerConfig(p))
+			cancel()
 			if err == nil {
 				break
 			}

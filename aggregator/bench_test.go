@@ -1,6 +1,7 @@
 package aggregator_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -45,4 +46,16 @@ func benchStream(b *testing.B, edit func(*quotaflowv1.Decision)) {
 	b.StopTimer()
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "decisions/s")
 	b.ReportMetric(float64(a.Stats().Transitions), "transitions")
+	// The audit's cost on disk, for the capacity model (docs/scaling.md): compressed bytes of
+	// the decisions table per row, once its parts are merged.
+	if err := e.ch.Exec(context.Background(), fmt.Sprintf("OPTIMIZE TABLE %s.decisions FINAL", e.db)); err != nil {
+		b.Logf("optimize: %v", err)
+	}
+	var bytes, rows uint64
+	if err := e.ch.QueryRow(context.Background(), "SELECT sum(bytes_on_disk), sum(rows) FROM system.parts WHERE database = ? AND table = 'decisions' AND active",
+		e.db).Scan(&bytes, &rows); err == nil && rows > 0 {
+		b.ReportMetric(float64(bytes)/float64(rows), "disk-bytes/decision")
+	} else {
+		b.Logf("decisions on disk: %v (%d rows)", err, rows)
+	}
 }

@@ -20,6 +20,8 @@ const (
 	// codeInsufficientResources: fewer servers (or less room) than the replicas asked for; also
 	// what a cluster answers while its servers are still joining.
 	codeInsufficientResources = 10023
+	// codeNoSuitablePeers: no servers to place the replicas on, for the same reasons.
+	codeNoSuitablePeers = 10005
 )
 
 // ReplicasError is a stream or bucket that the NATS servers cannot hold with the replica count
@@ -59,7 +61,8 @@ type EnsureConfig struct {
 //
 // It returns at once, without retrying, an error that time does not mend (a bad request, a
 // stream whose settings conflict), a *ReplicasError for replicas a server outside a cluster
-// cannot hold, and after cfg.ResourcesWait of "insufficient resources", a *ReplicasError too.
+// cannot hold, and after cfg.ResourcesWait of "insufficient resources" or "no suitable peers",
+// a *ReplicasError too.
 // It returns ctx's error, wrapping the last failure, when ctx ends.
 func Ensure(ctx context.Context, log *slog.Logger, what string, cfg EnsureConfig, create func(ctx context.Context) error) error {
 	if cfg.Attempt <= 0 {
@@ -89,7 +92,7 @@ func Ensure(ctx context.Context, log *slog.Logger, what string, cfg EnsureConfig
 		switch code := apiCode(err); {
 		case code == codeReplicasNotSupported:
 			return fmt.Errorf("%s: %w", what, &ReplicasError{Replicas: cfg.Replicas, Err: err})
-		case code == codeInsufficientResources:
+		case code == codeInsufficientResources, code == codeNoSuitablePeers:
 			if insufficientSince.IsZero() {
 				insufficientSince = time.Now()
 			} else if time.Since(insufficientSince) > cfg.ResourcesWait {

@@ -119,17 +119,21 @@ func (c *Cluster) Connect() (*nats.Conn, error) {
 		nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1))
 }
 
-// WaitReady waits until JetStream answers with every node as a current peer of its meta group:
-// after StartCluster, and after a node is started again.
+// WaitReady waits until JetStream can place a stream on every node: after StartCluster, and
+// after a node is started again.
 func (c *Cluster) WaitReady(ctx context.Context) error {
 	nc, err := c.Connect()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
 	var last error
 	for {
-		if last = c.metaWhole(ctx, nc); last == nil {
+		if last = c.placeable(ctx, js); last == nil {
 			return nil
 		}
 		select {
@@ -140,32 +144,18 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	}
 }
 
-// metaWhole reports why JetStream is not yet served by every node, or nil: account info needs
-// a meta leader, and each node answers it through a connection of its own only once it has
-// joined the meta group.
-func (c *Cluster) metaWhole(ctx context.Context, nc *nats.Conn) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, time.Second)
+// placeable creates and deletes a stream with a replica on every node: only a cluster with a
+// meta leader that counts every node as a live peer can.
+func (c *Cluster) placeable(ctx context.Context, js jetstream.JetStream) error {
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := js.AccountInfo(actx); err != nil {
-		return fmt.Errorf("account info: %w", err)
+	const probe = "NATSTEST_READY"
+	if _, err := js.CreateStream(actx, jetstream.StreamConfig{Name: probe, Subjects: []string{"natstest.ready"},
+		Replicas: len(c.Nodes), Storage: jetstream.MemoryStorage}); err != nil {
+		return fmt.Errorf("place a %d-replica stream: %w", len(c.Nodes), err)
 	}
-	for i, n := range c.Nodes {
-		one, err := nats.Connect(n.URL, nats.Timeout(time.Second))
-		if err != nil {
-			return fmt.Errorf("node %s: %w", c.Names[i], err)
-		}
-		njs, err := jetstream.New(one)
-		if err == nil {
-			_, err = njs.AccountInfo(actx)
-		}
-		one.Close()
-		if err != nil {
-			return fmt.Errorf("node %s: %w", c.Names[i], err)
-		}
+	if err := js.DeleteStream(actx, probe); err != nil {
+		return fmt.Errorf("delete the probe stream: %w", err)
 	}
 	return nil
 }
