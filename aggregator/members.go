@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"time"
@@ -17,13 +18,18 @@ func (a *Aggregator) membershipLoop(ctx context.Context, kv jetstream.KeyValue) 
 	tick := time.NewTicker(a.cfg.Heartbeat)
 	defer tick.Stop()
 	for {
-		if _, err := kv.Put(ctx, a.cfg.InstanceID, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+		// One beat's requests end with the beat: a request in flight when its NATS server dies is
+		// never answered, and a listing whose server stops delivering never ends.
+		bctx, cancel := context.WithTimeout(ctx, 2*a.cfg.Heartbeat)
+		if _, err := kv.Put(bctx, a.cfg.InstanceID, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
 			if ctx.Err() != nil {
+				cancel()
 				return ctx.Err()
 			}
 			a.log.Warn("heartbeat failed; keeping the current partitions", "err", err)
-		} else if members, err := liveMembers(ctx, kv); err != nil {
+		} else if members, err := liveMembers(bctx, kv); err != nil {
 			if ctx.Err() != nil {
+				cancel()
 				return ctx.Err()
 			}
 			a.log.Warn("list aggregators failed; keeping the current partitions", "err", err)
@@ -31,6 +37,7 @@ func (a *Aggregator) membershipLoop(ctx context.Context, kv jetstream.KeyValue) 
 			a.leader.Store(leads(members, a.cfg.InstanceID))
 			a.reconcile(ctx, assign(members, a.cfg.InstanceID, a.cfg.Partitions))
 		}
+		cancel()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -50,6 +57,11 @@ func liveMembers(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
 	var keys []string
 	for k := range lister.Keys() {
 		keys = append(keys, k)
+	}
+	if err := ctx.Err(); err != nil {
+		// The lister stops at ctx's end without saying so: the list may be partial, and a
+		// partial list would hand out the partitions of members that are alive.
+		return nil, fmt.Errorf("list members: %w", err)
 	}
 	return keys, nil
 }

@@ -127,7 +127,10 @@ func (p *Policies) Run(ctx context.Context) error {
 		}
 		select {
 		case <-tick.C:
-			p.evaluate(ctx, time.Now())
+			// Bounded: a request in flight when its NATS server dies is never answered.
+			ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			p.evaluate(ectx, time.Now())
+			cancel()
 		default:
 		}
 	}

@@ -1539,31 +1539,15 @@ func servedPaths(t *testing.T, sub string) func(string) error {
 }
 
 // startBareChecker runs `quotaflow checker` in this process, on loopback, with the dev rules and
-// a Redis that never answers, until the test ends; it returns its base URL.
+// the package's Redis, until the test ends; it returns its base URL.
 func startBareChecker(t *testing.T) string {
 	t.Helper()
 	addr := freeAddr(t)
-	// A Redis that accepts connections and says nothing: the checker's pings time out (a
-	// refused connection would have go-redis log every dial).
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { silent.Close() })
-	go func() {
-		for {
-			conn, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, conn); conn.Close() }()
-		}
-	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"checker", "--listen", addr, "--rules", filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
-			"--redis-url", "redis://" + silent.Addr().String() + "/0", "--spool-dir", t.TempDir()}, env(nil), io.Discard, io.Discard)
+			"--redis-url", redisSrv.URL(11), "--spool-dir", t.TempDir()}, env(nil), io.Discard, io.Discard)
 	}()
 	t.Cleanup(func() {
 		cancel()

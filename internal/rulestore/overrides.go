@@ -87,6 +87,10 @@ func (s *Store) Overrides(ctx context.Context) ([]rules.Override, error) {
 			out = append(out, o)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		// The listing stops at ctx's end without saying so: a partial list would drop overrides.
+		return nil, fmt.Errorf("list overrides: %w", err)
+	}
 	return out, nil
 }
 

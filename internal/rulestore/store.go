@@ -158,6 +158,10 @@ func (s *Store) read(ctx context.Context) (*snapshot, error) {
 		}
 		sn.users[id] = u
 	}
+	if err := ctx.Err(); err != nil {
+		// The listing stops at ctx's end without saying so: a partial list would drop users.
+		return nil, fmt.Errorf("list users: %w", err)
+	}
 	if sn.overrides, err = s.Overrides(ctx); err != nil {
 		return nil, err
 	}
