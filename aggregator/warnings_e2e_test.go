@@ -185,9 +185,9 @@ func warningTransitions(t *testing.T, lostSave bool) {
 	}
 	second, _ := e.startWith(func() aggregator.Config { c := cfg; c.InstanceID = "second"; return c }())
 
-	all := e.waitTransitions(8)
+	e.waitTransitions(8)
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive meanwhile
-	all = e.transitions()
+	all := e.transitions()
 	want := []string{
 		"alice:normal>warning/decision", "alice:warning>normal/decision", "alice:normal>warning/decision",
 		"alice:warning>throttled/decision", "bob:normal>throttled/decision",

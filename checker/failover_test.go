@@ -171,15 +171,9 @@ func TestClusterBalance(t *testing.T) {
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	owner, err := cl.SlotOwners(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	owner := make([]string, 16384)
-	for _, s := range slots {
-		for i := s.Start; i <= s.End; i++ {
-			owner[i] = s.Nodes[0].Addr
-		}
 	}
 	const users = 10000
 	pipe := rdb.Pipeline()

@@ -55,20 +55,21 @@ func TestReshardUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	// The slots to move: the first 1,000 of the master owning slot 0.
+	// The slots to move: the first 1,000, owned by one master.
 	const moved = 1000
-	from, to := "", ""
-	first := 0
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	owners, err := cl.SlotOwners(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if s.Start == 0 {
-			from, first = s.Nodes[0].Addr, s.Start
-		} else if to == "" {
-			to = s.Nodes[0].Addr
+	from, to, first := owners[0], "", 0
+	for _, o := range owners {
+		if o != from {
+			to = o
+			break
 		}
+	}
+	if owners[moved-1] != from || to == "" {
+		t.Fatalf("slots 0-%d are not all one master's: %s ... %s", moved-1, owners[0], owners[moved-1])
 	}
 	users := usersInSlots(t, ctx, rdb, first, first+moved, 120)
 	var load []*reshardUser

@@ -47,8 +47,8 @@ func TestDecisionEvents(t *testing.T) {
 	for i := 0; i < 6; i++ { // 5 allowed, 1 denied
 		responses = append(responses, mustCheck(t, c, checkReq(user, "/orders")))
 	}
+	mustCheck(t, c, checkReq(user, "/shadow")) // spends the shadow limit
 	shadowed := mustCheck(t, c, checkReq(user, "/shadow"))
-	shadowed = mustCheck(t, c, checkReq(user, "/shadow"))
 	responses = append(responses, shadowed)
 	idem := checkReq(user, "/tb")
 	idem.Msg.IdempotencyKey = "k"

@@ -87,7 +87,7 @@ func NewRedisClient(cfg RedisConfig) (redis.UniversalClient, error) {
 func Reachable(ctx context.Context, rdb redis.UniversalClient) error {
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
-		return c.ClusterSlots(ctx).Err()
+		return c.ClusterShards(ctx).Err()
 	default:
 		return rdb.Ping(ctx).Err()
 	}

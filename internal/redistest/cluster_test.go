@@ -3,6 +3,8 @@ package redistest_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -181,13 +183,20 @@ func TestClusterReshard(t *testing.T) {
 // slotCounts is how many slots each master serves, as the cluster tells its client.
 func slotCounts(ctx context.Context, t *testing.T, rdb *redis.ClusterClient) map[string]int {
 	t.Helper()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	counts := map[string]int{}
-	for _, s := range slots {
-		counts[s.Nodes[0].Addr] += s.End - s.Start + 1
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role != "master" {
+				continue
+			}
+			for _, r := range sh.Slots {
+				counts[net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))] += int(r.End - r.Start + 1)
+			}
+		}
 	}
 	return counts
 }

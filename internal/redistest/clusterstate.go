@@ -234,6 +234,27 @@ func (c *Cluster) Masters(ctx context.Context) ([]*Node, error) {
 	return masters, nil
 }
 
+// SlotOwners returns, for each of the 16384 slots, the address of the master serving it as a
+// running node sees it ("" for a slot nobody serves).
+func (c *Cluster) SlotOwners(ctx context.Context) ([]string, error) {
+	_, view, err := c.anyView(ctx)
+	if err != nil {
+		return nil, err
+	}
+	owners := make([]string, slotCount)
+	for _, e := range view {
+		if !e.is("master") {
+			continue
+		}
+		for _, r := range e.slots {
+			for slot := r[0]; slot <= r[1]; slot++ {
+				owners[slot] = e.addr
+			}
+		}
+	}
+	return owners, nil
+}
+
 // MasterOf returns the master that serves the slot of key, as a running node sees it.
 func (c *Cluster) MasterOf(ctx context.Context, key string) (*Node, error) {
 	n, view, err := c.anyView(ctx)
