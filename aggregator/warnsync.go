@@ -42,6 +42,10 @@ type warnings struct {
 	stored map[wkey]bool // the keys the bucket holds
 }
 
+// loadWarningsTimeout bounds loading a partition's states (and catching up), beyond the wait
+// for a peer's pin.
+const loadWarningsTimeout = 30 * time.Second
+
 // startWarnings prepares a partition's states before its first fetch: it waits until no peer
 // holds the partition's pin (a peer giving it up saves its states before it unpins), loads
 // the states from the bucket, and applies the messages the consumer delivered beyond the saved
@@ -50,7 +54,11 @@ type warnings struct {
 func (a *Aggregator) startWarnings(ctx context.Context, pt *partition, cons jetstream.Consumer) *warnings {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
-		w, err := a.loadWarnings(ctx, pt.p, cons)
+		// Bounded: a watch created while its NATS server dies may never deliver its end of
+		// initial values, and the partition would then stay owned and never fetched.
+		lctx, cancel := context.WithTimeout(ctx, a.cfg.PinnedTTL+2*a.cfg.Heartbeat+loadWarningsTimeout)
+		w, err := a.loadWarnings(lctx, pt.p, cons)
+		cancel()
 		if err == nil {
 			return w
 		}
@@ -87,8 +95,10 @@ func (a *Aggregator) loadWarnings(ctx context.Context, p int, cons jetstream.Con
 		return nil, fmt.Errorf("watch warning states: %w", err)
 	}
 	defer kw.Stop()
+	complete := false
 	for e := range kw.Updates() {
 		if e == nil {
+			complete = true
 			break
 		}
 		if e.Key() == hwKey(p) {
@@ -104,6 +114,14 @@ func (a *Aggregator) loadWarnings(ctx context.Context, p int, cons jetstream.Con
 		}
 		w.m.states[st.key()] = st
 		w.stored[st.key()] = true
+	}
+	if !complete {
+		// The watch ended (its context did) before all the states came: a partial load would
+		// forget subjects' states.
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("watch warning states: ended before the last state: %w", err)
+		}
+		return nil, errors.New("watch warning states: ended before the last state")
 	}
 	if delivered := info.Delivered.Stream; w.m.hw > 0 && delivered > w.m.hw {
 		if err := a.catchUp(ctx, w, delivered); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -117,6 +118,22 @@ func (c *Cluster) URL() string {
 func (c *Cluster) Connect() (*nats.Conn, error) {
 	return nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
 		nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1))
+}
+
+// JetStream returns a JetStream client of the cluster over a connection that reconnects
+// forever (Connect); the connection ends with the test.
+func (c *Cluster) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := c.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // WaitReady waits until JetStream can place a stream on every node: after StartCluster, and

@@ -22,15 +22,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	nc, err := c.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := c.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3})

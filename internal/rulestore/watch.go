@@ -12,11 +12,15 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
+// initialValuesTimeout bounds how long a watch waits for the buckets' initial values.
+const initialValuesTimeout = 30 * time.Second
+
 // Watch calls apply with the compiled configuration once the store's current content is read,
 // then again after every change, and at each override's expiry (so that a cache built under an
 // override is dropped when it ends). It returns when ctx ends, or with an error when the
-// buckets cannot be watched; a stored configuration that does not compile (it cannot be
-// written so) is logged and skipped, keeping the last good set.
+// buckets cannot be watched or their initial values do not all arrive within 30 s; a stored
+// configuration that does not compile (it cannot be written so) is logged and skipped, keeping
+// the last good set.
 func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 	cw, err := s.config.WatchAll(ctx)
 	if err != nil {
@@ -55,10 +59,18 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 		}
 		apply(set)
 	}
+	// A watch created while its NATS server dies may never deliver the end of its initial
+	// values; the caller restarts a watch that returns.
+	initial := time.NewTimer(initialValuesTimeout)
+	defer initial.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-initial.C:
+			if !configReady || !overridesReady {
+				return fmt.Errorf("watch: the initial values did not all arrive within %v", initialValuesTimeout)
+			}
 		case <-expiry.C:
 			rebuild()
 		case e, ok := <-cw.Updates():
