@@ -85,8 +85,9 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	var cons jetstream.Consumer
 	for {
+		cctx, cancel := apiContext(ctx)
 		var err error
-		cons, err = a.js.CreateOrUpdateConsumer(ctx, events.Stream, jetstream.ConsumerConfig{
+		cons, err = a.js.CreateOrUpdateConsumer(cctx, events.Stream, jetstream.ConsumerConfig{
 			Durable:        a.cfg.EventsConsumer,
 			Description:    "quotaflow aggregators: warning transitions, override and configuration changes into ClickHouse",
 			FilterSubjects: a.cfg.EventsSubjects,
@@ -96,6 +97,7 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 			MaxAckPending:  10000,
 			DeliverPolicy:  jetstream.DeliverAllPolicy,
 		})
+		cancel()
 		if err == nil {
 			break
 		}

@@ -162,6 +162,8 @@ func (a *Aggregator) releaseAll() []int {
 }
 
 func (a *Aggregator) unpin(ctx context.Context, p int) {
+	ctx, cancel := apiContext(ctx)
+	defer cancel()
 	s, err := a.js.Stream(ctx, a.cfg.Stream)
 	if err == nil {
 		err = s.UnpinConsumer(ctx, ConsumerName(p), PriorityGroup)
@@ -174,3 +176,13 @@ func (a *Aggregator) unpin(ctx context.Context, p int) {
 var keyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
 
 func validKey(s string) bool { return keyRE.MatchString(s) }
+
+// apiTimeout bounds one JetStream API request of a long-running loop: a request in flight when
+// its NATS server dies is never answered, and nats.go would wait for ctx, which such loops run
+// without a deadline.
+const apiTimeout = 5 * time.Second
+
+// apiContext is ctx bounded by apiTimeout.
+func apiContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, apiTimeout)
+}

@@ -85,7 +85,9 @@ func (a *Aggregator) lagLoop(ctx context.Context) {
 		var lag int64
 		ok := true
 		for _, p := range ps {
-			cons, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(p))
+			cctx, cancel := apiContext(ctx)
+			cons, err := a.js.Consumer(cctx, a.cfg.Stream, ConsumerName(p))
+			cancel()
 			if err != nil {
 				ok = false
 				break

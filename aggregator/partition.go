@@ -42,7 +42,10 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
 	for {
 		var err error
-		if cons, err = a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(pt.p)); err == nil {
+		cctx, cancel := apiContext(ctx)
+		cons, err = a.js.Consumer(cctx, a.cfg.Stream, ConsumerName(pt.p))
+		cancel()
+		if err == nil {
 			break
 		}
 		if !retry.Sleep(ctx, b.Next()) {

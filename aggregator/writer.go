@@ -233,6 +233,8 @@ func (a *Aggregator) recheck(ctx context.Context, b *pending) error {
 
 // stillPinned reports whether partition p's consumer is still pinned to pin.
 func (a *Aggregator) stillPinned(ctx context.Context, p int, pin string) bool {
+	ctx, cancel := apiContext(ctx)
+	defer cancel()
 	cons, err := a.js.Consumer(ctx, a.cfg.Stream, ConsumerName(p))
 	if err != nil {
 		return true // cannot tell: keep the rows, the insert will say
