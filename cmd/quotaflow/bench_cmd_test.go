@@ -234,8 +234,10 @@ func TestBenchStops(t *testing.T) {
 	}
 	// A target that is not there: every check is an error, none fatal, and the run still ends.
 	stdout.Reset()
-	err = runBenchCmd(context.Background(), []string{"--target", "http://" + freeAddr(t), "--duration", "300ms", "--concurrency", "2", "--json"},
-		env(nil), &stdout, &stderr)
+	if err := runBenchCmd(context.Background(), []string{"--target", "http://" + freeAddr(t), "--duration", "300ms", "--concurrency", "2", "--json"},
+		env(nil), &stdout, &stderr); err != nil {
+		t.Errorf("bench against nothing: %v, want a report of errors, not a failure", err)
+	}
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Errors == 0 || rep.Allowed+rep.Denied != 0 || len(rep.ErrorSamples) == 0 {
 		t.Errorf("against nothing: %s (%v), want only errors, with samples", stdout.String(), err)
 	}
