@@ -221,7 +221,7 @@ rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 rais
 	fs.Float64Var(&mult, "multiplier", 0, "factor applied to the limit, e.g. 2 or 0.5")
 	fs.DurationVar(&duration, "duration", 0, "how long the override lasts, e.g. 30m or 24h (required)")
 	fs.StringVar(&reason, "reason", "", "why, for the audit (required)")
-	fs.StringVar(&id, "id", "", "override `id` (default: a random one)")
+	fs.StringVar(&id, "id", "", "override `id` (default: a random one); with an id, running the same command again after an error is safe: a stored override is kept, not doubled")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}

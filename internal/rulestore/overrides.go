@@ -33,11 +33,24 @@ func (s *Store) PutOverride(ctx context.Context, o rules.Override) error {
 		return fmt.Errorf("encode override: %w", err)
 	}
 	if _, err := s.overrides.Create(ctx, o.ID, data, jetstream.KeyTTL(ttl.Round(time.Second)+time.Second)); errors.Is(err, jetstream.ErrKeyExists) {
+		// A retry of a create that was stored but not answered (its NATS server died), or whose
+		// event was not published: the stored override stands, and its "created" event is
+		// published again — its id makes a copy a duplicate the stream drops. Another change
+		// under the same id is a conflict.
+		if stored, gerr := s.Override(ctx, o.ID); gerr == nil && sameChange(stored, o) {
+			return s.publishOverride(ctx, events.OverrideCreated, stored.Creator, stored.CreatedAt, stored)
+		}
 		return fmt.Errorf("override %q: %w", o.ID, rules.ErrExists)
 	} else if err != nil {
 		return fmt.Errorf("store override: %w", err)
 	}
 	return s.publishOverride(ctx, events.OverrideCreated, o.Creator, o.CreatedAt, o)
+}
+
+// sameChange reports whether two overrides make the same change, whenever each was made.
+func sameChange(a, b rules.Override) bool {
+	a.CreatedAt, a.ExpiresAt, b.CreatedAt, b.ExpiresAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	return a == b
 }
 
 // DeleteOverride removes an override before its expiry and publishes its "deleted" event.

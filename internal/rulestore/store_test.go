@@ -195,8 +195,15 @@ func TestOverrideLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.PutOverride(ctx, short); !errors.Is(err, rules.ErrExists) {
-		t.Errorf("PutOverride of a used id = %v, want rules.ErrExists", err)
+	retried := short
+	retried.CreatedAt, retried.ExpiresAt = now.Add(time.Second), now.Add(3*time.Second)
+	if err := s.PutOverride(ctx, retried); err != nil {
+		t.Errorf("PutOverride retried (same id, same change) = %v, want nil: the stored one stands", err)
+	}
+	other := short
+	other.Limit = 4
+	if err := s.PutOverride(ctx, other); !errors.Is(err, rules.ErrExists) {
+		t.Errorf("PutOverride of a used id for another change = %v, want rules.ErrExists", err)
 	}
 	bad := short
 	bad.ID, bad.RuleID = "bad", "nope"
