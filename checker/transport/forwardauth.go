@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,10 +15,18 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// forwardAuth serves gateways (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz over
-// HTTP): the subjects and endpoint come from headers, the answer is 200 or 429 with the
-// X-RateLimit-*, Retry-After and IETF RateLimit fields and the JSON body the README's "The check API" describes.
+// forwardAuth serves gateways (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth,
+// HAProxy, Envoy ext_authz over HTTP): the subjects and endpoint come from headers, the answer
+// is 200 or 429 with the X-RateLimit-*, Retry-After and IETF RateLimit fields and the JSON body
+// the README's "The check API" describes. ?deny_status=401|403 answers a denial with that
+// status instead, for nginx, whose auth_request turns any other status (429 included) into a
+// 500; the gateway then rewrites it to 429 (deploy/nginx).
 func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
+	denyStatus, err := denyStatus(r)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return
+	}
 	q, err := s.fa.query(r)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
@@ -51,7 +60,7 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
 		h.Set("X-RateLimit-State", body.State)
 		reset := checker.CeilMillis(out.DecidingLimit().Result.ResetAt.Sub(out.Now))
-		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", d.RuleId, d.Remaining, checker.CeilSeconds(max(0, reset))))
+		h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", sfString(d.RuleId), max(0, d.Remaining), checker.CeilSeconds(max(0, reset))))
 		h.Set("RateLimit-Policy", policies(out))
 		if !out.Allowed {
 			secs := checker.CeilSeconds(d.RetryAfterMs)
@@ -63,12 +72,93 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-RateLimit-Degraded", "true")
 	}
 	status := http.StatusOK
+	contentType := "application/json"
 	if !out.Allowed {
-		status = http.StatusTooManyRequests
+		status = denyStatus
 		body.Error = "rate_limit_exceeded"
 		body.Message = fmt.Sprintf("Too many requests. Please retry after %d seconds.", *body.RetryAfter)
+		if acceptsProblem(r) {
+			// The draft's quota-exceeded problem type; the members of the plain answer stay,
+			// so that a client reading either finds what it knows.
+			contentType = "application/problem+json"
+			body.Type, body.Title, body.Status = quotaExceededType, quotaExceededTitle, status
+			body.ViolatedPolicies = violated(out)
+		}
 	}
-	writeJSON(w, status, body)
+	h.Set("Content-Type", contentType)
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body)
+}
+
+// The problem type of draft-ietf-httpapi-ratelimit-headers-11, section "Problem Types".
+const (
+	quotaExceededType  = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	quotaExceededTitle = "Request cannot be satisfied as assigned quota has been exceeded"
+)
+
+// denyStatus is the status of a denial: 429, or the 401 or 403 that ?deny_status= asks for.
+// Only those: a gateway maps a denial it can tell from its other answers, and nginx accepts no
+// other.
+func denyStatus(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("deny_status")
+	switch v {
+	case "", "429":
+		return http.StatusTooManyRequests, nil
+	case "401":
+		return http.StatusUnauthorized, nil
+	case "403":
+		return http.StatusForbidden, nil
+	}
+	return 0, checker.FieldErrorf("deny_status", "want 401, 403 or 429, got %q", v)
+}
+
+// acceptsProblem reports whether the client asked for application/problem+json.
+func acceptsProblem(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for _, item := range strings.Split(v, ",") {
+			mt, _, _ := strings.Cut(item, ";")
+			if strings.EqualFold(strings.TrimSpace(mt), "application/problem+json") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// violated lists the enforced rules that denied, each once.
+func violated(o *checker.Outcome) []string {
+	var ids []string
+	for i := range o.Limits {
+		l := &o.Limits[i]
+		if l.Rule.Shadow || l.Result.Allowed || slices.Contains(ids, l.Rule.ID) {
+			continue
+		}
+		ids = append(ids, l.Rule.ID)
+	}
+	return ids
+}
+
+// sfString renders s as a structured-field String (RFC 8941 section 3.3.3), as the RateLimit
+// fields name their policies: only printable ASCII, with " and \ escaped. Go's %q differs for
+// anything else (\t, \u00e9), which a structured-field parser rejects, so such bytes become '?'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // forwardAuthBody is the forward-auth answer the README's "The check API" describes, with the error fields on a denial.
@@ -85,6 +175,13 @@ type forwardAuthBody struct {
 	Tier       string `json:"tier,omitempty"`
 	Degraded   bool   `json:"degraded,omitempty"`
 	DecisionID string `json:"decision_id,omitempty"`
+
+	// The quota-exceeded problem's members, on a denial to a client that accepts
+	// application/problem+json.
+	Type             string   `json:"type,omitempty"`
+	Title            string   `json:"title,omitempty"`
+	Status           int      `json:"status,omitempty"`
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
 }
 
 // ForwardAuthConfig configures GET /ratelimit/check. The zero value reads the subjects from
@@ -250,7 +347,7 @@ func policies(o *checker.Outcome) string {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "%q;q=%d;w=%d", l.Rule.ID, l.Limit.Limit, max(1, int64(l.Limit.Window/time.Second)))
+		fmt.Fprintf(&b, "%s;q=%d;w=%d", sfString(l.Rule.ID), l.Limit.Limit, max(1, int64(l.Limit.Window/time.Second)))
 		if l.Limit.Capacity() != l.Limit.Limit {
 			fmt.Fprintf(&b, ";burst=%d", l.Limit.Capacity())
 		}
