@@ -41,6 +41,11 @@ func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateL
 	if err := s.authorizeCheck(ctx, "CheckRateLimit", req.GetTier()); err != nil {
 		return nil, err
 	}
+	return s.decide(ctx, req)
+}
+
+// decide makes one check whose caller is authorized: CheckRateLimit's, or one of a batch's.
+func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
 	q, err := checker.NewCheckQuery(req, time.Now())
 	if err != nil {
 		return nil, s.rpcError(err)
@@ -122,6 +127,10 @@ func grpcResponse[T any](msg *T, err error) (*T, error) {
 
 func (g grpcRateLimiter) CheckRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
 	return grpcResponse(g.s.checkRateLimit(g.s.authenticateGRPC(ctx), req))
+}
+
+func (g grpcRateLimiter) CheckRateLimits(ctx context.Context, req *quotaflowv1.CheckRateLimitsRequest) (*quotaflowv1.CheckRateLimitsResponse, error) {
+	return grpcResponse(g.s.checkRateLimits(g.s.authenticateGRPC(ctx), req))
 }
 
 func (g grpcRateLimiter) GetRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {

@@ -648,6 +648,246 @@ func (x *CheckRateLimitResponse) GetDecisionId() string {
 	return ""
 }
 
+type CheckRateLimitsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// checks are decided independently, at most 1000 per call (more is refused with
+	// InvalidArgument naming `checks`).
+	Checks        []*CheckRateLimitRequest `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRateLimitsRequest) Reset() {
+	*x = CheckRateLimitsRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRateLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRateLimitsRequest) ProtoMessage() {}
+
+func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRateLimitsRequest.ProtoReflect.Descriptor instead.
+func (*CheckRateLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CheckRateLimitsRequest) GetChecks() []*CheckRateLimitRequest {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+type CheckRateLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results has one entry per check, in the request's order.
+	Results       []*CheckRateLimitsResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRateLimitsResponse) Reset() {
+	*x = CheckRateLimitsResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRateLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRateLimitsResponse) ProtoMessage() {}
+
+func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRateLimitsResponse.ProtoReflect.Descriptor instead.
+func (*CheckRateLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CheckRateLimitsResponse) GetResults() []*CheckRateLimitsResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// CheckRateLimitsResult is the answer to one check of a batch: its response (a denial is a
+// normal response), or the error the same check would have got from CheckRateLimit.
+type CheckRateLimitsResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*CheckRateLimitsResult_Response
+	//	*CheckRateLimitsResult_Error
+	Result        isCheckRateLimitsResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRateLimitsResult) Reset() {
+	*x = CheckRateLimitsResult{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRateLimitsResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRateLimitsResult) ProtoMessage() {}
+
+func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRateLimitsResult.ProtoReflect.Descriptor instead.
+func (*CheckRateLimitsResult) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CheckRateLimitsResult) GetResult() isCheckRateLimitsResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *CheckRateLimitsResult) GetResponse() *CheckRateLimitResponse {
+	if x != nil {
+		if x, ok := x.Result.(*CheckRateLimitsResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *CheckRateLimitsResult) GetError() *CheckError {
+	if x != nil {
+		if x, ok := x.Result.(*CheckRateLimitsResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isCheckRateLimitsResult_Result interface {
+	isCheckRateLimitsResult_Result()
+}
+
+type CheckRateLimitsResult_Response struct {
+	Response *CheckRateLimitResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type CheckRateLimitsResult_Error struct {
+	Error *CheckError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*CheckRateLimitsResult_Response) isCheckRateLimitsResult_Result() {}
+
+func (*CheckRateLimitsResult_Error) isCheckRateLimitsResult_Result() {}
+
+// CheckError is one check's error within a batch.
+type CheckError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is the gRPC status code (the same numbers as Connect's codes): 3 InvalidArgument,
+	// 7 PermissionDenied, 14 Unavailable, ...
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// message names the field at fault as checks[i].<field> when there is one.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// field is the field at fault, checks[i].<field>, or empty.
+	Field         string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckError) Reset() {
+	*x = CheckError{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckError) ProtoMessage() {}
+
+func (x *CheckError) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckError.ProtoReflect.Descriptor instead.
+func (*CheckError) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CheckError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CheckError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *CheckError) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
 type GetRemainingQuotaRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Identifier string                 `protobuf:"bytes,1,opt,name=identifier,proto3" json:"identifier,omitempty"`
@@ -663,7 +903,7 @@ type GetRemainingQuotaRequest struct {
 
 func (x *GetRemainingQuotaRequest) Reset() {
 	*x = GetRemainingQuotaRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +915,7 @@ func (x *GetRemainingQuotaRequest) String() string {
 func (*GetRemainingQuotaRequest) ProtoMessage() {}
 
 func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +928,7 @@ func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRemainingQuotaRequest) GetIdentifier() string {
@@ -756,7 +996,7 @@ type GetRemainingQuotaResponse struct {
 
 func (x *GetRemainingQuotaResponse) Reset() {
 	*x = GetRemainingQuotaResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +1008,7 @@ func (x *GetRemainingQuotaResponse) String() string {
 func (*GetRemainingQuotaResponse) ProtoMessage() {}
 
 func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +1021,7 @@ func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRemainingQuotaResponse) GetAllowed() bool {
@@ -882,7 +1122,7 @@ type ResetLimitRequest struct {
 
 func (x *ResetLimitRequest) Reset() {
 	*x = ResetLimitRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1134,7 @@ func (x *ResetLimitRequest) String() string {
 func (*ResetLimitRequest) ProtoMessage() {}
 
 func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1147,7 @@ func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitRequest.ProtoReflect.Descriptor instead.
 func (*ResetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResetLimitRequest) GetIdentifier() string {
@@ -950,7 +1190,7 @@ type ResetLimitResponse struct {
 
 func (x *ResetLimitResponse) Reset() {
 	*x = ResetLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1202,7 @@ func (x *ResetLimitResponse) String() string {
 func (*ResetLimitResponse) ProtoMessage() {}
 
 func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1215,7 @@ func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitResponse.ProtoReflect.Descriptor instead.
 func (*ResetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResetLimitResponse) GetResetCount() int64 {
@@ -1052,7 +1292,20 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\rclock_skew_ms\x18\r \x01(\x03R\vclockSkewMs\x12\x12\n" +
 	"\x04tier\x18\x0e \x01(\tR\x04tier\x12\x1f\n" +
 	"\vdecision_id\x18\x0f \x01(\tR\n" +
-	"decisionId\"\xe8\x01\n" +
+	"decisionId\"U\n" +
+	"\x16CheckRateLimitsRequest\x12;\n" +
+	"\x06checks\x18\x01 \x03(\v2#.quotaflow.v1.CheckRateLimitRequestR\x06checks\"X\n" +
+	"\x17CheckRateLimitsResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.quotaflow.v1.CheckRateLimitsResultR\aresults\"\x97\x01\n" +
+	"\x15CheckRateLimitsResult\x12B\n" +
+	"\bresponse\x18\x01 \x01(\v2$.quotaflow.v1.CheckRateLimitResponseH\x00R\bresponse\x120\n" +
+	"\x05error\x18\x02 \x01(\v2\x18.quotaflow.v1.CheckErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"P\n" +
+	"\n" +
+	"CheckError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\"\xe8\x01\n" +
 	"\x18GetRemainingQuotaRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +
@@ -1098,9 +1351,10 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
 	"\rSTATE_WARNING\x10\x02\x12\x13\n" +
-	"\x0fSTATE_THROTTLED\x10\x032\xa6\x02\n" +
+	"\x0fSTATE_THROTTLED\x10\x032\x86\x03\n" +
 	"\vRateLimiter\x12[\n" +
-	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12i\n" +
+	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12^\n" +
+	"\x0fCheckRateLimits\x12$.quotaflow.v1.CheckRateLimitsRequest\x1a%.quotaflow.v1.CheckRateLimitsResponse\x12i\n" +
 	"\x11GetRemainingQuota\x12&.quotaflow.v1.GetRemainingQuotaRequest\x1a'.quotaflow.v1.GetRemainingQuotaResponse\"\x03\x90\x02\x01\x12O\n" +
 	"\n" +
 	"ResetLimit\x12\x1f.quotaflow.v1.ResetLimitRequest\x1a .quotaflow.v1.ResetLimitResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
@@ -1118,7 +1372,7 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
@@ -1126,10 +1380,14 @@ var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(*CheckRateLimitRequest)(nil),     // 3: quotaflow.v1.CheckRateLimitRequest
 	(*LimitStatus)(nil),               // 4: quotaflow.v1.LimitStatus
 	(*CheckRateLimitResponse)(nil),    // 5: quotaflow.v1.CheckRateLimitResponse
-	(*GetRemainingQuotaRequest)(nil),  // 6: quotaflow.v1.GetRemainingQuotaRequest
-	(*GetRemainingQuotaResponse)(nil), // 7: quotaflow.v1.GetRemainingQuotaResponse
-	(*ResetLimitRequest)(nil),         // 8: quotaflow.v1.ResetLimitRequest
-	(*ResetLimitResponse)(nil),        // 9: quotaflow.v1.ResetLimitResponse
+	(*CheckRateLimitsRequest)(nil),    // 6: quotaflow.v1.CheckRateLimitsRequest
+	(*CheckRateLimitsResponse)(nil),   // 7: quotaflow.v1.CheckRateLimitsResponse
+	(*CheckRateLimitsResult)(nil),     // 8: quotaflow.v1.CheckRateLimitsResult
+	(*CheckError)(nil),                // 9: quotaflow.v1.CheckError
+	(*GetRemainingQuotaRequest)(nil),  // 10: quotaflow.v1.GetRemainingQuotaRequest
+	(*GetRemainingQuotaResponse)(nil), // 11: quotaflow.v1.GetRemainingQuotaResponse
+	(*ResetLimitRequest)(nil),         // 12: quotaflow.v1.ResetLimitRequest
+	(*ResetLimitResponse)(nil),        // 13: quotaflow.v1.ResetLimitResponse
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -1139,22 +1397,28 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 4: quotaflow.v1.LimitStatus.state:type_name -> quotaflow.v1.State
 	1,  // 5: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
 	4,  // 6: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	0,  // 7: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
-	2,  // 8: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
-	1,  // 9: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
-	4,  // 10: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	0,  // 11: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	3,  // 12: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	6,  // 13: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	8,  // 14: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	5,  // 15: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	7,  // 16: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	9,  // 17: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 7: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
+	8,  // 8: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
+	5,  // 9: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
+	9,  // 10: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
+	0,  // 11: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
+	2,  // 12: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
+	1,  // 13: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
+	4,  // 14: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	0,  // 15: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
+	3,  // 16: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	6,  // 17: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	10, // 18: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	12, // 19: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	5,  // 20: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	7,  // 21: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	11, // 22: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	13, // 23: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -1162,13 +1426,17 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 	if File_quotaflow_v1_ratelimit_proto != nil {
 		return
 	}
+	file_quotaflow_v1_ratelimit_proto_msgTypes[6].OneofWrappers = []any{
+		(*CheckRateLimitsResult_Response)(nil),
+		(*CheckRateLimitsResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

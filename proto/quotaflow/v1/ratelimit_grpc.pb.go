@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	RateLimiter_CheckRateLimit_FullMethodName    = "/quotaflow.v1.RateLimiter/CheckRateLimit"
+	RateLimiter_CheckRateLimits_FullMethodName   = "/quotaflow.v1.RateLimiter/CheckRateLimits"
 	RateLimiter_GetRemainingQuota_FullMethodName = "/quotaflow.v1.RateLimiter/GetRemainingQuota"
 	RateLimiter_ResetLimit_FullMethodName        = "/quotaflow.v1.RateLimiter/ResetLimit"
 )
@@ -38,6 +39,10 @@ type RateLimiterClient interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
 	// global limits, and consumes `cost` from all of them only when all of them allow.
 	CheckRateLimit(ctx context.Context, in *CheckRateLimitRequest, opts ...grpc.CallOption) (*CheckRateLimitResponse, error)
+	// CheckRateLimits makes several independent checks in one call. Each check is decided as
+	// CheckRateLimit decides it, all-or-nothing on its own subjects; one check's denial or error
+	// never changes another's. The response has one result per check, in the request's order.
+	CheckRateLimits(ctx context.Context, in *CheckRateLimitsRequest, opts ...grpc.CallOption) (*CheckRateLimitsResponse, error)
 	// GetRemainingQuota reports what a check with the same fields would see, without consuming.
 	GetRemainingQuota(ctx context.Context, in *GetRemainingQuotaRequest, opts ...grpc.CallOption) (*GetRemainingQuotaResponse, error)
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
@@ -57,6 +62,16 @@ func (c *rateLimiterClient) CheckRateLimit(ctx context.Context, in *CheckRateLim
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckRateLimitResponse)
 	err := c.cc.Invoke(ctx, RateLimiter_CheckRateLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) CheckRateLimits(ctx context.Context, in *CheckRateLimitsRequest, opts ...grpc.CallOption) (*CheckRateLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckRateLimitsResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_CheckRateLimits_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +109,10 @@ type RateLimiterServer interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
 	// global limits, and consumes `cost` from all of them only when all of them allow.
 	CheckRateLimit(context.Context, *CheckRateLimitRequest) (*CheckRateLimitResponse, error)
+	// CheckRateLimits makes several independent checks in one call. Each check is decided as
+	// CheckRateLimit decides it, all-or-nothing on its own subjects; one check's denial or error
+	// never changes another's. The response has one result per check, in the request's order.
+	CheckRateLimits(context.Context, *CheckRateLimitsRequest) (*CheckRateLimitsResponse, error)
 	// GetRemainingQuota reports what a check with the same fields would see, without consuming.
 	GetRemainingQuota(context.Context, *GetRemainingQuotaRequest) (*GetRemainingQuotaResponse, error)
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
@@ -111,6 +130,9 @@ type UnimplementedRateLimiterServer struct{}
 
 func (UnimplementedRateLimiterServer) CheckRateLimit(context.Context, *CheckRateLimitRequest) (*CheckRateLimitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckRateLimit not implemented")
+}
+func (UnimplementedRateLimiterServer) CheckRateLimits(context.Context, *CheckRateLimitsRequest) (*CheckRateLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckRateLimits not implemented")
 }
 func (UnimplementedRateLimiterServer) GetRemainingQuota(context.Context, *GetRemainingQuotaRequest) (*GetRemainingQuotaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRemainingQuota not implemented")
@@ -153,6 +175,24 @@ func _RateLimiter_CheckRateLimit_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RateLimiterServer).CheckRateLimit(ctx, req.(*CheckRateLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_CheckRateLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckRateLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).CheckRateLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_CheckRateLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).CheckRateLimits(ctx, req.(*CheckRateLimitsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -203,6 +243,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckRateLimit",
 			Handler:    _RateLimiter_CheckRateLimit_Handler,
+		},
+		{
+			MethodName: "CheckRateLimits",
+			Handler:    _RateLimiter_CheckRateLimits_Handler,
 		},
 		{
 			MethodName: "GetRemainingQuota",

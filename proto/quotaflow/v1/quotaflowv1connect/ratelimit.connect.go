@@ -38,6 +38,9 @@ const (
 	// RateLimiterCheckRateLimitProcedure is the fully-qualified name of the RateLimiter's
 	// CheckRateLimit RPC.
 	RateLimiterCheckRateLimitProcedure = "/quotaflow.v1.RateLimiter/CheckRateLimit"
+	// RateLimiterCheckRateLimitsProcedure is the fully-qualified name of the RateLimiter's
+	// CheckRateLimits RPC.
+	RateLimiterCheckRateLimitsProcedure = "/quotaflow.v1.RateLimiter/CheckRateLimits"
 	// RateLimiterGetRemainingQuotaProcedure is the fully-qualified name of the RateLimiter's
 	// GetRemainingQuota RPC.
 	RateLimiterGetRemainingQuotaProcedure = "/quotaflow.v1.RateLimiter/GetRemainingQuota"
@@ -50,6 +53,10 @@ type RateLimiterClient interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
 	// global limits, and consumes `cost` from all of them only when all of them allow.
 	CheckRateLimit(context.Context, *connect.Request[v1.CheckRateLimitRequest]) (*connect.Response[v1.CheckRateLimitResponse], error)
+	// CheckRateLimits makes several independent checks in one call. Each check is decided as
+	// CheckRateLimit decides it, all-or-nothing on its own subjects; one check's denial or error
+	// never changes another's. The response has one result per check, in the request's order.
+	CheckRateLimits(context.Context, *connect.Request[v1.CheckRateLimitsRequest]) (*connect.Response[v1.CheckRateLimitsResponse], error)
 	// GetRemainingQuota reports what a check with the same fields would see, without consuming.
 	GetRemainingQuota(context.Context, *connect.Request[v1.GetRemainingQuotaRequest]) (*connect.Response[v1.GetRemainingQuotaResponse], error)
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
@@ -74,6 +81,12 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(rateLimiterMethods.ByName("CheckRateLimit")),
 			connect.WithClientOptions(opts...),
 		),
+		checkRateLimits: connect.NewClient[v1.CheckRateLimitsRequest, v1.CheckRateLimitsResponse](
+			httpClient,
+			baseURL+RateLimiterCheckRateLimitsProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("CheckRateLimits")),
+			connect.WithClientOptions(opts...),
+		),
 		getRemainingQuota: connect.NewClient[v1.GetRemainingQuotaRequest, v1.GetRemainingQuotaResponse](
 			httpClient,
 			baseURL+RateLimiterGetRemainingQuotaProcedure,
@@ -93,6 +106,7 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 // rateLimiterClient implements RateLimiterClient.
 type rateLimiterClient struct {
 	checkRateLimit    *connect.Client[v1.CheckRateLimitRequest, v1.CheckRateLimitResponse]
+	checkRateLimits   *connect.Client[v1.CheckRateLimitsRequest, v1.CheckRateLimitsResponse]
 	getRemainingQuota *connect.Client[v1.GetRemainingQuotaRequest, v1.GetRemainingQuotaResponse]
 	resetLimit        *connect.Client[v1.ResetLimitRequest, v1.ResetLimitResponse]
 }
@@ -100,6 +114,11 @@ type rateLimiterClient struct {
 // CheckRateLimit calls quotaflow.v1.RateLimiter.CheckRateLimit.
 func (c *rateLimiterClient) CheckRateLimit(ctx context.Context, req *connect.Request[v1.CheckRateLimitRequest]) (*connect.Response[v1.CheckRateLimitResponse], error) {
 	return c.checkRateLimit.CallUnary(ctx, req)
+}
+
+// CheckRateLimits calls quotaflow.v1.RateLimiter.CheckRateLimits.
+func (c *rateLimiterClient) CheckRateLimits(ctx context.Context, req *connect.Request[v1.CheckRateLimitsRequest]) (*connect.Response[v1.CheckRateLimitsResponse], error) {
+	return c.checkRateLimits.CallUnary(ctx, req)
 }
 
 // GetRemainingQuota calls quotaflow.v1.RateLimiter.GetRemainingQuota.
@@ -117,6 +136,10 @@ type RateLimiterHandler interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
 	// global limits, and consumes `cost` from all of them only when all of them allow.
 	CheckRateLimit(context.Context, *connect.Request[v1.CheckRateLimitRequest]) (*connect.Response[v1.CheckRateLimitResponse], error)
+	// CheckRateLimits makes several independent checks in one call. Each check is decided as
+	// CheckRateLimit decides it, all-or-nothing on its own subjects; one check's denial or error
+	// never changes another's. The response has one result per check, in the request's order.
+	CheckRateLimits(context.Context, *connect.Request[v1.CheckRateLimitsRequest]) (*connect.Response[v1.CheckRateLimitsResponse], error)
 	// GetRemainingQuota reports what a check with the same fields would see, without consuming.
 	GetRemainingQuota(context.Context, *connect.Request[v1.GetRemainingQuotaRequest]) (*connect.Response[v1.GetRemainingQuotaResponse], error)
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
@@ -137,6 +160,12 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		connect.WithSchema(rateLimiterMethods.ByName("CheckRateLimit")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rateLimiterCheckRateLimitsHandler := connect.NewUnaryHandler(
+		RateLimiterCheckRateLimitsProcedure,
+		svc.CheckRateLimits,
+		connect.WithSchema(rateLimiterMethods.ByName("CheckRateLimits")),
+		connect.WithHandlerOptions(opts...),
+	)
 	rateLimiterGetRemainingQuotaHandler := connect.NewUnaryHandler(
 		RateLimiterGetRemainingQuotaProcedure,
 		svc.GetRemainingQuota,
@@ -154,6 +183,8 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		switch r.URL.Path {
 		case RateLimiterCheckRateLimitProcedure:
 			rateLimiterCheckRateLimitHandler.ServeHTTP(w, r)
+		case RateLimiterCheckRateLimitsProcedure:
+			rateLimiterCheckRateLimitsHandler.ServeHTTP(w, r)
 		case RateLimiterGetRemainingQuotaProcedure:
 			rateLimiterGetRemainingQuotaHandler.ServeHTTP(w, r)
 		case RateLimiterResetLimitProcedure:
@@ -169,6 +200,10 @@ type UnimplementedRateLimiterHandler struct{}
 
 func (UnimplementedRateLimiterHandler) CheckRateLimit(context.Context, *connect.Request[v1.CheckRateLimitRequest]) (*connect.Response[v1.CheckRateLimitResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.CheckRateLimit is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) CheckRateLimits(context.Context, *connect.Request[v1.CheckRateLimitsRequest]) (*connect.Response[v1.CheckRateLimitsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.CheckRateLimits is not implemented"))
 }
 
 func (UnimplementedRateLimiterHandler) GetRemainingQuota(context.Context, *connect.Request[v1.GetRemainingQuotaRequest]) (*connect.Response[v1.GetRemainingQuotaResponse], error) {
