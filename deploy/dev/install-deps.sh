@@ -29,6 +29,12 @@ command -v clickhouse-client >/dev/null 2>&1 || missing+=(clickhouse-client)
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 # `docker-compose config` validates docker-compose.yml in the tests; no Docker engine is needed.
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+# The gateways that the forward-auth tests (TestGateway*) run in front of a checker: nginx
+# (auth_request), Caddy (forward_auth) and HAProxy (Lua core.httpclient). Debian puts nginx and
+# haproxy in /usr/sbin. nginx-light is the smallest nginx with auth_request.
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
+command -v caddy >/dev/null 2>&1 || missing+=(caddy)
+[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,0 +1,225 @@
+package transport
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/proctest"
+)
+
+// deployDir is the repository's deploy folder: the tests run the configs users copy.
+const deployDir = "../../deploy"
+
+// sbin is where Debian installs nginx and haproxy, which a user's PATH may lack.
+var sbin = []string{"/usr/sbin", "/usr/local/sbin"}
+
+// gatewayKind knows how to run one gateway with the repository's config in front of a checker
+// (host:port) and an upstream app (host:port).
+type gatewayKind struct {
+	name  string
+	setup func(dir string, port int, checker, app string) (proctest.Config, error)
+}
+
+var gatewayKinds = []gatewayKind{
+	{"nginx", nginxSetup},
+}
+
+// gateway is a running gateway process.
+type gateway struct {
+	p   *proctest.Process
+	url string
+}
+
+// startGateway runs kind on a free port, its config, pid and logs in a temporary folder that
+// goes with the test.
+func startGateway(t *testing.T, kind gatewayKind, checker, app string) *gateway {
+	t.Helper()
+	g, err := proctest.Start(kind.name, 1, func(p *proctest.Process, dir string, ports []int) (*gateway, proctest.Config, error) {
+		cfg, err := kind.setup(dir, ports[0], checker, app)
+		return &gateway{p: p, url: "http://" + proctest.Addr(ports[0])}, cfg, err
+	})
+	if err != nil {
+		t.Fatalf("start %s: %v", kind.name, err)
+	}
+	t.Cleanup(g.p.Close)
+	return g
+}
+
+func absDeploy(parts ...string) (string, error) {
+	p, err := filepath.Abs(filepath.Join(append([]string{deployDir}, parts...)...))
+	if err != nil {
+		return "", fmt.Errorf("find the deploy folder: %w", err)
+	}
+	return p, nil
+}
+
+// nginxSetup runs nginx in the foreground as one process (no master, so that the kill that
+// stops it leaves no worker behind), including deploy/nginx's snippets as a user would.
+func nginxSetup(dir string, port int, checker, app string) (proctest.Config, error) {
+	snippets, err := absDeploy("nginx")
+	if err != nil {
+		return proctest.Config{}, err
+	}
+	conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log info;
+events { worker_connections 256; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    uwsgi_temp_path %[1]s/uwsgi;
+    scgi_temp_path %[1]s/scgi;
+    upstream quotaflow_checker { server %[2]s; keepalive 4; }
+    upstream app { server %[3]s; }
+    server {
+        listen %[4]s;
+        set $quotaflow_upstream http://app;
+        include %[5]s/quotaflow.conf;
+        location / {
+            include %[5]s/quotaflow-location.conf;
+            proxy_pass http://app;
+        }
+    }
+}
+`, dir, checker, app, proctest.Addr(port), snippets)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		return proctest.Config{}, fmt.Errorf("write nginx.conf: %w", err)
+	}
+	return proctest.Config{
+		Name:     "nginx",
+		Path:     "nginx",
+		Search:   sbin,
+		Args:     []string{"-p", dir + "/", "-c", path, "-e", filepath.Join(dir, "error.log")},
+		LogFiles: []string{filepath.Join(dir, "error.log")},
+		Ready:    proctest.Listening(proctest.Addr(port)),
+	}, nil
+}
+
+// app is the upstream behind a gateway: it counts the requests that reach it.
+type app struct {
+	srv  *httptest.Server
+	hits atomic.Int64
+}
+
+func newApp(t *testing.T) *app {
+	a := &app{}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.hits.Add(1)
+		io.WriteString(w, "app "+r.URL.Path)
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+func (a *app) addr() string { return strings.TrimPrefix(a.srv.URL, "http://") }
+
+func gatewayGet(t *testing.T, base, path, user string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-User-Id", user)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read the answer to GET %s: %v", path, err)
+	}
+	return resp, string(b)
+}
+
+// TestGateways runs each gateway with the repository's config in front of a real checker and a
+// real upstream: allowed requests reach the upstream and carry the RateLimit headers, a denial
+// reaches the client as 429 with Retry-After and the headers, and with the checker down the
+// gateway fails open.
+func TestGateways(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{})
+	u, err := url.Parse(env.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := proctest.FreePort() // nothing listens there: a checker that is down
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range gatewayKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			a := newApp(t)
+			gw := startGateway(t, kind, u.Host, a.addr())
+			user := id(t, "u")
+			// user-tb allows 3 an hour.
+			for i := range 3 {
+				resp, body := gatewayGet(t, gw.url, "/tb", user)
+				if resp.StatusCode != http.StatusOK || body != "app /tb" {
+					t.Fatalf("call %d = %d %q, want 200 from the upstream", i+1, resp.StatusCode, body)
+				}
+				wantHeaders(t, resp.Header, map[string]string{
+					"RateLimit":             `^"user-tb";r=` + strconv.Itoa(2-i) + `;t=\d+$`,
+					"RateLimit-Policy":      `^"user-tb";q=3;w=3600$`,
+					"X-RateLimit-Limit":     `^3$`,
+					"X-RateLimit-Remaining": `^` + strconv.Itoa(2-i) + `$`,
+					"X-RateLimit-Reset":     `^\d+$`,
+				})
+			}
+			resp, body := gatewayGet(t, gw.url, "/tb", user)
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("fourth call = %d %q, want 429", resp.StatusCode, body)
+			}
+			wantHeaders(t, resp.Header, map[string]string{
+				"Retry-After":           `^[1-9]\d*$`,
+				"RateLimit":             `^"user-tb";r=0;t=\d+$`,
+				"RateLimit-Policy":      `^"user-tb";q=3;w=3600$`,
+				"X-RateLimit-Limit":     `^3$`,
+				"X-RateLimit-Remaining": `^0$`,
+				"X-RateLimit-Reset":     `^\d+$`,
+			})
+			if !strings.Contains(body, `"rate_limit_exceeded"`) {
+				t.Errorf("429 body = %q, want the rate_limit_exceeded answer", body)
+			}
+			if got := a.hits.Load(); got != 3 {
+				t.Errorf("upstream reached %d times, want 3: the denial must not reach it", got)
+			}
+
+			down := startGateway(t, kind, proctest.Addr(dead), a.addr())
+			resp, body = gatewayGet(t, down.url, "/tb", user)
+			if resp.StatusCode != http.StatusOK || body != "app /tb" {
+				t.Errorf("with the checker down = %d %q, want 200 from the upstream (fail open)", resp.StatusCode, body)
+			}
+			if got := a.hits.Load(); got != 4 {
+				t.Errorf("upstream reached %d times, want 4", got)
+			}
+		})
+	}
+}
+
+// wantHeaders checks each header against its pattern.
+func wantHeaders(t *testing.T, h http.Header, want map[string]string) {
+	t.Helper()
+	for name, pattern := range want {
+		if got := h.Get(name); !regexp.MustCompile(pattern).MatchString(got) {
+			t.Errorf("%s = %q, want %s", name, got, pattern)
+		}
+	}
+}
