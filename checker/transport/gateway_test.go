@@ -33,6 +33,7 @@ type gatewayKind struct {
 
 var gatewayKinds = []gatewayKind{
 	{"nginx", nginxSetup},
+	{"caddy", caddySetup},
 }
 
 // gateway is a running gateway process.
@@ -111,6 +112,25 @@ http {
 	}, nil
 }
 
+// caddySetup runs deploy/caddy/Caddyfile as it is, its addresses from the environment.
+func caddySetup(dir string, port int, checker, app string) (proctest.Config, error) {
+	path, err := absDeploy("caddy", "Caddyfile")
+	if err != nil {
+		return proctest.Config{}, err
+	}
+	return proctest.Config{
+		Name:   "caddy",
+		Path:   "caddy",
+		Search: sbin,
+		Args:   []string{"run", "--config", path, "--adapter", "caddyfile"},
+		// Caddy keeps its state under XDG_DATA_HOME and XDG_CONFIG_HOME (HOME without them):
+		// the test's folder, not the user's.
+		Env: []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app,
+			"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
+		Ready: proctest.Listening(proctest.Addr(port)),
+	}, nil
+}
+
 // app is the upstream behind a gateway: it counts the requests that reach it.
 type app struct {
 	srv  *httptest.Server
@@ -136,6 +156,8 @@ func gatewayGet(t *testing.T, base, path, user string) (*http.Response, string) 
 		t.Fatal(err)
 	}
 	req.Header.Set("X-User-Id", user)
+	// A client's own RateLimit field must not reach the response as the checker's.
+	req.Header.Set("RateLimit", `"forged";r=999;t=1`)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
@@ -202,13 +224,24 @@ func TestGateways(t *testing.T) {
 				t.Errorf("upstream reached %d times, want 3: the denial must not reach it", got)
 			}
 
+			// No rule matches /free: no RateLimit fields, and none a client sent either.
+			resp, body = gatewayGet(t, gw.url, "/free", user)
+			if resp.StatusCode != http.StatusOK || body != "app /free" {
+				t.Errorf("unlimited call = %d %q, want 200 from the upstream", resp.StatusCode, body)
+			}
+			for _, name := range []string{"RateLimit", "RateLimit-Policy", "X-RateLimit-Remaining", "Retry-After"} {
+				if got := resp.Header.Values(name); len(got) > 0 {
+					t.Errorf("unlimited call: %s = %q, want none", name, got)
+				}
+			}
+
 			down := startGateway(t, kind, proctest.Addr(dead), a.addr())
 			resp, body = gatewayGet(t, down.url, "/tb", user)
 			if resp.StatusCode != http.StatusOK || body != "app /tb" {
 				t.Errorf("with the checker down = %d %q, want 200 from the upstream (fail open)", resp.StatusCode, body)
 			}
-			if got := a.hits.Load(); got != 4 {
-				t.Errorf("upstream reached %d times, want 4", got)
+			if got := a.hits.Load(); got != 5 {
+				t.Errorf("upstream reached %d times, want 5", got)
 			}
 		})
 	}
