@@ -1,0 +1,421 @@
+// Package client checks rate limits against a quotaflow checker from a Go service: deadlines,
+// retries that never charge twice, a fail mode of its own when the checker cannot be reached,
+// a local deny cache, and concurrent checks coalesced into one CheckRateLimits call.
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// Protocol is the wire protocol a Client speaks to the checker.
+type Protocol int
+
+const (
+	// Connect is the Connect protocol (binary protobuf over HTTP/1.1 or h2c).
+	Connect Protocol = iota
+	// GRPC is gRPC over h2c, which the checker serves with grpc-go.
+	GRPC
+)
+
+// FailMode says what a Client decides when the checker cannot be reached.
+type FailMode int
+
+const (
+	// FailOpen allows every check: an outage of the checker never stops the service.
+	FailOpen FailMode = iota
+	// FailClosed denies every check.
+	FailClosed
+	// FailLocal decides with a token bucket per subject and endpoint kept in this process
+	// (Config.LocalRate, Config.LocalBurst).
+	FailLocal
+)
+
+// String returns the fail mode's name.
+func (m FailMode) String() string {
+	switch m {
+	case FailClosed:
+		return "closed"
+	case FailLocal:
+		return "local"
+	}
+	return "open"
+}
+
+// Config configures a Client. The zero value is usable: Connect, a 250 ms deadline per
+// attempt, 2 retries, fail open, the deny cache on, coalescing within 1 ms up to 64 checks.
+type Config struct {
+	// Protocol is Connect (the default) or GRPC.
+	Protocol Protocol
+	// HTTPClient carries the calls; nil means one that speaks HTTP/1.1 and h2c. A GRPC client
+	// needs HTTP/2: without TLS, an http.Client with only unencrypted HTTP/2 enabled.
+	HTTPClient *http.Client
+	// Token, when set, is sent as "Authorization: Bearer <Token>" (a caller of --callers-file).
+	Token string
+	// Timeout bounds each attempt; 0 means 250 ms. The caller's context bounds them all.
+	Timeout time.Duration
+	// Retries is how many times a call that failed transiently (Unavailable, a deadline, a
+	// broken connection) is sent again with the same idempotency keys; 0 means 2, negative none.
+	Retries int
+	// Backoff is the wait before the first retry, doubled before each next one; 0 means 10 ms.
+	Backoff time.Duration
+	// FailMode decides when the checker cannot be reached; the zero value is FailOpen.
+	FailMode FailMode
+	// LocalRate and LocalBurst size FailLocal's buckets: checks per second and at most how many
+	// at once; 0 means 10 and 20.
+	LocalRate  float64
+	LocalBurst int
+	// ProbeInterval is how long after a failed call checks go straight to the fail mode, so that
+	// an outage does not cost every check its deadlines; 0 means 1 s.
+	ProbeInterval time.Duration
+	// NoDenyCache turns the deny cache off: every check asks the checker.
+	NoDenyCache bool
+	// BatchWait is how long a check waits for others to travel with it in one CheckRateLimits
+	// call; 0 means 1 ms, negative turns coalescing off (each check is one CheckRateLimit).
+	BatchWait time.Duration
+	// BatchMax sends a batch as soon as it holds this many checks; 0 means 64.
+	BatchMax int
+	// Logger receives the client's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Dimension is the kind of a subject.
+type Dimension int32
+
+const (
+	// User is a user id.
+	User = Dimension(quotaflowv1.Dimension_DIMENSION_USER)
+	// IP is a client IP address.
+	IP = Dimension(quotaflowv1.Dimension_DIMENSION_IP)
+	// APIKey is an API key.
+	APIKey = Dimension(quotaflowv1.Dimension_DIMENSION_API_KEY)
+)
+
+// Subject is one party a check counts against.
+type Subject struct {
+	Dimension Dimension
+	ID        string
+}
+
+// Request is one check.
+type Request struct {
+	// Subjects are the parties of the incoming call (at most one per dimension); every
+	// matching limit of each must allow.
+	Subjects []Subject
+	// Endpoint is the path called.
+	Endpoint string
+	// Cost is what the call consumes; 0 means 1.
+	Cost int64
+	// Tier, when set, decides under that tier (needs the assert-tier permission).
+	Tier string
+	// IdempotencyKey makes a retried check count once; empty means the Client makes one for
+	// this check, so that its own retries never charge twice.
+	IdempotencyKey string
+}
+
+// Source says who made a Decision.
+type Source int
+
+const (
+	// SourceChecker: the checker decided.
+	SourceChecker Source = iota
+	// SourceDenyCache: the deny cache repeated a denial of the checker that still stands.
+	SourceDenyCache
+	// SourceFailMode: the checker could not be reached and Config.FailMode decided.
+	SourceFailMode
+)
+
+// String returns the source's name.
+func (s Source) String() string {
+	switch s {
+	case SourceDenyCache:
+		return "deny-cache"
+	case SourceFailMode:
+		return "fail-mode"
+	}
+	return "checker"
+}
+
+// Policy is one evaluated limit, for RateLimit-Policy headers.
+type Policy struct {
+	RuleID string
+	Limit  int64
+	Window time.Duration
+}
+
+// Decision is the answer to a check.
+type Decision struct {
+	Allowed bool
+	// RuleID, Limit, Remaining and ResetAt are the deciding limit's (see the check API).
+	RuleID    string
+	Limit     int64
+	Remaining int64
+	ResetAt   time.Time
+	// RetryAfter is how long to wait when denied; 0 when allowed.
+	RetryAfter time.Duration
+	// Policies are the limits the checker evaluated.
+	Policies []Policy
+	// Replayed: the checker had seen the idempotency key and charged nothing.
+	Replayed bool
+	// Degraded: the checker could not be reached and the fail mode decided (Source is
+	// SourceFailMode); Err says why.
+	Degraded bool
+	Source   Source
+	Err      error
+}
+
+// Client checks rate limits. Its methods are safe for concurrent use.
+type Client struct {
+	cfg   Config
+	rpc   quotaflowv1connect.RateLimiterClient
+	log   *slog.Logger
+	deny  *denyCache
+	local *localBuckets
+	batch *batcher
+
+	mu        sync.Mutex
+	downUntil time.Time
+}
+
+// New returns a Client of the checker at baseURL ("http://checker:8080").
+func New(baseURL string, cfg Config) *Client {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 250 * time.Millisecond
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = 2
+	}
+	if cfg.Backoff == 0 {
+		cfg.Backoff = 10 * time.Millisecond
+	}
+	if cfg.LocalRate == 0 {
+		cfg.LocalRate = 10
+	}
+	if cfg.LocalBurst == 0 {
+		cfg.LocalBurst = 20
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	if cfg.BatchWait == 0 {
+		cfg.BatchWait = time.Millisecond
+	}
+	if cfg.BatchMax == 0 {
+		cfg.BatchMax = 64
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
+		tr.Protocols.SetHTTP1(true)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		if cfg.Protocol == GRPC {
+			tr.Protocols = new(http.Protocols)
+			tr.Protocols.SetUnencryptedHTTP2(true)
+			tr.Protocols.SetHTTP2(true)
+		}
+		hc = &http.Client{Transport: tr}
+	}
+	var opts []connect.ClientOption
+	if cfg.Protocol == GRPC {
+		opts = append(opts, connect.WithGRPC())
+	}
+	if cfg.Token != "" {
+		opts = append(opts, connect.WithInterceptors(bearer(cfg.Token)))
+	}
+	c := &Client{cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
+		local: newLocalBuckets(cfg.LocalRate, cfg.LocalBurst)}
+	if !cfg.NoDenyCache {
+		c.deny = newDenyCache()
+	}
+	if cfg.BatchWait > 0 {
+		c.batch = &batcher{c: c}
+	}
+	return c
+}
+
+// Close stops sending: checks waiting to be coalesced are sent at once.
+func (c *Client) Close() {
+	if c.batch != nil {
+		c.batch.flushNow()
+	}
+}
+
+// Check asks whether req may go ahead. A denial is a Decision with Allowed false, never an
+// error; when the checker cannot be reached the fail mode decides (Decision.Degraded). The error
+// is for a request the checker refused (an invalid field, a missing permission) and for ctx
+// ending first.
+func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
+	now := time.Now()
+	key := subjectKey(req)
+	if c.deny != nil {
+		if d, ok := c.deny.get(key, req.Cost, now); ok {
+			return d, nil
+		}
+	}
+	if c.isDown(now) {
+		return c.failMode(key, errors.New("quotaflow client: checker unreachable, probing again later")), nil
+	}
+	msg := req.proto()
+	var resp *quotaflowv1.CheckRateLimitResponse
+	var err error
+	if c.batch != nil {
+		resp, err = c.batch.check(ctx, msg)
+	} else {
+		resp, err = c.checkOne(ctx, msg)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return Decision{}, fmt.Errorf("quotaflow check: %w", ctx.Err())
+		}
+		if transient(err) {
+			c.markDown()
+			c.log.Warn("checker unreachable, fail mode decides", "fail_mode", c.cfg.FailMode.String(), "err", err)
+			return c.failMode(key, err), nil
+		}
+		return Decision{}, fmt.Errorf("quotaflow check: %w", err)
+	}
+	c.markUp()
+	d := decision(resp)
+	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 {
+		c.deny.put(key, req.Cost, d, now.Add(d.RetryAfter))
+	}
+	return d, nil
+}
+
+// checkOne sends one CheckRateLimit, retried while it fails transiently.
+func (c *Client) checkOne(ctx context.Context, msg *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
+	var resp *connect.Response[quotaflowv1.CheckRateLimitResponse]
+	err := c.retry(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = c.rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// retry calls f, each attempt bounded by Config.Timeout, until it succeeds, fails for good, or
+// Config.Retries retries failed transiently. The requests f sends carry idempotency keys, so a
+// retry of a check the checker did decide is replayed, not charged again.
+func (c *Client) retry(ctx context.Context, f func(context.Context) error) error {
+	backoff := c.cfg.Backoff
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		err := f(actx)
+		cancel()
+		if err == nil || !transient(err) || ctx.Err() != nil || attempt >= c.cfg.Retries {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff *= 2
+	}
+}
+
+// transient tells whether a call that failed with err may succeed if sent again.
+func transient(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeAborted, connect.CodeUnknown:
+		return true
+	}
+	return false
+}
+
+func (c *Client) isDown(now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return now.Before(c.downUntil)
+}
+
+func (c *Client) markDown() {
+	c.mu.Lock()
+	c.downUntil = time.Now().Add(c.cfg.ProbeInterval)
+	c.mu.Unlock()
+}
+
+func (c *Client) markUp() {
+	c.mu.Lock()
+	c.downUntil = time.Time{}
+	c.mu.Unlock()
+}
+
+// failMode is the Decision of Config.FailMode for a check of key that could not reach the
+// checker because of err.
+func (c *Client) failMode(key string, err error) Decision {
+	d := Decision{Allowed: true, Degraded: true, Source: SourceFailMode, Err: err}
+	switch c.cfg.FailMode {
+	case FailClosed:
+		d.Allowed, d.RetryAfter = false, c.cfg.ProbeInterval
+	case FailLocal:
+		d.Allowed, d.RetryAfter = c.local.take(key, time.Now())
+		d.Limit = int64(c.cfg.LocalBurst)
+	}
+	return d
+}
+
+func (r Request) proto() *quotaflowv1.CheckRateLimitRequest {
+	m := &quotaflowv1.CheckRateLimitRequest{Endpoint: r.Endpoint, Cost: r.Cost, Tier: r.Tier,
+		IdempotencyKey: r.IdempotencyKey, Timestamp: time.Now().UnixMilli()}
+	if m.IdempotencyKey == "" {
+		m.IdempotencyKey = newKey()
+	}
+	for i, s := range r.Subjects {
+		if i == 0 {
+			m.Identifier, m.Dimension = s.ID, quotaflowv1.Dimension(s.Dimension)
+			continue
+		}
+		m.Subjects = append(m.Subjects, &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension(s.Dimension), Identifier: s.ID})
+	}
+	return m
+}
+
+// newKey returns a random idempotency key: 128 bits, so that two checks never share one.
+func newKey() string {
+	var b [16]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return "qfc-" + hex.EncodeToString(b[:])
+}
+
+func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
+	d := Decision{Allowed: r.Allowed, RuleID: r.RuleId, Limit: r.Limit, Remaining: r.Remaining,
+		RetryAfter: time.Duration(r.RetryAfterMs) * time.Millisecond, Replayed: r.Replayed, Source: SourceChecker}
+	if r.ResetAt > 0 {
+		d.ResetAt = time.Unix(r.ResetAt, 0)
+	}
+	for _, l := range r.Limits {
+		d.Policies = append(d.Policies, Policy{RuleID: l.RuleId, Limit: l.Limit, Window: time.Duration(l.WindowMs) * time.Millisecond})
+	}
+	return d
+}
+
+// bearer sets the Authorization header of every call.
+func bearer(token string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
+	}
+}
