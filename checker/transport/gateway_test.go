@@ -34,6 +34,7 @@ type gatewayKind struct {
 var gatewayKinds = []gatewayKind{
 	{"nginx", nginxSetup},
 	{"caddy", caddySetup},
+	{"haproxy", haproxySetup},
 }
 
 // gateway is a running gateway process.
@@ -128,6 +129,24 @@ func caddySetup(dir string, port int, checker, app string) (proctest.Config, err
 		Env: []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app,
 			"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
 		Ready: proctest.Listening(proctest.Addr(port)),
+	}, nil
+}
+
+// haproxySetup runs deploy/haproxy/haproxy.cfg as it is, in the foreground (-db), from its
+// folder (where lua-load finds quotaflow.lua), its addresses from the environment.
+func haproxySetup(dir string, port int, checker, app string) (proctest.Config, error) {
+	folder, err := absDeploy("haproxy")
+	if err != nil {
+		return proctest.Config{}, err
+	}
+	return proctest.Config{
+		Name:   "haproxy",
+		Path:   "haproxy",
+		Search: sbin,
+		Args:   []string{"-db", "-f", filepath.Join(folder, "haproxy.cfg")},
+		Dir:    folder,
+		Env:    []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app},
+		Ready:  proctest.Listening(proctest.Addr(port)),
 	}, nil
 }
 
