@@ -153,6 +153,8 @@ type Policy struct {
 	RuleID string
 	Limit  int64
 	Window time.Duration
+	// Burst is what a bucket algorithm admits at once, when it differs from Limit.
+	Burst int64
 }
 
 // Decision is the answer to a check.
@@ -405,7 +407,10 @@ func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 		d.ResetAt = time.Unix(r.ResetAt, 0)
 	}
 	for _, l := range r.Limits {
-		d.Policies = append(d.Policies, Policy{RuleID: l.RuleId, Limit: l.Limit, Window: time.Duration(l.WindowMs) * time.Millisecond})
+		if l.Shadow {
+			continue // never enforced, so no policy a caller must respect
+		}
+		d.Policies = append(d.Policies, Policy{RuleID: l.RuleId, Limit: l.Limit, Window: time.Duration(l.WindowMs) * time.Millisecond, Burst: l.Burst})
 	}
 	return d
 }
