@@ -9,10 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/proctest"
@@ -272,6 +275,143 @@ func wantHeaders(t *testing.T, h http.Header, want map[string]string) {
 	for name, pattern := range want {
 		if got := h.Get(name); !regexp.MustCompile(pattern).MatchString(got) {
 			t.Errorf("%s = %q, want %s", name, got, pattern)
+		}
+	}
+}
+
+// Traefik's configuration schema, as its Go types declare it (github.com/traefik/traefik/v3
+// v3.1.2, pkg/config/dynamic and pkg/config/static), cut to the parts deploy/traefik uses.
+// Traefik is not packaged and its module cannot be built with go install (replace directives),
+// so the config is checked here against the schema instead of by a running Traefik: decoding
+// with KnownFields rejects any key Traefik does not know.
+type (
+	traefikDynamic struct {
+		HTTP struct {
+			Routers     map[string]traefikRouter     `yaml:"routers"`
+			Middlewares map[string]traefikMiddleware `yaml:"middlewares"`
+			Services    map[string]traefikService    `yaml:"services"`
+		} `yaml:"http"`
+	}
+	traefikRouter struct {
+		EntryPoints []string `yaml:"entryPoints"`
+		Middlewares []string `yaml:"middlewares"`
+		Service     string   `yaml:"service"`
+		Rule        string   `yaml:"rule"`
+		RuleSyntax  string   `yaml:"ruleSyntax"`
+		Priority    int      `yaml:"priority"`
+	}
+	traefikMiddleware struct {
+		ForwardAuth *struct {
+			Address string `yaml:"address"`
+			TLS     *struct {
+				CA                 string `yaml:"ca"`
+				Cert               string `yaml:"cert"`
+				Key                string `yaml:"key"`
+				InsecureSkipVerify bool   `yaml:"insecureSkipVerify"`
+			} `yaml:"tls"`
+			TrustForwardHeader       bool     `yaml:"trustForwardHeader"`
+			AuthResponseHeaders      []string `yaml:"authResponseHeaders"`
+			AuthResponseHeadersRegex string   `yaml:"authResponseHeadersRegex"`
+			AuthRequestHeaders       []string `yaml:"authRequestHeaders"`
+			AddAuthCookiesToResponse []string `yaml:"addAuthCookiesToResponse"`
+		} `yaml:"forwardAuth"`
+	}
+	traefikService struct {
+		LoadBalancer *struct {
+			Servers []struct {
+				URL string `yaml:"url"`
+			} `yaml:"servers"`
+			PassHostHeader *bool `yaml:"passHostHeader"`
+		} `yaml:"loadBalancer"`
+	}
+	traefikStatic struct {
+		EntryPoints map[string]struct {
+			Address string `yaml:"address"`
+		} `yaml:"entryPoints"`
+		Providers struct {
+			File *struct {
+				Directory string `yaml:"directory"`
+				Filename  string `yaml:"filename"`
+				Watch     bool   `yaml:"watch"`
+			} `yaml:"file"`
+		} `yaml:"providers"`
+		Log struct {
+			Level string `yaml:"level"`
+		} `yaml:"log"`
+	}
+)
+
+// decodeStrict decodes the YAML file into v, failing on any key v's type lacks.
+func decodeStrict(path string, v any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}
+
+// TestTraefikConfig checks deploy/traefik against Traefik's schema and the forward-auth
+// endpoint's contract: the check URL, the headers the checker reads, the answer's headers
+// copied, and every name the router uses defined.
+func TestTraefikConfig(t *testing.T) {
+	t.Parallel()
+	var static traefikStatic
+	if err := decodeStrict(filepath.Join(deployDir, "traefik", "traefik.yml"), &static); err != nil {
+		t.Fatal(err)
+	}
+	var dyn traefikDynamic
+	if err := decodeStrict(filepath.Join(deployDir, "traefik", "dynamic.yml"), &dyn); err != nil {
+		t.Fatal(err)
+	}
+	if static.Providers.File == nil || static.Providers.File.Filename != "deploy/traefik/dynamic.yml" {
+		t.Errorf("static providers.file = %+v, want filename deploy/traefik/dynamic.yml", static.Providers.File)
+	}
+	if len(dyn.HTTP.Routers) == 0 {
+		t.Fatal("dynamic.yml has no router")
+	}
+	for name, r := range dyn.HTTP.Routers {
+		for _, ep := range r.EntryPoints {
+			if _, ok := static.EntryPoints[ep]; !ok {
+				t.Errorf("router %s: entry point %q is not in traefik.yml", name, ep)
+			}
+		}
+		if _, ok := dyn.HTTP.Services[r.Service]; !ok || dyn.HTTP.Services[r.Service].LoadBalancer == nil {
+			t.Errorf("router %s: service %q has no loadBalancer", name, r.Service)
+		}
+		if len(r.Middlewares) == 0 {
+			t.Errorf("router %s: no middleware, want the quotaflow forwardAuth", name)
+		}
+		for _, m := range r.Middlewares {
+			mw, ok := dyn.HTTP.Middlewares[m]
+			if !ok || mw.ForwardAuth == nil {
+				t.Errorf("router %s: middleware %q is not a forwardAuth", name, m)
+				continue
+			}
+			fa := mw.ForwardAuth
+			u, err := url.Parse(fa.Address)
+			if err != nil || u.Scheme != "http" || u.Host == "" || u.Path != "/ratelimit/check" {
+				t.Errorf("forwardAuth address = %q, want http://<checker>/ratelimit/check", fa.Address)
+			}
+			// Traefik passes any non-2xx answer to the client: the checker's 429 stays.
+			if u != nil && u.Query().Has("deny_status") {
+				t.Errorf("forwardAuth address = %q, want no deny_status: Traefik passes 429 on", fa.Address)
+			}
+			for _, want := range []string{"X-User-Id", "X-Api-Key"} {
+				if !slices.Contains(fa.AuthRequestHeaders, want) {
+					t.Errorf("authRequestHeaders = %v, want %s among them", fa.AuthRequestHeaders, want)
+				}
+			}
+			for _, want := range []string{"RateLimit", "RateLimit-Policy", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+				if !slices.Contains(fa.AuthResponseHeaders, want) {
+					t.Errorf("authResponseHeaders = %v, want %s among them", fa.AuthResponseHeaders, want)
+				}
+			}
 		}
 	}
 }
