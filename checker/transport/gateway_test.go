@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -239,8 +240,17 @@ func TestGateways(t *testing.T) {
 				"X-RateLimit-Remaining": `^0$`,
 				"X-RateLimit-Reset":     `^\d+$`,
 			})
-			if !strings.Contains(body, `"rate_limit_exceeded"`) {
-				t.Errorf("429 body = %q, want the rate_limit_exceeded answer", body)
+			var answer struct {
+				Error      string `json:"error"`
+				Allowed    *bool  `json:"allowed"`
+				RetryAfter int64  `json:"retry_after"`
+			}
+			if err := json.Unmarshal([]byte(body), &answer); err != nil || answer.Error != "rate_limit_exceeded" ||
+				answer.Allowed == nil || *answer.Allowed || strconv.FormatInt(answer.RetryAfter, 10) != resp.Header.Get("Retry-After") {
+				t.Errorf("429 body = %q (%v), want the rate_limit_exceeded JSON answer with retry_after %s", body, err, resp.Header.Get("Retry-After"))
+			}
+			if got := resp.Header.Get("Content-Type"); got != "application/json" {
+				t.Errorf("429 Content-Type = %q, want application/json", got)
 			}
 			if got := a.hits.Load(); got != 3 {
 				t.Errorf("upstream reached %d times, want 3: the denial must not reach it", got)
