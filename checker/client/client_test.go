@@ -191,3 +191,38 @@ func TestFailModes(t *testing.T) {
 		})
 	}
 }
+
+// TestDenyCacheCost: the deny cache repeats a denial only for checks costing at least as much
+// as the denied one; a cheaper check asks the checker, which may allow it.
+func TestDenyCacheCost(t *testing.T) {
+	t.Parallel()
+	chk := newChecker(t)
+	c := client.New(chk.url(), client.Config{BatchWait: -1})
+	ctx := context.Background()
+	req := orders(user(t, "u"))
+	req.Cost = 2
+	for i, want := range []bool{true, false} { // 2 of 3, then 2 more do not fit
+		if d, err := c.Check(ctx, req); err != nil || d.Allowed != want || d.Source != client.SourceChecker {
+			t.Fatalf("check %d of cost 2 = %+v, %v; want allowed %v by the checker", i, d, err, want)
+		}
+	}
+	if d, err := c.Check(ctx, req); err != nil || d.Allowed || d.Source != client.SourceDenyCache {
+		t.Errorf("cost 2 again = %+v, %v; want denied by the deny cache", d, err)
+	}
+	req.Cost = 1
+	if d, err := c.Check(ctx, req); err != nil || !d.Allowed || d.Source != client.SourceChecker || d.Remaining != 0 {
+		t.Errorf("cost 1 = %+v, %v; want allowed by the checker, the last unit", d, err)
+	}
+	// Subjects in another order are the same subjects.
+	two := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: user(t, "a")}, {Dimension: client.IP, ID: user(t, "ip")}}, Endpoint: "/api/x", Cost: 2}
+	if d, err := c.Check(ctx, two); err != nil || !d.Allowed {
+		t.Fatalf("ip's 2 of 2 = %+v, %v; want allowed", d, err)
+	}
+	if d, err := c.Check(ctx, two); err != nil || d.Allowed || d.Source != client.SourceChecker {
+		t.Fatalf("ip over its limit = %+v, %v; want denied by the checker", d, err)
+	}
+	two.Subjects[0], two.Subjects[1] = two.Subjects[1], two.Subjects[0]
+	if d, err := c.Check(ctx, two); err != nil || d.Allowed || d.Source != client.SourceDenyCache {
+		t.Errorf("same subjects reordered = %+v, %v; want denied by the deny cache", d, err)
+	}
+}
