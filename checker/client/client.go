@@ -188,6 +188,7 @@ type Client struct {
 	batch *batcher
 
 	mu        sync.Mutex
+	up        bool // the checker answered the last call
 	downUntil time.Time
 }
 
@@ -239,7 +240,7 @@ func New(baseURL string, cfg Config) *Client {
 	if cfg.Token != "" {
 		opts = append(opts, connect.WithInterceptors(bearer(cfg.Token)))
 	}
-	c := &Client{cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
+	c := &Client{up: true, cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
 		local: newLocalBuckets(cfg.LocalRate, cfg.LocalBurst)}
 	if !cfg.NoDenyCache {
 		c.deny = newDenyCache()
@@ -285,8 +286,10 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 			return Decision{}, fmt.Errorf("quotaflow check: %w", ctx.Err())
 		}
 		if transient(err) {
-			c.markDown()
-			c.log.Warn("checker unreachable, fail mode decides", "fail_mode", c.cfg.FailMode.String(), "err", err)
+			if c.markDown() {
+				// Once per outage, not once per check of a failed batch.
+				c.log.Warn("checker unreachable, fail mode decides", "fail_mode", c.cfg.FailMode.String(), "err", err)
+			}
 			return c.failMode(key, err), nil
 		}
 		return Decision{}, fmt.Errorf("quotaflow check: %w", err)
@@ -351,14 +354,23 @@ func (c *Client) isDown(now time.Time) bool {
 	return now.Before(c.downUntil)
 }
 
-func (c *Client) markDown() {
+// markDown sends checks to the fail mode for Config.ProbeInterval; it reports whether the
+// checker was taken for reachable until now.
+func (c *Client) markDown() bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	was := c.up
+	c.up = false
 	c.downUntil = time.Now().Add(c.cfg.ProbeInterval)
-	c.mu.Unlock()
+	return was
 }
 
 func (c *Client) markUp() {
 	c.mu.Lock()
+	if !c.up {
+		c.log.Info("checker reachable")
+	}
+	c.up = true
 	c.downUntil = time.Time{}
 	c.mu.Unlock()
 }
