@@ -20,7 +20,7 @@ import (
 // not checked; an empty Endpoint means the procedure.
 type RPCRequestFunc func(ctx context.Context, procedure string, header http.Header) Request
 
-// check decides an incoming RPC: nil when it may go ahead, else the denial.
+// checkRPC decides an incoming RPC: nil when it may go ahead, else the denial.
 func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure string, header http.Header) *Decision {
 	req := f(ctx, procedure, header)
 	if len(req.Subjects) == 0 {
