@@ -171,8 +171,9 @@ type Decision struct {
 	Policies []Policy
 	// Replayed: the checker had seen the idempotency key and charged nothing.
 	Replayed bool
-	// Degraded: the checker could not be reached and the fail mode decided (Source is
-	// SourceFailMode); Err says why.
+	// Degraded: a fail mode decided. With Source SourceFailMode the client's, because the
+	// checker could not be reached (Err says why); with SourceChecker the checker's own, because
+	// Redis could not be reached behind it.
 	Degraded bool
 	Source   Source
 	Err      error
@@ -296,7 +297,8 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	}
 	c.markUp()
 	d := decision(resp)
-	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 {
+	// A fail mode's denial says nothing of the buckets: only a real one is cached.
+	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 && !d.Degraded {
 		c.deny.put(key, req.Cost, d, now.Add(d.RetryAfter))
 	}
 	return d, nil
@@ -414,7 +416,7 @@ func newKey() string {
 
 func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 	d := Decision{Allowed: r.Allowed, RuleID: r.RuleId, Limit: r.Limit, Remaining: r.Remaining,
-		RetryAfter: time.Duration(r.RetryAfterMs) * time.Millisecond, Replayed: r.Replayed, Source: SourceChecker}
+		RetryAfter: time.Duration(r.RetryAfterMs) * time.Millisecond, Replayed: r.Replayed, Degraded: r.Degraded, Source: SourceChecker}
 	if r.ResetAt > 0 {
 		d.ResetAt = time.Unix(r.ResetAt, 0)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+
 	"github.com/quotaflow/quotaflow/checker/client"
 )
 
@@ -224,5 +226,29 @@ func TestDenyCacheCost(t *testing.T) {
 	two.Subjects[0], two.Subjects[1] = two.Subjects[1], two.Subjects[0]
 	if d, err := c.Check(ctx, two); err != nil || d.Allowed || d.Source != client.SourceDenyCache {
 		t.Errorf("same subjects reordered = %+v, %v; want denied by the deny cache", d, err)
+	}
+}
+
+// TestCheckerFailMode: with Redis gone behind a reachable checker, the checker's own fail mode
+// decides; the client reports it as degraded, from the checker, and never caches its denial.
+func TestCheckerFailMode(t *testing.T) {
+	t.Parallel()
+	rs, rdb := checkertest.OwnRedis(t)
+	chk := newCheckerOn(t, rdb)
+	c := client.New(chk.url(), client.Config{BatchWait: -1})
+	req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: user(t, "u")}}, Endpoint: "/fm/closed"}
+	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.Degraded {
+		t.Fatalf("with Redis: %+v, %v; want allowed, not degraded", d, err)
+	}
+	rs.Stop()
+	for i := range 2 {
+		calls := chk.calls.Load()
+		d, err := c.Check(context.Background(), req)
+		if err != nil || d.Allowed || !d.Degraded || d.Source != client.SourceChecker {
+			t.Errorf("check %d without Redis: %+v, %v; want denied by the checker's closed fail mode, degraded", i, d, err)
+		}
+		if chk.calls.Load() == calls {
+			t.Errorf("check %d without Redis made no call: a fail mode's denial was cached", i)
+		}
 	}
 }

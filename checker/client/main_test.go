@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
 	"github.com/quotaflow/quotaflow/checker"
@@ -34,6 +35,7 @@ rules:
   - {id: user-orders, dimension: user, endpoint: /orders, algorithm: fixed_window, limit: 3, window: 1h}
   - {id: user-big, dimension: user, endpoint: /big, algorithm: fixed_window, limit: 1000, window: 1h}
   - {id: ip-api, dimension: ip, endpoint: /api/*, algorithm: fixed_window, limit: 2, window: 1h}
+  - {id: fm-closed, dimension: user, endpoint: /fm/closed, algorithm: fixed_window, limit: 1, window: 1h, fail_mode: closed}
 `
 
 // testChecker is a real checker on real Redis, on a loopback port it can leave and take again.
@@ -54,6 +56,12 @@ func newChecker(t *testing.T) *testChecker {
 	t.Helper()
 	rdb := redisSrv.UniversalClient()
 	t.Cleanup(func() { rdb.Close() })
+	return newCheckerOn(t, rdb)
+}
+
+// newCheckerOn is newChecker on rdb.
+func newCheckerOn(t *testing.T, rdb redis.UniversalClient) *testChecker {
+	t.Helper()
 	engine := checker.New(checker.Config{Redis: rdb, Rules: checkertest.Rules(t, testRules), RedisTimeout: 5 * time.Second, Logger: checkertest.Logger()})
 	t.Cleanup(func() { engine.Close() })
 	c := &testChecker{t: t, srv: transport.New(engine, transport.Config{Logger: checkertest.Logger()})}
