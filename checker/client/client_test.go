@@ -235,7 +235,9 @@ func TestCheckerFailMode(t *testing.T) {
 	t.Parallel()
 	rs, rdb := checkertest.OwnRedis(t)
 	chk := newCheckerOn(t, rdb)
-	c := client.New(chk.url(), client.Config{BatchWait: -1})
+	// The checker decides within its Redis timeout: the client waits for it, so that the
+	// checker's fail mode, not the client's, decides.
+	c := client.New(chk.url(), client.Config{BatchWait: -1, Timeout: 30 * time.Second})
 	req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: user(t, "u")}}, Endpoint: "/fm/closed"}
 	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("with Redis: %+v, %v; want allowed, not degraded", d, err)
