@@ -35,7 +35,7 @@ func TestCheck(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			chk := newChecker(t)
-			c := client.New(chk.url(), client.Config{Protocol: tt.protocol, BatchWait: tt.batch})
+			c := client.New(chk.url(), client.Config{Protocol: tt.protocol, BatchWait: tt.batch, Timeout: testTimeout})
 			defer c.Close()
 			ctx := context.Background()
 			u := user(t, "u")
@@ -74,7 +74,7 @@ func TestInvalid(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
 	for _, wait := range []time.Duration{-1, 0} {
-		c := client.New(chk.url(), client.Config{BatchWait: wait})
+		c := client.New(chk.url(), client.Config{BatchWait: wait, Timeout: testTimeout})
 		_, err := c.Check(context.Background(), client.Request{Subjects: []client.Subject{{Dimension: client.User}}, Endpoint: "/orders"})
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "identifier") {
 			t.Errorf("batch wait %v: empty identifier: %v, want InvalidArgument naming identifier", wait, err)
@@ -89,7 +89,7 @@ func TestCoalescing(t *testing.T) {
 	chk := newChecker(t)
 	const n = 32
 	// A wait far longer than the test: the batch leaves because it is full.
-	c := client.New(chk.url(), client.Config{BatchWait: time.Minute, BatchMax: n})
+	c := client.New(chk.url(), client.Config{BatchWait: time.Minute, BatchMax: n, Timeout: testTimeout})
 	defer c.Close()
 	before := chk.calls.Load()
 	u, ip := user(t, "u"), user(t, "ip")
@@ -132,7 +132,7 @@ func TestCoalescing(t *testing.T) {
 func TestRetryChargesOnce(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	c := client.New(chk.url(), client.Config{BatchWait: -1})
+	c := client.New(chk.url(), client.Config{BatchWait: -1, Timeout: testTimeout})
 	u := user(t, "u")
 	chk.failNext.Store(true)
 	d, err := c.Check(context.Background(), orders(u))
@@ -160,7 +160,7 @@ func TestFailModes(t *testing.T) {
 			t.Parallel()
 			chk := newChecker(t)
 			c := client.New(chk.url(), client.Config{FailMode: tt.mode, LocalBurst: 2, LocalRate: 0.001,
-				Timeout: 200 * time.Millisecond, Retries: 1, ProbeInterval: 100 * time.Millisecond})
+				Timeout: testTimeout, Retries: 1, ProbeInterval: 100 * time.Millisecond})
 			defer c.Close()
 			ctx := context.Background()
 			u := user(t, "u")
@@ -199,7 +199,7 @@ func TestFailModes(t *testing.T) {
 func TestDenyCacheCost(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	c := client.New(chk.url(), client.Config{BatchWait: -1})
+	c := client.New(chk.url(), client.Config{BatchWait: -1, Timeout: testTimeout})
 	ctx := context.Background()
 	req := orders(user(t, "u"))
 	req.Cost = 2
@@ -237,7 +237,7 @@ func TestCheckerFailMode(t *testing.T) {
 	chk := newCheckerOn(t, rdb)
 	// The checker decides within its Redis timeout: the client waits for it, so that the
 	// checker's fail mode, not the client's, decides.
-	c := client.New(chk.url(), client.Config{BatchWait: -1, Timeout: 30 * time.Second})
+	c := client.New(chk.url(), client.Config{BatchWait: -1, Timeout: testTimeout})
 	req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: user(t, "u")}}, Endpoint: "/fm/closed"}
 	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("with Redis: %+v, %v; want allowed, not degraded", d, err)

@@ -56,7 +56,8 @@ func exampleChecker() (string, func()) {
 func Example() {
 	url, stop := exampleChecker()
 	defer stop()
-	c := client.New(url, client.Config{}) // Connect, fail open, coalescing within 1 ms
+	// Connect, fail open, coalescing within 1 ms; a deadline generous for a loaded test machine.
+	c := client.New(url, client.Config{Timeout: 5 * time.Second})
 	defer c.Close()
 
 	req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: "example-" + instance.NewID()}}, Endpoint: "/orders"}
@@ -93,7 +94,7 @@ func Example_failMode() {
 func ExampleClient_Middleware() {
 	url, stop := exampleChecker()
 	defer stop()
-	c := client.New(url, client.Config{})
+	c := client.New(url, client.Config{Timeout: 5 * time.Second})
 	defer c.Close()
 
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ordered") })

@@ -38,6 +38,12 @@ rules:
   - {id: fm-closed, dimension: user, endpoint: /fm/closed, algorithm: fixed_window, limit: 1, window: 1h, fail_mode: closed}
 `
 
+// testTimeout is the clients' deadline per attempt in tests that assert the checker's
+// decisions: far above a check's latency, so that a loaded machine (the race detector, every
+// package at once) never hands a check to the fail mode. A stopped checker refuses connections
+// at once, so it does not slow the outage tests.
+const testTimeout = 10 * time.Second
+
 // testChecker is a real checker on real Redis, on a loopback port it can leave and take again.
 type testChecker struct {
 	t       *testing.T

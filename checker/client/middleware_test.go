@@ -30,7 +30,7 @@ import (
 func TestMiddleware(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	c := client.New(chk.url(), client.Config{})
+	c := client.New(chk.url(), client.Config{Timeout: testTimeout})
 	defer c.Close()
 	svc := httptest.NewServer(c.Middleware(client.HTTPConfig{
 		User: func(r *http.Request) string { return r.Header.Get("X-User") },
@@ -134,7 +134,7 @@ func retryDelay(t *testing.T, details []any) bool {
 func TestConnectInterceptor(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	c := client.New(chk.url(), client.Config{})
+	c := client.New(chk.url(), client.Config{Timeout: testTimeout})
 	defer c.Close()
 	const procedure = "/test.v1.Echo/Ping"
 	mux := http.NewServeMux()
@@ -182,7 +182,7 @@ func TestConnectInterceptor(t *testing.T) {
 func TestGRPCInterceptors(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	c := client.New(chk.url(), client.Config{Protocol: client.GRPC})
+	c := client.New(chk.url(), client.Config{Protocol: client.GRPC, Timeout: testTimeout})
 	defer c.Close()
 	gs := grpc.NewServer(grpc.UnaryInterceptor(c.UnaryServerInterceptor(rpcUser)), grpc.StreamInterceptor(c.StreamServerInterceptor(rpcUser)))
 	healthpb.RegisterHealthServer(gs, health.NewServer())
