@@ -341,10 +341,13 @@ func (c *Client) retry(ctx context.Context, f func(context.Context) error) error
 	}
 }
 
-// transient tells whether a call that failed with err may succeed if sent again.
+// transient tells whether a call that failed with err may succeed if sent again. Canceled is
+// among them: connect-go reports a write on a connection the checker closed ("broken pipe") as
+// Canceled; a caller that did cancel is told apart by its own context, which every caller of
+// transient looks at first.
 func transient(err error) bool {
 	switch connect.CodeOf(err) {
-	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeAborted, connect.CodeUnknown:
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeAborted, connect.CodeUnknown, connect.CodeCanceled:
 		return true
 	}
 	return false
