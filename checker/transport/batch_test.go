@@ -18,6 +18,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/instance"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -85,6 +86,10 @@ func batchClients(t *testing.T, env *testEnv) map[string]batchFunc {
 	}
 }
 
+// batchID is id made unique to the run as well: unlike the package's other tests, the batch
+// tests pass under -count=N on one Redis.
+func batchID(t *testing.T, name string) string { return id(t, name) + "-" + instance.NewID() }
+
 func userCheck(user, endpoint string, cost int64) *quotaflowv1.CheckRateLimitRequest {
 	return &quotaflowv1.CheckRateLimitRequest{Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: endpoint, Cost: cost}
 }
@@ -97,7 +102,7 @@ func TestCheckRateLimits(t *testing.T) {
 	for name, batch := range batchClients(t, env) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			full, free, multi, ip := id(t, "full"), id(t, "free"), id(t, "multi"), id(t, "ip")
+			full, free, multi, ip := batchID(t, "full"), batchID(t, "free"), batchID(t, "multi"), batchID(t, "ip")
 			// Fill full's /orders limit (5), and ip's ip-api limit (2) to 1 of 2.
 			resp, code, err := batch(t, &quotaflowv1.CheckRateLimitsRequest{Checks: []*quotaflowv1.CheckRateLimitRequest{
 				userCheck(full, "/orders", 5),
@@ -170,7 +175,7 @@ func TestCheckRateLimitsBounds(t *testing.T) {
 	env := newEnv(t, checker.Config{})
 	over := make([]*quotaflowv1.CheckRateLimitRequest, MaxBatchChecks+1)
 	for i := range over {
-		over[i] = userCheck(id(t, "u"), "/orders", 1)
+		over[i] = userCheck(batchID(t, "u"), "/orders", 1)
 	}
 	for name, batch := range batchClients(t, env) {
 		t.Run(name, func(t *testing.T) {
@@ -193,7 +198,7 @@ func TestCheckRateLimitsBounds(t *testing.T) {
 		}
 		env := newEnvWith(t, checker.Config{}, Config{Callers: callers})
 		_, err := env.client("connect").CheckRateLimits(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitsRequest{
-			Checks: []*quotaflowv1.CheckRateLimitRequest{userCheck(id(t, "u"), "/orders", 1)}}))
+			Checks: []*quotaflowv1.CheckRateLimitRequest{userCheck(batchID(t, "u"), "/orders", 1)}}))
 		if connect.CodeOf(err) != connect.CodePermissionDenied {
 			t.Errorf("anonymous without check: %v, want PermissionDenied", err)
 		}
@@ -201,10 +206,10 @@ func TestCheckRateLimitsBounds(t *testing.T) {
 	t.Run("tier without assert-tier", func(t *testing.T) {
 		t.Parallel()
 		env := newEnvWith(t, checker.Config{}, Config{})
-		req := userCheck(id(t, "u"), "/orders", 1)
+		req := userCheck(batchID(t, "u"), "/orders", 1)
 		req.Tier = "premium"
 		resp, err := env.client("connect").CheckRateLimits(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitsRequest{
-			Checks: []*quotaflowv1.CheckRateLimitRequest{userCheck(id(t, "v"), "/orders", 1), req}}))
+			Checks: []*quotaflowv1.CheckRateLimitRequest{userCheck(batchID(t, "v"), "/orders", 1), req}}))
 		if err != nil {
 			t.Fatal(err)
 		}
