@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -222,5 +223,29 @@ func TestGRPCInterceptors(t *testing.T) {
 		if st.Code() != codes.ResourceExhausted || !retryDelay(t, st.Details()) {
 			t.Errorf("%s call over the limit: %v %v, want ResourceExhausted with a RetryInfo", tt.name, st.Code(), st.Details())
 		}
+	}
+}
+
+// TestMiddlewareFailMode: with the checker gone and FailClosed, the middleware answers 429 with
+// Retry-After and X-RateLimit-Degraded, and no RateLimit fields (no limit of the checker's).
+func TestMiddlewareFailMode(t *testing.T) {
+	t.Parallel()
+	chk := newChecker(t)
+	chk.stop()
+	c := client.New(chk.url(), client.Config{FailMode: client.FailClosed, Retries: -1, ProbeInterval: 2 * time.Second})
+	svc := httptest.NewServer(c.Middleware(client.HTTPConfig{APIKeyHeader: "X-Api-Key"})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })))
+	defer svc.Close()
+	req, _ := http.NewRequest(http.MethodGet, svc.URL+"/orders", nil)
+	req.Header.Set("X-Api-Key", user(t, "key"))
+	resp, err := svc.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	h := resp.Header
+	if resp.StatusCode != http.StatusTooManyRequests || h.Get("Retry-After") != "2" || h.Get("X-RateLimit-Degraded") != "true" || h.Get("RateLimit") != "" {
+		t.Errorf("checker down, fail closed: %d, Retry-After %q, X-RateLimit-Degraded %q, RateLimit %q; want 429, 2, true, none",
+			resp.StatusCode, h.Get("Retry-After"), h.Get("X-RateLimit-Degraded"), h.Get("RateLimit"))
 	}
 }
