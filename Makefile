@@ -55,6 +55,7 @@ FUZZ_TARGETS := \
 	./checker/transport:FuzzConnectProto \
 	./checker/transport:FuzzRLS \
 	./checker/transport:FuzzForwardAuth \
+	./checker/transport:FuzzCheckRateLimits \
 	./checker/admin:FuzzAdminBodies
 FUZZTIME ?= 20s
 
@@ -81,7 +82,7 @@ fuzz-ci:
 
 ## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
+	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
 
 clean:
 	rm -rf bin .dev
