@@ -16,7 +16,8 @@ if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
 fi
 
 missing=()
-# redis-server also runs the Sentinel tests in its sentinel mode (redis-server --sentinel).
+# redis-server also runs the Sentinel tests in its sentinel mode (redis-server --sentinel), so no
+# redis-sentinel binary is needed; --redis-sentinel is only the checker's flag naming the sentinels.
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
