@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 
 // HTTPConfig says how Middleware finds a request's subjects. A request with no subject at all
@@ -108,43 +110,17 @@ func SetHeaders(h http.Header, d Decision, now time.Time) {
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt.Unix(), 10))
 		reset = max(0, ceilSeconds(d.ResetAt.Sub(now)))
 	}
-	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", sfString(d.RuleID), max(0, d.Remaining), reset))
-	var b strings.Builder
+	h.Set("RateLimit", ratelimitheader.Limit(d.RuleID, d.Remaining, reset))
+	var ps ratelimitheader.Policies
 	for _, p := range d.Policies {
-		if b.Len() > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s;q=%d;w=%d", sfString(p.RuleID), p.Limit, max(1, int64(p.Window/time.Second)))
-		if p.Burst != 0 && p.Burst != p.Limit {
-			fmt.Fprintf(&b, ";burst=%d", p.Burst)
-		}
+		ps.Add(p.RuleID, p.Limit, p.Window, p.Burst)
 	}
-	if b.Len() > 0 {
-		h.Set("RateLimit-Policy", b.String())
+	if v := ps.String(); v != "" {
+		h.Set("RateLimit-Policy", v)
 	}
 }
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
-
-// sfString renders s as a structured-field String (RFC 8941): printable ASCII with " and \
-// escaped; any other byte, which a structured-field parser would reject, becomes '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
 
 // ClientIP returns an IP extractor for HTTPConfig.IP that believes X-Forwarded-For only from
 // trusted proxies: the client is the connection's peer unless that peer is trusted, then the

@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -60,7 +60,7 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
 		h.Set("X-RateLimit-State", body.State)
 		reset := checker.CeilMillis(out.DecidingLimit().Result.ResetAt.Sub(out.Now))
-		h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", sfString(d.RuleId), max(0, d.Remaining), checker.CeilSeconds(max(0, reset))))
+		h.Set("RateLimit", ratelimitheader.Limit(d.RuleId, d.Remaining, checker.CeilSeconds(max(0, reset))))
 		h.Set("RateLimit-Policy", policies(out))
 		if !out.Allowed {
 			secs := checker.CeilSeconds(d.RetryAfterMs)
@@ -136,29 +136,6 @@ func violated(o *checker.Outcome) []string {
 		ids = append(ids, l.Rule.ID)
 	}
 	return ids
-}
-
-// sfString renders s as a structured-field String (RFC 8941 section 3.3.3), as the RateLimit
-// fields name their policies: only printable ASCII, with " and \ escaped. Go's %q differs for
-// anything else (\t, \u00e9), which a structured-field parser rejects, so such bytes become '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 // forwardAuthBody is the forward-auth answer the README's "The check API" describes, with the error fields on a denial.
@@ -338,21 +315,14 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 
 // policies renders the IETF RateLimit-Policy field: one item per enforced limit.
 func policies(o *checker.Outcome) string {
-	var b strings.Builder
+	var p ratelimitheader.Policies
 	for i := range o.Limits {
 		l := &o.Limits[i]
-		if l.Rule.Shadow {
-			continue
-		}
-		if b.Len() > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s;q=%d;w=%d", sfString(l.Rule.ID), l.Limit.Limit, max(1, int64(l.Limit.Window/time.Second)))
-		if l.Limit.Capacity() != l.Limit.Limit {
-			fmt.Fprintf(&b, ";burst=%d", l.Limit.Capacity())
+		if !l.Rule.Shadow {
+			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity())
 		}
 	}
-	return b.String()
+	return p.String()
 }
 
 func stateName(s interface{ String() string }) string {

@@ -136,20 +136,3 @@ func TestForwardAuthProblem(t *testing.T) {
 		t.Errorf("denial without Accept = %s %v, want application/json without problem members", got, body)
 	}
 }
-
-func TestSFString(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ in, want string }{
-		{"user-api", `"user-api"`},
-		{`a"b`, `"a\"b"`},
-		{`a\b`, `"a\\b"`},
-		{"tab\there", `"tab?here"`},
-		{"café", `"caf??"`},
-	} {
-		t.Run(tc.in, func(t *testing.T) {
-			if got := sfString(tc.in); got != tc.want {
-				t.Errorf("sfString(%q) = %s, want %s", tc.in, got, tc.want)
-			}
-		})
-	}
-}

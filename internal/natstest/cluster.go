@@ -124,16 +124,7 @@ func (c *Cluster) Connect() (*nats.Conn, error) {
 // forever (Connect); the connection ends with the test.
 func (c *Cluster) JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	nc, err := c.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return jetStreamOver(t, c.Connect)
 }
 
 // WaitReady waits until JetStream can place a stream on every node: after StartCluster, and

@@ -122,7 +122,13 @@ func JetStream(t testing.TB) jetstream.JetStream {
 // forever (Connect); the connection ends with the test.
 func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	nc, err := s.Connect()
+	return jetStreamOver(t, s.Connect)
+}
+
+// jetStreamOver is a JetStream client over a connection from connect, closed with the test.
+func jetStreamOver(t testing.TB, connect func() (*nats.Conn, error)) jetstream.JetStream {
+	t.Helper()
+	nc, err := connect()
 	if err != nil {
 		t.Fatal(err)
 	}
