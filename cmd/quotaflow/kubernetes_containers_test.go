@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -516,7 +515,8 @@ func servedPaths(t *testing.T, sub string) func(string) error {
 	t.Helper()
 	switch sub {
 	case "checker":
-		base := startBareChecker(t)
+		base := startInProcessChecker(t, 10*time.Second, "--rules", filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
+			"--redis-url", redisSrv.URL(11))
 		return func(p string) error {
 			resp, err := http.Get(base + p)
 			if err != nil {
@@ -542,47 +542,6 @@ func servedPaths(t *testing.T, sub string) func(string) error {
 		}
 	}
 	return func(string) error { return fmt.Errorf("this test does not know what `quotaflow %s` serves", sub) }
-}
-
-// startBareChecker runs `quotaflow checker` in this process, on loopback, with the dev rules and
-// the package's Redis, until the test ends; it returns its base URL.
-func startBareChecker(t *testing.T) string {
-	t.Helper()
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"checker", "--listen", addr, "--rules", filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
-			"--redis-url", redisSrv.URL(11), "--spool-dir", t.TempDir()}, env(nil), io.Discard, io.Discard)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("checker: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("checker did not stop")
-		}
-	})
-	base := "http://" + addr
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return base
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("checker exited at start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checker not listening within 10s: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // registeredPatterns are the string patterns given to Handle and HandleFunc in function fn of
