@@ -86,6 +86,11 @@ rules:
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var answered, degraded, exact, errs, slow atomic.Int64
+	// A degraded check may still have charged: one the old master ran and replicated but died
+	// before answering, or one that timed out waiting for a reply. These are the unknown
+	// outcomes any timeout has; the degraded checks are kept to count them.
+	var mu sync.Mutex
+	var spans [][2]time.Time
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 4 {
@@ -100,7 +105,8 @@ rules:
 				}
 				start := time.Now()
 				out, err := e.Check(context.Background(), userQuery(user, "/x"))
-				if time.Since(start) > 2*time.Second { // ten times the Redis deadline: a loaded CI machine's margin
+				end := time.Now()
+				if end.Sub(start) > 2*time.Second { // ten times the Redis deadline: a loaded CI machine's margin
 					slow.Add(1)
 				}
 				switch {
@@ -109,6 +115,9 @@ rules:
 				case out.Degraded:
 					degraded.Add(1)
 					answered.Add(1)
+					mu.Lock()
+					spans = append(spans, [2]time.Time{start, end})
+					mu.Unlock()
 				default:
 					answered.Add(1)
 					exact.Add(1) // allowed (the limit is far) and charged on a master
@@ -118,6 +127,7 @@ rules:
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
+	killing := time.Now()
 	wait := killMaster(ctx, "rl:{user:"+user+"}:fw:1h:/x")
 	killed := time.Now()
 	if err := wait(ctx); err != nil {
@@ -144,11 +154,18 @@ rules:
 	if err != nil || peek.Degraded {
 		t.Fatalf("peek after the failover: %v, %v", peek, err)
 	}
+	unknown := 0
+	for _, s := range spans {
+		inFlight := s[0].Before(killed) && s[1].After(killing)
+		if inFlight || s[1].Sub(s[0]) >= 200*time.Millisecond { // the Redis deadline
+			unknown++
+		}
+	}
 	lost := exact.Load() - peek.DecidingLimit().Result.Used
-	t.Logf("promoted after %v, exact again after %v; answered %d (degraded %d), errors %d, slower than 2s %d; exact charges %d, lost in the failover %d",
-		promoted, exactAgain, answered.Load(), degraded.Load(), errs.Load(), slow.Load(), exact.Load(), lost)
-	if lost < 0 {
-		t.Errorf("the counter holds %d more charges than were made", -lost)
+	t.Logf("promoted after %v, exact again after %v; answered %d (degraded %d, of which %d may have charged), errors %d, slower than 2s %d; exact charges %d, lost in the failover %d",
+		promoted, exactAgain, answered.Load(), degraded.Load(), unknown, errs.Load(), slow.Load(), exact.Load(), lost)
+	if lost < -int64(unknown) {
+		t.Errorf("the counter holds %d more charges than the exact checks made, and only %d degraded checks may have charged", -lost, unknown)
 	}
 	if errs.Load() != 0 || slow.Load() != 0 {
 		t.Errorf("%d checks failed and %d took over 2s during the failover, want every one answered within its deadline", errs.Load(), slow.Load())
