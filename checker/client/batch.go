@@ -12,13 +12,17 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// batcher coalesces the checks of concurrent callers into CheckRateLimits calls: a check
-// waits at most Config.BatchWait for others, and a batch of Config.BatchMax leaves at once.
+// batcher coalesces the checks of concurrent callers into CheckRateLimits calls. A check
+// that finds no batch in flight leaves at once: waiting would only add latency, since nothing
+// else is being sent. Checks that arrive while a batch is in flight wait for it to come back
+// (its round trip is the time they would have queued behind it anyway), at most
+// Config.BatchWait, and a batch of Config.BatchMax leaves at once.
 type batcher struct {
-	c       *Client
-	mu      sync.Mutex
-	pending []*call
-	timer   *time.Timer
+	c        *Client
+	mu       sync.Mutex
+	pending  []*call
+	timer    *time.Timer
+	inFlight int // batches sent and not yet answered
 }
 
 // call is one check waiting for its batch's answer.
@@ -34,16 +38,16 @@ func (b *batcher) check(ctx context.Context, msg *quotaflowv1.CheckRateLimitRequ
 	cl := &call{msg: msg, done: make(chan struct{})}
 	b.mu.Lock()
 	b.pending = append(b.pending, cl)
-	var full []*call
+	var out []*call
 	switch {
-	case len(b.pending) >= b.c.cfg.BatchMax:
-		full = b.take()
+	case b.inFlight == 0 || len(b.pending) >= b.c.cfg.BatchMax:
+		out = b.take()
 	case len(b.pending) == 1:
 		b.timer = time.AfterFunc(b.c.cfg.BatchWait, b.flushNow)
 	}
 	b.mu.Unlock()
-	if full != nil {
-		go b.send(full)
+	if out != nil {
+		go b.send(out)
 	}
 	select {
 	case <-cl.done:
@@ -54,13 +58,16 @@ func (b *batcher) check(ctx context.Context, msg *quotaflowv1.CheckRateLimitRequ
 	}
 }
 
-// take empties the pending batch; b.mu is held.
+// take empties the pending batch and counts it in flight; b.mu is held.
 func (b *batcher) take() []*call {
 	p := b.pending
 	b.pending = nil
 	if b.timer != nil {
 		b.timer.Stop()
 		b.timer = nil
+	}
+	if len(p) > 0 {
+		b.inFlight++
 	}
 	return p
 }
@@ -75,6 +82,17 @@ func (b *batcher) flushNow() {
 	}
 }
 
+// answered counts a batch back, and sends the checks that waited for it.
+func (b *batcher) answered() {
+	b.mu.Lock()
+	b.inFlight--
+	p := b.take()
+	b.mu.Unlock()
+	if len(p) > 0 {
+		go b.send(p)
+	}
+}
+
 // send sends one batch, retried as a whole while it fails transiently (its checks keep their
 // idempotency keys, so those the checker decided are replayed), and answers each call. The
 // calls' own contexts do not bound it: it serves them all, and each caller stops waiting when
@@ -85,6 +103,7 @@ func (b *batcher) send(calls []*call) {
 		for _, cl := range calls {
 			close(cl.done)
 		}
+		b.answered()
 	}()
 	if len(calls) == 1 {
 		calls[0].resp, calls[0].err = b.c.checkOne(ctx, calls[0].msg)

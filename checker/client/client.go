@@ -82,8 +82,10 @@ type Config struct {
 	ProbeInterval time.Duration
 	// NoDenyCache turns the deny cache off: every check asks the checker.
 	NoDenyCache bool
-	// BatchWait is how long a check waits for others to travel with it in one CheckRateLimits
-	// call; 0 means 1 ms, negative turns coalescing off (each check is one CheckRateLimit).
+	// BatchWait is how long a check that arrives while a batch is in flight waits at most for
+	// others to travel with it in one CheckRateLimits call (it leaves sooner when the batch in
+	// flight comes back; with none in flight it leaves at once); 0 means 1 ms, negative turns
+	// coalescing off (each check is one CheckRateLimit).
 	BatchWait time.Duration
 	// BatchMax sends a batch as soon as it holds this many checks; 0 means 64.
 	BatchMax int

@@ -82,48 +82,104 @@ func TestInvalid(t *testing.T) {
 	}
 }
 
-// TestCoalescing: concurrent checks travel together in one CheckRateLimits call, each with its
-// own answer.
+// TestCoalescing: checks that arrive while a batch is in flight travel together in one
+// CheckRateLimits call, each with its own answer; the batch leaves when it is full or when the
+// batch in flight comes back, whichever is first.
 func TestCoalescing(t *testing.T) {
 	t.Parallel()
-	chk := newChecker(t)
 	const n = 32
-	// A wait far longer than the test: the batch leaves because it is full.
-	c := client.New(chk.url(), client.Config{BatchWait: time.Minute, BatchMax: n, Timeout: testTimeout})
-	defer c.Close()
-	before := chk.calls.Load()
-	u, ip := user(t, "u"), user(t, "ip")
-	var wg sync.WaitGroup
-	decisions := make([]client.Decision, n)
-	errs := make([]error, n)
-	for i := range n {
-		wg.Go(func() {
-			req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: u}}, Endpoint: "/big"}
-			if i == n-1 {
-				req.Endpoint = "/api/x"
-				req.Subjects = []client.Subject{{Dimension: client.IP, ID: ip}}
-				req.Cost = 3 // over ip-api's limit of 2: invalid, alone
+	for _, tt := range []struct {
+		name     string
+		batchMax int
+	}{
+		{"full", n - 1},
+		{"when the batch in flight is back", 64},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			chk := newChecker(t)
+			// A wait far longer than the test: the batch never leaves because of it.
+			c := client.New(chk.url(), client.Config{BatchWait: time.Minute, BatchMax: tt.batchMax, Timeout: testTimeout})
+			defer c.Close()
+			before := chk.calls.Load()
+			u, ip := user(t, "u"), user(t, "ip")
+			decisions := make([]client.Decision, n)
+			errs := make([]error, n)
+			check := func(i int) {
+				req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: u}}, Endpoint: "/big"}
+				if i == n-1 {
+					req.Endpoint = "/api/x"
+					req.Subjects = []client.Subject{{Dimension: client.IP, ID: ip}}
+					req.Cost = 3 // over ip-api's limit of 2: invalid, alone
+				}
+				decisions[i], errs[i] = c.Check(context.Background(), req)
 			}
-			decisions[i], errs[i] = c.Check(context.Background(), req)
+
+			// The first check finds nothing in flight and leaves alone; the checker holds it.
+			release := make(chan struct{})
+			chk.hold.Store(&release)
+			var wg sync.WaitGroup
+			wg.Go(func() { check(0) })
+			waitFor(t, "the first check at the checker", func() bool { return chk.calls.Load() == before+1 })
+			for i := 1; i < n; i++ {
+				wg.Go(func() { check(i) })
+			}
+			if tt.batchMax >= n {
+				waitFor(t, "the other checks queued", func() bool { return c.PendingChecks() == n-1 })
+			}
+			close(release)
+			wg.Wait()
+
+			if got := chk.calls.Load() - before; got != 2 {
+				t.Errorf("%d checks, %d of them while one was in flight, made %d calls; want 2", n, n-1, got)
+			}
+			remaining := map[int64]bool{}
+			for i := range n - 1 {
+				if errs[i] != nil || !decisions[i].Allowed {
+					t.Fatalf("check %d = %+v, %v; want allowed", i, decisions[i], errs[i])
+				}
+				remaining[decisions[i].Remaining] = true
+			}
+			// Each check was charged once: 1000-1 ... 1000-31 left, each seen once.
+			if len(remaining) != n-1 || !remaining[1000-1] || !remaining[1000-(n-1)] {
+				t.Errorf("remaining counts = %v, want each of %d..%d once", remaining, 1000-(n-1), 999)
+			}
+			if connect.CodeOf(errs[n-1]) != connect.CodeInvalidArgument {
+				t.Errorf("the invalid check of the batch: %v, want its own InvalidArgument", errs[n-1])
+			}
 		})
 	}
-	wg.Wait()
-	if got := chk.calls.Load() - before; got != 1 {
-		t.Errorf("%d concurrent checks made %d calls, want 1", n, got)
-	}
-	remaining := map[int64]bool{}
-	for i := range n - 1 {
-		if errs[i] != nil || !decisions[i].Allowed {
-			t.Fatalf("check %d = %+v, %v; want allowed", i, decisions[i], errs[i])
+}
+
+// TestCoalescingIdle: a check that finds no batch in flight leaves at once; with a BatchWait of
+// a minute, waiting for company would run past the test's deadline.
+func TestCoalescingIdle(t *testing.T) {
+	t.Parallel()
+	chk := newChecker(t)
+	c := client.New(chk.url(), client.Config{BatchWait: time.Minute, Timeout: testTimeout})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := chk.calls.Load()
+	u := user(t, "u")
+	for i := range 3 {
+		d, err := c.Check(ctx, client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: u}}, Endpoint: "/big"})
+		if err != nil || !d.Allowed || d.Remaining != int64(1000-1-i) {
+			t.Fatalf("check %d = %+v, %v; want allowed with %d left", i, d, err, 1000-1-i)
 		}
-		remaining[decisions[i].Remaining] = true
 	}
-	// Each check of the batch was charged once: 1000-1 ... 1000-31 left, each seen once.
-	if len(remaining) != n-1 || !remaining[1000-1] || !remaining[1000-(n-1)] {
-		t.Errorf("remaining counts = %v, want each of %d..%d once", remaining, 1000-(n-1), 999)
+	if got := chk.calls.Load() - before; got != 3 {
+		t.Errorf("3 checks one after another made %d calls, want 3", got)
 	}
-	if connect.CodeOf(errs[n-1]) != connect.CodeInvalidArgument {
-		t.Errorf("the invalid check of the batch: %v, want its own InvalidArgument", errs[n-1])
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 

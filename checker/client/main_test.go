@@ -56,6 +56,9 @@ type testChecker struct {
 	// failNext, when set, makes the next Connect call be decided and then answered 503, as if
 	// the connection broke after the checker charged.
 	failNext atomic.Bool
+	// hold, when set, makes the next HTTP call wait until the channel is closed before it is
+	// served: a batch in flight for as long as a test needs.
+	hold atomic.Pointer[chan struct{}]
 }
 
 func newChecker(t *testing.T) *testChecker {
@@ -74,6 +77,9 @@ func newCheckerOn(t *testing.T, rdb redis.UniversalClient) *testChecker {
 	h := c.srv.Handler()
 	c.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.calls.Add(1)
+		if g := c.hold.Swap(nil); g != nil {
+			<-*g
+		}
 		if c.failNext.CompareAndSwap(true, false) {
 			h.ServeHTTP(httptest.NewRecorder(), r)
 			http.Error(w, "connection lost", http.StatusServiceUnavailable)
