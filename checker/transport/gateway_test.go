@@ -29,10 +29,10 @@ const deployDir = "../../deploy"
 var sbin = []string{"/usr/sbin", "/usr/local/sbin"}
 
 // gatewayKind knows how to run one gateway with the repository's config in front of a checker
-// (host:port) and an upstream app (host:port).
+// (host:port) and an upstream app (host:port), failing open or closed while the checker is down.
 type gatewayKind struct {
 	name  string
-	setup func(dir string, port int, checker, app string) (proctest.Config, error)
+	setup func(dir string, port int, checker, app, failMode string) (proctest.Config, error)
 }
 
 var gatewayKinds = []gatewayKind{
@@ -48,11 +48,11 @@ type gateway struct {
 }
 
 // startGateway runs kind on a free port, its config, pid and logs in a temporary folder that
-// goes with the test.
-func startGateway(t *testing.T, kind gatewayKind, checker, app string) *gateway {
+// goes with the test. failMode is "open" or "closed".
+func startGateway(t *testing.T, kind gatewayKind, checker, app, failMode string) *gateway {
 	t.Helper()
 	g, err := proctest.Start(kind.name, 1, func(p *proctest.Process, dir string, ports []int) (*gateway, proctest.Config, error) {
-		cfg, err := kind.setup(dir, ports[0], checker, app)
+		cfg, err := kind.setup(dir, ports[0], checker, app, failMode)
 		return &gateway{p: p, url: "http://" + proctest.Addr(ports[0])}, cfg, err
 	})
 	if err != nil {
@@ -72,7 +72,7 @@ func absDeploy(parts ...string) (string, error) {
 
 // nginxSetup runs nginx in the foreground as one process (no master, so that the kill that
 // stops it leaves no worker behind), including deploy/nginx's snippets as a user would.
-func nginxSetup(dir string, port int, checker, app string) (proctest.Config, error) {
+func nginxSetup(dir string, port int, checker, app, failMode string) (proctest.Config, error) {
 	snippets, err := absDeploy("nginx")
 	if err != nil {
 		return proctest.Config{}, err
@@ -95,6 +95,7 @@ http {
     server {
         listen %[4]s;
         set $quotaflow_upstream http://app;
+        set $quotaflow_fail_mode %[6]s;
         include %[5]s/quotaflow.conf;
         location / {
             include %[5]s/quotaflow-location.conf;
@@ -102,7 +103,7 @@ http {
         }
     }
 }
-`, dir, checker, app, proctest.Addr(port), snippets)
+`, dir, checker, app, proctest.Addr(port), snippets, failMode)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		return proctest.Config{}, fmt.Errorf("write nginx.conf: %w", err)
@@ -118,7 +119,7 @@ http {
 }
 
 // caddySetup runs deploy/caddy/Caddyfile as it is, its addresses from the environment.
-func caddySetup(dir string, port int, checker, app string) (proctest.Config, error) {
+func caddySetup(dir string, port int, checker, app, failMode string) (proctest.Config, error) {
 	path, err := absDeploy("caddy", "Caddyfile")
 	if err != nil {
 		return proctest.Config{}, err
@@ -131,14 +132,14 @@ func caddySetup(dir string, port int, checker, app string) (proctest.Config, err
 		// Caddy keeps its state under XDG_DATA_HOME and XDG_CONFIG_HOME (HOME without them):
 		// the test's folder, not the user's.
 		Env: []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app,
-			"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
+			"QUOTAFLOW_FAIL_MODE=" + failMode, "HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
 		Ready: proctest.Listening(proctest.Addr(port)),
 	}, nil
 }
 
 // haproxySetup runs deploy/haproxy/haproxy.cfg as it is, in the foreground (-db), from its
 // folder (where lua-load finds quotaflow.lua), its addresses from the environment.
-func haproxySetup(dir string, port int, checker, app string) (proctest.Config, error) {
+func haproxySetup(dir string, port int, checker, app, failMode string) (proctest.Config, error) {
 	folder, err := absDeploy("haproxy")
 	if err != nil {
 		return proctest.Config{}, err
@@ -149,7 +150,7 @@ func haproxySetup(dir string, port int, checker, app string) (proctest.Config, e
 		Search: sbin,
 		Args:   []string{"-db", "-f", filepath.Join(folder, "haproxy.cfg")},
 		Dir:    folder,
-		Env:    []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app},
+		Env:    []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app, "QUOTAFLOW_FAIL_MODE=" + failMode},
 		Ready:  proctest.Listening(proctest.Addr(port)),
 	}, nil
 }
@@ -196,7 +197,7 @@ func gatewayGet(t *testing.T, base, path, user string) (*http.Response, string) 
 // TestGateways runs each gateway with the repository's config in front of a real checker and a
 // real upstream: allowed requests reach the upstream and carry the RateLimit headers, a denial
 // reaches the client as 429 with Retry-After and the headers, and with the checker down the
-// gateway fails open.
+// gateway fails open or closed as configured.
 func TestGateways(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
@@ -212,7 +213,7 @@ func TestGateways(t *testing.T) {
 		t.Run(kind.name, func(t *testing.T) {
 			t.Parallel()
 			a := newApp(t)
-			gw := startGateway(t, kind, u.Host, a.addr())
+			gw := startGateway(t, kind, u.Host, a.addr(), "open")
 			user := id(t, "u")
 			// user-tb allows 3 an hour.
 			for i := range 3 {
@@ -267,13 +268,31 @@ func TestGateways(t *testing.T) {
 				}
 			}
 
-			down := startGateway(t, kind, proctest.Addr(dead), a.addr())
+			down := startGateway(t, kind, proctest.Addr(dead), a.addr(), "open")
 			resp, body = gatewayGet(t, down.url, "/tb", user)
-			if resp.StatusCode != http.StatusOK || body != "app /tb" {
-				t.Errorf("with the checker down = %d %q, want 200 from the upstream (fail open)", resp.StatusCode, body)
+			if resp.StatusCode != http.StatusOK || body != "app /tb" || resp.Header.Get("X-RateLimit-Degraded") != "true" {
+				t.Errorf("with the checker down = %d %q (X-RateLimit-Degraded %q), want 200 from the upstream, degraded (fail open)",
+					resp.StatusCode, body, resp.Header.Get("X-RateLimit-Degraded"))
 			}
 			if got := a.hits.Load(); got != 5 {
 				t.Errorf("upstream reached %d times, want 5", got)
+			}
+
+			closed := startGateway(t, kind, proctest.Addr(dead), a.addr(), "closed")
+			resp, body = gatewayGet(t, closed.url, "/tb", user)
+			var refusal struct {
+				Error string `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(body), &refusal); resp.StatusCode != http.StatusServiceUnavailable || err != nil ||
+				refusal.Error != "rate_limiter_unavailable" || resp.Header.Get("X-RateLimit-Degraded") != "true" {
+				t.Errorf("with the checker down, failing closed = %d %q (X-RateLimit-Degraded %q), want 503 with the rate_limiter_unavailable JSON answer, degraded",
+					resp.StatusCode, body, resp.Header.Get("X-RateLimit-Degraded"))
+			}
+			if got := resp.Header.Get("Content-Type"); got != "application/json" {
+				t.Errorf("fail-closed Content-Type = %q, want application/json", got)
+			}
+			if got := a.hits.Load(); got != 5 {
+				t.Errorf("upstream reached %d times, want 5: failing closed must not reach it", got)
 			}
 		})
 	}
