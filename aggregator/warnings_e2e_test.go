@@ -16,6 +16,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -266,7 +267,9 @@ func (e *env) rewindWarnings(p int, hw uint64) {
 // Nats-Msg-Id), keeps a late re-publish (new message, same event id) or redelivers all of it.
 func TestEventsStored(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	// A NATS server of its own: the events stream's name is fixed, and the aggregator counts
+	// every override event on it, those of other tests and of earlier runs (-count) too.
+	e := newEnvOn(t, natstest.JetStream(t))
 	ctx := context.Background()
 	cfg := e.config("events")
 	cfg.EventsSubjects = []string{events.OverridesPrefix + ".>"}

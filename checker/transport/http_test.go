@@ -43,7 +43,7 @@ func getForwardAuth(t *testing.T, env *testEnv, headers map[string]string, query
 func TestForwardAuth(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
-	headers := map[string]string{"X-User-Id": id(t, "u"), "X-Client-Ip": "10.77.0.1", "X-Forwarded-Uri": "/api/v1/items?page=2"}
+	headers := map[string]string{"X-User-Id": id(t, "u"), "X-Client-Ip": testIP(t, "client"), "X-Forwarded-Uri": "/api/v1/items?page=2"}
 	resp, body := getForwardAuth(t, env, headers, "")
 	if resp.StatusCode != http.StatusOK || body["allowed"] != true || body["retry_after"] != nil {
 		t.Fatalf("first call = %d %v, want 200 allowed with retry_after null", resp.StatusCode, body)
@@ -90,8 +90,8 @@ func TestForwardAuthInputs(t *testing.T) {
 		status  int
 		want    string
 	}{
-		{"original uri and forwarded-for", map[string]string{"X-Forwarded-For": "10.9.0.1, 10.0.0.1", "X-Original-URI": "/api/a"}, "", 200, ""},
-		{"endpoint from query", map[string]string{"X-Api-Key": id(t, "key"), "X-Real-Ip": "10.9.0.2"}, "?endpoint=/api/b&cost=2", 200, ""},
+		{"original uri and forwarded-for", map[string]string{"X-Forwarded-For": testIP(t, "hop") + ", " + testIP(t, "client"), "X-Original-URI": "/api/a"}, "", 200, ""},
+		{"endpoint from query", map[string]string{"X-Api-Key": id(t, "key"), "X-Real-Ip": testIP(t, "real")}, "?endpoint=/api/b&cost=2", 200, ""},
 		// The client IP is always known (the connection's, else what a trusted proxy forwards),
 		// so a request always names a subject.
 		{"the connection is the subject", map[string]string{"X-Forwarded-Uri": "/free"}, "", 200, ""},

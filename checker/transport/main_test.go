@@ -57,6 +57,7 @@ rules:
 var (
 	mustRules = checkertest.Rules
 	id        = checkertest.ID
+	testIP    = checkertest.IP
 	newRedis  = checkertest.Redis
 	h2cClient = checkertest.H2CClient
 	ownRedis  = checkertest.OwnRedis

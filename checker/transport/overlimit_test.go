@@ -81,10 +81,11 @@ func TestOverLimitCacheIsExact(t *testing.T) {
 `
 	env := newEnv(t, checker.Config{Rules: mustRules(t, doc)})
 	c := env.client("connect")
+	user := id(t, "exact")
 	// Check until denied: a slow machine may refill a unit between two checks.
 	var denied *quotaflowv1.CheckRateLimitResponse
 	for i := 0; i < 40 && denied == nil; i++ {
-		if got := mustCheck(t, c, checkReq("exact", "/g")); !got.Allowed {
+		if got := mustCheck(t, c, checkReq(user, "/g")); !got.Allowed {
 			denied = got
 		}
 	}
@@ -92,17 +93,17 @@ func TestOverLimitCacheIsExact(t *testing.T) {
 		t.Fatal("40 back-to-back checks against 4 per 200ms all allowed, want a denial")
 	}
 	time.Sleep(time.Duration(denied.RetryAfterMs) * time.Millisecond)
-	if got := mustCheck(t, c, checkReq("exact", "/g")); !got.Allowed {
+	if got := mustCheck(t, c, checkReq(user, "/g")); !got.Allowed {
 		t.Errorf("check after retry_after %dms denied, want allowed (the cache must not outlive the denial)", denied.RetryAfterMs)
 	}
 
-	big := checkReq("exact", "/tb")
+	big := checkReq(user, "/tb")
 	big.Msg.Cost = 8
 	mustCheck(t, c, big) // 2 left
 	if got := mustCheck(t, c, big); got.Allowed {
 		t.Fatal("cost 8 with 2 left allowed, want denied")
 	}
-	if got := mustCheck(t, c, checkReq("exact", "/tb")); !got.Allowed {
+	if got := mustCheck(t, c, checkReq(user, "/tb")); !got.Allowed {
 		t.Error("cost 1 with 2 left denied from the cache of a cost-8 denial, want allowed")
 	}
 }

@@ -588,7 +588,8 @@ func TestRLSGlobalOncePerRequest(t *testing.T) {
 - {id: i, dimension: ip, endpoint: /g/*, algorithm: fixed_window, limit: 100, window: 1h}
 `
 	e := newRLSEnv(t, checker.Config{Rules: mustRules(t, doc)})
-	req := rlsReq(desc("remote_address", "192.0.2.1", "path", "/g/x"), desc("user_id", id(t, "u"), "path", "/g/x"))
+	resetGlobal(t, e.testEnv, "g") // the one bucket every run of the test shares
+	req := rlsReq(desc("remote_address", testIP(t, "client"), "path", "/g/x"), desc("user_id", id(t, "u"), "path", "/g/x"))
 	for i := 0; i < 3; i++ {
 		if got := e.should(t, req); got.OverallCode != rlsOK {
 			t.Fatalf("request %d with two descriptors: %s, want OK (global limit 3 counts requests, not descriptors)", i+1, got.OverallCode)

@@ -176,6 +176,7 @@ func TestMultiSubject(t *testing.T) {
 func TestGlobalRules(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
+	resetGlobal(t, env, "global-g") // the one bucket every run of the test shares
 	c := env.client("connect")
 	// The global bucket is shared by every caller: three different users spend it.
 	for i := 0; i < 3; i++ {
@@ -355,5 +356,13 @@ func TestExactAcrossCheckers(t *testing.T) {
 				t.Errorf("%d concurrent checks from %d checkers admitted %d, want exactly 50", checkers*perChecker, checkers, got)
 			}
 		})
+	}
+}
+
+// resetGlobal empties the global bucket of rule, which no identifier can make a test's own.
+func resetGlobal(t *testing.T, env *testEnv, rule string) {
+	t.Helper()
+	if _, _, err := env.engine.Reset(context.Background(), &quotaflowv1.ResetLimitRequest{Dimension: quotaflowv1.Dimension_DIMENSION_GLOBAL, RuleId: rule}); err != nil {
+		t.Fatalf("reset the global bucket of %s: %v", rule, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func TestAggregatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	db := fmt.Sprintf("e2e_%d", os.Getpid())
+	db := databaseName("e2e")
 	dsn := chSrv.DSN(db)
 	if out, _, code := runCmd(context.Background(), []string{"migrate", "--clickhouse-dsn", dsn}, nil); code != 0 || out == "" {
 		t.Fatalf("migrate exit %d: %s", code, out)
@@ -141,7 +142,7 @@ func TestServeWithAggregator(t *testing.T) {
 	if err := os.WriteFile(rulesPath, []byte(pipelineRules), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	db := fmt.Sprintf("serve_%d", os.Getpid())
+	db := databaseName("serve")
 	addr := freeAddr(t)
 	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5),
 		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
@@ -201,3 +202,11 @@ func TestServeWithAggregator(t *testing.T) {
 		}
 	}
 }
+
+// databaseName is a ClickHouse database of the test's own: the server outlives the process,
+// and go test -count=N runs a test again in the same one.
+func databaseName(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), databaseSeq.Add(1))
+}
+
+var databaseSeq atomic.Int64

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -113,7 +114,7 @@ func TestCheckerOnCluster(t *testing.T) {
 	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
 		"--redis-cluster", strings.Join(cl.Seeds(), ","))
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
-	if got := admitted(t, c, 8, "cluster-solo", ""); got != 5 {
+	if got := admitted(t, c, 8, checkertest.ID(t, "solo"), ""); got != 5 {
 		t.Errorf("%d of 8 checks admitted on the cluster, want the limit 5", got)
 	}
 
@@ -121,13 +122,14 @@ func TestCheckerOnCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	userKey := func(u string) string { return "rl:{user:" + u + "}:fw:1h:/x" }
-	ipMaster, err := cl.MasterOf(ctx, "rl:{ip:192.0.2.9}:gcra:1h:/x")
+	ip := checkertest.IP(t, "ip")
+	ipMaster, err := cl.MasterOf(ctx, "rl:{ip:"+ip+"}:gcra:1h:/x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	user := ""
 	for i := range 64 {
-		u := "cluster-multi-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		u := checkertest.ID(t, "multi-"+string(rune('a'+i%26))+string(rune('a'+i/26)))
 		m, err := cl.MasterOf(ctx, userKey(u))
 		if err != nil {
 			t.Fatal(err)
@@ -140,10 +142,10 @@ func TestCheckerOnCluster(t *testing.T) {
 	if user == "" {
 		t.Fatal("no user key on another master than the IP's")
 	}
-	if got := admitted(t, c, 2, user+"-other", "192.0.2.9"); got != 2 { // spends the IP's 2
+	if got := admitted(t, c, 2, user+"-other", ip); got != 2 { // spends the IP's 2
 		t.Fatalf("%d of 2 checks admitted while the IP had room", got)
 	}
-	if got := admitted(t, c, 3, user, "192.0.2.9"); got != 0 {
+	if got := admitted(t, c, 3, user, ip); got != 0 {
 		t.Errorf("%d checks admitted past the IP's limit, want 0", got)
 	}
 	if n := used(t, c, user); n != 0 {
@@ -159,7 +161,7 @@ func TestCheckerOnSentinel(t *testing.T) {
 	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
 		"--redis-sentinel", strings.Join(sg.SentinelAddrs, ","), "--redis-sentinel-master", sg.MasterName)
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
-	if got := admitted(t, c, 8, "sentinel-solo", ""); got != 5 {
+	if got := admitted(t, c, 8, checkertest.ID(t, "solo"), ""); got != 5 {
 		t.Errorf("%d of 8 checks admitted through the sentinels, want the limit 5", got)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +37,7 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "QUOTAFLOW_DECISIONS", Subjects: []string{"quotaflow.decisions.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	db := fmt.Sprintf("warn_%d", os.Getpid())
+	db := databaseName("warn")
 	aggCtx, stopAgg := context.WithCancel(ctx)
 	aggDone := make(chan string, 1)
 	go func() {

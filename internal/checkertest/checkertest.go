@@ -6,12 +6,17 @@ package checkertest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,10 +93,32 @@ func OwnRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 }
 
 // ID makes an identifier unique to the running test, so that tests sharing a Redis never share
-// a bucket.
+// a bucket: the test's name, a mark of this run of it (go test -count=N runs it again on the
+// same servers), and name. Within one run the same name gives the same identifier.
 func ID(t testing.TB, name string) string {
-	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + name
+	mark, ok := runMarks.Load(t)
+	if !ok {
+		mark, ok = runMarks.LoadOrStore(t, strconv.FormatInt(runSeq.Add(1), 36)+strconv.FormatInt(time.Now().UnixNano()%(1<<30), 36))
+		if !ok {
+			t.Cleanup(func() { runMarks.Delete(t) })
+		}
+	}
+	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + mark.(string) + "-" + name
 }
+
+// IP is an IPv4 address of the running test's own (from ID(t, name)), for rules that count
+// per address.
+func IP(t testing.TB, name string) string {
+	h := fnv.New32a()
+	h.Write([]byte(ID(t, name)))
+	v := h.Sum32()
+	return fmt.Sprintf("10.%d.%d.%d", byte(v>>16), byte(v>>8), byte(v))
+}
+
+var (
+	runMarks sync.Map // testing.TB → its run's mark
+	runSeq   atomic.Int64
+)
 
 // Logger is where test checkers log: nowhere, or stderr with QF_DEBUG=1.
 func Logger() *slog.Logger {
