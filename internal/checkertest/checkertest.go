@@ -98,7 +98,7 @@ func OwnRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 func ID(t testing.TB, name string) string {
 	mark, ok := runMarks.Load(t)
 	if !ok {
-		mark, ok = runMarks.LoadOrStore(t, strconv.FormatInt(runSeq.Add(1), 36)+strconv.FormatInt(time.Now().UnixNano()%(1<<30), 36))
+		mark, ok = runMarks.LoadOrStore(t, processMark+strconv.FormatInt(runSeq.Add(1), 36))
 		if !ok {
 			t.Cleanup(func() { runMarks.Delete(t) })
 		}
@@ -118,6 +118,9 @@ func IP(t testing.TB, name string) string {
 var (
 	runMarks sync.Map // testing.TB → its run's mark
 	runSeq   atomic.Int64
+	// processMark tells this process's runs from those of an earlier one on a server that
+	// outlived it.
+	processMark = strconv.FormatInt(time.Now().UnixNano()%(1<<30), 36) + "r"
 )
 
 // Logger is where test checkers log: nowhere, or stderr with QF_DEBUG=1.
