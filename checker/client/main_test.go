@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,10 +132,6 @@ func (c *testChecker) start(addr string) {
 // restart serves again on the same port.
 func (c *testChecker) restart() { c.start(c.addr) }
 
-// user returns an identifier of its own for each call: tests share one Redis, and -count=N
-// runs them again on it.
-func user(t *testing.T, name string) string {
-	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + name + "-" + strconv.FormatInt(idSeq.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-}
-
-var idSeq atomic.Int64
+// user is an identifier of the test run's own: tests share one Redis, and -count=N runs them
+// again on it.
+var user = checkertest.ID
