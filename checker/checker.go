@@ -45,6 +45,11 @@ type Config struct {
 	// ProbeInterval is how often an unreachable store is probed; while it is unreachable, checks
 	// do not wait for it. 0 means 500ms.
 	ProbeInterval time.Duration
+	// CircuitFailures is how many failed round trips to the store in a row (no success between
+	// them) make it unreachable: Redis's errors, refused or broken connections, round trips past
+	// RedisTimeout. A caller's deadline or cancellation never counts. 0 means 3. A Store passed
+	// in is judged by the errors its Checks return, its wait past RedisTimeout included.
+	CircuitFailures int
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
 	// Decisions receives every decision (nil: decisions are not published).
@@ -107,6 +112,10 @@ func New(cfg Config) *Engine {
 	if timeout <= 0 {
 		timeout = 50 * time.Millisecond
 	}
+	e.store = newGuard(guardConfig{
+		timeout: timeout, probeEvery: cfg.ProbeInterval, localMaxKeys: cfg.LocalMaxKeys,
+		circuitFailures: cfg.CircuitFailures, log: e.log, observe: e.tel.redis.Record,
+	})
 	store := cfg.Store
 	if store == nil {
 		if e.rdb == nil {
@@ -116,14 +125,14 @@ func New(cfg Config) *Engine {
 		if c, ok := e.rdb.(*redis.Client); ok && !c.Options().ContextTimeoutEnabled {
 			e.log.Warn("redis client has ContextTimeoutEnabled off: the Redis deadline of checks cannot be enforced")
 		}
-		// A batch carries checks that each wait at most RedisTimeout: its own deadline is the same.
-		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{BatchTimeout: timeout, Logger: e.log})
+		// A batch carries checks that each wait at most RedisTimeout: its own deadline is the
+		// same. Its outcomes, not the checks' errors, feed the circuit: they tell Redis's
+		// failures from callers giving up and from time spent queued here.
+		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{
+			BatchTimeout: timeout, OnRoundTrip: e.store.circuit.record, Logger: e.log})
 		store = e.ownStore
 	}
-	e.store = newGuard(store, guardConfig{
-		timeout: timeout, probeEvery: cfg.ProbeInterval, localMaxKeys: cfg.LocalMaxKeys,
-		log: e.log, observe: e.tel.redis.Record,
-	})
+	e.store.use(store, cfg.Store == nil)
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
 	}

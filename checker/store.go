@@ -2,15 +2,12 @@ package checker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -45,7 +42,9 @@ func allLocal(int, int) rules.FailMode { return rules.FailLocal }
 type guardConfig struct {
 	timeout, probeEvery time.Duration
 	localMaxKeys        int
-	log                 *slog.Logger
+	// circuitFailures is the circuit's threshold (0: defaultCircuitFailures).
+	circuitFailures int
+	log             *slog.Logger
 	// observe records the duration of each store call (seconds).
 	observe func(ctx context.Context, seconds float64, opts ...metric.RecordOption)
 }
@@ -53,29 +52,47 @@ type guardConfig struct {
 // guard is the one path to the store: timeout, circuit breaking and the local fallback.
 type guard struct {
 	guardConfig
-	store   Store
-	local   *bucket.Local
-	down    atomic.Bool
-	probing atomic.Bool
-	closed  chan struct{}
-	once    sync.Once
-	probes  sync.WaitGroup
+	store Store
+	// reported: the store tells the circuit the outcome of its own round trips
+	// (bucket.StoreConfig.OnRoundTrip), so the guard does not count what its checks see.
+	reported bool
+	circuit  *circuit
+	local    *bucket.Local
+	probing  atomic.Bool
+	closed   chan struct{}
+	once     sync.Once
+	probes   sync.WaitGroup
 }
 
-func newGuard(store Store, cfg guardConfig) *guard {
+// newGuard returns a guard without a store: use sets it, once the store could be given the
+// guard's circuit to report to.
+func newGuard(cfg guardConfig) *guard {
 	if cfg.probeEvery <= 0 {
 		cfg.probeEvery = 500 * time.Millisecond
 	}
-	return &guard{guardConfig: cfg, store: store, local: bucket.NewLocal(cfg.localMaxKeys), closed: make(chan struct{})}
+	g := &guard{guardConfig: cfg, local: bucket.NewLocal(cfg.localMaxKeys), closed: make(chan struct{})}
+	g.circuit = newCircuit(cfg.circuitFailures, g.opened)
+	return g
 }
 
-// check evaluates reqs in the store. While the store cannot answer, each limit is decided by
-// fail: open allows, closed denies for about a probe, local charges this process's buckets with
-// the same algorithm; degraded then reports it. With fail nil there is no fallback: the error
-// wraps ErrUnavailable. An error of the request or the script, which is a bug rather than an
-// outage, is returned as is.
+// use makes store the guarded store; reported says that it reports its round trips to
+// g.circuit.record.
+func (g *guard) use(store Store, reported bool) {
+	g.store, g.reported = store, reported
+}
+
+// check evaluates reqs in the store. A check the store does not answer within the timeout, or
+// answers with an outage, has each limit decided by fail: open allows, closed denies for about
+// a probe, local charges this process's buckets with the same algorithm; degraded then reports
+// it. While the circuit is open, checks do not call the store at all. With fail nil there is
+// no fallback: the error wraps ErrUnavailable.
+//
+// A check whose own ctx ends first returns ctx's error: the caller gave up, which says nothing
+// of the store and is neither counted nor answered by a fail mode. An error of the request or
+// of the script (a malformed reply, a script error), which is a bug rather than an outage, is
+// returned as is: it fails this check only.
 func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes) (results []bucket.Result, degraded bool, err error) {
-	if g.down.Load() {
+	if g.circuit.open() {
 		if fail == nil {
 			return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, errStoreDown)
 		}
@@ -88,17 +105,32 @@ func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes
 	cancel()
 	switch {
 	case err == nil:
+		if !g.reported {
+			g.circuit.record(nil)
+		}
 		return results, false, nil
-	case ctx.Err() != nil:
-		return nil, false, ctx.Err()
-	case !unavailable(err):
+	case callerGone(ctx):
+		return nil, false, fmt.Errorf("bucket check: %w", context.Cause(ctx))
+	case !bucket.Unavailable(err):
 		return nil, false, fmt.Errorf("bucket check: %w", err)
 	}
-	g.markDown(err)
+	if !g.reported {
+		g.circuit.record(err)
+	}
 	if fail == nil {
 		return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return g.fallback(reqs, fail), true, nil
+}
+
+// callerGone reports whether ctx, the caller's, has ended or reached its deadline: a socket
+// deadline set from it can fire a moment before its timer does.
+func callerGone(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // fallback decides reqs limit by limit by their fail modes.
@@ -140,38 +172,43 @@ func (g *guard) fallback(reqs []bucket.Request, fail failModes) []bucket.Result 
 
 // delete removes keys within the timeout; there is no fallback.
 func (g *guard) delete(ctx context.Context, keys []string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	n, err := g.store.Delete(ctx, keys...)
+	n, err := g.store.Delete(cctx, keys...)
 	if err != nil {
-		if unavailable(err) && ctx.Err() == nil {
-			g.markDown(err)
+		if bucket.Unavailable(err) && !callerGone(ctx) {
+			g.circuit.record(err)
 		}
 		return 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return n, nil
 }
 
-// ping reports errStoreDown while the circuit is open or when the store does not answer.
+// ping reports errStoreDown while the circuit is open or when the store does not answer. A
+// ping is a round trip of its own: its outcome counts like a check's.
 func (g *guard) ping(ctx context.Context) error {
-	if g.down.Load() {
+	if g.circuit.open() {
 		return errStoreDown
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	if err := g.store.Ping(ctx); err != nil {
-		g.markDown(err)
-		return errStoreDown
+	err := g.store.Ping(cctx)
+	switch {
+	case err == nil:
+		g.circuit.record(nil)
+		return nil
+	case callerGone(ctx):
+		return context.Cause(ctx)
 	}
-	return nil
+	g.circuit.record(err)
+	return fmt.Errorf("%w: %w", errStoreDown, err)
 }
 
-// markDown opens the circuit: checks stop waiting for the store and use the rules' fail modes
-// until a probe succeeds.
-func (g *guard) markDown(err error) {
-	if g.down.CompareAndSwap(false, true) {
-		g.log.Warn("redis unreachable; deciding by fail mode until it answers", "err", err)
-	}
+// opened is the circuit's news that it opened: checks stop waiting for the store and use the
+// rules' fail modes until a probe succeeds.
+func (g *guard) opened(err error) {
+	g.log.Warn("redis unreachable; deciding by fail mode until it answers",
+		"err", err, "failures_in_a_row", g.circuit.threshold)
 	select {
 	case <-g.closed:
 		return
@@ -184,7 +221,7 @@ func (g *guard) markDown(err error) {
 }
 
 // probe pings the store until it answers, then closes the circuit. It clears probing before
-// down so that a failure seen right after recovery always starts a new probe.
+// closing the circuit so that a failure seen right after recovery always starts a new probe.
 func (g *guard) probe() {
 	defer g.probes.Done()
 	t := time.NewTicker(g.probeEvery)
@@ -207,7 +244,7 @@ func (g *guard) probe() {
 		cancel()
 		if err == nil {
 			g.probing.Store(false)
-			g.down.Store(false)
+			g.circuit.close()
 			g.log.Info("redis reachable again; exact decisions resumed")
 			return
 		}
@@ -218,23 +255,4 @@ func (g *guard) probe() {
 func (g *guard) close() {
 	g.once.Do(func() { close(g.closed) })
 	g.probes.Wait()
-}
-
-// unavailable tells a store that cannot answer now (network, deadline, or a Redis that is
-// loading, busy, read-only or out of memory), where the fail modes decide, from an error of the
-// request or the script, which is a bug to report rather than a reason to degrade.
-func unavailable(err error) bool {
-	if errors.Is(err, bucket.ErrInvalidRequest) {
-		return false
-	}
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return true // network, timeout, closed pool
-	}
-	for _, prefix := range []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOREPLICAS"} {
-		if strings.HasPrefix(rerr.Error(), prefix) {
-			return true
-		}
-	}
-	return false
 }

@@ -21,9 +21,18 @@ type StoreConfig struct {
 	// its pipeline. The calls of one Check always travel together, so a batch may exceed it
 	// by the last Check taken. Default 128.
 	MaxBatch int
-	// BatchTimeout bounds how long one pipeline may take: a batch runs with the earliest
-	// deadline of its callers, but never longer than this. Default 1s.
+	// BatchTimeout bounds how long one pipeline may take. It is the Store's own deadline, the
+	// same for every batch: a caller's deadline or cancellation bounds only that caller's wait,
+	// never the batch its calls travel in, so that no caller can fail the others' calls by
+	// giving up early. Default 1s.
 	BatchTimeout time.Duration
+	// OnRoundTrip, when set, is told the outcome of every batch sent to Redis: nil when Redis
+	// answered each call, else the first error for which Unavailable reports true (Redis's
+	// error reply, its connection, a pipeline that outlived BatchTimeout). It is what a circuit
+	// breaker should count: unlike Check's error, it never reflects a caller's deadline, a
+	// caller's cancellation or time spent queued in this process. It is called from the
+	// batching goroutines and must not block.
+	OnRoundTrip func(err error)
 	// Logger receives what a Check cannot return: a refund that failed after the Check had
 	// already returned its error. Nil means no log.
 	Logger *slog.Logger
@@ -235,9 +244,11 @@ func (b *batcher) do(ctx context.Context, j *job) error {
 const lateReplies = 20 * time.Millisecond
 
 // awaitLate waits lateReplies for the batch in flight carrying j, and reports whether it
-// finished. A batch runs until the earliest deadline of its callers, so the batch of a caller
-// whose deadline passed usually ends a moment later, with the replies of the masters that did
-// answer: the charges they made are known, and can be refunded (Store.Check).
+// finished. A caller whose deadline is about the batch's own (the engine waits RedisTimeout,
+// the batch's BatchTimeout) often sees its batch end a moment later, with the replies of the
+// masters that did answer: the charges they made are known, and can be refunded
+// (Store.Check). A caller that leaves without them leaves its charges in place, which errs
+// towards denying.
 func (b *batcher) awaitLate(j *job) bool {
 	t := time.NewTimer(lateReplies)
 	defer t.Stop()
@@ -304,8 +315,7 @@ func (b *batcher) loop() {
 }
 
 // take claims a queued job for a batch. A job whose caller left is recycled, and one whose
-// context has ended is answered at once without being sent: it would only fail the batch
-// (whose deadline is its callers' earliest).
+// context has ended is answered at once without being sent: nobody waits for its replies.
 func (b *batcher) take(j *job, now time.Time) bool {
 	if !j.state.CompareAndSwap(jobQueued, jobRunning) {
 		putJob(j) // abandoned
@@ -347,15 +357,11 @@ func (b *batcher) finish(j *job) {
 //     keys have usually moved.
 //
 // Nothing else is re-sent: a script call that may have run must never run twice (scriptCmd).
+//
+// The batch runs until BatchTimeout, whatever its callers' deadlines: a caller that gives up
+// early leaves (batcher.do), the others' calls go on.
 func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time.Time) {
-	deadline := now.Add(b.cfg.BatchTimeout)
-	for _, j := range batch {
-		if d, ok := j.ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-	}
-	// Only the deadline is inherited: one caller's cancellation must not fail the others.
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(b.cfg.BatchTimeout))
 	defer cancel()
 
 	if ms != nil {
@@ -401,9 +407,25 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 		}
 		_, _ = pipe.Exec(ctx)
 	}
+	if b.cfg.OnRoundTrip != nil {
+		b.cfg.OnRoundTrip(outage(batch))
+	}
 	for _, j := range batch {
 		b.finish(j)
 	}
+}
+
+// outage is the first error of batch's calls that says Redis could not answer (Unavailable),
+// or nil when Redis answered them all, if only with a script's error reply.
+func outage(batch []*job) error {
+	for _, j := range batch {
+		for i := range j.calls {
+			if err := j.calls[i].cmd.Err(); Unavailable(err) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Re-sending calls that did not run: the pause before re-sending TRYAGAIN calls doubles from

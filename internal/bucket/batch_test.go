@@ -183,7 +183,8 @@ func TestStoreBatchPerServer(t *testing.T) {
 func TestStoreConfig(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []StoreConfig{{}, {Loops: -1, MaxBatch: -5, BatchTimeout: -time.Second}} {
-		if got := cfg.withDefaults(); got != (StoreConfig{Loops: defaultLoops, MaxBatch: defaultMaxBatch, BatchTimeout: defaultBatchTimeout}) {
+		got := cfg.withDefaults()
+		if got.Loops != defaultLoops || got.MaxBatch != defaultMaxBatch || got.BatchTimeout != defaultBatchTimeout || got.OnRoundTrip != nil {
 			t.Errorf("%+v with defaults: got %+v", cfg, got)
 		}
 	}
@@ -507,5 +508,71 @@ func TestStoreUnreachable(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Check with nothing listening took %v", d)
+	}
+}
+
+// TestCallerDeadlineBoundsOnlyItsWait: checks whose callers give up within a round trip travel
+// in the same batches as a patient caller's. Before, a batch ran under the earliest deadline
+// of its callers, so theirs failed the patient caller's checks, and the failures looked like
+// Redis timing out. Now the patient caller gets every answer, exactly, and OnRoundTrip, which
+// the engine's circuit counts, reports no failure: Redis never failed.
+func TestCallerDeadlineBoundsOnlyItsWait(t *testing.T) {
+	t.Parallel()
+	var failures atomic.Int64
+	var firstFailure atomic.Value
+	s := NewStoreWithConfig(client(t), StoreConfig{Loops: 1, OnRoundTrip: func(err error) {
+		if err != nil && failures.Add(1) == 1 {
+			firstFailure.Store(err)
+		}
+	}})
+	defer s.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range 4 {
+		k := key(t, fmt.Sprint("attacker", i))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				// Deadlines from 20 µs to 140 µs: some end in the queue, some in flight.
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(20+i*40)*time.Microsecond)
+				_, _ = s.Check(cctx, []Request{one(lim(k, FixedWindow, 1e9, long, 0), 1)})
+				cancel()
+			}
+		})
+	}
+	victim := lim(key(t, "victim"), FixedWindow, 50, long, 0)
+	allowed := 0
+	for i := range 200 {
+		res, err := s.Check(context.Background(), []Request{one(victim, 1)})
+		if err != nil {
+			t.Fatalf("victim's check %d: %v", i, err)
+		}
+		if res[0].Allowed {
+			allowed++
+		}
+	}
+	stop()
+	wg.Wait()
+	if allowed != 50 {
+		t.Errorf("victim: %d of 200 allowed, want 50", allowed)
+	}
+	if n := failures.Load(); n != 0 {
+		t.Errorf("OnRoundTrip reported %d failures (first: %v), want none", n, firstFailure.Load())
+	}
+}
+
+// TestOnRoundTripReportsOutage: a Redis that refuses connections is reported to OnRoundTrip
+// as the failure of each batch.
+func TestOnRoundTripReportsOutage(t *testing.T) {
+	t.Parallel()
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer down.Close()
+	got := make(chan error, 10)
+	s := NewStoreWithConfig(down, StoreConfig{Loops: 1, OnRoundTrip: func(err error) { got <- err }})
+	defer s.Close()
+	if _, err := s.Check(context.Background(), []Request{one(lim("rl:{down}:x", FixedWindow, 5, long, 0), 1)}); err == nil {
+		t.Fatal("Check against a Redis that refuses connections: no error")
+	}
+	if err := <-got; !Unavailable(err) {
+		t.Errorf("OnRoundTrip got %v, want an error for which Unavailable is true", err)
 	}
 }

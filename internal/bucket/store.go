@@ -92,9 +92,8 @@ const (
 //
 // When ctx ends while the calls are queued, they are never sent. When it ends while they are
 // in flight, Check returns ctx.Err() (wrapped) at once, but the calls may still run in Redis:
-// as with any timeout, the outcome is unknown. A pipeline runs until the earliest deadline of
-// the Checks it carries (capped by StoreConfig.BatchTimeout), so a Check with a very short
-// deadline can fail the others of its batch.
+// as with any timeout, the outcome is unknown. A pipeline runs for StoreConfig.BatchTimeout at
+// most, whatever the deadlines of the Checks it carries: ctx bounds only this Check's wait.
 //
 // A request whose idempotency record is bound to another Fingerprint fails the call with an
 // error wrapping ErrIdempotencyConflict; the other requests' charges are refunded first.
@@ -314,8 +313,6 @@ func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
 	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk})
 }
 
-var errMalformed = errors.New("malformed script reply")
-
 // parseReply decodes a check script reply into res, whose Limits is already sized. The reply
 // is read as strings (go-redis's StringSliceCmd), which allocates a third of what reading it
 // as interfaces does: integers and strings alike arrive as their decimal text.
@@ -325,13 +322,13 @@ func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 		return scriptError(err)
 	}
 	if len(arr) != replyHead+replyPerLimit*len(res.Limits) {
-		return errMalformed
+		return ErrMalformedReply
 	}
 	allowed, ok1 := parseBool(arr[0])
 	now, ok2 := parseInt(arr[1])
 	replayed, ok3 := parseBool(arr[2])
 	if !ok1 || !ok2 || !ok3 {
-		return errMalformed
+		return ErrMalformedReply
 	}
 	res.Allowed = allowed
 	res.Replayed = replayed
@@ -344,7 +341,7 @@ func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 		reset, ok4 := parseInt(f[3])
 		retry, ok5 := parseInt(f[4])
 		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
-			return errMalformed
+			return ErrMalformedReply
 		}
 		res.Limits[i] = LimitResult{
 			Allowed:    la,
