@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,36 +15,44 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// TestCircuit: only threshold failures in a row open the circuit; a success in between starts
-// the count again.
+// TestCircuit: only threshold failures in a row, spanning the circuit's span, open it; a
+// success in between starts the count again.
 func TestCircuit(t *testing.T) {
 	t.Parallel()
 	fail := errors.New("connection refused")
+	const span = 50 * time.Millisecond
 	tests := []struct {
 		name      string
 		threshold int
-		outcomes  string // f: a failure, s: a success
+		outcomes  string // f: a failure, s: a success, +: span passes
 		want      bool
 	}{
 		{"one failure", 0, "f", false},
-		{"two failures", 0, "ff", false},
-		{"three failures, the default", 0, "fff", true},
-		{"a success between", 0, "ffsff", false},
-		{"failures after a success", 0, "ffsfff", true},
-		{"threshold 5", 5, "ffff", false},
-		{"threshold 5 reached", 5, "fffff", true},
-		{"successes only", 0, "sssss", false},
+		{"two failures", 0, "f+f", false},
+		{"three failures over the span, the default", 0, "ff+f", true},
+		{"three failures at once (a starved burst)", 0, "ffff", false},
+		{"a burst, then the next round succeeds", 0, "ffffs+f", false},
+		{"a success between", 0, "ff+sff", false},
+		{"failures after a success", 0, "ffs+f+ff", true},
+		{"threshold 5", 5, "ff+ff", false},
+		{"threshold 5 reached", 5, "ff+fff", true},
+		{"successes only", 0, "ss+sss", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			opened := 0
-			c := newCircuit(tt.threshold, func(error) { opened++ })
+			c := newCircuit(tt.threshold, span, func(error) { opened++ })
+			clock := time.Unix(1e9, 0)
+			c.now = func() time.Time { return clock }
 			for _, o := range tt.outcomes {
-				if o == 'f' {
+				switch o {
+				case 'f':
 					c.record(fail)
-				} else {
+				case 's':
 					c.record(nil)
+				case '+':
+					clock = clock.Add(span)
 				}
 			}
 			if got := c.open(); got != tt.want {
@@ -123,5 +132,53 @@ rules:
 	}
 	if err := e.Ready(ctx); err != nil {
 		t.Errorf("Ready: %v, want nil: nothing failed in Redis", err)
+	}
+}
+
+// TestBurstKeepsCircuitClosed: a burst of concurrent checks starves the checker of CPU on two
+// cores, so the batch loops' round trips may all time out at once, though Redis answered them
+// in time. Such checks are decided by their fail mode, each on its own; the circuit stays
+// closed, and no check is allowed past the limit by Redis. Before, the burst's timeouts opened
+// the circuit, and every check after them was decided by fail mode (open: allowed).
+func TestBurstKeepsCircuitClosed(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{RedisTimeout: 50 * time.Millisecond, ProbeInterval: time.Hour, Rules: checkertest.Rules(t, `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: burst, dimension: user, endpoint: /burst, algorithm: fixed_window, limit: 100, window: 1h}
+`)})
+	query := func(user string) *Query {
+		return &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, user)}}, Endpoint: "/burst", Cost: 1}
+	}
+	const checks = 3000
+	var allowed, degraded, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range checks {
+		wg.Go(func() {
+			<-start
+			got, err := e.Check(context.Background(), query("u"))
+			switch {
+			case err != nil:
+				failed.Add(1)
+			case got.Degraded:
+				degraded.Add(1)
+			case got.Allowed:
+				allowed.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("%d concurrent checks: %d allowed by Redis, %d decided by fail mode", checks, allowed.Load(), degraded.Load())
+	if allowed.Load() > 100 || failed.Load() != 0 {
+		t.Errorf("%d concurrent checks: %d allowed by Redis, %d failed; want at most 100 allowed, none failed", checks, allowed.Load(), failed.Load())
+	}
+	if e.store.circuit.open() {
+		t.Error("the circuit opened during a burst, with Redis answering")
+	}
+	if got, err := e.Check(context.Background(), query("after")); err != nil || got.Degraded || !got.Allowed {
+		t.Errorf("check after the burst: %+v, %v; want an exact allow", got, err)
 	}
 }

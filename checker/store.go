@@ -54,7 +54,8 @@ type guard struct {
 	guardConfig
 	store Store
 	// reported: the store tells the circuit the outcome of its own round trips
-	// (bucket.StoreConfig.OnRoundTrip), so the guard does not count what its checks see.
+	// (bucket.StoreConfig.OnRoundTrip), so the guard does not count what its checks see: a
+	// check's timeout includes its time queued in this process.
 	reported bool
 	circuit  *circuit
 	local    *bucket.Local
@@ -71,7 +72,7 @@ func newGuard(cfg guardConfig) *guard {
 		cfg.probeEvery = 500 * time.Millisecond
 	}
 	g := &guard{guardConfig: cfg, local: bucket.NewLocal(cfg.localMaxKeys), closed: make(chan struct{})}
-	g.circuit = newCircuit(cfg.circuitFailures, g.opened)
+	g.circuit = newCircuit(cfg.circuitFailures, cfg.timeout, g.opened)
 	return g
 }
 
@@ -81,14 +82,18 @@ func (g *guard) use(store Store, reported bool) {
 	g.store, g.reported = store, reported
 }
 
-// check evaluates reqs in the store. A check the store does not answer within the timeout, or
-// answers with an outage, has each limit decided by fail: open allows, closed denies for about
+// check evaluates reqs in the store. A check that the store does not answer within the timeout,
+// or answers with an outage (Redis's error, its connection), has each limit decided by fail: open allows, closed denies for about
 // a probe, local charges this process's buckets with the same algorithm; degraded then reports
 // it. While the circuit is open, checks do not call the store at all. With fail nil there is
 // no fallback: the error wraps ErrUnavailable.
 //
-// A check whose own ctx ends first returns ctx's error: the caller gave up, which says nothing
-// of the store and is neither counted nor answered by a fail mode. An error of the request or
+// The check's outcome counts towards the circuit only for a store passed in; the default store
+// reports the outcomes of its round trips itself, which tell Redis failing from this process
+// being slow to read its replies (a check that waited its timeout queued behind a burst, or
+// starved of CPU, is decided by its fail mode, but Redis did not fail). A check whose own ctx
+// ends first returns ctx's error: the caller gave up, which says nothing of the store and is
+// neither counted nor answered by a fail mode. An error of the request or
 // of the script (a malformed reply, a script error), which is a bug rather than an outage, is
 // returned as is: it fails this check only.
 func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes) (results []bucket.Result, degraded bool, err error) {

@@ -208,6 +208,14 @@ var (
 // do queues j and waits for its replies. On an error (ctx ended, store closed) j is no
 // longer the caller's: it was recycled, or the batcher owns it and its calls may still run.
 func (b *batcher) do(ctx context.Context, j *job) error {
+	_, err := b.run(ctx, j, false)
+	return err
+}
+
+// run is do, but with keep a caller that leaves while j's calls are in flight keeps j
+// (inFlight): the loop signals j.done when the replies are in, and the caller must read them
+// and recycle j (Store.settleLate), so that the charges they made can be refunded.
+func (b *batcher) run(ctx context.Context, j *job, keep bool) (inFlight bool, err error) {
 	b.start.Do(b.startLoops)
 	j.ctx = ctx
 	j.state.Store(jobQueued)
@@ -215,50 +223,31 @@ func (b *batcher) do(ctx context.Context, j *job) error {
 	case b.queue <- j:
 	case <-ctx.Done():
 		putJob(j) // never queued
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-b.quit:
 		putJob(j)
-		return ErrStoreClosed
+		return false, ErrStoreClosed
 	}
-	var err error
 	select {
 	case <-j.done:
-		return j.result()
+		return false, j.result()
 	case <-ctx.Done():
 		err = ctx.Err()
-		if errors.Is(err, context.DeadlineExceeded) && j.state.Load() == jobRunning && b.awaitLate(j) {
-			return j.result()
-		}
 	case <-b.quit:
 		err = ErrStoreClosed
 	}
 	// Leave, unless the loop finished in the meantime: then the replies are there.
-	if j.state.CompareAndSwap(jobQueued, jobAbandoned) || j.state.CompareAndSwap(jobRunning, jobAbandoned) {
-		return err
+	if j.state.CompareAndSwap(jobQueued, jobAbandoned) {
+		return false, err // never sent
+	}
+	if keep {
+		return true, err
+	}
+	if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+		return false, err
 	}
 	<-j.done
-	return j.result()
-}
-
-// lateReplies is how long a caller whose deadline passed waits for its batch in flight.
-const lateReplies = 20 * time.Millisecond
-
-// awaitLate waits lateReplies for the batch in flight carrying j, and reports whether it
-// finished. A caller whose deadline is about the batch's own (the engine waits RedisTimeout,
-// the batch's BatchTimeout) often sees its batch end a moment later, with the replies of the
-// masters that did answer: the charges they made are known, and can be refunded
-// (Store.Check). A caller that leaves without them leaves its charges in place, which errs
-// towards denying.
-func (b *batcher) awaitLate(j *job) bool {
-	t := time.NewTimer(lateReplies)
-	defer t.Stop()
-	select {
-	case <-j.done:
-		return true
-	case <-t.C:
-	case <-b.quit:
-	}
-	return false
+	return false, j.result()
 }
 
 // result is the outcome of a finished job; a failed job is recycled.

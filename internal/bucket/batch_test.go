@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -575,4 +576,69 @@ func TestOnRoundTripReportsOutage(t *testing.T) {
 	if err := <-got; !Unavailable(err) {
 		t.Errorf("OnRoundTrip got %v, want an error for which Unavailable is true", err)
 	}
+}
+
+// TestLeftInFlightRefunded: a caller whose deadline passes while its calls are in flight gets
+// its error at once; the calls run when Redis answers, within the batch's own deadline, and the
+// charges they made are refunded: a Check that failed keeps no charge it knows of.
+func TestLeftInFlightRefunded(t *testing.T) {
+	t.Parallel()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	c := own.Client(0)
+	t.Cleanup(func() { c.Close() })
+	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 5 * time.Second})
+	defer s.Close()
+	ctx := context.Background()
+	for _, a := range allAlgorithms {
+		l := lim("{left}:"+a.Code(), a, 5, long, 0)
+		if _, err := s.Check(ctx, []Request{one(l, 1)}); err != nil { // script loaded, pool warm
+			t.Fatal(err)
+		}
+		before := scriptCalls(t, c)
+		if err := c.Do(ctx, "CLIENT", "PAUSE", "300", "ALL").Err(); err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err := s.Check(cctx, []Request{one(l, 2)})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: check past its deadline: %v, want context.DeadlineExceeded", a, err)
+		}
+		// The charge and its refund, once the pause is over.
+		for deadline := time.Now().Add(5 * time.Second); scriptCalls(t, c) < before+2; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d script calls 5s after a check that left in flight, want its charge and its refund", a, scriptCalls(t, c)-before)
+			}
+		}
+		res, err := s.Check(ctx, []Request{peekReq(l)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res[0].Limits[0].Used; got != 1 {
+			t.Errorf("%s: %d used after a check that left in flight, want 1 (its charge of 2 refunded)", a, got)
+		}
+	}
+}
+
+// scriptCalls is the number of script calls c's server has run.
+func scriptCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		name, val, _ := strings.Cut(line, ":")
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			calls, _, _ := strings.Cut(strings.TrimPrefix(val, "calls="), ",")
+			v, _ := strconv.ParseInt(calls, 10, 64)
+			n += v
+		}
+	}
+	return n
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -91,9 +92,9 @@ const (
 // StoreConfig.BatchTimeout, and a refund that fails is logged (StoreConfig.Logger).
 //
 // When ctx ends while the calls are queued, they are never sent. When it ends while they are
-// in flight, Check returns ctx.Err() (wrapped) at once, but the calls may still run in Redis:
-// as with any timeout, the outcome is unknown. A pipeline runs for StoreConfig.BatchTimeout at
-// most, whatever the deadlines of the Checks it carries: ctx bounds only this Check's wait.
+// in flight, Check returns ctx.Err() (wrapped) at once; the calls go on, since a pipeline runs
+// for StoreConfig.BatchTimeout whatever the deadlines of the Checks it carries (ctx bounds only
+// this Check's wait), and the charges their replies report are refunded in the background.
 //
 // A request whose idempotency record is bound to another Fingerprint fails the call with an
 // error wrapping ErrIdempotencyConflict; the other requests' charges are refunded first.
@@ -120,8 +121,11 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		}
 		j.addCall(&reqs[i], mode, "", nil)
 	}
-	err := s.b.do(ctx, j)
+	inFlight, err := s.b.run(ctx, j, true)
 	runtime.KeepAlive(s) // the Store must outlive the wait, or its cleanup stops the loops
+	if inFlight {
+		go s.settleLate(context.WithoutCancel(ctx), j, slices.Clone(reqs))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket: %w", err)
 	}
@@ -182,6 +186,29 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	return results, nil
+}
+
+// settleLate waits for the replies of a Check whose caller left while its calls were in flight
+// (its ctx ended), and refunds the charges they made: the caller got an error, and a Check that
+// fails keeps no charge it knows of, whichever master made it (the caller's deadline no longer
+// ends the batch, so the replies come after it left). reqs is the Check's, cloned.
+func (s *Store) settleLate(ctx context.Context, j *job, reqs []Request) {
+	<-j.done
+	if j.err != nil {
+		putJob(j) // answered without being sent
+		return
+	}
+	results := make([]Result, len(reqs))
+	var refund []int
+	for i := range reqs {
+		results[i].Limits = make([]LimitResult, len(reqs[i].Limits))
+		if parseReply(j.calls[i].cmd, &results[i]) == nil && !reqs[i].Peek && results[i].Allowed && !results[i].Replayed {
+			refund = append(refund, i)
+		}
+	}
+	if j = refundJob(j, reqs, results, refund); j != nil {
+		s.refundLater(ctx, j)
+	}
 }
 
 // ended is ctx's error, or context.DeadlineExceeded once its deadline has passed: a socket
