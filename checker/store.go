@@ -83,19 +83,19 @@ func (g *guard) use(store Store, reported bool) {
 }
 
 // check evaluates reqs in the store. A check that the store does not answer within the timeout,
-// or answers with an outage (Redis's error, its connection), has each limit decided by fail: open allows, closed denies for about
-// a probe, local charges this process's buckets with the same algorithm; degraded then reports
-// it. While the circuit is open, checks do not call the store at all. With fail nil there is
-// no fallback: the error wraps ErrUnavailable.
+// or answers with an outage (Redis's error, its connection), has each limit decided by fail:
+// open allows, closed denies for about a probe, local charges this process's buckets with the
+// same algorithm; degraded then reports it. While the circuit is open, checks do not call the
+// store at all. With fail nil there is no fallback: the error wraps ErrUnavailable.
 //
-// The check's outcome counts towards the circuit only for a store passed in; the default store
+// The check's outcome counts towards the circuit only for a store passed in. The default store
 // reports the outcomes of its round trips itself, which tell Redis failing from this process
-// being slow to read its replies (a check that waited its timeout queued behind a burst, or
-// starved of CPU, is decided by its fail mode, but Redis did not fail). A check whose own ctx
+// being slow to read the replies: a check that waited its timeout queued behind a burst, or
+// starved of CPU, is decided by its fail mode, but Redis did not fail. A check whose own ctx
 // ends first returns ctx's error: the caller gave up, which says nothing of the store and is
-// neither counted nor answered by a fail mode. An error of the request or
-// of the script (a malformed reply, a script error), which is a bug rather than an outage, is
-// returned as is: it fails this check only.
+// neither counted nor answered by a fail mode. An error of the request or of the script (a
+// malformed reply, a script error), which is a bug rather than an outage, is returned as is: it
+// fails this check only.
 func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes) (results []bucket.Result, degraded bool, err error) {
 	if g.circuit.open() {
 		if fail == nil {
