@@ -35,6 +35,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tim
 		// A check cut off by the shutdown timeout still hands its decision to the publisher
 		// before the publisher is drained (checks are bounded by --redis-timeout).
 		grpc.WaitForHandlers(true),
+		// The same bound as Handler's, on the decompressed message too.
+		grpc.MaxRecvMsgSize(int(s.maxBody)),
 	}
 	hs := grpcsplit.NewHTTPServer(h)
 	if s.tls != nil {

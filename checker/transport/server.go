@@ -38,6 +38,10 @@ type Config struct {
 	// TLS, when set, makes Serve serve TLS with it (internal/tlsfiles builds one that reloads
 	// its certificate and can require client certificates); nil serves cleartext and h2c.
 	TLS *tls.Config
+	// MaxRequestBytes bounds a request's body and each message in it, decompressed size
+	// included (DefaultMaxRequestBytes when 0); larger ones are refused with
+	// ResourceExhausted (HTTP 413 outside RPCs) before they are authenticated or decoded.
+	MaxRequestBytes int64
 	// Logger receives the transports' logs, with "component"="transport"; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -49,6 +53,7 @@ type Server struct {
 	callers *auth.Registry
 	fa      forwardAuth
 	tls     *tls.Config
+	maxBody int64
 	log     *slog.Logger
 	base    *slog.Logger // the Config's, for the components Serve starts
 }
@@ -65,8 +70,12 @@ func New(engine *checker.Engine, cfg Config) *Server {
 	if callers == nil {
 		callers = new(auth.Registry)
 	}
+	maxBody := cfg.MaxRequestBytes
+	if maxBody <= 0 {
+		maxBody = DefaultMaxRequestBytes
+	}
 	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth), tls: cfg.TLS,
-		log: log.With("component", "transport"), base: log}
+		maxBody: maxBody, log: log.With("component", "transport"), base: log}
 }
 
 // Handler serves everything on one port over HTTP/1.1 and h2c: the RateLimiter service over
@@ -74,13 +83,14 @@ func New(engine *checker.Engine, cfg Config) *Server {
 // GET /ratelimit/check for gateways, /healthz and /readyz. gRPC clients are served far more
 // cheaply by grpc-go: give it RegisterGRPC's services and split the port (internal/grpcsplit).
 func (s *Server) Handler() http.Handler {
+	opts := s.handlerOptions()
 	mux := http.NewServeMux()
-	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s))
+	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s, opts...))
 	mux.Handle(s.RLSHandler())
-	mux.Handle((&healthService{s: s}).handler())
+	mux.Handle((&healthService{s: s}).handler(opts...))
 	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
 	mux.HandleFunc("/ratelimit/check", s.serveForwardAuth)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -95,7 +105,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	return s.authenticate(mux)
+	return s.limitBodies(s.authenticate(mux))
 }
 
 // RegisterGRPC registers the services Handler serves to gRPC clients — quotaflow.v1.RateLimiter,
