@@ -29,6 +29,7 @@ import (
 type splitEnv struct {
 	addr      string
 	httpCalls atomic.Int64
+	release   chan struct{} // ends the answers of POST /stream
 }
 
 func newSplitEnv(t *testing.T, cfg Config) *splitEnv {
@@ -41,19 +42,29 @@ func newSplitEnv(t *testing.T, cfg Config) *splitEnv {
 }
 
 // serveSplit is newSplitEnv on a listener of the test's, with the servers made as the checker
-// makes them (NewHTTPServer, GRPCServerOptions). Its handler reads the body of POST /read.
+// makes them (NewHTTPServer, GRPCServerOptions). Its handler reads the body of POST /read, and
+// of POST /stream, whose answer then waits for release (or the request's end) and reports
+// whether the request's context ended.
 func serveSplit(t *testing.T, ln net.Listener, cfg Config) *splitEnv {
 	t.Helper()
-	e := &splitEnv{addr: ln.Addr().String()}
+	e := &splitEnv{addr: ln.Addr().String(), release: make(chan struct{})}
 	gs := grpc.NewServer(GRPCServerOptions(cfg)...)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	hs := NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.httpCalls.Add(1)
-		if r.URL.Path == "/read" {
+		if r.URL.Path == "/read" || r.URL.Path == "/stream" {
 			if _, err := io.Copy(io.Discard, r.Body); err != nil {
 				http.Error(w, err.Error(), http.StatusRequestTimeout)
 				return
 			}
+		}
+		if r.URL.Path == "/stream" {
+			select {
+			case <-e.release:
+			case <-r.Context().Done():
+			}
+			fmt.Fprintf(w, "context: %v", r.Context().Err())
+			return
 		}
 		fmt.Fprintf(w, "%s %s", r.Proto, r.Header.Get("Content-Type"))
 	}), cfg)

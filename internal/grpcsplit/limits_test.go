@@ -249,6 +249,32 @@ func TestTimeoutsCloseConnections(t *testing.T) {
 	})
 }
 
+// TestLongAnswerOutlivesReadTimeout: the read timeout bounds the request, not the answer: a
+// handler still answering over HTTP/1.1 after it is past (a health Watch) keeps its context.
+func TestLongAnswerOutlivesReadTimeout(t *testing.T) {
+	t.Parallel()
+	short := 50 * time.Millisecond
+	e := newSplitEnv(t, Config{ReadTimeout: short})
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	waitFor(t, "the request to reach the handler", func() bool { return e.httpCalls.Load() == 1 })
+	time.Sleep(10 * short) // well past the read timeout: what is asserted is the context, not a time
+	close(e.release)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if string(body) != "context: <nil>" {
+		t.Errorf("answer %q, want the handler's context alive (context: <nil>)", body)
+	}
+}
+
 // closeSignalDialer dials connections that close done when they end: the server closed them
 // (the clients used here close idle connections only when told to, after the test).
 func closeSignalDialer(done chan struct{}) func(ctx context.Context, network, addr string) (net.Conn, error) {
