@@ -23,10 +23,10 @@ const (
 // healthService is grpc.health.v1.Health: SERVING while Ready.
 type healthService struct{ s *Server }
 
-func (h *healthService) handler() (string, http.Handler) {
+func (h *healthService) handler(opts ...connect.HandlerOption) (string, http.Handler) {
 	mux := http.NewServeMux()
-	mux.Handle(healthCheckProcedure, connect.NewUnaryHandler(healthCheckProcedure, h.Check))
-	mux.Handle(healthWatchProcedure, connect.NewServerStreamHandler(healthWatchProcedure, h.Watch))
+	mux.Handle(healthCheckProcedure, connect.NewUnaryHandler(healthCheckProcedure, h.Check, opts...))
+	mux.Handle(healthWatchProcedure, connect.NewServerStreamHandler(healthWatchProcedure, h.Watch, opts...))
 	return "/" + healthServiceName + "/", mux
 }
 

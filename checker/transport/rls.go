@@ -29,13 +29,11 @@ const RLSServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 // RLSProcedure is the one method of RLSServiceName.
 const RLSProcedure = "/" + RLSServiceName + "/ShouldRateLimit"
 
-// Bounds on ShouldRateLimit requests, beyond those of every check.
+// Bounds on ShouldRateLimit requests, beyond those of every check. A request's size is bounded
+// by Config.MaxRequestBytes, as every message's.
 const (
 	MaxRLSDescriptors = 64
 	MaxRLSEntries     = 64
-	// maxRLSMessage bounds a request's size: 64 descriptors of 64 entries of the longest
-	// values allowed stay well below it.
-	maxRLSMessage = 4 << 20
 )
 
 // The descriptor entry keys quotaflow reads. Every other key is ignored, so the descriptors of
@@ -99,9 +97,7 @@ func (s *Server) RLSHandler() (string, http.Handler) {
 	method := ratelimitv3.File_envoy_service_ratelimit_v3_rls_proto.Services().
 		ByName("RateLimitService").Methods().ByName("ShouldRateLimit")
 	h := connect.NewUnaryHandler(RLSProcedure, s.ShouldRateLimit,
-		connect.WithSchema(method),
-		connect.WithReadMaxBytes(maxRLSMessage),
-	)
+		append(s.handlerOptions(), connect.WithSchema(method))...)
 	return "/" + RLSServiceName + "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != RLSProcedure {
 			http.NotFound(w, r) // gRPC clients see Unimplemented

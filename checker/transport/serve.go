@@ -23,7 +23,8 @@ const grpcStreamWorkers = 128
 // gRPC go to a grpc-go server with RegisterGRPC's services, every other connection to h
 // (Handler, and whatever the caller mounts beside it) over HTTP/1.1 and HTTP/2. With
 // Config.TLS the port serves TLS (the splitter sorts the decrypted streams), else cleartext
-// with h2c. Shutdown is graceful for both within timeout. Serve closes ln.
+// with h2c. Config.Conns bounds the connections: how many, how slow, how long idle. Shutdown
+// is graceful for both within timeout. Serve closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration) error {
 	opts := []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
@@ -35,8 +36,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tim
 		// A check cut off by the shutdown timeout still hands its decision to the publisher
 		// before the publisher is drained (checks are bounded by --redis-timeout).
 		grpc.WaitForHandlers(true),
+		// The same bound as Handler's, on the decompressed message too.
+		grpc.MaxRecvMsgSize(int(s.maxBody)),
 	}
-	hs := grpcsplit.NewHTTPServer(h)
+	split := s.conns
+	split.Logger = s.base
+	opts = append(opts, grpcsplit.GRPCServerOptions(split)...)
+	hs := grpcsplit.NewHTTPServer(h, split)
 	if s.tls != nil {
 		ln = tls.NewListener(ln, s.tls)
 		opts = append(opts, grpc.Creds(terminatedTLS{}))
@@ -53,7 +59,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tim
 		<-ctx.Done()
 		s.log.Info("shutting down", "timeout", timeout)
 	}()
-	return grpcsplit.Serve(ctx, ln, gs, hs, timeout, grpcsplit.Config{Logger: s.base})
+	return grpcsplit.Serve(ctx, ln, gs, hs, timeout, split)
 }
 
 // terminatedTLS are grpc-go's credentials on a port whose listener terminates TLS: the

@@ -23,6 +23,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -38,6 +39,17 @@ type Config struct {
 	// TLS, when set, makes Serve serve TLS with it (internal/tlsfiles builds one that reloads
 	// its certificate and can require client certificates); nil serves cleartext and h2c.
 	TLS *tls.Config
+	// MaxRequestBytes bounds a request's body and each message in it, decompressed size
+	// included (DefaultMaxRequestBytes when 0); larger ones are refused with
+	// ResourceExhausted (HTTP 413 outside RPCs) before they are authenticated or decoded.
+	MaxRequestBytes int64
+	// HideReflection stops serving gRPC reflection (on every stack), which lists the services
+	// and their schemas to anyone who reaches the port: a port whose callers need
+	// credentials has little reason to describe itself to those without.
+	HideReflection bool
+	// Conns bounds Serve's connections: their number, the time a request may take to arrive
+	// and a connection may stay idle (grpcsplit's defaults when zero). Its Logger is ignored.
+	Conns grpcsplit.Config
 	// Logger receives the transports' logs, with "component"="transport"; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -49,6 +61,9 @@ type Server struct {
 	callers *auth.Registry
 	fa      forwardAuth
 	tls     *tls.Config
+	maxBody int64
+	conns   grpcsplit.Config
+	reflect bool
 	log     *slog.Logger
 	base    *slog.Logger // the Config's, for the components Serve starts
 }
@@ -65,22 +80,30 @@ func New(engine *checker.Engine, cfg Config) *Server {
 	if callers == nil {
 		callers = new(auth.Registry)
 	}
+	maxBody := cfg.MaxRequestBytes
+	if maxBody <= 0 {
+		maxBody = DefaultMaxRequestBytes
+	}
 	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth), tls: cfg.TLS,
-		log: log.With("component", "transport"), base: log}
+		maxBody: maxBody, conns: cfg.Conns, reflect: !cfg.HideReflection, log: log.With("component", "transport"), base: log}
 }
 
 // Handler serves everything on one port over HTTP/1.1 and h2c: the RateLimiter service over
-// Connect, gRPC and gRPC-Web, Envoy's RateLimitService, gRPC reflection and health,
+// Connect, gRPC and gRPC-Web, Envoy's RateLimitService, gRPC reflection (unless
+// Config.HideReflection) and health,
 // GET /ratelimit/check for gateways, /healthz and /readyz. gRPC clients are served far more
 // cheaply by grpc-go: give it RegisterGRPC's services and split the port (internal/grpcsplit).
 func (s *Server) Handler() http.Handler {
+	opts := s.handlerOptions()
 	mux := http.NewServeMux()
-	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s))
+	mux.Handle(quotaflowv1connect.NewRateLimiterHandler(s, opts...))
 	mux.Handle(s.RLSHandler())
-	mux.Handle((&healthService{s: s}).handler())
-	reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.Handle((&healthService{s: s}).handler(opts...))
+	if s.reflect {
+		reflector := grpcreflect.NewStaticReflector(quotaflowv1connect.RateLimiterName, healthServiceName, RLSServiceName)
+		mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
+		mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
+	}
 	mux.HandleFunc("/ratelimit/check", s.serveForwardAuth)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -95,16 +118,19 @@ func (s *Server) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	return s.authenticate(mux)
+	return s.limitBodies(s.authenticate(mux))
 }
 
 // RegisterGRPC registers the services Handler serves to gRPC clients — quotaflow.v1.RateLimiter,
-// Envoy's RateLimitService, grpc.health.v1.Health and reflection — on a grpc-go server. Serve it
-// the h2c connections whose first request is gRPC (see internal/grpcsplit): grpc-go's HTTP/2
-// transport costs far less per call than net/http's, and the answers are the same.
+// Envoy's RateLimitService, grpc.health.v1.Health and reflection (unless
+// Config.HideReflection) — on a grpc-go server. Serve it the h2c connections whose first
+// request is gRPC (see internal/grpcsplit): grpc-go's HTTP/2 transport costs far less per call
+// than net/http's, and the answers are the same.
 func (s *Server) RegisterGRPC(g *grpc.Server) {
 	quotaflowv1.RegisterRateLimiterServer(g, grpcRateLimiter{s: s})
 	ratelimitv3.RegisterRateLimitServiceServer(g, grpcRLS{s})
 	healthpb.RegisterHealthServer(g, grpcHealth{h: &healthService{s: s}})
-	reflection.Register(g)
+	if s.reflect {
+		reflection.Register(g)
+	}
 }

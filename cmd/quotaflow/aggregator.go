@@ -233,7 +233,7 @@ configuration changes) in state_transitions (90 days), overrides and config_chan
 		io.WriteString(w, "ok\n")
 	})
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- grpcsplit.ServeHTTP(ctx, ln, mux, 5*time.Second) }()
+	go func() { httpDone <- grpcsplit.ServeHTTP(ctx, ln, mux, 5*time.Second, grpcsplit.Config{}) }()
 	err = agg.Run(ctx)
 	return errors.Join(err, <-httpDone)
 }

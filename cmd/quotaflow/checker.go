@@ -20,6 +20,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
@@ -50,6 +51,7 @@ type checkerFlags struct {
 	callers         callerFlags
 	tls             serverTLSFlags
 	redis           redisFlags
+	serving         servingFlags
 	tlsConfig       *tls.Config // of tls, made by validate
 }
 
@@ -72,6 +74,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	c.callers.register(fs)
 	c.tls.register(fs)
 	c.redis.register(fs)
+	c.serving.register(fs)
 }
 
 func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -146,6 +149,9 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", c.traceRatio)}
 	}
 	if err := c.admin.validate(); err != nil {
+		return nil, usageError{err}
+	}
+	if err := c.serving.validate(); err != nil {
 		return nil, usageError{err}
 	}
 	if err := c.callers.validate(c.admin.tokens); err != nil {
@@ -252,9 +258,22 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	cfg.Rules = set
 	engine := checker.New(cfg)
 	defer engine.Close()
-	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, TLS: c.tlsConfig, Logger: log})
+	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, TLS: c.tlsConfig,
+		MaxRequestBytes: c.serving.maxRequestBytes, HideReflection: c.serving.hideReflection(c.callers.callersFile),
+		Conns: c.serving.conns(), Logger: log})
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", tel.Metrics)
+	var metricsLn net.Listener // --metrics-listen's, else /metrics is on the check port
+	if c.serving.metricsListen != "" {
+		if metricsLn, err = net.Listen("tcp", c.serving.metricsListen); err != nil {
+			if pub != nil {
+				err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
+			}
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		defer metricsLn.Close() // on the way out before serving; served, it is closed already
+	} else {
+		mux.Handle("GET /metrics", tel.Metrics)
+	}
 	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, log)).Handler())
 	mux.Handle("/", front.Handler())
 	ln, err := net.Listen("tcp", c.listen)
@@ -284,6 +303,17 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	g.Go(func() error {
 		return front.Serve(gctx, ln, mux, c.shutdownTimeout)
 	})
+	if metricsLn != nil {
+		log.Info("metrics served", "url", "http://"+metricsLn.Addr().String()+"/metrics")
+		metrics := http.NewServeMux()
+		metrics.Handle("GET /metrics", tel.Metrics)
+		g.Go(func() error {
+			if err := grpcsplit.ServeHTTP(gctx, metricsLn, metrics, c.shutdownTimeout, c.serving.conns()); err != nil {
+				return fmt.Errorf("--metrics-listen: %w", err)
+			}
+			return nil
+		})
+	}
 	if follower != nil {
 		g.Go(func() error { return follower.Run(gctx, engine.SetRules) })
 	}

@@ -23,13 +23,15 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
 
-// Config tunes a Splitter. The zero value is usable.
+// Config tunes a Splitter and the servers behind it. The zero value is usable; the defaults
+// are set in one place, withDefaults.
 type Config struct {
 	// SniffTimeout bounds how long a new connection may take to show its first request
 	// (default 10s); one that takes longer is closed.
@@ -37,8 +39,56 @@ type Config struct {
 	// MaxSniffFrames bounds the frames read before the first HEADERS frame (default 16); a
 	// connection that sends more goes to net/http, which judges it.
 	MaxSniffFrames int
-	// Logger receives accept errors, with "component"="grpcsplit" (default: discarded).
+	// MaxConns caps the connections open at once (default 10,000; keep it below the
+	// process's file limit, ulimit -n). Past it new connections wait in the kernel's listen
+	// backlog until one closes, and a warning says so: the process keeps the file handles it
+	// needs for Redis, NATS and the connections it serves.
+	MaxConns int
+	// ReadHeaderTimeout bounds reading a request's headers (default 10s), ReadTimeout the
+	// whole request, body included (default 10s; per stream on HTTP/2), and IdleTimeout how
+	// long a connection may wait for its next request (default 2m; gRPC connections get a
+	// GOAWAY). Each only applies to the servers made by NewHTTPServer and given
+	// GRPCServerOptions.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	IdleTimeout       time.Duration
+	// Logger receives accept errors and the connection cap's warnings, with
+	// "component"="grpcsplit" (default: discarded).
 	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxConns          = 10_000
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+)
+
+// withDefaults is cfg with every unset field at its default.
+func (cfg Config) withDefaults() Config {
+	if cfg.SniffTimeout <= 0 {
+		cfg.SniffTimeout = 10 * time.Second
+	}
+	if cfg.MaxSniffFrames <= 0 {
+		cfg.MaxSniffFrames = 16
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg
 }
 
 // Splitter accepts connections from one listener and hands each to the GRPC or the HTTP
@@ -46,28 +96,24 @@ type Config struct {
 type Splitter struct {
 	ln         net.Listener
 	cfg        Config
+	log        *slog.Logger
 	grpc, http *listener
+	slots      chan struct{} // one per open connection, up to cfg.MaxConns
+	lastFull   time.Time     // when the cap was last logged; Serve's alone
 	closed     chan struct{}
 	closeOnce  sync.Once
 }
 
 // New returns a Splitter of ln's connections.
 func New(ln net.Listener, cfg Config) *Splitter {
-	if cfg.SniffTimeout <= 0 {
-		cfg.SniffTimeout = 10 * time.Second
-	}
-	if cfg.MaxSniffFrames <= 0 {
-		cfg.MaxSniffFrames = 16
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	cfg.Logger = cfg.Logger.With("component", "grpcsplit")
+	cfg = cfg.withDefaults()
 	return &Splitter{
 		ln:     ln,
 		cfg:    cfg,
+		log:    cfg.Logger.With("component", "grpcsplit"),
 		grpc:   newListener(ln.Addr()),
 		http:   newListener(ln.Addr()),
+		slots:  make(chan struct{}, cfg.MaxConns),
 		closed: make(chan struct{}),
 	}
 }
@@ -78,27 +124,99 @@ func (s *Splitter) GRPC() net.Listener { return s.grpc }
 // HTTP returns the listener of every other connection.
 func (s *Splitter) HTTP() net.Listener { return s.http }
 
-// Serve accepts connections until the listener is closed; it returns nil after Close.
+// Serve accepts connections until the listener is closed; it returns nil after Close. Accept
+// errors that pass (no file handle left, EMFILE or ENFILE; no kernel memory; a connection
+// aborted before it was accepted) are logged and retried after 5ms, doubling to 1s, as
+// net/http's Server.Serve does: connections already open keep being served meanwhile. Any
+// other error ends Serve.
 func (s *Splitter) Serve() error {
+	var delay time.Duration
 	for {
+		if !s.acquire() {
+			return nil
+		}
 		c, err := s.ln.Accept()
 		if err != nil {
+			s.release()
 			select {
 			case <-s.closed:
 				return nil
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				s.cfg.Logger.Warn("accept", "err", err)
-				time.Sleep(10 * time.Millisecond)
-				continue
+			if !passing(err) {
+				return err
 			}
-			return err
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", "err", err, "retry_in", delay)
+			select {
+			case <-time.After(delay):
+			case <-s.closed:
+				return nil
+			}
+			continue
 		}
-		go s.sort(c)
+		delay = 0
+		go s.sort(&slotConn{Conn: c, release: s.release})
 	}
 }
+
+// acquire takes a connection slot, waiting for one while MaxConns connections are open; it
+// reports false when the Splitter is closed meanwhile.
+func (s *Splitter) acquire() bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+	}
+	// Once a minute at most: a cap held by a flood would otherwise log at its pace.
+	if now := time.Now(); now.Sub(s.lastFull) >= time.Minute {
+		s.lastFull = now
+		s.log.Warn("connection limit reached: new connections wait in the listen backlog until one closes",
+			"max_conns", s.cfg.MaxConns)
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-s.closed:
+		return false
+	}
+}
+
+func (s *Splitter) release() { <-s.slots }
+
+// passing reports whether an accept error may pass: the listener is still good, the next
+// accept may succeed.
+func passing(err error) bool {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+			syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EINTR, syscall.EAGAIN:
+			return true
+		}
+	}
+	var ne interface {
+		Timeout() bool
+		Temporary() bool
+	}
+	return errors.As(err, &ne) && (ne.Timeout() || ne.Temporary())
+}
+
+// slotConn is an accepted connection holding a slot of the cap until it is closed.
+type slotConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// NetConn returns the connection accepted, as tls.Conn.NetConn does.
+func (c *slotConn) NetConn() net.Conn { return c.Conn }
 
 // Close closes the underlying listener and both of the Splitter's listeners.
 func (s *Splitter) Close() error {

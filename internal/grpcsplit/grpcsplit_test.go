@@ -29,6 +29,7 @@ import (
 type splitEnv struct {
 	addr      string
 	httpCalls atomic.Int64
+	release   chan struct{} // ends the answers of POST /stream
 }
 
 func newSplitEnv(t *testing.T, cfg Config) *splitEnv {
@@ -37,15 +38,36 @@ func newSplitEnv(t *testing.T, cfg Config) *splitEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &splitEnv{addr: ln.Addr().String()}
-	gs := grpc.NewServer()
+	return serveSplit(t, ln, cfg)
+}
+
+// serveSplit is newSplitEnv on a listener of the test's, with the servers made as the checker
+// makes them (NewHTTPServer, GRPCServerOptions). Its handler reads the body of POST /read, and
+// of POST /stream, whose answer then waits for release (or the request's end) and reports
+// whether the request's context ended.
+func serveSplit(t *testing.T, ln net.Listener, cfg Config) *splitEnv {
+	t.Helper()
+	e := &splitEnv{addr: ln.Addr().String(), release: make(chan struct{})}
+	gs := grpc.NewServer(GRPCServerOptions(cfg)...)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
-	hs := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hs := NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.httpCalls.Add(1)
+		if r.URL.Path == "/read" || r.URL.Path == "/stream" {
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				http.Error(w, err.Error(), http.StatusRequestTimeout)
+				return
+			}
+		}
+		if r.URL.Path == "/stream" {
+			select {
+			case <-e.release:
+			case <-r.Context().Done():
+			}
+			fmt.Fprintf(w, "context: %v", r.Context().Err())
+			return
+		}
 		fmt.Fprintf(w, "%s %s", r.Proto, r.Header.Get("Content-Type"))
-	})}
-	hs.Protocols.SetHTTP1(true)
-	hs.Protocols.SetUnencryptedHTTP2(true)
+	}), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, ln, gs, hs, 5*time.Second, cfg) }()
@@ -265,7 +287,7 @@ func TestServeHTTP(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- ServeHTTP(ctx, ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), time.Second)
+		done <- ServeHTTP(ctx, ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), time.Second, Config{})
 	}()
 	resp, err := http.Get("http://" + ln.Addr().String())
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Serve serves gs and hs on ln, split by a Splitter with cfg, until ctx is done or either
@@ -62,19 +63,32 @@ func Serve(ctx context.Context, ln net.Listener, gs *grpc.Server, hs *http.Serve
 }
 
 // NewHTTPServer returns the net/http server of a split port, or of a port of its own: HTTP/1.1
-// and cleartext HTTP/2, with a bound on reading request headers.
-func NewHTTPServer(h http.Handler) *http.Server {
+// and cleartext HTTP/2, with cfg's bounds on reading requests and on idle connections, so that
+// a client cannot hold a connection (a file handle, a goroutine, buffers) by sending slowly or
+// nothing at all.
+func NewHTTPServer(h http.Handler, cfg Config) *http.Server {
+	cfg = cfg.withDefaults()
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	return &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout: cfg.ReadTimeout, IdleTimeout: cfg.IdleTimeout}
+}
+
+// GRPCServerOptions are the grpc-go server options that bound its connections as
+// NewHTTPServer bounds net/http's: a connection idle for cfg.IdleTimeout gets a GOAWAY.
+func GRPCServerOptions(cfg Config) []grpc.ServerOption {
+	cfg = cfg.withDefaults()
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout}),
+	}
 }
 
 // ServeHTTP serves h alone on ln (a port of its own, such as a metrics port) with HTTP/1.1
-// and cleartext HTTP/2 until ctx is done, then shuts down gracefully within timeout. It
-// closes ln.
-func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration) error {
-	hs := NewHTTPServer(h)
+// and cleartext HTTP/2, bounded as cfg says, until ctx is done, then shuts down gracefully
+// within timeout. It closes ln.
+func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, cfg Config) error {
+	hs := NewHTTPServer(h, cfg)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

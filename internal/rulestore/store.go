@@ -8,6 +8,12 @@
 // the stored configuration as it was. Concurrent writers are serialised by compare-and-swap on
 // the document's revision.
 //
+// A whole document (Apply, Seed) switches in one write, so that no watcher ever enforces half
+// of it: its users are written first under keys of a new generation, which the stored
+// document does not name yet, and the document naming that generation is written last; the
+// old generation's keys are removed after. A watcher reads the users of the generation its
+// document names, and the stream's order delivers all of them before the document.
+//
 // Every write names its actor (the admin API token's name) and, once stored, publishes one
 // event on the events stream — a ConfigEvent for the rules and users (config.go), an
 // OverrideEvent for overrides (overrides.go) — so that "who changed what, when" is on record;
@@ -16,7 +22,9 @@ package rulestore
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,21 +105,51 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	return &Store{js: js, config: config, overrides: overrides, log: log, now: time.Now}, nil
 }
 
-// UserKey is the KV key of a user: user ids may hold any UTF-8, keys may not.
-func UserKey(id string) string {
-	return userPrefix + base64.RawURLEncoding.EncodeToString([]byte(id))
+// UserKey is the KV key of a user of generation gen: users.<gen>.<id in base64>, user ids may
+// hold any UTF-8, keys may not. Generation "" is that of stores written before generations:
+// users.<id in base64>.
+func UserKey(gen, id string) string {
+	enc := base64.RawURLEncoding.EncodeToString([]byte(id))
+	if gen == "" {
+		return userPrefix + enc
+	}
+	return userPrefix + gen + "." + enc
 }
 
-func userID(key string) (string, bool) {
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(key, userPrefix))
-	return string(b), err == nil && strings.HasPrefix(key, userPrefix)
+// parseUserKey returns the generation and user id of a user key (base64 has no '.').
+func parseUserKey(key string) (gen, id string, ok bool) {
+	rest, ok := strings.CutPrefix(key, userPrefix)
+	if !ok {
+		return "", "", false
+	}
+	if g, enc, found := strings.Cut(rest, "."); found {
+		gen, rest = g, enc
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	return gen, string(b), err == nil
+}
+
+// newGeneration returns a generation name no other write uses.
+func newGeneration() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// storedDoc is the ruleset key's value: the document without its users, and the generation of
+// the user keys that belong to it.
+type storedDoc struct {
+	rules.Document
+	UsersGeneration string `json:"users_generation,omitempty"`
 }
 
 // snapshot is the whole configuration at one moment.
 type snapshot struct {
 	doc       *rules.Document
+	gen       string // of the users
 	rev       uint64 // of the ruleset key
 	users     map[string]rules.DocUser
+	userRevs  map[string]uint64 // of each user's key
 	overrides []rules.Override
 }
 
@@ -123,17 +161,47 @@ func (sn *snapshot) compile() (*rules.Set, error) {
 	return set.WithOverrides(sn.overrides), nil
 }
 
-// read loads the whole configuration.
+// read loads the whole configuration: the document and the users of its generation. A
+// document that switches generation while the users are read (an Apply) makes it read again.
 func (s *Store) read(ctx context.Context) (*snapshot, error) {
-	sn := &snapshot{users: map[string]rules.DocUser{}}
+	for attempt := 0; ; attempt++ {
+		sn, err := s.readOnce(ctx)
+		if err != nil {
+			return nil, err
+		}
+		_, gen, err := s.getDoc(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if gen == sn.gen {
+			return sn, nil
+		}
+		if attempt == 20 {
+			return nil, errors.New("read rules: the document kept changing generation while its users were read")
+		}
+	}
+}
+
+// getDoc reads the ruleset key.
+func (s *Store) getDoc(ctx context.Context) (jetstream.KeyValueEntry, string, error) {
 	e, err := s.config.Get(ctx, rulesetKey)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return nil, rules.ErrNotSeeded
+		return nil, "", rules.ErrNotSeeded
 	case err != nil:
-		return nil, fmt.Errorf("read rules: %w", err)
+		return nil, "", fmt.Errorf("read rules: %w", err)
 	}
-	if sn.doc, err = decodeDoc(e.Value()); err != nil {
+	_, gen, err := decodeDoc(e.Value())
+	return e, gen, err
+}
+
+func (s *Store) readOnce(ctx context.Context) (*snapshot, error) {
+	sn := &snapshot{users: map[string]rules.DocUser{}, userRevs: map[string]uint64{}}
+	e, _, err := s.getDoc(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if sn.doc, sn.gen, err = decodeDoc(e.Value()); err != nil {
 		return nil, err
 	}
 	sn.rev = e.Revision()
@@ -142,8 +210,8 @@ func (s *Store) read(ctx context.Context) (*snapshot, error) {
 		return nil, fmt.Errorf("list users: %w", err)
 	}
 	for k := range keys.Keys() {
-		id, ok := userID(k)
-		if !ok {
+		gen, id, ok := parseUserKey(k)
+		if !ok || gen != sn.gen {
 			continue
 		}
 		e, err := s.config.Get(ctx, k)
@@ -156,7 +224,7 @@ func (s *Store) read(ctx context.Context) (*snapshot, error) {
 		if err := json.Unmarshal(e.Value(), &u); err != nil {
 			return nil, fmt.Errorf("decode user %q: %w", id, err)
 		}
-		sn.users[id] = u
+		sn.users[id], sn.userRevs[id] = u, e.Revision()
 	}
 	if err := ctx.Err(); err != nil {
 		// The listing stops at ctx's end without saying so: a partial list would drop users.
@@ -168,12 +236,20 @@ func (s *Store) read(ctx context.Context) (*snapshot, error) {
 	return sn, nil
 }
 
-func decodeDoc(b []byte) (*rules.Document, error) {
-	var d rules.Document
+func decodeDoc(b []byte) (*rules.Document, string, error) {
+	var d storedDoc
 	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, fmt.Errorf("decode stored rules: %w", err)
+		return nil, "", fmt.Errorf("decode stored rules: %w", err)
 	}
-	return &d, nil
+	return &d.Document, d.UsersGeneration, nil
+}
+
+func encodeDoc(d *rules.Document, gen string) ([]byte, error) {
+	data, err := json.Marshal(storedDoc{Document: *d.WithoutUsers(), UsersGeneration: gen})
+	if err != nil {
+		return nil, fmt.Errorf("encode rules: %w", err)
+	}
+	return data, nil
 }
 
 // Current returns the configuration as a compiled set, overrides applied.
@@ -202,18 +278,18 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, fmt.Errorf("read rules: %w", err)
 	}
-	for id, u := range doc.Users {
-		if _, err := s.putUser(ctx, id, u); err != nil {
-			return false, err
-		}
-	}
-	data, err := json.Marshal(doc.WithoutUsers())
+	gen, err := s.putUsers(ctx, doc.Users)
 	if err != nil {
-		return false, fmt.Errorf("encode rules: %w", err)
+		return false, err
+	}
+	data, err := encodeDoc(doc, gen)
+	if err != nil {
+		return false, err
 	}
 	rev, err := s.config.Create(ctx, rulesetKey, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return false, nil // another checker seeded first
+		s.removeGeneration(ctx, gen) // another checker seeded first
+		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("seed rules: %w", err)
 	}
@@ -226,46 +302,96 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 // Apply replaces the whole configuration with doc: its rules, tiers, thresholds and policies,
 // and its users (users not in doc are removed). Overrides stay; ones naming a rule or tier doc
 // lacks stop applying. It publishes a "rules_applied" event by actor carrying doc.
+//
+// Watchers see the old configuration, then doc, and nothing in between: doc's users are
+// written under a new generation, then the document naming it, by compare-and-swap (a write
+// that came between makes Apply start over); the old generation's keys are removed last.
 func (s *Store) Apply(ctx context.Context, doc *rules.Document, actor string) error {
 	if _, err := doc.Compile(); err != nil {
 		return err
 	}
-	data, err := json.Marshal(doc.WithoutUsers())
-	if err != nil {
-		return fmt.Errorf("encode rules: %w", err)
-	}
-	old, err := s.read(ctx)
-	if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
-		return err
-	}
-	for id, u := range doc.Users {
-		if _, err := s.putUser(ctx, id, u); err != nil {
+	for attempt := 0; ; attempt++ {
+		old, err := s.read(ctx)
+		if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
 			return err
 		}
-	}
-	rev, err := s.config.Put(ctx, rulesetKey, data)
-	if err != nil {
-		return fmt.Errorf("write rules: %w", err)
-	}
-	if old != nil {
-		for id := range old.users {
-			if _, keep := doc.Users[id]; !keep {
-				if err := s.config.Delete(ctx, UserKey(id)); err != nil {
-					return fmt.Errorf("remove user %q: %w", id, err)
-				}
-			}
+		gen, err := s.putUsers(ctx, doc.Users)
+		if err != nil {
+			return err
 		}
+		data, err := encodeDoc(doc, gen)
+		if err != nil {
+			return err
+		}
+		var rev uint64
+		if old == nil {
+			rev, err = s.config.Create(ctx, rulesetKey, data)
+		} else {
+			rev, err = s.config.Update(ctx, rulesetKey, data, old.rev)
+		}
+		if err != nil {
+			// Nothing names the new generation: its keys are garbage.
+			s.removeGeneration(ctx, gen)
+			if attempt < 20 && casFailed(err) {
+				continue // another writer came first: replace theirs
+			}
+			return fmt.Errorf("write rules: %w", err)
+		}
+		if old != nil {
+			s.removeGeneration(ctx, old.gen)
+		}
+		return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: actor}, doc)
 	}
-	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: actor}, doc)
 }
 
-// putUser writes a user's key and returns its revision.
-func (s *Store) putUser(ctx context.Context, id string, u rules.DocUser) (uint64, error) {
+// casFailed reports whether a compare-and-swap write failed because the key changed.
+func casFailed(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) ||
+		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// putUsers writes users under a new generation and returns it.
+func (s *Store) putUsers(ctx context.Context, users map[string]rules.DocUser) (string, error) {
+	gen := newGeneration()
+	for id, u := range users {
+		if _, err := s.putUser(ctx, gen, id, u); err != nil {
+			s.removeGeneration(ctx, gen)
+			return "", err
+		}
+	}
+	return gen, nil
+}
+
+// removeGeneration removes the user keys of generation gen, which no document names any more
+// (or ever did). Leftovers are logged, not failed: they are unreferenced, and the write that
+// made them obsolete is done.
+func (s *Store) removeGeneration(ctx context.Context, gen string) {
+	keys, err := s.config.ListKeys(ctx)
+	if err != nil {
+		s.log.Warn("the keys of unreferenced users were not removed", "generation", gen, "err", err)
+		return
+	}
+	for k := range keys.Keys() {
+		if g, _, ok := parseUserKey(k); ok && g == gen {
+			s.removeKey(ctx, k)
+		}
+	}
+}
+
+func (s *Store) removeKey(ctx context.Context, key string) {
+	if err := s.config.Delete(ctx, key); err != nil {
+		s.log.Warn("an unreferenced user key was not removed", "key", key, "err", err)
+	}
+}
+
+// putUser writes a user's key of generation gen and returns its revision.
+func (s *Store) putUser(ctx context.Context, gen, id string, u rules.DocUser) (uint64, error) {
 	data, err := json.Marshal(u)
 	if err != nil {
 		return 0, fmt.Errorf("encode user %q: %w", id, err)
 	}
-	rev, err := s.config.Put(ctx, UserKey(id), data)
+	rev, err := s.config.Put(ctx, UserKey(gen, id), data)
 	if err != nil {
 		return 0, fmt.Errorf("write user %q: %w", id, err)
 	}
@@ -287,16 +413,15 @@ func (s *Store) updateDoc(ctx context.Context, change func(*rules.Document) erro
 		if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
 			return 0, err
 		}
-		data, err := json.Marshal(sn.doc)
+		data, err := encodeDoc(sn.doc, sn.gen)
 		if err != nil {
-			return 0, fmt.Errorf("encode rules: %w", err)
+			return 0, err
 		}
 		rev, err := s.config.Update(ctx, rulesetKey, data, sn.rev)
 		if err == nil {
 			return rev, nil
 		}
-		var apiErr *jetstream.APIError
-		if attempt < 20 && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if attempt < 20 && casFailed(err) {
 			continue // another writer changed the document: redo the change on theirs
 		}
 		return 0, fmt.Errorf("write rules: %w", err)
@@ -367,20 +492,46 @@ func (s *Store) DeleteRule(ctx context.Context, id, actor string) error {
 
 // SetUserTier sets a user's tier, keeping the user's custom limits. It publishes a
 // "user_tier_set" event by actor carrying the user as stored.
+//
+// The user's key is written by compare-and-swap, and the change is redone when an Apply
+// replaced the users meanwhile (it would be written to a generation no document names).
 func (s *Store) SetUserTier(ctx context.Context, id, tier, actor string) error {
-	sn, err := s.read(ctx)
-	if err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		sn, err := s.read(ctx)
+		if err != nil {
+			return err
+		}
+		u := sn.users[id]
+		u.Tier = tier
+		sn.users[id] = u
+		if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
+			return err
+		}
+		data, err := json.Marshal(u)
+		if err != nil {
+			return fmt.Errorf("encode user %q: %w", id, err)
+		}
+		var rev uint64
+		if r, ok := sn.userRevs[id]; ok {
+			rev, err = s.config.Update(ctx, UserKey(sn.gen, id), data, r)
+		} else {
+			rev, err = s.config.Create(ctx, UserKey(sn.gen, id), data)
+		}
+		if err == nil {
+			_, gen, gerr := s.getDoc(ctx)
+			if gerr != nil {
+				return gerr
+			}
+			if gen == sn.gen {
+				return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: actor, UserID: id, Tier: tier}, u)
+			}
+			// Written to the generation an Apply just replaced: unreferenced, do it again.
+			s.removeKey(ctx, UserKey(sn.gen, id))
+		} else if !casFailed(err) {
+			return fmt.Errorf("write user %q: %w", id, err)
+		}
+		if attempt == 20 {
+			return fmt.Errorf("write user %q: it kept changing while being written", id)
+		}
 	}
-	u := sn.users[id]
-	u.Tier = tier
-	sn.users[id] = u
-	if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
-		return err
-	}
-	rev, err := s.putUser(ctx, id, u)
-	if err != nil {
-		return err
-	}
-	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: actor, UserID: id, Tier: tier}, u)
 }

@@ -34,7 +34,8 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 	defer ow.Stop()
 
 	var doc *rules.Document
-	users := map[string]rules.DocUser{}
+	var gen string                                 // of doc's users
+	users := map[string]map[string]rules.DocUser{} // by generation, then id
 	overrides := map[string]rules.Override{}
 	configReady, overridesReady := false, false
 	expiry := time.NewTimer(time.Hour)
@@ -44,7 +45,7 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 		if !configReady || !overridesReady || doc == nil {
 			return
 		}
-		set, err := doc.CompileWithUsers(users)
+		set, err := doc.CompileWithUsers(users[gen])
 		if err != nil {
 			s.log.Error("stored configuration does not compile; keeping the last good one", "err", err)
 			return
@@ -86,23 +87,20 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 				if e.Operation() != jetstream.KeyValuePut {
 					continue // the document is replaced, never removed
 				}
-				d, err := decodeDoc(e.Value())
+				d, g, err := decodeDoc(e.Value())
 				if err != nil {
 					s.log.Error("stored rules unreadable; keeping the last good ones", "err", err)
 					continue
 				}
-				doc = d
-			} else if id, ok := userID(e.Key()); ok {
-				if e.Operation() != jetstream.KeyValuePut {
-					delete(users, id)
-				} else {
-					var u rules.DocUser
-					if err := json.Unmarshal(e.Value(), &u); err != nil {
-						s.log.Error("stored user unreadable; skipped", "user", id, "err", err)
-						continue
-					}
-					users[id] = u
+				doc, gen = d, g
+			} else if g, id, ok := parseUserKey(e.Key()); ok {
+				// Users of another generation are kept for the document that will name them
+				// (an Apply writes them first), and change nothing enforced yet.
+				if !s.watchUser(users, g, id, e) || g != gen {
+					continue
 				}
+			} else {
+				continue
 			}
 			if configReady {
 				rebuild()
@@ -131,6 +129,27 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 			}
 		}
 	}
+}
+
+// watchUser records a user key's change in users; it reports false for a value it cannot read.
+func (s *Store) watchUser(users map[string]map[string]rules.DocUser, gen, id string, e jetstream.KeyValueEntry) bool {
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(users[gen], id)
+		if len(users[gen]) == 0 {
+			delete(users, gen)
+		}
+		return true
+	}
+	var u rules.DocUser
+	if err := json.Unmarshal(e.Value(), &u); err != nil {
+		s.log.Error("stored user unreadable; skipped", "user", id, "err", err)
+		return false
+	}
+	if users[gen] == nil {
+		users[gen] = map[string]rules.DocUser{}
+	}
+	users[gen][id] = u
+	return true
 }
 
 // PublishExpiries publishes an "expired" event for every override whose TTL ends while it

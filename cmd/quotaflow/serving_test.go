@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
+
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+)
+
+// TestCheckerExposure: with a callers file, the check port describes no services unless
+// --reflection on says so, and --metrics-listen moves /metrics off the check port.
+func TestCheckerExposure(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rulesPath, []byte("rules:\n- {id: two, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 2, window: 1h}\n"), 0o600)
+	callersPath := filepath.Join(dir, "callers.yaml")
+	os.WriteFile(callersPath, []byte("anonymous: {permissions: [check]}\n"), 0o600)
+	tests := []struct {
+		name        string
+		args        []string
+		wantReflect bool
+		metricsOwn  bool
+	}{
+		{"callers file", nil, false, false},
+		{"callers file, --reflection on, --metrics-listen", []string{"--reflection", "on", "--metrics-listen", "METRICS"}, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			addr, metrics := freeAddr(t), freeAddr(t)
+			args := []string{"checker", "--listen", addr, "--rules", rulesPath, "--callers-file", callersPath, "--redis-url", redisSrv.URL(3)}
+			for _, a := range tt.args {
+				args = append(args, strings.ReplaceAll(a, "METRICS", metrics))
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			var out bytes.Buffer
+			go func() { done <- run(ctx, args, env(nil), &out, &out) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("checker: %v\n%s", err, out.String())
+				}
+			}()
+			waitReady(t, "http://"+addr)
+
+			for _, opts := range [][]connect.ClientOption{{connect.WithGRPC()}, {connect.WithGRPCWeb()}} {
+				// A connection of its own each: the port sorts a connection once, by its first
+				// request, to grpc-go or net/http.
+				hc := checkertest.H2CClient()
+				defer hc.CloseIdleConnections()
+				stream := grpcreflect.NewClient(hc, "http://"+addr, opts...).NewStream(context.Background())
+				names, err := stream.ListServices()
+				stream.Close()
+				if got := err == nil && len(names) > 0; got != tt.wantReflect {
+					t.Errorf("reflection: ListServices = %v, %v; want served %v", names, err, tt.wantReflect)
+				}
+			}
+
+			if got := getStatus(t, "http://"+addr+"/metrics"); tt.metricsOwn == (got == 200) {
+				t.Errorf("GET /metrics on the check port: %d", got)
+			}
+			if tt.metricsOwn {
+				if got := getStatus(t, "http://"+metrics+"/metrics"); got != 200 {
+					t.Errorf("GET /metrics on --metrics-listen: %d, want 200", got)
+				}
+			}
+		})
+	}
+}
+
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checker not ready: %v", err)
+		}
+	}
+}
+
+// TestServingFlags: bad values are refused naming the flag.
+func TestServingFlags(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ flag, value, want string }{
+		{"--reflection", "maybe", "--reflection: want on, off or auto"},
+		{"--max-connections", "0", "--max-connections: want at least 1"},
+		{"--max-request-bytes", "100", "--max-request-bytes: want at least 65536"},
+		{"--idle-timeout", "0s", "--idle-timeout: want more than 0"},
+		{"--read-timeout", "-1s", "--read-timeout: want more than 0"},
+	} {
+		_, stderr, code := runCmd(context.Background(), []string{"checker", "--rules", "x.yaml", tt.flag, tt.value}, nil)
+		if code != 2 || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%s %s: exit %d, stderr %q; want 2 and %q", tt.flag, tt.value, code, stderr, tt.want)
+		}
+	}
+}
