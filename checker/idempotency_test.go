@@ -15,8 +15,8 @@ func TestIdempotencyDigests(t *testing.T) {
 	ip := Subject{Dimension: rules.DimensionIP, ID: "10.0.0.1"}
 	base := Query{Subjects: []Subject{user, ip}, Endpoint: "/api/a", Cost: 1, IdempotencyKey: "k"}
 	tests := []struct {
-		name               string
-		edit               func(q *Query)
+		name              string
+		edit              func(q *Query)
 		sameName, sameReq bool // the record's name, the fingerprint
 	}{
 		{"identical", func(q *Query) {}, true, true},
