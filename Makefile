@@ -51,6 +51,7 @@ FUZZ_TARGETS := \
 	./internal/rules:FuzzMatch \
 	./internal/rules:FuzzParse \
 	./checker:FuzzCheckRequest \
+	./checker:FuzzIdempotencySequence \
 	./checker/transport:FuzzConnectJSON \
 	./checker/transport:FuzzConnectProto \
 	./checker/transport:FuzzRLS \

@@ -129,12 +129,6 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 // limits and one for its shadow limits, so that a shadow denial never blocks a charge.
 func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, error) {
 	var pl plan
-	// One fingerprint binds every idempotency record of the check (each subject's, enforced and
-	// shadow) to the request; checks without a key pay nothing for it.
-	var fp string
-	if q.IdempotencyKey != "" && !peek {
-		fp = fingerprint(q)
-	}
 	// Overrides expire by the clock: read it once per check, and only when there are any.
 	var now time.Time
 	if set.HasOverrides() {
@@ -158,13 +152,6 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 			return nil
 		}
 		req.Cost, req.Peek, req.Shadow = q.Cost, peek, shadow
-		if q.IdempotencyKey != "" && !peek {
-			suffix := q.IdempotencyKey
-			if shadow {
-				suffix += "\x00shadow"
-			}
-			req.IdempotencyKey, req.Fingerprint = idempotencyKey(tag, suffix), fp
-		}
 		pl.reqs = append(pl.reqs, req)
 		pl.first = append(pl.first, first)
 		return nil
@@ -191,7 +178,32 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 			return plan{}, err
 		}
 	}
+	if q.IdempotencyKey != "" && !peek && len(pl.reqs) > 0 {
+		a := pl.anchor(out)
+		name, fp := idempotency(q)
+		sub := out.Limits[pl.first[a]].Subject
+		pl.reqs[a].IdempotencyKey = recordKey(subjectTag(sub.Dimension, sub.ID), name)
+		pl.reqs[a].Fingerprint = fp
+	}
 	return pl, nil
+}
+
+// anchor picks the request that carries the check's one idempotency record, so the record
+// lives in that request's slot (bucket.Store.Check): the first by dimension (user, ip, apikey,
+// then global, whose namespace every check shares; each dimension appears once, so the
+// client's order of subjects does not matter), a subject's enforced request before its shadow
+// one. It depends on the rules only through which subjects have limits: a rule change that
+// moves it between a check and its retry costs the retry a second charge, never a replay it
+// should not have.
+func (pl *plan) anchor(out *Outcome) int {
+	best := 0
+	for i := 1; i < len(pl.reqs); i++ {
+		a, b := out.Limits[pl.first[i]].Subject.Dimension, out.Limits[pl.first[best]].Subject.Dimension
+		if a < b || a == b && !pl.reqs[i].Shadow && pl.reqs[best].Shadow {
+			best = i
+		}
+	}
+	return best
 }
 
 // fromCache answers a check from the over-limit cache when one of its enforced buckets is known

@@ -9,32 +9,38 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-func TestFingerprint(t *testing.T) {
+func TestIdempotencyDigests(t *testing.T) {
 	t.Parallel()
 	user := Subject{Dimension: rules.DimensionUser, ID: "u1"}
 	ip := Subject{Dimension: rules.DimensionIP, ID: "10.0.0.1"}
 	base := Query{Subjects: []Subject{user, ip}, Endpoint: "/api/a", Cost: 1, IdempotencyKey: "k"}
 	tests := []struct {
-		name string
-		edit func(q *Query)
-		same bool
+		name              string
+		edit              func(q *Query)
+		sameName, sameReq bool // the record's name, the fingerprint
 	}{
-		{"identical", func(q *Query) {}, true},
-		{"subjects in another order", func(q *Query) { q.Subjects = []Subject{ip, user} }, true},
-		{"another key", func(q *Query) { q.IdempotencyKey = "k2" }, true},
-		{"another timestamp", func(q *Query) { q.Timestamp = 12345 }, true},
-		{"another endpoint", func(q *Query) { q.Endpoint = "/api/b" }, false},
-		{"another cost", func(q *Query) { q.Cost = 2 }, false},
-		{"another identifier", func(q *Query) { q.Subjects = []Subject{{Dimension: rules.DimensionUser, ID: "u2"}, ip} }, false},
-		{"another dimension", func(q *Query) { q.Subjects = []Subject{{Dimension: rules.DimensionAPIKey, ID: "u1"}, ip} }, false},
-		{"a subject less", func(q *Query) { q.Subjects = []Subject{user} }, false},
-		{"an asserted tier", func(q *Query) { q.Tier = "premium" }, false},
+		{"identical", func(q *Query) {}, true, true},
+		{"subjects in another order", func(q *Query) { q.Subjects = []Subject{ip, user} }, true, true},
+		{"another timestamp", func(q *Query) { q.Timestamp = 12345 }, true, true},
+		{"another key", func(q *Query) { q.IdempotencyKey = "k2" }, false, true},
+		// Issue 20: the shadow record's marker was appended to the key before escaping.
+		{"key with a NUL and a marker", func(q *Query) { q.IdempotencyKey = "k\x00shadow" }, false, true},
+		{"key with an escaped marker", func(q *Query) { q.IdempotencyKey = "k%00shadow" }, false, true},
+		{"another endpoint", func(q *Query) { q.Endpoint = "/api/b" }, true, false},
+		{"another cost", func(q *Query) { q.Cost = 2 }, true, false},
+		{"an asserted tier", func(q *Query) { q.Tier = "premium" }, true, false},
+		{"another identifier", func(q *Query) { q.Subjects = []Subject{{Dimension: rules.DimensionUser, ID: "u2"}, ip} }, false, false},
+		{"another dimension", func(q *Query) { q.Subjects = []Subject{{Dimension: rules.DimensionAPIKey, ID: "u1"}, ip} }, false, false},
+		{"a subject less", func(q *Query) { q.Subjects = []Subject{user} }, false, false},
 		// Fields are length-prefixed: moving bytes from one field to the next is another request.
-		{"bytes moved between fields", func(q *Query) { q.Endpoint, q.Tier = "/api/", "a" }, false},
+		{"bytes moved between fields", func(q *Query) { q.Endpoint, q.Tier = "/api/", "a" }, true, false},
+		{"bytes moved from key to subject", func(q *Query) {
+			q.Subjects, q.IdempotencyKey = []Subject{{Dimension: rules.DimensionUser, ID: "u1k"}, ip}, ""
+		}, false, false},
 	}
-	want := fingerprint(&base)
-	if len(want) != 32 {
-		t.Fatalf("fingerprint %q: %d characters, want 32 (16 bytes in hex)", want, len(want))
+	wantName, wantFP := idempotency(&base)
+	if len(wantName) != 22 || len(wantFP) != 16 {
+		t.Fatalf("name %q (%d characters), fingerprint of %d bytes; want 22 and 16", wantName, len(wantName), len(wantFP))
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -42,13 +48,17 @@ func TestFingerprint(t *testing.T) {
 			q := base
 			q.Subjects = append([]Subject(nil), base.Subjects...)
 			tt.edit(&q)
-			if got := fingerprint(&q); (got == want) != tt.same {
-				t.Errorf("fingerprint %q, base %q: same = %v, want %v", got, want, got == want, tt.same)
+			name, fp := idempotency(&q)
+			if (name == wantName) != tt.sameName {
+				t.Errorf("record name %q, base %q: same = %v, want %v", name, wantName, name == wantName, tt.sameName)
+			}
+			if (fp == wantFP) != tt.sameReq {
+				t.Errorf("fingerprint %x, base %x: same = %v, want %v", fp, wantFP, fp == wantFP, tt.sameReq)
 			}
 		})
 	}
 	if base.Subjects[0] != user {
-		t.Error("fingerprint reordered the query's subjects")
+		t.Error("idempotency reordered the query's subjects")
 	}
 }
 
@@ -62,23 +72,29 @@ rules:
 `
 
 // TestIdempotencyBinding: a key replays its first decision, uncharged, only for the same
-// request; any other request with it is refused with ErrIdempotencyConflict, a FieldError on
-// idempotency_key, and charges nothing.
+// request; another request of the same subjects with it is refused with
+// ErrIdempotencyConflict, a FieldError on idempotency_key, and charges nothing. Under another
+// set of subjects the key is another key: that request is decided and charged as new.
 func TestIdempotencyBinding(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t, Config{Rules: checkertest.Rules(t, idempotencyRules)})
 	ctx := context.Background()
+	const (
+		replay = iota
+		conflict
+		fresh
+	)
 	tests := []struct {
-		name     string
-		edit     func(q *Query)
-		conflict bool
+		name string
+		edit func(q *Query)
+		want int
 	}{
-		{"same request", func(q *Query) {}, false},
-		{"subjects in another order", func(q *Query) { q.Subjects[0], q.Subjects[1] = q.Subjects[1], q.Subjects[0] }, false},
-		{"another endpoint", func(q *Query) { q.Endpoint = "/api/b" }, true},
-		{"another cost", func(q *Query) { q.Cost = 2 }, true},
-		{"another subject set", func(q *Query) { q.Subjects = q.Subjects[:1] }, true},
-		{"another asserted tier", func(q *Query) { q.Tier = "premium" }, true},
+		{"same request", func(q *Query) {}, replay},
+		{"subjects in another order", func(q *Query) { q.Subjects[0], q.Subjects[1] = q.Subjects[1], q.Subjects[0] }, replay},
+		{"another endpoint", func(q *Query) { q.Endpoint = "/api/b" }, conflict},
+		{"another cost", func(q *Query) { q.Cost = 2 }, conflict},
+		{"another asserted tier", func(q *Query) { q.Tier = "premium" }, conflict},
+		{"another subject set", func(q *Query) { q.Subjects = q.Subjects[:1] }, fresh},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,28 +115,40 @@ func TestIdempotencyBinding(t *testing.T) {
 			q := query()
 			tt.edit(q)
 			got, err := e.Check(ctx, q)
-			if tt.conflict {
+			switch tt.want {
+			case conflict:
 				var fe *FieldError
 				switch {
 				case !errors.Is(err, ErrIdempotencyConflict):
 					t.Errorf("got %+v, %v; want ErrIdempotencyConflict", got, err)
 				case !errors.As(err, &fe) || fe.Field != "idempotency_key":
 					t.Errorf("error %v is not a FieldError on idempotency_key", err)
-				case err.Error() != "idempotency_key: already used with another request (subjects, endpoint, cost or tier differ); use a new key per request":
+				case err.Error() != "idempotency_key: already used with another request by these subjects (endpoint, cost or tier differ); use a new key per request":
 					t.Errorf("message %q does not name the field and the rule", err)
 				}
-			} else if err != nil || !got.Replayed || got.Allowed != first.Allowed || len(got.Limits) != len(first.Limits) {
-				t.Errorf("got %+v, %v; want the first decision replayed", got, err)
+			case replay:
+				if err != nil || !got.Replayed || got.Allowed != first.Allowed || len(got.Limits) != len(first.Limits) {
+					t.Errorf("got %+v, %v; want the first decision replayed", got, err)
+				}
+			case fresh:
+				if err != nil || got.Replayed || !got.Allowed {
+					t.Errorf("got %+v, %v; want a new decision, allowed", got, err)
+				}
 			}
 
-			// Whatever the answer, the first check alone was charged, on every limit.
+			// The first check alone was charged, on every limit; a fresh request once more on
+			// its own subjects.
 			peek, err := e.Peek(ctx, query())
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, l := range peek.Limits {
-				if l.Result.Remaining != 9 {
-					t.Errorf("%s of %s: remaining %d, want 9 (charged once)", l.Rule.ID, l.Subject.ID, l.Result.Remaining)
+				want := int64(9)
+				if tt.want == fresh && l.Subject.Dimension == rules.DimensionUser {
+					want = 8
+				}
+				if l.Result.Remaining != want {
+					t.Errorf("%s of %s: remaining %d, want %d", l.Rule.ID, l.Subject.ID, l.Result.Remaining, want)
 				}
 			}
 			// A conflict is the caller's mistake, not an outage: the next check is exact.

@@ -54,14 +54,18 @@ func limitKey(tag string, r *rules.Rule) string {
 	return b.String()
 }
 
-// idempotencyKey returns the key of a check's idempotency record for one subject.
-func idempotencyKey(tag, key string) string {
+// recordKey returns the key of a check's idempotency record, "rl:{dim:id}:i:name", in the
+// namespace of the subject with the given tag. name (from idempotency) is 22 base64url
+// characters: the client's key is hashed, never written into the key, so none of its bytes
+// can reach past it, and the ":i:" marker is outside anything a client chooses. No bucket key
+// has "i" for an algorithm code.
+func recordKey(tag, name string) string {
 	var b strings.Builder
-	b.Grow(3 + len(tag) + 6 + len(key))
+	b.Grow(3 + len(tag) + 3 + len(name))
 	b.WriteString("rl:")
 	b.WriteString(tag)
-	b.WriteString(":idem:")
-	escapeTo(&b, key)
+	b.WriteString(":i:")
+	b.WriteString(name)
 	return b.String()
 }
 

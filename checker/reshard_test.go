@@ -38,8 +38,9 @@ type reshardUser struct {
 // TestReshardUnderLoad: the slots holding the buckets of users under load move from one master
 // to another (redis-cli --cluster reshard, one key per MIGRATE, so that a user's keys are split
 // between the two masters for a while) as checks run. No check fails or is degraded; users with
-// room hold exactly the charges they were allowed, once each (retries with an idempotency key
-// replay without a charge); users past their limit were admitted exactly the limit.
+// room hold exactly the charges they were allowed, once each (retries of an allowed check, with
+// its idempotency key, replay without a charge; a denial's retry is decided afresh); users past
+// their limit were admitted exactly the limit.
 func TestReshardUnderLoad(t *testing.T) {
 	t.Parallel()
 	cl, err := redistest.StartCluster(3, 0)
@@ -98,7 +99,7 @@ func TestReshardUnderLoad(t *testing.T) {
 				q.IdempotencyKey = fmt.Sprintf("w%d-%d", w, n)
 				tries := 1
 				if n%4 == 0 {
-					tries = 2 // a retry of the same check: replayed, never charged again
+					tries = 2 // a retry of the same check: an allowed one is replayed, never charged again
 				}
 				var first *Outcome
 				for try := range tries {
@@ -117,10 +118,18 @@ func TestReshardUnderLoad(t *testing.T) {
 						if out.Allowed {
 							u.allowed.Add(1)
 						}
-					case !out.Replayed || out.Allowed != first.Allowed:
+					case first.Allowed && (!out.Replayed || !out.Allowed):
 						badReplay.Add(1)
-					default:
+					case first.Allowed:
 						u.replayed.Add(1)
+					case out.Replayed:
+						badReplay.Add(1) // a denied check leaves no record
+					default:
+						// The retry of a denial is decided afresh: a check of its own.
+						u.attempts.Add(1)
+						if out.Allowed {
+							u.allowed.Add(1)
+						}
 					}
 				}
 				time.Sleep(500 * time.Microsecond)

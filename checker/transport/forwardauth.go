@@ -175,7 +175,7 @@ type ForwardAuthConfig struct {
 	// endpoint; empty means X-User-Id, X-Api-Key and X-Forwarded-Uri.
 	UserHeader, APIKeyHeader, EndpointHeader string
 	// IdempotencyHeader names the header whose value is the check's idempotency key; empty
-	// means none. A key replays the first decision of a request for 5 minutes, so only a header
+	// means none. A key replays an allowed request for 5 minutes, so only a header
 	// that the gateway sets (and strips from clients) may carry it.
 	IdempotencyHeader string
 }

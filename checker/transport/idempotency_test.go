@@ -137,3 +137,25 @@ rules:
 		}
 	})
 }
+
+// TestIdempotencyKeyPerSubjectForwardAuth (issue 20, item 6): user B sending the idempotency
+// key user A used is B's own check, 200 and charged, not 409: a record belonged to the global
+// subject, which every check shares. A's retry still replays.
+func TestIdempotencyKeyPerSubjectForwardAuth(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{Rules: mustRules(t, `
+rules:
+  - {id: user-item6, dimension: user, endpoint: /item6/*, algorithm: token_bucket, limit: 100, window: 1h}
+  - {id: global-item6, dimension: global, endpoint: /item6/*, algorithm: fixed_window, limit: 1000000, window: 1h}
+`)})
+	a, b, key := id(t, "a"), id(t, "b"), id(t, "key")
+	for _, user := range []string{a, b} {
+		status, body, _ := fwdCheck(t, env, user, "/item6/orders", key)
+		if status != http.StatusOK || body["replayed"] == true {
+			t.Errorf("user %s = %d %v, want 200, decided afresh", user, status, body)
+		}
+	}
+	if status, body, _ := fwdCheck(t, env, a, "/item6/orders", key); status != http.StatusOK {
+		t.Errorf("A's retry = %d %v, want 200 (a replay)", status, body)
+	}
+}

@@ -46,7 +46,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	fs.StringVar(&tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
 	fs.StringVar(&token, "token", "", "bearer `token` of a caller of the check API (--callers-file), or an admin write token")
 	fs.fromEnvAs("token", "QUOTAFLOW_CALLER_TOKEN")
-	fs.StringVar(&idem, "idempotency-key", "", "makes a retried check replay the first decision for 5 minutes")
+	fs.StringVar(&idem, "idempotency-key", "", "makes a retry of an allowed check replay it, uncharged, for 5 minutes (a denied check is decided afresh)")
 	fs.BoolVar(&peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
 	fs.BoolVar(&asJSON, "json", false, "print the response as JSON")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "deadline of the call")

@@ -622,6 +622,34 @@ func TestLeftInFlightRefunded(t *testing.T) {
 			t.Errorf("%s: %d used after a check that left in flight, want 1 (its charge of 2 refunded)", a, got)
 		}
 	}
+
+	// With an idempotency key, the record the call wrote goes with its charge: a retry is
+	// decided afresh, not replayed as allowed with nothing charged.
+	l := lim("{left}:keyed", FixedWindow, 5, long, 0)
+	keyed := Request{Limits: []Limit{l}, Cost: 2, IdempotencyKey: "rl:{left}:i:k", Fingerprint: "fp"}
+	before := scriptCalls(t, c)
+	if err := c.Do(ctx, "CLIENT", "PAUSE", "300", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = s.Check(cctx, []Request{keyed})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("keyed check past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); scriptCalls(t, c) < before+2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("keyed check: no charge and refund 5s after it left in flight")
+		}
+	}
+	res, err := s.Check(ctx, []Request{keyed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; !r.Allowed || r.Replayed || r.Limits[0].Used != 2 {
+		t.Errorf("retry of a keyed check that left in flight: allowed %v replayed %v used %d, want allowed afresh, 2 used",
+			r.Allowed, r.Replayed, r.Limits[0].Used)
+	}
 }
 
 // scriptCalls is the number of script calls c's server has run.

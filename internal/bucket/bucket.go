@@ -108,17 +108,20 @@ type Request struct {
 	// check (no other request is refunded because of it), but it is refunded like any other
 	// when an enforced request of the same check denies.
 	Shadow bool
-	// IdempotencyKey is the Redis key of this request's idempotency record, in the same slot as
-	// Limits; empty for none. A record younger than IdempotencyTTL makes the check return the
-	// first result, with Replayed set, and charge nothing. Denials are recorded too. Peek
-	// ignores it, and a refund deletes the record: the charge it protected no longer exists.
+	// IdempotencyKey is the Redis key of the idempotency record of the whole Check call, in
+	// the same slot as Limits; empty for none. At most one request of a call has one (the call
+	// is one checked request, which has one record): see Store.Check. The record exists only
+	// for an allowed call, for IdempotencyTTL; a retry then charges nothing and is answered
+	// Replayed and allowed. A denied call leaves none: nothing of it stayed charged, so its
+	// retry is decided afresh. Peek ignores it, and a refund of the charge that wrote it
+	// deletes it.
 	IdempotencyKey string
-	// Fingerprint identifies what this request asks (the caller decides what that covers),
-	// and binds the idempotency record to it: a record replays only for the fingerprint that
-	// wrote it, and for any other the check fails with ErrIdempotencyConflict, charging
-	// nothing, so that one key cannot pass different requests uncharged. Empty is a valid
-	// fingerprint: it matches only records written without one, including those of the
-	// script's previous version. Ignored without IdempotencyKey.
+	// Fingerprint identifies what the checked request asks (the caller decides what that
+	// covers), and binds the idempotency record to it: a record replays only for the
+	// fingerprint that wrote it, and for any other the check fails with
+	// ErrIdempotencyConflict, charging nothing, so that one key cannot pass different requests
+	// uncharged. It is stored as given: a short one (checker's is 16 bytes) keeps the record
+	// small. Ignored without IdempotencyKey.
 	Fingerprint string
 }
 
@@ -129,7 +132,10 @@ const IdempotencyTTL = 5 * time.Minute
 type Result struct {
 	// Allowed is true when every limit allowed.
 	Allowed bool
-	// Replayed is true when the result came from an idempotency record: nothing was charged.
+	// Replayed is true when the call's idempotency record said it was decided before: nothing
+	// stays charged. Allowed and each limit's Allowed then give the first decision (allowed;
+	// Shadow requests excepted, which report what they would decide now), and the counters
+	// the state now, as a peek reports it.
 	Replayed bool
 	// Refunded is true when the subject was charged but another subject of the same check
 	// denied, so the charge was given back. Allowed and Limits then describe the state after

@@ -2,60 +2,187 @@ package bucket
 
 import (
 	"errors"
-	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// idemLimits returns the limits of a request with n limits (the script has a path for one and
-// one for several), each allowing 5 units for a long window.
-func idemLimits(t *testing.T, n int) []Limit {
-	ls := []Limit{lim(key(t, "tb"), TokenBucket, 5, long, 0), lim(key(t, "fw"), FixedWindow, 5, long, 0)}
-	return ls[:n]
+// subjectKey is key(t, name) under a hash tag of its own for sub: the keys of two subs are
+// in different slots of a cluster (unless they happen to hash alike), as a check's subjects
+// are.
+func subjectKey(t testing.TB, sub, name string) string {
+	k := key(t, name)
+	i := strings.IndexByte(k, '}')
+	return k[:i] + "-" + sub + k[i:]
 }
 
-// remaining peeks at what each of ls has left.
-func remaining(t *testing.T, s *Store, ls []Limit) []int64 {
+// idemCall is one checked request as the engine sends it: requests of several subjects, the
+// first carrying the record. Every limit allows 5 units for a long window; each call costs 2.
+type idemCall struct {
+	name string
+	reqs func(t *testing.T) []Request
+}
+
+func idemCalls() []idemCall {
+	tb := func(t *testing.T, sub string) Limit { return lim(subjectKey(t, sub, "tb"), TokenBucket, 5, long, 0) }
+	fw := func(t *testing.T, sub string) Limit { return lim(subjectKey(t, sub, "fw"), FixedWindow, 5, long, 0) }
+	rec := func(t *testing.T, r Request) Request {
+		r.IdempotencyKey, r.Fingerprint = subjectKey(t, "a", "idem"), "fp-1"
+		return r
+	}
+	return []idemCall{
+		{"one limit", func(t *testing.T) []Request {
+			return []Request{rec(t, Request{Limits: []Limit{tb(t, "a")}, Cost: 2})}
+		}},
+		{"two limits", func(t *testing.T) []Request {
+			return []Request{rec(t, Request{Limits: []Limit{tb(t, "a"), fw(t, "a")}, Cost: 2})}
+		}},
+		// The record's request is the only one that can deny: its script writes the record.
+		{"with a shadow request", func(t *testing.T) []Request {
+			return []Request{rec(t, Request{Limits: []Limit{tb(t, "a")}, Cost: 2}), {Limits: []Limit{fw(t, "b")}, Cost: 2, Shadow: true}}
+		}},
+		// Others can deny: Store writes the record once every reply is in.
+		{"three subjects", func(t *testing.T) []Request {
+			return []Request{
+				rec(t, Request{Limits: []Limit{tb(t, "a")}, Cost: 2}),
+				{Limits: []Limit{fw(t, "b"), tb(t, "b")}, Cost: 2},
+				{Limits: []Limit{lim(subjectKey(t, "c", "g"), GCRA, 5, long, 0)}, Cost: 2},
+			}
+		}},
+		{"record on a shadow request", func(t *testing.T) []Request {
+			return []Request{rec(t, Request{Limits: []Limit{fw(t, "a")}, Cost: 2, Shadow: true}), {Limits: []Limit{tb(t, "b")}, Cost: 2}}
+		}},
+	}
+}
+
+// remainingAll peeks at what every limit of reqs has left.
+func remainingAll(t *testing.T, s *Store, reqs []Request) []int64 {
 	t.Helper()
-	res := check(t, s, Request{Limits: ls, Cost: 1, Peek: true})
-	rem := make([]int64, len(ls))
-	for i, lr := range res.Limits {
-		rem[i] = lr.Remaining
+	var rem []int64
+	for _, r := range reqs {
+		for _, l := range r.Limits {
+			rem = append(rem, check(t, s, peekReq(l)).Limits[0].Remaining)
+		}
 	}
 	return rem
 }
 
-// TestStoreIdempotencyFingerprint: a record replays for the fingerprint that wrote it and
-// refuses any other with ErrIdempotencyConflict, charging nothing and keeping the record.
-func TestStoreIdempotencyFingerprint(t *testing.T) {
+func wantRemaining(t *testing.T, what string, got []int64, want int64) {
+	t.Helper()
+	for i, rem := range got {
+		if rem != want {
+			t.Errorf("%s: limit %d has %d remaining, want %d", what, i, rem, want)
+		}
+	}
+}
+
+// TestStoreIdempotencyReplay: a call's one record replays it, on one server and across the
+// slots of a cluster: nothing is charged again (the other requests' charges are refunded),
+// the answer is the first decision (allowed) and the counters are today's. The record holds
+// the fingerprint alone, for IdempotencyTTL.
+func TestStoreIdempotencyReplay(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
-	for _, n := range []int{1, 2} {
-		t.Run(map[int]string{1: "one limit", 2: "two limits"}[n], func(t *testing.T) {
+	for _, tc := range idemCalls() {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := ctxT(t)
-			req := Request{Limits: idemLimits(t, n), Cost: 2, IdempotencyKey: key(t, "idem"), Fingerprint: "fp-1"}
-			first := check(t, s, req)
-			if !first.Allowed || first.Replayed {
-				t.Fatalf("first: allowed %v replayed %v, want allowed, not replayed", first.Allowed, first.Replayed)
+			reqs := tc.reqs(t)
+			first, err := s.Check(ctx, reqs)
+			if err != nil {
+				t.Fatalf("first Check: %v", err)
 			}
-			record := c.Get(ctx, req.IdempotencyKey).Val()
+			for i, r := range first {
+				if !r.Allowed || r.Replayed || r.Refunded {
+					t.Fatalf("first, request %d: allowed %v replayed %v refunded %v, want allowed only", i, r.Allowed, r.Replayed, r.Refunded)
+				}
+			}
+			rec := reqs[0].IdempotencyKey
+			if got, err := c.Get(ctx, rec).Result(); err != nil || got != reqs[0].Fingerprint {
+				t.Errorf("record %q holds %q (%v), want the fingerprint %q", rec, got, err, reqs[0].Fingerprint)
+			}
+			if ttl := c.PTTL(ctx, rec).Val(); ttl <= IdempotencyTTL-time.Minute || ttl > IdempotencyTTL {
+				t.Errorf("record TTL %v, want about %v", ttl, IdempotencyTTL)
+			}
 
-			again := check(t, s, req)
-			if !again.Replayed {
-				t.Errorf("same fingerprint: replayed false, want true")
+			for try := range 2 {
+				again, err := s.Check(ctx, reqs)
+				if err != nil {
+					t.Fatalf("retry %d: %v", try, err)
+				}
+				for i, r := range again {
+					checkInvariants(t, reqs[i], r)
+					switch {
+					case !r.Replayed:
+						t.Errorf("retry %d, request %d: replayed false, want true", try, i)
+					case !reqs[i].Shadow && !r.Allowed:
+						t.Errorf("retry %d, request %d: denied, want the first decision (allowed)", try, i)
+					}
+					for k, lr := range r.Limits {
+						if lr.Remaining != first[i].Limits[k].Remaining {
+							t.Errorf("retry %d, request %d limit %d: remaining %d, want %d (the state now)", try, i, k, lr.Remaining, first[i].Limits[k].Remaining)
+						}
+					}
+				}
 			}
-			again.Replayed = false
-			if !reflect.DeepEqual(first, again) {
-				t.Errorf("replayed result differs:\n got %+v\nwant %+v", again, first)
-			}
+			wantRemaining(t, "after the retries", remainingAll(t, s, reqs), 3)
+		})
+	}
+}
 
+// TestStoreIdempotencyReplayWhenFull: a retry replays the first decision even when a limit has
+// filled up since; it charges nothing.
+func TestStoreIdempotencyReplayWhenFull(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	a := lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)
+	b := lim(subjectKey(t, "b", "fw"), FixedWindow, 5, long, 0)
+	reqs := []Request{{Limits: []Limit{a}, Cost: 2, IdempotencyKey: subjectKey(t, "a", "idem"), Fingerprint: "fp"}, one(b, 2)}
+	if _, err := s.Check(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if r := check(t, s, one(b, 3)); !r.Allowed {
+		t.Fatal("filling b: denied")
+	}
+	res, err := s.Check(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if !r.Allowed || !r.Replayed {
+			t.Errorf("request %d: allowed %v replayed %v, want the first decision replayed", i, r.Allowed, r.Replayed)
+		}
+	}
+	if got := res[1].Limits[0].Remaining; got != 0 {
+		t.Errorf("b in the replay: remaining %d, want 0 (the state now)", got)
+	}
+	if got := remainingAll(t, s, reqs); got[0] != 3 || got[1] != 0 {
+		t.Errorf("after the replay: remaining %v, want [3 0] (nothing charged)", got)
+	}
+}
+
+// TestStoreIdempotencyConflict: a record refuses another fingerprint with
+// ErrIdempotencyConflict, charging nothing (the other requests' charges are refunded) and
+// keeping the record, which still replays for its own fingerprint.
+func TestStoreIdempotencyConflict(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	for _, tc := range idemCalls() {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			reqs := tc.reqs(t)
+			if _, err := s.Check(ctx, reqs); err != nil {
+				t.Fatal(err)
+			}
+			rec := reqs[0].IdempotencyKey
 			for _, fp := range []string{"fp-2", ""} {
-				other := req
-				other.Fingerprint = fp
-				_, err := s.Check(ctx, []Request{other})
+				other := append([]Request(nil), reqs...)
+				other[0].Fingerprint = fp
+				_, err := s.Check(ctx, other)
 				if !errors.Is(err, ErrIdempotencyConflict) {
 					t.Errorf("fingerprint %q: error %v, want ErrIdempotencyConflict", fp, err)
 				}
@@ -65,94 +192,83 @@ func TestStoreIdempotencyFingerprint(t *testing.T) {
 					t.Errorf("fingerprint %q: error %v does not wrap the script's Redis error", fp, err)
 				}
 			}
-			for i, rem := range remaining(t, s, req.Limits) {
-				if rem != 3 {
-					t.Errorf("limit %d after the conflicts: remaining %d, want 3 (charged once)", i, rem)
-				}
+			wantRemaining(t, "after the conflicts", remainingAll(t, s, reqs), 3)
+			if got := c.Get(ctx, rec).Val(); got != reqs[0].Fingerprint {
+				t.Errorf("a conflict changed the record to %q", got)
 			}
-			if got := c.Get(ctx, req.IdempotencyKey).Val(); got != record {
-				t.Errorf("a conflict changed the idempotency record")
-			}
-			if res := check(t, s, req); !res.Replayed {
-				t.Errorf("first fingerprint after the conflicts: replayed false, want true")
+			res, err := s.Check(ctx, reqs)
+			if err != nil || !res[0].Replayed {
+				t.Errorf("first fingerprint after the conflicts: %+v, %v; want replayed", res, err)
 			}
 		})
 	}
 }
 
-// TestStoreIdempotencyConflictRefundsOthers: when one request of a call conflicts, the others'
-// charges are given back (and their new records deleted), as after a denial.
-func TestStoreIdempotencyConflictRefundsOthers(t *testing.T) {
-	t.Parallel()
-	s, c := newStore(t)
-	ctx := ctxT(t)
-	a := Request{Limits: []Limit{lim(key(t, "a"), GCRA, 5, long, 0)}, Cost: 1, IdempotencyKey: key(t, "idem-a"), Fingerprint: "fp-2"}
-	b := Request{Limits: []Limit{lim(key(t, "b"), TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: key(t, "idem-b"), Fingerprint: "fp-1"}
-	check(t, s, b)
-
-	b.Fingerprint = "fp-2"
-	if _, err := s.Check(ctx, []Request{a, b}); !errors.Is(err, ErrIdempotencyConflict) {
-		t.Fatalf("Check: error %v, want ErrIdempotencyConflict", err)
-	}
-	if got := remaining(t, s, a.Limits)[0]; got != 5 {
-		t.Errorf("A after the conflict of B: remaining %d, want 5 (refunded)", got)
-	}
-	if got := remaining(t, s, b.Limits)[0]; got != 4 {
-		t.Errorf("B after its conflict: remaining %d, want 4 (its first charge only)", got)
-	}
-	if n := c.Exists(ctx, a.IdempotencyKey).Val(); n != 0 {
-		t.Errorf("A's idempotency record outlived the refund of its charge")
-	}
-}
-
-// TestStoreIdempotencyLegacyRecord: a record of the script's previous version holds no
-// fingerprint. It is bound to the empty fingerprint: replayed for a request without one, a
-// conflict for any other (never replayed unverified, never charged a second time).
-func TestStoreIdempotencyLegacyRecord(t *testing.T) {
+// TestStoreIdempotencyDenied: a denied call leaves no record, whether its record's request or
+// another denied it: nothing of it stayed charged, so a retry is decided afresh (and the key
+// is free for another request).
+func TestStoreIdempotencyDenied(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
 	tests := []struct {
-		name        string
-		limits      int
-		fingerprint string
-		wantReplay  bool
-	}{
-		{"one limit, no fingerprint", 1, "", true},
-		{"one limit, fingerprint", 1, "fp-1", false},
-		{"two limits, no fingerprint", 2, "", true},
-		{"two limits, fingerprint", 2, "fp-1", false},
-	}
+		name     string
+		deniedBy int
+	}{{"by the record's request", 0}, {"by another request", 1}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := ctxT(t)
-			req := Request{Limits: idemLimits(t, tt.limits), Cost: 2, IdempotencyKey: key(t, "idem")}
-			first := check(t, s, req)
-			// Rewrite the record as the previous version wrote it: the packed reply alone.
-			legacy := `return redis.call('SET', KEYS[1], cmsgpack.pack((cmsgpack.unpack(redis.call('GET', KEYS[1])))), 'KEEPTTL')`
-			if err := c.Eval(ctx, legacy, []string{req.IdempotencyKey}).Err(); err != nil {
-				t.Fatalf("writing a legacy record: %v", err)
+			a := lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)
+			b := lim(subjectKey(t, "b", "gcra"), GCRA, 5, long, 0)
+			full := []Limit{a, b}[tt.deniedBy]
+			if r := check(t, s, one(full, 4)); !r.Allowed {
+				t.Fatal("filling: denied")
 			}
-			if ttl := c.PTTL(ctx, req.IdempotencyKey).Val(); ttl <= IdempotencyTTL-time.Minute {
-				t.Fatalf("legacy record TTL %v, want about %v", ttl, IdempotencyTTL)
-			}
-
-			req.Fingerprint = tt.fingerprint
-			res, err := s.Check(ctx, []Request{req})
-			switch {
-			case tt.wantReplay && err != nil:
-				t.Fatalf("Check: %v", err)
-			case tt.wantReplay && (!res[0].Replayed || res[0].Limits[0].Remaining != first.Limits[0].Remaining):
-				t.Errorf("got replayed %v remaining %d, want the first result (remaining %d) replayed",
-					res[0].Replayed, res[0].Limits[0].Remaining, first.Limits[0].Remaining)
-			case !tt.wantReplay && !errors.Is(err, ErrIdempotencyConflict):
-				t.Errorf("got %+v, %v, want ErrIdempotencyConflict", res, err)
-			}
-			for i, rem := range remaining(t, s, req.Limits) {
-				if rem != 3 {
-					t.Errorf("limit %d: remaining %d, want 3 (charged once)", i, rem)
+			reqs := []Request{{Limits: []Limit{a}, Cost: 2, IdempotencyKey: subjectKey(t, "a", "idem"), Fingerprint: "fp-1"}, one(b, 2)}
+			for try := range 2 {
+				res, err := s.Check(ctx, reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res[tt.deniedBy].Allowed || res[0].Replayed || res[1].Replayed {
+					t.Errorf("try %d: %+v, want denied by request %d, not replayed", try, res, tt.deniedBy)
+				}
+				if n := c.Exists(ctx, reqs[0].IdempotencyKey).Val(); n != 0 {
+					t.Errorf("try %d: a denied call left its idempotency record", try)
 				}
 			}
+			if got := remainingAll(t, s, reqs); got[tt.deniedBy] != 1 || got[1-tt.deniedBy] != 5 {
+				t.Errorf("remaining %v, want 1 on the full limit and 5 on the other (nothing charged)", got)
+			}
+			other := append([]Request(nil), reqs...)
+			other[0].Fingerprint = "fp-2"
+			if _, err := s.Check(ctx, other); err != nil {
+				t.Errorf("another request with the key of a denied one: %v, want it decided", err)
+			}
 		})
+	}
+}
+
+// TestStoreIdempotencyOneRecordPerCall: a call is one checked request and has one record;
+// two are refused before anything is sent.
+func TestStoreIdempotencyOneRecordPerCall(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	ctx := ctxT(t)
+	a := Request{Limits: []Limit{lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "a", "idem")}
+	b := Request{Limits: []Limit{lim(subjectKey(t, "b", "tb"), TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "b", "idem")}
+	_, err := s.Check(ctx, []Request{a, b})
+	if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "more than one request carries an idempotency key") {
+		t.Errorf("two records: %v, want ErrInvalidRequest saying so", err)
+	}
+	for _, k := range []string{a.Limits[0].Key, a.IdempotencyKey, b.Limits[0].Key, b.IdempotencyKey} {
+		if n := c.Exists(ctx, k).Val(); n != 0 {
+			t.Errorf("%s exists: a refused call wrote it", k)
+		}
+	}
+	// A peek's key is ignored, so it does not count.
+	a.Peek = true
+	if _, err := s.Check(ctx, []Request{a, b}); err != nil {
+		t.Errorf("a peek with a key beside a record: %v", err)
 	}
 }

@@ -52,27 +52,35 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Script modes (ARGV[3]).
+// Script modes (ARGV[3]; lua/check.lua).
 const (
-	modeCharge = iota
-	modePeek
-	modeRefund
+	modeCharge     = iota // charge; with a record: replay, or write it when allowed
+	modePeek              // evaluate only
+	modeRefund            // give a charge back; with a record: delete it
+	modeRecord            // write the record alone
+	modeChargeOnly        // charge; with a record: replay, never write it
 )
 
 // Pre-boxed constant arguments: boxing a string into an interface allocates, these do not.
 var (
-	argModes       = [...]any{modeCharge: "0", modePeek: "1", modeRefund: "2"}
+	argModes       = [...]any{modeCharge: "0", modePeek: "1", modeRefund: "2", modeRecord: "3", modeChargeOnly: "4"}
+	argZero    any = "0"
+	argOne     any = "1"
 	argEmpty   any = ""
 	argNoIdem  any = "0"
 	argIdemTTL any = strconv.FormatInt(IdempotencyTTL.Milliseconds(), 10)
 	argCodes       = [...]any{"0", "1", "2", "3", "4", "5", "6"}
 )
 
-// ErrIdempotencyConflict is wrapped by Check's error when a request's idempotency record was
+// ErrIdempotencyConflict is wrapped by Check's error when the call's idempotency record was
 // written for another Fingerprint: the key was reused for a different request. Nothing stays
 // charged: the script changed nothing, and the other requests of the call are refunded as
 // after a denial.
 var ErrIdempotencyConflict = errors.New("idempotency key bound to another request")
+
+// errTwoRecords is a call with more than one idempotency record: a call is one checked
+// request, and it has one record.
+var errTwoRecords = errors.New("more than one request carries an idempotency key")
 
 // conflictPrefix starts the script's error reply for ErrIdempotencyConflict (lua/check.lua).
 const conflictPrefix = "IDEMPOTENCY_CONFLICT "
@@ -96,35 +104,59 @@ const (
 // for StoreConfig.BatchTimeout whatever the deadlines of the Checks it carries (ctx bounds only
 // this Check's wait), and the charges their replies report are refunded in the background.
 //
-// A request whose idempotency record is bound to another Fingerprint fails the call with an
-// error wrapping ErrIdempotencyConflict; the other requests' charges are refunded first.
+// With an idempotency key (Request.IdempotencyKey, on one request of the call: the record
+// stands for the whole call) a retry is replayed: the record's request charges nothing, the
+// others' charges are refunded in a second round trip, and every result is Replayed, the
+// enforced ones Allowed. A record bound to another Fingerprint fails the call with an error
+// wrapping ErrIdempotencyConflict, the other requests' charges refunded first. The record is
+// written only for an allowed call: by the record request's own script call when no other
+// request can deny the call, else once every reply is in, by one more script call in the
+// record's slot (a call of several slots on a Redis Cluster has no other way to know the
+// decision atomically). A write that fails is logged; the decision stands, and a retry would be
+// charged again, which errs towards denying.
 func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
 	nstrs, nnums, nargs, nlims := 0, 0, 0, 0
+	rec := -1 // the request carrying the call's idempotency record
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
 			return nil, fmt.Errorf("bucket: request %d: %w", i, err)
 		}
+		if r.IdempotencyKey != "" && !r.Peek {
+			if rec >= 0 {
+				return nil, fmt.Errorf("bucket: requests %d and %d: %w: %w", rec, i, ErrInvalidRequest, errTwoRecords)
+			}
+			rec = i
+		}
 		nstrs, nnums, nargs = growFor(r, nstrs, nnums, nargs)
 		nlims += len(r.Limits)
+	}
+	// written is the request whose script call writes the record itself (-1 for none): the
+	// record's request, when no other request can deny the call.
+	written, recMode := -1, modeChargeOnly
+	if rec >= 0 && decidesAlone(reqs, rec) {
+		written, recMode = rec, modeCharge
 	}
 
 	j := getJob()
 	j.reserve(len(reqs), nstrs, nnums, nargs)
 	for i := range reqs {
 		mode := modeCharge
-		if reqs[i].Peek {
+		switch {
+		case reqs[i].Peek:
 			mode = modePeek
+		case i == rec:
+			mode = recMode
 		}
-		j.addCall(&reqs[i], mode, "", nil)
+		j.addCall(&reqs[i], mode, i == rec, "", nil)
 	}
 	inFlight, err := s.b.run(ctx, j, true)
 	runtime.KeepAlive(s) // the Store must outlive the wait, or its cleanup stops the loops
 	if inFlight {
-		go s.settleLate(context.WithoutCancel(ctx), j, slices.Clone(reqs))
+		go s.settleLate(context.WithoutCancel(ctx), j, slices.Clone(reqs), written)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket: %w", err)
@@ -150,18 +182,23 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 			denied = true
 		}
 	}
-	if firstErr == nil && !denied {
+	replay := rec >= 0 && (failed == nil || !failed[rec]) && results[rec].Replayed
+	if firstErr == nil && !denied && !replay {
 		putJob(j)
+		if rec >= 0 && written < 0 {
+			s.writeRecord(ctx, &reqs[rec])
+		}
 		return results, nil
 	}
 
+	// A denial, a replay or a failure: give back what was charged.
 	var refund []int
 	for i := range reqs {
 		if (failed == nil || !failed[i]) && !reqs[i].Peek && results[i].Allowed && !results[i].Replayed {
 			refund = append(refund, i)
 		}
 	}
-	j = refundJob(j, reqs, results, refund)
+	j = refundJob(j, reqs, results, refund, written)
 	if err := ended(ctx); firstErr != nil && err != nil {
 		firstErr = fmt.Errorf("bucket: %w (%w)", err, firstErr)
 	}
@@ -169,7 +206,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	case j == nil && firstErr != nil:
 		return nil, firstErr
 	case j == nil:
-		return results, nil
+		return replayed(reqs, results, replay), nil
 	case firstErr != nil && !errors.Is(firstErr, ErrIdempotencyConflict):
 		// The outcome is unknown, and the caller decides without it (fail modes): it need not
 		// wait for the refund of the charges known to have happened (on a Redis Cluster, those
@@ -185,14 +222,74 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return results, nil
+	return replayed(reqs, results, replay), nil
+}
+
+// decidesAlone reports whether request rec is the only one of reqs that can deny the call:
+// the only charge that is not Shadow.
+func decidesAlone(reqs []Request, rec int) bool {
+	if reqs[rec].Shadow {
+		return false
+	}
+	for i := range reqs {
+		if i != rec && !reqs[i].Peek && !reqs[i].Shadow {
+			return false
+		}
+	}
+	return true
+}
+
+// replayed turns the results of a replayed call (replay set) into the first decision: the
+// record exists only for an allowed call, so every charge is Replayed, and every enforced one
+// Allowed with each of its limits; the counters stay what they are now.
+func replayed(reqs []Request, results []Result, replay bool) []Result {
+	if !replay {
+		return results
+	}
+	for i := range results {
+		if reqs[i].Peek {
+			continue
+		}
+		res := &results[i]
+		res.Replayed = true
+		if reqs[i].Shadow {
+			continue
+		}
+		res.Allowed = true
+		for k := range res.Limits {
+			res.Limits[k].Allowed, res.Limits[k].RetryAfter = true, 0
+		}
+	}
+	return results
+}
+
+// writeRecord stores the idempotency record of r, whose call was allowed, with one script call
+// in its slot. It runs within StoreConfig.BatchTimeout even when ctx ends: the caller that
+// leaves is the one most likely to retry. A failure is logged; the decision stands.
+func (s *Store) writeRecord(ctx context.Context, r *Request) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.b.cfg.BatchTimeout)
+	defer cancel()
+	j := getJob()
+	j.reserve(1, 2, 0, 9)
+	j.addRecord(r.IdempotencyKey, r.Fingerprint)
+	err := s.b.do(ctx, j)
+	runtime.KeepAlive(s)
+	if err == nil {
+		err = j.calls[0].cmd.Err()
+		putJob(j)
+	}
+	if err != nil && s.b.cfg.Logger != nil {
+		s.b.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "writing an idempotency record failed; a retry of the check will be charged again",
+			slog.String("key", r.IdempotencyKey), slog.Any("err", err))
+	}
 }
 
 // settleLate waits for the replies of a Check whose caller left while its calls were in flight
 // (its ctx ended), and refunds the charges they made: the caller got an error, and a Check that
 // fails keeps no charge it knows of, whichever master made it (the caller's deadline no longer
-// ends the batch, so the replies come after it left). reqs is the Check's, cloned.
-func (s *Store) settleLate(ctx context.Context, j *job, reqs []Request) {
+// ends the batch, so the replies come after it left). reqs is the Check's, cloned; written is
+// the request whose call wrote the idempotency record, which its refund deletes.
+func (s *Store) settleLate(ctx context.Context, j *job, reqs []Request, written int) {
 	<-j.done
 	if j.err != nil {
 		putJob(j) // answered without being sent
@@ -206,7 +303,7 @@ func (s *Store) settleLate(ctx context.Context, j *job, reqs []Request) {
 			refund = append(refund, i)
 		}
 	}
-	if j = refundJob(j, reqs, results, refund); j != nil {
+	if j = refundJob(j, reqs, results, refund, written); j != nil {
 		s.refundLater(ctx, j)
 	}
 }
@@ -234,8 +331,9 @@ func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
 }
 
 // refundJob turns j (the job of the charges, whose replies were read) into the job that gives
-// back the charges of reqs[idx], or recycles it and returns nil when there are none.
-func refundJob(j *job, reqs []Request, results []Result, idx []int) *job {
+// back the charges of reqs[idx], or recycles it and returns nil when there are none. The
+// refund of reqs[written] deletes the idempotency record its charge wrote.
+func refundJob(j *job, reqs []Request, results []Result, idx []int, written int) *job {
 	j.reset()
 	if len(idx) == 0 {
 		putJob(j)
@@ -247,7 +345,7 @@ func refundJob(j *job, reqs []Request, results []Result, idx []int) *job {
 	}
 	j.reserve(len(idx), nstrs, nnums, nargs)
 	for _, i := range idx {
-		j.addCall(&reqs[i], modeRefund, strconv.FormatInt(results[i].Now.UnixMicro(), 10), results[i].refund)
+		j.addCall(&reqs[i], modeRefund, i == written, strconv.FormatInt(results[i].Now.UnixMicro(), 10), results[i].refund)
 	}
 	return j
 }
@@ -300,14 +398,13 @@ func (s *Store) refundLater(ctx context.Context, j *job) {
 }
 
 // addCall appends the EVALSHA command of one script call for r (see lua/check.lua): KEYS
-// are the limit keys and, unless peeking, the idempotency key; ARGV is n, cost, mode,
-// idempotency TTL, charge time (refund) or fingerprint (charge with an idempotency key),
-// then code, limit, window, burst and refund token per limit. j must have been reserved for
-// it.
-func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
+// are the limit keys and, with record, the idempotency record's key; ARGV is n, cost, mode,
+// idempotency TTL, charge time (refund) or fingerprint (charge with a record), then code,
+// limit, window, burst and refund token per limit. j must have been reserved for it.
+func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, tokens []string) {
 	a0 := len(j.args)
 	nk := len(r.Limits)
-	idem := r.IdempotencyKey != "" && mode != modePeek
+	idem := record && r.IdempotencyKey != "" && mode != modePeek
 	if idem {
 		nk++
 	}
@@ -325,7 +422,7 @@ func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
 	switch {
 	case chargeNow != "":
 		arg5 = j.str(chargeNow)
-	case idem && mode == modeCharge && r.Fingerprint != "":
+	case idem && mode != modeRefund && r.Fingerprint != "":
 		arg5 = j.str(r.Fingerprint)
 	}
 	j.args = append(j.args, j.num(int64(len(r.Limits))), j.num(r.Cost), argModes[mode], idemArg, arg5)
@@ -338,6 +435,18 @@ func (j *job) addCall(r *Request, mode int, chargeNow string, tokens []string) {
 		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(l.windowUS()), j.num(l.Capacity()), token)
 	}
 	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk})
+}
+
+// addRecord appends the script call that writes the idempotency record key, bound to
+// fingerprint fp (mode record: no limits).
+func (j *job) addRecord(key, fp string) {
+	a0 := len(j.args)
+	arg5 := argEmpty
+	if fp != "" {
+		arg5 = j.str(fp)
+	}
+	j.args = append(j.args, argEvalSha, argSha, argOne, j.str(key), argZero, argOne, argModes[modeRecord], argIdemTTL, arg5)
+	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: 1})
 }
 
 // parseReply decodes a check script reply into res, whose Limits is already sized. The reply

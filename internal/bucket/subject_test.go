@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"errors"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -133,44 +132,6 @@ func TestStoreCheckAllAllowed(t *testing.T) {
 		if !r.Allowed || r.Refunded || r.Limits[0].Remaining != want {
 			t.Errorf("request %d: got allowed %v refunded %v remaining %d, want true false %d", i, r.Allowed, r.Refunded, r.Limits[0].Remaining, want)
 		}
-	}
-}
-
-func TestStoreIdempotency(t *testing.T) {
-	t.Parallel()
-	s, c := newStore(t)
-	l := lim(key(t, "b"), TokenBucket, 5, long, 0)
-	req := Request{Limits: []Limit{l}, Cost: 2, IdempotencyKey: key(t, "idem-1")}
-
-	first := check(t, s, req)
-	if !first.Allowed || first.Replayed || first.Limits[0].Remaining != 3 {
-		t.Fatalf("first: got allowed %v replayed %v remaining %d, want true false 3", first.Allowed, first.Replayed, first.Limits[0].Remaining)
-	}
-	second := check(t, s, req)
-	if !second.Replayed {
-		t.Errorf("second with the same key: replayed false, want true")
-	}
-	second.Replayed = false
-	if !reflect.DeepEqual(first, second) {
-		t.Errorf("replayed result differs:\n got %+v\nwant %+v", second, first)
-	}
-	if got := check(t, s, peekReq(l)).Limits[0].Remaining; got != 3 {
-		t.Errorf("after the replay: remaining %d, want 3 (nothing charged)", got)
-	}
-	if ttl := c.PTTL(ctxT(t), req.IdempotencyKey).Val(); ttl <= IdempotencyTTL-time.Minute || ttl > IdempotencyTTL {
-		t.Errorf("idempotency record TTL %v, want about %v", ttl, IdempotencyTTL)
-	}
-
-	req.IdempotencyKey = key(t, "idem-2")
-	if third := check(t, s, req); third.Replayed || third.Limits[0].Remaining != 1 {
-		t.Errorf("another key: got replayed %v remaining %d, want false 1", third.Replayed, third.Limits[0].Remaining)
-	}
-	// A denial is recorded too: its replay is the same denial.
-	req.IdempotencyKey = key(t, "idem-3")
-	denied := check(t, s, req)
-	again := check(t, s, req)
-	if denied.Allowed || again.Allowed || !again.Replayed || again.Limits[0].RetryAfter != denied.Limits[0].RetryAfter {
-		t.Errorf("denied twice: got %+v then %+v, want the same denial replayed", denied, again)
 	}
 }
 

@@ -3,14 +3,15 @@
 -- the limits use different algorithms.
 --
 -- KEYS[1..n]   the limit keys (all in one cluster slot)
--- KEYS[n+1]    the idempotency record key, present only when ARGV[4] ~= "0"
--- ARGV[1]      n, the number of limits (>= 1)
+-- KEYS[n+1]    the idempotency record key (same slot), present only when ARGV[4] ~= "0"
+-- ARGV[1]      n, the number of limits (>= 1; 0 in mode "3")
 -- ARGV[2]      cost (>= 1)
--- ARGV[3]      mode: "0" charge, "1" peek, "2" refund
--- ARGV[4]      idempotency TTL in ms; "0" = no idempotency key
--- ARGV[5]      charge: the request's fingerprint, bound to the idempotency record ("" for
---              none; ignored without an idempotency key); refund: now_us of the charge being
---              refunded; peek: ""
+-- ARGV[3]      mode: "0" charge, "1" peek, "2" refund, "3" record, "4" charge without
+--              writing the record
+-- ARGV[4]      idempotency TTL in ms; "0" = no idempotency record
+-- ARGV[5]      charge and record: the request's fingerprint, bound to the record ("" for none;
+--              ignored without a record); refund: now_us of the charge being refunded;
+--              peek: ""
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
 --              algorithm code (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
 --              4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
@@ -19,23 +20,27 @@
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec.
 --
--- Charge: when the idempotency record exists, it is bound to the fingerprint of the request
--- that wrote it. For the same fingerprint (a retry) its stored reply is returned with
--- replayed = 1 and nothing changes. For another fingerprint (the key reused for another
--- request) the reply is the error 'IDEMPOTENCY_CONFLICT ...' and nothing changes either:
--- replaying would let one key pass any number of different requests uncharged.
+-- An idempotency record is one per checked request, not one per call: it lives in the slot of
+-- one of the request's calls (Store picks it) and says "this request was allowed and charged";
+-- its value is the fingerprint alone. There is none for a denied request, whose retry is
+-- decided afresh (nothing of it was charged).
+-- Charge ("0" and "4"): when the record exists and holds ARGV[5] (a retry), nothing is charged:
+-- the limits are evaluated as by a peek and the reply has replayed = 1 (Store then answers the
+-- first decision, allowed). For another fingerprint (the key reused for another request) the
+-- reply is the error 'IDEMPOTENCY_CONFLICT ...' and nothing changes either: replaying would
+-- let one key pass any number of different requests uncharged.
 -- Otherwise every limit is evaluated; only if ALL allow is every limit's new state written (a
--- denied check writes nothing). Then, with an idempotency key, the record is stored under it
--- with PX = ARGV[4]: cmsgpack.pack(reply, fingerprint), two msgpack values.
--- Records of the previous script version hold the reply alone (no fingerprint): they are read
--- as bound to the empty fingerprint, so they replay only for a request without one and are a
--- conflict for any other. A retry that spans an upgrade is thus refused for at most
--- IdempotencyTTL (5 minutes) rather than charged twice or replayed unverified. (A checker still
--- on the previous version reads only the first value of a new record: it replays, as before.)
+-- denied check writes nothing). Then mode "0" (a call that decides the request on its own)
+-- stores the record, SET PX ARGV[4], when allowed; mode "4" (one call of several) never does:
+-- Store writes it with mode "3" once every call of the request allowed.
+-- Record ("3", n = 0): SET KEYS[1] ARGV[5] PX ARGV[4]; the reply is empty.
+-- Records of the previous script version (one per subject, under rl:{...}:idem:<key>) have
+-- other names and are never read: a retry that spans the upgrade is charged again, which errs
+-- towards denying, for at most their TTL (5 minutes), and they expire on their own.
 -- Peek: evaluate only; the reply gives the state before consumption and whether cost fits.
 -- Refund: give cost back to every limit exactly (see each algorithm), delete the idempotency
--- record (the charge it protected no longer exists, so a retry must be evaluated afresh),
--- then reply like a peek of the state after the refund.
+-- record when given (the charge it protected no longer exists, so a retry must be evaluated
+-- afresh), then reply like a peek of the state after the refund.
 --
 -- Reply: { allowed (0/1), now_us (string), replayed (0/1), then 6 per limit:
 --          allowed (0/1), used (integer, rounded up), remaining (integer, rounded down, >= 0),
@@ -45,12 +50,19 @@
 -- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
 
 -- tonumber (strtod) costs a third of a short redis.call: skip it for the usual n = cost = 1.
+local mode = ARGV[3]
+if mode == '3' then
+  if #KEYS ~= 1 or #ARGV ~= 5 or ARGV[1] ~= '0' or not tonumber(ARGV[4]) or tonumber(ARGV[4]) < 1 then
+    return redis.error_reply('ERR bucket: malformed record arguments')
+  end
+  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[4])
+  return {}
+end
 local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
 local cost = ARGV[2] == '1' and 1 or tonumber(ARGV[2])
-local mode = ARGV[3]
 local idem_ttl = ARGV[4] == '0' and 0 or tonumber(ARGV[4])
 if not n or n < 1 or #ARGV ~= 5 + 5 * n or not cost or cost < 1 or not idem_ttl
-    or (mode ~= '0' and mode ~= '1' and mode ~= '2') then
+    or (mode ~= '0' and mode ~= '1' and mode ~= '2' and mode ~= '4') then
   return redis.error_reply('ERR bucket: malformed arguments')
 end
 local idem
@@ -59,6 +71,23 @@ if idem_ttl > 0 then
 end
 if #KEYS ~= n + (idem and 1 or 0) then
   return redis.error_reply('ERR bucket: wrong number of keys')
+end
+-- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
+local charge = mode == '0' or mode == '4'
+local replayed = 0
+
+-- replay looks the record up before a charge: nil to go on, else the error reply to return.
+-- A record found for the same fingerprint turns the charge into a peek.
+local function replay()
+  local fp = redis.call('GET', idem)
+  if not fp then
+    return nil
+  end
+  if fp ~= ARGV[5] then
+    return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
+  end
+  charge, replayed = false, 1
+  return nil
 end
 
 -- fields returns the six reply fields of one limit from the results of its eval, after
@@ -99,16 +128,9 @@ if n == 1 then
   local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
   local now_s = us(now)
 
-  if mode == '0' and idem then
-    local rec = redis.call('GET', idem)
-    if rec then
-      local reply, fp = cmsgpack.unpack(rec)
-      if (fp or '') ~= ARGV[5] then
-        return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
-      end
-      reply[3] = 1
-      return reply
-    end
+  if charge and idem then
+    local err = replay()
+    if err then return err end
   elseif mode == '2' then
     local charge_now = tonumber(ARGV[5])
     if not charge_now then
@@ -121,13 +143,12 @@ if n == 1 then
   end
 
   local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
-  local f1, f2, f3, f4, f5, f6 = fields(mode == '0' and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
+  local f1, f2, f3, f4, f5, f6 = fields(charge and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
     ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
-  local reply = {f1, now_s, 0, f1, f2, f3, f4, f5, f6}
-  if mode == '0' and idem then
-    redis.call('SET', idem, cmsgpack.pack(reply, ARGV[5]), 'PX', ARGV[4])
+  if charge and ok and idem and mode == '0' then
+    redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
   end
-  return reply
+  return {f1, now_s, replayed, f1, f2, f3, f4, f5, f6}
 end
 
 -- Several limits.
@@ -171,16 +192,9 @@ local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local now_s = us(now)
 
-if mode == '0' and idem then
-  local rec = redis.call('GET', idem)
-  if rec then
-    local reply, fp = cmsgpack.unpack(rec)
-    if (fp or '') ~= ARGV[5] then
-      return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
-    end
-    reply[3] = 1
-    return reply
-  end
+if charge and idem then
+  local err = replay()
+  if err then return err end
 elseif mode == '2' then
   local charge_now = tonumber(ARGV[5])
   if not charge_now then
@@ -203,9 +217,9 @@ for i = 1, n do
   if not P[j + 7] then all = false end
 end
 
-local charged = mode == '0' and all
+local charged = charge and all
 local reply = sized(3 + 6 * n)
-reply[1], reply[2], reply[3] = all and 1 or 0, now_s, 0
+reply[1], reply[2], reply[3] = all and 1 or 0, now_s, replayed
 local k = 3
 for i = 1, n do
   local j = (i - 1) * S
@@ -215,7 +229,7 @@ for i = 1, n do
   k = k + 6
 end
 
-if mode == '0' and idem then
-  redis.call('SET', idem, cmsgpack.pack(reply, ARGV[5]), 'PX', ARGV[4])
+if charged and idem and mode == '0' then
+  redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
 end
 return reply

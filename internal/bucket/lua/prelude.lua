@@ -42,8 +42,8 @@
 -- NEED_1 is the algorithm code of the first limit; NEED holds the codes of the others (nil for
 -- a single limit, the common case, which then builds no table).
 local NEED_1 = ARGV[6]
--- MODE is ARGV[3]: commit functions are built for charges ('0') only, refund functions for
--- refunds ('2') only.
+-- MODE is ARGV[3]: commit functions are built for every mode but peeks ('1'), refund functions
+-- for refunds ('2') only. A record call ('3') has no limits, so builds nothing.
 local MODE = ARGV[3]
 local NEED
 if ARGV[1] ~= '1' then
