@@ -61,7 +61,10 @@ type guard struct {
 	local    *bucket.Local
 	probing  atomic.Bool
 	closed   chan struct{}
-	once     sync.Once
+	// mu orders starting a probe (opened, called from the store's batch loops, which may
+	// outlive close by a batch) against close, so that no probe starts after close waited.
+	mu       sync.Mutex
+	isClosed bool
 	probes   sync.WaitGroup
 }
 
@@ -214,12 +217,9 @@ func (g *guard) ping(ctx context.Context) error {
 func (g *guard) opened(err error) {
 	g.log.Warn("redis unreachable; deciding by fail mode until it answers",
 		"err", err, "failures_in_a_row", g.circuit.threshold)
-	select {
-	case <-g.closed:
-		return
-	default:
-	}
-	if g.probing.CompareAndSwap(false, true) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.isClosed && g.probing.CompareAndSwap(false, true) {
 		g.probes.Add(1)
 		go g.probe()
 	}
@@ -258,6 +258,11 @@ func (g *guard) probe() {
 
 // close stops the probe.
 func (g *guard) close() {
-	g.once.Do(func() { close(g.closed) })
+	g.mu.Lock()
+	if !g.isClosed {
+		g.isClosed = true
+		close(g.closed)
+	}
+	g.mu.Unlock()
 	g.probes.Wait()
 }
