@@ -160,11 +160,8 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	if !q.SkipGlobal {
 		subjects = append(subjects, globalSubject)
 	}
-	for _, sub := range subjects {
-		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
-		if len(rs) == 0 {
-			continue
-		}
+	// addBoth plans a subject's enforced and shadow limits under rs.
+	addBoth := func(sub Subject, rs []*rules.Rule) error {
 		var custom map[string]int64
 		if sub.Dimension == rules.DimensionUser {
 			u, _ := set.User(sub.ID)
@@ -172,9 +169,23 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 		}
 		tag := subjectTag(sub.Dimension, sub.ID)
 		if err := add(sub, tag, rs, false, custom); err != nil {
-			return plan{}, err
+			return err
 		}
-		if err := add(sub, tag, rs, true, custom); err != nil {
+		return add(sub, tag, rs, true, custom)
+	}
+	for _, sub := range subjects {
+		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
+		if len(rs) == 0 {
+			continue
+		}
+		var err error
+		if addr, ok := subjectIP(sub.ID); ok && sub.Dimension == rules.DimensionIP {
+			// Each network the rules count the address in is a subject of its own.
+			err = ipGroups(addr, rs, addBoth)
+		} else {
+			err = addBoth(sub, rs)
+		}
+		if err != nil {
 			return plan{}, err
 		}
 	}

@@ -48,6 +48,9 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 			}
 		}
 	}
+	// An ip subject's buckets are its networks', one per rule's prefix length (ipgroup.go).
+	addr, isIP := subjectIP(sub.ID)
+	isIP = isIP && sub.Dimension == rules.DimensionIP
 	tag := subjectTag(sub.Dimension, sub.ID)
 	var keys, ids []string
 	seen := map[string]bool{}
@@ -60,6 +63,9 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 			continue
 		}
 		ids = append(ids, rule.ID)
+		if isIP {
+			tag = subjectTag(sub.Dimension, networkID(addr, rule))
+		}
 		if k := limitKey(tag, rule); !seen[k] {
 			seen[k] = true
 			keys = append(keys, k)

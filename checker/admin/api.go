@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -63,8 +64,13 @@ type Config struct {
 	// ReadPerMinute and WritePerMinute rate-limit each token's reads and writes with the
 	// checker's own buckets; 0 means 1000 and 100.
 	ReadPerMinute, WritePerMinute int
-	// AuthFailuresPerMinute bounds the failed authentications of one source address: past it,
-	// every call from the address is refused (429) until its bucket refills; 0 means 10.
+	// Lockout counts the failed authentications of each source address: past its limit, every
+	// call from the address is refused (429) until its bucket refills. Give it the check API's
+	// (transport.Config.Lockout), so that both APIs spend one failure budget. nil means a
+	// Lockout of the engine's store with AuthFailuresPerMinute, believing no proxy.
+	Lockout *auth.Lockout
+	// AuthFailuresPerMinute is the limit of the Lockout made when Lockout is nil; 0 means
+	// auth.DefaultFailuresPerMinute.
 	AuthFailuresPerMinute int
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
@@ -82,8 +88,7 @@ type API struct {
 	tokens map[string]Token // by hex SHA-256 of the token
 	read   int64
 	write  int64
-	// authFailures is the failed authentications allowed per source address and minute.
-	authFailures int64
+	lock   *auth.Lockout
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -106,8 +111,8 @@ func New(engine *checker.Engine, cfg Config) *API {
 	if a.write <= 0 {
 		a.write = 100
 	}
-	if a.authFailures = int64(cfg.AuthFailuresPerMinute); a.authFailures <= 0 {
-		a.authFailures = 10
+	if a.lock = cfg.Lockout; a.lock == nil {
+		a.lock = auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: cfg.AuthFailuresPerMinute, Logger: log})
 	}
 	return a
 }
@@ -159,14 +164,18 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 			Message: "the admin API needs the rule store: start the checker with --nats-url"})
 		return
 	}
-	src := source(r)
-	if err := a.lockedOut(r.Context(), src); err != nil {
-		writeAPIError(w, err)
+	// Every call from a locked-out address is refused before its token is looked at, so that
+	// a guess cannot be told right or wrong.
+	src := a.lock.Source(r.RemoteAddr, r.Header.Values)
+	if err := a.lock.Check(r.Context(), src); err != nil {
+		writeAPIError(w, lockedOut(err))
 		return
 	}
 	c, err := a.authenticate(r)
 	if err != nil {
-		a.failed(r.Context(), src, err)
+		if lerr := a.lock.Fail(r.Context(), src, err); lerr != nil {
+			err = lockedOut(lerr)
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="quotaflow"`)
 		writeAPIError(w, err)
 		return

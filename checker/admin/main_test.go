@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
@@ -45,7 +46,20 @@ func newEnv(t testing.TB, cfg checker.Config, admin Config) *testEnv {
 	}
 	engine := checker.New(cfg)
 	t.Cleanup(func() { engine.Close() })
-	srv := transport.New(engine, transport.Config{Logger: cfg.Logger})
+	// One failure budget for both APIs, as the quotaflow command wires them.
+	if admin.Lockout == nil {
+		admin.Lockout = auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: admin.AuthFailuresPerMinute, Logger: cfg.Logger})
+	}
+	// The admin API's write tokens are admin callers of the check API, as the command makes them.
+	callers := new(auth.Registry)
+	writers := map[string]string{}
+	for tok, who := range admin.Tokens {
+		if who.Role == RoleWrite {
+			writers[tok] = who.Name
+		}
+	}
+	callers.SetAdminTokens(writers)
+	srv := transport.New(engine, transport.Config{Callers: callers, Lockout: admin.Lockout, Logger: cfg.Logger})
 	mux := http.NewServeMux()
 	api := New(engine, admin)
 	mux.Handle("/api/v1/", api.Handler())

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 )
 
@@ -19,28 +21,56 @@ import (
 // and h2c alike, Connect, gRPC-Web and forward-auth.
 func (s *Server) authenticate(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.callers.Authenticate(r.Header.Get("Authorization"), connState(r))
-		h.ServeHTTP(w, r.WithContext(auth.WithResult(r.Context(), auth.Result{Caller: c, Err: err})))
+		res := s.authenticateCall(r.Context(), r.Header.Get("Authorization"), connState(r), r.RemoteAddr, r.Header.Values)
+		h.ServeHTTP(w, r.WithContext(auth.WithResult(r.Context(), res)))
 	})
 }
 
 // authenticateGRPC is authenticate for a grpc-go call: the authorization metadata and the
-// peer's TLS state.
+// peer's TLS state and address.
 func (s *Server) authenticateGRPC(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
 	var authorization string
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			authorization = v[0]
-		}
+	if v := md.Get("authorization"); len(v) > 0 {
+		authorization = v[0]
 	}
 	var state *tls.ConnectionState
+	var remote string
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
 			state = &ti.State
 		}
+		if p.Addr != nil {
+			remote = p.Addr.String()
+		}
+	}
+	return auth.WithResult(ctx, s.authenticateCall(ctx, authorization, state, remote, md.Get))
+}
+
+// authenticateCall authenticates a call's credentials, counting a failure against its source
+// (the connection's address, or the client a trusted proxy names). Credentials from a source
+// known to be locked out are refused unread; a call without credentials is no guess and goes
+// on as the anonymous caller's.
+func (s *Server) authenticateCall(ctx context.Context, authorization string, state *tls.ConnectionState,
+	remote string, header func(string) []string) auth.Result {
+	presented := authorization != "" || state != nil && len(state.PeerCertificates) > 0
+	var src string
+	if presented {
+		src = s.lock.Source(remote, header)
+		if err := s.lock.Known(src); err != nil {
+			return auth.Result{Err: err}
+		}
 	}
 	c, err := s.callers.Authenticate(authorization, state)
-	return auth.WithResult(ctx, auth.Result{Caller: c, Err: err})
+	if err != nil {
+		if src == "" {
+			src = s.lock.Source(remote, header)
+		}
+		if lerr := s.lock.Fail(ctx, src, err); lerr != nil {
+			err = lerr
+		}
+	}
+	return auth.Result{Caller: c, Err: err}
 }
 
 // authorize returns nil when the request's caller has p. Otherwise a Connect error:
@@ -55,6 +85,8 @@ func (s *Server) authorize(ctx context.Context, p auth.Permission, what string) 
 	}
 	c := res.Caller
 	switch {
+	case errors.Is(res.Err, auth.ErrLockedOut):
+		return connect.NewError(connect.CodeResourceExhausted, res.Err)
 	case res.Err != nil:
 		return connect.NewError(connect.CodeUnauthenticated, res.Err)
 	case c.Can(p):
@@ -80,10 +112,24 @@ func (s *Server) authorizeCheck(ctx context.Context, method, tier string) error 
 
 // authStatus is the HTTP status of an authorize error.
 func authStatus(err error) (int, string) {
-	if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodePermissionDenied {
-		return http.StatusForbidden, "permission_denied"
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		switch ce.Code() {
+		case connect.CodePermissionDenied:
+			return http.StatusForbidden, "permission_denied"
+		case connect.CodeResourceExhausted:
+			return http.StatusTooManyRequests, "rate_limited"
+		}
 	}
 	return http.StatusUnauthorized, "unauthenticated"
+}
+
+// writeAuthError answers an authorize error as JSON, with Retry-After for a locked-out source.
+func writeAuthError(w http.ResponseWriter, err error) {
+	status, code := authStatus(err)
+	if le := new(auth.LockedOutError); errors.As(err, &le) {
+		w.Header().Set("Retry-After", strconv.FormatInt(checker.CeilSeconds(checker.CeilMillis(le.RetryAfter)), 10))
+	}
+	writeJSONError(w, status, code, connectMessage(err))
 }
 
 // connState is the TLS state of a request: r.TLS, or, on a port split by internal/grpcsplit

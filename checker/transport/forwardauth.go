@@ -33,14 +33,12 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.authorize(r.Context(), auth.Check, "GET /ratelimit/check"); err != nil {
-		status, code := authStatus(err)
-		writeJSONError(w, status, code, connectMessage(err))
+		writeAuthError(w, err)
 		return
 	}
 	if q.Tier != "" {
 		if err := s.authorize(r.Context(), auth.AssertTier, s.fa.tierField(r)); err != nil {
-			status, code := authStatus(err)
-			writeJSONError(w, status, code, connectMessage(err))
+			writeAuthError(w, err)
 			return
 		}
 	}
@@ -201,46 +199,13 @@ func newForwardAuth(cfg ForwardAuthConfig) forwardAuth {
 }
 
 // clientIP is the request's client address: the connection's, or, from a trusted proxy, the
-// address the proxies forwarded.
+// address the proxies forwarded (auth.ClientAddr).
 func (fa *forwardAuth) clientIP(r *http.Request) string {
 	peer, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr // not an IP connection (a test's pipe): its name is its address
 	}
-	ip := peer.Addr().Unmap()
-	if !fa.trusted(ip) {
-		return ip.String()
-	}
-	h := r.Header
-	if xff := h.Values("X-Forwarded-For"); len(xff) > 0 {
-		hops := strings.Split(strings.Join(xff, ","), ",")
-		for i := len(hops) - 1; i >= 0; i-- {
-			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
-			if err != nil {
-				break // garbage a client wrote: the last address believed stands
-			}
-			ip = hop.Unmap()
-			if !fa.trusted(ip) {
-				break
-			}
-		}
-		return ip.String()
-	}
-	for _, name := range []string{"X-Real-Ip", "X-Client-Ip"} {
-		if v, err := netip.ParseAddr(strings.TrimSpace(h.Get(name))); err == nil {
-			return v.Unmap().String()
-		}
-	}
-	return ip.String()
-}
-
-func (fa *forwardAuth) trusted(ip netip.Addr) bool {
-	for _, p := range fa.TrustedProxies {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
+	return auth.ClientAddr(peer.Addr(), fa.TrustedProxies, r.Header.Values).String()
 }
 
 // tierField names where the request asserted its tier.

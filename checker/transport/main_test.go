@@ -118,6 +118,11 @@ func newEnvWith(t testing.TB, cfg checker.Config, tcfg Config) *testEnv {
 	engine := checker.New(cfg)
 	t.Cleanup(func() { engine.Close() })
 	tcfg.Logger = cfg.Logger
+	if tcfg.Lockout == nil {
+		// Every test calls from 127.0.0.1 and shares its failure bucket: lockouts are tested
+		// with a Redis of their own (lockout_test.go).
+		tcfg.Lockout = auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: 1e6, TrustedProxies: tcfg.ForwardAuth.TrustedProxies})
+	}
 	srv := New(engine, tcfg)
 	url := checkertest.Serve(t, srv.Handler(), srv.RegisterGRPC)
 	return &testEnv{engine: engine, srv: srv, url: url, http: checkertest.HTTPClient()}

@@ -36,6 +36,11 @@ type Config struct {
 	Callers *auth.Registry
 	// ForwardAuth configures GET /ratelimit/check.
 	ForwardAuth ForwardAuthConfig
+	// Lockout counts the failed authentications of every protocol per source address and
+	// refuses the credentials of a source past its limit; give the admin API the same one, so
+	// that both APIs count one failure budget. nil means a Lockout of the engine's store with
+	// auth.DefaultFailuresPerMinute, believing ForwardAuth.TrustedProxies.
+	Lockout *auth.Lockout
 	// TLS, when set, makes Serve serve TLS with it (internal/tlsfiles builds one that reloads
 	// its certificate and can require client certificates); nil serves cleartext and h2c.
 	TLS *tls.Config
@@ -59,6 +64,7 @@ type Config struct {
 type Server struct {
 	engine  *checker.Engine
 	callers *auth.Registry
+	lock    *auth.Lockout
 	fa      forwardAuth
 	tls     *tls.Config
 	maxBody int64
@@ -84,7 +90,11 @@ func New(engine *checker.Engine, cfg Config) *Server {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxRequestBytes
 	}
-	return &Server{engine: engine, callers: callers, fa: newForwardAuth(cfg.ForwardAuth), tls: cfg.TLS,
+	lock := cfg.Lockout
+	if lock == nil {
+		lock = auth.NewLockout(engine, auth.LockoutConfig{TrustedProxies: cfg.ForwardAuth.TrustedProxies, Logger: log})
+	}
+	return &Server{engine: engine, callers: callers, lock: lock, fa: newForwardAuth(cfg.ForwardAuth), tls: cfg.TLS,
 		maxBody: maxBody, conns: cfg.Conns, reflect: !cfg.HideReflection, log: log.With("component", "transport"), base: log}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/checker/auth"
 )
 
 // adminFlags configure the admin REST API of the commands that run a checker.
@@ -24,7 +25,7 @@ func (a *adminFlags) register(fs *flagSet) {
 	fs.StringVar(&a.tokensFile, "admin-tokens-file", "", "YAML `file` of admin API tokens: tokens: [{token: ..., name: ..., role: read|write}]")
 	fs.IntVar(&a.readPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
 	fs.IntVar(&a.writePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
-	fs.IntVar(&a.authFailures, "admin-auth-failures-per-minute", 10, "failed admin API authentications allowed per source address per minute; past it the address is refused (429) until its bucket refills")
+	fs.IntVar(&a.authFailures, "admin-auth-failures-per-minute", 10, "failed authentications allowed per source address per minute, counted alike by the admin API and every protocol of the check API; past it the address's credentials are refused (429, ResourceExhausted) until its bucket refills")
 	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute")
 }
 
@@ -57,7 +58,7 @@ func (a *adminFlags) validate() error {
 	return nil
 }
 
-func (a *adminFlags) config(store admin.Store, log *slog.Logger) admin.Config {
+func (a *adminFlags) config(store admin.Store, lockout *auth.Lockout, log *slog.Logger) admin.Config {
 	return admin.Config{Store: store, Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute,
-		AuthFailuresPerMinute: a.authFailures, Logger: log}
+		Lockout: lockout, Logger: log}
 }

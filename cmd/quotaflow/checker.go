@@ -18,6 +18,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
@@ -258,9 +259,13 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	cfg.Rules = set
 	engine := checker.New(cfg)
 	defer engine.Close()
+	// One failure budget per source address for both APIs: a token guessed at one is a token
+	// guessed at the other.
+	lockout := auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: c.admin.authFailures,
+		TrustedProxies: c.callers.fa.TrustedProxies, Logger: log})
 	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, TLS: c.tlsConfig,
 		MaxRequestBytes: c.serving.maxRequestBytes, HideReflection: c.serving.hideReflection(c.callers.callersFile),
-		Conns: c.serving.conns(), Logger: log})
+		Conns: c.serving.conns(), Lockout: lockout, Logger: log})
 	mux := http.NewServeMux()
 	var metricsLn net.Listener // --metrics-listen's, else /metrics is on the check port
 	if c.serving.metricsListen != "" {
@@ -274,7 +279,7 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 	} else {
 		mux.Handle("GET /metrics", tel.Metrics)
 	}
-	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, log)).Handler())
+	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, lockout, log)).Handler())
 	mux.Handle("/", front.Handler())
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {

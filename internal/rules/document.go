@@ -51,6 +51,10 @@ type DocRule struct {
 	Shadow    Scalar       `yaml:"shadow,omitempty" json:"shadow,omitempty"`
 	FailMode  string       `yaml:"fail_mode,omitempty" json:"fail_mode,omitempty"`
 	Warning   *DocWarnings `yaml:"warning,omitempty" json:"warning,omitempty"`
+	// IPv6Prefix and IPv4Prefix group an ip rule's addresses into one bucket per network of
+	// that many leading bits (default 64 and 32); ip rules only.
+	IPv6Prefix Scalar `yaml:"ipv6_prefix,omitempty" json:"ipv6_prefix,omitempty"`
+	IPv4Prefix Scalar `yaml:"ipv4_prefix,omitempty" json:"ipv4_prefix,omitempty"`
 }
 
 // DocWarnings are warning thresholds: document-wide under warnings:, or a rule's own under

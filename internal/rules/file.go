@@ -283,6 +283,8 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 			p.add(where, "fail_mode: %v", err)
 		}
 	}
+	r.IPv6Prefix = prefixBits(p, where, "ipv6_prefix", fr.IPv6Prefix, 128, r.Dimension)
+	r.IPv4Prefix = prefixBits(p, where, "ipv4_prefix", fr.IPv4Prefix, 32, r.Dimension)
 	return r, len(p.list) == n
 }
 
@@ -310,6 +312,23 @@ func ValidatePattern(pattern string) error {
 		return fmt.Errorf("%q holds an empty segment (//)", pattern)
 	}
 	return nil
+}
+
+// prefixBits validates an ip rule's ipv6_prefix or ipv4_prefix: 1 to max bits; 0 when unset.
+func prefixBits(p *problems, where, field string, v Scalar, max int, dim Dimension) uint8 {
+	if v == "" {
+		return 0
+	}
+	if dim != DimensionIP {
+		p.add(where, "%s: groups the addresses of ip rules; this rule counts per %s", field, dim)
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(v)))
+	if err != nil || n < 1 || n > max {
+		p.add(where, "%s: want a number of leading bits from 1 to %d, got %q", field, max, v)
+		return 0
+	}
+	return uint8(n)
 }
 
 func parseCount(s string) (int64, error) {

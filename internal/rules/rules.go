@@ -97,6 +97,31 @@ type Rule struct {
 	Burst    int64
 	Shadow   bool
 	FailMode FailMode
+	// IPv6Prefix and IPv4Prefix are the leading bits of an address that an ip rule counts by:
+	// every address of one network shares a bucket, since a client owns a whole IPv6 /64 (and
+	// may own more). 0 means DefaultIPv6Prefix and DefaultIPv4Prefix.
+	IPv6Prefix, IPv4Prefix uint8
+}
+
+// The networks an ip rule counts by unless it names its own: an IPv6 /64, the least a site is
+// assigned (RFC 6177) and what SLAAC clients pick their addresses in, and one IPv4 address.
+const (
+	DefaultIPv6Prefix = 64
+	DefaultIPv4Prefix = 32
+)
+
+// PrefixBits returns the leading bits of an address that r counts by: of an IPv4 address when
+// is4, else of an IPv6 one.
+func (r *Rule) PrefixBits(is4 bool) int {
+	switch {
+	case is4 && r.IPv4Prefix != 0:
+		return int(r.IPv4Prefix)
+	case is4:
+		return DefaultIPv4Prefix
+	case r.IPv6Prefix != 0:
+		return int(r.IPv6Prefix)
+	}
+	return DefaultIPv6Prefix
 }
 
 // Bucket returns the rule as a bucket limit for key, with limit overriding the rule's limit

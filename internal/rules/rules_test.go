@@ -185,6 +185,12 @@ func TestParseErrors(t *testing.T) {
 		{"user unknown tier", "users: {'1': {tier: gold}}\nrules:\n- " + ok, []string{`users["1"]: tier: "gold" is not declared`}},
 		{"user limit unknown rule", "users: {'1': {limits: {zz: 5}}}\nrules:\n- " + ok, []string{`users["1"]: limits["zz"]: no rule has this id`}},
 		{"user limit on ip rule", "users: {'1': {limits: {b: 5}}}\nrules:\n- " + ok + "\n- {id: b, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{`limits["b"]: rule counts per ip`}},
+		{"prefix on a user rule", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv6_prefix: 64}", []string{`rule "a" (rules[0]): ipv6_prefix: groups the addresses of ip rules; this rule counts per user`}},
+		{"ipv6 prefix too long", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv6_prefix: 129}", []string{`ipv6_prefix: want a number of leading bits from 1 to 128, got "129"`}},
+		{"ipv6 prefix zero", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv6_prefix: 0}", []string{`ipv6_prefix: want a number of leading bits from 1 to 128, got "0"`}},
+		{"ipv4 prefix too long", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv4_prefix: 33}", []string{`ipv4_prefix: want a number of leading bits from 1 to 32, got "33"`}},
+		{"ipv4 prefix not a number", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv4_prefix: /24}", []string{`ipv4_prefix: want a number of leading bits from 1 to 32, got "/24"`}},
+		{"ip rules grouping one family alike", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}\n- {id: b, dimension: ip, endpoint: /x, algorithm: gcra, limit: 9, window: 1s, ipv6_prefix: 48}", []string{`duplicates rule "a"`}},
 		{"all problems at once", "rules:\n- {id: a, dimension: nope, endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
 	}
 	for _, tt := range tests {
@@ -265,6 +271,34 @@ func TestThresholdsEnters(t *testing.T) {
 	for _, tt := range tests {
 		if got := tt.th.Enters(tt.used, tt.limit); got != tt.want {
 			t.Errorf("Thresholds{Enter: %v}.Enters(%d, %d) = %v, want %v", tt.th.Enter, tt.used, tt.limit, got, tt.want)
+		}
+	}
+}
+
+func TestIPPrefixes(t *testing.T) {
+	t.Parallel()
+	s, err := Parse([]byte(`rules:
+- {id: default, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+- {id: wide, dimension: ip, endpoint: /x, algorithm: gcra, limit: 9, window: 1s, ipv6_prefix: 48, ipv4_prefix: 24}
+- {id: user, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v (rules grouping both families differently share no bucket)", err)
+	}
+	for _, tt := range []struct {
+		id         string
+		is4        bool
+		want       int
+		v6, v4Bits uint8
+	}{
+		{"default", false, DefaultIPv6Prefix, 0, 0},
+		{"default", true, DefaultIPv4Prefix, 0, 0},
+		{"wide", false, 48, 48, 24},
+		{"wide", true, 24, 48, 24},
+	} {
+		r, _ := s.Rule(tt.id)
+		if got := r.PrefixBits(tt.is4); got != tt.want || r.IPv6Prefix != tt.v6 || r.IPv4Prefix != tt.v4Bits {
+			t.Errorf("rule %s: PrefixBits(is4=%v) = %d (fields %d, %d), want %d (%d, %d)", tt.id, tt.is4, got, r.IPv6Prefix, r.IPv4Prefix, tt.want, tt.v6, tt.v4Bits)
 		}
 	}
 }

@@ -227,11 +227,20 @@ func preferTier(p *problems, tier string, rs []*Rule) []*Rule {
 	seen := make(map[string]*Rule, len(rs))
 	for _, r := range rs {
 		k := fmt.Sprintf("%s/%s", r.Algorithm, r.Window)
-		if other := seen[k]; other != nil {
-			p.add(ruleWhere(r.ID, -1), "duplicates rule %q for tier %q: same dimension, endpoint, algorithm and window would share one bucket", other.ID, tier)
-			continue
+		keys := []string{k}
+		if r.Dimension == DimensionIP {
+			// ip rules share a bucket only where they group an address family alike.
+			keys = []string{fmt.Sprintf("%s/v4/%d", k, r.PrefixBits(true)), fmt.Sprintf("%s/v6/%d", k, r.PrefixBits(false))}
 		}
-		seen[k] = r
+		for _, k := range keys {
+			if other := seen[k]; other != nil {
+				p.add(ruleWhere(r.ID, -1), "duplicates rule %q for tier %q: same dimension, endpoint, algorithm, window (and network prefix) would share one bucket", other.ID, tier)
+				break
+			}
+		}
+		for _, k := range keys {
+			seen[k] = r
+		}
 	}
 	return rs
 }

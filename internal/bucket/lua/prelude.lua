@@ -15,7 +15,8 @@
 -- into chunk-level locals <alg>_eval, <alg>_commit and <alg>_refund that check.lua
 -- dispatches on; a module is no table and its results are no table either:
 --   eval(key, L, W, B, now, cost, Bs) -> ok, used, rem, reset, a1, a2, a3, s1, s2, s3
---     Reads only. L limit, W window (µs), B burst (capacity, >= 1), now (µs), cost, all
+--     Reads only (sliding_window_log's may first convert a previous version's state, which
+--     changes no count). L limit, W window (µs), B burst (capacity, >= 1), now (µs), cost, all
 --     numbers; Bs = the burst exactly as ARGV gave it (= us(B)).
 --     ok               whether cost fits now
 --     used, rem, reset the state before consumption (used rounded up, remaining rounded
