@@ -2,6 +2,8 @@ package urlpath
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -157,26 +159,31 @@ func TestNormalizeNormalAllocatesNothing(t *testing.T) {
 
 // FuzzNormalize checks what the limiter relies on for any input: no panic; a result or an
 // error, never both; a result that is its own normal form (so normalising twice, in two
-// places, agrees), that the fast path returns as it is, and that holds no dot segment, empty
-// segment, upper-case letter, parameter, query or character a backend could read as another
-// path.
+// places, agrees), that the fast path returns as it is, that every other spelling of it
+// (respell) normalises back to, and that holds no dot segment, empty segment, upper-case
+// letter, parameter, query or character a backend could read as another path.
 func FuzzNormalize(f *testing.F) {
-	for _, p := range spellings {
-		f.Add(p)
+	for i, p := range spellings {
+		f.Add(p, uint64(i)*0x0123456789abcdef)
 	}
 	for _, p := range normalPaths {
-		f.Add(p)
+		f.Add(p, uint64(0x0706050403020100))
 	}
 	for _, p := range []string{"", "/..", "/a/%2e%2E/b", "/a;b/..;/c", `/a\b`, "/a%00", "/%c3%bc", "/ü", "/a%2", "//../x"} {
-		f.Add(p)
+		f.Add(p, uint64(0))
 	}
-	f.Fuzz(func(t *testing.T, p string) {
+	f.Fuzz(func(t *testing.T, p string, ops uint64) {
 		got, err := Normalize(p)
 		if err != nil {
 			if got != "" {
 				t.Fatalf("Normalize(%q) = %q and error %v: want one of them", p, got, err)
 			}
 			return
+		}
+		if s := respell(got, ops); s != got {
+			if n, err := Normalize(s); n != got || err != nil {
+				t.Fatalf("Normalize(%q) = %q, but its spelling %q normalises to %q, %v", p, got, s, n, err)
+			}
 		}
 		again, err := Normalize(got)
 		if again != got || err != nil {
@@ -203,6 +210,73 @@ func FuzzNormalize(f *testing.F) {
 			}
 		}
 	})
+}
+
+// respell writes normal path n in another spelling that must normalise back to n: each 3 bits
+// of ops pick a change (case, a "." or "zz/.." segment, a doubled or trailing slash, an
+// unreserved character escaped, ";" parameters, a query), the next bits where it goes.
+func respell(n string, ops uint64) string {
+	var segs []string
+	if n != "/" {
+		segs = strings.Split(n[1:], "/")
+	}
+	for ; ops != 0; ops >>= 8 {
+		at := int(ops>>3&31) % (len(segs) + 1)
+		switch ops & 7 {
+		case 0:
+			segs = slices.Insert(segs, at, ".")
+		case 1:
+			segs = slices.Insert(segs, at, "zz", "..")
+		case 2:
+			segs = slices.Insert(segs, at, "")
+		case 3:
+			segs = append(segs, "")
+		case 4:
+			if at < len(segs) {
+				segs[at] += ";v=1"
+			}
+		case 5:
+			if at < len(segs) {
+				segs[at] = escapeUnreserved(segs[at])
+			}
+		case 6:
+			if at < len(segs) {
+				segs[at] = upperOutsideEscapes(segs[at])
+			}
+		case 7:
+			segs = append(segs[:len(segs):len(segs)], "") // trailing slash, then a query
+			segs[len(segs)-1] = "?q=/../x"
+		}
+	}
+	return "/" + strings.Join(segs, "/")
+}
+
+// escapeUnreserved percent-encodes, in lower-case hex, the first unreserved character of seg
+// that is not part of an escape.
+func escapeUnreserved(seg string) string {
+	for i := 0; i < len(seg); i++ {
+		switch c := seg[i]; {
+		case c == '%':
+			i += 2
+		case unreserved(c):
+			return seg[:i] + fmt.Sprintf("%%%02x", c) + seg[i+1:]
+		}
+	}
+	return seg
+}
+
+// upperOutsideEscapes upper-cases the letters of seg but for escapes' hex digits.
+func upperOutsideEscapes(seg string) string {
+	b := []byte(seg)
+	for i := 0; i < len(b); i++ {
+		switch {
+		case b[i] == '%':
+			i += 2
+		case 'a' <= b[i] && b[i] <= 'z':
+			b[i] -= 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // lowerOutsideEscapes lower-cases s but for the hex digits of its escapes, which the normal
