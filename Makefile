@@ -50,6 +50,7 @@ generate:
 FUZZ_TARGETS := \
 	./internal/rules:FuzzMatch \
 	./internal/rules:FuzzParse \
+	./internal/urlpath:FuzzNormalize \
 	./checker:FuzzCheckRequest \
 	./checker:FuzzIdempotencySequence \
 	./checker/transport:FuzzConnectJSON \
@@ -83,7 +84,7 @@ fuzz-ci:
 
 ## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/
+	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/ ./internal/urlpath/
 
 clean:
 	rm -rf bin .dev

@@ -41,6 +41,12 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	if set == nil {
 		return nil, ErrNoRules
 	}
+	// Whatever the transport, rules match and decisions report the endpoint's normal form.
+	ep, err := NormalizeEndpoint("endpoint", q.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	q.Endpoint = ep
 	out := &Outcome{Decider: -1}
 	if err := resolveTier(set, q, out); err != nil {
 		return nil, err

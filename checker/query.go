@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -55,7 +56,9 @@ type Query struct {
 	// Subjects are the check's subjects, at most one of each dimension; the global subject is
 	// added by the engine.
 	Subjects []Subject
-	// Endpoint is the called endpoint that rules' patterns match.
+	// Endpoint is the called endpoint that rules' patterns match: a path, its query ignored.
+	// Check and Peek replace it with its normal form (NormalizeEndpoint), which decisions
+	// report and idempotency keys bind.
 	Endpoint string
 	// Cost is the units the check consumes, 1 to MaxCost.
 	Cost int64
@@ -81,6 +84,25 @@ func CheckText(field, s string, max int) error {
 		return FieldErrorf(field, "must be valid UTF-8")
 	}
 	return nil
+}
+
+// NormalizeEndpoint validates an endpoint and returns its normal form (urlpath.Normalize): the
+// path without its query, at most MaxEndpointLen bytes of UTF-8, with every spelling of one
+// path (case, escapes, dot and empty segments, a trailing slash, ";" parameters) made one, so
+// that none reaches another bucket than the path's own. Errors name field and say what the
+// path broke: not absolute, an encoded slash, a backslash, a control character, a bad escape,
+// ".." above the root. Transports call it with the name of their own field; the engine calls
+// it again on every query (a no-op on a normal path, which is returned without allocating).
+func NormalizeEndpoint(field, ep string) (string, error) {
+	ep = urlpath.Path(ep)
+	if err := CheckText(field, ep, MaxEndpointLen); err != nil {
+		return "", err
+	}
+	norm, err := urlpath.Normalize(ep)
+	if err != nil {
+		return "", &FieldError{Field: field, Msg: fmt.Sprintf("%q %v", ep, err), Err: err}
+	}
+	return norm, nil
 }
 
 // CheckCost validates a cost and returns it, 0 meaning 1; errors name the field "cost".
@@ -157,7 +179,7 @@ func parseCommon(q *Query, subjects subjectFields, cost int64) error {
 	if q.Subjects, err = parseSubjects(subjects, make([]Subject, 0, 3)); err != nil {
 		return err
 	}
-	if err := CheckText("endpoint", q.Endpoint, MaxEndpointLen); err != nil {
+	if q.Endpoint, err = NormalizeEndpoint("endpoint", q.Endpoint); err != nil {
 		return err
 	}
 	q.Cost, err = CheckCost(cost)

@@ -26,8 +26,10 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 		}
 		sub = Subject{d, r.GetIdentifier()}
 	}
-	if ep := r.GetEndpoint(); ep != "" {
-		if err := CheckText("endpoint", ep, MaxEndpointLen); err != nil {
+	ep := r.GetEndpoint()
+	if ep != "" {
+		var err error
+		if ep, err = NormalizeEndpoint("endpoint", ep); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -41,7 +43,7 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 		}
 	}
 	applies := map[*rules.Rule]bool{}
-	if ep := r.GetEndpoint(); ep != "" {
+	if ep != "" {
 		for _, t := range set.Tiers() {
 			for _, rule := range set.Match(sub.Dimension, t.Name, ep) {
 				applies[rule] = true
@@ -59,7 +61,7 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 		switch {
 		case rule.Dimension != sub.Dimension,
 			r.GetRuleId() != "" && rule.ID != r.GetRuleId(),
-			r.GetEndpoint() != "" && !applies[rule]:
+			ep != "" && !applies[rule]:
 			continue
 		}
 		ids = append(ids, rule.ID)

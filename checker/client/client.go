@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -263,9 +264,17 @@ func (c *Client) Close() {
 
 // Check asks whether req may go ahead. A denial is a Decision with Allowed false, never an
 // error; when the checker cannot be reached the fail mode decides (Decision.Degraded). The error
-// is for a request the checker refused (an invalid field, a missing permission) and for ctx
-// ending first.
+// is for a request the checker refused (an invalid field, a missing permission; an endpoint
+// that is no path, InvalidArgument, is refused before it is sent) and for ctx ending first.
 func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
+	// The deny cache and the local buckets key on the endpoint's normal form, as the checker
+	// matches it: another spelling of a denied path must find the denial. A path the checker
+	// would refuse is refused here, before it can key anything.
+	ep, err := urlpath.Normalize(req.Endpoint)
+	if err != nil {
+		return Decision{}, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("quotaflow check: endpoint: %q %w", req.Endpoint, err))
+	}
+	req.Endpoint = ep
 	now := time.Now()
 	key := subjectKey(req)
 	if c.deny != nil {
@@ -278,7 +287,6 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	}
 	msg := req.proto()
 	var resp *quotaflowv1.CheckRateLimitResponse
-	var err error
 	if c.batch != nil {
 		resp, err = c.batch.check(ctx, msg)
 	} else {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
+	"github.com/quotaflow/quotaflow/internal/urlpath"
 )
 
 // HTTPConfig says how Middleware finds a request's subjects. A request with no subject at all
@@ -24,7 +25,9 @@ type HTTPConfig struct {
 	IP func(*http.Request) string
 	// APIKeyHeader names the header carrying an API key; empty means no API key subject.
 	APIKeyHeader string
-	// Endpoint returns what the rules' endpoint patterns match; nil means r.URL.Path.
+	// Endpoint returns what the rules' endpoint patterns match; nil means r.URL.EscapedPath(),
+	// the path as the client wrote it, which the checker normalises (an encoded '/' or ';'
+	// stays apart from a raw one, as ServeMux keeps them).
 	Endpoint func(*http.Request) string
 	// Cost returns the request's cost; nil means 1.
 	Cost func(*http.Request) int64
@@ -33,14 +36,21 @@ type HTTPConfig struct {
 // Middleware checks each request before next serves it. A denied request is answered 429 with
 // Retry-After; every checked response carries the deciding limit as RateLimit and
 // RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers) and X-RateLimit-Limit, -Remaining and
-// -Reset. A check the checker refuses (a misconfigured subject) is logged and the request goes
-// ahead: the limiter's own mistakes never turn into errors for the service's callers.
+// -Reset. A request whose path no limit can count (an encoded slash, a control character, ".."
+// above the root: see the checker's endpoint normalisation) is answered 400, never let
+// through unmetered. A check the checker refuses otherwise (a misconfigured subject) is logged
+// and the request goes ahead: the limiter's own mistakes never turn into errors for the
+// service's callers.
 func (c *Client) Middleware(cfg HTTPConfig) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			req := cfg.request(r)
 			if len(req.Subjects) == 0 {
 				next.ServeHTTP(w, r)
+				return
+			}
+			if _, err := urlpath.Normalize(req.Endpoint); err != nil {
+				http.Error(w, fmt.Sprintf("Bad request: the path %v.", err), http.StatusBadRequest)
 				return
 			}
 			d, err := c.Check(r.Context(), req)
@@ -65,7 +75,7 @@ func (c *Client) Middleware(cfg HTTPConfig) func(http.Handler) http.Handler {
 }
 
 func (cfg HTTPConfig) request(r *http.Request) Request {
-	req := Request{Endpoint: r.URL.Path}
+	req := Request{Endpoint: r.URL.EscapedPath()}
 	if cfg.Endpoint != nil {
 		req.Endpoint = cfg.Endpoint(r)
 	}

@@ -244,11 +244,10 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 			field, ep = "endpoint", qs.Get("endpoint")
 		}
 	}
-	ep, _, _ = strings.Cut(ep, "?")
-	if err := checker.CheckText(field, ep, checker.MaxEndpointLen); err != nil {
+	var err error
+	if q.Endpoint, err = checker.NormalizeEndpoint(field, ep); err != nil {
 		return nil, err
 	}
-	q.Endpoint = ep
 	cost := h.Get("X-RateLimit-Cost")
 	if cost == "" {
 		cost = qs.Get("cost")
@@ -260,7 +259,6 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 		}
 		q.Cost = n
 	}
-	var err error
 	if q.Cost, err = checker.CheckCost(q.Cost); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -330,20 +329,22 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 		entryErr := func(suffix, format string, args ...any) error {
 			return checker.FieldErrorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
 		}
-		v, limit := e.GetValue(), checker.MaxIdentifierLen
+		v := e.GetValue()
 		if kind == rlsEndpoint {
-			v, _, _ = strings.Cut(v, "?")
-			limit = checker.MaxEndpointLen
-		}
-		if err := checker.CheckText("", v, limit); err != nil {
-			return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
-		}
-		switch kind {
-		case rlsEndpoint:
 			if endpointSet {
 				return entryErr(".key", "a second endpoint (path or endpoint) in one descriptor")
 			}
-			q.Endpoint, endpointSet = v, true
+			ep, err := checker.NormalizeEndpoint("", v)
+			if err != nil {
+				return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
+			}
+			q.Endpoint, endpointSet = ep, true
+			continue
+		}
+		if err := checker.CheckText("", v, checker.MaxIdentifierLen); err != nil {
+			return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
+		}
+		switch kind {
 		case rlsTier:
 			if q.tierEntry >= 0 {
 				return entryErr(".key", "a second tier in one descriptor")
@@ -369,7 +370,12 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 		return checker.FieldErrorf(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
 	}
 	if !endpointSet {
-		q.Endpoint = "/" + domain
+		// The domain names the endpoint: "/" + domain, in normal form like any other.
+		ep, err := checker.NormalizeEndpoint("domain", "/"+domain)
+		if err != nil {
+			return err
+		}
+		q.Endpoint = ep
 	}
 	if d.GetIsNegativeHits() {
 		return checker.FieldErrorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")

@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/urlpath"
 )
 
 // Bounds on what a rules file may say. They keep keys short and arithmetic in Lua exact
@@ -289,7 +290,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 }
 
 // ValidatePattern checks a rule's endpoint pattern: "*", an exact path, or a path prefix ending
-// in "/*".
+// in "/*", the path in the normal form endpoints are matched in (urlpath.Normalize).
 func ValidatePattern(pattern string) error {
 	switch {
 	case pattern == "":
@@ -308,8 +309,21 @@ func ValidatePattern(pattern string) error {
 	if i := strings.IndexByte(pattern, '*'); i >= 0 && (i != len(pattern)-1 || pattern[i-1] != '/') {
 		return fmt.Errorf(`%q: "*" may only end the pattern, as "/*"`, pattern)
 	}
-	if strings.Contains(pattern, "//") {
-		return fmt.Errorf("%q holds an empty segment (//)", pattern)
+	// Endpoints are matched in normal form (internal/urlpath): a pattern in any other form
+	// would never match, so it is refused with the form to write.
+	base, prefix := strings.CutSuffix(pattern, "/*")
+	if prefix && base == "" {
+		return nil // "/*": every path
+	}
+	norm, err := urlpath.Normalize(base)
+	if err != nil {
+		return fmt.Errorf("%q %v", pattern, err)
+	}
+	if norm != base {
+		if prefix {
+			norm = strings.TrimSuffix(norm, "/") + "/*"
+		}
+		return fmt.Errorf(`%q would never match: endpoints are matched in normal form (lower case, escapes of letters, digits and "-._~" decoded, no ";" parameters, no ".", ".." or empty segment, no trailing "/"); write %q`, pattern, norm)
 	}
 	return nil
 }

@@ -86,7 +86,8 @@ type Rule struct {
 	ID        string
 	Dimension Dimension
 	// Endpoint is an exact path ("/api/v1/orders"), a prefix ending in "/*" ("/api/*", which
-	// also matches "/api"), or "*" for every endpoint.
+	// also matches "/api"), or "*" for every endpoint; paths are in normal form
+	// (urlpath.Normalize), as the endpoints they match.
 	Endpoint  string
 	Tier      string // empty: every tier
 	Algorithm bucket.Algorithm

@@ -66,7 +66,9 @@ func compile(rules []Rule, tiers map[string]Tier, defaultTier string, users map[
 
 // Match returns the rules of dimension dim that apply to endpoint for tier: the rules of the
 // most specific pattern (exact path, then the longest "/*" prefix, then "*"); at one pattern,
-// rules naming the tier replace rules naming none. The slice is shared: do not modify it.
+// rules naming the tier replace rules naming none. Patterns are in normal form
+// (urlpath.Normalize): endpoint must be too, or spellings of one path match differently. The
+// slice is shared: do not modify it.
 func (s *Set) Match(dim Dimension, tier, endpoint string) []*Rule {
 	m := s.matchers[matcherKey{dim, tier}]
 	if m == nil {
