@@ -207,17 +207,11 @@ func BenchmarkIdempotencyMemory(b *testing.B) {
 	b.ReportMetric(float64(one), "memory-usage-bytes/record")
 }
 
+// usedMemory is redistest.UsedMemory, failing b on an error.
 func usedMemory(b *testing.B, rdb *redis.Client) int64 {
-	info, err := rdb.Info(context.Background(), "memory").Result()
+	n, err := redistest.UsedMemory(context.Background(), rdb)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	b.Fatal("INFO memory has no used_memory")
-	return 0
+	return n
 }

@@ -1,61 +1,19 @@
 package client_test
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker/client"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
 )
-
-// searchSpellings are forms of /api/v1/search a client may write (issue 20, item 3).
-var searchSpellings = []string{
-	"/api/v1/search/", "//api/v1/search", "/api//v1/search", "/api/v1/./search", "/api/v1/x/../search",
-	"/api/v1/%73earch", "/api/v1/search;x", "/API/v1/search", "/%61pi/v1/search", "/x/../api/v1/search",
-	"/api/v1/search?q=1", "/api/v1/x/..;/search",
-}
-
-// rawGet sends GET target with the request line exactly as given and reads the answer.
-func rawGet(t *testing.T, base, target, user string) (*http.Response, string) {
-	t.Helper()
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.DialTimeout("tcp", u.Host, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-User: %s\r\nConnection: close\r\n\r\n", target, u.Host, user); err != nil {
-		t.Fatalf("send GET %s: %v", target, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("read the answer to GET %s: %v", target, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
-}
 
 // TestMiddlewarePathSpellings: behind the middleware, every spelling of /api/v1/search is
 // counted in user-search's bucket, one unit after the other; a path no limit can count is
@@ -74,8 +32,8 @@ func TestMiddlewarePathSpellings(t *testing.T) {
 	})))
 	defer svc.Close()
 	u := user(t, "u")
-	for i, path := range append([]string{"/api/v1/search"}, searchSpellings...) {
-		resp, body := rawGet(t, svc.URL, path, u)
+	for i, path := range append([]string{"/api/v1/search"}, checkertest.SearchSpellings...) {
+		resp, body := checkertest.RawGet(t, svc.URL, path, map[string]string{"X-User": u})
 		want := strconv.Itoa(99 - i)
 		if resp.StatusCode != http.StatusOK || body != "ok" || !strings.HasPrefix(resp.Header.Get("RateLimit-Policy"), `"user-search";`) ||
 			resp.Header.Get("X-RateLimit-Remaining") != want {
@@ -85,7 +43,7 @@ func TestMiddlewarePathSpellings(t *testing.T) {
 	}
 	before := served.Load()
 	for _, path := range []string{"/api/v1/a%2Fsearch", "/../api/v1/search", "/api/v1/search%00", "/api/v1/search%5C"} {
-		if resp, body := rawGet(t, svc.URL, path, u); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "path") {
+		if resp, body := checkertest.RawGet(t, svc.URL, path, map[string]string{"X-User": u}); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "path") {
 			t.Errorf("GET %s = %d %q, want 400 saying what is wrong with the path", path, resp.StatusCode, body)
 		}
 	}

@@ -1,50 +1,15 @@
 package transport
 
 import (
-	"bufio"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
 )
-
-// rawGet sends GET target to the server at base with the request line exactly as given (an
-// HTTP client would clean or escape some of the spellings) and reads the answer.
-func rawGet(t *testing.T, base, target, user string) (*http.Response, string) {
-	t.Helper()
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.DialTimeout("tcp", u.Host, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-User-Id: %s\r\nConnection: close\r\n\r\n", target, u.Host, user); err != nil {
-		t.Fatalf("send GET %s: %v", target, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("read the answer to GET %s: %v", target, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read the answer to GET %s: %v", target, err)
-	}
-	return resp, string(b)
-}
 
 // TestGatewayPathSpellings runs each gateway with the repository's config in front of a real
 // checker: every spelling of /api/v1/search that the gateway passes to the app is counted in
@@ -65,7 +30,7 @@ func TestGatewayPathSpellings(t *testing.T) {
 			gw := startGateway(t, kind, u.Host, a.addr(), "open")
 			user := id(t, "u")
 			for i, path := range append([]string{"/api/v1/search"}, searchSpellings...) {
-				resp, body := rawGet(t, gw.url, path, user)
+				resp, body := checkertest.RawGet(t, gw.url, path, map[string]string{"X-User-Id": user})
 				if resp.StatusCode != http.StatusOK || !strings.HasPrefix(body, "app ") {
 					t.Errorf("GET %s = %d %q, want 200 from the app", path, resp.StatusCode, body)
 					continue

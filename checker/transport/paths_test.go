@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -38,26 +39,7 @@ rules:
 // searchLimit is user-search's limit: each spelling's check must leave one unit less.
 const searchLimit = 100
 
-// searchSpellings are the forms of /api/v1/search that reached the /api/* bucket, or no rule,
-// before endpoints were normalised (issue 20, item 3), and more of the same kinds; each is sent
-// as a client would write it in a request line. internal/urlpath's table has more.
-var searchSpellings = []string{
-	"/api/v1/search/",
-	"//api/v1/search",
-	"/api//v1/search",
-	"/api/v1/./search",
-	"/api/v1/x/../search",
-	"/api/v1/%73earch",
-	"/api/v1/search;x",
-	"/API/v1/search",
-	"/%61pi/v1/search",
-	"/x/../api/v1/search",
-	"/api/v1/search?q=1",
-	"/./api/v1/search/.",
-	"/api/v1/x/%2E%2E/search",
-	"/api/v1/x/..;/search",
-	"/Api/V1/%53earch/",
-}
+var searchSpellings = checkertest.SearchSpellings
 
 // badPaths are paths no limit can count: each is refused naming its field.
 var badPaths = []string{"/api/v1/a%2Fsearch", "/../api/v1/search", "/api/v1/search%00", "api/v1/search", `/api\v1\search`}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -598,7 +597,7 @@ func TestLeftInFlightRefunded(t *testing.T) {
 		if _, err := s.Check(ctx, []Request{one(l, 1)}); err != nil { // script loaded, pool warm
 			t.Fatal(err)
 		}
-		before := scriptCalls(t, c)
+		before := readRedisStats(t, c).calls
 		if err := c.Do(ctx, "CLIENT", "PAUSE", "300", "ALL").Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -609,9 +608,9 @@ func TestLeftInFlightRefunded(t *testing.T) {
 			t.Fatalf("%s: check past its deadline: %v, want context.DeadlineExceeded", a, err)
 		}
 		// The charge and its refund, once the pause is over.
-		for deadline := time.Now().Add(5 * time.Second); scriptCalls(t, c) < before+2; time.Sleep(20 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); readRedisStats(t, c).calls < before+2; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d script calls 5s after a check that left in flight, want its charge and its refund", a, scriptCalls(t, c)-before)
+				t.Fatalf("%s: %d script calls 5s after a check that left in flight, want its charge and its refund", a, readRedisStats(t, c).calls-before)
 			}
 		}
 		res, err := s.Check(ctx, []Request{peekReq(l)})
@@ -627,7 +626,7 @@ func TestLeftInFlightRefunded(t *testing.T) {
 	// decided afresh, not replayed as allowed with nothing charged.
 	l := lim("{left}:keyed", FixedWindow, 5, long, 0)
 	keyed := Request{Limits: []Limit{l}, Cost: 2, IdempotencyKey: "rl:{left}:i:k", Fingerprint: "fp"}
-	before := scriptCalls(t, c)
+	before := readRedisStats(t, c).calls
 	if err := c.Do(ctx, "CLIENT", "PAUSE", "300", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -637,7 +636,7 @@ func TestLeftInFlightRefunded(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("keyed check past its deadline: %v, want context.DeadlineExceeded", err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); scriptCalls(t, c) < before+2; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); readRedisStats(t, c).calls < before+2; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("keyed check: no charge and refund 5s after it left in flight")
 		}
@@ -650,23 +649,4 @@ func TestLeftInFlightRefunded(t *testing.T) {
 		t.Errorf("retry of a keyed check that left in flight: allowed %v replayed %v used %d, want allowed afresh, 2 used",
 			r.Allowed, r.Replayed, r.Limits[0].Used)
 	}
-}
-
-// scriptCalls is the number of script calls c's server has run.
-func scriptCalls(t *testing.T, c *redis.Client) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, val, _ := strings.Cut(line, ":")
-		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
-			calls, _, _ := strings.Cut(strings.TrimPrefix(val, "calls="), ",")
-			v, _ := strconv.ParseInt(calls, 10, 64)
-			n += v
-		}
-	}
-	return n
 }

@@ -4,11 +4,12 @@ import (
 	"context"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
 // BenchmarkRedisMemoryPerKey measures Redis memory per bucket for each algorithm: it fills an
@@ -55,17 +56,11 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 	}
 }
 
+// usedMemory is redistest.UsedMemory, failing b on an error.
 func usedMemory(b *testing.B, rdb *redis.Client) int64 {
-	info, err := rdb.Info(context.Background(), "memory").Result()
+	n, err := redistest.UsedMemory(context.Background(), rdb)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	b.Fatal("INFO memory has no used_memory")
-	return 0
+	return n
 }
