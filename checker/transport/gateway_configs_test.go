@@ -1,10 +1,10 @@
 package transport
 
 import (
+	"context"
 	"encoding/json"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,19 +13,21 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
-	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/proctest"
 )
 
 // Traefik and Envoy are not installed here (TestTraefikConfig says why for Traefik), so these
-// tests hold their configs to what the running gateways' tests (gateway_headers_test.go) show
-// of nginx, Caddy and HAProxy: no header a client wrote reaches the checker unless the gateway
-// set it, and nothing the checker refuses is let through.
+// tests hold their configs, and the RLS answers Envoy acts on, to what the running gateways'
+// tests (gateway_headers_test.go) show of nginx, Caddy and HAProxy: no header a client wrote
+// reaches the checker unless the gateway set it, and nothing the checker refuses is let
+// through.
 
 // TestTraefikStripsClientHeaders: Traefik's forwardAuth passes the checker only the request
 // headers listed in authRequestHeaders (and writes X-Forwarded-* itself, trustForwardHeader
@@ -101,13 +103,10 @@ func envoyHCM(t *testing.T) *hcmv3.HttpConnectionManager {
 	return &hcm
 }
 
-// TestEnvoyConfigGuardsTheCheck: Envoy's ratelimit filter lets a request through when quotaflow
-// answers an error (failure_mode_deny false, the fail-open setting), and cannot tell an error
-// from an outage. So before it, every request header a descriptor reads is removed from the
-// client's request (header_mutation), and a path quotaflow would refuse is answered 400 (lua).
-// The Lua runs here in HAProxy's Lua 5.3 (Envoy's is LuaJIT, Lua 5.1: the code uses only what
-// both have), against a stand-in of Envoy's request handle.
-func TestEnvoyConfigGuardsTheCheck(t *testing.T) {
+// TestEnvoyConfigStripsClientHeaders: every request header a descriptor reads is removed from
+// the client's request before the ratelimit filter (header_mutation); an authentication filter
+// placed between them may set it from what it verified.
+func TestEnvoyConfigStripsClientHeaders(t *testing.T) {
 	t.Parallel()
 	hcm := envoyHCM(t)
 	filters := hcm.GetHttpFilters()
@@ -116,35 +115,23 @@ func TestEnvoyConfigGuardsTheCheck(t *testing.T) {
 		t.Fatalf("http filters %v: no ratelimit filter", filters)
 	}
 	removed := map[string]bool{}
-	var lua *luav3.Lua
 	for _, f := range filters[:at] {
-		switch f.GetName() {
-		case "envoy.filters.http.header_mutation":
-			var hm headermutationv3.HeaderMutation
-			if err := f.GetTypedConfig().UnmarshalTo(&hm); err != nil {
-				t.Fatal(err)
-			}
-			if err := hm.ValidateAll(); err != nil {
-				t.Fatalf("header_mutation: %v", err)
-			}
-			if d := deprecatedFields(hm.ProtoReflect(), nil); len(d) > 0 {
-				t.Errorf("header_mutation sets deprecated fields %v", d) // Envoy refuses them by default
-			}
-			for _, m := range hm.GetMutations().GetRequestMutations() {
-				if r := m.GetRemove(); r != "" {
-					removed[strings.ToLower(r)] = true
-				}
-			}
-		case "envoy.filters.http.lua":
-			lua = new(luav3.Lua)
-			if err := f.GetTypedConfig().UnmarshalTo(lua); err != nil {
-				t.Fatal(err)
-			}
-			if err := lua.ValidateAll(); err != nil {
-				t.Fatalf("lua: %v", err)
-			}
-			if d := deprecatedFields(lua.ProtoReflect(), nil); len(d) > 0 {
-				t.Errorf("lua sets deprecated fields %v", d)
+		if f.GetName() != "envoy.filters.http.header_mutation" {
+			continue
+		}
+		var hm headermutationv3.HeaderMutation
+		if err := f.GetTypedConfig().UnmarshalTo(&hm); err != nil {
+			t.Fatal(err)
+		}
+		if err := hm.ValidateAll(); err != nil {
+			t.Fatalf("header_mutation: %v", err)
+		}
+		if d := deprecatedFields(hm.ProtoReflect(), nil); len(d) > 0 {
+			t.Errorf("header_mutation sets deprecated fields %v", d) // Envoy refuses them by default
+		}
+		for _, m := range hm.GetMutations().GetRequestMutations() {
+			if r := m.GetRemove(); r != "" {
+				removed[strings.ToLower(r)] = true
 			}
 		}
 	}
@@ -170,72 +157,49 @@ func TestEnvoyConfigGuardsTheCheck(t *testing.T) {
 			t.Errorf("%s is not removed before the ratelimit filter: docs/envoy.md's descriptors read it", h)
 		}
 	}
-	if lua == nil {
-		t.Fatal("no lua filter before the ratelimit filter: a path quotaflow refuses would be let through")
-	}
-	code := lua.GetDefaultSourceCode().GetInlineString()
-	long := strings.Repeat("a", checker.MaxEndpointLen)
-	for _, c := range []struct {
-		path string
-		want string // the status answered, or "" for none: the request goes on to be checked
-	}{
-		{"/" + long[1:], ""},
-		{"/" + long, "400"},
-		{"/" + long[1:] + "?q=" + long, ""},
-		{"/orders?q=caf\xc3\xa9", ""},
-		{"/caf\xc3\xa9", "400"},
-		{"/a\x7f", "400"},
-		{"/a\x01b", "400"},
-		{"/api/v1/search?q=x", ""},
-	} {
-		if got := runEnvoyLua(t, code, c.path); got != c.want {
-			t.Errorf("envoy_on_request with :path %.40q (%d bytes) answered %q, want %q", c.path, len(c.path), got, c.want)
-		}
-	}
 }
 
-// runEnvoyLua runs code's envoy_on_request against a request handle whose :path is path, in
-// HAProxy's Lua (lua-load runs a file as the configuration is read, so haproxy -c runs it),
-// and returns the status it responded with, or "".
-func runEnvoyLua(t *testing.T, code, path string) string {
-	t.Helper()
-	dir := t.TempDir()
-	harness := code + `
-local status = ""
-local request = {}
-function request:headers()
-  return { get = function(_, name) if name == ":path" then return os.getenv("ENVOY_PATH") end end }
-end
-function request:respond(headers, body)
-  status = headers[":status"]
-end
-envoy_on_request(request)
-local out = assert(io.open(os.getenv("ENVOY_OUT"), "w"))
-out:write(status)
-out:close()
-`
-	if err := os.WriteFile(filepath.Join(dir, "envoy.lua"), []byte(harness), 0o600); err != nil {
-		t.Fatal(err)
+// TestRLSRefusesPathAsDenial: Envoy serves a request unchecked when quotaflow answers an error
+// (failure_mode_deny false), so a path quotaflow cannot check, which the client wrote, is
+// answered OVER_LIMIT with the error as the body, charging nothing; an error of the gateway's
+// own entries stays InvalidArgument.
+func TestRLSRefusesPathAsDenial(t *testing.T) {
+	t.Parallel()
+	e := newRLSEnv(t, checker.Config{})
+	user, ip := id(t, "u"), testIP(t, "client")
+	for _, c := range []struct {
+		name, path, want string
+	}{
+		{"over the bound", "/rls/" + strings.Repeat("p", checker.MaxEndpointLen), "must be at most 1024 bytes"},
+		{"escaped slash", "/rls/a%2Fb", "descriptors[1].entries[1].value: "},
+		{"bad escape", "/rls/%zz", "descriptors[1].entries[1].value: "},
+		{"escaped control character", "/rls/%00", "descriptors[1].entries[1].value: "},
+		{"relative", "rls/x", "descriptors[1].entries[1].value: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			resp := e.should(t, rlsReq(desc("remote_address", ip), desc("user_id", user, "path", c.path)))
+			var body struct{ Error, Message string }
+			if err := json.Unmarshal(resp.GetRawBody(), &body); err != nil || body.Error != "invalid_argument" || !strings.Contains(body.Message, c.want) {
+				t.Errorf("raw_body = %q (%v), want the invalid_argument JSON error with %q", resp.GetRawBody(), err, c.want)
+			}
+			codes := make([]ratelimitv3.RateLimitResponse_Code, 0, 2)
+			for _, st := range resp.GetStatuses() {
+				codes = append(codes, st.GetCode())
+			}
+			want := []ratelimitv3.RateLimitResponse_Code{ratelimitv3.RateLimitResponse_UNKNOWN, ratelimitv3.RateLimitResponse_OVER_LIMIT}
+			if resp.GetOverallCode() != ratelimitv3.RateLimitResponse_OVER_LIMIT || !slices.Equal(codes, want) {
+				t.Errorf("answer %s %v, want OVER_LIMIT %v (the address not checked, the path refused)", resp.GetOverallCode(), codes, want)
+			}
+		})
 	}
-	// A listener, never bound (-c only reads the configuration): without one haproxy -c exits 2.
-	cfg := "global\n    lua-load " + filepath.Join(dir, "envoy.lua") + "\n" +
-		"listen check\n    mode http\n    bind 127.0.0.1:9\n    timeout client 1s\n    timeout connect 1s\n    timeout server 1s\n"
-	if err := os.WriteFile(filepath.Join(dir, "haproxy.cfg"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
+	// Nothing was charged: the address and the user have their whole limits (rls-ip 2, rls-user 3).
+	resp := e.should(t, rlsReq(desc("remote_address", ip), desc("user_id", user, "path", "/rls/x")))
+	if got := []uint32{resp.GetStatuses()[0].GetLimitRemaining(), resp.GetStatuses()[1].GetLimitRemaining()}; !slices.Equal(got, []uint32{1, 2}) {
+		t.Errorf("after the refused requests, remaining %v, want [1 2]: the first charge", got)
 	}
-	bin, err := proctest.LookPath("haproxy", sbin)
-	if err != nil {
-		t.Fatal(err)
+	// A subject the gateway sends is its own: an error, for the operator to see.
+	_, err := e.client.ShouldRateLimit(context.Background(), rlsReq(desc("user_id", strings.Repeat("u", checker.MaxIdentifierLen+1), "path", "/rls/x")))
+	if status.Code(err) != grpccodes.InvalidArgument {
+		t.Errorf("a subject over the bound: %v, want InvalidArgument", err)
 	}
-	out := filepath.Join(dir, "status")
-	cmd := exec.Command(bin, "-c", "-q", "-f", filepath.Join(dir, "haproxy.cfg"))
-	cmd.Env = append(os.Environ(), "ENVOY_PATH="+path, "ENVOY_OUT="+out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("run the lua filter in haproxy: %v\n%s", err, b)
-	}
-	got, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatalf("the lua filter did not finish: %v", err)
-	}
-	return string(got)
 }

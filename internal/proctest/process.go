@@ -99,7 +99,7 @@ func launch[S any](p *Process, n int, setup Setup[S]) (*S, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Path, err = LookPath(cfg.Path, cfg.Search); err != nil {
+	if cfg.Path, err = lookPath(cfg.Path, cfg.Search); err != nil {
 		return nil, err
 	}
 	p.cfg = cfg
@@ -202,9 +202,9 @@ func TempDir(server string) (string, error) {
 	return dir, nil
 }
 
-// LookPath finds a server's program in PATH or else in search. A missing server is a failure,
+// lookPath finds a server's program in PATH or else in search. A missing server is a failure,
 // never a skip, so the error says how to get it.
-func LookPath(name string, search []string) (string, error) {
+func lookPath(name string, search []string) (string, error) {
 	path, err := exec.LookPath(name)
 	if err == nil {
 		return path, nil
