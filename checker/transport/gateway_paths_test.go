@@ -31,7 +31,7 @@ func rawGet(t *testing.T, base, target, user string) (*http.Response, string) {
 	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-User-Id: %s\r\nConnection: close\r\n\r\n", target, u.Host, user); err != nil {
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n%s: %s\r\nConnection: close\r\n\r\n", target, u.Host, testUserHeader, user); err != nil {
 		t.Fatalf("send GET %s: %v", target, err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
