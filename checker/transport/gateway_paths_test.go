@@ -30,7 +30,7 @@ func TestGatewayPathSpellings(t *testing.T) {
 			gw := startGateway(t, kind, u.Host, a.addr(), "open")
 			user := id(t, "u")
 			for i, path := range append([]string{"/api/v1/search"}, searchSpellings...) {
-				resp, body := checkertest.RawGet(t, gw.url, path, map[string]string{"X-User-Id": user})
+				resp, body := checkertest.RawGet(t, gw.url, path, map[string]string{testUserHeader: user})
 				if resp.StatusCode != http.StatusOK || !strings.HasPrefix(body, "app ") {
 					t.Errorf("GET %s = %d %q, want 200 from the app", path, resp.StatusCode, body)
 					continue

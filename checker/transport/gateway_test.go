@@ -28,6 +28,15 @@ const deployDir = "../../deploy"
 // sbin is where Debian installs nginx and haproxy, which a user's PATH may lack.
 var sbin = []string{"/usr/sbin", "/usr/local/sbin"}
 
+// The shipped configs send the checker the subjects the gateway authenticated, never a
+// client's X-User-Id or X-Api-Key. A test gateway's stand-in for authentication (basic auth, a
+// JWT's claim) is these headers, read through the config's own setting for it
+// ($quotaflow_user, QUOTAFLOW_USER, ...): what a client sends here is who it is.
+const (
+	testUserHeader   = "X-Test-User"    // nginx: $http_x_test_user
+	testAPIKeyHeader = "X-Test-Api-Key" // nginx: $http_x_test_api_key
+)
+
 // gatewayKind knows how to run one gateway with the repository's config in front of a checker
 // (host:port) and an upstream app (host:port), failing open or closed while the checker is down.
 type gatewayKind struct {
@@ -96,6 +105,8 @@ http {
         listen %[4]s;
         set $quotaflow_upstream http://app;
         set $quotaflow_fail_mode %[6]s;
+        set $quotaflow_user $http_x_test_user;
+        set $quotaflow_api_key $http_x_test_api_key;
         include %[5]s/quotaflow.conf;
         location / {
             include %[5]s/quotaflow-location.conf;
@@ -132,7 +143,8 @@ func caddySetup(dir string, port int, checker, app, failMode string) (proctest.C
 		// Caddy keeps its state under XDG_DATA_HOME and XDG_CONFIG_HOME (HOME without them):
 		// the test's folder, not the user's.
 		Env: []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app,
-			"QUOTAFLOW_FAIL_MODE=" + failMode, "HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
+			"QUOTAFLOW_FAIL_MODE=" + failMode, "QUOTAFLOW_USER={http.request.header." + testUserHeader + "}",
+			"QUOTAFLOW_API_KEY={http.request.header." + testAPIKeyHeader + "}", "HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir},
 		Ready: proctest.Listening(proctest.Addr(port)),
 	}, nil
 }
@@ -150,8 +162,9 @@ func haproxySetup(dir string, port int, checker, app, failMode string) (proctest
 		Search: sbin,
 		Args:   []string{"-db", "-f", filepath.Join(folder, "haproxy.cfg")},
 		Dir:    folder,
-		Env:    []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app, "QUOTAFLOW_FAIL_MODE=" + failMode},
-		Ready:  proctest.Listening(proctest.Addr(port)),
+		Env: []string{"QUOTAFLOW_LISTEN=" + proctest.Addr(port), "QUOTAFLOW_CHECKER=" + checker, "QUOTAFLOW_APP=" + app, "QUOTAFLOW_FAIL_MODE=" + failMode,
+			"QUOTAFLOW_USER=req.hdr(" + testUserHeader + ")", "QUOTAFLOW_API_KEY=req.hdr(" + testAPIKeyHeader + ")"},
+		Ready: proctest.Listening(proctest.Addr(port)),
 	}, nil
 }
 
@@ -179,7 +192,7 @@ func gatewayGet(t *testing.T, base, path, user string) (*http.Response, string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("X-User-Id", user)
+	req.Header.Set(testUserHeader, user)
 	// A client's own RateLimit field must not reach the response as the checker's.
 	req.Header.Set("RateLimit", `"forged";r=999;t=1`)
 	resp, err := http.DefaultClient.Do(req)
@@ -330,6 +343,9 @@ type (
 		Priority    int      `yaml:"priority"`
 	}
 	traefikMiddleware struct {
+		Headers *struct {
+			CustomRequestHeaders map[string]string `yaml:"customRequestHeaders"`
+		} `yaml:"headers"`
 		ForwardAuth *struct {
 			Address string `yaml:"address"`
 			TLS     *struct {
@@ -413,15 +429,17 @@ func TestTraefikConfig(t *testing.T) {
 		if _, ok := dyn.HTTP.Services[r.Service]; !ok || dyn.HTTP.Services[r.Service].LoadBalancer == nil {
 			t.Errorf("router %s: service %q has no loadBalancer", name, r.Service)
 		}
-		if len(r.Middlewares) == 0 {
-			t.Errorf("router %s: no middleware, want the quotaflow forwardAuth", name)
-		}
+		forwardAuths := 0
 		for _, m := range r.Middlewares {
 			mw, ok := dyn.HTTP.Middlewares[m]
+			if ok && mw.Headers != nil {
+				continue // TestTraefikStripsClientHeaders
+			}
 			if !ok || mw.ForwardAuth == nil {
-				t.Errorf("router %s: middleware %q is not a forwardAuth", name, m)
+				t.Errorf("router %s: middleware %q is neither a forwardAuth nor a headers", name, m)
 				continue
 			}
+			forwardAuths++
 			fa := mw.ForwardAuth
 			u, err := url.Parse(fa.Address)
 			if err != nil || u.Scheme != "http" || u.Host == "" || u.Path != "/ratelimit/check" {
@@ -441,6 +459,9 @@ func TestTraefikConfig(t *testing.T) {
 					t.Errorf("authResponseHeaders = %v, want %s among them", fa.AuthResponseHeaders, want)
 				}
 			}
+		}
+		if forwardAuths == 0 {
+			t.Errorf("router %s: no forwardAuth middleware, want the quotaflow one", name)
 		}
 	}
 }

@@ -145,6 +145,12 @@ func rlsSpelling(t *testing.T, env *rlsEnv, req *ratelimitv3.RateLimitRequest) (
 		}
 		return verdict{}, err
 	}
+	// A path quotaflow refuses is a denial carrying the error, since Envoy serves a request on
+	// an error (TestRLSRefusesPathAsDenial): the error it carries is the refusal.
+	var refusal struct{ Error, Message string }
+	if resp.OverallCode == ratelimitv3.RateLimitResponse_OVER_LIMIT && json.Unmarshal(resp.RawBody, &refusal) == nil && refusal.Error == "invalid_argument" {
+		return verdict{}, connect.NewError(connect.CodeInvalidArgument, errors.New(refusal.Message))
+	}
 	st := resp.Statuses[0]
 	return verdict{st.GetCurrentLimit().GetName(), int64(st.LimitRemaining)}, nil
 }

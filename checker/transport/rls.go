@@ -91,7 +91,9 @@ const (
 // when over the limit.
 //
 // Requests that cannot be checked are refused with InvalidArgument naming the field, as
-// "descriptors[1].entries: no subject (user_id, remote_address or api_key)".
+// "descriptors[1].entries: no subject (user_id, remote_address or api_key)", except for a path
+// that cannot be checked: the client wrote it, so it is answered OVER_LIMIT with the error as
+// the body (badEndpoint says why).
 func (s *Server) RLSHandler() (string, http.Handler) {
 	method := ratelimitv3.File_envoy_service_ratelimit_v3_rls_proto.Services().
 		ByName("RateLimitService").Methods().ByName("ShouldRateLimit")
@@ -163,6 +165,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 		return nil, err
 	}
 	qs, err := rlsQueries(req)
+	if be := (*badEndpoint)(nil); errors.As(err, &be) {
+		return rlsRefusal(len(req.GetDescriptors()), be), nil
+	}
 	if err != nil {
 		return nil, s.rpcError(err)
 	}
@@ -336,7 +341,7 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			}
 			ep, err := checker.NormalizeEndpoint("", v)
 			if err != nil {
-				return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
+				return &badEndpoint{desc: i, err: entryErr(".value", "%s", err.(*checker.FieldError).Msg)}
 			}
 			q.Endpoint, endpointSet = ep, true
 			continue

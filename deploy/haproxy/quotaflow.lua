@@ -3,9 +3,17 @@
 -- haproxy.cfg turns into a 429 or into response headers:
 --
 --   txn.qf_denied    true when the checker denied the request (429)
---   txn.qf_failed    true when the checker could not answer (down, timed out, an error answer)
+--   txn.qf_failed    true when the checker could not answer (down, timed out, a 5xx)
 --   txn.qf_ratelimit, txn.qf_policy, txn.qf_limit, txn.qf_remaining, txn.qf_reset,
 --   txn.qf_state, txn.qf_retry_after, txn.qf_decision_id   the answer's headers, when present
+--
+-- Any other answer (a 4xx: the checker refused the check, e.g. a path over its bound) is the
+-- client's answer as the checker wrote it, status and JSON body: the request is refused,
+-- whatever the fail mode.
+--
+-- No header of the client's reaches the checker: the check carries the endpoint and the
+-- connection's address, and the user and API key in txn.qf_user and txn.qf_api_key, which
+-- haproxy.cfg sets from what HAProxy authenticated (empty: none).
 --
 -- The checker's address comes from the environment: QUOTAFLOW_CHECKER (host:port, default
 -- 127.0.0.1:8080).
@@ -21,8 +29,10 @@ checker_port = tonumber(checker_port)
 
 -- A checker that does not answer within a second counts as down.
 local timeout = 1
--- The client headers the check reads (the subjects, an asserted tier, a cost).
-local passed = { "x-user-id", "x-api-key", "x-ratelimit-tier", "x-ratelimit-cost" }
+-- The largest refusal body passed on to the client; the checker's are a few hundred bytes.
+local max_body = 16384
+-- The subjects HAProxy authenticated: the variables haproxy.cfg sets, and their headers.
+local subjects = { ["txn.qf_user"] = "X-User-Id", ["txn.qf_api_key"] = "X-Api-Key" }
 
 -- The answer's headers and the variables that keep them.
 local kept = {
@@ -35,14 +45,6 @@ local kept = {
   ["retry-after"] = "txn.qf_retry_after",
   ["x-quotaflow-decision-id"] = "txn.qf_decision_id",
 }
-
--- first returns a header's first value: HAProxy numbers header values from 0.
-local function first(values)
-  if type(values) ~= "table" then
-    return values
-  end
-  return values[0] or values[1]
-end
 
 -- check sends one check and returns its status and headers (names lowercased), or nil when the
 -- checker could not be asked or its answer could not be read.
@@ -87,8 +89,22 @@ local function check(headers)
       res.headers[name:lower()] = value
     end
   end
+  -- A refusal's body goes to the client; an allow or a denial's is not needed.
+  local length = tonumber(res.headers["content-length"])
+  if res.status >= 300 and res.status ~= 429 and length ~= nil and length > 0 and length <= max_body then
+    res.body = sock:receive(length)
+  end
   sock:close()
   return res
+end
+
+-- refuse answers the request with the checker's refusal: its status, content type and body.
+local function refuse(txn, res)
+  local reply = txn:reply()
+  reply:set_status(res.status)
+  reply:add_header("content-type", res.headers["content-type"] or "application/json")
+  reply:set_body(res.body or "")
+  txn:done(reply)
 end
 
 core.register_action("quotaflow_check", { "http-req" }, function(txn)
@@ -98,16 +114,24 @@ core.register_action("quotaflow_check", { "http-req" }, function(txn)
     ["X-Forwarded-Uri"] = txn.f:pathq(),
     ["X-Forwarded-For"] = txn.f:src(),
   }
-  local req = txn.http:req_get_headers()
-  for _, name in ipairs(passed) do
-    local v = first(req[name])
-    if v ~= nil then
+  for var, name in pairs(subjects) do
+    local v = tostring(txn:get_var(var) or "")
+    if v ~= "" then
+      -- A line break would end the header early and start one of the value's choosing.
+      if v:find("[\r\n]") then
+        refuse(txn, { status = 400, headers = {}, body = '{"error":"invalid_argument","message":"' .. name .. ': must not contain a line break"}\n' })
+        return
+      end
       headers[name] = v
     end
   end
   local res = check(headers)
-  if res == nil or (res.status ~= 429 and (res.status < 200 or res.status > 299)) then
+  if res == nil or res.status >= 500 then
     txn:set_var("txn.qf_failed", true)
+    return
+  end
+  if res.status ~= 429 and (res.status < 200 or res.status > 299) then
+    refuse(txn, res)
     return
   end
   for name, v in pairs(res.headers) do
