@@ -182,3 +182,35 @@ rules:
 		t.Errorf("check after the burst: %+v, %v; want an exact allow", got, err)
 	}
 }
+
+// TestConcurrentQueryEndpoint: one Query whose endpoint is not in normal form, checked from
+// many goroutines at once (run it under -race): the engine matches the normal form without
+// writing it into the caller's Query.
+func TestConcurrentQueryEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: checkertest.Rules(t, `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: search, dimension: user, endpoint: /api/v1/search, algorithm: fixed_window, limit: 8, window: 1h}
+`)})
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "u")}}, Endpoint: "/API/v1//search/", Cost: 1}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			out, err := e.Check(context.Background(), q)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if out.Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != 8 || q.Endpoint != "/API/v1//search/" {
+		t.Errorf("16 checks of /API/v1//search/: %d allowed, query's endpoint now %q; want 8 (the search rule's limit), unchanged", allowed.Load(), q.Endpoint)
+	}
+}

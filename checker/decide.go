@@ -41,12 +41,17 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	if set == nil {
 		return nil, ErrNoRules
 	}
-	// Whatever the transport, rules match and decisions report the endpoint's normal form.
+	// Whatever the transport, rules match and decisions report the endpoint's normal form. q is
+	// the caller's, which may check it from several goroutines: a copy carries another form.
 	ep, err := NormalizeEndpoint("endpoint", q.Endpoint)
 	if err != nil {
 		return nil, err
 	}
-	q.Endpoint = ep
+	if ep != q.Endpoint {
+		normal := *q
+		normal.Endpoint = ep
+		q = &normal
+	}
 	out := &Outcome{Decider: -1}
 	if err := resolveTier(set, q, out); err != nil {
 		return nil, err

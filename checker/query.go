@@ -57,8 +57,8 @@ type Query struct {
 	// added by the engine.
 	Subjects []Subject
 	// Endpoint is the called endpoint that rules' patterns match: a path, its query ignored.
-	// Check and Peek replace it with its normal form (NormalizeEndpoint), which decisions
-	// report and idempotency keys bind.
+	// Check and Peek match its normal form (NormalizeEndpoint), which decisions report and
+	// idempotency keys bind; they leave the Query as it is.
 	Endpoint string
 	// Cost is the units the check consumes, 1 to MaxCost.
 	Cost int64

@@ -39,7 +39,9 @@ var sequenceRun atomic.Int64
 
 // FuzzIdempotencySequence runs sequences of checks with idempotency keys against the real
 // Redis (a cluster under make test-cluster) and compares every answer with a model of the
-// contract. Each byte of ops is one check: bits 0-1 its subjects ({A}, {A, X}, {B, X}, {X}: two
+// contract. Byte i of spell, where there is one, sends check i's endpoint in another spelling
+// (spelling), which must count, bind and replay as the endpoint itself. Each byte of ops is one
+// check: bits 0-1 its subjects ({A}, {A, X}, {B, X}, {X}: two
 // users, one IP), bits 2-3 its endpoint (/api/a, /api/b, /g, /other), bit 4 its cost (1 or 2),
 // bits 5-7 its key, made from key: key, key+"\x00shadow", key+"%00shadow", "\x00shadow"+key,
 // key again, key+"\x00", none, key+"\x00shadow\x00shadow". The model holds
@@ -54,15 +56,16 @@ var sequenceRun atomic.Int64
 //
 // At the end every bucket holds exactly what the model charged.
 func FuzzIdempotencySequence(f *testing.F) {
-	f.Add([]byte{0x00, 0x00, 0x20, 0x00, 0x20}, "K")
-	f.Add([]byte{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xe1, 0x01, 0x21, 0x41}, "K")
-	f.Add([]byte{0x00, 0x02, 0x03, 0x01, 0x10, 0x04, 0x08, 0x0c, 0x11, 0x12, 0x13, 0x00, 0x00, 0x00, 0x00}, "retry")
-	f.Add([]byte{0x09, 0x0a, 0x0b, 0x08, 0x29, 0x0a, 0x09, 0x19}, "g")
-	f.Add([]byte{0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01}, "ip")
-	f.Add([]byte{0xc0, 0xc0, 0xc1, 0xc0, 0xc0}, "")
-	f.Add([]byte{0x00, 0x20, 0x40, 0x60, 0xe0, 0x00, 0x20, 0x40, 0x60, 0xe0}, "k%00shadow\x00")
+	f.Add([]byte{0x00, 0x00, 0x20, 0x00, 0x20}, "K", []byte{})
+	f.Add([]byte{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xe1, 0x01, 0x21, 0x41}, "K", []byte{})
+	f.Add([]byte{0x00, 0x02, 0x03, 0x01, 0x10, 0x04, 0x08, 0x0c, 0x11, 0x12, 0x13, 0x00, 0x00, 0x00, 0x00}, "retry", []byte{})
+	f.Add([]byte{0x09, 0x0a, 0x0b, 0x08, 0x29, 0x0a, 0x09, 0x19}, "g", []byte{})
+	f.Add([]byte{0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01, 0x02, 0x03, 0x01}, "ip", []byte{})
+	f.Add([]byte{0xc0, 0xc0, 0xc1, 0xc0, 0xc0}, "", []byte{})
+	f.Add([]byte{0x00, 0x20, 0x40, 0x60, 0xe0, 0x00, 0x20, 0x40, 0x60, 0xe0}, "k%00shadow\x00", []byte{})
+	f.Add([]byte{0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x24, 0x09, 0x29}, "spelled", []byte{1, 2, 3, 4, 5, 6, 7, 8, 0})
 	e := newEngine(f, Config{Rules: checkertest.Rules(f, sequenceRules)})
-	f.Fuzz(func(t *testing.T, ops []byte, key string) {
+	f.Fuzz(func(t *testing.T, ops []byte, key string, spell []byte) {
 		if len(ops) > maxSequence {
 			ops = ops[:maxSequence]
 		}
@@ -79,8 +82,12 @@ func FuzzIdempotencySequence(f *testing.F) {
 		for i, op := range ops {
 			q := m.query(op, key)
 			want := m.expect(q)
-			out, err := e.Check(context.Background(), q)
-			what := fmt.Sprintf("check %d (op %#02x, subjects %v, %s, cost %d, key %q)", i, op, q.Subjects, q.Endpoint, q.Cost, q.IdempotencyKey)
+			sent := *q
+			if i < len(spell) {
+				sent.Endpoint = spelling(q.Endpoint, spell[i])
+			}
+			out, err := e.Check(context.Background(), &sent)
+			what := fmt.Sprintf("check %d (op %#02x, subjects %v, %s, cost %d, key %q)", i, op, q.Subjects, sent.Endpoint, q.Cost, q.IdempotencyKey)
 			switch {
 			case want.conflict:
 				if !errors.Is(err, ErrIdempotencyConflict) {
@@ -99,6 +106,31 @@ func FuzzIdempotencySequence(f *testing.F) {
 		}
 		m.verify(t, e)
 	})
+}
+
+// spelling writes endpoint ep as a client might (issue 20, item 3): upper case, a trailing
+// slash, doubled slashes, dot segments, a ;parameter, an escaped letter, a query. Every form
+// has ep's normal form.
+func spelling(ep string, b byte) string {
+	switch b % 9 {
+	case 1:
+		return strings.ToUpper(ep)
+	case 2:
+		return ep + "/"
+	case 3:
+		return "/" + ep
+	case 4:
+		return "/x/.." + ep
+	case 5:
+		return "/." + ep
+	case 6:
+		return ep + ";p"
+	case 7:
+		return fmt.Sprintf("%s%%%02X", ep[:len(ep)-1], ep[len(ep)-1])
+	case 8:
+		return ep + "?q=1"
+	}
+	return ep
 }
 
 // sequenceModel is what the engine must have done so far.
