@@ -2,7 +2,7 @@ package bucket
 
 import "math"
 
-// The six algorithms for Local, with the formulas, rounding and float operations of the Lua
+// The algorithms for Local, with the formulas, rounding and float operations of the Lua
 // files (see lua/*.lua for each contract), so that Local and Store agree on every number.
 // Times are µs held in float64, as in Lua; every value stays below 2^53 and so exact.
 
@@ -54,22 +54,10 @@ type outcome struct {
 	next                state
 }
 
-// evaluate mirrors ALG[code].eval; s is nil for a missing bucket. next is filled only when ok.
+// evaluate mirrors the Lua module's eval of alg; s is nil for a missing bucket. next is
+// filled only when ok.
 func evaluate(alg Algorithm, s *state, p params, now, cost float64) outcome {
-	switch alg {
-	case TokenBucket:
-		return evalTokenBucket(s, p, now, cost)
-	case LeakyBucket:
-		return evalLeakyBucket(s, p, now, cost)
-	case FixedWindow:
-		return evalFixedWindow(s, p, now, cost)
-	case SlidingWindowLog:
-		return evalSlidingLog(s, p, now, cost)
-	case SlidingWindowCounter:
-		return evalSlidingCounter(s, p, now, cost)
-	default:
-		return evalGCRA(s, p, now, cost)
-	}
+	return algorithms[alg].eval(s, p, now, cost)
 }
 
 func evalTokenBucket(s *state, p params, now, cost float64) outcome {

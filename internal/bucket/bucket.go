@@ -3,75 +3,7 @@
 // in process, for the rules whose fail mode is "local" while Redis cannot be reached.
 package bucket
 
-import (
-	"fmt"
-	"time"
-)
-
-// Algorithm is a rate-limiting algorithm.
-type Algorithm uint8
-
-// The six algorithms. Their numeric values are part of the Lua contract (ARGV algorithm code).
-const (
-	TokenBucket Algorithm = iota + 1
-	LeakyBucket
-	FixedWindow
-	SlidingWindowLog
-	SlidingWindowCounter
-	GCRA
-)
-
-var algorithmNames = [...]string{
-	TokenBucket:          "token_bucket",
-	LeakyBucket:          "leaky_bucket",
-	FixedWindow:          "fixed_window",
-	SlidingWindowLog:     "sliding_window_log",
-	SlidingWindowCounter: "sliding_window_counter",
-	GCRA:                 "gcra",
-}
-
-// algorithmCodes are the short names used inside Redis keys.
-var algorithmCodes = [...]string{
-	TokenBucket:          "tb",
-	LeakyBucket:          "lb",
-	FixedWindow:          "fw",
-	SlidingWindowLog:     "swl",
-	SlidingWindowCounter: "swc",
-	GCRA:                 "gcra",
-}
-
-// String returns the algorithm's name as written in rules files ("token_bucket").
-func (a Algorithm) String() string {
-	if a.Valid() {
-		return algorithmNames[a]
-	}
-	return fmt.Sprintf("algorithm(%d)", uint8(a))
-}
-
-// Code returns the algorithm's short name used in Redis keys ("tb").
-func (a Algorithm) Code() string {
-	if a.Valid() {
-		return algorithmCodes[a]
-	}
-	return "invalid"
-}
-
-// Valid reports whether a is one of the six algorithms.
-func (a Algorithm) Valid() bool { return a >= TokenBucket && a <= GCRA }
-
-// HasBurst reports whether the algorithm has a capacity distinct from its limit per window
-// (token bucket, leaky bucket, GCRA). Window algorithms count up to Limit.
-func (a Algorithm) HasBurst() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
-
-// ParseAlgorithm returns the algorithm named s ("token_bucket", "gcra", ...).
-func ParseAlgorithm(s string) (Algorithm, error) {
-	for a := TokenBucket; a <= GCRA; a++ {
-		if algorithmNames[a] == s {
-			return a, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter or gcra)", s)
-}
+import "time"
 
 // Limit is one limit of one subject.
 type Limit struct {

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Local evaluates the six algorithms in process, with the formulas and rounding of the Lua
+// Local evaluates the algorithms in process, with the formulas and rounding of the Lua
 // scripts, for the limits whose fail mode keeps limiting while Redis is unreachable. Each
 // process then limits on its own, so the effective limit is multiplied by the number of
 // processes; that is the accepted price of staying available.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,8 @@ func TestMain(m *testing.M) {
 // long is a window long enough that refill during a test is far below one unit.
 const long = 30 * 24 * time.Hour
 
-var allAlgorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, GCRA}
+// allAlgorithms is every algorithm of the table, so that a new one is tested like the others.
+var allAlgorithms = slices.Collect(eachAlgorithm)
 
 func client(t testing.TB) redis.UniversalClient {
 	t.Helper()

@@ -11,17 +11,15 @@ import (
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// luaOrder is the concatenation order of the check script: the prelude defines the helpers
-// and the ALG table, each algorithm file registers itself in ALG, and the driver runs.
-var luaOrder = []string{
-	"prelude.lua",
-	"token_bucket.lua",
-	"leaky_bucket.lua",
-	"fixed_window.lua",
-	"sliding_window_log.lua",
-	"sliding_window_counter.lua",
-	"gcra.lua",
-	"check.lua",
+// luaOrder is the concatenation order of the check script: the prelude defines the helpers,
+// each algorithm's module (lua/<name>.lua, in the order of the algorithms table) defines its
+// <code>_eval, _commit and _refund, and the driver, check.lua, dispatches to them and runs.
+func luaOrder() []string {
+	order := []string{"prelude.lua"}
+	for a := range eachAlgorithm {
+		order = append(order, algorithms[a].name+".lua")
+	}
+	return append(order, "check.lua")
 }
 
 // checkSource is the one script every check runs; see lua/check.lua for its contract.
@@ -32,7 +30,7 @@ var checkScript = redis.NewScript(checkSource)
 
 func mustConcat() string {
 	var b strings.Builder
-	for _, name := range luaOrder {
+	for _, name := range luaOrder() {
 		src, err := luaFiles.ReadFile("lua/" + name)
 		if err != nil {
 			// The files are embedded at build time, so this is a build defect, not input.

@@ -69,7 +69,14 @@ var (
 	argEmpty   any = ""
 	argNoIdem  any = "0"
 	argIdemTTL any = strconv.FormatInt(IdempotencyTTL.Milliseconds(), 10)
-	argCodes       = [...]any{"0", "1", "2", "3", "4", "5", "6"}
+	// argCodes are the algorithm codes (the Algorithm in decimal), sized by the algorithms
+	// table and indexed by Algorithm.
+	argCodes = func() (codes [len(algorithms)]any) {
+		for a := range codes {
+			codes[a] = strconv.Itoa(a)
+		}
+		return codes
+	}()
 )
 
 // ErrIdempotencyConflict is wrapped by Check's error when the call's idempotency record was

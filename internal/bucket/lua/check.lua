@@ -1,4 +1,4 @@
--- check: the driver. Store runs prelude.lua + the six algorithm files + this file as ONE
+-- check: the driver. Store runs prelude.lua + the algorithm files + this file as ONE
 -- script, so that every limit of one subject is evaluated and charged atomically even when
 -- the limits use different algorithms.
 --
@@ -13,8 +13,8 @@
 --              ignored without a record); refund: now_us of the charge being refunded;
 --              peek: ""
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
---              algorithm code (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
---              4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
+--              algorithm code (the bucket.Algorithm value: 1 token_bucket, 2 leaky_bucket,
+--              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
 --              window_us, burst (capacity, already resolved, >= 1), all decimal integers,
 --              refund token (refund only; else "")
 --

@@ -1,8 +1,9 @@
 -- prelude: helpers shared by the algorithm files and the driver (check.lua).
 --
--- Store concatenates prelude.lua, the six algorithm files and check.lua into ONE script, so
--- every local defined here is an upvalue of the algorithm functions. Nothing may be global:
--- Redis rejects scripts that create globals.
+-- Store concatenates prelude.lua, the algorithm files (one per entry of the algorithms table
+-- of algorithm.go, in its order) and check.lua into ONE script, so every local defined here is
+-- an upvalue of the algorithm functions. Nothing may be global: Redis rejects scripts that
+-- create globals.
 --
 -- KEYS and ARGV: see check.lua. The prelude only reads the algorithm code of each limit
 -- (ARGV[5 + 5*(i-1) + 1], the count n in ARGV[1]) to know which modules to build; check.lua

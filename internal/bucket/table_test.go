@@ -1,0 +1,179 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAlgorithmTable checks the algorithms table against the Lua files it names: a module per
+// algorithm defining the functions check.lua dispatches to, built only when a limit uses its
+// code; check.lua's dispatches covering exactly the table's codes; and no module outside it.
+func TestAlgorithmTable(t *testing.T) {
+	t.Parallel()
+	names, codes := map[string]Algorithm{}, map[string]Algorithm{}
+	for a := range eachAlgorithm {
+		t.Run(a.String(), func(t *testing.T) {
+			spec := algorithms[a]
+			if spec.name == "" || spec.code == "" || spec.eval == nil {
+				t.Fatalf("entry %d: got name %q, code %q, eval set %v; want all three", a, spec.name, spec.code, spec.eval != nil)
+			}
+			if got, err := ParseAlgorithm(spec.name); err != nil || got != a {
+				t.Errorf("ParseAlgorithm(%q): got %v, %v; want %v", spec.name, got, err, a)
+			}
+			src, err := luaFiles.ReadFile("lua/" + spec.name + ".lua")
+			if err != nil {
+				t.Fatalf("module: %v", err)
+			}
+			arg := strconv.Itoa(int(a))
+			for _, want := range []string{
+				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund\n", spec.code),
+				fmt.Sprintf("if NEED_1 == '%[1]s' or NEED and NEED['%[1]s'] then\n", arg),
+				"function " + spec.code + "_eval(",
+				"function " + spec.code + "_commit(",
+				"function " + spec.code + "_refund(",
+			} {
+				if !strings.Contains(string(src), want) {
+					t.Errorf("lua/%s.lua: no %q", spec.name, want)
+				}
+			}
+		})
+		if prev, ok := names[algorithms[a].name]; ok {
+			t.Errorf("name %q: both %d and %d", algorithms[a].name, prev, a)
+		}
+		if prev, ok := codes[algorithms[a].code]; ok {
+			t.Errorf("code %q: both %d and %d", algorithms[a].code, prev, a)
+		}
+		names[algorithms[a].name], codes[algorithms[a].code] = a, a
+	}
+
+	t.Run("check.lua", func(t *testing.T) {
+		want := map[string]string{}
+		for a := range eachAlgorithm {
+			want[strconv.Itoa(int(a))] = algorithms[a].code
+		}
+		dispatches := checkDispatches(t)
+		if len(dispatches) != 2 {
+			t.Fatalf("got %d dispatches, want 2 (one limit, several)", len(dispatches))
+		}
+		for i, got := range dispatches {
+			if !maps.Equal(got, want) {
+				t.Errorf("dispatch %d: got code → functions %v, want %v (the table)", i+1, got, want)
+			}
+		}
+	})
+
+	t.Run("modules", func(t *testing.T) {
+		entries, err := fs.ReadDir(luaFiles, "lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			name := strings.TrimSuffix(e.Name(), ".lua")
+			if _, ok := names[name]; !ok && name != "prelude" && name != "check" {
+				t.Errorf("lua/%s: no algorithm of that name in the table", e.Name())
+			}
+		}
+		order := luaOrder()
+		if len(order) != len(names)+2 || order[0] != "prelude.lua" || order[len(order)-1] != "check.lua" {
+			t.Errorf("luaOrder: got %v, want prelude.lua, the %d modules, check.lua", order, len(names))
+		}
+	})
+}
+
+// dispatchLine is one branch of check.lua's dispatch on the algorithm code.
+var dispatchLine = regexp.MustCompile(`^\s*(?:else)?if c == '(\d+)' then ev, cm, rf = (\w+)_eval, (\w+)_commit, (\w+)_refund$`)
+
+// checkDispatches returns, per dispatch of check.lua (a "local ev, cm, rf" followed by its
+// if/elseif chain), the function prefix each code selects.
+func checkDispatches(t *testing.T) []map[string]string {
+	t.Helper()
+	src, err := luaFiles.ReadFile("lua/check.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]string
+	var cur map[string]string
+	for n, line := range strings.Split(string(src), "\n") {
+		switch {
+		case strings.TrimSpace(line) == "local ev, cm, rf":
+			cur = map[string]string{}
+			out = append(out, cur)
+		case cur != nil && strings.TrimSpace(line) == "end":
+			cur = nil
+		case cur != nil:
+			m := dispatchLine.FindStringSubmatch(line)
+			if m == nil || m[2] != m[3] || m[2] != m[4] {
+				t.Fatalf("check.lua:%d: got %q, want `elseif c == '<code>' then ev, cm, rf = <p>_eval, <p>_commit, <p>_refund`", n+1, line)
+			}
+			if _, dup := cur[m[1]]; dup {
+				t.Errorf("check.lua:%d: code %s dispatched twice", n+1, m[1])
+			}
+			cur[m[1]] = m[2]
+		}
+	}
+	return out
+}
+
+// TestAlgorithmContract pins what the table's values are part of: rules files (names), Redis
+// keys (codes) and the script's ARGV (codes as decimal values).
+func TestAlgorithmContract(t *testing.T) {
+	t.Parallel()
+	want := []struct {
+		alg        Algorithm
+		name, code string
+		burst      bool
+	}{
+		{TokenBucket, "token_bucket", "tb", true},
+		{LeakyBucket, "leaky_bucket", "lb", true},
+		{FixedWindow, "fixed_window", "fw", false},
+		{SlidingWindowLog, "sliding_window_log", "swl", false},
+		{SlidingWindowCounter, "sliding_window_counter", "swc", false},
+		{GCRA, "gcra", "gcra", true},
+	}
+	if got := slices.Collect(eachAlgorithm); len(got) != len(want) {
+		t.Errorf("algorithms: got %v, want %d (a new one needs its row here)", got, len(want))
+	}
+	for _, w := range want {
+		a := w.alg
+		if a.String() != w.name || a.Code() != w.code || a.HasBurst() != w.burst || argCodes[a] != strconv.Itoa(int(a)) {
+			t.Errorf("%d: got %q %q burst %v argv %v, want %q %q burst %v argv %d",
+				a, a.String(), a.Code(), a.HasBurst(), argCodes[a], w.name, w.code, w.burst, a)
+		}
+	}
+	const list = "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter or gcra"
+	if _, err := ParseAlgorithm("tokenbucket"); err == nil || err.Error() != `unknown algorithm "tokenbucket" (want `+list+")" {
+		t.Errorf("ParseAlgorithm(tokenbucket): got %v, want the list of names", err)
+	}
+}
+
+// TestAlgorithmOutsideTable: a value past the table is refused by name, never indexed.
+func TestAlgorithmOutsideTable(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	local := NewLocal(0)
+	for _, a := range []Algorithm{0, Algorithm(len(algorithms)), 255} {
+		t.Run(strconv.Itoa(int(a)), func(t *testing.T) {
+			t.Parallel()
+			if a.Valid() || a.HasBurst() || a.Code() != "invalid" || a.String() != fmt.Sprintf("algorithm(%d)", a) {
+				t.Errorf("got valid %v burst %v code %q name %q, want an invalid algorithm", a.Valid(), a.HasBurst(), a.Code(), a.String())
+			}
+			req := one(lim(key(t, "x"), a, 5, time.Minute, 0), 1)
+			_, err := s.Check(context.Background(), []Request{req})
+			if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "invalid algorithm") {
+				t.Errorf("Store.Check: got %v, want ErrInvalidRequest naming the algorithm", err)
+			}
+			if res := local.Check(time.Now(), req); res.Allowed {
+				t.Errorf("Local.Check: allowed, want denied")
+			}
+		})
+	}
+}
