@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/yamldoc"
 )
 
 // Document is a rules document as people write it: the YAML rules file, the value kept in the
@@ -23,7 +25,7 @@ type Document struct {
 	// lines are where the parts of a document read from YAML (or JSON) text were written:
 	// "rules[0]", `users["42"]`, "policies.tier_protection[1]", `rule "orders"`, … to their
 	// line, so that Compile's problems name it. Nil for a document built otherwise.
-	lines map[string]int
+	lines yamldoc.Lines
 }
 
 // DocTier is a tier of a Document.

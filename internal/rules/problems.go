@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/quotaflow/quotaflow/internal/yamldoc"
 )
 
 // problems collects validation errors so that a document reports all of them at once, each
 // with the line it was written on when the document came from text.
 type problems struct {
-	lines map[string]int // Document.lines
+	lines yamldoc.Lines // Document.lines
 	list  []problem
 }
 
