@@ -304,3 +304,48 @@ func TestCommandHelp(t *testing.T) {
 		})
 	}
 }
+
+// TestRulesFileErrors: what the commands that read a rules file print for a bad one: each
+// problem once, with its line, in the file's words.
+func TestRulesFileErrors(t *testing.T) {
+	t.Parallel()
+	typo := writeFile(t, "typo.yaml", "rules:\n  - id: a\n    dimension: user\n    endpoint: /x\n    algoritm: fixed_window\n    limit: 10\n    window: 1m\n")
+	syntax := writeFile(t, "syntax.yaml", "rules:\n  - id: a\n    dimension: user\n    endpoint: /x\n    algorithm: fixed_window\n    limit: [10\n    window: 1m\n")
+	twice := writeFile(t, "twice.yaml", `tiers: {free: {}, pro: {}}
+default_tier: free
+rules:
+  - {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+  - {id: b, dimension: user, endpoint: /x, algorithm: gcra, limit: 9, window: 1s}
+  - {id: c, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+  - {id: d, dimension: ip, endpoint: /x, algorithm: gcra, limit: 9, window: 1s}
+`)
+	admin := map[string]string{"QUOTAFLOW_TARGET": "http://127.0.0.1:1", "QUOTAFLOW_ADMIN_TOKEN": testToken()}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // the whole of stderr
+	}{
+		{"checker, unknown field", []string{"checker", "--rules", typo}, nil,
+			"quotaflow: rules file " + typo + `: line 5: unknown field "algoritm" (did you mean "algorithm"?)` + "\n"},
+		{"rules apply, unknown field", []string{"rules", "apply", "-f", typo}, admin,
+			"quotaflow: rules file " + typo + `: line 5: unknown field "algoritm" (did you mean "algorithm"?)` + "\n"},
+		{"checker, syntax", []string{"checker", "--rules", syntax}, nil,
+			"quotaflow: rules file " + syntax + ": line 6: did not find expected ',' or ']'\n"},
+		// Checked before the API is asked (nothing listens at the target): the problems have
+		// their lines and are printed once.
+		{"rules apply, problems", []string{"rules", "apply", "-f", twice}, admin,
+			"quotaflow: rules file " + twice + ": refused, nothing was changed: 2 problems:\n" +
+				`  line 5: rule "b": duplicates rule "a" for tiers "free" and "pro": same dimension, endpoint, algorithm, window (and network prefix) would share one bucket` + "\n" +
+				`  line 7: rule "d": duplicates rule "c" for tiers "free" and "pro": same dimension, endpoint, algorithm, window (and network prefix) would share one bucket` + "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runCmd(context.Background(), tt.args, tt.env)
+			if code != 1 || stdout != "" || stderr != tt.want {
+				t.Errorf("quotaflow %v: exit %d, stdout %q, stderr:\n%s\nwant exit 1 and stderr:\n%s", tt.args, code, stdout, stderr, tt.want)
+			}
+		})
+	}
+}
