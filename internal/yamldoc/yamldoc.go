@@ -159,7 +159,9 @@ func (s *shape) walk(n *yaml.Node, t reflect.Type, path string) {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Value == "<<" { // a merge key: its mapping's fields are this mapping's
+				line := s.lines[path]
 				s.walk(v, t, path)
+				s.lines[path] = line // written here, not where the merged mapping is
 				continue
 			}
 			f, ok := fields[k.Value]
