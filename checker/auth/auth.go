@@ -8,7 +8,6 @@
 package auth
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -22,9 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/quotaflow/quotaflow/internal/retry"
+	"github.com/quotaflow/quotaflow/internal/yamldoc"
 )
 
 // Permission is what a caller may do.
@@ -165,13 +163,24 @@ type file struct {
 // A file with any problem changes nothing; the error names the entry and the field.
 func (r *Registry) Load(data []byte) error {
 	var f file
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		return fmt.Errorf("yaml: %w", err)
+	lines, err := yamldoc.Decode(data, &f)
+	if err != nil {
+		return err
+	}
+	// fail names the line of path, or else of the caller it belongs to.
+	fail := func(path, format string, args ...any) error {
+		line := lines[path]
+		if line == 0 {
+			line = lines[strings.SplitN(path, ".", 2)[0]]
+		}
+		msg := path + ": " + fmt.Sprintf(format, args...)
+		if line > 0 {
+			msg = fmt.Sprintf("line %d: %s", line, msg)
+		}
+		return errors.New(msg)
 	}
 	t := &table{source: sha256.Sum256(data), certs: map[string]Caller{}, anonymous: Caller{Name: Anonymous}}
-	if err := checkPermissions("anonymous.permissions", f.Anonymous.Permissions); err != nil {
+	if err := checkPermissions(fail, "anonymous.permissions", f.Anonymous.Permissions); err != nil {
 		return err
 	}
 	t.anonymous.Permissions = f.Anonymous.Permissions
@@ -181,19 +190,19 @@ func (r *Registry) Load(data []byte) error {
 		where := fmt.Sprintf("callers[%d]", i)
 		switch {
 		case c.Name == "":
-			return fmt.Errorf("%s.name: required", where)
+			return fail(where+".name", "required")
 		case c.Name == Anonymous:
-			return fmt.Errorf("%s.name: %q names the callers without credentials; use anonymous: for them", where, c.Name)
+			return fail(where+".name", "%q names the callers without credentials; use anonymous: for them", c.Name)
 		case names[c.Name]:
-			return fmt.Errorf("%s.name: %q is listed twice", where, c.Name)
+			return fail(where+".name", "%q is listed twice", c.Name)
 		case (c.Token == "") == (c.Certificate == ""):
-			return fmt.Errorf("%s: want one of token and certificate", where)
+			return fail(where, "want one of token and certificate")
 		case c.Token != "" && len(c.Token) < 16:
-			return fmt.Errorf("%s.token: want at least 16 characters", where)
+			return fail(where+".token", "want at least 16 characters")
 		case len(c.Permissions) == 0:
-			return fmt.Errorf("%s.permissions: required, some of %v", where, permissions)
+			return fail(where+".permissions", "required, some of %v", permissions)
 		}
-		if err := checkPermissions(where+".permissions", c.Permissions); err != nil {
+		if err := checkPermissions(fail, where+".permissions", c.Permissions); err != nil {
 			return err
 		}
 		names[c.Name] = true
@@ -201,14 +210,14 @@ func (r *Registry) Load(data []byte) error {
 		if c.Token != "" {
 			d := sha256.Sum256([]byte(c.Token))
 			if digests[d] {
-				return fmt.Errorf("%s.token: the same token as another caller's", where)
+				return fail(where+".token", "the same token as another caller's")
 			}
 			digests[d] = true
 			t.tokens = append(t.tokens, tokenEntry{digest: d, caller: caller})
 			continue
 		}
 		if _, dup := t.certs[c.Certificate]; dup {
-			return fmt.Errorf("%s.certificate: %q is another caller's", where, c.Certificate)
+			return fail(where+".certificate", "%q is another caller's", c.Certificate)
 		}
 		t.certs[c.Certificate] = caller
 	}
@@ -216,10 +225,10 @@ func (r *Registry) Load(data []byte) error {
 	return nil
 }
 
-func checkPermissions(where string, ps []Permission) error {
+func checkPermissions(fail func(path, format string, args ...any) error, where string, ps []Permission) error {
 	for i, p := range ps {
 		if !slices.Contains(permissions, p) {
-			return fmt.Errorf("%s[%d]: want one of %v, got %q", where, i, permissions, p)
+			return fail(fmt.Sprintf("%s[%d]", where, i), "want one of %v, got %q", permissions, p)
 		}
 	}
 	return nil

@@ -93,6 +93,31 @@ func TestAuthenticate(t *testing.T) {
 	}
 }
 
+// TestLoadErrorWords: the callers file's errors name the line and say what was expected in
+// words, never a Go type (they printed "cannot unmarshal !!map into []struct { Name string
+// "yaml:\"name\""; ... }").
+func TestLoadErrorWords(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ doc, want string }{
+		{"# callers\n\ncallers:\n  orders: {token: aaaaaaaaaaaaaaaa}\n", "line 4: callers: want a list, got a mapping"},
+		{"callers:\n  - orders\n", "line 2: callers[0]: want a mapping of fields, got a single value"},
+		{"anonymous: [check]\n", "line 1: anonymous: want a mapping of fields, got a list"},
+		{"callers:\n  - name: a\n    token: aaaaaaaaaaaaaaaa\n    permissions: check\n", "line 4: callers[0].permissions: want a list, got a single value"},
+		{"caller:\n  - {name: a}\n", `line 1: unknown field "caller" (did you mean "callers"?)`},
+		{"callers:\n  - name: a\n    token: short\n    permissions: [check]\n", "line 3: callers[0].token: want at least 16 characters"},
+		{"callers:\n  - name: a\n    token: aaaaaaaaaaaaaaaa\n    permissions: [check, god]\n", "line 4: callers[0].permissions[1]: want one of"},
+		{"callers:\n  - name: a\n    permissions: [check]\n", "line 2: callers[0]: want one of token and certificate"},
+		{"callers:\n  - {name: a, token: aaaaaaaaaaaaaaaa, permissions: [check]\n", "line 2: did not find expected ',' or '}'"},
+	}
+	for _, tt := range tests {
+		var r Registry
+		err := r.Load([]byte(tt.doc))
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "struct") {
+			t.Errorf("Load(%q) = %v, want %q", tt.doc, err, tt.want)
+		}
+	}
+}
+
 func TestLoadErrors(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ doc, want string }{
@@ -105,7 +130,7 @@ func TestLoadErrors(t *testing.T) {
 		{"callers: [{name: a, token: aaaaaaaaaaaaaaaa, permissions: [check]}, {name: b, token: aaaaaaaaaaaaaaaa, permissions: [check]}]", "callers[1].token: the same token"},
 		{"callers: [{name: anonymous, token: aaaaaaaaaaaaaaaa, permissions: [check]}]", "use anonymous: for them"},
 		{"anonymous: {permissions: [everything]}", "anonymous.permissions[0]"},
-		{"callers: [{name: a, tokn: x}]", "field tokn not found"},
+		{"callers: [{name: a, tokn: x}]", `unknown field "tokn" (did you mean "token"?)`},
 	}
 	for _, tt := range tests {
 		r := mustLoad(t, callers)

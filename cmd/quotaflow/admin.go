@@ -166,6 +166,11 @@ changes nothing. Every checker enforces the new rules within a fraction of a sec
 	if err != nil {
 		return fmt.Errorf("rules file %s: %w", *file, err)
 	}
+	// The checker validates the document again, but only here do its problems have the file's
+	// lines, and are they printed once (the API's error lists them in its message and again).
+	if _, err := doc.Compile(); err != nil {
+		return fmt.Errorf("rules file %s: refused, nothing was changed: %w", *file, err)
+	}
 	n, users, err := c.ApplyRules(ctx, doc)
 	if err != nil {
 		return err

@@ -6,23 +6,50 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/quotaflow/quotaflow/internal/suggest"
 )
 
 // flagSet is a flag.FlagSet whose flags may also come from environment variables.
 type flagSet struct {
 	*flag.FlagSet
-	env   map[string]string // flag name → environment variable
-	after []func() error    // checks of the parsed values, run by parse
+	env       map[string]string // flag name → environment variable
+	after     []func() error    // checks of the parsed values, run by parse
+	synopsis  string
+	usageLine string    // the command's words before [flags], when not its name
+	help      io.Writer // where --help prints
 }
 
 func newFlagSet(name, synopsis string, stderr io.Writer) *flagSet {
-	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), env: map[string]string{}}
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: quotaflow %s [flags]\n\n%s\n\nFlags:\n", name, synopsis)
-		fs.PrintDefaults()
-	}
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), env: map[string]string{},
+		synopsis: synopsis, help: stderr}
+	// The flag package prints a bad flag's error and then the whole help, and the error comes
+	// back to be printed again: parse prints the help for --help only, and the error once.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
+}
+
+// printHelp prints the command's synopsis and flags.
+func (fs *flagSet) printHelp() {
+	fs.SetOutput(fs.help)
+	defer fs.SetOutput(io.Discard)
+	line := fs.usageLine
+	if line == "" {
+		line = fs.Name()
+	}
+	fmt.Fprintf(fs.help, "Usage: quotaflow %s [flags]\n\n%s\n\nFlags:\n", line, fs.synopsis)
+	fs.PrintDefaults()
+}
+
+// describe replaces flag name's help, for a command where it means something else than where it
+// was registered; the environment variable fromEnv named stays named.
+func (fs *flagSet) describe(name, usage string) {
+	f := fs.Lookup(name)
+	f.Usage = usage
+	if variable, ok := fs.env[name]; ok {
+		f.Usage += " (env " + variable + ")"
+	}
 }
 
 // fromEnv lets the environment set each named flag, from QUOTAFLOW_ and the flag's name in
@@ -43,11 +70,8 @@ func (fs *flagSet) fromEnvAs(name, variable string) {
 // parse parses args, then fills every flag not given on the command line from its environment
 // variable. Bad values name the variable they came from.
 func (fs *flagSet) parse(args []string, getenv func(string) string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+	if err := fs.parseFlags(args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
@@ -63,11 +87,8 @@ func (fs *flagSet) check(f func() error) { fs.after = append(fs.after, f) }
 func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, names string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, usageError{err}
+		if err := fs.parseFlags(args); err != nil {
+			return nil, err
 		}
 		if fs.NArg() == 0 {
 			break
@@ -79,6 +100,28 @@ func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, n
 		return nil, usageError{fmt.Errorf("%s: want %s, got %d argument(s)", fs.Name(), names, len(pos))}
 	}
 	return pos, fs.fillEnv(getenv)
+}
+
+// parseFlags is fs.Parse that prints the help on --help and makes any other error a usage
+// error naming the command, with the flag meant when one was mistyped.
+func (fs *flagSet) parseFlags(args []string) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.printHelp()
+		return err
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		if meant, ok := suggest.Closest(strings.TrimPrefix(name, "-"), names); ok {
+			msg += fmt.Sprintf(" (did you mean --%s?)", meant)
+		}
+	}
+	return usageError{fmt.Errorf("%s: %s\nrun 'quotaflow %s --help' for its flags", fs.Name(), msg, fs.Name())}
 }
 
 func (fs *flagSet) fillEnv(getenv func(string) string) error {

@@ -44,13 +44,24 @@ func commands() []command {
 		{"rules", "list, get, apply -f or delete the rules of the rule store (admin API)", runRules},
 		{"override", "set, list or delete temporary limit overrides (admin API)", runOverride},
 		{"tier", "set a user's tier: quotaflow tier set USER TIER (admin API)", runTier},
+		{"version", "print quotaflow's version (also quotaflow --version)", runVersion},
 	}
+}
+
+// isHelp reports whether arg asks for help rather than naming a command.
+func isHelp(arg string) bool {
+	return arg == "help" || arg == "-h" || arg == "--help" || arg == "-help"
 }
 
 // run is the whole program: main only adds the process's signals, arguments and exit status.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		if len(args) > 1 {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		return runVersion(ctx, args[1:], getenv, stdout, stderr)
+	}
+	if len(args) == 0 || isHelp(args[0]) {
+		// help <command> is <command> --help; help help (or help --help) is this help, not
+		// a question asked again of run.
+		if len(args) > 1 && !isHelp(args[1]) {
 			return run(ctx, []string{args[1], "--help"}, getenv, stdout, stderr)
 		}
 		usage(stdout)
@@ -80,6 +91,8 @@ Commands:
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `  help       show this help, or a command's: quotaflow help <command>
+
+Run quotaflow --version for the version.
 
 Every flag can also be set by the environment variable named in its help; a flag on the
 command line wins over the environment.

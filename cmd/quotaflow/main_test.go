@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -192,5 +194,158 @@ func TestCheckerGCPercent(t *testing.T) {
 		if got != tt.want || ok != tt.wantOK {
 			t.Errorf("GOGC=%q: got (%d, %v), want (%d, %v)", tt.gogc, got, ok, tt.want, tt.wantOK)
 		}
+	}
+}
+
+// TestHelpOfHelp asks for help about help, which once made run call itself until the stack
+// overflowed.
+func TestHelpOfHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"help", "--help"}, {"help", "help"}, {"help", "-h"}, {"--help", "help"}, {"-h", "-help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runCmd(context.Background(), args, nil)
+			if code != 0 || !strings.Contains(stdout, "Commands:") {
+				t.Errorf("quotaflow %v: exit %d, stdout %q, stderr %q; want exit 0 and the command list", args, code, stdout, stderr)
+			}
+		})
+	}
+}
+
+// TestMistypedFlag: a flag not defined is reported once, with the flag meant and where the
+// help is, not followed by the whole help.
+func TestMistypedFlag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--listn", "x"}, "quotaflow: serve: flag provided but not defined: -listn (did you mean --listen?)\nrun 'quotaflow serve --help' for its flags\n"},
+		{[]string{"checker", "-redis-ulr=redis://x"}, "quotaflow: checker: flag provided but not defined: -redis-ulr (did you mean --redis-url?)\nrun 'quotaflow checker --help' for its flags\n"},
+		{[]string{"watch", "warnings", "--cont", "1"}, "quotaflow: watch warnings: flag provided but not defined: -cont (did you mean --count?)\nrun 'quotaflow watch warnings --help' for its flags\n"},
+		{[]string{"check", "--frobnicate"}, "quotaflow: check: flag provided but not defined: -frobnicate\nrun 'quotaflow check --help' for its flags\n"},
+		{[]string{"checker", "--redis-timeout", "soon"}, "quotaflow: checker: invalid value \"soon\" for flag -redis-timeout: parse error\nrun 'quotaflow checker --help' for its flags\n"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runCmd(context.Background(), tt.args, nil)
+			if code != 2 || stdout != "" || stderr != tt.want {
+				t.Errorf("quotaflow %v: exit %d, stdout %q, stderr %q; want exit 2 and only %q", tt.args, code, stdout, stderr, tt.want)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		stdout, stderr, code := runCmd(context.Background(), args, nil)
+		if code != 0 || !strings.HasPrefix(stdout, "quotaflow ") || !strings.Contains(stdout, runtime.Version()) || stderr != "" {
+			t.Errorf("quotaflow %v: exit %d, stdout %q, stderr %q; want exit 0 and quotaflow's version with %s", args, code, stdout, stderr, runtime.Version())
+		}
+	}
+	tests := []struct {
+		name string
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{"released", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v1.4.0"}}, "quotaflow v1.4.0 (go1.26.0)"},
+		{"checkout", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "51c49e6d2b0a8f3e4c5d6e7f8a9b0c1d2e3f4a5b"}, {Key: "vcs.modified", Value: "true"}}},
+			"quotaflow (devel) (rev 51c49e6d2b0a, modified; go1.26.0)"},
+		{"clean checkout", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v1.4.1-0.20261125092807-51c49e6d2b0a"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "51c49e6d2b0a8f3e"}, {Key: "vcs.modified", Value: "false"}}},
+			"quotaflow v1.4.1-0.20261125092807-51c49e6d2b0a (rev 51c49e6d2b0a; go1.26.0)"},
+		{"no build info", nil, "quotaflow (unknown version: built without module information)"},
+	}
+	for _, tt := range tests {
+		if got := version(tt.bi); got != tt.want {
+			t.Errorf("%s: version = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestCommandHelp pins what a command's help says where it once said something false or left
+// something out.
+func TestCommandHelp(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		// serve never runs without publishing: without --nats-url it embeds NATS.
+		{[]string{"serve", "--help"}, []string{"empty: serve starts an embedded NATS server"}, []string{"decisions are not published", "required without --nats-url"}},
+		{[]string{"checker", "--help"}, []string{"empty: decisions are not published"}, nil},
+		// Every target, whichever one's help.
+		{[]string{"watch", "--help"}, []string{"watch [decisions|warnings|overrides|config]", "\n  warnings ", "\n  overrides ", "\n  config ", "one line per decision"}, nil},
+		{[]string{"help", "watch"}, []string{"\n  warnings ", "\n  config "}, nil},
+		{[]string{"watch", "config", "--help"}, []string{"\n  decisions ", "one line each: time, action, rule or\nuser", "many configuration changes"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runCmd(context.Background(), tt.args, nil)
+			out := stdout + stderr
+			if code != 0 {
+				t.Errorf("exit %d, want 0", code)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("help does not say %q:\n%s", w, out)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(out, w) {
+					t.Errorf("help says %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+// TestRulesFileErrors: what the commands that read a rules file print for a bad one: each
+// problem once, with its line, in the file's words.
+func TestRulesFileErrors(t *testing.T) {
+	t.Parallel()
+	typo := writeFile(t, "typo.yaml", "rules:\n  - id: a\n    dimension: user\n    endpoint: /x\n    algoritm: fixed_window\n    limit: 10\n    window: 1m\n")
+	syntax := writeFile(t, "syntax.yaml", "rules:\n  - id: a\n    dimension: user\n    endpoint: /x\n    algorithm: fixed_window\n    limit: [10\n    window: 1m\n")
+	twice := writeFile(t, "twice.yaml", `tiers: {free: {}, pro: {}}
+default_tier: free
+rules:
+  - {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+  - {id: b, dimension: user, endpoint: /x, algorithm: gcra, limit: 9, window: 1s}
+  - {id: c, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}
+  - {id: d, dimension: ip, endpoint: /x, algorithm: gcra, limit: 9, window: 1s}
+`)
+	admin := map[string]string{"QUOTAFLOW_TARGET": "http://127.0.0.1:1", "QUOTAFLOW_ADMIN_TOKEN": testToken()}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // the whole of stderr
+	}{
+		{"checker, unknown field", []string{"checker", "--rules", typo}, nil,
+			"quotaflow: rules file " + typo + `: line 5: unknown field "algoritm" (did you mean "algorithm"?)` + "\n"},
+		{"rules apply, unknown field", []string{"rules", "apply", "-f", typo}, admin,
+			"quotaflow: rules file " + typo + `: line 5: unknown field "algoritm" (did you mean "algorithm"?)` + "\n"},
+		{"checker, syntax", []string{"checker", "--rules", syntax}, nil,
+			"quotaflow: rules file " + syntax + ": line 6: did not find expected ',' or ']'\n"},
+		// Checked before the API is asked (nothing listens at the target): the problems have
+		// their lines and are printed once.
+		{"rules apply, problems", []string{"rules", "apply", "-f", twice}, admin,
+			"quotaflow: rules file " + twice + ": refused, nothing was changed: 2 problems:\n" +
+				`  line 5: rule "b": duplicates rule "a" for tiers "free" and "pro": same dimension, endpoint, algorithm, window (and network prefix) would share one bucket` + "\n" +
+				`  line 7: rule "d": duplicates rule "c" for tiers "free" and "pro": same dimension, endpoint, algorithm, window (and network prefix) would share one bucket` + "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runCmd(context.Background(), tt.args, tt.env)
+			if code != 1 || stdout != "" || stderr != tt.want {
+				t.Errorf("quotaflow %v: exit %d, stdout %q, stderr:\n%s\nwant exit 1 and stderr:\n%s", tt.args, code, stdout, stderr, tt.want)
+			}
+		})
 	}
 }

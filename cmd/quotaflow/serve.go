@@ -30,6 +30,9 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
 	fs.fromEnv("nats-listen", "nats-dir")
+	// Registered for the checker, where no NATS means no publishing; serve always publishes.
+	fs.describe("nats-url", "NATS `URL` of an external server for the decision stream and the rule store; empty: serve starts an embedded NATS server (--nats-listen, --nats-dir) and publishes there")
+	fs.describe("rules", "rules `file` (YAML) that seeds the rule store when it holds no rules yet, so required on the first start; with --nats-url it is also enforced while NATS is unreachable at start")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}

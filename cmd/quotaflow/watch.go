@@ -18,37 +18,57 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-func runWatch(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	what := "decisions"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		what, args = args[0], args[1:]
-	}
-	var synopsis, defStream string
-	var subjects []string
-	switch what {
-	case "decisions":
-		synopsis, defStream = `Prints the decision stream as it happens, one line per decision: time, verdict, subject,
+// watchTarget is one stream quotaflow watch prints.
+type watchTarget struct {
+	name     string
+	summary  string // one line, in the list of targets
+	details  string // the target's own help
+	stream   string
+	subjects []string // nil: the whole stream
+	one      string   // an item, in the flags' help
+	many     string
+}
+
+func watchTargets() []watchTarget {
+	return []watchTarget{
+		{"decisions", "every check's decision", `Prints the decision stream as it happens, one line per decision: time, verdict, subject,
 endpoint, deciding rule, remaining/limit, state and flags. Reads QUOTAFLOW_DECISIONS with an
-ephemeral ordered consumer, so it changes nothing on the server.`, stream.Name
-	case "warnings":
-		synopsis, defStream = `Prints the warning-state transitions as they happen, one line each: time, tier, subject,
+ephemeral ordered consumer, so it changes nothing on the server.`, stream.Name, nil, "decision", "decisions"},
+		{"warnings", "warning-state transitions (normal, warning, throttled)", `Prints the warning-state transitions as they happen, one line each: time, tier, subject,
 rule, from → to, usage, remaining/limit and cause. Reads quotaflow.warnings.> of
-QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
-		subjects = []string{events.WarningsPrefix + ".>"}
-	case "overrides":
-		synopsis, defStream = `Prints the override changes as they happen, one line each: time, action, override,
+QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream, []string{events.WarningsPrefix + ".>"}, "warning", "warnings"},
+		{"overrides", "overrides created, deleted and expired", `Prints the override changes as they happen, one line each: time, action, override,
 target, limit or multiplier, expiry, actor and reason. Reads quotaflow.overrides.> of
-QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
-		subjects = []string{events.OverridesPrefix + ".>"}
-	case "config":
-		synopsis, defStream = `Prints the configuration changes as they happen, one line each: time, action, rule or
+QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream, []string{events.OverridesPrefix + ".>"}, "override", "overrides"},
+		{"config", "changes of rules, tiers and users", `Prints the configuration changes as they happen, one line each: time, action, rule or
 user (and tier), actor and event id. Reads quotaflow.config.> of QUOTAFLOW_EVENTS with an
-ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
-		subjects = []string{events.ConfigPrefix + ".>"}
-	default:
-		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", what)}
+ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream, []string{events.ConfigPrefix + ".>"}, "configuration change", "configuration changes"},
 	}
-	fs := newFlagSet("watch "+what, synopsis, stderr)
+}
+
+func runWatch(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	targets := watchTargets()
+	name := targets[0].name
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	var t *watchTarget
+	var list strings.Builder
+	names := make([]string, len(targets))
+	for i := range targets {
+		names[i] = targets[i].name
+		fmt.Fprintf(&list, "\n  %-10s %s", targets[i].name, targets[i].summary)
+		if targets[i].name == name {
+			t = &targets[i]
+		}
+	}
+	if t == nil {
+		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", name)}
+	}
+	// Every target is listed, whichever one's help is asked for: quotaflow watch --help is the
+	// help of the default, decisions.
+	fs := newFlagSet("watch "+t.name, "Targets (default "+targets[0].name+"):"+list.String()+"\n\n"+t.details, stderr)
+	fs.usageLine = "watch [" + strings.Join(names, "|") + "]"
 	var (
 		natsURL, stream string
 		all, asJSON     bool
@@ -56,21 +76,17 @@ ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
 	)
 	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.fromEnv("nats-url")
-	fs.StringVar(&stream, "stream", defStream, "stream to read")
-	one, many := strings.TrimSuffix(what, "s"), what
-	if what == "config" {
-		one, many = "configuration change", "configuration changes"
-	}
-	fs.BoolVar(&all, "all", false, "start from the oldest "+one+" kept instead of new ones")
-	fs.BoolVar(&asJSON, "json", false, "print each "+one+" as one line of JSON")
-	fs.IntVar(&count, "count", 0, "stop after this many "+many+" (0: until interrupted)")
+	fs.StringVar(&stream, "stream", t.stream, "stream to read")
+	fs.BoolVar(&all, "all", false, "start from the oldest "+t.one+" kept instead of new ones")
+	fs.BoolVar(&asJSON, "json", false, "print each "+t.one+" as one line of JSON")
+	fs.IntVar(&count, "count", 0, "stop after this many "+t.many+" (0: until interrupted)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
 	print := func(msg jetstream.Msg, left int) (int, error) {
 		return printDecisions(stdout, stderr, msg, left, asJSON)
 	}
-	switch what {
+	switch t.name {
 	case "warnings":
 		print = func(msg jetstream.Msg, _ int) (int, error) {
 			return 1, printEvent[events.Transition](stdout, msg, asJSON, "transition")
@@ -84,7 +100,7 @@ ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
 			return 1, printEvent[events.ConfigEvent](stdout, msg, asJSON, "config event")
 		}
 	}
-	return watchStream(ctx, natsURL, stream, subjects, all, count, print)
+	return watchStream(ctx, natsURL, stream, t.subjects, all, count, print)
 }
 
 // watchStream tails a stream and hands each message to print, with how many items may still

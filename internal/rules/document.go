@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/yamldoc"
 )
 
 // Document is a rules document as people write it: the YAML rules file, the value kept in the
@@ -19,6 +21,11 @@ type Document struct {
 	Warnings    *DocWarnings       `yaml:"warnings,omitempty" json:"warnings,omitempty"`
 	Policies    *DocPolicies       `yaml:"policies,omitempty" json:"policies,omitempty"`
 	Rules       []DocRule          `yaml:"rules" json:"rules"`
+
+	// lines are where the parts of a document read from YAML (or JSON) text were written:
+	// "rules[0]", `users["42"]`, "policies.tier_protection[1]", `rule "orders"`, … to their
+	// line, so that Compile's problems name it. Nil for a document built otherwise.
+	lines yamldoc.Lines
 }
 
 // DocTier is a tier of a Document.
@@ -158,6 +165,7 @@ func (w *DocWarnings) thresholds(p *problems, where string, inherit Thresholds) 
 	if w == nil {
 		return t
 	}
+	bad := false
 	ratio := func(field string, s Scalar, dst *float64) {
 		if s == "" {
 			return
@@ -165,6 +173,7 @@ func (w *DocWarnings) thresholds(p *problems, where string, inherit Thresholds) 
 		v, err := strconv.ParseFloat(string(s), 64)
 		if err != nil || v <= 0 || v > 1 {
 			p.add(where, "%s: want a usage ratio above 0 and at most 1, got %q", field, s)
+			bad = true
 			return
 		}
 		*dst = v
@@ -179,7 +188,9 @@ func (w *DocWarnings) thresholds(p *problems, where string, inherit Thresholds) 
 			t.QuietPeriod = d
 		}
 	}
-	if t.Exit >= t.Enter {
+	// Inherited thresholds were checked where they were set: a pair is reported once, where
+	// one of its values is written, and not when one of them is refused already.
+	if (w.Enter != "" || w.Exit != "") && !bad && t.Exit >= t.Enter {
 		p.add(where, "exit: %v must be below enter (%v), or states would flap around one threshold", t.Exit, t.Enter)
 	}
 	return t

@@ -33,7 +33,7 @@ rules:
 	// alice (pro): orders-pro, 100 per 1m0s, token_bucket
 }
 
-// A document with problems is refused whole, every problem named by rule and field.
+// A document with problems is refused whole, every problem named by line, rule and field.
 func ExampleParse_invalid() {
 	_, err := rules.Parse([]byte(`
 rules:
@@ -42,6 +42,6 @@ rules:
 	fmt.Println(err)
 	// Output:
 	// 2 problems:
-	//   rule "orders" (rules[0]): endpoint: "orders" must start with "/" (or be "*")
-	//   rule "orders" (rules[0]): limit: want a whole number from 1 to 1000000000, got "0"
+	//   line 3: rule "orders" (rules[0]): endpoint: "orders" must start with "/" (or be "*")
+	//   line 3: rule "orders" (rules[0]): limit: want a whole number from 1 to 1000000000, got "0"
 }

@@ -1,19 +1,14 @@
 package rules
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
@@ -68,21 +63,6 @@ func Parse(data []byte) (*Set, error) {
 	return d.Compile()
 }
 
-// Decode reads a rules document, YAML or JSON, refusing unknown fields. It does not validate:
-// Compile does, naming every problem.
-func Decode(data []byte) (*Document, error) {
-	var d Document
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&d); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("rules: the document is empty; it needs a top-level rules: list")
-		}
-		return nil, fmt.Errorf("yaml: %w", err)
-	}
-	return &d, nil
-}
-
 // Compile validates the document as a whole and compiles it into a Set.
 func (d *Document) Compile() (*Set, error) {
 	return d.compile(d.Users)
@@ -95,13 +75,23 @@ func (d *Document) CompileWithUsers(users map[string]DocUser) (*Set, error) {
 }
 
 func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
-	var p problems
+	p := problems{lines: d.lines}
 	tiers, defaultTier := d.tiers(&p)
 	rules := make([]Rule, 0, len(d.Rules))
+	declared := make(map[string]bool, len(d.Rules)) // every id, of valid rules or not
+	uses := make(map[string]int, len(d.Rules))
 	for i, fr := range d.Rules {
 		r, ok := fr.rule(&p, fmt.Sprintf("rules[%d]", i), tiers)
 		if ok {
 			rules = append(rules, r)
+		}
+		if fr.ID == "" {
+			continue
+		}
+		declared[fr.ID] = true
+		// Said once, at the second rule: a third is the same problem.
+		if uses[fr.ID]++; uses[fr.ID] == 2 {
+			p.addAt(d.lines[fmt.Sprintf("rules[%d]", i)], ruleWhere(fr.ID, -1), "id: %q is used by more than one rule", fr.ID)
 		}
 	}
 	if len(d.Rules) == 0 {
@@ -109,13 +99,9 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	}
 	byID := make(map[string]*Rule, len(rules))
 	for i := range rules {
-		r := &rules[i]
-		if _, dup := byID[r.ID]; dup {
-			p.add(ruleWhere(r.ID, -1), "id: %q is used by more than one rule", r.ID)
-		}
-		byID[r.ID] = r
+		byID[rules[i].ID] = &rules[i]
 	}
-	users := usersOf(&p, docUsers, tiers, byID)
+	users := usersOf(&p, docUsers, tiers, byID, declared)
 	keys := keysOf(&p, d.APIKeys, tiers)
 	warn := d.Warnings.thresholds(&p, "warnings", DefaultThresholds)
 	ruleWarn := map[string]Thresholds{}
@@ -128,7 +114,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	if err := p.err(); err != nil {
 		return nil, err
 	}
-	s, err := compile(rules, tiers, defaultTier, users)
+	s, err := compile(&p, rules, tiers, defaultTier, users)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +171,9 @@ func keysOf(p *problems, docKeys map[string]DocKey, tiers map[string]Tier) map[s
 	return keys
 }
 
-func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, byID map[string]*Rule) map[string]User {
+// usersOf validates the users: section. declared holds the id of every rule of the document:
+// a limit naming a rule that has problems of its own is not reported again.
+func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, byID map[string]*Rule, declared map[string]bool) map[string]User {
 	users := make(map[string]User, len(docUsers))
 	for id, fu := range docUsers {
 		where := fmt.Sprintf("users[%q]", id)
@@ -202,6 +190,8 @@ func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, by
 		for ruleID, s := range fu.Limits {
 			r, ok := byID[ruleID]
 			switch {
+			case !ok && declared[ruleID]:
+				continue
 			case !ok:
 				p.add(where, "limits[%q]: no rule has this id", ruleID)
 				continue
@@ -371,32 +361,4 @@ func ruleWhere(id string, i int) string {
 		return fmt.Sprintf("rule %q", id)
 	}
 	return fmt.Sprintf("rule %q (rules[%d])", id, i)
-}
-
-// problems collects validation errors so that a file reports all of them at once.
-type problems struct{ list []string }
-
-func (p *problems) add(where, format string, args ...any) {
-	p.list = append(p.list, where+": "+fmt.Sprintf(format, args...))
-}
-
-func (p *problems) err() error {
-	if len(p.list) == 0 {
-		return nil
-	}
-	sort.Strings(p.list)
-	return &ValidationError{Problems: p.list}
-}
-
-// ValidationError lists every problem found in a rules document.
-type ValidationError struct {
-	Problems []string
-}
-
-// Error implements error.
-func (e *ValidationError) Error() string {
-	if len(e.Problems) == 1 {
-		return e.Problems[0]
-	}
-	return fmt.Sprintf("%d problems:\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
 }

@@ -2,7 +2,9 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -31,7 +33,9 @@ type matcherKey struct {
 
 // compile builds one endpoint matcher per dimension and tier, so that a check does one map
 // lookup and one walk down a prefix tree.
-func compile(rules []Rule, tiers map[string]Tier, defaultTier string, users map[string]User) (*Set, error) {
+// compile builds the matchers of valid rules; p, empty, names the problems of rules that
+// conflict.
+func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier string, users map[string]User) (*Set, error) {
 	s := &Set{
 		rules:       rules,
 		byID:        make(map[string]*Rule, len(rules)),
@@ -43,7 +47,7 @@ func compile(rules []Rule, tiers map[string]Tier, defaultTier string, users map[
 	for i := range s.rules {
 		s.byID[s.rules[i].ID] = &s.rules[i]
 	}
-	var p problems
+	dups := sharedBuckets{}
 	for dim := DimensionUser; dim <= DimensionGlobal; dim++ {
 		for tier := range tiers {
 			m := newMatcher()
@@ -52,12 +56,13 @@ func compile(rules []Rule, tiers map[string]Tier, defaultTier string, users map[
 					m.add(r)
 				}
 			}
-			m.finish(&p, tier)
+			m.finish(dups, tier)
 			if !m.empty() {
 				s.matchers[matcherKey{dim, tier}] = m
 			}
 		}
 	}
+	dups.report(p)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
@@ -198,7 +203,26 @@ func (m *matcher) empty() bool {
 
 // finish keeps, at each pattern, the rules naming the tier when there are any, and reports two
 // rules that would share one bucket.
-func (m *matcher) finish(p *problems, tier string) {
+// sharedBuckets are the pairs of rules that would share one bucket (rule, rule it duplicates)
+// with the tiers where they would: one problem each, however many tiers it spans.
+type sharedBuckets map[[2]string][]string
+
+func (d sharedBuckets) report(p *problems) {
+	for pair, tiers := range d {
+		slices.Sort(tiers)
+		quoted := make([]string, len(tiers))
+		for i, t := range tiers {
+			quoted[i] = strconv.Quote(t)
+		}
+		which := "tier " + quoted[0]
+		if len(quoted) > 1 {
+			which = "tiers " + strings.Join(quoted[:len(quoted)-1], ", ") + " and " + quoted[len(quoted)-1]
+		}
+		p.add(ruleWhere(pair[0], -1), "duplicates rule %q for %s: same dimension, endpoint, algorithm, window (and network prefix) would share one bucket", pair[1], which)
+	}
+}
+
+func (m *matcher) finish(p sharedBuckets, tier string) {
 	m.all = preferTier(p, tier, m.all)
 	for k, rs := range m.exact {
 		m.exact[k] = preferTier(p, tier, rs)
@@ -213,7 +237,7 @@ func (m *matcher) finish(p *problems, tier string) {
 	walk(m.root)
 }
 
-func preferTier(p *problems, tier string, rs []*Rule) []*Rule {
+func preferTier(p sharedBuckets, tier string, rs []*Rule) []*Rule {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -236,7 +260,8 @@ func preferTier(p *problems, tier string, rs []*Rule) []*Rule {
 		}
 		for _, k := range keys {
 			if other := seen[k]; other != nil {
-				p.add(ruleWhere(r.ID, -1), "duplicates rule %q for tier %q: same dimension, endpoint, algorithm, window (and network prefix) would share one bucket", other.ID, tier)
+				pair := [2]string{r.ID, other.ID}
+				p[pair] = append(p[pair], tier)
 				break
 			}
 		}
