@@ -166,3 +166,52 @@ func mustRule(t *testing.T, set *rules.Set, id string) *rules.Rule {
 	}
 	return r
 }
+
+// TestTierProtectionRenewsInPlace: while a tier stays over capacity, its protection is renewed
+// — the same override, its expiry moved later — and never stacked: two ×0.5 overrides would run
+// a limit of 1000 at 250. Renewal happens once less than half the duration is left, so the
+// policy fires several times while the test watches.
+func TestTierProtectionRenewsInPlace(t *testing.T) {
+	t.Parallel()
+	store, js := rulestoretest.Seeded(t, `
+default_tier: free
+tiers: {free: {}}
+policies:
+  tier_protection:
+    - {tier: free, capacity: 100, window: 1m, factor: 0.5, duration: 2s}
+rules:
+  - {id: user-api-day, dimension: user, endpoint: /api/*, tier: free, algorithm: fixed_window, limit: 1000, window: 24h}
+`)
+	set, err := store.Current(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tier's count stays over capacity for the whole test (the ClickHouse count itself is
+	// TestTierProtectionPolicy's).
+	overCapacity := func(context.Context, string, time.Time) (int64, error) { return 1000, nil }
+	runPolicies(t, aggregator.PolicyConfig{
+		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
+		TierRate: overCapacity,
+	})
+	first := waitOverrides(t, store, "want tier protection for free", func(ovs []rules.Override) bool { return len(ovs) > 0 })[0]
+	ovs := waitOverrides(t, store, "want the protection renewed", func(ovs []rules.Override) bool {
+		if len(ovs) != 1 || ovs[0].ID != first.ID {
+			t.Fatalf("overrides = %+v, want only %s, renewed in place", ovs, first.ID)
+		}
+		return ovs[0].ExpiresAt.After(first.ExpiresAt)
+	})
+	if o := ovs[0]; o.Multiplier != 0.5 || !o.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("renewed override = %+v, want ×0.5 made at %v", o, first.CreatedAt)
+	}
+	// As a checker sees it: the stored set with its overrides.
+	cur, err := store.Current(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cur.Effective(mustRule(t, cur, "user-api-day"), "k", rules.DimensionUser, "u", "free", 0, time.Now()).Limit; got != 500 {
+		t.Errorf("user-api-day's effective limit for free under protection = %d, want 1000 × 0.5 = 500", got)
+	}
+	if got := overrideActions(t, js, first.ID); !strings.HasPrefix(got, "created,renewed") || strings.Contains(got, "created,created") {
+		t.Errorf("events of %s: %s, want created then renewed", first.ID, got)
+	}
+}
