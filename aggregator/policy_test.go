@@ -137,8 +137,9 @@ func TestTierProtectionPolicy(t *testing.T) {
 	// No more load: the rate over the 2s window falls to 0 and the policy deletes its override
 	// (well before the 3s it would take to expire by itself, since it is checked every 100ms).
 	waitOverrides(t, store, "want tier protection lifted", func(ovs []rules.Override) bool { return len(ovs) == 0 })
-	if got := overrideActions(t, js, o.ID); got != "created,deleted" {
-		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire)", o.ID, got)
+	// Renewals in between are the same override kept in force while the load lasted.
+	if got := overrideActions(t, js, o.ID); strings.ReplaceAll(got, "renewed,", "") != "created,deleted" {
+		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire), renewals between", o.ID, got)
 	}
 }
 
