@@ -165,8 +165,6 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	return c.logger(stderr)
 }
 
-// serveChecker runs a checker, and its publisher and rule-store watch when p names NATS, until
-// ctx is done; then it stops taking checks and drains the decisions.
 // processTelemetry is the telemetry of a process serving more than the checker (serve with an
 // aggregator), shared so that one /metrics shows every component's instruments.
 type processTelemetry struct {
@@ -193,8 +191,9 @@ func closeTelemetry(tel *telemetry.Telemetry, log *slog.Logger) {
 	}
 }
 
-// serveChecker runs the checker until ctx ends. With shared nil it sets up the process's
-// telemetry itself.
+// serveChecker runs a checker, and its publisher and rule-store watch when p names NATS, until
+// ctx is done; then it stops taking checks and drains the decisions. It reports on shared's
+// telemetry (serve's, with the aggregator's instruments), or with shared nil on its own.
 func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger, shared *processTelemetry) error {
 	var set *rules.Set
 	var seed *rules.Document
