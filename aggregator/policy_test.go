@@ -216,3 +216,27 @@ rules:
 		t.Errorf("events of %s: %s, want created then renewed", first.ID, got)
 	}
 }
+
+// TestTierProtectionRemovesStackedOverrides: two protection overrides of one tier — left by a
+// version that stacked them, or by two leaders at once — compound (×0.5 twice); the policy keeps
+// the newer and deletes the other.
+func TestTierProtectionRemovesStackedOverrides(t *testing.T) {
+	t.Parallel()
+	store, js, set := policyStore(t)
+	now := time.Now()
+	for i, id := range []string{"tier-protection-old", "tier-protection-new"} {
+		o := rules.Override{ID: id, Tier: "free", Multiplier: 0.25, Reason: "stacked", Creator: "policy:tier_protection",
+			Source: "tier_protection", CreatedAt: now.Add(time.Duration(i) * time.Millisecond), ExpiresAt: now.Add(time.Minute)}
+		if err := store.PutOverride(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runPolicies(t, aggregator.PolicyConfig{
+		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
+		TierRate: func(context.Context, string, time.Time) (int64, error) { return 1000, nil },
+	})
+	ovs := waitOverrides(t, store, "want one override left", func(ovs []rules.Override) bool { return len(ovs) == 1 })
+	if ovs[0].ID != "tier-protection-new" {
+		t.Errorf("override left = %s, want the newer, tier-protection-new", ovs[0].ID)
+	}
+}
