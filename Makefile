@@ -5,8 +5,9 @@ BIN   := bin/quotaflow
 
 .PHONY: dev test test-cluster deps build generate vet fuzz fuzz-ci bench clean
 
-## dev: install what is missing, start Redis and the checker, stop all on Ctrl-C
-dev: deps build
+## dev: install what is missing, check the ports are free, build, start Redis, ClickHouse and
+## quotaflow serve, stop all on Ctrl-C (deploy/dev/run.sh builds, after the port check)
+dev: deps
 	@bash deploy/dev/run.sh
 
 ## test: install what is missing, then vet, run the whole suite against real servers, the

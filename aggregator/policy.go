@@ -20,6 +20,8 @@ import (
 // OverrideStore is what the policies need of the rule store (rulestore.Store).
 type OverrideStore interface {
 	PutOverride(ctx context.Context, o rules.Override) error
+	// RenewOverride moves an override's expiry in place; rules.ErrNotFound when it is gone.
+	RenewOverride(ctx context.Context, id string, expires time.Time, actor string) error
 	DeleteOverride(ctx context.Context, id, actor string) error
 	Overrides(ctx context.Context) ([]rules.Override, error)
 }
@@ -50,7 +52,9 @@ type PolicyConfig struct {
 //     that rule's limit multiplied by Factor for Duration (abuse dampening);
 //   - tier protection: while a tier's allowed checks over the last Window exceed Capacity, the
 //     tier's limits are multiplied by Factor (load shedding); the override lasts Duration, is
-//     renewed while the rate stays above, and is deleted once the rate falls back.
+//     renewed (its expiry moved, in place) while the rate stays above, and is deleted once the
+//     rate falls back. A tier has at most one such override: a second would multiply with the
+//     first (×0.5 twice is ×0.25).
 //
 // Every override it makes or deletes goes through the rule store, so it is an event on
 // quotaflow.overrides.> and a row in ClickHouse like an admin's. Overrides expire by
@@ -294,11 +298,11 @@ func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProt
 		}
 		return
 	}
-	// Above capacity: keep one override in force, renewed before it runs out.
-	for _, o := range mine {
-		if o.ExpiresAt.Sub(now) > tp.Duration/2 {
-			return
-		}
+	// Above capacity: keep one override in force, renewed in place before it runs out. Only
+	// when none is left (or renewing failed because it just went) is a new one made.
+	if len(mine) > 0 {
+		p.renew(ctx, now, tp, mine)
+		return
 	}
 	o := rules.Override{
 		ID:   fmt.Sprintf("tier-protection-%s-%d", shortHash(tp.Tier), now.UnixMilli()),
@@ -309,6 +313,36 @@ func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProt
 	if p.put(ctx, o) {
 		p.log.Info("tier protection engaged", "tier", tp.Tier, "allowed", rate, "capacity", tp.Capacity, "factor", tp.Factor)
 	}
+}
+
+// renew keeps the newest of a tier's protection overrides in force, moving its expiry to
+// now+Duration once less than half of Duration is left, and deletes any other: several exist
+// only when made before renewal existed, or by two leaders at once, and they would compound.
+func (p *Policies) renew(ctx context.Context, now time.Time, tp rules.TierProtection, mine []rules.Override) {
+	keep := mine[0]
+	for _, o := range mine[1:] {
+		if o.CreatedAt.After(keep.CreatedAt) {
+			keep = o
+		}
+	}
+	for _, o := range mine {
+		if o.ID == keep.ID {
+			continue
+		}
+		if err := p.cfg.Store.DeleteOverride(ctx, o.ID, "policy:tier_protection"); err != nil && !errors.Is(err, rules.ErrNotFound) {
+			p.log.Warn("tier protection: removing a duplicate failed; it expires by itself", "tier", tp.Tier, "override", o.ID, "err", err)
+		}
+	}
+	if keep.ExpiresAt.Sub(now) > tp.Duration/2 {
+		return
+	}
+	expires := now.Add(tp.Duration)
+	if err := p.cfg.Store.RenewOverride(ctx, keep.ID, expires, "policy:tier_protection"); err != nil {
+		// Gone meanwhile (expired, or deleted by an admin): the next evaluation makes a new one.
+		p.log.Warn("tier protection: renewal failed; evaluating next time", "tier", tp.Tier, "override", keep.ID, "err", err)
+		return
+	}
+	p.log.Info("tier protection renewed", "tier", tp.Tier, "override", keep.ID, "expires", expires)
 }
 
 func (p *Policies) put(ctx context.Context, o rules.Override) bool {

@@ -137,8 +137,9 @@ func TestTierProtectionPolicy(t *testing.T) {
 	// No more load: the rate over the 2s window falls to 0 and the policy deletes its override
 	// (well before the 3s it would take to expire by itself, since it is checked every 100ms).
 	waitOverrides(t, store, "want tier protection lifted", func(ovs []rules.Override) bool { return len(ovs) == 0 })
-	if got := overrideActions(t, js, o.ID); got != "created,deleted" {
-		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire)", o.ID, got)
+	// Renewals in between are the same override kept in force while the load lasted.
+	if got := overrideActions(t, js, o.ID); strings.ReplaceAll(got, "renewed,", "") != "created,deleted" {
+		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire), renewals between", o.ID, got)
 	}
 }
 
@@ -165,4 +166,77 @@ func mustRule(t *testing.T, set *rules.Set, id string) *rules.Rule {
 		t.Fatalf("no rule %q", id)
 	}
 	return r
+}
+
+// TestTierProtectionRenewsInPlace: while a tier stays over capacity, its protection is renewed
+// — the same override, its expiry moved later — and never stacked: two ×0.5 overrides would run
+// a limit of 1000 at 250. Renewal happens once less than half the duration is left, so the
+// policy fires several times while the test watches.
+func TestTierProtectionRenewsInPlace(t *testing.T) {
+	t.Parallel()
+	store, js := rulestoretest.Seeded(t, `
+default_tier: free
+tiers: {free: {}}
+policies:
+  tier_protection:
+    - {tier: free, capacity: 100, window: 1m, factor: 0.5, duration: 2s}
+rules:
+  - {id: user-api-day, dimension: user, endpoint: /api/*, tier: free, algorithm: fixed_window, limit: 1000, window: 24h}
+`)
+	set, err := store.Current(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tier's count stays over capacity for the whole test (the ClickHouse count itself is
+	// TestTierProtectionPolicy's).
+	overCapacity := func(context.Context, string, time.Time) (int64, error) { return 1000, nil }
+	runPolicies(t, aggregator.PolicyConfig{
+		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
+		TierRate: overCapacity,
+	})
+	first := waitOverrides(t, store, "want tier protection for free", func(ovs []rules.Override) bool { return len(ovs) > 0 })[0]
+	ovs := waitOverrides(t, store, "want the protection renewed", func(ovs []rules.Override) bool {
+		if len(ovs) != 1 || ovs[0].ID != first.ID {
+			t.Fatalf("overrides = %+v, want only %s, renewed in place", ovs, first.ID)
+		}
+		return ovs[0].ExpiresAt.After(first.ExpiresAt)
+	})
+	if o := ovs[0]; o.Multiplier != 0.5 || !o.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("renewed override = %+v, want ×0.5 made at %v", o, first.CreatedAt)
+	}
+	// As a checker sees it: the stored set with its overrides.
+	cur, err := store.Current(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cur.Effective(mustRule(t, cur, "user-api-day"), "k", rules.DimensionUser, "u", "free", 0, time.Now()).Limit; got != 500 {
+		t.Errorf("user-api-day's effective limit for free under protection = %d, want 1000 × 0.5 = 500", got)
+	}
+	if got := overrideActions(t, js, first.ID); !strings.HasPrefix(got, "created,renewed") || strings.Contains(got, "created,created") {
+		t.Errorf("events of %s: %s, want created then renewed", first.ID, got)
+	}
+}
+
+// TestTierProtectionRemovesStackedOverrides: two protection overrides of one tier — left by a
+// version that stacked them, or by two leaders at once — compound (×0.5 twice); the policy keeps
+// the newer and deletes the other.
+func TestTierProtectionRemovesStackedOverrides(t *testing.T) {
+	t.Parallel()
+	store, js, set := policyStore(t)
+	now := time.Now()
+	for i, id := range []string{"tier-protection-old", "tier-protection-new"} {
+		o := rules.Override{ID: id, Tier: "free", Multiplier: 0.25, Reason: "stacked", Creator: "policy:tier_protection",
+			Source: "tier_protection", CreatedAt: now.Add(time.Duration(i) * time.Millisecond), ExpiresAt: now.Add(time.Minute)}
+		if err := store.PutOverride(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runPolicies(t, aggregator.PolicyConfig{
+		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
+		TierRate: func(context.Context, string, time.Time) (int64, error) { return 1000, nil },
+	})
+	ovs := waitOverrides(t, store, "want one override left", func(ovs []rules.Override) bool { return len(ovs) == 1 })
+	if ovs[0].ID != "tier-protection-new" {
+		t.Errorf("override left = %s, want the newer, tier-protection-new", ovs[0].ID)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -133,8 +134,8 @@ func TestAggregatorEndToEnd(t *testing.T) {
 }
 
 // TestServeWithAggregator runs `quotaflow serve` with a ClickHouse, so with the aggregator in
-// process on the embedded NATS: checks land in ClickHouse, every log line names its component
-// at most once, and Ctrl-C stops it cleanly.
+// process on the embedded NATS: checks land in ClickHouse, the aggregator's metrics are on
+// /metrics, every log line names its component at most once, and Ctrl-C stops it cleanly.
 func TestServeWithAggregator(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -181,6 +182,15 @@ func TestServeWithAggregator(t *testing.T) {
 	if got != want {
 		t.Errorf("%s.decisions holds %d of the checks, want %d", db, got, want)
 	}
+	// The aggregator's instruments are on serve's /metrics, beside the checker's: the README
+	// points to consumer lag there. (Its gauges are observed at every scrape; a counter shows
+	// from its first increment, which may follow the rows' arrival in ClickHouse.)
+	metrics := scrape(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"quotaflow_aggregator_consumer_lag", "quotaflow_aggregator_partitions_owned", "quotaflow_checks_total"} {
+		if !strings.Contains(metrics, "\n"+name) {
+			t.Errorf("serve's /metrics has no %s", name)
+		}
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -210,3 +220,21 @@ func databaseName(prefix string) string {
 }
 
 var databaseSeq atomic.Int64
+
+// scrape returns the body of a GET of url, failing the test on anything but a 200.
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
+}

@@ -122,7 +122,7 @@ writes to that store. Unless GOGC is set, the checker runs with GOGC=400.`, stde
 	if pct, ok := checkerGCPercent(getenv); ok {
 		debug.SetGCPercent(pct)
 	}
-	return serveChecker(ctx, &c, &p, log)
+	return serveChecker(ctx, &c, &p, log, nil)
 }
 
 // checkerGCPercent is the GC target the checker command sets: 400 unless GOGC is set. The
@@ -165,9 +165,36 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	return c.logger(stderr)
 }
 
+// processTelemetry is the telemetry of a process serving more than the checker (serve with an
+// aggregator), shared so that one /metrics shows every component's instruments.
+type processTelemetry struct {
+	instanceID string
+	tel        *telemetry.Telemetry
+}
+
+// newProcessTelemetry sets up the telemetry of a process of instance instanceID from the
+// checker's flags; the caller closes it with closeTelemetry.
+func (c *checkerFlags) newProcessTelemetry(ctx context.Context, instanceID string) (*processTelemetry, error) {
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: instanceID, OTLPEndpoint: c.otlpEndpoint, SampleRatio: c.traceRatio})
+	if err != nil {
+		return nil, err
+	}
+	return &processTelemetry{instanceID: instanceID, tel: tel}, nil
+}
+
+// closeTelemetry flushes tel, bounded: its spans' exporter may be unreachable.
+func closeTelemetry(tel *telemetry.Telemetry, log *slog.Logger) {
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tel.Close(sctx); err != nil {
+		log.Warn("telemetry flush", "err", err)
+	}
+}
+
 // serveChecker runs a checker, and its publisher and rule-store watch when p names NATS, until
-// ctx is done; then it stops taking checks and drains the decisions.
-func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger) error {
+// ctx is done; then it stops taking checks and drains the decisions. It reports on shared's
+// telemetry (serve's, with the aggregator's instruments), or with shared nil on its own.
+func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger, shared *processTelemetry) error {
 	var set *rules.Set
 	var seed *rules.Document
 	if c.rulesPath != "" {
@@ -181,20 +208,15 @@ func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *sl
 		return err
 	}
 	defer rdb.Close()
-	// Unique per process start even with a stable --instance-id (a pod name): decision ids and
-	// message ids repeated after a restart would be dropped by the stream as duplicates.
-	instanceID := instance.Named(c.instanceID)
-	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: instanceID, OTLPEndpoint: c.otlpEndpoint, SampleRatio: c.traceRatio})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tel.Close(sctx); err != nil {
-			log.Warn("telemetry flush", "err", err)
+	if shared == nil {
+		// Unique per process start even with a stable --instance-id (a pod name): decision ids
+		// and message ids repeated after a restart would be dropped by the stream as duplicates.
+		if shared, err = c.newProcessTelemetry(ctx, instance.Named(c.instanceID)); err != nil {
+			return err
 		}
-	}()
+		defer closeTelemetry(shared.tel, log)
+	}
+	instanceID, tel := shared.instanceID, shared.tel
 	cfg := checker.Config{Redis: rdb, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
 		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio}
 	var (

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/instance"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -61,7 +62,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir)
 	}
 	if a.ch.dsn == "" {
-		return serveChecker(ctx, &c, &p, log)
+		return serveChecker(ctx, &c, &p, log, nil)
 	}
 	a.natsURL, a.natsTLS, a.partitions, a.replicas, a.instanceID = p.natsURL, p.natsTLS, p.partitions, p.replicas, c.instanceID
 	if err := a.validate(); err != nil {
@@ -70,15 +71,21 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	return serveWithAggregator(ctx, &c, &p, &a, log)
 }
 
-// serveWithAggregator runs the checker and an aggregator in one process.
+// serveWithAggregator runs the checker and an aggregator in one process, with one telemetry:
+// the checker's /metrics serves the aggregator's instruments (quotaflow_aggregator_*) too.
 func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	agg, _, closeConns, err := a.newAggregator(ctx, log, nil)
+	shared, err := c.newProcessTelemetry(ctx, instance.Named(c.instanceID))
+	if err != nil {
+		return err
+	}
+	defer closeTelemetry(shared.tel, log)
+	agg, _, closeConns, err := a.newAggregator(ctx, log, shared.tel.Meter)
 	if err != nil {
 		return err
 	}
 	defer closeConns()
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveChecker(gctx, c, p, log) })
+	g.Go(func() error { return serveChecker(gctx, c, p, log, shared) })
 	g.Go(func() error { return agg.Run(gctx) })
 	return g.Wait()
 }

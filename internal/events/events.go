@@ -77,9 +77,12 @@ const (
 	OverrideCreated = "created"
 	OverrideDeleted = "deleted"
 	OverrideExpired = "expired"
+	// OverrideRenewed: an override's expiry moved later, in place (an automatic policy keeping
+	// its override in force); Override carries the new expiry.
+	OverrideRenewed = "renewed"
 )
 
-// OverrideEvent is an override created, deleted or expired.
+// OverrideEvent is an override created, renewed, deleted or expired.
 type OverrideEvent struct {
 	ID       string         `json:"id"`
 	Action   string         `json:"action"`

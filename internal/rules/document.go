@@ -211,8 +211,8 @@ type Penalty struct {
 }
 
 // TierProtection scales Tier's limits by Factor while its allowed checks over the last Window
-// exceed Capacity (load shedding); each override lasts Duration and is renewed while the rate
-// stays above.
+// exceed Capacity (load shedding); its one override lasts Duration and is renewed in place
+// while the rate stays above, never stacked (multipliers compound).
 type TierProtection struct {
 	Tier     string
 	Capacity int64

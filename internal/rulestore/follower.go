@@ -166,6 +166,11 @@ func (f *Follower) PutOverride(ctx context.Context, o rules.Override) error {
 	return f.with(func(s *Store) error { return s.PutOverride(ctx, o) })
 }
 
+// RenewOverride is Store.RenewOverride.
+func (f *Follower) RenewOverride(ctx context.Context, id string, expires time.Time, actor string) error {
+	return f.with(func(s *Store) error { return s.RenewOverride(ctx, id, expires, actor) })
+}
+
 // DeleteOverride is Store.DeleteOverride.
 func (f *Follower) DeleteOverride(ctx context.Context, id, actor string) error {
 	return f.with(func(s *Store) error { return s.DeleteOverride(ctx, id, actor) })

@@ -65,20 +65,62 @@ func (s *Store) DeleteOverride(ctx context.Context, id, actor string) error {
 	return s.publishOverride(ctx, events.OverrideDeleted, actor, s.now(), o)
 }
 
+// RenewOverride moves the expiry of the override with the given id to expires, in place, and
+// publishes its "renewed" event. Renewing rather than making a second override is what keeps an
+// automatic policy's multiplier from compounding with its own previous one (0.5 × 0.5). The
+// write is a compare-and-swap on the key's revision with a new per-key TTL, so a renewal that
+// races a deletion or the key's expiry fails with rules.ErrNotFound instead of bringing the
+// override back.
+func (s *Store) RenewOverride(ctx context.Context, id string, expires time.Time, actor string) error {
+	o, rev, err := s.override(ctx, id)
+	if err != nil {
+		return err
+	}
+	ttl := time.Until(expires)
+	switch {
+	case ttl < time.Second:
+		return &rules.FieldError{Field: "duration", Problem: "the override would expire within a second"}
+	case expires.Sub(o.CreatedAt) > rules.MaxOverrideDuration:
+		return &rules.FieldError{Field: "duration", Problem: fmt.Sprintf("at most %s", rules.MaxOverrideDuration)}
+	}
+	o.ExpiresAt = expires
+	data, err := json.Marshal(o)
+	if err != nil {
+		return fmt.Errorf("encode override: %w", err)
+	}
+	// KeyValue.Update takes no TTL: publish to the key's subject as Update does, with the TTL
+	// header Create sets.
+	_, err = s.js.Publish(ctx, "$KV."+OverrideBucket+"."+id, data,
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl.Round(time.Second)+time.Second))
+	if err != nil {
+		if casFailed(err) {
+			return fmt.Errorf("override %q changed while renewed: %w", id, rules.ErrNotFound)
+		}
+		return fmt.Errorf("renew override %q: %w", id, err)
+	}
+	return s.publishOverride(ctx, events.OverrideRenewed, actor, s.now(), o)
+}
+
 // Override returns the override with the given id.
 func (s *Store) Override(ctx context.Context, id string) (rules.Override, error) {
+	o, _, err := s.override(ctx, id)
+	return o, err
+}
+
+// override returns the override with the given id and its key's revision.
+func (s *Store) override(ctx context.Context, id string) (rules.Override, uint64, error) {
 	var o rules.Override
 	e, err := s.overrides.Get(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrInvalidKey):
-		return o, fmt.Errorf("override %q: %w", id, rules.ErrNotFound)
+		return o, 0, fmt.Errorf("override %q: %w", id, rules.ErrNotFound)
 	case err != nil:
-		return o, fmt.Errorf("read override %q: %w", id, err)
+		return o, 0, fmt.Errorf("read override %q: %w", id, err)
 	}
 	if err := json.Unmarshal(e.Value(), &o); err != nil {
-		return o, fmt.Errorf("decode override %q: %w", id, err)
+		return o, 0, fmt.Errorf("decode override %q: %w", id, err)
 	}
-	return o, nil
+	return o, e.Revision(), nil
 }
 
 // Overrides returns the overrides not yet expired.
@@ -115,8 +157,12 @@ func (s *Store) publishOverride(ctx context.Context, action, actor string, at ti
 }
 
 // OverrideEvent builds the event of an override change. An override's "created" and
-// "expired" events are ids of the override alone; a deletion's carries its instant.
+// "expired" events are ids of the override alone; a deletion's carries its instant; a
+// renewal's carries the expiry it set, so each renewal is on record once.
 func OverrideEvent(action, actor string, at time.Time, o rules.Override) *events.OverrideEvent {
 	id := fmt.Sprintf("override-%s-%s-%d", action, o.ID, o.CreatedAt.UnixMicro())
+	if action == events.OverrideRenewed {
+		id += fmt.Sprintf("-%d", o.ExpiresAt.UnixMicro())
+	}
 	return &events.OverrideEvent{ID: id, Action: action, At: at.UTC(), Actor: actor, Override: o}
 }

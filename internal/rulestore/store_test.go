@@ -250,3 +250,56 @@ func readOverrideEvents(t *testing.T, ctx context.Context, js jetstream.JetStrea
 	}
 	return got
 }
+
+// TestRenewOverride: a renewal moves an override's expiry in place — its per-key TTL with it,
+// so the key outlives its first expiry and still expires by itself at the new one — and an
+// override that is gone cannot be renewed back.
+func TestRenewOverride(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, js := newStore(t)
+	if _, err := s.Seed(ctx, mustDecode(t, doc)); err != nil {
+		t.Fatal(err)
+	}
+	go s.PublishExpiries(ctx)
+	now := time.Now()
+	o := rules.Override{ID: "shed", Tier: "free", Multiplier: 0.5, Reason: "test", Creator: "t", Source: "tier_protection", CreatedAt: now, ExpiresAt: now.Add(2 * time.Second)}
+	if err := s.PutOverride(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	renewed := now.Add(4 * time.Second)
+	if err := s.RenewOverride(ctx, o.ID, renewed, "t"); err != nil {
+		t.Fatal(err)
+	}
+	var fe *rules.FieldError
+	if err := s.RenewOverride(ctx, o.ID, now, "t"); !errors.As(err, &fe) || fe.Field != "duration" {
+		t.Errorf("RenewOverride to a past instant = %v, want a FieldError on duration", err)
+	}
+	// Past the first expiry (and its TTL's second of slack) the override is still stored, once.
+	for time.Now().Before(o.ExpiresAt.Add(1500 * time.Millisecond)) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	ovs, err := s.Overrides(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ovs) != 1 || ovs[0].ID != o.ID || !ovs[0].ExpiresAt.Equal(renewed) || !ovs[0].CreatedAt.Equal(now) {
+		t.Fatalf("Overrides after the first expiry = %+v, want %s alone, made at %v, expiring at %v", ovs, o.ID, now, renewed)
+	}
+	// The new TTL ends it by itself.
+	want := map[string]int{"created/shed": 1, "renewed/shed": 1, "expired/shed": 1}
+	got := map[string]int{}
+	for got["expired/shed"] == 0 && ctx.Err() == nil {
+		got = readOverrideEvents(t, ctx, js)
+		time.Sleep(50 * time.Millisecond)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("override events %v: want %s once", got, k)
+		}
+	}
+	if err := s.RenewOverride(ctx, o.ID, time.Now().Add(time.Minute), "t"); !errors.Is(err, rules.ErrNotFound) {
+		t.Errorf("RenewOverride of an expired override = %v, want rules.ErrNotFound", err)
+	}
+}
