@@ -77,7 +77,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	results, degraded, err := e.store.check(ctx, pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.first[i]+j].Rule.FailMode
 	})
-	if errors.Is(err, bucket.ErrIdempotencyConflict) {
+	if errors.Is(err, ErrIdempotencyConflict) {
 		return nil, idempotencyConflict()
 	}
 	if err != nil {

@@ -75,8 +75,9 @@ var (
 // ErrIdempotencyConflict is wrapped by Check's error when the call's idempotency record was
 // written for another Fingerprint: the key was reused for a different request. Nothing stays
 // charged: the script changed nothing, and the other requests of the call are refunded as
-// after a denial.
-var ErrIdempotencyConflict = errors.New("idempotency key bound to another request")
+// after a denial. Package checker exports this very value as checker.ErrIdempotencyConflict:
+// one sentinel, so that the engine and any Store it is given mean the same by it.
+var ErrIdempotencyConflict = errors.New("idempotency key already used with another request")
 
 // errTwoRecords is a call with more than one idempotency record: a call is one checked
 // request, and it has one record.

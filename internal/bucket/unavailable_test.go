@@ -38,6 +38,8 @@ func TestUnavailable(t *testing.T) {
 		{"script error", scriptErr, false},
 		{"invalid request", invalid, false},
 		{"malformed reply", fmt.Errorf("bucket: request 0: %w", ErrMalformedReply), false},
+		// A Store of one's own (checker.Config.Store) reports a conflict without a Redis error.
+		{"idempotency conflict", fmt.Errorf("records: request 0: %w", ErrIdempotencyConflict), false},
 		{"nil", nil, false},
 	}
 	for _, tt := range tests {
