@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/bearer"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -242,7 +243,7 @@ func New(baseURL string, cfg Config) *Client {
 		opts = append(opts, connect.WithGRPC())
 	}
 	if cfg.Token != "" {
-		opts = append(opts, connect.WithInterceptors(bearer(cfg.Token)))
+		opts = append(opts, connect.WithInterceptors(bearer.Interceptor(cfg.Token)))
 	}
 	c := &Client{up: true, cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
 		local: newLocalBuckets(cfg.LocalRate, cfg.LocalBurst)}
@@ -440,14 +441,4 @@ func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 		d.Policies = append(d.Policies, Policy{RuleID: l.RuleId, Limit: l.Limit, Window: time.Duration(l.WindowMs) * time.Millisecond, Burst: l.Burst})
 	}
 	return d
-}
-
-// bearer sets the Authorization header of every call.
-func bearer(token string) connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/bearer"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -120,12 +121,7 @@ func newClient(target, protocol, token string) (quotaflowv1connect.RateLimiterCl
 	httpClient := http.DefaultClient
 	var opts []connect.ClientOption
 	if token != "" {
-		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-				req.Header().Set("Authorization", "Bearer "+token)
-				return next(ctx, req)
-			}
-		})))
+		opts = append(opts, connect.WithInterceptors(bearer.Interceptor(token)))
 	}
 	switch protocol {
 	case "connect":
