@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/internal/bearer"
+	"github.com/quotaflow/quotaflow/internal/retry"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -333,7 +334,7 @@ func (c *Client) checkOne(ctx context.Context, msg *quotaflowv1.CheckRateLimitRe
 // Config.Retries retries failed transiently. The requests f sends carry idempotency keys, so a
 // retry of a check the checker did decide is replayed, not charged again.
 func (c *Client) retry(ctx context.Context, f func(context.Context) error) error {
-	backoff := c.cfg.Backoff
+	backoff := retry.Backoff{Min: c.cfg.Backoff}
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		err := f(actx)
@@ -341,14 +342,9 @@ func (c *Client) retry(ctx context.Context, f func(context.Context) error) error
 		if err == nil || !transient(err) || ctx.Err() != nil || attempt >= c.cfg.Retries {
 			return err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, backoff.Next()) {
 			return err
-		case <-t.C:
 		}
-		backoff *= 2
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/retry"
 )
 
 // StoreConfig tunes the micro-batcher of a Store. The zero value (or any field <= 0) means
@@ -366,17 +368,16 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 
-	pause := tryAgainPause
+	pause := retry.Backoff{Min: tryAgainPause, Max: maxTryAgainPause}
 	for range maxResends {
 		again, tryAgain := resends(batch)
 		if again == 0 {
 			break
 		}
 		if tryAgain {
-			if !sleep(ctx, pause) {
+			if !retry.Sleep(ctx, pause.Next()) {
 				break // the calls keep their TRYAGAIN: they did not run
 			}
-			pause = min(2*pause, maxTryAgainPause)
 		}
 		for _, j := range batch {
 			for i := range j.calls {
@@ -447,16 +448,4 @@ func resends(batch []*job) (again int, tryAgain bool) {
 // and whose keys are not all on one side: the call did not run.
 func isTryAgain(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
-}
-
-// sleep waits for d, or reports false when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
