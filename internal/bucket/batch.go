@@ -69,9 +69,6 @@ var ErrStoreClosed = errors.New("bucket: store closed")
 // whatever else is queued up to cfg.MaxBatch calls, sends them in ONE pipeline and hands
 // each job its replies. Nothing ever waits for more calls to arrive: under load the calls
 // queue up while the loops' pipelines are in flight, which is what makes the batches.
-//
-// The loops hold the batcher, never the Store, so that an abandoned Store can be collected;
-// its cleanup stops them.
 type batcher struct {
 	rdb   redis.UniversalClient
 	cfg   StoreConfig
@@ -80,6 +77,7 @@ type batcher struct {
 
 	start sync.Once
 	stop  sync.Once
+	loops sync.WaitGroup
 }
 
 func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
@@ -92,8 +90,12 @@ func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
 	}
 }
 
+// close stops the loops and waits for them. A batcher closed before its first job never
+// starts them: start is spent first, so that no loop is added while close waits.
 func (b *batcher) close() {
+	b.start.Do(func() {})
 	b.stop.Do(func() { close(b.quit) })
+	b.loops.Wait()
 }
 
 // Job states. A job is owned by its caller while building and reading it, by the queue and
@@ -263,7 +265,7 @@ func (j *job) result() error {
 
 func (b *batcher) startLoops() {
 	for range b.cfg.Loops {
-		go b.loop()
+		b.loops.Go(b.loop)
 	}
 }
 

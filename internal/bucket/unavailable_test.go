@@ -24,7 +24,9 @@ func TestUnavailable(t *testing.T) {
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}) // nothing listens there
 	defer down.Close()
 	refused := down.Ping(context.Background()).Err()
-	_, invalid := NewStore(rdb).Check(context.Background(), []Request{{Cost: 1}})
+	store := NewStore(rdb)
+	defer store.Close()
+	_, invalid := store.Check(context.Background(), []Request{{Cost: 1}})
 	tests := []struct {
 		name string
 		err  error
