@@ -16,7 +16,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/quotaflow/quotaflow/internal/bearer"
 	"github.com/quotaflow/quotaflow/internal/retry"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -31,6 +30,9 @@ const (
 	Connect Protocol = iota
 	// GRPC is gRPC over h2c, which the checker serves with grpc-go.
 	GRPC
+	// GRPCWeb is gRPC-Web over HTTP/1.1 or h2c, as browsers and gateways without HTTP/2
+	// trailers speak it.
+	GRPCWeb
 )
 
 // FailMode says what a Client decides when the checker cannot be reached.
@@ -60,7 +62,7 @@ func (m FailMode) String() string {
 // Config configures a Client. The zero value is usable: Connect, a 250 ms deadline per
 // attempt, 2 retries, fail open, the deny cache on, coalescing within 1 ms up to 64 checks.
 type Config struct {
-	// Protocol is Connect (the default) or GRPC.
+	// Protocol is Connect (the default), GRPC or GRPCWeb.
 	Protocol Protocol
 	// HTTPClient carries the calls; nil means one that speaks HTTP/1.1 and h2c. A GRPC client
 	// needs HTTP/2: without TLS, an http.Client with only unencrypted HTTP/2 enabled.
@@ -227,26 +229,8 @@ func New(baseURL string, cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	hc := cfg.HTTPClient
-	if hc == nil {
-		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
-		tr.Protocols.SetHTTP1(true)
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		if cfg.Protocol == GRPC {
-			tr.Protocols = new(http.Protocols)
-			tr.Protocols.SetUnencryptedHTTP2(true)
-			tr.Protocols.SetHTTP2(true)
-		}
-		hc = &http.Client{Transport: tr}
-	}
-	var opts []connect.ClientOption
-	if cfg.Protocol == GRPC {
-		opts = append(opts, connect.WithGRPC())
-	}
-	if cfg.Token != "" {
-		opts = append(opts, connect.WithInterceptors(bearer.Interceptor(cfg.Token)))
-	}
-	c := &Client{up: true, cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
+	rpc := NewRPC(baseURL, RPCConfig{Protocol: cfg.Protocol, HTTPClient: cfg.HTTPClient, Token: cfg.Token})
+	c := &Client{up: true, cfg: cfg, rpc: rpc, log: cfg.Logger.With("component", "quotaflow-client"),
 		local: newLocalBuckets(cfg.LocalRate, cfg.LocalBurst)}
 	if !cfg.NoDenyCache {
 		c.deny = newDenyCache()
