@@ -1,10 +1,7 @@
 package checker
 
 import (
-	"fmt"
 	"os"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,28 +15,7 @@ import (
 // transport is tested in checker/transport; the tests here call the engine directly.
 var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) {
-	code := redistest.MainShared(m, &redisSrv)
-	if n := storeLoops(); code == 0 && n > 0 {
-		// Engine.Close closes its bucket.Store, whose Close waits for its goroutines: any left
-		// belong to an engine or a store its test never closed.
-		fmt.Fprintf(os.Stderr, "checker: %d bucket batching goroutines still running after the tests: an Engine or a Store was not closed\n", n)
-		code = 1
-	}
-	os.Exit(code)
-}
-
-// storeLoops counts the goroutines running a bucket.Store's batch loop.
-func storeLoops() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "bucket.(*batcher).loop(")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
+func TestMain(m *testing.M) { os.Exit(checkertest.MainShared(m, &redisSrv)) }
 
 const testRules = `
 rules:
