@@ -13,6 +13,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/rules"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // TestCircuit: only threshold failures in a row, spanning the circuit's span, open it; a
@@ -212,5 +213,50 @@ rules:
 	wg.Wait()
 	if allowed.Load() != 8 || q.Endpoint != "/API/v1//search/" {
 		t.Errorf("16 checks of /API/v1//search/: %d allowed, query's endpoint now %q; want 8 (the search rule's limit), unchanged", allowed.Load(), q.Endpoint)
+	}
+}
+
+// TestConcurrentQuerySubjects: one Query built by NewCheckQuery (its subjects slice has spare
+// capacity) checked from many goroutines at once (run it under -race): the engine plans the
+// global subject without appending it to the caller's slice, so the checks share nothing they
+// write, the global rule counts each check once, and the spare capacity stays untouched.
+func TestConcurrentQuerySubjects(t *testing.T) {
+	t.Parallel()
+	// The global bucket is named by the rule's endpoint: one of this run's own.
+	id := strings.ToLower(checkertest.ID(t, "u"))
+	e := newEngine(t, Config{Rules: checkertest.Rules(t, fmt.Sprintf(`
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: user, dimension: user, endpoint: /api/v1/search/%[1]s, algorithm: fixed_window, limit: 100, window: 1h}
+  - {id: everyone, dimension: global, endpoint: /api/v1/search/%[1]s, algorithm: fixed_window, limit: 8, window: 1h}
+`, id))})
+	q, err := NewCheckQuery(&quotaflowv1.CheckRateLimitRequest{
+		Identifier: id, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/api/v1/search/" + id,
+	}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Subjects) != 1 || cap(q.Subjects) < 2 {
+		t.Fatalf("NewCheckQuery's subjects: len %d cap %d; want 1 with spare capacity (the case under test)", len(q.Subjects), cap(q.Subjects))
+	}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			out, err := e.Check(context.Background(), q)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if out.Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if got := q.Subjects[:cap(q.Subjects)][1]; allowed.Load() != 8 || len(q.Subjects) != 1 || got != (Subject{}) {
+		t.Errorf("16 checks: %d allowed, query's subjects %v, spare slot %v; want 8 (the global rule's limit), one subject, the zero Subject",
+			allowed.Load(), q.Subjects, got)
 	}
 }

@@ -77,7 +77,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	results, degraded, err := e.store.check(ctx, pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.first[i]+j].Rule.FailMode
 	})
-	if errors.Is(err, bucket.ErrIdempotencyConflict) {
+	if errors.Is(err, ErrIdempotencyConflict) {
 		return nil, idempotencyConflict()
 	}
 	if err != nil {
@@ -167,10 +167,6 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 		pl.first = append(pl.first, first)
 		return nil
 	}
-	subjects := q.Subjects
-	if !q.SkipGlobal {
-		subjects = append(subjects, globalSubject)
-	}
 	// addBoth plans a subject's enforced and shadow limits under rs.
 	addBoth := func(sub Subject, rs []*rules.Rule) error {
 		var custom map[string]int64
@@ -184,19 +180,28 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 		}
 		return add(sub, tag, rs, true, custom)
 	}
-	for _, sub := range subjects {
+	// addSubject plans every limit of sub's matching rules.
+	addSubject := func(sub Subject) error {
 		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
 		if len(rs) == 0 {
-			continue
+			return nil
 		}
-		var err error
 		if addr, ok := subjectIP(sub.ID); ok && sub.Dimension == rules.DimensionIP {
 			// Each network the rules count the address in is a subject of its own.
-			err = ipGroups(addr, rs, addBoth)
-		} else {
-			err = addBoth(sub, rs)
+			return ipGroups(addr, rs, addBoth)
 		}
-		if err != nil {
+		return addBoth(sub, rs)
+	}
+	// The global subject is planned after the query's own, never appended to q.Subjects: that
+	// would write into the spare capacity of the caller's slice, which two concurrent checks of
+	// one Query share.
+	for _, sub := range q.Subjects {
+		if err := addSubject(sub); err != nil {
+			return plan{}, err
+		}
+	}
+	if !q.SkipGlobal {
+		if err := addSubject(globalSubject); err != nil {
 			return plan{}, err
 		}
 	}

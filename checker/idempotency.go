@@ -5,9 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
-	"errors"
 	"slices"
 	"strings"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
 // ErrIdempotencyConflict is wrapped by the error of a check whose idempotency key was already
@@ -18,7 +19,11 @@ import (
 //
 // A key replays an allowed check only for the same request (a retry): replaying it for any
 // other would let a client that sends one key with every request pass them all uncharged.
-var ErrIdempotencyConflict = errors.New("idempotency key already used with another request")
+//
+// A Store reports a key bound to another request by returning an error that wraps it; the
+// engine answers that check with the FieldError above. It is the sentinel of the Redis store
+// itself, so that the store and the engine cannot disagree on what a conflict is.
+var ErrIdempotencyConflict = bucket.ErrIdempotencyConflict
 
 // idempotencyConflict is the engine's answer to a store that found a key bound to another
 // request. The store's error is not kept: the caller can only act on the rule it broke.

@@ -3,8 +3,10 @@ package checker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
@@ -158,5 +160,44 @@ func TestIdempotencyBinding(t *testing.T) {
 				t.Errorf("check with a new key: %+v, %v; want allowed, exact, not replayed", next, err)
 			}
 		})
+	}
+}
+
+// conflictStore is the real bucket.Store, but refuses every keyed request as a Store of one's
+// own would that keeps its records elsewhere: with an error of its own wrapping
+// ErrIdempotencyConflict, the one sentinel a Store can name.
+type conflictStore struct{ *bucket.Store }
+
+func (s conflictStore) Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
+	for i, r := range reqs {
+		if r.IdempotencyKey != "" {
+			return nil, fmt.Errorf("records: request %d: %w", i, ErrIdempotencyConflict)
+		}
+	}
+	return s.Store.Check(ctx, reqs)
+}
+
+// TestStoreIdempotencyConflict: a Store passed in that reports a conflict with the exported
+// ErrIdempotencyConflict gets the engine's answer to one, the FieldError on idempotency_key,
+// as the Redis store's own conflicts are: there is one sentinel. Before, the
+// engine recognized only internal/bucket's, which a Store outside the module cannot name, and
+// the guard took the conflict for an outage: the keyed check was allowed, degraded.
+func TestStoreIdempotencyConflict(t *testing.T) {
+	t.Parallel()
+	rdb := redisSrv.UniversalClient()
+	t.Cleanup(func() { rdb.Close() })
+	store := bucket.NewStore(rdb)
+	t.Cleanup(func() { store.Close() })
+	e := newEngine(t, Config{Store: conflictStore{store}, Rules: checkertest.Rules(t, idempotencyRules)})
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "u")}}, Endpoint: "/api/a", Cost: 1}
+	if out, err := e.Check(context.Background(), q); err != nil || !out.Allowed {
+		t.Fatalf("check without a key: %+v, %v; want allowed", out, err)
+	}
+	q.IdempotencyKey = "key-1"
+	out, err := e.Check(context.Background(), q)
+	var fe *FieldError
+	const want = "idempotency_key: already used with another request by these subjects (endpoint, cost or tier differ); use a new key per request"
+	if !errors.Is(err, ErrIdempotencyConflict) || !errors.As(err, &fe) || err.Error() != want {
+		t.Errorf("keyed check: %+v, %v; want the FieldError %q wrapping ErrIdempotencyConflict", out, err, want)
 	}
 }

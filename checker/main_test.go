@@ -15,7 +15,7 @@ import (
 // transport is tested in checker/transport; the tests here call the engine directly.
 var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(checkertest.MainShared(m, &redisSrv)) }
 
 const testRules = `
 rules:

@@ -21,6 +21,8 @@ import (
 type Store interface {
 	// Check evaluates every request in one round trip and charges each allowed one; a request
 	// with Peek set is evaluated without consuming anything (GetRemainingQuota, usage reports).
+	// A request whose IdempotencyKey is bound to another Fingerprint fails the call with an
+	// error wrapping ErrIdempotencyConflict, charging nothing.
 	Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error)
 	// Delete removes keys (a reset) and returns how many existed.
 	Delete(ctx context.Context, keys ...string) (int64, error)

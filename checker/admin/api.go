@@ -20,6 +20,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/bearer"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -207,12 +208,12 @@ func (a *API) authenticate(r *http.Request) (caller, error) {
 		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
 			Message: "the admin API has no tokens configured: start the checker with --admin-token or --admin-tokens-file"}
 	}
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+	tok, ok := bearer.Token(r.Header.Get("Authorization"))
+	if !ok {
 		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
 			Message: "send an admin token: Authorization: Bearer <token>"}
 	}
-	h := tokenHash(strings.TrimSpace(tok))
+	h := tokenHash(tok)
 	who, ok := a.tokens[h]
 	if !ok {
 		return caller{}, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unknown admin token"}

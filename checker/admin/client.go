@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/quotaflow/quotaflow/internal/bearer"
 	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
@@ -38,7 +39,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	if err != nil {
 		return fmt.Errorf("base url: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.Token)
+	req.Header.Set("Authorization", bearer.Header(c.Token))
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

@@ -18,7 +18,7 @@ import (
 // (redistest.TopologyEnv); tests isolate themselves by identifier.
 var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(checkertest.MainShared(m, &redisSrv)) }
 
 // testEnv is a checker serving the check API and, under /api/v1, the admin API, as the
 // quotaflow command mounts them.

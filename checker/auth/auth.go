@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/bearer"
 	"github.com/quotaflow/quotaflow/internal/retry"
 	"github.com/quotaflow/quotaflow/internal/yamldoc"
 )
@@ -94,9 +95,8 @@ func (r *Registry) SetAdminTokens(tokens map[string]string) {
 func (r *Registry) Authenticate(authorization string, state *tls.ConnectionState) (Caller, error) {
 	t := r.file.Load()
 	if authorization != "" {
-		scheme, tok, ok := strings.Cut(authorization, " ")
-		tok = strings.TrimSpace(tok)
-		if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		tok, ok := bearer.Token(authorization)
+		if !ok {
 			return Caller{}, fmt.Errorf("%w: want Authorization: Bearer <token>", ErrUnauthenticated)
 		}
 		digest := sha256.Sum256([]byte(tok))

@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/retry"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -29,6 +30,9 @@ const (
 	Connect Protocol = iota
 	// GRPC is gRPC over h2c, which the checker serves with grpc-go.
 	GRPC
+	// GRPCWeb is gRPC-Web over HTTP/1.1 or h2c, as browsers and gateways without HTTP/2
+	// trailers speak it.
+	GRPCWeb
 )
 
 // FailMode says what a Client decides when the checker cannot be reached.
@@ -58,7 +62,7 @@ func (m FailMode) String() string {
 // Config configures a Client. The zero value is usable: Connect, a 250 ms deadline per
 // attempt, 2 retries, fail open, the deny cache on, coalescing within 1 ms up to 64 checks.
 type Config struct {
-	// Protocol is Connect (the default) or GRPC.
+	// Protocol is Connect (the default), GRPC or GRPCWeb.
 	Protocol Protocol
 	// HTTPClient carries the calls; nil means one that speaks HTTP/1.1 and h2c. A GRPC client
 	// needs HTTP/2: without TLS, an http.Client with only unencrypted HTTP/2 enabled.
@@ -225,26 +229,8 @@ func New(baseURL string, cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	hc := cfg.HTTPClient
-	if hc == nil {
-		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
-		tr.Protocols.SetHTTP1(true)
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		if cfg.Protocol == GRPC {
-			tr.Protocols = new(http.Protocols)
-			tr.Protocols.SetUnencryptedHTTP2(true)
-			tr.Protocols.SetHTTP2(true)
-		}
-		hc = &http.Client{Transport: tr}
-	}
-	var opts []connect.ClientOption
-	if cfg.Protocol == GRPC {
-		opts = append(opts, connect.WithGRPC())
-	}
-	if cfg.Token != "" {
-		opts = append(opts, connect.WithInterceptors(bearer(cfg.Token)))
-	}
-	c := &Client{up: true, cfg: cfg, rpc: quotaflowv1connect.NewRateLimiterClient(hc, baseURL, opts...), log: cfg.Logger.With("component", "quotaflow-client"),
+	rpc := NewRPC(baseURL, RPCConfig{Protocol: cfg.Protocol, HTTPClient: cfg.HTTPClient, Token: cfg.Token})
+	c := &Client{up: true, cfg: cfg, rpc: rpc, log: cfg.Logger.With("component", "quotaflow-client"),
 		local: newLocalBuckets(cfg.LocalRate, cfg.LocalBurst)}
 	if !cfg.NoDenyCache {
 		c.deny = newDenyCache()
@@ -332,7 +318,7 @@ func (c *Client) checkOne(ctx context.Context, msg *quotaflowv1.CheckRateLimitRe
 // Config.Retries retries failed transiently. The requests f sends carry idempotency keys, so a
 // retry of a check the checker did decide is replayed, not charged again.
 func (c *Client) retry(ctx context.Context, f func(context.Context) error) error {
-	backoff := c.cfg.Backoff
+	backoff := retry.Backoff{Min: c.cfg.Backoff}
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		err := f(actx)
@@ -340,14 +326,9 @@ func (c *Client) retry(ctx context.Context, f func(context.Context) error) error
 		if err == nil || !transient(err) || ctx.Err() != nil || attempt >= c.cfg.Retries {
 			return err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, backoff.Next()) {
 			return err
-		case <-t.C:
 		}
-		backoff *= 2
 	}
 }
 
@@ -440,14 +421,4 @@ func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 		d.Policies = append(d.Policies, Policy{RuleID: l.RuleId, Limit: l.Limit, Window: time.Duration(l.WindowMs) * time.Millisecond, Burst: l.Burst})
 	}
 	return d
-}
-
-// bearer sets the Authorization header of every call.
-func bearer(token string) connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	}
 }

@@ -31,6 +31,7 @@ func TestCheck(t *testing.T) {
 		{"grpc", client.GRPC, -1},
 		{"connect coalesced", client.Connect, 0},
 		{"grpc coalesced", client.GRPC, 0},
+		{"grpc-web", client.GRPCWeb, -1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

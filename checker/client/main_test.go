@@ -24,7 +24,7 @@ import (
 // redisSrv is the package's shared Redis; tests isolate themselves by identifier.
 var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(checkertest.MainShared(m, &redisSrv)) }
 
 const testRules = `
 default_tier: free

@@ -24,7 +24,7 @@ import (
 // from t.Name()), never by flushing.
 var redisSrv *redistest.Shared
 
-func TestMain(m *testing.M) { os.Exit(redistest.MainShared(m, &redisSrv)) }
+func TestMain(m *testing.M) { os.Exit(checkertest.MainShared(m, &redisSrv)) }
 
 // testRules covers every algorithm, dimension, tier, fail mode and shadow.
 const testRules = `

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/checker/client"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -68,7 +69,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	if endpoint == "" {
 		return usageError{errors.New("--endpoint is required")}
 	}
-	client, err := newClient(target, protocol, token)
+	rpc, err := newClient(target, protocol, token)
 	if err != nil {
 		return err
 	}
@@ -81,7 +82,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 		summary checkSummary
 	)
 	if peek {
-		resp, err := client.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
+		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
 			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier}))
 		if err != nil {
 			return fmt.Errorf("GetRemainingQuota: %w", err)
@@ -90,7 +91,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 		msg, allowed, retry = m, m.Allowed, m.RetryAfter
 		summary = checkSummary{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits}
 	} else {
-		resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+		resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
 			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier, IdempotencyKey: idem,
 			Timestamp: time.Now().UnixMilli()}))
 		if err != nil {
@@ -115,34 +116,25 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	return nil
 }
 
+// checkProtocols are the values of --protocol.
+var checkProtocols = map[string]client.Protocol{"connect": client.Connect, "grpc": client.GRPC, "grpcweb": client.GRPCWeb}
+
 // newClient makes a RateLimiter client speaking protocol; gRPC uses cleartext HTTP/2.
 func newClient(target, protocol, token string) (quotaflowv1connect.RateLimiterClient, error) {
-	httpClient := http.DefaultClient
-	var opts []connect.ClientOption
-	if token != "" {
-		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-				req.Header().Set("Authorization", "Bearer "+token)
-				return next(ctx, req)
-			}
-		})))
-	}
-	switch protocol {
-	case "connect":
-	case "grpc":
-		t := &http.Transport{Protocols: new(http.Protocols)}
-		t.Protocols.SetUnencryptedHTTP2(true)
-		httpClient = &http.Client{Transport: t}
-		opts = append(opts, connect.WithGRPC())
-	case "grpcweb":
-		opts = append(opts, connect.WithGRPCWeb())
-	default:
+	p, ok := checkProtocols[protocol]
+	if !ok {
 		return nil, usageError{fmt.Errorf("--protocol: want connect, grpc or grpcweb, got %q", protocol)}
 	}
 	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
 		return nil, usageError{fmt.Errorf("--target: want an http:// or https:// URL, got %q", target)}
 	}
-	return quotaflowv1connect.NewRateLimiterClient(httpClient, strings.TrimSuffix(target, "/"), opts...), nil
+	// Connect and gRPC-Web keep the default client (HTTP/1.1, HTTP/2 over TLS); gRPC needs
+	// HTTP/2, which the client builder's provides.
+	hc := http.DefaultClient
+	if p == client.GRPC {
+		hc = nil
+	}
+	return client.NewRPC(target, client.RPCConfig{Protocol: p, HTTPClient: hc, Token: token}), nil
 }
 
 // checkSummary is what check prints of either response.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/retry"
 )
 
 // StoreConfig tunes the micro-batcher of a Store. The zero value (or any field <= 0) means
@@ -67,9 +69,6 @@ var ErrStoreClosed = errors.New("bucket: store closed")
 // whatever else is queued up to cfg.MaxBatch calls, sends them in ONE pipeline and hands
 // each job its replies. Nothing ever waits for more calls to arrive: under load the calls
 // queue up while the loops' pipelines are in flight, which is what makes the batches.
-//
-// The loops hold the batcher, never the Store, so that an abandoned Store can be collected;
-// its cleanup stops them.
 type batcher struct {
 	rdb   redis.UniversalClient
 	cfg   StoreConfig
@@ -78,6 +77,7 @@ type batcher struct {
 
 	start sync.Once
 	stop  sync.Once
+	loops sync.WaitGroup
 }
 
 func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
@@ -90,8 +90,12 @@ func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
 	}
 }
 
+// close stops the loops and waits for them. A batcher closed before its first job never
+// starts them: start is spent first, so that no loop is added while close waits.
 func (b *batcher) close() {
+	b.start.Do(func() {})
 	b.stop.Do(func() { close(b.quit) })
+	b.loops.Wait()
 }
 
 // Job states. A job is owned by its caller while building and reading it, by the queue and
@@ -261,7 +265,7 @@ func (j *job) result() error {
 
 func (b *batcher) startLoops() {
 	for range b.cfg.Loops {
-		go b.loop()
+		b.loops.Go(b.loop)
 	}
 }
 
@@ -366,17 +370,16 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 
-	pause := tryAgainPause
+	pause := retry.Backoff{Min: tryAgainPause, Max: maxTryAgainPause}
 	for range maxResends {
 		again, tryAgain := resends(batch)
 		if again == 0 {
 			break
 		}
 		if tryAgain {
-			if !sleep(ctx, pause) {
+			if !retry.Sleep(ctx, pause.Next()) {
 				break // the calls keep their TRYAGAIN: they did not run
 			}
-			pause = min(2*pause, maxTryAgainPause)
 		}
 		for _, j := range batch {
 			for i := range j.calls {
@@ -447,16 +450,4 @@ func resends(batch []*job) (again int, tryAgain bool) {
 // and whose keys are not all on one side: the call did not run.
 func isTryAgain(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
-}
-
-// sleep waits for d, or reports false when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

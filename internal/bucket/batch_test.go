@@ -210,6 +210,53 @@ func TestStoreConfig(t *testing.T) {
 	}
 }
 
+// TestStoreCloseWaits: Close returns once the Store's goroutines have stopped, a batch in
+// flight included, so that an owner's Close leaves nothing running. The Redis here accepts
+// connections and never answers: the loop is in its pipeline until BatchTimeout. Not parallel:
+// it counts the process's batch loops.
+func TestStoreCloseWaits(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		for len(accepted) > 0 {
+			(<-accepted).Close()
+		}
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+
+	before := runningLoops()
+	s := NewStoreWithConfig(rdb, StoreConfig{Loops: 1, BatchTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Check(ctx, []Request{one(lim("rl:{close}:x", FixedWindow, 5, long, 0), 1)})
+		done <- err
+	}()
+	accepted <- <-accepted // the loop is sending its batch
+	cancel()
+	<-done
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := runningLoops(); got != before {
+		t.Errorf("after Close: %d loops running, want %d: Close returned before its goroutines stopped", got, before)
+	}
+}
+
 // TestStoreNoScriptUnderLoad: SCRIPT FLUSH while checks are in flight; the batches that meet
 // NOSCRIPT re-send those calls with EVAL, so no call fails and no charge is lost or doubled.
 // It has its own server: flushing the shared one would race the other tests' script checks.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,25 @@ import (
 var srv *redistest.Shared
 
 func TestMain(m *testing.M) {
-	os.Exit(redistest.MainShared(m, &srv))
+	code := redistest.MainShared(m, &srv)
+	if n := runningLoops(); code == 0 && n > 0 {
+		// Close waits for the loops: any left belong to a Store its test never closed.
+		fmt.Fprintf(os.Stderr, "bucket: %d batching goroutines still running after the tests: a Store was not closed\n", n)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// runningLoops counts the goroutines running a batcher's loop.
+func runningLoops() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "bucket.(*batcher).loop(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // long is a window long enough that refill during a test is far below one unit.
@@ -39,7 +58,9 @@ func client(t testing.TB) redis.UniversalClient {
 
 func newStore(t testing.TB) (*Store, redis.UniversalClient) {
 	c := client(t)
-	return NewStore(c), c
+	s := NewStore(c)
+	t.Cleanup(func() { s.Close() })
+	return s, c
 }
 
 var (

@@ -33,6 +33,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 			}
 			defer rdb.FlushDB(ctx)
 			s := NewStore(rdb)
+			defer s.Close()
 			before := usedMemory(b, rdb)
 			const perCall = 1000
 			reqs := make([]Request, perCall)

@@ -63,6 +63,7 @@ func TestStoreRedisDown(t *testing.T) {
 	// The batches' own deadline is the callers' (as the engine sets it): a batch outliving its
 	// callers would still be sending when Redis comes back, and cache the script.
 	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { s.Close() })
 	l := lim("{down}:b", TokenBucket, 10, long, 0)
 	reqs := []Request{one(l, 1), one(lim("{down}:c", FixedWindow, 10, long, 0), 1)}
 	if _, err := s.Check(ctxT(t), reqs); err != nil {
@@ -167,6 +168,7 @@ func TestStoreExactUnderConcurrency(t *testing.T) {
 			for i := range calls {
 				s := NewStore(rdbs[i%clients])
 				wg.Go(func() {
+					defer s.Close()
 					<-start
 					res, err := s.Check(context.Background(), []Request{one(l, 1)})
 					if err != nil {

@@ -21,7 +21,7 @@ import (
 // Script calls go through a micro-batcher: the calls of concurrent Checks are sent together,
 // one pipeline per batch, by a few goroutines (StoreConfig.Loops), without ever waiting for
 // more calls to arrive. The calls of one Check always travel in one pipeline. The goroutines
-// start with the first Check and stop on Close, or when the Store is garbage collected.
+// start with the first Check and stop on Close: a Store must be closed by its owner.
 type Store struct {
 	rdb redis.UniversalClient
 	b   *batcher
@@ -37,16 +37,13 @@ func NewStore(rdb redis.UniversalClient) *Store {
 // defaults). With a Cluster client each pipeline is split by go-redis per node; every
 // request's keys are in one slot.
 func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
-	s := &Store{rdb: rdb, b: newBatcher(rdb, cfg)}
-	// The loops reference only the batcher, so a forgotten Store is collected and its loops
-	// stopped.
-	runtime.AddCleanup(s, (*batcher).close, s.b)
-	return s
+	return &Store{rdb: rdb, b: newBatcher(rdb, cfg)}
 }
 
-// Close stops the Store's batching goroutines; it does not close the Redis client. Checks
-// waiting or started afterwards fail with ErrStoreClosed. Close is optional: an unreachable
-// Store stops them too.
+// Close stops the Store's batching goroutines and returns once they have, which may take a
+// batch in flight (at most StoreConfig.BatchTimeout); it does not close the Redis client.
+// Checks waiting or started afterwards fail with ErrStoreClosed. Every Store must be closed:
+// nothing else stops its goroutines. Close may be called more than once.
 func (s *Store) Close() error {
 	s.b.close()
 	return nil
@@ -82,8 +79,9 @@ var (
 // ErrIdempotencyConflict is wrapped by Check's error when the call's idempotency record was
 // written for another Fingerprint: the key was reused for a different request. Nothing stays
 // charged: the script changed nothing, and the other requests of the call are refunded as
-// after a denial.
-var ErrIdempotencyConflict = errors.New("idempotency key bound to another request")
+// after a denial. Package checker exports this very value as checker.ErrIdempotencyConflict:
+// one sentinel, so that the engine and any Store it is given mean the same by it.
+var ErrIdempotencyConflict = errors.New("idempotency key already used with another request")
 
 // errTwoRecords is a call with more than one idempotency record: a call is one checked
 // request, and it has one record.

@@ -22,7 +22,7 @@ var unavailablePrefixes = [...]string{"LOADING", "BUSY", "READONLY", "MASTERDOWN
 // the script (ErrInvalidRequest, ErrMalformedReply, ErrIdempotencyConflict, a script's error
 // reply), which is a bug or a refusal to report, not a reason to stop calling Redis.
 func Unavailable(err error) bool {
-	if err == nil || errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrMalformedReply) {
+	if err == nil || errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrMalformedReply) || errors.Is(err, ErrIdempotencyConflict) {
 		return false
 	}
 	var rerr redis.Error

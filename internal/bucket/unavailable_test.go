@@ -24,7 +24,9 @@ func TestUnavailable(t *testing.T) {
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}) // nothing listens there
 	defer down.Close()
 	refused := down.Ping(context.Background()).Err()
-	_, invalid := NewStore(rdb).Check(context.Background(), []Request{{Cost: 1}})
+	store := NewStore(rdb)
+	defer store.Close()
+	_, invalid := store.Check(context.Background(), []Request{{Cost: 1}})
 	tests := []struct {
 		name string
 		err  error
@@ -38,6 +40,8 @@ func TestUnavailable(t *testing.T) {
 		{"script error", scriptErr, false},
 		{"invalid request", invalid, false},
 		{"malformed reply", fmt.Errorf("bucket: request 0: %w", ErrMalformedReply), false},
+		// A Store of one's own (checker.Config.Store) reports a conflict without a Redis error.
+		{"idempotency conflict", fmt.Errorf("records: request 0: %w", ErrIdempotencyConflict), false},
 		{"nil", nil, false},
 	}
 	for _, tt := range tests {

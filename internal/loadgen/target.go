@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotaflow/quotaflow/checker/client"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
-	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
 // dimensions maps a Dimension to the RPC's dimension and the RLS descriptor key.
@@ -57,13 +57,13 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		tr.Protocols.SetHTTP1(true)
 		// Responses are not compressed: the generator and the checker share the CPU, and
 		// gateways do not compress these small messages either.
-		client := quotaflowv1connect.NewRateLimiterClient(&http.Client{Transport: tr}, base,
-			connect.WithAcceptCompression("gzip", nil, nil))
+		rpc := client.NewRPC(base, client.RPCConfig{HTTPClient: &http.Client{Transport: tr},
+			Options: []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}})
 		return func() call {
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
 			return func(ctx context.Context, id string) (bool, error) {
 				msg.Identifier = id
-				resp, err := client.CheckRateLimit(ctx, connect.NewRequest(msg))
+				resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
 				if err != nil {
 					return false, err
 				}
@@ -89,12 +89,12 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		return nil, nil, &ConfigError{Field: "Target", Err: err}
 	}
 	if cfg.Protocol == ProtocolGRPC {
-		client := quotaflowv1.NewRateLimiterClient(conn)
+		rpc := quotaflowv1.NewRateLimiterClient(conn)
 		return func() call {
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
 			return func(ctx context.Context, id string) (bool, error) {
 				msg.Identifier = id
-				resp, err := client.CheckRateLimit(ctx, msg)
+				resp, err := rpc.CheckRateLimit(ctx, msg)
 				if err != nil {
 					return false, err
 				}
@@ -102,7 +102,7 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 			}
 		}, func() { conn.Close() }, nil
 	}
-	client := ratelimitv3.NewRateLimitServiceClient(conn)
+	rls := ratelimitv3.NewRateLimitServiceClient(conn)
 	return func() call {
 		subject := &rlcommonv3.RateLimitDescriptor_Entry{Key: dim.rlsKey}
 		req := &ratelimitv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*rlcommonv3.RateLimitDescriptor{{
@@ -110,7 +110,7 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		}}}
 		return func(ctx context.Context, id string) (bool, error) {
 			subject.Value = id
-			resp, err := client.ShouldRateLimit(ctx, req)
+			resp, err := rls.ShouldRateLimit(ctx, req)
 			if err != nil {
 				return false, err
 			}
