@@ -196,23 +196,9 @@ rules:
   - {id: search, dimension: user, endpoint: /api/v1/search, algorithm: fixed_window, limit: 8, window: 1h}
 `)})
 	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "u")}}, Endpoint: "/API/v1//search/", Cost: 1}
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			out, err := e.Check(context.Background(), q)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if out.Allowed {
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if allowed.Load() != 8 || q.Endpoint != "/API/v1//search/" {
-		t.Errorf("16 checks of /API/v1//search/: %d allowed, query's endpoint now %q; want 8 (the search rule's limit), unchanged", allowed.Load(), q.Endpoint)
+	allowed := checkConcurrently(t, e, q, 16)
+	if allowed != 8 || q.Endpoint != "/API/v1//search/" {
+		t.Errorf("16 checks of /API/v1//search/: %d allowed, query's endpoint now %q; want 8 (the search rule's limit), unchanged", allowed, q.Endpoint)
 	}
 }
 
@@ -240,9 +226,19 @@ rules:
 	if len(q.Subjects) != 1 || cap(q.Subjects) < 2 {
 		t.Fatalf("NewCheckQuery's subjects: len %d cap %d; want 1 with spare capacity (the case under test)", len(q.Subjects), cap(q.Subjects))
 	}
+	allowed := checkConcurrently(t, e, q, 16)
+	if got := q.Subjects[:cap(q.Subjects)][1]; allowed != 8 || len(q.Subjects) != 1 || got != (Subject{}) {
+		t.Errorf("16 checks: %d allowed, query's subjects %v, spare slot %v; want 8 (the global rule's limit), one subject, the zero Subject",
+			allowed, q.Subjects, got)
+	}
+}
+
+// checkConcurrently checks q from n goroutines at once and returns how many were allowed.
+func checkConcurrently(t *testing.T, e *Engine, q *Query, n int) int64 {
+	t.Helper()
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
-	for range 16 {
+	for range n {
 		wg.Go(func() {
 			out, err := e.Check(context.Background(), q)
 			if err != nil {
@@ -255,8 +251,5 @@ rules:
 		})
 	}
 	wg.Wait()
-	if got := q.Subjects[:cap(q.Subjects)][1]; allowed.Load() != 8 || len(q.Subjects) != 1 || got != (Subject{}) {
-		t.Errorf("16 checks: %d allowed, query's subjects %v, spare slot %v; want 8 (the global rule's limit), one subject, the zero Subject",
-			allowed.Load(), q.Subjects, got)
-	}
+	return allowed.Load()
 }

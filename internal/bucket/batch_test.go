@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/proctest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
@@ -238,7 +239,7 @@ func TestStoreCloseWaits(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 
-	before := runningLoops()
+	before := proctest.Goroutines(batchLoop)
 	s := NewStoreWithConfig(rdb, StoreConfig{Loops: 1, BatchTimeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -252,7 +253,7 @@ func TestStoreCloseWaits(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := runningLoops(); got != before {
+	if got := proctest.Goroutines(batchLoop); got != before {
 		t.Errorf("after Close: %d loops running, want %d: Close returned before its goroutines stopped", got, before)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/proctest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
@@ -23,24 +23,12 @@ var srv *redistest.Shared
 
 func TestMain(m *testing.M) {
 	code := redistest.MainShared(m, &srv)
-	if n := runningLoops(); code == 0 && n > 0 {
+	if n := proctest.Goroutines(batchLoop); code == 0 && n > 0 {
 		// Close waits for the loops: any left belong to a Store its test never closed.
 		fmt.Fprintf(os.Stderr, "bucket: %d batching goroutines still running after the tests: a Store was not closed\n", n)
 		code = 1
 	}
 	os.Exit(code)
-}
-
-// runningLoops counts the goroutines running a batcher's loop.
-func runningLoops() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "bucket.(*batcher).loop(")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 }
 
 // long is a window long enough that refill during a test is far below one unit.
@@ -154,3 +142,6 @@ func near(got, want, tolerance time.Duration) bool {
 	d := got - want
 	return d >= -tolerance && d <= tolerance
 }
+
+// batchLoop is the frame of a bucket.Store's batching goroutine.
+const batchLoop = "bucket.(*batcher).loop("

@@ -3,9 +3,8 @@ package checkertest
 import (
 	"fmt"
 	"os"
-	"runtime"
-	"strings"
 
+	"github.com/quotaflow/quotaflow/internal/proctest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
@@ -15,21 +14,12 @@ import (
 // closed, and the run fails.
 func MainShared(m interface{ Run() int }, s **redistest.Shared) int {
 	code := redistest.MainShared(m, s)
-	if n := storeLoops(); code == 0 && n > 0 {
+	if n := proctest.Goroutines(batchLoop); code == 0 && n > 0 {
 		fmt.Fprintf(os.Stderr, "checkertest: %d bucket batching goroutines still running after the tests: an Engine or a bucket.Store was not closed\n", n)
 		code = 1
 	}
 	return code
 }
 
-// storeLoops counts the goroutines running a bucket.Store's batch loop.
-func storeLoops() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "bucket.(*batcher).loop(")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
+// batchLoop is the frame of a bucket.Store's batching goroutine.
+const batchLoop = "bucket.(*batcher).loop("

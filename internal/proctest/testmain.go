@@ -3,6 +3,8 @@ package proctest
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
 )
 
 // Main is the body of a helper package's TestMain helper: it starts a server, sets *srv, runs
@@ -19,4 +21,17 @@ func Main[S interface{ Close() }](
 	*srv = s
 	defer s.Close()
 	return m.Run()
+}
+
+// Goroutines counts the goroutines of this process whose stack holds frame, e.g.
+// "bucket.(*batcher).loop(": what a test main checks for goroutines that outlive the tests.
+func Goroutines(frame string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), frame)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
