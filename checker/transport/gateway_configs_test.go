@@ -77,8 +77,8 @@ func TestTraefikStripsClientHeaders(t *testing.T) {
 	}
 }
 
-// envoyHCM decodes deploy/envoy/envoy.yaml's HTTP connection manager.
-func envoyHCM(t *testing.T) *hcmv3.HttpConnectionManager {
+// envoyBootstrap decodes deploy/envoy/envoy.yaml as go-control-plane's v3 Bootstrap.
+func envoyBootstrap(t *testing.T) *bootstrapv3.Bootstrap {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(deployDir, "envoy", "envoy.yaml"))
 	if err != nil {
@@ -96,8 +96,14 @@ func envoyHCM(t *testing.T) *hcmv3.HttpConnectionManager {
 	if err := protojson.Unmarshal(js, &bs); err != nil {
 		t.Fatalf("envoy.yaml is not a v3 Bootstrap: %v", err)
 	}
+	return &bs
+}
+
+// envoyHCM decodes deploy/envoy/envoy.yaml's HTTP connection manager.
+func envoyHCM(t *testing.T) *hcmv3.HttpConnectionManager {
+	t.Helper()
 	var hcm hcmv3.HttpConnectionManager
-	if err := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+	if err := envoyBootstrap(t).GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
 		t.Fatal(err)
 	}
 	return &hcm

@@ -3,7 +3,6 @@ package transport
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"go/build"
 	"net/http"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -26,7 +24,6 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -459,22 +456,7 @@ func TestRLSGrpcurl(t *testing.T) {
 // cluster for the rate limit service.
 func TestRLSEnvoyConfig(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("../../deploy/envoy/envoy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatalf("yaml: %v", err)
-	}
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatalf("yaml to json: %v", err)
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		t.Fatalf("envoy.yaml is not a v3 Bootstrap: %v", err)
-	}
+	bs := envoyBootstrap(t)
 	if err := bs.ValidateAll(); err != nil {
 		t.Fatalf("envoy.yaml: %v", err)
 	}
@@ -549,7 +531,7 @@ func TestRLSEnvoyConfig(t *testing.T) {
 		t.Errorf("descriptors %v, want [remote_address] [user_id path]", keys)
 	}
 	// Envoy refuses deprecated fields by default.
-	for _, m := range []proto.Message{&bs, &hcm, &rl, &opts} {
+	for _, m := range []proto.Message{bs, &hcm, &rl, &opts} {
 		if d := deprecatedFields(m.ProtoReflect(), nil); len(d) > 0 {
 			t.Errorf("%s sets deprecated fields %v", m.ProtoReflect().Descriptor().FullName(), d)
 		}
