@@ -186,25 +186,11 @@ func newApp(t *testing.T) *app {
 
 func (a *app) addr() string { return strings.TrimPrefix(a.srv.URL, "http://") }
 
+// gatewayGet is gatewayDo as the test's authenticated user, with a forged RateLimit field of
+// the client's, which must not reach the response as the checker's.
 func gatewayGet(t *testing.T, base, path, user string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, base+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set(testUserHeader, user)
-	// A client's own RateLimit field must not reach the response as the checker's.
-	req.Header.Set("RateLimit", `"forged";r=999;t=1`)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read the answer to GET %s: %v", path, err)
-	}
-	return resp, string(b)
+	return gatewayDo(t, base, path, http.Header{testUserHeader: {user}, "Ratelimit": {`"forged";r=999;t=1`}})
 }
 
 // TestGateways runs each gateway with the repository's config in front of a real checker and a

@@ -263,17 +263,9 @@ func TestStoreCloseWaits(t *testing.T) {
 // It has its own server: flushing the shared one would race the other tests' script checks.
 func TestStoreNoScriptUnderLoad(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	c := own.Client(0)
-	t.Cleanup(func() { c.Close() })
+	own, c, s := ownStore(t, StoreConfig{})
 	flusher := own.Client(0)
 	t.Cleanup(func() { flusher.Close() })
-	s := NewStore(c)
-	t.Cleanup(func() { s.Close() })
 	const workers, each = 16, 60
 	limits := []Limit{
 		lim(key(t, "fw"), FixedWindow, 100000, long, 0),
@@ -354,15 +346,7 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 // errors during the outage, nothing panics or hangs, and the Store works after the restart.
 func TestStoreRestartUnderLoad(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	c := own.Client(0)
-	t.Cleanup(func() { c.Close() })
-	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 300 * time.Millisecond})
-	t.Cleanup(func() { s.Close() })
+	own, _, s := ownStore(t, StoreConfig{BatchTimeout: 300 * time.Millisecond})
 	req := one(lim("{restart}:b", FixedWindow, 1<<40, long, 0), 1)
 
 	var ok, failed atomic.Int64
@@ -630,15 +614,7 @@ func TestOnRoundTripReportsOutage(t *testing.T) {
 // charges they made are refunded: a Check that failed keeps no charge it knows of.
 func TestLeftInFlightRefunded(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	c := own.Client(0)
-	t.Cleanup(func() { c.Close() })
-	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 5 * time.Second})
-	defer s.Close()
+	_, c, s := ownStore(t, StoreConfig{BatchTimeout: 5 * time.Second})
 	ctx := context.Background()
 	for _, a := range allAlgorithms {
 		l := lim("{left}:"+a.Code(), a, 5, long, 0)
@@ -679,7 +655,7 @@ func TestLeftInFlightRefunded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err = s.Check(cctx, []Request{keyed})
+	_, err := s.Check(cctx, []Request{keyed})
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("keyed check past its deadline: %v, want context.DeadlineExceeded", err)

@@ -145,3 +145,19 @@ func near(got, want, tolerance time.Duration) bool {
 
 // batchLoop is the frame of a bucket.Store's batching goroutine.
 const batchLoop = "bucket.(*batcher).loop("
+
+// ownStore starts a Redis of the test's own, which it may stop, stall or inspect, and a Store
+// of cfg on it; all end with the test.
+func ownStore(t *testing.T, cfg StoreConfig) (*redistest.Server, *redis.Client, *Store) {
+	t.Helper()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	c := own.Client(0)
+	t.Cleanup(func() { c.Close() })
+	s := NewStoreWithConfig(c, cfg)
+	t.Cleanup(func() { s.Close() })
+	return own, c, s
+}

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
 // TestStoreNoScript: after SCRIPT FLUSH, pipelined and single Checks still work (and the
@@ -53,17 +51,9 @@ func TestStoreNoScript(t *testing.T) {
 // TestStoreRedisDown runs on its own server, since it kills it.
 func TestStoreRedisDown(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	c := own.Client(0)
-	t.Cleanup(func() { c.Close() })
 	// The batches' own deadline is the callers' (as the engine sets it): a batch outliving its
 	// callers would still be sending when Redis comes back, and cache the script.
-	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: 300 * time.Millisecond})
-	t.Cleanup(func() { s.Close() })
+	own, c, s := ownStore(t, StoreConfig{BatchTimeout: 300 * time.Millisecond})
 	l := lim("{down}:b", TokenBucket, 10, long, 0)
 	reqs := []Request{one(l, 1), one(lim("{down}:c", FixedWindow, 10, long, 0), 1)}
 	if _, err := s.Check(ctxT(t), reqs); err != nil {
