@@ -17,6 +17,12 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -56,51 +62,24 @@ func writeFile(t *testing.T, name, content string) string {
 	return path
 }
 
-// startInProcessChecker runs `quotaflow checker` with args in this process until the test ends
-// and waits until it is ready (within wait).
-func startInProcessChecker(t *testing.T, wait time.Duration, args ...string) string {
+// writer is a config's one admin token, with write access.
+func writer(token string) admin.Config {
+	return admin.Config{Tokens: map[string]admin.Token{token: {Name: "admin", Role: admin.RoleWrite}}}
+}
+
+// redisOf returns a client of the Redis cfg names, for a checker to own.
+func redisOf(t *testing.T, cfg bucket.RedisConfig) redis.UniversalClient {
 	t.Helper()
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	var logs io.Writer = io.Discard
-	if os.Getenv("QF_DEBUG") != "" {
-		logs = os.Stderr
+	rdb, err := bucket.NewRedisClient(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		done <- run(ctx, append([]string{"checker", "--listen", addr, "--redis-timeout", "5s", "--spool-dir", t.TempDir()}, args...), env(nil), logs, logs)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("checker: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("checker did not stop")
-		}
-	})
-	base := "http://" + addr
-	deadline := time.Now().Add(wait)
-	for {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return base
-			}
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("checker exited at start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checker not ready within %s: %v", wait, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return rdb
+}
+
+// redisDB returns a client of database db of the package's Redis, for a checker to own.
+func redisDB(t *testing.T, db int) redis.UniversalClient {
+	return redisOf(t, bucket.RedisConfig{URL: redisSrv.URL(db)})
 }
 
 func peekLimit(t *testing.T, client quotaflowv1connect.RateLimiterClient, user, endpoint string) int64 {
@@ -119,8 +98,8 @@ func TestAdminCLI(t *testing.T) {
 	t.Parallel()
 	ns := ownNATS(t)
 	adminTestToken := testToken()
-	base := startInProcessChecker(t, 15*time.Second, "--rules", writeFile(t, "rules.yaml", adminTestRules),
-		"--redis-url", redisSrv.URL(7), "--nats-url", ns.URL, "--admin-token", adminTestToken)
+	base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: writeFile(t, "rules.yaml", adminTestRules),
+		Redis: redisDB(t, 7), NATSURL: ns.URL, Admin: writer(adminTestToken)}).URL()
 	envs := map[string]string{"QUOTAFLOW_TARGET": base, "QUOTAFLOW_ADMIN_TOKEN": adminTestToken}
 	user := "cli-" + time.Now().Format("150405.000000")
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
@@ -234,9 +213,9 @@ func TestCheckerStoreUnreachableAtStart(t *testing.T) {
 	// The store is seeded with other rules (limit 7) than the checker's file (limit 3).
 	store := writeFile(t, "store.yaml", "rules:\n- {id: r, dimension: user, endpoint: /r, algorithm: fixed_window, limit: 7, window: 1h}\n")
 	file := writeFile(t, "file.yaml", "rules:\n- {id: r, dimension: user, endpoint: /r, algorithm: fixed_window, limit: 3, window: 1h}\n")
-	startInProcessChecker(t, 15*time.Second, "--rules", store, "--redis-url", redisSrv.URL(7), "--nats-url", ns.URL)
+	daemontest.Checker(t, daemon.CheckerConfig{RulesFile: store, Redis: redisDB(t, 7), NATSURL: ns.URL})
 	ns.Stop()
-	base := startInProcessChecker(t, 15*time.Second, "--rules", file, "--redis-url", redisSrv.URL(7), "--nats-url", ns.URL)
+	base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: file, Redis: redisDB(t, 7), NATSURL: ns.URL}).URL()
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
 	if got := peekLimit(t, client, "u", "/r"); got != 3 {
 		t.Fatalf("limit with NATS down at start = %d, want the file's 3", got)

@@ -3,11 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 
 	"github.com/quotaflow/quotaflow/checker/admin"
-	"github.com/quotaflow/quotaflow/checker/auth"
 )
 
 // adminFlags configure the admin REST API of the commands that run a checker.
@@ -58,7 +56,7 @@ func (a *adminFlags) validate() error {
 	return nil
 }
 
-func (a *adminFlags) config(store admin.Store, lockout *auth.Lockout, log *slog.Logger) admin.Config {
-	return admin.Config{Store: store, Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute,
-		Lockout: lockout, Logger: log}
+func (a *adminFlags) config() admin.Config {
+	return admin.Config{Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute,
+		AuthFailuresPerMinute: a.authFailures}
 }

@@ -2,26 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/quotaflow/quotaflow/aggregator"
-	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/grpcsplit"
-	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/stream"
-	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -120,68 +109,23 @@ func validInstance(s string) bool {
 	return true
 }
 
-func (a *aggregatorFlags) config(db string, store aggregator.RuleStore, log *slog.Logger, meter metric.Meter) aggregator.Config {
-	// Unique per process start, as the checker's: a restarted aggregator is a new member.
-	name := a.instanceID
-	if name == "" {
-		name = "aggregator"
-	}
-	return aggregator.Config{
-		Partitions: a.partitions, Replicas: a.replicas, Database: db, InstanceID: instance.Named(name), BatchRows: a.batchRows,
-		FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
-		RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, RuleStore: store,
-		PolicyInterval: a.policyInterval, Logger: log, Meter: meter,
-		Cluster: a.ch.cluster,
-	}
-}
-
-// The aggregator owns the interface it depends on; the rule store must keep satisfying it.
-var _ aggregator.RuleStore = (*rulestore.Store)(nil)
-
-// newAggregator connects to ClickHouse and NATS, opens the rule store and returns an aggregator
-// (not yet running), its NATS connection, and a function that closes both connections, to be
-// called once the aggregator's Run returned.
-func (a *aggregatorFlags) newAggregator(ctx context.Context, log *slog.Logger, meter metric.Meter) (*aggregator.Aggregator, *nats.Conn, func(), error) {
-	conn, db, err := a.ch.open()
-	if err != nil {
-		return nil, nil, nil, err
-	}
+// config is the aggregator's config the flags name; validate first.
+func (a *aggregatorFlags) config(log *slog.Logger) (daemon.AggregatorConfig, error) {
 	natsTLS, err := a.natsTLS.config("")
 	if err != nil {
-		conn.Close()
-		return nil, nil, nil, usageError{err}
+		return daemon.AggregatorConfig{}, usageError{err}
 	}
-	nc, err := broker.Connect(a.natsURL, "quotaflow aggregator", natsTLS, log)
+	chTLS, err := a.ch.tls.config("")
 	if err != nil {
-		conn.Close()
-		return nil, nil, nil, err
+		return daemon.AggregatorConfig{}, usageError{err}
 	}
-	closeConns := func() { nc.Close(); conn.Close() }
-	js, err := jetstream.New(nc)
-	if err != nil {
-		closeConns()
-		return nil, nil, nil, fmt.Errorf("jetstream: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err = broker.CheckReplicas(cctx, nc, a.replicas)
-	cancel()
-	if err != nil {
-		closeConns()
-		return nil, nil, nil, replicasFlag(err)
-	}
-	// Waits for NATS (a cluster still electing its leaders, say), logging, until ctx ends.
-	store, err := rulestore.Open(ctx, js, rulestore.Config{Replicas: a.replicas, Logger: log})
-	if err != nil {
-		closeConns()
-		return nil, nil, nil, replicasFlag(err)
-	}
-	agg, err := aggregator.New(js, conn, a.config(db, store, log, meter))
-	if err != nil {
-		closeConns()
-		return nil, nil, nil, err
-	}
-	log.Info("aggregator starting", "instance", agg.InstanceID(), "nats", a.natsURL, "clickhouse", schema.RedactDSN(a.ch.dsn), "database", db)
-	return agg, nc, closeConns, nil
+	return daemon.AggregatorConfig{NATSURL: a.natsURL, NATSTLS: natsTLS, ClickHouseDSN: a.ch.dsn, ClickHouseTLS: chTLS,
+		Listen: a.listen, Logger: log, Aggregator: aggregator.Config{
+			Partitions: a.partitions, Replicas: a.replicas, InstanceID: a.instanceID, BatchRows: a.batchRows,
+			FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
+			RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, PolicyInterval: a.policyInterval,
+			Cluster: a.ch.cluster,
+		}}, nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -207,33 +151,13 @@ configuration changes) in state_transitions (90 days), overrides and config_chan
 	if err != nil {
 		return err
 	}
-	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: a.instanceID})
+	cfg, err := a.config(log)
 	if err != nil {
 		return err
 	}
-	defer tel.Close(context.WithoutCancel(ctx))
-	agg, nc, closeConns, err := a.newAggregator(ctx, log, tel.Meter)
+	d, err := daemon.StartAggregator(ctx, cfg)
 	if err != nil {
-		return err
+		return flagErr(err)
 	}
-	defer closeConns()
-	ln, err := net.Listen("tcp", a.listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	log.Info("aggregator serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", tel.Metrics)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !nc.IsConnected() {
-			http.Error(w, "nats not connected", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- grpcsplit.ServeHTTP(ctx, ln, mux, 5*time.Second, grpcsplit.Config{}) }()
-	err = agg.Run(ctx)
-	return errors.Join(err, <-httpDone)
+	return serveUntil(ctx, d)
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
 )
@@ -30,9 +29,8 @@ func (c *callerFlags) register(fs *flagSet) {
 		"forward-auth-endpoint-header", "forward-auth-idempotency-header")
 }
 
-// validate parses the proxies and loads the callers file; the admin API's write tokens are
-// admin callers of the check API too (reset is authenticated as the admin API is).
-func (c *callerFlags) validate(adminTokens map[string]admin.Token) error {
+// validate parses the proxies and loads the callers file.
+func (c *callerFlags) validate() error {
 	for _, s := range strings.Split(c.trustedProxies, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
@@ -57,12 +55,5 @@ func (c *callerFlags) validate(adminTokens map[string]admin.Token) error {
 			return fmt.Errorf("--callers-file %s: %w", c.callersFile, err)
 		}
 	}
-	writers := map[string]string{}
-	for tok, who := range adminTokens {
-		if who.Role == admin.RoleWrite {
-			writers[tok] = who.Name
-		}
-	}
-	c.callers.SetAdminTokens(writers)
 	return nil
 }

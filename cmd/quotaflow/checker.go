@@ -2,72 +2,42 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"runtime/debug"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/sync/errgroup"
-
-	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/checker/admin"
-	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/grpcsplit"
-	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
-	"github.com/quotaflow/quotaflow/internal/telemetry"
-	"github.com/quotaflow/quotaflow/publisher"
-)
-
-// The checker's parts meet here: each implements an interface the package that uses it owns.
-var (
-	_ checker.DecisionSink = (*publisher.Client)(nil)
-	_ admin.Store          = (*rulestore.Follower)(nil)
+	"github.com/quotaflow/quotaflow/internal/daemon"
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.
 type checkerFlags struct {
-	listen          string
-	rulesPath       string
-	redisTimeout    time.Duration
-	shutdownTimeout time.Duration
-	logLevel        string
-	logFormat       string
-	instanceID      string
-	overLimitCache  bool
-	otlpEndpoint    string
-	traceRatio      float64
-	debugListen     string
-	admin           adminFlags
-	callers         callerFlags
-	tls             serverTLSFlags
-	redis           redisFlags
-	serving         servingFlags
-	tlsConfig       *tls.Config // of tls, made by validate
+	cfg            daemon.CheckerConfig
+	logLevel       string
+	logFormat      string
+	overLimitCache bool
+	admin          adminFlags
+	callers        callerFlags
+	tls            serverTLSFlags
+	redis          redisFlags
+	serving        servingFlags
 }
 
 func (c *checkerFlags) register(fs *flagSet) {
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
-	fs.StringVar(&c.rulesPath, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
-	fs.DurationVar(&c.redisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
+	fs.StringVar(&c.cfg.Listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
+	fs.StringVar(&c.cfg.RulesFile, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
+	fs.DurationVar(&c.cfg.RedisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
+	fs.DurationVar(&c.cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
-	fs.StringVar(&c.instanceID, "instance-id", "", "`name` of this checker in decision ids and events, e.g. the pod name; a random suffix keeps each process start unique")
+	fs.StringVar(&c.cfg.InstanceID, "instance-id", "", "`name` of this checker in decision ids and events, e.g. the pod name; a random suffix keeps each process start unique")
 	fs.BoolVar(&c.overLimitCache, "over-limit-cache", true, "answer checks of buckets known to deny until a known instant without a Redis call (exact)")
-	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
-	fs.Float64Var(&c.traceRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
-	fs.StringVar(&c.debugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
+	fs.StringVar(&c.cfg.Tracing.OTLPEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
+	fs.Float64Var(&c.cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
+	fs.StringVar(&c.cfg.DebugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
 	fs.fromEnv("listen", "rules", "redis-timeout", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen")
@@ -76,10 +46,6 @@ func (c *checkerFlags) register(fs *flagSet) {
 	c.tls.register(fs)
 	c.redis.register(fs)
 	c.serving.register(fs)
-}
-
-func (c *checkerFlags) logger(w io.Writer) (*slog.Logger, error) {
-	return newLogger(c.logLevel, c.logFormat, w)
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.
@@ -122,7 +88,11 @@ writes to that store. Unless GOGC is set, the checker runs with GOGC=400.`, stde
 	if pct, ok := checkerGCPercent(getenv); ok {
 		debug.SetGCPercent(pct)
 	}
-	return serveChecker(ctx, &c, &p, log, nil)
+	d, err := c.start(ctx, &p, log)
+	if err != nil {
+		return err
+	}
+	return serveUntil(ctx, d)
 }
 
 // checkerGCPercent is the GC target the checker command sets: 400 unless GOGC is set. The
@@ -135,222 +105,56 @@ func checkerGCPercent(getenv func(string) string) (int, bool) {
 	return 400, true
 }
 
-// validate checks the flags of a checker and returns its logger.
+// validate checks the flags of a checker, completes its config and returns its logger.
 func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
-	if c.rulesPath == "" && p.natsURL == "" {
+	cfg := &c.cfg
+	if cfg.RulesFile == "" && p.natsURL == "" {
 		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
 	}
-	if strings.ContainsAny(c.instanceID, " .*>\t\r\n") || len(c.instanceID) > 64 {
-		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", c.instanceID)}
+	if strings.ContainsAny(cfg.InstanceID, " .*>\t\r\n") || len(cfg.InstanceID) > 64 {
+		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", cfg.InstanceID)}
 	}
-	if err := p.validate(); err != nil {
-		return nil, usageError{err}
-	}
-	if c.traceRatio <= 0 || c.traceRatio > 1 {
-		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", c.traceRatio)}
-	}
-	if err := c.admin.validate(); err != nil {
-		return nil, usageError{err}
-	}
-	if err := c.serving.validate(); err != nil {
-		return nil, usageError{err}
-	}
-	if err := c.callers.validate(c.admin.tokens); err != nil {
-		return nil, usageError{err}
+	if r := cfg.Tracing.SampleRatio; r <= 0 || r > 1 {
+		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", r)}
 	}
 	var err error
-	if c.tlsConfig, err = c.tls.config(); err != nil {
-		return nil, usageError{err}
+	for _, check := range []func() error{p.validate, c.admin.validate, c.serving.validate,
+		c.callers.validate,
+		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
+		func() (err error) { cfg.NATSTLS, err = p.natsTLS.config(""); return err },
+	} {
+		if err = check(); err != nil {
+			return nil, usageError{err}
+		}
 	}
-	return c.logger(stderr)
+	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
+	cfg.Admin = c.admin.config()
+	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
+	c.serving.apply(cfg, c.callers.callersFile)
+	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)
+	return cfg.Logger, err
 }
 
-// processTelemetry is the telemetry of a process serving more than the checker (serve with an
-// aggregator), shared so that one /metrics shows every component's instruments.
-type processTelemetry struct {
-	instanceID string
-	tel        *telemetry.Telemetry
-}
-
-// newProcessTelemetry sets up the telemetry of a process of instance instanceID from the
-// checker's flags; the caller closes it with closeTelemetry.
-func (c *checkerFlags) newProcessTelemetry(ctx context.Context, instanceID string) (*processTelemetry, error) {
-	tel, err := telemetry.Setup(ctx, telemetry.Config{Instance: instanceID, OTLPEndpoint: c.otlpEndpoint, SampleRatio: c.traceRatio})
+// start connects the Redis the flags name and starts the checker.
+func (c *checkerFlags) start(ctx context.Context, p *publishFlags, log *slog.Logger) (*daemon.Checker, error) {
+	rdb, desc, err := c.redis.client(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &processTelemetry{instanceID: instanceID, tel: tel}, nil
+	log.Info("buckets in redis", "redis", desc)
+	c.cfg.Redis = rdb
+	d, err := daemon.StartChecker(ctx, c.cfg)
+	return d, flagErr(err)
 }
 
-// closeTelemetry flushes tel, bounded: its spans' exporter may be unreachable.
-func closeTelemetry(tel *telemetry.Telemetry, log *slog.Logger) {
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := tel.Close(sctx); err != nil {
-		log.Warn("telemetry flush", "err", err)
+// serveUntil serves until ctx is done (SIGTERM) or the daemon fails, then closes it.
+func serveUntil(ctx context.Context, d interface {
+	Done() <-chan struct{}
+	Close() error
+}) error {
+	select {
+	case <-ctx.Done():
+	case <-d.Done():
 	}
-}
-
-// serveChecker runs a checker, and its publisher and rule-store watch when p names NATS, until
-// ctx is done; then it stops taking checks and drains the decisions. It reports on shared's
-// telemetry (serve's, with the aggregator's instruments), or with shared nil on its own.
-func serveChecker(ctx context.Context, c *checkerFlags, p *publishFlags, log *slog.Logger, shared *processTelemetry) error {
-	var set *rules.Set
-	var seed *rules.Document
-	if c.rulesPath != "" {
-		var err error
-		if seed, set, err = rules.LoadFile(c.rulesPath); err != nil {
-			return err
-		}
-	}
-	rdb, redisDesc, err := c.redis.client(ctx)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	if shared == nil {
-		// Unique per process start even with a stable --instance-id (a pod name): decision ids
-		// and message ids repeated after a restart would be dropped by the stream as duplicates.
-		if shared, err = c.newProcessTelemetry(ctx, instance.Named(c.instanceID)); err != nil {
-			return err
-		}
-		defer closeTelemetry(shared.tel, log)
-	}
-	instanceID, tel := shared.instanceID, shared.tel
-	cfg := checker.Config{Redis: rdb, RedisTimeout: c.redisTimeout, Logger: log, InstanceID: instanceID,
-		DisableOverLimitCache: !c.overLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio}
-	var (
-		pub      *publisher.Client
-		follower *rulestore.Follower
-		store    admin.Store // nil: the admin API answers 503
-	)
-	sourceName := "file"
-	if p.natsURL != "" {
-		natsTLS, err := p.natsTLS.config("")
-		if err != nil {
-			return usageError{err}
-		}
-		nc, err := broker.Connect(p.natsURL, "quotaflow checker "+instanceID, natsTLS, log)
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return fmt.Errorf("jetstream: %w", err)
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = broker.CheckReplicas(cctx, nc, p.replicas)
-		cancel()
-		if err != nil {
-			return replicasFlag(err)
-		}
-		follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
-			Store: rulestore.Config{Replicas: p.replicas, Logger: log}, Seed: seed, SeedPath: c.rulesPath, Logger: log})
-		store = follower
-		// The store's rules, not the file's, are enforced from the first check: the file may be
-		// older than changes made through the API.
-		storeSet, err := follower.Open(ctx)
-		// Without a rules file there is nothing to enforce until the store answers: wait for it
-		// (a NATS cluster still electing its leaders, say) as long as the failure may pass.
-		for set == nil && err != nil && broker.Transient(err) && !errors.Is(err, rules.ErrNotSeeded) && ctx.Err() == nil {
-			log.Warn("rule store not reachable yet and no --rules file to enforce meanwhile: waiting", "err", err)
-			storeSet, err = follower.Open(ctx)
-		}
-		switch {
-		case err == nil:
-			set, sourceName = storeSet, "store"
-		case errors.Is(err, rules.ErrNotSeeded):
-			return err
-		case errors.As(err, new(*broker.ReplicasError)):
-			return replicasFlag(err)
-		case set == nil:
-			return fmt.Errorf("rule store unreachable at start and no --rules file to enforce meanwhile: %w", err)
-		default:
-			log.Warn("rule store unreachable at start; enforcing the rules file and retrying in the background", "err", err)
-		}
-		pcfg := p.config(instanceID, log)
-		pcfg.Meter = tel.Meter
-		if pub, err = publisher.New(nc, pcfg); err != nil {
-			return err
-		}
-		cfg.Decisions = pub
-	} else {
-		log.Warn("no --nats-url: decisions are not published, rules come from the file only and the admin API is off")
-	}
-	cfg.Rules = set
-	engine := checker.New(cfg)
-	defer engine.Close()
-	// One failure budget per source address for both APIs: a token guessed at one is a token
-	// guessed at the other.
-	lockout := auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: c.admin.authFailures,
-		TrustedProxies: c.callers.fa.TrustedProxies, Logger: log})
-	front := transport.New(engine, transport.Config{Callers: c.callers.callers, ForwardAuth: c.callers.fa, TLS: c.tlsConfig,
-		MaxRequestBytes: c.serving.maxRequestBytes, HideReflection: c.serving.hideReflection(c.callers.callersFile),
-		Conns: c.serving.conns(), Lockout: lockout, Logger: log})
-	mux := http.NewServeMux()
-	var metricsLn net.Listener // --metrics-listen's, else /metrics is on the check port
-	if c.serving.metricsListen != "" {
-		if metricsLn, err = net.Listen("tcp", c.serving.metricsListen); err != nil {
-			if pub != nil {
-				err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
-			}
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
-		defer metricsLn.Close() // on the way out before serving; served, it is closed already
-	} else {
-		mux.Handle("GET /metrics", tel.Metrics)
-	}
-	mux.Handle("/api/v1/", admin.New(engine, c.admin.config(store, lockout, log)).Handler())
-	mux.Handle("/", front.Handler())
-	ln, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		if pub != nil {
-			err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
-		}
-		return fmt.Errorf("listen: %w", err)
-	}
-	scheme := "http://"
-	if c.tlsConfig != nil {
-		scheme = "https://"
-	}
-	log.Info("checker listening", "url", scheme+ln.Addr().String(), "rules", c.rulesPath, "rules_from", sourceName,
-		"rule_count", len(set.Rules()), "redis", redisDesc, "nats", p.natsURL, "instance", instanceID,
-		"admin_tokens", len(c.admin.tokens))
-	if c.debugListen != "" {
-		url, stop, err := telemetry.ServeProfiles(c.debugListen)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("--debug-listen: %w", err)
-		}
-		defer stop()
-		log.Info("profiles served", "url", url)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		return front.Serve(gctx, ln, mux, c.shutdownTimeout)
-	})
-	if metricsLn != nil {
-		log.Info("metrics served", "url", "http://"+metricsLn.Addr().String()+"/metrics")
-		metrics := http.NewServeMux()
-		metrics.Handle("GET /metrics", tel.Metrics)
-		g.Go(func() error {
-			if err := grpcsplit.ServeHTTP(gctx, metricsLn, metrics, c.shutdownTimeout, c.serving.conns()); err != nil {
-				return fmt.Errorf("--metrics-listen: %w", err)
-			}
-			return nil
-		})
-	}
-	if follower != nil {
-		g.Go(func() error { return follower.Run(gctx, engine.SetRules) })
-	}
-	if c.callers.callersFile != "" {
-		g.Go(func() error { c.callers.callers.Follow(gctx, c.callers.callersFile, 2*time.Second, log); return nil })
-	}
-	err = g.Wait()
-	if pub != nil {
-		// No check can run any more: every decision made is in the publisher.
-		err = errors.Join(err, closePublisher(pub, c.shutdownTimeout))
-	}
-	return err
+	return d.Close()
 }

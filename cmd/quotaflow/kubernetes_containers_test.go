@@ -24,6 +24,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -515,8 +517,8 @@ func servedPaths(t *testing.T, sub string) func(string) error {
 	t.Helper()
 	switch sub {
 	case "checker":
-		base := startInProcessChecker(t, 10*time.Second, "--rules", filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
-			"--redis-url", redisSrv.URL(11))
+		base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
+			Redis: redisDB(t, 11)}).URL()
 		return func(p string) error {
 			resp, err := http.Get(base + p)
 			if err != nil {

@@ -20,11 +20,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
 // natsClusterRules: /api/* never denies; /w's token bucket takes its 11th check into
@@ -67,33 +70,18 @@ func TestNATSCluster(t *testing.T) {
 	// The aggregators first: they wait for the stream the checkers create.
 	var aggURLs []string
 	for _, name := range []string{"agg-a", "agg-b"} {
-		listen := freeAddr(t)
-		aggURLs = append(aggURLs, "http://"+listen)
-		actx, stop := context.WithCancel(ctx)
-		done := make(chan string, 1)
-		go func() {
-			_, stderr, code := runCmd(actx, []string{"aggregator", "--nats-url", cl.URL(), "--stream-replicas", "3",
-				"--clickhouse-dsn", dsn, "--listen", listen, "--instance-id", name, "--flush-interval", "200ms",
-				"--insert-timeout", "2s", "--pinned-ttl", "3s", "--ack-wait", "5s", "--warning-grace", "100ms",
-				"--log-level", "info"}, nil)
-			done <- fmt.Sprintf("exit %d: %s", code, stderr)
-		}()
-		t.Cleanup(func() {
-			stop()
-			if out := <-done; !strings.HasPrefix(out, "exit 0") {
-				t.Errorf("aggregator %s: %s", name, out)
-			} else if t.Failed() {
-				t.Logf("aggregator %s: %s", name, out)
-			}
-		})
+		agg := daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: cl.URL(), ClickHouseDSN: dsn, Listen: "127.0.0.1:0",
+			Aggregator: aggregator.Config{Replicas: 3, InstanceID: name, FlushInterval: 200 * time.Millisecond,
+				InsertTimeout: 2 * time.Second, PinnedTTL: 3 * time.Second, AckWait: 5 * time.Second, WarningGrace: 100 * time.Millisecond}})
+		aggURLs = append(aggURLs, agg.URL())
 	}
 	rulesPath := writeFile(t, "rules.yaml", natsClusterRules)
 	checkers := make([]quotaflowv1connect.RateLimiterClient, 2)
 	var bases []string
 	for i := range checkers {
-		base := startInProcessChecker(t, 30*time.Second, "--rules", rulesPath, "--redis-url", redisSrv.URL(9),
-			"--nats-url", cl.URL(), "--stream-replicas", "3", "--instance-id", "ncl-"+run+"-"+strconv.Itoa(i),
-			"--admin-token", natsClusterToken)
+		base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: rulesPath, Redis: redisDB(t, 9),
+			NATSURL: cl.URL(), Publisher: publisher.Config{Replicas: 3}, InstanceID: "ncl-" + run + "-" + strconv.Itoa(i),
+			Admin: writer(natsClusterToken)}).URL()
 		bases = append(bases, base)
 		checkers[i] = quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
 	}

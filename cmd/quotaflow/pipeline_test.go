@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,9 +18,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/natstest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
 const pipelineRules = `rules:
@@ -28,72 +31,33 @@ const pipelineRules = `rules:
 - {id: ip-sec, dimension: ip, endpoint: "*", algorithm: gcra, limit: 1000000, window: 1s, shadow: true}
 `
 
-// checkerProc is a `quotaflow checker` run in process by run(), as main would.
+// checkerProc is a checker of the pipeline tests, in process, publishing to NATS.
 type checkerProc struct {
 	url    string
 	client quotaflowv1connect.RateLimiterClient
-	cancel context.CancelFunc
-	done   chan error
+	d      *daemon.Checker
 	log    *bytes.Buffer
 }
 
-// startChecker runs the checker command with extra flags and waits until it answers.
-func startChecker(t *testing.T, instance, natsURL, spoolDir string, extra ...string) *checkerProc {
+// startChecker starts a checker of pipelineRules publishing to natsURL with instance's name,
+// its spool in spoolDir, changed by each of opts.
+func startChecker(t *testing.T, instance, natsURL, spoolDir string, opts ...func(*daemon.CheckerConfig)) *checkerProc {
 	t.Helper()
-	rulesPath := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(rulesPath, []byte(pipelineRules), 0o600); err != nil {
-		t.Fatal(err)
+	p := &checkerProc{log: &bytes.Buffer{}}
+	cfg := daemon.CheckerConfig{RulesFile: writeFile(t, "rules.yaml", pipelineRules), Redis: redisDB(t, 5),
+		NATSURL: natsURL, Publisher: publisher.Config{SpoolDir: spoolDir}, InstanceID: instance,
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{new(sync.Mutex), p.log}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	for _, o := range opts {
+		o(&cfg)
 	}
-	addr := freeAddr(t)
-	args := append([]string{"checker", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5),
-		"--redis-timeout", "5s", "--nats-url", natsURL, "--spool-dir", spoolDir, "--instance-id", instance,
-		"--log-level", "warn"}, extra...)
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &checkerProc{url: "http://" + addr, cancel: cancel, done: make(chan error, 1), log: &bytes.Buffer{}}
-	var logMu sync.Mutex
-	go func() {
-		w := lockedWriter{&logMu, p.log}
-		p.done <- run(ctx, args, env(nil), w, w)
-	}()
-	t.Cleanup(func() { p.stop(t) })
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get(p.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		select {
-		case err := <-p.done:
-			cancel()
-			p.cancel = nil // nothing left to stop
-			t.Fatalf("checker exited at start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checker not up: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p.d = daemontest.Checker(t, cfg)
+	p.url = p.d.URL()
 	p.client = quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, p.url)
 	return p
 }
 
 // stop is SIGTERM: the checker stops taking checks and drains its decisions.
-func (p *checkerProc) stop(t *testing.T) error {
-	if p.cancel == nil {
-		return nil
-	}
-	p.cancel()
-	p.cancel = nil
-	select {
-	case err := <-p.done:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("checker did not stop within 30s")
-		return nil
-	}
-}
+func (p *checkerProc) stop() error { return p.d.Close() }
 
 type lockedWriter struct {
 	mu *sync.Mutex
@@ -176,7 +140,7 @@ func TestDecisionStream(t *testing.T) {
 		}
 		responses[resp.Msg.DecisionId] = resp.Msg
 	}
-	if err := p.stop(t); err != nil {
+	if err := p.stop(); err != nil {
 		t.Fatalf("checker shutdown: %v", err)
 	}
 	events := streamDecisions(t, natsSrv.URL, instance)
@@ -262,7 +226,7 @@ func TestNATSOutage(t *testing.T) {
 	setPhase("after", 500*time.Millisecond)
 	stopLoad()
 	wg.Wait()
-	if err := p.stop(t); err != nil {
+	if err := p.stop(); err != nil {
 		t.Fatalf("checker shutdown: %v\n%s", err, p.log)
 	}
 
@@ -312,7 +276,7 @@ func TestSpoolAcrossRestart(t *testing.T) {
 	ns.Stop() // NATS is down for the first run
 	instance := "spool-" + time.Now().Format("150405000")
 	spool := t.TempDir()
-	first := startChecker(t, instance, ns.URL, spool, "--shutdown-timeout", "300ms")
+	first := startChecker(t, instance, ns.URL, spool, func(c *daemon.CheckerConfig) { c.ShutdownTimeout = 300 * time.Millisecond })
 	ids := map[string]bool{}
 	for i := 0; i < 200; i++ {
 		resp, err := first.client.CheckRateLimit(context.Background(), userCheck(fmt.Sprintf("%s-u%d", instance, i)))
@@ -321,7 +285,7 @@ func TestSpoolAcrossRestart(t *testing.T) {
 		}
 		ids[resp.Msg.DecisionId] = true
 	}
-	if err := first.stop(t); err == nil {
+	if err := first.stop(); err == nil {
 		t.Error("shutdown with NATS down and a full spool: nil error, want the drain to report what is left")
 	}
 	if entries, _ := os.ReadDir(spool); len(entries) == 0 {
@@ -332,7 +296,7 @@ func TestSpoolAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := startChecker(t, instance, ns.URL, spool)
-	if err := second.stop(t); err != nil {
+	if err := second.stop(); err != nil {
 		t.Fatalf("second run's shutdown: %v\n%s", err, second.log)
 	}
 	events := streamDecisions(t, ns.URL, instance)

@@ -2,15 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/instance"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -62,9 +63,13 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir)
 	}
 	if a.ch.dsn == "" {
-		return serveChecker(ctx, &c, &p, log, nil)
+		d, err := c.start(ctx, &p, log)
+		if err != nil {
+			return err
+		}
+		return serveUntil(ctx, d)
 	}
-	a.natsURL, a.natsTLS, a.partitions, a.replicas, a.instanceID = p.natsURL, p.natsTLS, p.partitions, p.replicas, c.instanceID
+	a.natsURL, a.natsTLS, a.partitions, a.replicas, a.instanceID = p.natsURL, p.natsTLS, p.cfg.Partitions, p.cfg.Replicas, c.cfg.InstanceID
 	if err := a.validate(); err != nil {
 		return usageError{err}
 	}
@@ -73,19 +78,32 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 
 // serveWithAggregator runs the checker and an aggregator in one process, with one telemetry:
 // the checker's /metrics serves the aggregator's instruments (quotaflow_aggregator_*) too.
+// Either failing stops both.
 func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	shared, err := c.newProcessTelemetry(ctx, instance.Named(c.instanceID))
+	c.cfg.Tracing.Instance = instance.Named(c.cfg.InstanceID)
+	tel, err := telemetry.Setup(ctx, c.cfg.Tracing)
 	if err != nil {
 		return err
 	}
-	defer closeTelemetry(shared.tel, log)
-	agg, _, closeConns, err := a.newAggregator(ctx, log, shared.tel.Meter)
+	defer daemon.CloseTelemetry(tel)
+	acfg, err := a.config(log)
 	if err != nil {
 		return err
 	}
-	defer closeConns()
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveChecker(gctx, c, p, log, shared) })
-	g.Go(func() error { return agg.Run(gctx) })
-	return g.Wait()
+	acfg.Telemetry, c.cfg.Telemetry = tel, tel
+	agg, err := daemon.StartAggregator(ctx, acfg)
+	if err != nil {
+		return flagErr(err)
+	}
+	chk, err := c.start(ctx, p, log)
+	if err != nil {
+		return errors.Join(err, agg.Close())
+	}
+	select {
+	case <-ctx.Done():
+	case <-agg.Done():
+	case <-chk.Done():
+	}
+	// The checker first: its last decisions drain to the stream while the aggregator still runs.
+	return errors.Join(chk.Close(), agg.Close())
 }

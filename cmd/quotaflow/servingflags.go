@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 )
 
@@ -45,12 +46,10 @@ func (s *servingFlags) validate() error {
 	return nil
 }
 
-// hideReflection reports whether the port serves no gRPC reflection: asked so, or by default
-// when callers need credentials.
-func (s *servingFlags) hideReflection(callersFile string) bool {
-	return s.reflection == "off" || s.reflection == "auto" && callersFile != ""
-}
-
-func (s *servingFlags) conns() grpcsplit.Config {
-	return grpcsplit.Config{MaxConns: s.maxConns, ReadTimeout: s.readTimeout, IdleTimeout: s.idleTimeout}
+// apply sets what the flags configure of a checker: gRPC reflection is hidden when asked, or
+// by default when callers need credentials (callersFile).
+func (s *servingFlags) apply(cfg *daemon.CheckerConfig, callersFile string) {
+	cfg.Transport.HideReflection = s.reflection == "off" || s.reflection == "auto" && callersFile != ""
+	cfg.Transport.MaxRequestBytes, cfg.MetricsListen = s.maxRequestBytes, s.metricsListen
+	cfg.Transport.Conns = grpcsplit.Config{MaxConns: s.maxConns, ReadTimeout: s.readTimeout, IdleTimeout: s.idleTimeout}
 }

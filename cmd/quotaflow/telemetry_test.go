@@ -12,6 +12,8 @@ import (
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/quotaflow/quotaflow/internal/daemon"
 )
 
 // TestTelemetry: /metrics shows the checks and the publisher's counters; with --otlp-endpoint
@@ -42,8 +44,9 @@ func TestTelemetry(t *testing.T) {
 
 	instance := "telemetry-" + time.Now().Format("150405000")
 	debug := freeAddr(t)
-	p := startChecker(t, instance, natsSrv.URL, t.TempDir(), "--otlp-endpoint", collector.URL+"/v1/traces", "--trace-sample-ratio", "1",
-		"--debug-listen", debug)
+	p := startChecker(t, instance, natsSrv.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.Tracing.OTLPEndpoint, c.Tracing.SampleRatio, c.DebugListen = collector.URL+"/v1/traces", 1, debug
+	})
 	if resp, err := http.Get("http://" + debug + "/debug/pprof/goroutine?debug=1"); err != nil || resp.StatusCode != 200 {
 		t.Errorf("--debug-listen: GET /debug/pprof/goroutine = %v, %v; want 200", resp, err)
 	} else {
@@ -87,7 +90,7 @@ func TestTelemetry(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if err := p.stop(t); err != nil { // flushes the spans
+	if err := p.stop(); err != nil { // flushes the spans
 		t.Fatal(err)
 	}
 	mu.Lock()

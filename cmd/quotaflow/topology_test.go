@@ -10,7 +10,10 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -111,8 +114,8 @@ var redisTopologies = []struct {
 func TestCheckerOnCluster(t *testing.T) {
 	t.Parallel()
 	cl := sharedCluster(t)
-	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
-		"--redis-cluster", strings.Join(cl.Seeds(), ","))
+	base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: writeFile(t, "rules.yaml", topologyRules),
+		Redis: redisOf(t, bucket.RedisConfig{Cluster: cl.Seeds()})}).URL()
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
 	if got := admitted(t, c, 8, checkertest.ID(t, "solo"), ""); got != 5 {
 		t.Errorf("%d of 8 checks admitted on the cluster, want the limit 5", got)
@@ -158,8 +161,8 @@ func TestCheckerOnCluster(t *testing.T) {
 func TestCheckerOnSentinel(t *testing.T) {
 	t.Parallel()
 	sg := sharedSentinel(t)
-	base := startInProcessChecker(t, 20*time.Second, "--rules", writeFile(t, "rules.yaml", topologyRules),
-		"--redis-sentinel", strings.Join(sg.SentinelAddrs, ","), "--redis-sentinel-master", sg.MasterName)
+	base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: writeFile(t, "rules.yaml", topologyRules),
+		Redis: redisOf(t, bucket.RedisConfig{Sentinels: sg.SentinelAddrs, MasterName: sg.MasterName})}).URL()
 	c := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, base)
 	if got := admitted(t, c, 8, checkertest.ID(t, "solo"), ""); got != 5 {
 		t.Errorf("%d of 8 checks admitted through the sentinels, want the limit 5", got)

@@ -10,6 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
 	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -38,15 +41,9 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := databaseName("warn")
-	aggCtx, stopAgg := context.WithCancel(ctx)
-	aggDone := make(chan string, 1)
-	go func() {
-		_, stderr, code := runCmd(aggCtx, []string{"aggregator", "--nats-url", ns.URL, "--clickhouse-dsn", chSrv.DSN(db),
-			"--partitions", "1", "--listen", freeAddr(t), "--warning-grace", "100ms", "--flush-interval", "100ms",
-			"--insert-timeout", "1s", "--pinned-ttl", "2s", "--ack-wait", "3s", "--log-level", "warn"}, nil)
-		aggDone <- fmt.Sprintf("exit %d: %s", code, stderr)
-	}()
-	defer func() { stopAgg(); t.Log("aggregator ", <-aggDone) }()
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{Partitions: 1, WarningGrace: 100 * time.Millisecond, FlushInterval: 100 * time.Millisecond,
+			InsertTimeout: time.Second, PinnedTTL: 2 * time.Second, AckWait: 3 * time.Second}})
 
 	now := time.Now()
 	batch := &quotaflowv1.DecisionBatch{Decisions: []*quotaflowv1.Decision{{

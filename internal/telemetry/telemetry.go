@@ -35,6 +35,9 @@ type Config struct {
 
 // Telemetry holds the providers; Close flushes them.
 type Telemetry struct {
+	// Instance names the process (Config.Instance): its components use it too, in decision
+	// ids, events and consumer names, so that logs, metrics and data agree.
+	Instance string
 	// Meter creates the process's instruments.
 	Meter metric.Meter
 	// Tracer creates spans; nil when no OTLP endpoint is configured. Its provider records every
@@ -64,6 +67,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
 	t := &Telemetry{
+		Instance: cfg.Instance,
 		meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)),
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	}
