@@ -68,8 +68,8 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	}
 	t := &Telemetry{
 		Instance: cfg.Instance,
-		meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)),
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		meters:   sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)),
+		Metrics:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	}
 	t.Meter = t.meters.Meter("github.com/quotaflow/quotaflow")
 	if cfg.OTLPEndpoint != "" {
