@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/checker/client"
+	"github.com/quotaflow/quotaflow/internal/report"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -77,9 +77,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	defer cancel()
 	var (
 		msg     proto.Message
-		allowed bool
-		retry   int64
-		summary checkSummary
+		summary report.Decision
 	)
 	if peek {
 		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
@@ -87,9 +85,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 		if err != nil {
 			return fmt.Errorf("GetRemainingQuota: %w", err)
 		}
-		m := resp.Msg
-		msg, allowed, retry = m, m.Allowed, m.RetryAfter
-		summary = checkSummary{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits}
+		msg, summary = resp.Msg, report.QuotaDecision(resp.Msg)
 	} else {
 		resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
 			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier, IdempotencyKey: idem,
@@ -97,9 +93,7 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 		if err != nil {
 			return fmt.Errorf("CheckRateLimit: %w", err)
 		}
-		m := resp.Msg
-		msg, allowed, retry = m, m.Allowed, m.RetryAfter
-		summary = checkSummary{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits}
+		msg, summary = resp.Msg, report.CheckDecision(resp.Msg)
 	}
 	if asJSON {
 		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
@@ -107,11 +101,11 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 			return fmt.Errorf("encode response: %w", err)
 		}
 		fmt.Fprintln(stdout, string(b))
-	} else {
-		summary.print(stdout)
+	} else if err := summary.Write(stdout); err != nil {
+		return err
 	}
-	if !allowed {
-		return deniedError{retry}
+	if !summary.Allowed {
+		return deniedError{summary.RetryAfter}
 	}
 	return nil
 }
@@ -135,65 +129,4 @@ func newClient(target, protocol, token string) (quotaflowv1connect.RateLimiterCl
 		hc = nil
 	}
 	return client.NewRPC(target, client.RPCConfig{Protocol: p, HTTPClient: hc, Token: token}), nil
-}
-
-// checkSummary is what check prints of either response.
-type checkSummary struct {
-	allowed      bool
-	ruleID       string
-	remaining    int64
-	limit        int64
-	resetAt      int64
-	retryAfterMs int64
-	state        quotaflowv1.State
-	tier         string
-	degraded     bool
-	replayed     bool
-	limits       []*quotaflowv1.LimitStatus
-}
-
-func (s checkSummary) print(w io.Writer) {
-	verdict := "ALLOWED"
-	if !s.allowed {
-		verdict = fmt.Sprintf("DENIED (retry after %.3fs)", float64(s.retryAfterMs)/1000)
-	}
-	fmt.Fprintf(w, "%s  tier=%s  state=%s", verdict, s.tier, strings.ToLower(strings.TrimPrefix(s.state.String(), "STATE_")))
-	if s.ruleID != "" {
-		fmt.Fprintf(w, "  rule=%s  remaining=%d/%d  reset=%s", s.ruleID, s.remaining, s.limit,
-			time.Unix(s.resetAt, 0).UTC().Format(time.RFC3339))
-	}
-	if s.degraded {
-		fmt.Fprint(w, "  DEGRADED")
-	}
-	if s.replayed {
-		fmt.Fprint(w, "  REPLAYED")
-	}
-	fmt.Fprintln(w)
-	if len(s.limits) == 0 {
-		fmt.Fprintln(w, "no rule matched")
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SUBJECT\tRULE\tALGORITHM\tLIMIT\tUSED\tREMAINING\tRETRY\tSTATE")
-	for _, l := range s.limits {
-		subject := strings.ToLower(strings.TrimPrefix(l.Dimension.String(), "DIMENSION_"))
-		if l.Dimension != quotaflowv1.Dimension_DIMENSION_GLOBAL {
-			subject += ":" + l.Identifier
-		}
-		rule := l.RuleId
-		if l.Shadow {
-			rule += " (shadow)"
-		}
-		limit := fmt.Sprintf("%d/%s", l.Limit, time.Duration(l.WindowMs)*time.Millisecond)
-		if l.Burst != l.Limit {
-			limit += fmt.Sprintf(" burst %d", l.Burst)
-		}
-		state := strings.ToLower(strings.TrimPrefix(l.State.String(), "STATE_"))
-		if l.Degraded {
-			state += " (degraded: fail " + l.FailMode + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", subject, rule, l.Algorithm, limit, l.CurrentCount, l.Remaining,
-			time.Duration(l.RetryAfterMs)*time.Millisecond, state)
-	}
-	tw.Flush()
 }

@@ -4,14 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io"
 	"maps"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path"
 	"path/filepath"
@@ -509,76 +505,33 @@ func (b *kubeBuild) checkProbes(t *testing.T, w workload, c *corev1.Container, s
 	}
 }
 
-// servedPaths returns a function telling whether the command serves a GET of a path. The
-// checker is asked directly: its real command runs in this process (without Redis or NATS: it
-// answers /readyz with 503 then, which is served). The aggregator needs ClickHouse and NATS to
-// get that far, so its paths are read from the handlers runAggregator registers.
+// servedPaths returns a function telling whether the command serves a GET of a path: the
+// process is started in this process (the checker on the package's Redis, the aggregator on its
+// NATS and ClickHouse) and asked.
 func servedPaths(t *testing.T, sub string) func(string) error {
 	t.Helper()
+	var base string
 	switch sub {
 	case "checker":
-		base := daemontest.Checker(t, daemon.CheckerConfig{RulesFile: filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
+		base = daemontest.Checker(t, daemon.CheckerConfig{RulesFile: filepath.Join("..", "..", "deploy", "dev", "rules.yaml"),
 			Redis: redisDB(t, 11)}).URL()
-		return func(p string) error {
-			resp, err := http.Get(base + p)
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-				return fmt.Errorf("GET answered %s by the checker", resp.Status)
-			}
-			return nil
-		}
 	case "aggregator":
-		mux := http.NewServeMux()
-		patterns := registeredPatterns(t, "aggregator.go", "runAggregator")
-		for _, p := range patterns {
-			mux.Handle(p, http.NotFoundHandler())
+		base = daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: natsSrv.URL, ClickHouseDSN: chSrv.DSN(databaseName("kube")),
+			Listen: "127.0.0.1:0"}).URL()
+	default:
+		return func(string) error { return fmt.Errorf("this test does not know what `quotaflow %s` serves", sub) }
+	}
+	return func(p string) error {
+		resp, err := http.Get(base + p)
+		if err != nil {
+			return err
 		}
-		return func(p string) error {
-			if _, pattern := mux.Handler(httptest.NewRequest(http.MethodGet, p, nil)); pattern == "" {
-				return fmt.Errorf("not served by runAggregator (its patterns %q)", patterns)
-			}
-			return nil
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+			return fmt.Errorf("GET answered %s by the %s", resp.Status, sub)
 		}
+		return nil
 	}
-	return func(string) error { return fmt.Errorf("this test does not know what `quotaflow %s` serves", sub) }
-}
-
-// registeredPatterns are the string patterns given to Handle and HandleFunc in function fn of
-// file (in this package).
-func registeredPatterns(t *testing.T, file, fn string) []string {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var patterns []string
-	for _, d := range f.Decls {
-		fd, ok := d.(*ast.FuncDecl)
-		if !ok || fd.Name.Name != fn {
-			continue
-		}
-		ast.Inspect(fd.Body, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok || len(call.Args) == 0 {
-				return true
-			}
-			sel, ok := call.Fun.(*ast.SelectorExpr)
-			lit, isLit := call.Args[0].(*ast.BasicLit)
-			if ok && (sel.Sel.Name == "Handle" || sel.Sel.Name == "HandleFunc") && isLit && lit.Kind == token.STRING {
-				if p, err := strconv.Unquote(lit.Value); err == nil {
-					patterns = append(patterns, p)
-				}
-			}
-			return true
-		})
-	}
-	if len(patterns) == 0 {
-		t.Fatalf("%s: no mux.Handle or HandleFunc with a literal pattern in %s", file, fn)
-	}
-	return patterns
 }
 
 // checkShutdown: the grace period covers what the command does on SIGTERM.

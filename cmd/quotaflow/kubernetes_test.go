@@ -34,9 +34,8 @@ import (
 //     (env, envFrom) exist, and whose settings pass the command's own validation, with the
 //     files it reads resolved through the pod's volumes to the ConfigMaps and Secrets the
 //     kustomization generates;
-//   - every probe hits a port the command listens on and a path it serves: the checker's are
-//     asked of the real checker command started in this process, the aggregator's are read
-//     from the handlers runAggregator registers;
+//   - every probe hits a port the command listens on and a path it serves, asked of the real
+//     checker or aggregator started in this process;
 //   - shutdown, spool, memory and security settings fit what the binary and the image do.
 //
 // When kubectl is installed, its kustomize build of each overlay must also give what this test

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/internal/report"
+)
+
+// quotaflow override: limits changed for a while, through a checker's admin API.
+
+const overrideHelp = `  quotaflow override set [--user ID|--ip IP|--api-key KEY|--tier T] [--rule RULE] (--limit N|--multiplier F) --duration D --reason TEXT
+  quotaflow override list
+  quotaflow override delete ID
+`
+
+func runOverride(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "override", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+		"set": overrideSet, "list": overrideList, "delete": overrideDelete,
+	}, overrideHelp, args, getenv, stdout, stderr)
+}
+
+func overrideSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override set", `Changes a limit for a while: a subject's (--user, --ip, --api-key), a tier's (--tier) or, with
+--rule alone, one rule's for everyone. --rule narrows a subject's or tier's override to that
+rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 raised to 200 leaves
+110); --multiplier scales it. The override vanishes by itself after --duration.`, stderr)
+	c := registerAdminClient(fs)
+	var (
+		user, ip, apiKey, tier, rule, reason, id string
+		limit                                    int64
+		mult                                     float64
+		duration                                 time.Duration
+	)
+	fs.StringVar(&user, "user", "", "user id to override")
+	fs.StringVar(&ip, "ip", "", "client IP to override")
+	fs.StringVar(&apiKey, "api-key", "", "API key to override")
+	fs.StringVar(&apiKey, "apikey", "", "same as --api-key")
+	fs.StringVar(&tier, "tier", "", "tier to override")
+	fs.StringVar(&rule, "rule", "", "rule `id` the override applies to (default: every rule of the target)")
+	fs.Int64Var(&limit, "limit", 0, "new limit")
+	fs.Float64Var(&mult, "multiplier", 0, "factor applied to the limit, e.g. 2 or 0.5")
+	fs.DurationVar(&duration, "duration", 0, "how long the override lasts, e.g. 30m or 24h (required)")
+	fs.StringVar(&reason, "reason", "", "why, for the audit (required)")
+	fs.StringVar(&id, "id", "", "override `id` (default: a random one); with an id, running the same command again after an error is safe: a stored override is kept, not doubled")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if duration == 0 {
+		return usageError{errors.New("override set: --duration is required")}
+	}
+	req := admin.OverrideRequest{ID: id, Tier: tier, RuleID: rule, Limit: limit, Multiplier: mult, Duration: duration.String(), Reason: reason}
+	targets := 0
+	for _, s := range []struct{ dim, id string }{{"user", user}, {"ip", ip}, {"apikey", apiKey}, {"", tier}} {
+		if s.id != "" {
+			if s.dim != "" {
+				req.Dimension, req.Identifier = s.dim, s.id
+			}
+			targets++
+		}
+	}
+	if targets > 1 {
+		return usageError{errors.New("override set: name one target: --user, --ip, --api-key or --tier")}
+	}
+	if targets == 0 && rule == "" {
+		return usageError{errors.New("override set: name a target (--user, --ip, --api-key, --tier) or a --rule")}
+	}
+	o, err := c.CreateOverride(ctx, req)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(stdout, report.Override(&o))
+	return err
+}
+
+func overrideList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override list", "Lists the overrides not yet expired.", stderr)
+	c := registerAdminClient(fs)
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	overrides, err := c.Overrides(ctx)
+	if err != nil {
+		return err
+	}
+	return report.Overrides(stdout, overrides, time.Now())
+}
+
+func overrideDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("override delete", "Removes an override (argument: its id) before its expiry.", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "an override id")
+	if err != nil {
+		return err
+	}
+	if err := c.DeleteOverride(ctx, pos[0]); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "deleted override %s\n", pos[0])
+	return nil
+}

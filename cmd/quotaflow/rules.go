@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/quotaflow/quotaflow/internal/report"
+	"github.com/quotaflow/quotaflow/internal/rules"
+)
+
+// quotaflow rules: the rules of the rule store, through a checker's admin API.
+
+const rulesHelp = `  quotaflow rules list              the rules of the rule store
+  quotaflow rules get ID            one rule, as YAML
+  quotaflow rules apply -f FILE     replace rules, tiers, users and policies with a rules file
+  quotaflow rules delete ID         remove a rule (refused while a user's limit names it)
+`
+
+func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "rules", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": rulesDelete,
+	}, rulesHelp, args, getenv, stdout, stderr)
+}
+
+func rulesList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules list", "Lists the rules of the rule store through a checker's admin API.", stderr)
+	c := registerAdminClient(fs)
+	asJSON := fs.Bool("json", false, "print the whole rules document as JSON")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	raw, err := c.Rules(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		var b bytes.Buffer
+		json.Indent(&b, raw, "", "  ")
+		fmt.Fprintln(stdout, b.String())
+		return nil
+	}
+	var doc rules.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("decode rules: %w", err)
+	}
+	return report.Rules(stdout, &doc)
+}
+
+func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules get", "Prints one rule (argument: its id) as YAML, as a rules file writes it.", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
+	if err != nil {
+		return err
+	}
+	raw, err := c.Rule(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	// JSON is YAML: read as a node tree it keeps the fields' order and numbers as numbers
+	// (rules.Scalar would encode them quoted); dropping the styles prints block YAML.
+	var n yaml.Node
+	if err := yaml.Unmarshal(raw, &n); err != nil {
+		return fmt.Errorf("decode rule: %w", err)
+	}
+	plainStyle(&n)
+	return yaml.NewEncoder(stdout).Encode(&n)
+}
+
+func plainStyle(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		plainStyle(c)
+	}
+}
+
+func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules apply", `Replaces the rule store's whole configuration (rules, tiers, users, warnings, policies) with a
+rules file; overrides stay. The checker validates it as a whole: a file with any problem
+changes nothing. Every checker enforces the new rules within a fraction of a second.`, stderr)
+	c := registerAdminClient(fs)
+	file := fs.String("f", "", "rules `file` (YAML or JSON; required)")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if *file == "" {
+		return usageError{errors.New("rules apply: -f FILE is required")}
+	}
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return fmt.Errorf("read rules file: %w", err)
+	}
+	doc, err := rules.Decode(data)
+	if err != nil {
+		return fmt.Errorf("rules file %s: %w", *file, err)
+	}
+	// The checker validates the document again, but only here do its problems have the file's
+	// lines, and are they printed once (the API's error lists them in its message and again).
+	if _, err := doc.Compile(); err != nil {
+		return fmt.Errorf("rules file %s: refused, nothing was changed: %w", *file, err)
+	}
+	n, users, err := c.ApplyRules(ctx, doc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %s: %d rules, %d users\n", *file, n, users)
+	return nil
+}
+
+func rulesDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules delete", "Removes one rule (argument: its id).", stderr)
+	c := registerAdminClient(fs)
+	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
+	if err != nil {
+		return err
+	}
+	if err := c.DeleteRule(ctx, pos[0]); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
+	return nil
+}

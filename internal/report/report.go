@@ -1,0 +1,160 @@
+// Package report renders quotaflow's answers for people at a terminal: a check's decision
+// with every limit it evaluated, the rules of a rules document, the overrides in force. Each
+// is aligned text; the commands that print them offer JSON for programs.
+package report
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/rules"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// Decision is what a check or a quota query answered.
+type Decision struct {
+	Allowed      bool
+	RuleID       string
+	Remaining    int64
+	Limit        int64
+	ResetAt      int64 // Unix seconds
+	RetryAfter   int64 // seconds, rounded up
+	RetryAfterMs int64
+	State        quotaflowv1.State
+	Tier         string
+	Degraded     bool
+	Replayed     bool
+	Limits       []*quotaflowv1.LimitStatus
+}
+
+// CheckDecision is the decision of a CheckRateLimit response.
+func CheckDecision(m *quotaflowv1.CheckRateLimitResponse) Decision {
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits}
+}
+
+// QuotaDecision is the decision of a GetRemainingQuota response.
+func QuotaDecision(m *quotaflowv1.GetRemainingQuotaResponse) Decision {
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits}
+}
+
+// Write prints the verdict on one line, then a table of every limit evaluated.
+func (s Decision) Write(w io.Writer) error {
+	verdict := "ALLOWED"
+	if !s.Allowed {
+		verdict = fmt.Sprintf("DENIED (retry after %.3fs)", float64(s.RetryAfterMs)/1000)
+	}
+	fmt.Fprintf(w, "%s  tier=%s  state=%s", verdict, s.Tier, enumName(s.State.String(), "STATE_"))
+	if s.RuleID != "" {
+		fmt.Fprintf(w, "  rule=%s  remaining=%d/%d  reset=%s", s.RuleID, s.Remaining, s.Limit,
+			time.Unix(s.ResetAt, 0).UTC().Format(time.RFC3339))
+	}
+	if s.Degraded {
+		fmt.Fprint(w, "  DEGRADED")
+	}
+	if s.Replayed {
+		fmt.Fprint(w, "  REPLAYED")
+	}
+	fmt.Fprintln(w)
+	if len(s.Limits) == 0 {
+		_, err := fmt.Fprintln(w, "no rule matched")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SUBJECT\tRULE\tALGORITHM\tLIMIT\tUSED\tREMAINING\tRETRY\tSTATE")
+	for _, l := range s.Limits {
+		subject := enumName(l.Dimension.String(), "DIMENSION_")
+		if l.Dimension != quotaflowv1.Dimension_DIMENSION_GLOBAL {
+			subject += ":" + l.Identifier
+		}
+		rule := l.RuleId
+		if l.Shadow {
+			rule += " (shadow)"
+		}
+		limit := fmt.Sprintf("%d/%s", l.Limit, time.Duration(l.WindowMs)*time.Millisecond)
+		if l.Burst != l.Limit {
+			limit += fmt.Sprintf(" burst %d", l.Burst)
+		}
+		state := enumName(l.State.String(), "STATE_")
+		if l.Degraded {
+			state += " (degraded: fail " + l.FailMode + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", subject, rule, l.Algorithm, limit, l.CurrentCount, l.Remaining,
+			time.Duration(l.RetryAfterMs)*time.Millisecond, state)
+	}
+	return tw.Flush()
+}
+
+// enumName is a proto enum value's name as people say it: STATE_WARNING is "warning".
+func enumName(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
+}
+
+// Rules prints a table of doc's rules, one per line.
+func Rules(w io.Writer, doc *rules.Document) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tDIMENSION\tENDPOINT\tTIER\tALGORITHM\tLIMIT\tWINDOW\tBURST\tFLAGS")
+	for _, r := range doc.Rules {
+		var flags []string
+		if r.Shadow == "true" {
+			flags = append(flags, "shadow")
+		}
+		if r.FailMode != "" {
+			flags = append(flags, "fail_mode="+r.FailMode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Dimension, r.Endpoint, dash(r.Tier), r.Algorithm,
+			r.Limit, r.Window, dash(string(r.Burst)), dash(strings.Join(flags, ",")))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// Override is one override on one line: its id, target, change and expiry.
+func Override(o *rules.Override) string {
+	return fmt.Sprintf("override %s: %s %s until %s", o.ID, target(o), change(o), o.ExpiresAt.Local().Format(time.RFC3339))
+}
+
+// Overrides prints a table of overrides, with the time each has left as of now.
+func Overrides(w io.Writer, overrides []rules.Override, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTARGET\tCHANGE\tEXPIRES\tLEFT\tSOURCE\tCREATOR\tREASON")
+	for _, o := range overrides {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, target(&o), change(&o),
+			o.ExpiresAt.Local().Format(time.RFC3339), o.ExpiresAt.Sub(now).Round(time.Second), o.Source, o.Creator, o.Reason)
+	}
+	return tw.Flush()
+}
+
+// target is what an override applies to: a subject, a tier or a rule, narrowed to a rule.
+func target(o *rules.Override) string {
+	var t string
+	switch o.Target() {
+	case "subject":
+		t = o.Dimension + ":" + o.Identifier
+	case "tier":
+		t = "tier:" + o.Tier
+	default:
+		return "rule:" + o.RuleID
+	}
+	if o.RuleID != "" {
+		t += " rule:" + o.RuleID
+	}
+	return t
+}
+
+// change is what an override does to the limit.
+func change(o *rules.Override) string {
+	if o.Multiplier != 0 {
+		return "limit×" + strconv.FormatFloat(o.Multiplier, 'g', -1, 64)
+	}
+	return "limit=" + strconv.FormatInt(o.Limit, 10)
+}
