@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -566,5 +567,41 @@ func TestAdminAuthLockout(t *testing.T) {
 	env.admin.Handler().ServeHTTP(rec, other)
 	if rec.Code != 200 {
 		t.Errorf("a call from another address = %d %s, want 200", rec.Code, rec.Body)
+	}
+}
+
+// TestAdminProblemsOnce: a refused rules document's problems are listed once: in the body's
+// problems (the message says how many), and once in what Client's error prints.
+func TestAdminProblemsOnce(t *testing.T) {
+	t.Parallel()
+	env, _ := newAdminEnv(t, adminRules, Config{})
+	body := `{"rules":[{"id":"a","dimension":"users","endpoint":"/a","algorithm":"gcra","limit":5,"window":"1m"},` +
+		`{"id":"b","dimension":"user","endpoint":"/b","algorithm":"gcra","limit":-5,"window":"1m"}]}`
+	problems := []string{"unknown dimension", "want a whole number"}
+	got := env.call(t, "PUT", "/api/v1/rules", writeToken, body)
+	if got.status != 400 || len(got.body["problems"].([]any)) != 2 {
+		t.Fatalf("PUT /rules with two problems = %d %s, want 400 with two problems", got.status, got.raw)
+	}
+	for _, p := range problems {
+		if n := strings.Count(got.raw, p); n != 1 {
+			t.Errorf("body names %q %d times, want once:\n%s", p, n, got.raw)
+		}
+	}
+	var doc rules.Document
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{BaseURL: env.url, Token: writeToken, HTTP: env.http}
+	_, _, err := c.ApplyRules(context.Background(), &doc)
+	if err == nil {
+		t.Fatal("ApplyRules of a document with two problems = nil error")
+	}
+	for _, p := range problems {
+		if n := strings.Count(err.Error(), p); n != 1 {
+			t.Errorf("Client error names %q %d times, want once:\n%s", p, n, err)
+		}
+	}
+	if !strings.Contains(err.Error(), "2 problems") {
+		t.Errorf("Client error = %q, want it to say how many problems", err)
 	}
 }

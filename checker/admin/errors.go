@@ -73,8 +73,14 @@ func writeAPIError(w http.ResponseWriter, err error) {
 	case errors.As(err, &ce):
 		ae = badField(ce.Field, "%s", ce.Msg)
 	case errors.As(err, &ve):
+		// The problems are listed once, in Problems; the message names a single one, or
+		// how many there are.
+		msg := fmt.Sprintf("%d problems", len(ve.Problems))
+		if len(ve.Problems) == 1 {
+			msg = ve.Problems[0]
+		}
 		ae = &Error{Status: http.StatusBadRequest, Code: "invalid_argument", Problems: ve.Problems,
-			Message: "refused, nothing was changed: " + err.Error()}
+			Message: "refused, nothing was changed: " + msg}
 	case errors.As(err, &me):
 		ae = &Error{Status: http.StatusRequestEntityTooLarge, Code: "invalid_argument", Field: "body",
 			Message: fmt.Sprintf("body: larger than %d bytes", me.Limit)}
