@@ -4,45 +4,32 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
 type aggregatorFlags struct {
-	natsURL           string
-	natsTLS           clientTLSFlags
-	ch                clickhouseFlags
-	listen            string
-	partitions        int
-	replicas          int
-	batchRows         int
-	flushInterval     time.Duration
-	insertTimeout     time.Duration
-	pinnedTTL         time.Duration
-	ackWait           time.Duration
-	retentionInterval time.Duration
-	warningGrace      time.Duration
-	policyInterval    time.Duration
-	instanceID        string
-	logLevel          string
-	logFormat         string
+	cfg       daemon.AggregatorConfig
+	natsTLS   clientTLSFlags
+	ch        clickhouseFlags
+	logLevel  string
+	logFormat string
 }
 
 // register adds the aggregator's flags; inServe leaves out those `serve` shares with the checker.
 func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
+	g := &a.cfg.Aggregator
 	if !inServe {
-		fs.StringVar(&a.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
+		fs.StringVar(&a.cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
 		a.natsTLS.register(fs, "nats", "NATS")
-		fs.IntVar(&a.partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
-		fs.IntVar(&a.replicas, "stream-replicas", 1, "replicas of the aggregators' buckets and of the rule store and events stream when the aggregator creates them; the checkers' --stream-replicas")
-		fs.StringVar(&a.listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
-		fs.StringVar(&a.instanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
+		fs.IntVar(&g.Partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
+		fs.IntVar(&g.Replicas, "stream-replicas", 1, "replicas of the aggregators' buckets and of the rule store and events stream when the aggregator creates them; the checkers' --stream-replicas")
+		fs.StringVar(&a.cfg.Listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
+		fs.StringVar(&g.InstanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
 		fs.fromEnv("nats-url", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
@@ -52,49 +39,57 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 		def = "" // serve runs the aggregator only when a ClickHouse is named
 	}
 	a.ch.register(fs, def)
-	fs.IntVar(&a.batchRows, "batch-rows", 50000, "most decisions in one ClickHouse insert")
-	fs.DurationVar(&a.flushInterval, "flush-interval", time.Second, "longest a decision waits for its insert")
-	fs.DurationVar(&a.insertTimeout, "insert-timeout", 5*time.Second, "deadline of one insert; a failed insert is retried with backoff")
-	fs.DurationVar(&a.pinnedTTL, "pinned-ttl", 10*time.Second, "fail-over time: how long a dead aggregator's partitions stay pinned to it (more than --insert-timeout)")
-	fs.DurationVar(&a.ackWait, "ack-wait", 30*time.Second, "how long a fetched decision may stay unstored before it is redelivered: the fail-over time of a dead aggregator's fetched decisions (more than --flush-interval plus --insert-timeout)")
-	fs.DurationVar(&a.retentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
-	fs.DurationVar(&a.warningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
-	fs.DurationVar(&a.policyInterval, "policy-interval", time.Second, "how often the rules' policies (penalty, tier protection) are evaluated")
+	fs.IntVar(&g.BatchRows, "batch-rows", 50000, "most decisions in one ClickHouse insert")
+	fs.DurationVar(&g.FlushInterval, "flush-interval", time.Second, "longest a decision waits for its insert")
+	fs.DurationVar(&g.InsertTimeout, "insert-timeout", 5*time.Second, "deadline of one insert; a failed insert is retried with backoff")
+	fs.DurationVar(&g.PinnedTTL, "pinned-ttl", 10*time.Second, "fail-over time: how long a dead aggregator's partitions stay pinned to it (more than --insert-timeout)")
+	fs.DurationVar(&g.AckWait, "ack-wait", 30*time.Second, "how long a fetched decision may stay unstored before it is redelivered: the fail-over time of a dead aggregator's fetched decisions (more than --flush-interval plus --insert-timeout)")
+	fs.DurationVar(&g.RetentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
+	fs.DurationVar(&g.WarningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
+	fs.DurationVar(&g.PolicyInterval, "policy-interval", time.Second, "how often the rules' policies (penalty, tier protection) are evaluated")
 	fs.fromEnv("batch-rows", "flush-interval", "insert-timeout", "pinned-ttl", "ack-wait", "retention-interval",
 		"warning-grace", "policy-interval")
 }
 
+// validate checks the flags and completes the config.
 func (a *aggregatorFlags) validate() error {
+	g := &a.cfg.Aggregator
 	switch {
-	case !strings.HasPrefix(a.natsURL, "nats://") && !strings.HasPrefix(a.natsURL, "tls://"):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.natsURL)
-	case a.partitions < 1 || a.partitions > stream.MaxPartitions:
-		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, a.partitions)
-	case a.replicas < 1 || a.replicas > 5:
-		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", a.replicas)
-	case a.batchRows < 1:
-		return fmt.Errorf("--batch-rows: want at least 1, got %d", a.batchRows)
-	case a.flushInterval < time.Millisecond:
-		return fmt.Errorf("--flush-interval: want at least 1ms, got %s", a.flushInterval)
-	case a.insertTimeout < 100*time.Millisecond:
-		return fmt.Errorf("--insert-timeout: want at least 100ms, got %s", a.insertTimeout)
-	case a.pinnedTTL <= a.insertTimeout:
-		return fmt.Errorf("--pinned-ttl: want more than --insert-timeout (%s), got %s", a.insertTimeout, a.pinnedTTL)
-	case a.ackWait <= a.flushInterval+a.insertTimeout:
-		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", a.flushInterval+a.insertTimeout, a.ackWait)
-	case a.retentionInterval < time.Second:
-		return fmt.Errorf("--retention-interval: want at least 1s, got %s", a.retentionInterval)
-	case a.policyInterval < 10*time.Millisecond || a.policyInterval > time.Hour:
-		return fmt.Errorf("--policy-interval: want 10ms to 1h, got %s", a.policyInterval)
-	case a.warningGrace < 0 || a.warningGrace > time.Minute:
-		return fmt.Errorf("--warning-grace: want 0 to 1m, got %s", a.warningGrace)
-	case !validInstance(a.instanceID):
-		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", a.instanceID)
+	case !strings.HasPrefix(a.cfg.NATSURL, "nats://") && !strings.HasPrefix(a.cfg.NATSURL, "tls://"):
+		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.cfg.NATSURL)
+	case g.Partitions < 1 || g.Partitions > stream.MaxPartitions:
+		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, g.Partitions)
+	case g.Replicas < 1 || g.Replicas > 5:
+		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", g.Replicas)
+	case g.BatchRows < 1:
+		return fmt.Errorf("--batch-rows: want at least 1, got %d", g.BatchRows)
+	case g.FlushInterval < time.Millisecond:
+		return fmt.Errorf("--flush-interval: want at least 1ms, got %s", g.FlushInterval)
+	case g.InsertTimeout < 100*time.Millisecond:
+		return fmt.Errorf("--insert-timeout: want at least 100ms, got %s", g.InsertTimeout)
+	case g.PinnedTTL <= g.InsertTimeout:
+		return fmt.Errorf("--pinned-ttl: want more than --insert-timeout (%s), got %s", g.InsertTimeout, g.PinnedTTL)
+	case g.AckWait <= g.FlushInterval+g.InsertTimeout:
+		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", g.FlushInterval+g.InsertTimeout, g.AckWait)
+	case g.RetentionInterval < time.Second:
+		return fmt.Errorf("--retention-interval: want at least 1s, got %s", g.RetentionInterval)
+	case g.PolicyInterval < 10*time.Millisecond || g.PolicyInterval > time.Hour:
+		return fmt.Errorf("--policy-interval: want 10ms to 1h, got %s", g.PolicyInterval)
+	case g.WarningGrace < 0 || g.WarningGrace > time.Minute:
+		return fmt.Errorf("--warning-grace: want 0 to 1m, got %s", g.WarningGrace)
+	case !validInstance(g.InstanceID):
+		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", g.InstanceID)
 	}
 	if _, err := schema.ParseDSN(a.ch.dsn); err != nil {
 		return fmt.Errorf("--clickhouse-dsn: %w", err)
 	}
-	return nil
+	var err error
+	if a.cfg.NATSTLS, err = a.natsTLS.config(""); err != nil {
+		return err
+	}
+	a.cfg.ClickHouseDSN, g.Cluster = a.ch.dsn, a.ch.cluster
+	a.cfg.ClickHouseTLS, err = a.ch.tls.config("")
+	return err
 }
 
 func validInstance(s string) bool {
@@ -107,25 +102,6 @@ func validInstance(s string) bool {
 		}
 	}
 	return true
-}
-
-// config is the aggregator's config the flags name; validate first.
-func (a *aggregatorFlags) config(log *slog.Logger) (daemon.AggregatorConfig, error) {
-	natsTLS, err := a.natsTLS.config("")
-	if err != nil {
-		return daemon.AggregatorConfig{}, usageError{err}
-	}
-	chTLS, err := a.ch.tls.config("")
-	if err != nil {
-		return daemon.AggregatorConfig{}, usageError{err}
-	}
-	return daemon.AggregatorConfig{NATSURL: a.natsURL, NATSTLS: natsTLS, ClickHouseDSN: a.ch.dsn, ClickHouseTLS: chTLS,
-		Listen: a.listen, Logger: log, Aggregator: aggregator.Config{
-			Partitions: a.partitions, Replicas: a.replicas, InstanceID: a.instanceID, BatchRows: a.batchRows,
-			FlushInterval: a.flushInterval, InsertTimeout: a.insertTimeout, PinnedTTL: a.pinnedTTL, AckWait: a.ackWait,
-			RetentionInterval: a.retentionInterval, WarningGrace: a.warningGrace, PolicyInterval: a.policyInterval,
-			Cluster: a.ch.cluster,
-		}}, nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -151,11 +127,8 @@ configuration changes) in state_transitions (90 days), overrides and config_chan
 	if err != nil {
 		return err
 	}
-	cfg, err := a.config(log)
-	if err != nil {
-		return err
-	}
-	d, err := daemon.StartAggregator(ctx, cfg)
+	a.cfg.Logger = log
+	d, err := daemon.StartAggregator(ctx, a.cfg)
 	if err != nil {
 		return flagErr(err)
 	}

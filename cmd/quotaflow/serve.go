@@ -69,7 +69,8 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		}
 		return serveUntil(ctx, d)
 	}
-	a.natsURL, a.natsTLS, a.partitions, a.replicas, a.instanceID = p.natsURL, p.natsTLS, p.cfg.Partitions, p.cfg.Replicas, c.cfg.InstanceID
+	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
+	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
 	if err := a.validate(); err != nil {
 		return usageError{err}
 	}
@@ -86,12 +87,8 @@ func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, 
 		return err
 	}
 	defer daemon.CloseTelemetry(tel)
-	acfg, err := a.config(log)
-	if err != nil {
-		return err
-	}
-	acfg.Telemetry, c.cfg.Telemetry = tel, tel
-	agg, err := daemon.StartAggregator(ctx, acfg)
+	a.cfg.Telemetry, a.cfg.Logger, c.cfg.Telemetry = tel, log, tel
+	agg, err := daemon.StartAggregator(ctx, a.cfg)
 	if err != nil {
 		return flagErr(err)
 	}
