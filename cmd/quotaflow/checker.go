@@ -137,11 +137,10 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 
 // start connects the Redis the flags name and starts the checker.
 func (c *checkerFlags) start(ctx context.Context, p *publishFlags, log *slog.Logger) (*daemon.Checker, error) {
-	rdb, desc, err := c.redis.client(ctx)
+	rdb, err := c.redis.client(ctx)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("buckets in redis", "redis", desc)
 	c.cfg.Redis = rdb
 	d, err := daemon.StartChecker(ctx, c.cfg)
 	return d, flagErr(err)

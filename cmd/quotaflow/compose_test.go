@@ -480,7 +480,7 @@ var composeValidators = map[string]func(args []string, getenv func(string) strin
 		_, err := c.validate(&p, io.Discard)
 		if err == nil {
 			var rdb interface{ Close() error }
-			if rdb, _, err = c.redis.client(context.Background()); err == nil {
+			if rdb, err = c.redis.client(context.Background()); err == nil {
 				rdb.Close() // a --redis-url client: nothing was contacted
 			}
 		}

@@ -46,33 +46,33 @@ func splitList(s string) []string {
 	return out
 }
 
-// client returns a client of the named topology and a description for logs. A cluster or a
+// client returns a client of the named topology. A cluster or a
 // Sentinel group must answer at start (a wrong seed list is an error, not a degraded state);
 // one server may be down, its rules' fail modes deciding meanwhile.
-func (r *redisFlags) client(ctx context.Context) (redis.UniversalClient, string, error) {
+func (r *redisFlags) client(ctx context.Context) (redis.UniversalClient, error) {
 	cfg := bucket.RedisConfig{Cluster: splitList(r.cluster), Sentinels: splitList(r.sentinels), MasterName: r.master,
 		Username: r.username, Password: r.password}
-	flag, desc := "--redis-url", r.url
+	flag := "--redis-url"
 	switch {
 	case r.cluster != "" && r.sentinels != "":
-		return nil, "", usageError{errors.New("--redis-cluster and --redis-sentinel: name one topology")}
+		return nil, usageError{errors.New("--redis-cluster and --redis-sentinel: name one topology")}
 	case (r.cluster != "" || r.sentinels != "") && r.fs.isSet("redis-url"):
-		return nil, "", usageError{errors.New("--redis-url: not with --redis-cluster or --redis-sentinel (name one topology)")}
+		return nil, usageError{errors.New("--redis-url: not with --redis-cluster or --redis-sentinel (name one topology)")}
 	case r.master != "" && r.sentinels == "":
-		return nil, "", usageError{errors.New("--redis-sentinel-master: needs --redis-sentinel")}
+		return nil, usageError{errors.New("--redis-sentinel-master: needs --redis-sentinel")}
 	case r.sentinels != "" && r.master == "":
-		return nil, "", usageError{errors.New("--redis-sentinel: needs --redis-sentinel-master, the name of the master its sentinels watch")}
+		return nil, usageError{errors.New("--redis-sentinel: needs --redis-sentinel-master, the name of the master its sentinels watch")}
 	case r.cluster != "":
-		flag, desc = "--redis-cluster", "cluster "+r.cluster
+		flag = "--redis-cluster"
 	case r.sentinels != "":
-		flag, desc = "--redis-sentinel", "sentinel "+r.master+"@"+r.sentinels
+		flag = "--redis-sentinel"
 	default:
 		cfg.URL = r.url
 		if r.fs.isSet("redis-username") || r.fs.isSet("redis-password") || r.tls {
-			return nil, "", usageError{errors.New("--redis-username, --redis-password, --redis-tls: for --redis-cluster or --redis-sentinel (a --redis-url carries credentials and rediss://)")}
+			return nil, usageError{errors.New("--redis-username, --redis-password, --redis-tls: for --redis-cluster or --redis-sentinel (a --redis-url carries credentials and rediss://)")}
 		}
 		if r.files.set() && !strings.HasPrefix(r.url, "rediss://") {
-			return nil, "", usageError{errors.New("--redis-ca-file, --redis-cert-file, --redis-key-file: need a rediss:// --redis-url")}
+			return nil, usageError{errors.New("--redis-ca-file, --redis-cert-file, --redis-key-file: need a rediss:// --redis-url")}
 		}
 	}
 	if r.files.set() || r.tls {
@@ -84,21 +84,21 @@ func (r *redisFlags) client(ctx context.Context) (redis.UniversalClient, string,
 		}
 		tlsCfg, err := tlsfiles.Client(r.files.ca, r.files.cert, r.files.key, serverName) // --redis-tls alone: the system's roots
 		if err != nil {
-			return nil, "", usageError{fmt.Errorf("--redis-ca-file, --redis-cert-file, --redis-key-file: %w", err)}
+			return nil, usageError{fmt.Errorf("--redis-ca-file, --redis-cert-file, --redis-key-file: %w", err)}
 		}
 		cfg.TLS = tlsCfg
 	}
 	rdb, err := bucket.NewRedisClient(cfg)
 	if err != nil {
-		return nil, "", usageError{fmt.Errorf("%s: %w", flag, err)}
+		return nil, usageError{fmt.Errorf("%s: %w", flag, err)}
 	}
 	if flag != "--redis-url" {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if err := bucket.Reachable(rctx, rdb); err != nil {
 			rdb.Close()
-			return nil, "", fmt.Errorf("%s: no server answered at start: %w", flag, err)
+			return nil, fmt.Errorf("%s: no server answered at start: %w", flag, err)
 		}
 	}
-	return rdb, desc, nil
+	return rdb, nil
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -288,7 +289,7 @@ func (s *checkerStart) serve() error {
 	s.c.url = scheme + ln.Addr().String()
 	s.c.goServe(func(ctx context.Context) error { return front.Serve(ctx, ln, mux, cfg.ShutdownTimeout) })
 	log.Info("checker listening", "url", s.c.url, "rules", cfg.RulesFile, "rules_from", s.source,
-		"rule_count", len(s.set.Rules()), "nats", cfg.NATSURL, "instance", tel.Instance,
+		"rule_count", len(s.set.Rules()), "redis", redisName(cfg.Redis), "nats", cfg.NATSURL, "instance", tel.Instance,
 		"admin_tokens", len(cfg.Admin.Tokens))
 	if cfg.DebugListen != "" {
 		url, stop, err := telemetry.ServeProfiles(cfg.DebugListen)
@@ -326,4 +327,16 @@ func (s *checkerStart) serveMetrics() error {
 		return nil
 	})
 	return nil
+}
+
+// redisName names the Redis of rdb in logs: a server's address, a cluster's seeds, a Sentinel
+// group's master.
+func redisName(rdb redis.UniversalClient) string {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(c.Options().Addrs, ",")
+	case *redis.Client:
+		return c.Options().Addr
+	}
+	return fmt.Sprintf("%T", rdb)
 }
