@@ -5,8 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // plan is a check's bucket requests (one per subject's enforced limits and one per its shadow

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 func TestIdempotencyDigests(t *testing.T) {

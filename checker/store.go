@@ -10,8 +10,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Store keeps the buckets: *bucket.Store (Redis) in production. The engine calls it only

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // UserUsage is every rule that applies to a user now, with its effective limit and what is

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // Error is the body of every error the API answers, and what Client returns for one.

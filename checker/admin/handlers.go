@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the

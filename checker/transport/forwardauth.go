@@ -11,8 +11,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // forwardAuth serves gateways (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth,
