@@ -101,7 +101,7 @@ func TestGuardCountsOnlyStoreFailures(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	store := bucket.NewStore(rdb)
 	t.Cleanup(func() { store.Close() })
-	e := newEngine(t, Config{Store: faultyStore{store}, Rules: checkertest.Rules(t, `
+	e := newEngine(t, Config{store: faultyStore{store}, Rules: checkertest.Rules(t, `
 default_tier: free
 tiers: {free: {}}
 rules:
