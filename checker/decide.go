@@ -89,7 +89,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	for i, res := range results {
 		for j, lr := range res.Limits {
 			l := &out.Limits[pl.first[i]+j]
-			l.Result, l.Degraded = lr, degraded
+			l.Result, l.Degraded = LimitResult(lr), degraded
 		}
 		out.Replayed = out.Replayed || res.Replayed
 		out.Now = res.Now
@@ -157,7 +157,7 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 				return FieldErrorf("cost", "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
 			}
 			req.Limits = append(req.Limits, lim)
-			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: lim, thresholds: set.Thresholds(r.ID)})
+			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: effectiveLimit(&lim), thresholds: set.Thresholds(r.ID)})
 		}
 		if len(req.Limits) == 0 {
 			return nil
@@ -246,7 +246,7 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 		for j := range req.Limits {
 			if res, ok := e.olc.lookup(req.Limits[j].Key, cost, now); ok {
 				lo := out.Limits[pl.first[i]+j]
-				lo.Result = res
+				lo.Result = LimitResult(res)
 				hits = append(hits, lo)
 			}
 		}

@@ -37,12 +37,46 @@ type Outcome struct {
 type LimitOutcome struct {
 	Rule     *rules.Rule
 	Subject  Subject
-	Limit    bucket.Limit // the effective limit, overrides and custom limits applied
-	Result   bucket.LimitResult
+	Limit    Limit // the effective limit, overrides and custom limits applied
+	Result   LimitResult
 	Degraded bool // decided by the rule's fail mode
 
 	thresholds rules.Thresholds // the rule's warning thresholds, as the aggregator applies them
 }
+
+// Limit is a rule's limit as a check applies it: the rule's own or the user's custom limit,
+// overrides applied.
+type Limit struct {
+	// Limit is the number of units allowed per Window.
+	Limit  int64
+	Window time.Duration
+	// Capacity is the most a single check may consume: the burst of a token bucket, leaky
+	// bucket or GCRA rule (Limit when it sets none), Limit for the window algorithms.
+	Capacity int64
+}
+
+// effectiveLimit is the public form of the limit the store enforces.
+func effectiveLimit(l *bucket.Limit) Limit {
+	return Limit{Limit: l.Limit, Window: l.Window, Capacity: l.Capacity()}
+}
+
+// LimitResult is a bucket's state after a check (or a peek) of one limit.
+type LimitResult struct {
+	Allowed bool
+	// Used is how much of the capacity is used after the check (rounded up).
+	Used int64
+	// Remaining is how much could still be consumed now (rounded down).
+	Remaining int64
+	// ResetAt is when the bucket is fully available again.
+	ResetAt time.Time
+	// RetryAfter is, when denied, how long until the check's cost would be allowed by this
+	// limit; 0 when allowed. It is never 0 when denied.
+	RetryAfter time.Duration
+}
+
+// The store's result converts to LimitResult without a copy of its own: a field added to one
+// and not the other fails to compile here.
+var _ = LimitResult(bucket.LimitResult{})
 
 // State is the limit's warning state as this answer sees it: throttled when it denied, warning
 // when its use is past the rule's warning threshold (rules.Thresholds.Enters, the test the
@@ -91,7 +125,7 @@ func (o *Outcome) summarize() {
 		if !o.Allowed {
 			continue
 		}
-		share := float64(l.Result.Used) / float64(l.Limit.Capacity())
+		share := float64(l.Result.Used) / float64(l.Limit.Capacity)
 		if share > bestShare || (share == bestShare && l.Result.Remaining < o.Limits[o.Decider].Result.Remaining) {
 			bestShare, o.Decider = share, i
 		}
@@ -116,7 +150,7 @@ func (o *Outcome) Statuses() []*quotaflowv1.LimitStatus {
 			Endpoint:     l.Rule.Endpoint,
 			Algorithm:    l.Rule.Algorithm.String(),
 			Limit:        l.Limit.Limit,
-			Burst:        l.Limit.Capacity(),
+			Burst:        l.Limit.Capacity,
 			WindowMs:     l.Limit.Window.Milliseconds(),
 			Allowed:      l.Result.Allowed,
 			CurrentCount: l.Result.Used,

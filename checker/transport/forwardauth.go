@@ -282,7 +282,7 @@ func policies(o *checker.Outcome) string {
 	for i := range o.Limits {
 		l := &o.Limits[i]
 		if !l.Rule.Shadow {
-			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity())
+			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity)
 		}
 	}
 	return p.String()

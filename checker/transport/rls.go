@@ -236,14 +236,14 @@ func moreRestrictive(ao *checker.Outcome, a *checker.LimitOutcome, bo *checker.O
 	case a.Result.Remaining != b.Result.Remaining:
 		return a.Result.Remaining < b.Result.Remaining
 	}
-	return a.Limit.Capacity() < b.Limit.Capacity()
+	return a.Limit.Capacity < b.Limit.Capacity
 }
 
 // rlsHeaders are the response headers Envoy adds to the response to the client.
 func rlsHeaders(out *checker.Outcome, l *checker.LimitOutcome) []*corev3.HeaderValue {
 	reset := checker.CeilSeconds(checker.CeilMillis(max(0, l.Result.ResetAt.Sub(out.Now))))
 	h := []*corev3.HeaderValue{
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity(), 10)},
+		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity, 10)},
 		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.Result.Remaining), 10)},
 		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
 	}
