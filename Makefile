@@ -53,6 +53,7 @@ FUZZ_TARGETS := \
 	./checker/rules:FuzzParse \
 	./internal/urlpath:FuzzNormalize \
 	./checker:FuzzCheckRequest \
+	./checker/transport:FuzzCheckRequest \
 	./checker:FuzzIdempotencySequence \
 	./checker/transport:FuzzConnectJSON \
 	./checker/transport:FuzzConnectProto \

@@ -6,6 +6,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // UserUsage is every rule that applies to a user now, with its effective limit and what is
@@ -40,8 +41,8 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	if set == nil {
 		return nil, ErrNoRules
 	}
-	if err := CheckText("user_id", user, MaxIdentifierLen); err != nil {
-		return nil, err
+	if err := field.Text(user, MaxIdentifierLen); err != nil {
+		return nil, fieldError("user_id", err)
 	}
 	tier := set.TierOf(user)
 	u, _ := set.User(user)
