@@ -5,9 +5,14 @@
 // stateless: every checker process shares the buckets in Redis, so any number of them give one
 // exact answer.
 //
-// The engine speaks no wire protocol. Package checker/transport serves it over Connect, gRPC,
-// gRPC-Web, Envoy's rate limit service and an HTTP forward-auth endpoint, and package
-// checker/admin serves the admin API beside it; docs/architecture.md draws the whole path.
+// The engine speaks no wire protocol and its API names only its own types, the rule model of
+// package checker/rules (the rules file's format, which rules.Parse reads) and the clients a
+// caller already has (go-redis, OpenTelemetry, slog). A program embeds it with a rule set and a
+// Redis client: Check and Peek validate every Query and refuse a broken one with a FieldError
+// naming the field; a denial is an Outcome, not an error. Package checker/transport serves the
+// engine over Connect, gRPC, gRPC-Web, Envoy's rate limit service and an HTTP forward-auth
+// endpoint, translating each wire format to and from these types, and package checker/admin
+// serves the admin API beside it; docs/architecture.md draws the whole path.
 package checker
 
 import (

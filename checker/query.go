@@ -65,8 +65,9 @@ type Query struct {
 	// is added by the engine.
 	Subjects []Subject
 	// Endpoint is the called endpoint that rules' patterns match: a path, its query ignored.
-	// Check and Peek match its normal form (see urlpath), which decisions report and
-	// idempotency keys bind; they leave the Query as it is.
+	// Check and Peek match its normal form, in which every spelling of one path (case,
+	// escapes, dot and empty segments, a trailing slash, ";" parameters) is one, and which
+	// decisions report and idempotency keys bind; they leave the Query as it is.
 	Endpoint string
 	// Cost is the units the check consumes, 1 to MaxCost; 0 means 1.
 	Cost int64
