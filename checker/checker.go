@@ -60,7 +60,7 @@ type Config struct {
 	// random one.
 	InstanceID string
 	// DisableOverLimitCache turns off the local cache of buckets known to deny until a known
-	// instant (see overLimitCache): every check then goes to the store.
+	// instant: every check then goes to the store.
 	DisableOverLimitCache bool
 	// Meter and Tracer receive the engine's metrics and spans; nil means none.
 	Meter  metric.Meter

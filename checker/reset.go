@@ -22,7 +22,7 @@ type ResetRequest struct {
 }
 
 // Reset deletes the buckets r names. It returns how many buckets existed and the ids of the
-// rules reset. A broken request is a FieldError (named as ResetLimitRequest's fields); with the
+// rules reset. A broken request is a FieldError (identifier, dimension, endpoint, rule_id); with the
 // store unreachable it fails with ErrUnavailable: a reset has no fail mode.
 func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, error) {
 	set := e.rules.Load()
