@@ -391,11 +391,9 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	if h := d.GetHitsAddend(); h != nil {
 		cost, q.ownCost = h.GetValue(), true
 	}
-	if cost > checker.MaxCost {
-		return fieldErrorf(q.costField(), "must be at most %d, got %d", checker.MaxCost, cost)
-	}
+	// A hits_addend past the largest int64 is past MaxCost too: field.Cost refuses it as that.
 	var err error
-	if q.Cost, err = field.Cost(int64(cost), checker.MaxCost); err != nil {
+	if q.Cost, err = field.Cost(int64(min(cost, math.MaxInt64)), checker.MaxCost); err != nil {
 		return fieldError(q.costField(), err)
 	}
 	return nil
