@@ -49,10 +49,11 @@ generate:
 # leaves the failing input in the package's testdata/fuzz/Target/: commit it with the fix, and
 # every later `go test` replays it.
 FUZZ_TARGETS := \
-	./internal/rules:FuzzMatch \
-	./internal/rules:FuzzParse \
+	./checker/rules:FuzzMatch \
+	./checker/rules:FuzzParse \
 	./internal/urlpath:FuzzNormalize \
 	./checker:FuzzCheckRequest \
+	./checker/transport:FuzzCheckRequest \
 	./checker:FuzzIdempotencySequence \
 	./checker/transport:FuzzConnectJSON \
 	./checker/transport:FuzzConnectProto \
@@ -85,7 +86,7 @@ fuzz-ci:
 
 ## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./internal/rules/ ./internal/urlpath/
+	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./checker/rules/ ./internal/urlpath/
 
 clean:
 	rm -rf bin .dev

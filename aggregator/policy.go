@@ -13,8 +13,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // OverrideStore is what the policies need of the rule store (rulestore.Store).

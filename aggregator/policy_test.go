@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )

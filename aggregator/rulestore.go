@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/retry"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // RuleStore is what the aggregator needs of the rule store (rulestore.Store): the rule set whose

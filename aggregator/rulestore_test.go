@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 )
 

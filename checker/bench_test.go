@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 const benchRules = `rules:

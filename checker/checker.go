@@ -5,9 +5,14 @@
 // stateless: every checker process shares the buckets in Redis, so any number of them give one
 // exact answer.
 //
-// The engine speaks no wire protocol. Package checker/transport serves it over Connect, gRPC,
-// gRPC-Web, Envoy's rate limit service and an HTTP forward-auth endpoint, and package
-// checker/admin serves the admin API beside it; docs/architecture.md draws the whole path.
+// The engine speaks no wire protocol and its API names only its own types, the rule model of
+// package checker/rules (the rules file's format, which rules.Parse reads) and the clients a
+// caller already has (go-redis, OpenTelemetry, slog). A program embeds it with a rule set and a
+// Redis client: Check and Peek validate every Query and refuse a broken one with a FieldError
+// naming the field; a denial is an Outcome, not an error. Package checker/transport serves the
+// engine over Connect, gRPC, gRPC-Web, Envoy's rate limit service and an HTTP forward-auth
+// endpoint, translating each wire format to and from these types, and package checker/admin
+// serves the admin API beside it; docs/architecture.md draws the whole path.
 package checker
 
 import (
@@ -21,18 +26,15 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Config configures an Engine. The zero value is usable: it talks to Redis on 127.0.0.1:6379
 // and is not ready until rules are set.
 type Config struct {
-	// Store keeps the buckets; nil means a bucket.Store over Redis. A Store passed in is left
-	// open by Close.
-	Store Store
-	// Redis is the client of the default Store; nil means a client for 127.0.0.1:6379, closed
+	// Redis is the client of the buckets' store; nil means a client for 127.0.0.1:6379, closed
 	// by Engine.Close. A client passed in is left open. It must have ContextTimeoutEnabled set,
 	// else go-redis ignores RedisTimeout and a stalled Redis stalls every check.
 	Redis redis.UniversalClient
@@ -48,8 +50,7 @@ type Config struct {
 	// CircuitFailures is how many failed round trips to the store in a row (no success between
 	// them, the first at least RedisTimeout before the last) make it unreachable: Redis's
 	// errors, refused or broken connections, round trips past RedisTimeout. A caller's deadline
-	// or cancellation never counts. 0 means 3. A Store passed in is judged by the errors its
-	// Checks return, its wait past RedisTimeout included.
+	// or cancellation never counts. 0 means 3.
 	CircuitFailures int
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
@@ -59,7 +60,7 @@ type Config struct {
 	// random one.
 	InstanceID string
 	// DisableOverLimitCache turns off the local cache of buckets known to deny until a known
-	// instant (see overLimitCache): every check then goes to the store.
+	// instant: every check then goes to the store.
 	DisableOverLimitCache bool
 	// Meter and Tracer receive the engine's metrics and spans; nil means none.
 	Meter  metric.Meter
@@ -68,6 +69,11 @@ type Config struct {
 	TraceRatio float64
 	// Logger receives the engine's logs, with "component"="checker"; nil means slog.Default().
 	Logger *slog.Logger
+
+	// store replaces the Redis store in this package's tests (faults, conflicts); it is left
+	// open by Close, and judged by the errors its Checks return, its wait past RedisTimeout
+	// included.
+	store bucketStore
 }
 
 // Engine decides checks. Its methods are safe for concurrent use.
@@ -117,7 +123,7 @@ func New(cfg Config) *Engine {
 		timeout: timeout, probeEvery: cfg.ProbeInterval, localMaxKeys: cfg.LocalMaxKeys,
 		circuitFailures: cfg.CircuitFailures, log: e.log, observe: e.tel.redis.Record,
 	})
-	store := cfg.Store
+	store := cfg.store
 	if store == nil {
 		if e.rdb == nil {
 			e.rdb = redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
@@ -135,7 +141,7 @@ func New(cfg Config) *Engine {
 			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log})
 		store = e.ownStore
 	}
-	e.store.use(store, cfg.Store == nil)
+	e.store.use(store, cfg.store == nil)
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
 	}

@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // TestCircuit: only threshold failures in a row, spanning the circuit's span, open it; a
@@ -101,7 +100,7 @@ func TestGuardCountsOnlyStoreFailures(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	store := bucket.NewStore(rdb)
 	t.Cleanup(func() { store.Close() })
-	e := newEngine(t, Config{Store: faultyStore{store}, Rules: checkertest.Rules(t, `
+	e := newEngine(t, Config{store: faultyStore{store}, Rules: checkertest.Rules(t, `
 default_tier: free
 tiers: {free: {}}
 rules:
@@ -202,8 +201,8 @@ rules:
 	}
 }
 
-// TestConcurrentQuerySubjects: one Query built by NewCheckQuery (its subjects slice has spare
-// capacity) checked from many goroutines at once (run it under -race): the engine plans the
+// TestConcurrentQuerySubjects: one Query whose subjects slice has spare capacity, as the
+// transports build them, checked from many goroutines at once (run it under -race): the engine plans the
 // global subject without appending it to the caller's slice, so the checks share nothing they
 // write, the global rule counts each check once, and the spare capacity stays untouched.
 func TestConcurrentQuerySubjects(t *testing.T) {
@@ -217,15 +216,7 @@ rules:
   - {id: user, dimension: user, endpoint: /api/v1/search/%[1]s, algorithm: fixed_window, limit: 100, window: 1h}
   - {id: everyone, dimension: global, endpoint: /api/v1/search/%[1]s, algorithm: fixed_window, limit: 8, window: 1h}
 `, id))})
-	q, err := NewCheckQuery(&quotaflowv1.CheckRateLimitRequest{
-		Identifier: id, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/api/v1/search/" + id,
-	}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(q.Subjects) != 1 || cap(q.Subjects) < 2 {
-		t.Fatalf("NewCheckQuery's subjects: len %d cap %d; want 1 with spare capacity (the case under test)", len(q.Subjects), cap(q.Subjects))
-	}
+	q := &Query{Subjects: append(make([]Subject, 0, 3), Subject{Dimension: rules.DimensionUser, ID: id}), Endpoint: "/api/v1/search/" + id}
 	allowed := checkConcurrently(t, e, q, 16)
 	if got := q.Subjects[:cap(q.Subjects)][1]; allowed != 8 || len(q.Subjects) != 1 || got != (Subject{}) {
 		t.Errorf("16 checks: %d allowed, query's subjects %v, spare slot %v; want 8 (the global rule's limit), one subject, the zero Subject",

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // plan is a check's bucket requests (one per subject's enforced limits and one per its shadow
@@ -41,16 +41,10 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	if set == nil {
 		return nil, ErrNoRules
 	}
-	// Whatever the transport, rules match and decisions report the endpoint's normal form. q is
-	// the caller's, which may check it from several goroutines: a copy carries another form.
-	ep, err := NormalizeEndpoint("endpoint", q.Endpoint)
+	// Whatever the transport, rules match and decisions report the endpoint's normal form.
+	q, err := normalQuery(q)
 	if err != nil {
 		return nil, err
-	}
-	if ep != q.Endpoint {
-		normal := *q
-		normal.Endpoint = ep
-		q = &normal
 	}
 	out := &Outcome{Decider: -1}
 	if err := resolveTier(set, q, out); err != nil {
@@ -89,7 +83,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	for i, res := range results {
 		for j, lr := range res.Limits {
 			l := &out.Limits[pl.first[i]+j]
-			l.Result, l.Degraded = lr, degraded
+			l.Result, l.Degraded = LimitResult(lr), degraded
 		}
 		out.Replayed = out.Replayed || res.Replayed
 		out.Now = res.Now
@@ -107,7 +101,7 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 	e.tel.record(ctx, out, start)
 	out.ID = e.nextDecisionID()
 	if e.sink != nil {
-		e.sink.Publish(out.decision(q, e.instanceID))
+		e.sink.Publish(e.instanceID, q, out)
 	}
 	return out
 }
@@ -118,7 +112,7 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 	switch {
 	case q.Tier != "":
 		if !set.HasTier(q.Tier) {
-			return FieldErrorf("tier", "%q is not a configured tier", q.Tier)
+			return fieldErrorf("tier", "%q is not a configured tier", q.Tier)
 		}
 		out.Tier = q.Tier
 	default:
@@ -154,10 +148,10 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 			}
 			lim := set.Effective(r, limitKey(tag, r), sub.Dimension, sub.ID, out.Tier, custom[r.ID], now)
 			if q.Cost > lim.Capacity() {
-				return FieldErrorf("cost", "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
+				return fieldErrorf("cost", "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
 			}
 			req.Limits = append(req.Limits, lim)
-			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: lim, thresholds: set.Thresholds(r.ID)})
+			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: effectiveLimit(&lim), thresholds: set.Thresholds(r.ID)})
 		}
 		if len(req.Limits) == 0 {
 			return nil
@@ -246,7 +240,7 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 		for j := range req.Limits {
 			if res, ok := e.olc.lookup(req.Limits[j].Key, cost, now); ok {
 				lo := out.Limits[pl.first[i]+j]
-				lo.Result = res
+				lo.Result = LimitResult(res)
 				hits = append(hits, lo)
 			}
 		}

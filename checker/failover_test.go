@@ -10,10 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // failoverTopology is a Redis with a replica to promote: a cluster or a Sentinel group.

@@ -20,9 +20,9 @@ import (
 // A key replays an allowed check only for the same request (a retry): replaying it for any
 // other would let a client that sends one key with every request pass them all uncharged.
 //
-// A Store reports a key bound to another request by returning an error that wraps it; the
-// engine answers that check with the FieldError above. It is the sentinel of the Redis store
-// itself, so that the store and the engine cannot disagree on what a conflict is.
+// It is the sentinel of the Redis store itself, which reports a key bound to another request
+// with an error wrapping it, so that the store and the engine cannot disagree on what a
+// conflict is.
 var ErrIdempotencyConflict = bucket.ErrIdempotencyConflict
 
 // idempotencyConflict is the engine's answer to a store that found a key bound to another

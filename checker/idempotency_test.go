@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 func TestIdempotencyDigests(t *testing.T) {
@@ -163,9 +163,8 @@ func TestIdempotencyBinding(t *testing.T) {
 	}
 }
 
-// conflictStore is the real bucket.Store, but refuses every keyed request as a Store of one's
-// own would that keeps its records elsewhere: with an error of its own wrapping
-// ErrIdempotencyConflict, the one sentinel a Store can name.
+// conflictStore is the real bucket.Store, but refuses every keyed request as a store that keeps
+// its records elsewhere would: with an error of its own wrapping ErrIdempotencyConflict.
 type conflictStore struct{ *bucket.Store }
 
 func (s conflictStore) Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
@@ -177,10 +176,10 @@ func (s conflictStore) Check(ctx context.Context, reqs []bucket.Request) ([]buck
 	return s.Store.Check(ctx, reqs)
 }
 
-// TestStoreIdempotencyConflict: a Store passed in that reports a conflict with the exported
+// TestStoreIdempotencyConflict: a store (Config.store) that reports a conflict with the exported
 // ErrIdempotencyConflict gets the engine's answer to one, the FieldError on idempotency_key,
 // as the Redis store's own conflicts are: there is one sentinel. Before, the
-// engine recognized only internal/bucket's, which a Store outside the module cannot name, and
+// engine recognized only internal/bucket's error value, not one wrapping it, and
 // the guard took the conflict for an outage: the keyed check was allowed, degraded.
 func TestStoreIdempotencyConflict(t *testing.T) {
 	t.Parallel()
@@ -188,7 +187,7 @@ func TestStoreIdempotencyConflict(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	store := bucket.NewStore(rdb)
 	t.Cleanup(func() { store.Close() })
-	e := newEngine(t, Config{Store: conflictStore{store}, Rules: checkertest.Rules(t, idempotencyRules)})
+	e := newEngine(t, Config{store: conflictStore{store}, Rules: checkertest.Rules(t, idempotencyRules)})
 	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "u")}}, Endpoint: "/api/a", Cost: 1}
 	if out, err := e.Check(context.Background(), q); err != nil || !out.Allowed {
 		t.Fatalf("check without a key: %+v, %v; want allowed", out, err)

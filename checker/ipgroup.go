@@ -3,7 +3,7 @@ package checker
 import (
 	"net/netip"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // An ip rule counts networks, not addresses: a client that owns an IPv6 /64 (every SLAAC host

@@ -6,9 +6,8 @@ import (
 	"hash/fnv"
 	"testing"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 const ipRules = `
@@ -74,7 +73,7 @@ func TestIPNetworks(t *testing.T) {
 					t.Fatalf("check %d (%s): %v", i, st.ip, err)
 				}
 				if out.Allowed != st.allowed {
-					t.Errorf("check %d (%s): allowed %v, want %v (limits %+v)", i, st.ip, out.Allowed, st.allowed, out.Statuses())
+					t.Errorf("check %d (%s): allowed %v, want %v (limits %+v)", i, st.ip, out.Allowed, st.allowed, out.Limits)
 				}
 			}
 		})
@@ -98,8 +97,8 @@ func TestIPNetworkSubject(t *testing.T) {
 	}
 	out := check(n + ":5::1%eth0")
 	got := map[string]string{}
-	for _, st := range out.Statuses() {
-		got[st.RuleId] = st.Identifier
+	for _, l := range out.Limits {
+		got[l.Rule.ID] = l.Subject.ID
 	}
 	if want := (map[string]string{"ip-mixed-net": n + ":5::/64", "ip-mixed-addr": n + ":5::1"}); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("statuses name %v, want %v", got, want)
@@ -109,7 +108,7 @@ func TestIPNetworkSubject(t *testing.T) {
 	if check(n + ":5::4").Allowed {
 		t.Fatal("a fourth address of the /64 allowed")
 	}
-	if _, _, err := e.Reset(ctx, &quotaflowv1.ResetLimitRequest{Identifier: n + ":5::99", Dimension: quotaflowv1.Dimension_DIMENSION_IP}); err != nil {
+	if _, _, err := e.Reset(ctx, ResetRequest{Subject: Subject{Dimension: rules.DimensionIP, ID: n + ":5::99"}}); err != nil {
 		t.Fatal(err)
 	}
 	if !check(n + ":5::4").Allowed {

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Redis keys follow rl:{dimension:identifier}:{algorithm}:{window}:{endpoint} (docs/architecture.md), with the

@@ -7,34 +7,38 @@ import (
 	"time"
 	"unicode/utf8"
 
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
+// FuzzCheckRequest: the engine's validation of a Query (normalQuery) accepts only what it
+// promises, and no accepted identifier escapes its key's hash tag. The transports' translation
+// of their requests has a fuzz target of its own (checker/transport).
 func FuzzCheckRequest(f *testing.F) {
 	f.Add("user-1", int32(1), "/api/v1/orders", int64(1), int64(0), "", "", "10.0.0.1", int32(2))
 	f.Add("", int32(0), "", int64(-1), int64(1), "k", "premium", "", int32(4))
 	f.Add("a\xff", int32(3), "/x\x00y", int64(1_000_001), int64(1<<62), "\xfe", "free", "b", int32(1))
 	f.Add("{user:1}", int32(1), "*", int64(0), time.Now().UnixMilli(), "idem", "", "::1", int32(7))
-	now := time.Now()
 	f.Fuzz(func(t *testing.T, ident string, dim int32, endpoint string, cost, ts int64, idem, tier, other string, otherDim int32) {
-		req := &quotaflowv1.CheckRateLimitRequest{Identifier: ident, Dimension: quotaflowv1.Dimension(dim), Endpoint: endpoint,
+		q := &Query{Subjects: []Subject{{Dimension: rules.Dimension(dim), ID: ident}}, Endpoint: endpoint,
 			Cost: cost, Timestamp: ts, IdempotencyKey: idem, Tier: tier}
 		if other != "" {
-			req.Subjects = []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension(otherDim), Identifier: other}}
+			q.Subjects = append(q.Subjects, Subject{Dimension: rules.Dimension(otherDim), ID: other})
 		}
-		q, err := NewCheckQuery(req, now)
+		q, err := normalQuery(q)
 		if err != nil {
 			if fe := (*FieldError)(nil); !errors.As(err, &fe) {
 				t.Fatalf("error %v is not a FieldError", err)
 			}
 			return
 		}
-		if len(q.Subjects) == 0 || q.Cost < 1 || q.Cost > MaxCost || !utf8.ValidString(q.Endpoint) || len(q.Endpoint) > MaxEndpointLen {
+		if len(q.Subjects) == 0 || q.Cost < 1 || q.Cost > MaxCost || !utf8.ValidString(q.Endpoint) || len(q.Endpoint) > MaxEndpointLen ||
+			len(q.IdempotencyKey) > MaxIdempotentLen || !utf8.ValidString(q.IdempotencyKey) {
 			t.Fatalf("accepted an invalid request: %+v", q)
 		}
 		seen := map[any]bool{}
 		for _, s := range q.Subjects {
-			if s.ID == "" || len(s.ID) > MaxIdentifierLen || !utf8.ValidString(s.ID) || !s.Dimension.Valid() || seen[s.Dimension] {
+			if s.ID == "" || len(s.ID) > MaxIdentifierLen || !utf8.ValidString(s.ID) || !s.Dimension.Valid() ||
+				s.Dimension == rules.DimensionGlobal || seen[s.Dimension] {
 				t.Fatalf("accepted an invalid subject: %+v", s)
 			}
 			seen[s.Dimension] = true

@@ -1,11 +1,11 @@
 package checker
 
 import (
+	"strconv"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // Outcome is one decided check: what every transport renders, each in its own wire format.
@@ -29,34 +29,86 @@ type Outcome struct {
 	// wait, or when allowed the one with the largest share of its capacity used; -1 when no
 	// rule matched.
 	Decider int
-
-	rendered []*quotaflowv1.LimitStatus // Statuses, rendered once
 }
 
 // LimitOutcome is one rule applied to one subject.
 type LimitOutcome struct {
 	Rule     *rules.Rule
 	Subject  Subject
-	Limit    bucket.Limit // the effective limit, overrides and custom limits applied
-	Result   bucket.LimitResult
+	Limit    Limit // the effective limit, overrides and custom limits applied
+	Result   LimitResult
 	Degraded bool // decided by the rule's fail mode
 
 	thresholds rules.Thresholds // the rule's warning thresholds, as the aggregator applies them
 }
+
+// Limit is a rule's limit as a check applies it: the rule's own or the user's custom limit,
+// overrides applied.
+type Limit struct {
+	// Limit is the number of units allowed per Window.
+	Limit  int64
+	Window time.Duration
+	// Capacity is the most a single check may consume: the burst of a token bucket, leaky
+	// bucket or GCRA rule (Limit when it sets none), Limit for the window algorithms.
+	Capacity int64
+}
+
+// effectiveLimit is the public form of the limit the store enforces.
+func effectiveLimit(l *bucket.Limit) Limit {
+	return Limit{Limit: l.Limit, Window: l.Window, Capacity: l.Capacity()}
+}
+
+// LimitResult is a bucket's state after a check (or a peek) of one limit.
+type LimitResult struct {
+	Allowed bool
+	// Used is how much of the capacity is used after the check (rounded up).
+	Used int64
+	// Remaining is how much could still be consumed now (rounded down).
+	Remaining int64
+	// ResetAt is when the bucket is fully available again.
+	ResetAt time.Time
+	// RetryAfter is, when denied, how long until the check's cost would be allowed by this
+	// limit; 0 when allowed. It is never 0 when denied.
+	RetryAfter time.Duration
+}
+
+// The store's result converts to LimitResult without a copy of its own: a field added to one
+// and not the other fails to compile here.
+var _ = LimitResult(bucket.LimitResult{})
 
 // State is the limit's warning state as this answer sees it: throttled when it denied, warning
 // when its use is past the rule's warning threshold (rules.Thresholds.Enters, the test the
 // aggregator's events apply), else normal. An answer knows no history, so it cannot apply the
 // events' hysteresis: a subject back below the threshold but above the rule's exit ratio is
 // still in warning in the event stream and normal here.
-func (l *LimitOutcome) State() quotaflowv1.State {
+func (l *LimitOutcome) State() State {
 	switch {
 	case !l.Result.Allowed:
-		return quotaflowv1.State_STATE_THROTTLED
+		return StateThrottled
 	case l.thresholds.Enters(l.Result.Used, l.Limit.Limit):
-		return quotaflowv1.State_STATE_WARNING
+		return StateWarning
 	}
-	return quotaflowv1.State_STATE_NORMAL
+	return StateNormal
+}
+
+// State is a limit's warning state, as the aggregator's warning events name it.
+type State uint8
+
+// The states.
+const (
+	StateNormal    State = iota // below the rule's warning threshold
+	StateWarning                // past it, still allowed
+	StateThrottled              // denied
+)
+
+var stateNames = [...]string{StateNormal: "normal", StateWarning: "warning", StateThrottled: "throttled"}
+
+// String returns the state's name: "normal", "warning" or "throttled".
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
 // DecidingLimit returns the deciding limit, or nil when no rule matched.
@@ -91,7 +143,7 @@ func (o *Outcome) summarize() {
 		if !o.Allowed {
 			continue
 		}
-		share := float64(l.Result.Used) / float64(l.Limit.Capacity())
+		share := float64(l.Result.Used) / float64(l.Limit.Capacity)
 		if share > bestShare || (share == bestShare && l.Result.Remaining < o.Limits[o.Decider].Result.Remaining) {
 			bestShare, o.Decider = share, i
 		}
@@ -101,87 +153,16 @@ func (o *Outcome) summarize() {
 	}
 }
 
-// Statuses renders every evaluated limit, once: the RPC answers and the decision event share it.
-func (o *Outcome) Statuses() []*quotaflowv1.LimitStatus {
-	if o.rendered != nil || len(o.Limits) == 0 {
-		return o.rendered
-	}
-	out := make([]*quotaflowv1.LimitStatus, len(o.Limits))
-	for i := range o.Limits {
-		l := &o.Limits[i]
-		out[i] = &quotaflowv1.LimitStatus{
-			RuleId:       l.Rule.ID,
-			Dimension:    protoDimension(l.Subject.Dimension),
-			Identifier:   l.Subject.ID,
-			Endpoint:     l.Rule.Endpoint,
-			Algorithm:    l.Rule.Algorithm.String(),
-			Limit:        l.Limit.Limit,
-			Burst:        l.Limit.Capacity(),
-			WindowMs:     l.Limit.Window.Milliseconds(),
-			Allowed:      l.Result.Allowed,
-			CurrentCount: l.Result.Used,
-			Remaining:    l.Result.Remaining,
-			ResetAt:      ceilUnix(l.Result.ResetAt),
-			RetryAfterMs: CeilMillis(l.Result.RetryAfter),
-			Shadow:       l.Rule.Shadow,
-			State:        l.State(),
-			Degraded:     l.Degraded,
-		}
-		if l.Degraded {
-			out[i].FailMode = l.Rule.FailMode.String()
-		}
-	}
-	o.rendered = out
-	return out
-}
-
-// Deciding returns the deciding limit's status, or nil when no rule matched.
-func (o *Outcome) Deciding() *quotaflowv1.LimitStatus {
-	if o.Decider < 0 {
-		return nil
-	}
-	return o.Statuses()[o.Decider]
-}
-
 // State is the check's warning state: the deciding limit's, except that a check allowed while a
 // shadow limit would have denied it is a warning, not throttled.
-func (o *Outcome) State() quotaflowv1.State {
-	d := o.Deciding()
-	switch {
-	case d == nil:
-		return quotaflowv1.State_STATE_NORMAL
-	case o.Allowed && d.State == quotaflowv1.State_STATE_THROTTLED:
-		return quotaflowv1.State_STATE_WARNING
+func (o *Outcome) State() State {
+	d := o.DecidingLimit()
+	if d == nil {
+		return StateNormal
 	}
-	return d.State
-}
-
-func protoDimension(d rules.Dimension) quotaflowv1.Dimension {
-	switch d {
-	case rules.DimensionUser:
-		return quotaflowv1.Dimension_DIMENSION_USER
-	case rules.DimensionIP:
-		return quotaflowv1.Dimension_DIMENSION_IP
-	case rules.DimensionAPIKey:
-		return quotaflowv1.Dimension_DIMENSION_API_KEY
-	case rules.DimensionGlobal:
-		return quotaflowv1.Dimension_DIMENSION_GLOBAL
-	}
-	return quotaflowv1.Dimension_DIMENSION_UNSPECIFIED
-}
-
-// CeilMillis is d in whole milliseconds, rounded up: a wait is never reported shorter than it is.
-func CeilMillis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// CeilSeconds is ms in whole seconds, rounded up (Retry-After, retry_after).
-func CeilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
-
-func ceilUnix(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
+	s := d.State()
+	if o.Allowed && s == StateThrottled {
+		return StateWarning
 	}
 	return s
 }

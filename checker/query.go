@@ -1,13 +1,13 @@
 package checker
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
-	"unicode/utf8"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
-	"github.com/quotaflow/quotaflow/internal/urlpath"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Bounds on check requests.
@@ -21,7 +21,10 @@ const (
 )
 
 // FieldError is a request that broke a rule, naming the field; transports answer it with
-// InvalidArgument (HTTP 400, or the status of Err where it has one).
+// InvalidArgument (HTTP 400, or the status of Err where it has one). The engine names a
+// Query's fields as the quotaflow.v1 messages do (subjects[1].identifier, endpoint, cost,
+// idempotency_key, tier); a transport that validates what it translates first names its own
+// (a header, a descriptor entry).
 type FieldError struct {
 	Field string
 	Msg   string
@@ -36,9 +39,14 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 // Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }
 
-// FieldErrorf returns a FieldError about field.
-func FieldErrorf(field, format string, args ...any) *FieldError {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+// fieldErrorf returns a FieldError about name.
+func fieldErrorf(name, format string, args ...any) *FieldError {
+	return &FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
+}
+
+// fieldError is err, a broken rule of package field, about name.
+func fieldError(name string, err error) *FieldError {
+	return &FieldError{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
 }
 
 // Subject is who a check counts against: a user, an IP, an API key, or the global subject.
@@ -49,22 +57,24 @@ type Subject struct {
 
 var globalSubject = Subject{Dimension: rules.DimensionGlobal, ID: "global"}
 
-// Query is one check, validated, whatever transport it came from: NewCheckQuery and
-// NewQuotaQuery build it from the RPC messages; other transports fill it field by field,
-// validating each with CheckText and CheckCost so that an error names their own field.
+// Query is one check, whatever transport it came from. Check and Peek validate it and return a
+// FieldError naming what it broke.
 type Query struct {
-	// Subjects are the check's subjects, at most one of each dimension; the global subject is
-	// added by the engine.
+	// Subjects are the check's subjects, at most one of each of the user, ip and apikey
+	// dimensions, each identified by 1 to MaxIdentifierLen bytes of UTF-8; the global subject
+	// is added by the engine.
 	Subjects []Subject
 	// Endpoint is the called endpoint that rules' patterns match: a path, its query ignored.
-	// Check and Peek match its normal form (NormalizeEndpoint), which decisions report and
-	// idempotency keys bind; they leave the Query as it is.
+	// Check and Peek match its normal form, in which every spelling of one path (case,
+	// escapes, dot and empty segments, a trailing slash, ";" parameters) is one, and which
+	// decisions report and idempotency keys bind; they leave the Query as it is.
 	Endpoint string
-	// Cost is the units the check consumes, 1 to MaxCost.
+	// Cost is the units the check consumes, 1 to MaxCost; 0 means 1.
 	Cost int64
 	// Timestamp is the client's clock (unix ms), for the reported skew; 0 when unknown.
 	Timestamp int64
-	// IdempotencyKey makes a retried check replay its first decision.
+	// IdempotencyKey makes a retried check replay its first decision; at most
+	// MaxIdempotentLen bytes.
 	IdempotencyKey string
 	// Tier names the tier to check under; empty means the user's configured tier.
 	Tier string
@@ -73,144 +83,61 @@ type Query struct {
 	SkipGlobal bool
 }
 
-// CheckText reports a text field that is empty, longer than max bytes or not UTF-8.
-func CheckText(field, s string, max int) error {
-	switch {
-	case s == "":
-		return FieldErrorf(field, "required")
-	case len(s) > max:
-		return FieldErrorf(field, "must be at most %d bytes, got %d", max, len(s))
-	case !utf8.ValidString(s):
-		return FieldErrorf(field, "must be valid UTF-8")
+// normalQuery validates q and returns it in normal form: its endpoint normalized, a cost of 0
+// made 1. It returns q itself when q already is (every query from a transport, which
+// validated it first), else a copy: q is the caller's, which may check it from several
+// goroutines.
+func normalQuery(q *Query) (*Query, error) {
+	for i, s := range q.Subjects {
+		if err := checkSubject(s, i); err != nil {
+			return nil, err
+		}
+		for _, o := range q.Subjects[:i] {
+			if o.Dimension == s.Dimension {
+				return nil, fieldErrorf(subjectField(i, "dimension"), "the query names two %s subjects; name one of each dimension", s.Dimension)
+			}
+		}
+	}
+	ep, err := field.Endpoint(q.Endpoint, MaxEndpointLen)
+	if err != nil {
+		return nil, fieldError("endpoint", err)
+	}
+	cost, err := field.Cost(q.Cost, MaxCost)
+	if err != nil {
+		return nil, fieldError("cost", err)
+	}
+	if q.IdempotencyKey != "" {
+		if err := field.Text(q.IdempotencyKey, MaxIdempotentLen); err != nil {
+			return nil, fieldError("idempotency_key", err)
+		}
+	}
+	if ep == q.Endpoint && cost == q.Cost {
+		return q, nil
+	}
+	normal := *q
+	normal.Endpoint, normal.Cost = ep, cost
+	return &normal, nil
+}
+
+// checkSubject validates the subject at index i of a query's subjects (-1: a reset's).
+func checkSubject(s Subject, i int) error {
+	switch s.Dimension {
+	case rules.DimensionUser, rules.DimensionIP, rules.DimensionAPIKey:
+	case rules.DimensionGlobal:
+		return fieldErrorf(subjectField(i, "dimension"), "the global subject cannot be named: global rules apply to every request")
+	default:
+		return fieldErrorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip or apikey", s.Dimension)
+	}
+	if err := field.Text(s.ID, MaxIdentifierLen); err != nil {
+		return fieldError(subjectField(i, "identifier"), err)
 	}
 	return nil
 }
 
-// NormalizeEndpoint validates an endpoint and returns its normal form (urlpath.Normalize): the
-// path without its query, at most MaxEndpointLen bytes of UTF-8, with every spelling of one
-// path (case, escapes, dot and empty segments, a trailing slash, ";" parameters) made one, so
-// that none reaches another bucket than the path's own. Errors name field and say what the
-// path broke: not absolute, an encoded slash, a backslash, a control character, a bad escape,
-// ".." above the root. Transports call it with the name of their own field; the engine calls
-// it again on every query (a no-op on a normal path, which is returned without allocating).
-func NormalizeEndpoint(field, ep string) (string, error) {
-	ep = urlpath.Path(ep)
-	if err := CheckText(field, ep, MaxEndpointLen); err != nil {
-		return "", err
+// subjectField names a field of the subject at index i (-1: a reset's, which has one).
+func subjectField(i int, name string) string {
+	if i < 0 {
+		return name
 	}
-	norm, err := urlpath.Normalize(ep)
-	if err != nil {
-		return "", &FieldError{Field: field, Msg: fmt.Sprintf("%q %v", ep, err), Err: err}
-	}
-	return norm, nil
-}
-
-// CheckCost validates a cost and returns it, 0 meaning 1; errors name the field "cost".
-func CheckCost(cost int64) (int64, error) {
-	switch {
-	case cost == 0:
-		return 1, nil
-	case cost < 0:
-		return 0, FieldErrorf("cost", "must not be negative, got %d", cost)
-	case cost > MaxCost:
-		return 0, FieldErrorf("cost", "must be at most %d, got %d", MaxCost, cost)
-	}
-	return cost, nil
-}
-
-// subjectFields are the subject-naming fields shared by the check and quota requests.
-type subjectFields struct {
-	identifier string
-	dimension  quotaflowv1.Dimension
-	subjects   []*quotaflowv1.Subject
-}
-
-// parseSubjects validates the request's subjects: the top-level identifier/dimension pair and
-// the subjects list, at most one of each dimension.
-func parseSubjects(f subjectFields, dst []Subject) ([]Subject, error) {
-	add := func(field string, dim quotaflowv1.Dimension, id string) error {
-		d, err := checkSubject(field, dim, id)
-		if err != nil {
-			return err
-		}
-		for _, s := range dst {
-			if s.Dimension == d {
-				return FieldErrorf(field+"dimension", "the request names two %s subjects; name one of each dimension", d)
-			}
-		}
-		dst = append(dst, Subject{d, id})
-		return nil
-	}
-	if f.identifier != "" || f.dimension != quotaflowv1.Dimension_DIMENSION_UNSPECIFIED || len(f.subjects) == 0 {
-		if err := add("", f.dimension, f.identifier); err != nil {
-			return nil, err
-		}
-	}
-	for i, s := range f.subjects {
-		if err := add(fmt.Sprintf("subjects[%d].", i), s.GetDimension(), s.GetIdentifier()); err != nil {
-			return nil, err
-		}
-	}
-	return dst, nil
-}
-
-func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Dimension, error) {
-	if err := CheckText(prefix+"identifier", id, MaxIdentifierLen); err != nil {
-		return 0, err
-	}
-	switch dim {
-	case quotaflowv1.Dimension_DIMENSION_USER:
-		return rules.DimensionUser, nil
-	case quotaflowv1.Dimension_DIMENSION_IP:
-		return rules.DimensionIP, nil
-	case quotaflowv1.Dimension_DIMENSION_API_KEY:
-		return rules.DimensionAPIKey, nil
-	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED:
-		return 0, FieldErrorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
-	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
-		return 0, FieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
-	}
-	return 0, FieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
-}
-
-// parseCommon validates what check and quota requests share: subjects, endpoint, cost.
-func parseCommon(q *Query, subjects subjectFields, cost int64) error {
-	var err error
-	if q.Subjects, err = parseSubjects(subjects, make([]Subject, 0, 3)); err != nil {
-		return err
-	}
-	if q.Endpoint, err = NormalizeEndpoint("endpoint", q.Endpoint); err != nil {
-		return err
-	}
-	q.Cost, err = CheckCost(cost)
-	return err
-}
-
-// NewCheckQuery validates a CheckRateLimit request; now is the server's clock, which the
-// request's timestamp may not be more than MaxClockSkew from.
-func NewCheckQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*Query, error) {
-	q := &Query{Tier: r.GetTier(), IdempotencyKey: r.GetIdempotencyKey(), Timestamp: r.GetTimestamp(), Endpoint: r.GetEndpoint()}
-	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
-		return nil, err
-	}
-	if q.IdempotencyKey != "" {
-		if err := CheckText("idempotency_key", q.IdempotencyKey, MaxIdempotentLen); err != nil {
-			return nil, err
-		}
-	}
-	if q.Timestamp != 0 {
-		if skew := time.UnixMilli(q.Timestamp).Sub(now); skew > MaxClockSkew || skew < -MaxClockSkew {
-			return nil, FieldErrorf("timestamp", "%d (unix ms) is more than %s from the server's clock", q.Timestamp, MaxClockSkew)
-		}
-	}
-	return q, nil
-}
-
-// NewQuotaQuery validates a GetRemainingQuota request.
-func NewQuotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*Query, error) {
-	q := &Query{Tier: r.GetTier(), Endpoint: r.GetEndpoint()}
-	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetCost()); err != nil {
-		return nil, err
-	}
-	return q, nil
+	return "subjects[" + strconv.Itoa(i) + "]." + name
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // recordRules give a user an exact limit of 3 and a shadow rule beside it, an IP and a global

@@ -3,43 +3,52 @@ package checker
 import (
 	"context"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
-// Reset deletes the buckets of one subject for every rule of its dimension (whatever the
-// tier), or only the rules that apply to an endpoint, or one rule. It returns how many buckets
-// existed and the ids of the rules reset. With the store unreachable it fails with
-// ErrUnavailable: a reset has no fail mode.
-func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (int64, []string, error) {
+// ResetRequest names the buckets Engine.Reset deletes: a subject's, for every rule of its
+// dimension (whatever the tier), or only for the rules that apply to Endpoint, or only for
+// rule RuleID.
+type ResetRequest struct {
+	// Subject is whose buckets are reset: a user, an IP, an API key, or the global subject
+	// (Dimension rules.DimensionGlobal, ID ignored).
+	Subject Subject
+	// Endpoint, when set, limits the reset to the rules whose pattern matches it, in any tier.
+	Endpoint string
+	// RuleID, when set, limits the reset to that rule, which must count per Subject's
+	// dimension.
+	RuleID string
+}
+
+// Reset deletes the buckets r names. It returns how many buckets existed and the ids of the
+// rules reset. A broken request is a FieldError (identifier, dimension, endpoint, rule_id); with the
+// store unreachable it fails with ErrUnavailable: a reset has no fail mode.
+func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, error) {
 	set := e.rules.Load()
 	if set == nil {
 		return 0, nil, ErrNoRules
 	}
-	var sub Subject
-	if r.GetDimension() == quotaflowv1.Dimension_DIMENSION_GLOBAL {
+	sub := r.Subject
+	if sub.Dimension == rules.DimensionGlobal {
 		sub = globalSubject
-	} else {
-		d, err := checkSubject("", r.GetDimension(), r.GetIdentifier())
-		if err != nil {
-			return 0, nil, err
-		}
-		sub = Subject{d, r.GetIdentifier()}
+	} else if err := checkSubject(sub, -1); err != nil {
+		return 0, nil, err
 	}
-	ep := r.GetEndpoint()
+	ep := r.Endpoint
 	if ep != "" {
 		var err error
-		if ep, err = NormalizeEndpoint("endpoint", ep); err != nil {
-			return 0, nil, err
+		if ep, err = field.Endpoint(ep, MaxEndpointLen); err != nil {
+			return 0, nil, fieldError("endpoint", err)
 		}
 	}
-	if id := r.GetRuleId(); id != "" {
+	if id := r.RuleID; id != "" {
 		rule, ok := set.Rule(id)
 		if !ok {
-			return 0, nil, FieldErrorf("rule_id", "no rule has id %q", id)
+			return 0, nil, fieldErrorf("rule_id", "no rule has id %q", id)
 		}
 		if rule.Dimension != sub.Dimension {
-			return 0, nil, FieldErrorf("rule_id", "rule %q counts per %s, not per %s", id, rule.Dimension, sub.Dimension)
+			return 0, nil, fieldErrorf("rule_id", "rule %q counts per %s, not per %s", id, rule.Dimension, sub.Dimension)
 		}
 	}
 	applies := map[*rules.Rule]bool{}
@@ -60,7 +69,7 @@ func (e *Engine) Reset(ctx context.Context, r *quotaflowv1.ResetLimitRequest) (i
 		rule := &set.Rules()[i]
 		switch {
 		case rule.Dimension != sub.Dimension,
-			r.GetRuleId() != "" && rule.ID != r.GetRuleId(),
+			r.RuleID != "" && rule.ID != r.RuleID,
 			ep != "" && !applies[rule]:
 			continue
 		}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // sequenceRules: exact limits on the user (4) and the IP (6) that sequences reach, a shadow

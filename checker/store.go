@@ -10,15 +10,15 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
-// Store keeps the buckets: *bucket.Store (Redis) in production. The engine calls it only
-// through one guard, which bounds every call by Config.RedisTimeout, stops calling while the
+// bucketStore keeps the buckets: *bucket.Store (Redis) in production, a wrapper that injects
+// faults in this package's tests (Config.store). The engine calls it only through one guard, which bounds every call by Config.RedisTimeout, stops calling while the
 // store is known to be unreachable (a circuit closed again by a probe), and then decides by each
 // rule's fail mode.
-type Store interface {
+type bucketStore interface {
 	// Check evaluates every request in one round trip and charges each allowed one; a request
 	// with Peek set is evaluated without consuming anything (GetRemainingQuota, usage reports).
 	// A request whose IdempotencyKey is bound to another Fingerprint fails the call with an
@@ -30,7 +30,7 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
-var _ Store = (*bucket.Store)(nil)
+var _ bucketStore = (*bucket.Store)(nil)
 
 // closedRetryAfter is what a fail_mode closed denial asks callers to wait: about one probe.
 const closedRetryAfter = time.Second
@@ -54,7 +54,7 @@ type guardConfig struct {
 // guard is the one path to the store: timeout, circuit breaking and the local fallback.
 type guard struct {
 	guardConfig
-	store Store
+	store bucketStore
 	// reported: the store tells the circuit the outcome of its own round trips
 	// (bucket.StoreConfig.OnRoundTrip), so the guard does not count what its checks see: a
 	// check's timeout includes its time queued in this process.
@@ -83,7 +83,7 @@ func newGuard(cfg guardConfig) *guard {
 
 // use makes store the guarded store; reported says that it reports its round trips to
 // g.circuit.record.
-func (g *guard) use(store Store, reported bool) {
+func (g *guard) use(store bucketStore, reported bool) {
 	g.store, g.reported = store, reported
 }
 
@@ -93,7 +93,7 @@ func (g *guard) use(store Store, reported bool) {
 // same algorithm; degraded then reports it. While the circuit is open, checks do not call the
 // store at all. With fail nil there is no fallback: the error wraps ErrUnavailable.
 //
-// The check's outcome counts towards the circuit only for a store passed in. The default store
+// The check's outcome counts towards the circuit only for a store passed in (Config.store). The default store
 // reports the outcomes of its round trips itself, which tell Redis failing from this process
 // being slow to read the replies: a check that waited its timeout queued behind a burst, or
 // starved of CPU, is decided by its fail mode, but Redis did not fail. A check whose own ctx

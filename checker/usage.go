@@ -4,8 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // UserUsage is every rule that applies to a user now, with its effective limit and what is
@@ -25,9 +26,10 @@ type RuleUsage struct {
 	// Custom is the user's own limit for the rule (0: none).
 	Custom int64
 	// Limit is the effective limit: the rule's, the custom one, overrides applied.
-	Limit bucket.Limit
-	// Result is the bucket's state, peeked without consuming; nil when UserUsage.Err is set.
-	Result *bucket.LimitResult
+	Limit Limit
+	// Result is the bucket's state, peeked without consuming; the zero LimitResult when
+	// UserUsage.Err is set.
+	Result LimitResult
 }
 
 // UserUsage lists the user-dimension rules of the user's tier with their effective limits as
@@ -39,8 +41,8 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	if set == nil {
 		return nil, ErrNoRules
 	}
-	if err := CheckText("user_id", user, MaxIdentifierLen); err != nil {
-		return nil, err
+	if err := field.Text(user, MaxIdentifierLen); err != nil {
+		return nil, fieldError("user_id", err)
 	}
 	tier := set.TierOf(user)
 	u, _ := set.User(user)
@@ -50,7 +52,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	var peek bucket.Request
 	for _, rule := range applyingRules(set, tier) {
 		lim := set.Effective(rule, limitKey(tag, rule), rules.DimensionUser, user, tier, u.Limits[rule.ID], now)
-		out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: u.Limits[rule.ID], Limit: lim})
+		out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: u.Limits[rule.ID], Limit: effectiveLimit(&lim)})
 		peek.Limits = append(peek.Limits, lim)
 	}
 	if len(peek.Limits) == 0 {
@@ -63,7 +65,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 		return out, nil
 	}
 	for i := range results[0].Limits {
-		out.Limits[i].Result = &results[0].Limits[i]
+		out.Limits[i].Result = LimitResult(results[0].Limits[i])
 	}
 	return out, nil
 }
@@ -102,23 +104,23 @@ type Allowance struct {
 
 // Take charges one unit to a's bucket, in the store shared by every checker, or in this
 // process's own buckets while the store is unreachable.
-func (e *Engine) Take(ctx context.Context, a Allowance) (bucket.LimitResult, error) {
+func (e *Engine) Take(ctx context.Context, a Allowance) (LimitResult, error) {
 	return e.allowance(ctx, a, false)
 }
 
 // Left reports whether a's bucket would allow one more unit, without charging it.
-func (e *Engine) Left(ctx context.Context, a Allowance) (bucket.LimitResult, error) {
+func (e *Engine) Left(ctx context.Context, a Allowance) (LimitResult, error) {
 	return e.allowance(ctx, a, true)
 }
 
-func (e *Engine) allowance(ctx context.Context, a Allowance, peek bool) (bucket.LimitResult, error) {
+func (e *Engine) allowance(ctx context.Context, a Allowance, peek bool) (LimitResult, error) {
 	req := bucket.Request{Cost: 1, Peek: peek, Limits: []bucket.Limit{{
 		Key:       allowanceKey(a.Namespace, a.ID, a.Name),
 		Algorithm: bucket.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
 	}}}
 	results, _, err := e.store.check(ctx, []bucket.Request{req}, allLocal)
 	if err != nil {
-		return bucket.LimitResult{}, err
+		return LimitResult{}, err
 	}
-	return results[0].Limits[0], nil
+	return LimitResult(results[0].Limits[0]), nil
 }

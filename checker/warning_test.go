@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/internal/checkertest"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // TestAnswerStateFollowsRuleThresholds: an answer's warning state uses the rule's own warning
@@ -21,22 +20,22 @@ rules:
   - {id: bursty, dimension: user, endpoint: /bursty, algorithm: token_bucket, limit: 10, window: 1h, burst: 20, warning: {enter: 0.9}}
 `)})
 	const (
-		normal    = quotaflowv1.State_STATE_NORMAL
-		warning   = quotaflowv1.State_STATE_WARNING
-		throttled = quotaflowv1.State_STATE_THROTTLED
+		normal    = StateNormal
+		warning   = StateWarning
+		throttled = StateThrottled
 	)
 	tests := []struct {
 		endpoint string
 		checks   int
-		want     map[int]quotaflowv1.State // the state of the answer to the nth check
+		want     map[int]State // the state of the answer to the nth check
 	}{
 		// The default enter is 0.8: warning once more than 8 of 10 are used.
-		{"/default", 11, map[int]quotaflowv1.State{1: normal, 8: normal, 9: warning, 10: warning, 11: throttled}},
+		{"/default", 11, map[int]State{1: normal, 8: normal, 9: warning, 10: warning, 11: throttled}},
 		// enter 0.9: 9 of 10 used is not past it (the checker's former fixed 0.8 said warning).
-		{"/high", 11, map[int]quotaflowv1.State{8: normal, 9: normal, 10: warning, 11: throttled}},
+		{"/high", 11, map[int]State{8: normal, 9: normal, 10: warning, 11: throttled}},
 		// The ratio is to the limit per window, not the burst, as in the events: 9 used is not
 		// past 0.9 × 10, 10 is, with 10 more of burst left.
-		{"/bursty", 10, map[int]quotaflowv1.State{9: normal, 10: warning}},
+		{"/bursty", 10, map[int]State{9: normal, 10: warning}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.endpoint, func(t *testing.T) {
@@ -54,7 +53,7 @@ rules:
 				if got := out.State(); got != want {
 					t.Errorf("check %d: state %v, want %v (used %d)", n, got, want, out.DecidingLimit().Result.Used)
 				}
-				if got := out.Statuses()[0].State; got != want {
+				if got := out.Limits[0].State(); got != want {
 					t.Errorf("check %d: limit state %v, want %v", n, got, want)
 				}
 			}

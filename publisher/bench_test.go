@@ -87,7 +87,7 @@ func benchPublish(b *testing.B, nc *nats.Conn, rate int) {
 		cfg = testConfig(b)
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		c = newClient(b, nc, cfg)
-		publish = c.Publish
+		publish = c.PublishDecision
 		waitFor(b, 10*time.Second, "direct mode", func() bool {
 			c.modeMu.Lock()
 			defer c.modeMu.Unlock()

@@ -31,7 +31,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	for i := range 3 {
-		pub.Publish(&quotaflowv1.Decision{
+		pub.PublishDecision(&quotaflowv1.Decision{
 			Id:      fmt.Sprintf("example-%d", i),
 			Subject: &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "alice"},
 			Allowed: i < 2,

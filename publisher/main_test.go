@@ -288,7 +288,7 @@ func startPublishers(c *Client, n, perBurst int) *publisherGroup {
 					d := decision(id, fmt.Sprintf("w%d-u%d", w, seq%37), seq)
 					sent[id] = proto.Clone(d).(*quotaflowv1.Decision)
 					start := time.Now()
-					c.Publish(d)
+					c.PublishDecision(d)
 					took := time.Since(start)
 					slowest = max(slowest, took)
 					if took > 50*time.Millisecond {

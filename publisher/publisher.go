@@ -1,7 +1,9 @@
 // Package publisher puts the checker's decisions on NATS JetStream, off the checker's hot
 // path, without losing any.
 //
-// Publish hands a decision to a bounded in-memory queue and returns at once. A batcher groups
+// Publish renders an engine's decision as the stream's event (Decision; a Client is the
+// engine's checker.DecisionSink) and, like PublishDecision for a decision already rendered,
+// hands it to a bounded in-memory queue and returns at once. A batcher groups
 // the queued decisions per partition (see Partition) into DecisionBatch messages of at most
 // Config.MaxBatch decisions, each sent on "<prefix>.<partition>" once it is full or its oldest
 // decision is Config.FlushInterval old. Every message carries the Nats-Msg-Id
@@ -392,10 +394,10 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Publish hands d to the client, which owns it from now on, and returns at once. When the
-// queue is full, d is appended to the spool; when the spool is full too, d is dropped
+// PublishDecision hands d to the client, which owns it from now on, and returns at once. When
+// the queue is full, d is appended to the spool; when the spool is full too, d is dropped
 // (Stats.Dropped).
-func (c *Client) Publish(d *quotaflowv1.Decision) {
+func (c *Client) PublishDecision(d *quotaflowv1.Decision) {
 	if d == nil {
 		return
 	}
@@ -426,7 +428,7 @@ func (c *Client) Stats() Stats {
 // Close is the SIGTERM path: it stops accepting decisions, flushes the partial batches,
 // publishes the queue and drains the spool until it is empty or ctx is done. What is left
 // stays in the spool, fsynced, for the next client on the same folder; Close then returns an
-// error saying so. Publish must not be called during or after Close (such decisions are
+// error saying so. Publish and PublishDecision must not be called during or after Close (such decisions are
 // dropped). Close waits for NATS as long as ctx allows: give it a deadline.
 func (c *Client) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() { c.closeErr = c.close(ctx) })

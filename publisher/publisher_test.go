@@ -47,7 +47,7 @@ func TestPublishAll(t *testing.T) {
 				id := fmt.Sprintf("d-%d", i)
 				d := decision(id, fmt.Sprintf("user-%d", i%tt.subjects), int64(i))
 				want[id] = decision(id, d.Subject.Identifier, int64(i))
-				c.Publish(d)
+				c.PublishDecision(d)
 			}
 			waitFor(t, 10*time.Second, "all decisions acked", func() bool {
 				st := c.Stats()
@@ -146,7 +146,7 @@ func TestRestartWithSpool(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("d-%d", i)
 		want[id] = decision(id, fmt.Sprintf("user-%d", i%40), int64(i))
-		a.Publish(decision(id, fmt.Sprintf("user-%d", i%40), int64(i)))
+		a.PublishDecision(decision(id, fmt.Sprintf("user-%d", i%40), int64(i)))
 	}
 	waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -265,7 +265,7 @@ func TestTornTail(t *testing.T) {
 			for i := range n {
 				id := fmt.Sprintf("d-%d", i)
 				all[i] = decision(id, fmt.Sprintf("user-%d", i%3), int64(i))
-				a.Publish(decision(id, all[i].Subject.Identifier, int64(i)))
+				a.PublishDecision(decision(id, all[i].Subject.Identifier, int64(i)))
 			}
 			waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -355,7 +355,7 @@ func TestSpoolFull(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("d-%d", i)
 		all[i] = decision(id, "user-1", int64(i))
-		a.Publish(decision(id, "user-1", int64(i)))
+		a.PublishDecision(decision(id, "user-1", int64(i)))
 	}
 	waitFor(t, 10*time.Second, "every decision spooled or dropped", func() bool {
 		st := a.Stats()
@@ -412,7 +412,7 @@ func TestQueueFull(t *testing.T) {
 				mu.Lock()
 				want[id] = decision(id, d.Subject.Identifier, int64(i))
 				mu.Unlock()
-				c.Publish(d)
+				c.PublishDecision(d)
 			}
 		}()
 	}

@@ -146,7 +146,7 @@ func TestCrashRecovery(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("d-%d", i)
 		want[id] = decision(id, fmt.Sprintf("user-%d", i%30), int64(i))
-		a.Publish(decision(id, fmt.Sprintf("user-%d", i%30), int64(i)))
+		a.PublishDecision(decision(id, fmt.Sprintf("user-%d", i%30), int64(i)))
 	}
 	waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
 	// The maintenance loop hands the spool's buffer to the OS every FlushInterval.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bearer"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Store is the configuration store the admin API reads and writes (the rule store in NATS KV in

@@ -15,7 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"

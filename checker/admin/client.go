@@ -10,8 +10,8 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bearer"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Client calls the admin API of a checker. The zero value needs BaseURL and Token.

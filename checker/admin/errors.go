@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 
 // Error is the body of every error the API answers, and what Client returns for one.
@@ -96,7 +97,7 @@ func writeAPIError(w http.ResponseWriter, err error) {
 		ae = &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "rule store: " + err.Error()}
 	}
 	if ae.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(checker.CeilSeconds(ae.RetryAfter.Milliseconds()), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(ratelimitheader.CeilSeconds(ae.RetryAfter.Milliseconds()), 10))
 	}
 	writeJSON(w, ae.Status, ae)
 }

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 

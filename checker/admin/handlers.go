@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
@@ -265,10 +265,11 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 		ul := userLimit{
 			RuleID: rule.ID, Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
 			Window: rule.Window.String(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
-			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity(),
+			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity,
 			Overrides: applyingOverrides(set, rule, user, u.Tier, now),
 		}
-		if res := l.Result; res != nil {
+		if u.Err == nil {
+			res := l.Result
 			reset := res.ResetAt.UTC()
 			ul.Used, ul.Remaining, ul.ResetAt = &res.Used, &res.Remaining, &reset
 		}

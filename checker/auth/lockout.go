@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
 // A Lockout counts failed authentications per source address, in one token bucket per address
@@ -31,8 +30,8 @@ const DefaultFailuresPerMinute = 10
 
 // Buckets keeps the failure counts: *checker.Engine.
 type Buckets interface {
-	Take(ctx context.Context, a checker.Allowance) (bucket.LimitResult, error)
-	Left(ctx context.Context, a checker.Allowance) (bucket.LimitResult, error)
+	Take(ctx context.Context, a checker.Allowance) (checker.LimitResult, error)
+	Left(ctx context.Context, a checker.Allowance) (checker.LimitResult, error)
 }
 
 // LockoutConfig configures a Lockout. The zero value allows DefaultFailuresPerMinute per

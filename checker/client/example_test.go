@@ -17,9 +17,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/client"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // exampleChecker serves a checker of testRules on the package's Redis, as `quotaflow checker`

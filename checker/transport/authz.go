@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 
 // authenticate wraps h so that every request carries who sent it (auth.CallerFrom): HTTP/1.1
@@ -127,7 +127,7 @@ func authStatus(err error) (int, string) {
 func writeAuthError(w http.ResponseWriter, err error) {
 	status, code := authStatus(err)
 	if le := new(auth.LockedOutError); errors.As(err, &le) {
-		w.Header().Set("Retry-After", strconv.FormatInt(checker.CeilSeconds(checker.CeilMillis(le.RetryAfter)), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(ratelimitheader.CeilSeconds(ratelimitheader.CeilMillis(le.RetryAfter)), 10))
 	}
 	writeJSONError(w, status, code, connectMessage(err))
 }

@@ -11,15 +11,18 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
-// recorder is a checker.DecisionSink that keeps what it is given.
+// recorder is a checker.DecisionSink that keeps every decision as the stream's event, rendered
+// by publisher.Decision, as publisher.Client renders them.
 type recorder struct {
 	mu        sync.Mutex
 	decisions []*quotaflowv1.Decision
 }
 
-func (r *recorder) Publish(d *quotaflowv1.Decision) {
+func (r *recorder) Publish(checkerID string, q *checker.Query, out *checker.Outcome) {
+	d := publisher.Decision(checkerID, q, out)
 	r.mu.Lock()
 	r.decisions = append(r.decisions, d)
 	r.mu.Unlock()

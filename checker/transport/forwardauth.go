@@ -11,8 +11,10 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
+	"github.com/quotaflow/quotaflow/internal/outcomepb"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // forwardAuth serves gateways (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth,
@@ -51,17 +53,18 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	body := forwardAuthBody{Allowed: out.Allowed, Tier: out.Tier, Degraded: out.Degraded, DecisionID: out.ID}
 	w.Header().Set("X-Quotaflow-Decision-Id", out.ID)
-	if d := out.Deciding(); d != nil {
-		body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, stateName(out.State())
+	if l := out.DecidingLimit(); l != nil {
+		d := outcomepb.Status(l)
+		body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, out.State().String()
 		h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Burst, 10))
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
 		h.Set("X-RateLimit-State", body.State)
-		reset := checker.CeilMillis(out.DecidingLimit().Result.ResetAt.Sub(out.Now))
-		h.Set("RateLimit", ratelimitheader.Limit(d.RuleId, d.Remaining, checker.CeilSeconds(max(0, reset))))
+		reset := ratelimitheader.CeilMillis(l.Result.ResetAt.Sub(out.Now))
+		h.Set("RateLimit", ratelimitheader.Limit(d.RuleId, d.Remaining, ratelimitheader.CeilSeconds(max(0, reset))))
 		h.Set("RateLimit-Policy", policies(out))
 		if !out.Allowed {
-			secs := checker.CeilSeconds(d.RetryAfterMs)
+			secs := ratelimitheader.CeilSeconds(d.RetryAfterMs)
 			body.RetryAfter = &secs
 			h.Set("Retry-After", strconv.FormatInt(secs, 10))
 		}
@@ -107,7 +110,7 @@ func denyStatus(r *http.Request) (int, error) {
 	case "403":
 		return http.StatusForbidden, nil
 	}
-	return 0, checker.FieldErrorf("deny_status", "want 401, 403 or 429, got %q", v)
+	return 0, fieldErrorf("deny_status", "want 401, 403 or 429, got %q", v)
 }
 
 // acceptsProblem reports whether the client asked for application/problem+json.
@@ -232,21 +235,21 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 		if s.value == "" {
 			continue
 		}
-		if err := checker.CheckText(s.header, s.value, checker.MaxIdentifierLen); err != nil {
-			return nil, err
+		if err := field.Text(s.value, checker.MaxIdentifierLen); err != nil {
+			return nil, fieldError(s.header, err)
 		}
 		q.Subjects = append(q.Subjects, checker.Subject{Dimension: s.dim, ID: s.value})
 	}
-	field, ep := fa.EndpointHeader, h.Get(fa.EndpointHeader)
+	name, ep := fa.EndpointHeader, h.Get(fa.EndpointHeader)
 	if ep == "" && fa.endpointFallback {
-		field, ep = "X-Original-URI", h.Get("X-Original-URI")
+		name, ep = "X-Original-URI", h.Get("X-Original-URI")
 		if ep == "" {
-			field, ep = "endpoint", qs.Get("endpoint")
+			name, ep = "endpoint", qs.Get("endpoint")
 		}
 	}
 	var err error
-	if q.Endpoint, err = checker.NormalizeEndpoint(field, ep); err != nil {
-		return nil, err
+	if q.Endpoint, err = field.Endpoint(ep, checker.MaxEndpointLen); err != nil {
+		return nil, fieldError(name, err)
 	}
 	cost := h.Get("X-RateLimit-Cost")
 	if cost == "" {
@@ -255,17 +258,17 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 	if cost != "" {
 		n, err := strconv.ParseInt(cost, 10, 64)
 		if err != nil {
-			return nil, checker.FieldErrorf("cost", "want a whole number, got %q", cost)
+			return nil, fieldErrorf("cost", "want a whole number, got %q", cost)
 		}
 		q.Cost = n
 	}
-	if q.Cost, err = checker.CheckCost(q.Cost); err != nil {
-		return nil, err
+	if q.Cost, err = field.Cost(q.Cost, checker.MaxCost); err != nil {
+		return nil, fieldError("cost", err)
 	}
 	if fa.IdempotencyHeader != "" {
 		if q.IdempotencyKey = h.Get(fa.IdempotencyHeader); q.IdempotencyKey != "" {
-			if err := checker.CheckText(fa.IdempotencyHeader, q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
-				return nil, err
+			if err := field.Text(q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
+				return nil, fieldError(fa.IdempotencyHeader, err)
 			}
 		}
 	}
@@ -282,14 +285,10 @@ func policies(o *checker.Outcome) string {
 	for i := range o.Limits {
 		l := &o.Limits[i]
 		if !l.Rule.Shadow {
-			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity())
+			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity)
 		}
 	}
 	return p.String()
-}
-
-func stateName(s interface{ String() string }) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

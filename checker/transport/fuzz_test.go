@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,13 +17,13 @@ import (
 
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
@@ -43,57 +45,95 @@ var fuzzConnectCodes = []string{"invalid_argument", "permission_denied", "unavai
 var fuzzHTTPStatuses = []int{http.StatusOK, http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
 	http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable}
 
-// keyGuard is the engine's store in the fuzz targets: the real bucket.Store, noting every key
-// the engine asks it to touch that is not a bucket key (outside rl:, or holding a line break
-// that a log or a RESP inline command would split). The engine is shared by all the inputs of
-// a fuzz worker, which run one after the other, so each input takes the keys it caused.
+// keyGuard is a hook on the engine's Redis client in the fuzz targets: it notes every key a
+// script call (EVALSHA, EVAL) or a DEL names that is not a bucket key (outside rl:, or holding
+// a line break that a log or a RESP inline command would split). It sees what reaches Redis,
+// whatever the engine's path to it. The engine is shared by all the inputs of a fuzz worker,
+// which run one after the other, so each input takes the keys noted since the last; a command
+// sent after its check gave up (past RedisTimeout) is noted for the next input.
 type keyGuard struct {
-	store *bucket.Store
-
 	mu  sync.Mutex
 	bad []string
 }
 
-var _ checker.Store = (*keyGuard)(nil)
+var _ redis.Hook = (*keyGuard)(nil)
 
-func (g *keyGuard) note(keys ...string) {
+// watch adds g to rdb, and on a cluster to each node's client, through which the bucket
+// store sends its pipelines.
+func (g *keyGuard) watch(rdb redis.UniversalClient) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(c *redis.Client) { c.AddHook(g) })
+	}
+	rdb.AddHook(g)
+}
+
+// DialHook implements redis.Hook.
+func (g *keyGuard) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (g *keyGuard) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.note(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (g *keyGuard) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			g.note(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// note records the keys of cmd that are not bucket keys.
+func (g *keyGuard) note(cmd redis.Cmder) {
+	args := cmd.Args()
+	var keys []any
+	switch strings.ToLower(argString(args[0])) {
+	case "evalsha", "eval": // EVALSHA sha numkeys key... arg...
+		if len(args) < 3 {
+			return
+		}
+		n, err := strconv.Atoi(argString(args[2]))
+		if err != nil || 3+n > len(args) {
+			g.add(fmt.Sprintf("unreadable key count in %v", args))
+			return
+		}
+		keys = args[3 : 3+n]
+	case "del", "unlink":
+		keys = args[1:]
+	}
 	for _, k := range keys {
-		if !strings.HasPrefix(k, "rl:") || strings.ContainsAny(k, "\r\n") {
-			g.mu.Lock()
-			g.bad = append(g.bad, k)
-			g.mu.Unlock()
+		if k := argString(k); !strings.HasPrefix(k, "rl:") || strings.ContainsAny(k, "\r\n") {
+			g.add(k)
 		}
 	}
 }
 
-// Check implements checker.Store.
-func (g *keyGuard) Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
-	for _, r := range reqs {
-		for _, l := range r.Limits {
-			g.note(l.Key)
-		}
-		if r.IdempotencyKey != "" {
-			g.note(r.IdempotencyKey)
-		}
+func (g *keyGuard) add(k string) {
+	g.mu.Lock()
+	g.bad = append(g.bad, k)
+	g.mu.Unlock()
+}
+
+// argString is a command argument as Redis receives it (the bucket store passes pointers, so
+// that an argument is boxed once).
+func argString(a any) string {
+	switch v := a.(type) {
+	case string:
+		return v
+	case *string:
+		return *v
+	case []byte:
+		return string(v)
+	case *int64:
+		return strconv.FormatInt(*v, 10)
 	}
-	return g.store.Check(ctx, reqs)
+	return fmt.Sprint(a)
 }
-
-// Delete implements checker.Store.
-func (g *keyGuard) Delete(ctx context.Context, keys ...string) (int64, error) {
-	g.note(keys...)
-	return g.store.Delete(ctx, keys...)
-}
-
-// Ping implements checker.Store.
-func (g *keyGuard) Ping(ctx context.Context) error { return g.store.Ping(ctx) }
-
-// LoadScript is forwarded so that the engine's readiness probe loads the script as with a
-// bucket.Store.
-func (g *keyGuard) LoadScript(ctx context.Context) error { return g.store.LoadScript(ctx) }
-
-// Close stops the bucket store's batching goroutines.
-func (g *keyGuard) Close() error { return g.store.Close() }
 
 // checkKeys fails t for each key outside the namespace since the last call.
 func (g *keyGuard) checkKeys(t *testing.T) {
@@ -123,12 +163,12 @@ func newFuzzEnv(f *testing.F, doc string) *fuzzEnv {
 	f.Helper()
 	rdb := redisSrv.UniversalClient()
 	f.Cleanup(func() { rdb.Close() })
-	keys := &keyGuard{store: bucket.NewStore(rdb)}
-	f.Cleanup(func() { keys.Close() })
+	keys := new(keyGuard)
+	keys.watch(rdb)
 	log := checkertest.Logger()
 	// A short timeout: an input that stalls the store must not stall the run; past it the
 	// fail modes decide, which is one more path to cover.
-	engine := checker.New(checker.Config{Store: keys, Rules: mustRules(f, doc), RedisTimeout: 200 * time.Millisecond, Logger: log})
+	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(f, doc), RedisTimeout: 200 * time.Millisecond, Logger: log})
 	f.Cleanup(func() { engine.Close() })
 
 	callers := new(auth.Registry)

@@ -6,8 +6,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/outcomepb"
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -46,7 +47,7 @@ func (s *Server) checkRateLimit(ctx context.Context, req *quotaflowv1.CheckRateL
 
 // decide makes one check whose caller is authorized: CheckRateLimit's, or one of a batch's.
 func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
-	q, err := checker.NewCheckQuery(req, time.Now())
+	q, err := checkQuery(req, time.Now())
 	if err != nil {
 		return nil, s.rpcError(err)
 	}
@@ -59,17 +60,17 @@ func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequ
 		Replayed:   out.Replayed,
 		Degraded:   out.Degraded,
 		Tier:       out.Tier,
-		Limits:     out.Statuses(),
-		State:      out.State(),
+		Limits:     outcomepb.Statuses(out),
+		State:      outcomepb.State(out.State()),
 		DecisionId: out.ID,
 	}
 	if q.Timestamp != 0 {
 		resp.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
 	}
-	if d := out.Deciding(); d != nil {
+	if d := outcomepb.Deciding(out, resp.Limits); d != nil {
 		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
-		resp.RetryAfter = checker.CeilSeconds(d.RetryAfterMs)
+		resp.RetryAfter = ratelimitheader.CeilSeconds(d.RetryAfterMs)
 	}
 	return resp, nil
 }
@@ -78,7 +79,7 @@ func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRema
 	if err := s.authorizeCheck(ctx, "GetRemainingQuota", req.GetTier()); err != nil {
 		return nil, err
 	}
-	q, err := checker.NewQuotaQuery(req)
+	q, err := quotaQuery(req)
 	if err != nil {
 		return nil, s.rpcError(err)
 	}
@@ -90,13 +91,13 @@ func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRema
 		Allowed:  out.Allowed,
 		Degraded: out.Degraded,
 		Tier:     out.Tier,
-		Limits:   out.Statuses(),
-		State:    out.State(),
+		Limits:   outcomepb.Statuses(out),
+		State:    outcomepb.State(out.State()),
 	}
-	if d := out.Deciding(); d != nil {
+	if d := outcomepb.Deciding(out, resp.Limits); d != nil {
 		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
-		resp.RetryAfter = checker.CeilSeconds(d.RetryAfterMs)
+		resp.RetryAfter = ratelimitheader.CeilSeconds(d.RetryAfterMs)
 	}
 	return resp, nil
 }
@@ -105,7 +106,11 @@ func (s *Server) resetLimit(ctx context.Context, req *quotaflowv1.ResetLimitRequ
 	if err := s.authorize(ctx, auth.Reset, "ResetLimit"); err != nil {
 		return nil, err
 	}
-	n, ids, err := s.engine.Reset(ctx, req)
+	rr, err := resetRequest(req)
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	n, ids, err := s.engine.Reset(ctx, rr)
 	if err != nil {
 		return nil, s.rpcError(err)
 	}

@@ -18,7 +18,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
+	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 
 // RLSServiceName is Envoy's rate limit service, served by RLSHandler. Name it to the gRPC
@@ -183,7 +185,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 	if set := s.engine.Rules(); set != nil {
 		for i := range qs {
 			if t := qs[i].Tier; t != "" && !set.HasTier(t) {
-				return nil, s.rpcError(checker.FieldErrorf(qs[i].tierField(), "%q is not a configured tier", t))
+				return nil, s.rpcError(fieldErrorf(qs[i].tierField(), "%q is not a configured tier", t))
 			}
 		}
 	}
@@ -236,19 +238,19 @@ func moreRestrictive(ao *checker.Outcome, a *checker.LimitOutcome, bo *checker.O
 	case a.Result.Remaining != b.Result.Remaining:
 		return a.Result.Remaining < b.Result.Remaining
 	}
-	return a.Limit.Capacity() < b.Limit.Capacity()
+	return a.Limit.Capacity < b.Limit.Capacity
 }
 
 // rlsHeaders are the response headers Envoy adds to the response to the client.
 func rlsHeaders(out *checker.Outcome, l *checker.LimitOutcome) []*corev3.HeaderValue {
-	reset := checker.CeilSeconds(checker.CeilMillis(max(0, l.Result.ResetAt.Sub(out.Now))))
+	reset := ratelimitheader.CeilSeconds(ratelimitheader.CeilMillis(max(0, l.Result.ResetAt.Sub(out.Now))))
 	h := []*corev3.HeaderValue{
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity(), 10)},
+		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity, 10)},
 		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.Result.Remaining), 10)},
 		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
 	}
 	if !out.Allowed {
-		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(checker.CeilSeconds(checker.CeilMillis(l.Result.RetryAfter)), 10)})
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.CeilSeconds(ratelimitheader.CeilMillis(l.Result.RetryAfter)), 10)})
 	}
 	return h
 }
@@ -295,16 +297,16 @@ func clampUint32(n int64) uint32 {
 func rlsQueries(r *ratelimitv3.RateLimitRequest) ([]rlsQuery, error) {
 	domain := r.GetDomain()
 	if domain != "" {
-		if err := checker.CheckText("domain", domain, checker.MaxEndpointLen-1); err != nil {
-			return nil, err
+		if err := field.Text(domain, checker.MaxEndpointLen-1); err != nil {
+			return nil, fieldError("domain", err)
 		}
 	}
 	ds := r.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, checker.FieldErrorf("descriptors", "required: at least one descriptor")
+		return nil, fieldErrorf("descriptors", "required: at least one descriptor")
 	case len(ds) > MaxRLSDescriptors:
-		return nil, checker.FieldErrorf("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
+		return nil, fieldErrorf("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
 	}
 	qs := make([]rlsQuery, len(ds))
 	for i, d := range ds {
@@ -320,9 +322,9 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	entries := d.GetEntries()
 	switch {
 	case len(entries) == 0:
-		return checker.FieldErrorf(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
+		return fieldErrorf(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
 	case len(entries) > MaxRLSEntries:
-		return checker.FieldErrorf(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
+		return fieldErrorf(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
 	}
 	q.Subjects = make([]checker.Subject, 0, 3)
 	endpointSet := false
@@ -332,22 +334,22 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			continue
 		}
 		entryErr := func(suffix, format string, args ...any) error {
-			return checker.FieldErrorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
+			return fieldErrorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
 		}
 		v := e.GetValue()
 		if kind == rlsEndpoint {
 			if endpointSet {
 				return entryErr(".key", "a second endpoint (path or endpoint) in one descriptor")
 			}
-			ep, err := checker.NormalizeEndpoint("", v)
+			ep, err := field.Endpoint(v, checker.MaxEndpointLen)
 			if err != nil {
-				return &badEndpoint{desc: i, err: entryErr(".value", "%s", err.(*checker.FieldError).Msg)}
+				return &badEndpoint{desc: i, err: entryErr(".value", "%s", err)}
 			}
 			q.Endpoint, endpointSet = ep, true
 			continue
 		}
-		if err := checker.CheckText("", v, checker.MaxIdentifierLen); err != nil {
-			return entryErr(".value", "%s", err.(*checker.FieldError).Msg)
+		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
+			return entryErr(".value", "%s", err)
 		}
 		switch kind {
 		case rlsTier:
@@ -372,29 +374,27 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 		}
 	}
 	if len(q.Subjects) == 0 {
-		return checker.FieldErrorf(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
+		return fieldErrorf(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
 	}
 	if !endpointSet {
 		// The domain names the endpoint: "/" + domain, in normal form like any other.
-		ep, err := checker.NormalizeEndpoint("domain", "/"+domain)
+		ep, err := field.Endpoint("/"+domain, checker.MaxEndpointLen)
 		if err != nil {
-			return err
+			return fieldError("domain", err)
 		}
 		q.Endpoint = ep
 	}
 	if d.GetIsNegativeHits() {
-		return checker.FieldErrorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
+		return fieldErrorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
 	}
 	cost := uint64(hits)
 	if h := d.GetHitsAddend(); h != nil {
 		cost, q.ownCost = h.GetValue(), true
 	}
-	if cost > checker.MaxCost {
-		return checker.FieldErrorf(q.costField(), "must be at most %d, got %d", checker.MaxCost, cost)
-	}
+	// A hits_addend past the largest int64 is past MaxCost too: field.Cost refuses it as that.
 	var err error
-	if q.Cost, err = checker.CheckCost(int64(cost)); err != nil {
-		return q.rename(err)
+	if q.Cost, err = field.Cost(int64(min(cost, math.MaxInt64)), checker.MaxCost); err != nil {
+		return fieldError(q.costField(), err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -362,7 +363,7 @@ func TestExactAcrossCheckers(t *testing.T) {
 // resetGlobal empties the global bucket of rule, which no identifier can make a test's own.
 func resetGlobal(t *testing.T, env *testEnv, rule string) {
 	t.Helper()
-	if _, _, err := env.engine.Reset(context.Background(), &quotaflowv1.ResetLimitRequest{Dimension: quotaflowv1.Dimension_DIMENSION_GLOBAL, RuleId: rule}); err != nil {
+	if _, _, err := env.engine.Reset(context.Background(), checker.ResetRequest{Subject: checker.Subject{Dimension: rules.DimensionGlobal}, RuleID: rule}); err != nil {
 		t.Fatalf("reset the global bucket of %s: %v", rule, err)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/publisher"

@@ -21,7 +21,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // TestCompose checks docker-compose.yml and deploy/Dockerfile against the binary they run, without

@@ -11,8 +11,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/report"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // quotaflow rules: the rules of the rule store, through a checker's admin API.

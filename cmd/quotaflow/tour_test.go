@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // TestTourBenchStaysBelowTierProtection: the README's tour runs top to bottom against `make

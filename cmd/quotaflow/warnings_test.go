@@ -11,9 +11,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )

@@ -40,7 +40,7 @@ func TestUnavailable(t *testing.T) {
 		{"script error", scriptErr, false},
 		{"invalid request", invalid, false},
 		{"malformed reply", fmt.Errorf("bucket: request 0: %w", ErrMalformedReply), false},
-		// A Store of one's own (checker.Config.Store) reports a conflict without a Redis error.
+		// A store wrapping this one (the engine tests' Config.store) reports a conflict in an error of its own.
 		{"idempotency conflict", fmt.Errorf("records: request 0: %w", ErrIdempotencyConflict), false},
 		{"nil", nil, false},
 	}

@@ -23,9 +23,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/redistest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Serve serves h, and the gRPC services register adds, on one loopback port until the test

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // Stream settings.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 func TestString(t *testing.T) {

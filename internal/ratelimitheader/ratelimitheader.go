@@ -1,6 +1,7 @@
 // Package ratelimitheader renders the RateLimit and RateLimit-Policy fields of
 // draft-ietf-httpapi-ratelimit-headers-11 as structured fields (RFC 8941): what the checker's
-// forward-auth endpoint answers and what checker/client's middleware sets, written once.
+// forward-auth endpoint answers and what checker/client's middleware sets, written once, with
+// the rounding of the waits every answer reports (CeilMillis, CeilSeconds).
 package ratelimitheader
 
 import (
@@ -64,3 +65,13 @@ func writeString(b *strings.Builder, s string) {
 	}
 	b.WriteByte('"')
 }
+
+// CeilMillis is d in whole milliseconds, rounded up: a wait is never reported shorter than it
+// is (retry_after_ms).
+func CeilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// CeilSeconds is ms in whole seconds, rounded up (Retry-After, retry_after, the RateLimit
+// field's t).
+func CeilSeconds(ms int64) int64 { return (ms + 999) / 1000 }

@@ -40,3 +40,22 @@ func TestPolicies(t *testing.T) {
 		t.Errorf("policies = %s, want %s", got, want)
 	}
 }
+
+func TestCeil(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		d    time.Duration
+		ms   int64
+		secs int64
+	}{
+		{0, 0, 0}, {time.Nanosecond, 1, 1}, {time.Millisecond, 1, 1}, {999 * time.Millisecond, 999, 1},
+		{time.Second, 1000, 1}, {time.Second + time.Nanosecond, 1001, 2},
+	} {
+		if got := CeilMillis(tt.d); got != tt.ms {
+			t.Errorf("CeilMillis(%v) = %d, want %d", tt.d, got, tt.ms)
+		}
+		if got := CeilSeconds(tt.ms); got != tt.secs {
+			t.Errorf("CeilSeconds(%d) = %d, want %d", tt.ms, got, tt.secs)
+		}
+	}
+}

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

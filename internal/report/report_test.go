@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/report"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // fingerprint names a set's rules and users, in a stable order.

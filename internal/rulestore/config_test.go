@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // TestConfigEvents: every accepted write publishes exactly one config event naming its actor,

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/retry"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // ErrNotReachable is a Follower's answer to reads and writes while the store has not been

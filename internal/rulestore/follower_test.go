@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // TestFollowerNATSDownAtStart: a follower started while NATS is down refuses the admin API's

@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // PutOverride validates o against the current configuration and stores it until its expiry,

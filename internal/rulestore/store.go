@@ -34,9 +34,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // Bucket names and keys.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 const doc = `

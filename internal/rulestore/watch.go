@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rules"
 )
 
 // initialValuesTimeout bounds how long a watch waits for the buckets' initial values.

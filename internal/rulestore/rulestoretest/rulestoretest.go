@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rules"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 )
 

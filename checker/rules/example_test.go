@@ -3,7 +3,7 @@ package rules_test
 import (
 	"fmt"
 
-	"github.com/quotaflow/quotaflow/internal/rules"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // Parse validates a whole rules document and compiles it; Match finds the rules that apply to

@@ -1,0 +1,141 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// The translation of quotaflow.v1's requests into the engine's queries. Each field is
+// validated here, by package field's rules (the engine's own), so that an error names the
+// message's field: the engine validates a Query again, in its own terms.
+
+// fieldErrorf returns a FieldError about name.
+func fieldErrorf(name, format string, args ...any) *checker.FieldError {
+	return &checker.FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
+}
+
+// fieldError is err, a broken rule of package field, about name.
+func fieldError(name string, err error) *checker.FieldError {
+	return &checker.FieldError{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
+}
+
+// checkQuery validates a CheckRateLimit request; now is the server's clock, which the
+// request's timestamp may not be more than MaxClockSkew from.
+func checkQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*checker.Query, error) {
+	q := &checker.Query{Tier: r.GetTier(), IdempotencyKey: r.GetIdempotencyKey(), Timestamp: r.GetTimestamp()}
+	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetEndpoint(), r.GetCost()); err != nil {
+		return nil, err
+	}
+	if q.IdempotencyKey != "" {
+		if err := field.Text(q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
+			return nil, fieldError("idempotency_key", err)
+		}
+	}
+	if q.Timestamp != 0 {
+		if skew := time.UnixMilli(q.Timestamp).Sub(now); skew > checker.MaxClockSkew || skew < -checker.MaxClockSkew {
+			return nil, fieldErrorf("timestamp", "%d (unix ms) is more than %s from the server's clock", q.Timestamp, checker.MaxClockSkew)
+		}
+	}
+	return q, nil
+}
+
+// quotaQuery validates a GetRemainingQuota request.
+func quotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*checker.Query, error) {
+	q := &checker.Query{Tier: r.GetTier()}
+	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetEndpoint(), r.GetCost()); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// resetRequest validates a ResetLimit request. The global dimension names the global subject,
+// whatever the identifier.
+func resetRequest(r *quotaflowv1.ResetLimitRequest) (checker.ResetRequest, error) {
+	rr := checker.ResetRequest{Endpoint: r.GetEndpoint(), RuleID: r.GetRuleId()}
+	if r.GetDimension() == quotaflowv1.Dimension_DIMENSION_GLOBAL {
+		rr.Subject.Dimension = rules.DimensionGlobal
+		return rr, nil
+	}
+	d, err := checkSubject("", r.GetDimension(), r.GetIdentifier())
+	if err != nil {
+		return rr, err
+	}
+	rr.Subject = checker.Subject{Dimension: d, ID: r.GetIdentifier()}
+	return rr, nil
+}
+
+// subjectFields are the subject-naming fields shared by the check and quota requests.
+type subjectFields struct {
+	identifier string
+	dimension  quotaflowv1.Dimension
+	subjects   []*quotaflowv1.Subject
+}
+
+// parseSubjects validates the request's subjects: the top-level identifier/dimension pair and
+// the subjects list, at most one of each dimension.
+func parseSubjects(f subjectFields, dst []checker.Subject) ([]checker.Subject, error) {
+	add := func(prefix string, dim quotaflowv1.Dimension, id string) error {
+		d, err := checkSubject(prefix, dim, id)
+		if err != nil {
+			return err
+		}
+		for _, s := range dst {
+			if s.Dimension == d {
+				return fieldErrorf(prefix+"dimension", "the request names two %s subjects; name one of each dimension", d)
+			}
+		}
+		dst = append(dst, checker.Subject{Dimension: d, ID: id})
+		return nil
+	}
+	if f.identifier != "" || f.dimension != quotaflowv1.Dimension_DIMENSION_UNSPECIFIED || len(f.subjects) == 0 {
+		if err := add("", f.dimension, f.identifier); err != nil {
+			return nil, err
+		}
+	}
+	for i, s := range f.subjects {
+		if err := add(fmt.Sprintf("subjects[%d].", i), s.GetDimension(), s.GetIdentifier()); err != nil {
+			return nil, err
+		}
+	}
+	return dst, nil
+}
+
+func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Dimension, error) {
+	if err := field.Text(id, checker.MaxIdentifierLen); err != nil {
+		return 0, fieldError(prefix+"identifier", err)
+	}
+	switch dim {
+	case quotaflowv1.Dimension_DIMENSION_USER:
+		return rules.DimensionUser, nil
+	case quotaflowv1.Dimension_DIMENSION_IP:
+		return rules.DimensionIP, nil
+	case quotaflowv1.Dimension_DIMENSION_API_KEY:
+		return rules.DimensionAPIKey, nil
+	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED:
+		return 0, fieldErrorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
+	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
+		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
+	}
+	return 0, fieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
+}
+
+// parseCommon validates what check and quota requests share: subjects, endpoint, cost.
+func parseCommon(q *checker.Query, subjects subjectFields, endpoint string, cost int64) error {
+	var err error
+	if q.Subjects, err = parseSubjects(subjects, make([]checker.Subject, 0, 3)); err != nil {
+		return err
+	}
+	if q.Endpoint, err = field.Endpoint(endpoint, checker.MaxEndpointLen); err != nil {
+		return fieldError("endpoint", err)
+	}
+	if q.Cost, err = field.Cost(cost, checker.MaxCost); err != nil {
+		return fieldError("cost", err)
+	}
+	return nil
+}

@@ -1,0 +1,55 @@
+package publisher
+
+import (
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/outcomepb"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+var _ checker.DecisionSink = (*Client)(nil)
+
+// Publish renders out, the decision of q made by the checker checkerID, as the stream's event
+// (Decision) and hands it on as PublishDecision does: it returns at once. It implements
+// checker.DecisionSink: the rendering happens before it returns, so the client keeps nothing
+// of q or out.
+func (c *Client) Publish(checkerID string, q *checker.Query, out *checker.Outcome) {
+	c.PublishDecision(Decision(checkerID, q, out))
+}
+
+// Decision renders out, the decision of q made by the checker checkerID, as the event the
+// decision stream carries.
+func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotaflowv1.Decision {
+	d := &quotaflowv1.Decision{
+		Id:        out.ID,
+		CheckerId: checkerID,
+		TimeUs:    out.Now.UnixMicro(),
+		Subjects:  make([]*quotaflowv1.Subject, len(q.Subjects)),
+		Tier:      out.Tier,
+		Endpoint:  q.Endpoint,
+		Cost:      q.Cost,
+		Allowed:   out.Allowed,
+		Degraded:  out.Degraded,
+		Replayed:  out.Replayed,
+		Limits:    outcomepb.Statuses(out),
+		State:     outcomepb.State(out.State()),
+	}
+	for i, sub := range q.Subjects {
+		d.Subjects[i] = &quotaflowv1.Subject{Dimension: outcomepb.Dimension(sub.Dimension), Identifier: sub.ID}
+	}
+	if len(d.Subjects) > 0 {
+		d.Subject = d.Subjects[0]
+	}
+	if q.Timestamp != 0 {
+		d.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
+	}
+	for _, l := range d.Limits {
+		if l.Shadow && !l.Allowed {
+			d.Shadow = true
+		}
+	}
+	if l := outcomepb.Deciding(out, d.Limits); l != nil {
+		d.RuleId, d.Algorithm, d.Limit, d.Remaining, d.CurrentCount = l.RuleId, l.Algorithm, l.Burst, l.Remaining, l.CurrentCount
+		d.WindowMs, d.ResetAt, d.RetryAfterMs, d.FailMode = l.WindowMs, l.ResetAt, l.RetryAfterMs, l.FailMode
+	}
+	return d
+}
