@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/proctest"
 	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
@@ -92,14 +92,15 @@ func TestUsage(t *testing.T) {
 	}
 }
 
+// freeAddr is a loopback address free now, for a server the test starts (outside the
+// ephemeral range: proctest.FreePorts).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return proctest.Addr(port)
 }
 
 // TestCheckerAndCheck runs the checker command with its settings from the environment (and a

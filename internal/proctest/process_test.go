@@ -3,6 +3,7 @@ package proctest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strconv"
@@ -136,16 +137,32 @@ func TestStartFails(t *testing.T) {
 	}
 }
 
+// TestFreePorts: the ports are distinct, free (a server can bind each) and outside the
+// system's ephemeral range, where outgoing connections take their source ports.
 func TestFreePorts(t *testing.T) {
-	ports, err := proctest.FreePorts(8)
+	t.Parallel()
+	ports, err := proctest.FreePorts(20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ephemeral := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		fmt.Sscan(string(b), &ephemeral)
+	}
 	seen := map[int]bool{}
 	for _, p := range ports {
-		if p == 0 || seen[p] {
-			t.Fatalf("ports %v: zero or repeated", ports)
+		if seen[p] {
+			t.Errorf("port %d handed out twice", p)
 		}
 		seen[p] = true
+		if p >= ephemeral {
+			t.Errorf("port %d is in the ephemeral range (from %d)", p, ephemeral)
+		}
+		l, err := net.Listen("tcp", proctest.Addr(p))
+		if err != nil {
+			t.Errorf("port %d is not free: %v", p, err)
+			continue
+		}
+		l.Close()
 	}
 }
