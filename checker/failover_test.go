@@ -216,3 +216,125 @@ func TestClusterBalance(t *testing.T) {
 	}
 	t.Logf("buckets per master: %v (even share %.0f)", perMaster, even)
 }
+
+// TestFailoverIdleChecker: a checker that sat idle while the master of a user's slot was killed
+// and its replica promoted still holds the old slot map; its first calls are refused by the dead
+// master. Those calls never ran, so it reloads the slot map and sends them to the new master
+// within the check's deadline: a burst of 100 concurrent checks spread over three checkers
+// against a limit of 20 admits exactly 20, none degraded, and the refused calls count as no
+// failure towards the idle checker's circuit (docs/scaling.md). Before, on the cluster, the idle
+// checker's third of the burst was answered by the fail mode (open): 53 admitted. A Sentinel
+// client learns the new master from the sentinels, idle or not; the case keeps it so.
+func TestFailoverIdleChecker(t *testing.T) {
+	t.Parallel()
+	for _, topo := range failoverTopologies {
+		t.Run(topo.name, func(t *testing.T) {
+			t.Parallel()
+			testFailoverIdleChecker(t, topo)
+		})
+	}
+}
+
+func testFailoverIdleChecker(t *testing.T, topo failoverTopology) {
+	cfg, killMaster := topo.start(t)
+	set := mustRules(t, `
+rules:
+  - {id: load, dimension: user, endpoint: /load, algorithm: fixed_window, limit: 1000000, window: 1h}
+  - {id: burst, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 20, window: 1h}
+`)
+	// Each checker has its own cluster client, hence its own slot map, as separate processes do.
+	engines := make([]*Engine, 3)
+	for i := range engines {
+		rdb, err := bucket.NewRedisClient(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rdb.Close() })
+		// A deadline far above any round trip: on a loaded machine no check may fall to its fail
+		// mode for being slow, only for Redis being unreachable.
+		engines[i] = New(Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, ProbeInterval: 100 * time.Millisecond, Logger: checkertest.Logger()})
+		t.Cleanup(func() { engines[i].Close() })
+	}
+	busy, idle := engines[:2], engines[2]
+	const user = "idle-failover-user"
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// Every checker learns the slot map and connects to the user's master before the kill.
+	for i, e := range engines {
+		if out, err := e.Check(ctx, userQuery(user, "/load")); err != nil || out.Degraded || !out.Allowed {
+			t.Fatalf("checker %d before the failover: %+v, %v", i, out, err)
+		}
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, e := range busy {
+		for range 2 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _ = e.Check(ctx, userQuery(user, "/load")) // degraded while no master serves the slot
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+	}
+	wait := killMaster(ctx, "rl:{user:"+user+"}:fw:1h:/x")
+	if err := wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The busy checkers follow the promotion through their own traffic; wait until each decides
+	// exactly again (its circuit, opened while the slot had no master, closed by a probe).
+	for i, e := range busy {
+		for {
+			out, err := e.Check(ctx, userQuery(user, "/load"))
+			if err == nil && !out.Degraded {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("busy checker %d not exact after the failover: %+v, %v", i, out, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	const checks = 100
+	var admitted, degraded, errs atomic.Int64
+	start := make(chan struct{})
+	var burst sync.WaitGroup
+	for i := range checks {
+		e := engines[i%len(engines)]
+		burst.Go(func() {
+			<-start
+			out, err := e.Check(ctx, userQuery(user, "/x"))
+			switch {
+			case err != nil:
+				errs.Add(1)
+				t.Errorf("check: %v", err)
+			case out.Degraded:
+				degraded.Add(1)
+			}
+			if err == nil && out.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	close(start)
+	burst.Wait()
+	t.Logf("burst of %d checks against a limit of 20 after the failover: %d admitted, %d degraded, %d errors", checks, admitted.Load(), degraded.Load(), errs.Load())
+	if got := admitted.Load(); got != 20 {
+		t.Errorf("admitted %d of %d checks against a limit of 20, want 20", got, checks)
+	}
+	if got := degraded.Load(); got != 0 {
+		t.Errorf("%d checks decided by the fail mode after the cluster was healthy again, want 0", got)
+	}
+	if n := idle.store.circuit.failures.Load(); n != 0 || idle.store.circuit.open() {
+		t.Errorf("idle checker's circuit: %d failures counted, open %t; want 0, closed: a refused call that was re-sent is no failure", n, idle.store.circuit.open())
+	}
+}

@@ -129,6 +129,9 @@ type call struct {
 	args  []any
 	nkeys int
 	cmd   *redis.StringSliceCmd
+	// sentTo is the master a cluster's call was last sent to straight (masters.add), nil when
+	// it went through the cluster client: what resendRefused compares the new slot map with.
+	sentTo *redis.Client
 }
 
 // scriptCmd is how a script call travels: go-redis must never re-send it on its own. After a
@@ -349,7 +352,16 @@ func (b *batcher) finish(j *job) {
 //     (docs/scaling.md). The call is re-sent after a short pause, by when the slot's remaining
 //     keys have usually moved.
 //
-// Nothing else is re-sent: a script call that may have run must never run twice (scriptCmd).
+// And one kind of error, on a cluster: the master's address refused the connection (notSent),
+// so the call was never written. It is re-sent once the slot map, read again, gives its slot to
+// another master: a replica promoted after the master died (masters.resendRefused).
+//
+// Nothing else is re-sent: a script call that may have run must never run twice (scriptCmd). A
+// timeout, or a connection reset or closed after the call was written, says nothing of whether
+// the script ran, and is the caller's unknown outcome.
+//
+// The batch's outcome (OnRoundTrip) is that of its calls after the re-sends: a call refused and
+// then answered by the new master is no failure of Redis, and does not count towards a circuit.
 //
 // The batch runs until BatchTimeout, whatever its callers' deadlines: a caller that gives up
 // early leaves (batcher.do), the others' calls go on.
@@ -373,31 +385,19 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 	pause := retry.Backoff{Min: tryAgainPause, Max: maxTryAgainPause}
 	for range maxResends {
 		again, tryAgain := resends(batch)
-		if again == 0 {
-			break
-		}
-		if tryAgain {
-			if !retry.Sleep(ctx, pause.Next()) {
+		if again > 0 {
+			if tryAgain && !retry.Sleep(ctx, pause.Next()) {
 				break // the calls keep their TRYAGAIN: they did not run
 			}
+			b.resend(ctx, pipe, batch)
 		}
-		for _, j := range batch {
-			for i := range j.calls {
-				c := &j.calls[i]
-				switch err := c.cmd.Err(); {
-				case isNoScript(err):
-					args := make([]any, len(c.args))
-					copy(args, c.args)
-					args[0], args[1] = argEval, argSource
-					c.args = args
-				case !isTryAgain(err) && !isRedirect(err):
-					continue
-				}
-				c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
-				_ = pipe.Process(ctx, scriptCmd{c.cmd})
-			}
+		rerouted := 0
+		if ms != nil {
+			rerouted = ms.resendRefused(ctx, batch)
 		}
-		_, _ = pipe.Exec(ctx)
+		if again == 0 && rerouted == 0 {
+			break
+		}
 	}
 	if b.cfg.OnRoundTrip != nil {
 		b.cfg.OnRoundTrip(outage(batch))
@@ -405,6 +405,29 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 	for _, j := range batch {
 		b.finish(j)
 	}
+}
+
+// resend sends again, through pipe, the calls of batch answered NOSCRIPT (with EVAL), TRYAGAIN
+// or a redirection.
+func (b *batcher) resend(ctx context.Context, pipe redis.Pipeliner, batch []*job) {
+	for _, j := range batch {
+		for i := range j.calls {
+			c := &j.calls[i]
+			switch err := c.cmd.Err(); {
+			case isNoScript(err):
+				args := make([]any, len(c.args))
+				copy(args, c.args)
+				args[0], args[1] = argEval, argSource
+				c.args = args
+			case !isTryAgain(err) && !isRedirect(err):
+				continue
+			}
+			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+			c.sentTo = nil // the cluster client picks the master
+			_ = pipe.Process(ctx, scriptCmd{c.cmd})
+		}
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 // outage is the first error of batch's calls that says Redis could not answer (Unavailable),

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +20,9 @@ import (
 // charged (docs/scaling.md).
 //
 // The calls a master answers MOVED or ASK did not run: exec re-sends them through the cluster
-// client, which follows the redirection and refreshes its slot map.
+// client, which follows the redirection and refreshes its slot map. The calls a master never
+// received (its address refused the connection: it died) did not run either: once the slot
+// map, read again, names another master for their slot, resendRefused sends them there.
 type masters struct {
 	cc *redis.ClusterClient
 	// pipes keeps one pipeline per master client across batches (one set per batching loop).
@@ -44,9 +47,7 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 	if len(m.pipes) > maxMasterPipes {
 		clear(m.pipes)
 	}
-	for _, mp := range m.pipes {
-		mp.calls = 0
-	}
+	m.reset()
 	for _, j := range batch {
 		for i := range j.calls {
 			c := &j.calls[i]
@@ -56,22 +57,10 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 				c.cmd.SetErr(err)
 				continue
 			}
-			mp := m.pipes[node]
-			if mp == nil {
-				mp = &masterPipe{pipe: node.Pipeline()}
-				m.pipes[node] = mp
-			}
-			_ = mp.pipe.Process(ctx, scriptCmd{c.cmd})
-			mp.calls++
+			m.add(ctx, node, c)
 		}
 	}
-	var wg sync.WaitGroup
-	for _, mp := range m.pipes {
-		if mp.calls > 0 {
-			wg.Go(func() { _, _ = mp.pipe.Exec(ctx) })
-		}
-	}
-	wg.Wait()
+	m.exec(ctx)
 	for _, j := range batch {
 		for i := range j.calls {
 			if err := j.calls[i].cmd.Err(); err != nil && !isRedirect(err) && stale(err) {
@@ -83,6 +72,96 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 	}
 }
 
+// resendRefused sends again, each to the master its slot has now, the calls of batch that a
+// master never received (notSent) and whose slot the cluster has since given to another master,
+// and returns how many it sent.
+//
+// It is what makes checks exact as soon as the cluster is after a failover: a checker that was
+// idle while a master died and its replica was promoted still holds the old slot map, and its
+// first calls are refused by the dead master. A call refused that way never ran, so sending it
+// again cannot charge twice. The slot map is read again first, at once: ClusterClient.ReloadState
+// only schedules a reload and says nothing of when it is done, while ForEachMaster reloads the
+// map before it returns (go-redis's ReloadOrGet, asking the nodes in turn until one answers
+// CLUSTER SLOTS). A call whose slot the map still gives to the master that refused it keeps its
+// error: that master is down and the cluster has not failed over (yet), so the call is decided
+// by its fail mode now, as before, rather than held until the deadline.
+func (m *masters) resendRefused(ctx context.Context, batch []*job) int {
+	if !refused(batch) {
+		return 0
+	}
+	reloaded := m.cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }) == nil
+	m.reset()
+	sent := 0
+	for _, j := range batch {
+		for i := range j.calls {
+			c := &j.calls[i]
+			if c.sentTo == nil || !notSent(c.cmd.Err()) {
+				continue
+			}
+			var node *redis.Client
+			if reloaded {
+				node, _ = m.cc.MasterForKey(ctx, c.firstKey())
+			}
+			if node == nil || node == c.sentTo {
+				// Final: no other master to send it to. Cleared, so that the batch's later
+				// rounds (TRYAGAIN) do not read the slot map again for it.
+				c.sentTo = nil
+				continue
+			}
+			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+			m.add(ctx, node, c)
+			sent++
+		}
+	}
+	if sent > 0 {
+		m.exec(ctx)
+	}
+	return sent
+}
+
+// refused reports whether a call of batch was sent to a master (masters.add) and never reached
+// it.
+func refused(batch []*job) bool {
+	for _, j := range batch {
+		for i := range j.calls {
+			if c := &j.calls[i]; c.sentTo != nil && notSent(c.cmd.Err()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reset empties the master pipelines' counts before a round.
+func (m *masters) reset() {
+	for _, mp := range m.pipes {
+		mp.calls = 0
+	}
+}
+
+// add queues c, whose command is set, in the pipeline of node, and records where it went.
+func (m *masters) add(ctx context.Context, node *redis.Client, c *call) {
+	mp := m.pipes[node]
+	if mp == nil {
+		mp = &masterPipe{pipe: node.Pipeline()}
+		m.pipes[node] = mp
+	}
+	_ = mp.pipe.Process(ctx, scriptCmd{c.cmd})
+	mp.calls++
+	c.sentTo = node
+}
+
+// exec sends the pipelines that have calls, all masters at once, and waits for their replies.
+func (m *masters) exec(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, mp := range m.pipes {
+		if mp.calls > 0 {
+			wg.Go(func() { _, _ = mp.pipe.Exec(ctx) })
+		}
+	}
+	wg.Wait()
+}
+
 // stale reports an error after which the cluster client should read the slot map again: a
 // network error, or a master saying the cluster is down or that it no longer owns the slot.
 func stale(err error) bool {
@@ -91,6 +170,24 @@ func stale(err error) bool {
 		return true // network or deadline: the master may be gone
 	}
 	return redis.HasErrorPrefix(err, "CLUSTERDOWN") || redis.HasErrorPrefix(err, "MOVED")
+}
+
+// notSent reports an error that proves a call was never written to a connection, so it did not
+// run: the master's address refused the connection or did not answer the dial (a *net.OpError
+// of "dial": go-redis takes the connection before it writes anything, and a script call is
+// never retried on another connection, scriptCmd), or the master's client was closed (go-redis
+// closes the clients of nodes that left the cluster). Anything after the write — a timeout, a
+// connection reset or closed while the reply was awaited — may come after the script ran, and
+// is never taken for this.
+func notSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // isRedirect reports a cluster's MOVED or ASK reply: the call did not run on this master.
