@@ -23,7 +23,7 @@ func TestHideReflection(t *testing.T) {
 	}
 	rdb := redisSrv.UniversalClient()
 	t.Cleanup(func() { rdb.Close() })
-	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, testRules), Logger: checkertest.Logger()})
+	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, testRules), Logger: checkertest.Logger(), RedisTimeout: loadedTimeout})
 	t.Cleanup(func() { engine.Close() })
 	for _, hide := range []bool{false, true} {
 		srv := New(engine, Config{Callers: callers, HideReflection: hide, Logger: checkertest.Logger()})

@@ -131,7 +131,7 @@ func TestHealthEndpoints(t *testing.T) {
 	// Without rules the process is up but not ready, and checks are Unavailable.
 	rdb := redisSrv.UniversalClient()
 	defer rdb.Close()
-	engine := checker.New(checker.Config{Redis: rdb})
+	engine := checker.New(checker.Config{Redis: rdb, RedisTimeout: loadedTimeout})
 	defer engine.Close()
 	if err := engine.Ready(context.Background()); err == nil {
 		t.Error("Ready without rules = nil, want an error")

@@ -41,7 +41,7 @@ func newLimitEnv(t *testing.T) *limitEnv {
 	}
 	rdb := redisSrv.UniversalClient()
 	t.Cleanup(func() { rdb.Close() })
-	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, testRules), Logger: checkertest.Logger()})
+	engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, testRules), Logger: checkertest.Logger(), RedisTimeout: loadedTimeout})
 	t.Cleanup(func() { engine.Close() })
 	srv := New(engine, Config{Callers: callers, MaxRequestBytes: testMaxBody, Logger: checkertest.Logger()})
 	e := &limitEnv{}

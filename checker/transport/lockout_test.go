@@ -32,7 +32,7 @@ func TestAuthLockoutSource(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			_, rdb := ownRedis(t) // 127.0.0.1's failures are the test's own
-			engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, trustRules)})
+			engine := checker.New(checker.Config{Redis: rdb, Rules: mustRules(t, trustRules), RedisTimeout: loadedTimeout})
 			t.Cleanup(func() { engine.Close() })
 			reg := new(auth.Registry)
 			if err := reg.Load([]byte("callers: [{name: orders, token: " + serviceToken + ", permissions: [check]}]\n")); err != nil {

@@ -86,6 +86,12 @@ func (e *testEnv) client(protocol string) quotaflowv1connect.RateLimiterClient {
 // checker behind a trusted gateway is configured: anonymous callers may check, assert tiers and
 // reset, the loopback proxy is trusted and forward-auth reads X-Idempotency-Key. Tests of those
 // defaults use newEnvWith. Without a Redis in cfg it uses the package's shared server.
+// loadedTimeout is the engines' Redis deadline in tests: generous, so that a loaded CI machine
+// (race detector, parallel tests) never degrades a decision a test asserts on (a check past the
+// default 50ms is decided by its fail mode, an admin allowance by this process's own bucket);
+// failure tests set their own.
+const loadedTimeout = 5 * time.Second
+
 func newEnv(t testing.TB, cfg checker.Config) *testEnv {
 	t.Helper()
 	callers := new(auth.Registry)
@@ -108,9 +114,7 @@ func newEnvWith(t testing.TB, cfg checker.Config, tcfg Config) *testEnv {
 		cfg.Rules = mustRules(t, testRules)
 	}
 	if cfg.RedisTimeout == 0 {
-		// Generous, so that a loaded CI machine (race detector, parallel tests) never degrades
-		// a decision a test asserts on; failure tests set their own.
-		cfg.RedisTimeout = 5 * time.Second
+		cfg.RedisTimeout = loadedTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = checkertest.Logger()
