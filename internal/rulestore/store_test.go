@@ -303,3 +303,47 @@ func TestRenewOverride(t *testing.T) {
 		t.Errorf("RenewOverride of an expired override = %v, want rules.ErrNotFound", err)
 	}
 }
+
+// TestWatchEndsQuietly: a watch whose context ends returns nil, whichever the select sees
+// first: ctx.Done, or the watchers' updates, which they close when the context ends.
+func TestWatchEndsQuietly(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Seed(ctx, mustDecode(t, doc)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		wctx, cancel := context.WithCancel(ctx)
+		applied := make(chan struct{}, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Watch(wctx, func(*rules.Set) {
+				select {
+				case applied <- struct{}{}:
+				default:
+				}
+			})
+		}()
+		<-applied // the watch runs: its initial values arrived
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: Watch after its context ended = %v, want nil", i, err)
+		}
+	}
+}
+
+// TestUnlessEnded: a watch's failure once its context ended is the watch's end, not an error;
+// while the context lives it is an error (the caller restarts the watch).
+func TestUnlessEnded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := errors.New("config watcher stopped")
+	if err := unlessEnded(ctx, stopped); err != stopped {
+		t.Errorf("under a live context: %v, want %v", err, stopped)
+	}
+	cancel()
+	if err := unlessEnded(ctx, stopped); err != nil {
+		t.Errorf("once the context ended: %v, want nil", err)
+	}
+}

@@ -3,6 +3,7 @@ package rulestore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,12 +25,12 @@ const initialValuesTimeout = 30 * time.Second
 func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 	cw, err := s.config.WatchAll(ctx)
 	if err != nil {
-		return fmt.Errorf("watch config: %w", err)
+		return unlessEnded(ctx, fmt.Errorf("watch config: %w", err))
 	}
 	defer cw.Stop()
 	ow, err := s.overrides.WatchAll(ctx)
 	if err != nil {
-		return fmt.Errorf("watch overrides: %w", err)
+		return unlessEnded(ctx, fmt.Errorf("watch overrides: %w", err))
 	}
 	defer ow.Stop()
 
@@ -76,7 +77,7 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 			rebuild()
 		case e, ok := <-cw.Updates():
 			if !ok {
-				return fmt.Errorf("config watcher stopped")
+				return unlessEnded(ctx, errors.New("config watcher stopped"))
 			}
 			if e == nil {
 				configReady = true
@@ -107,7 +108,7 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 			}
 		case e, ok := <-ow.Updates():
 			if !ok {
-				return fmt.Errorf("overrides watcher stopped")
+				return unlessEnded(ctx, errors.New("overrides watcher stopped"))
 			}
 			if e == nil {
 				overridesReady = true
@@ -158,7 +159,7 @@ func (s *Store) watchUser(users map[string]map[string]rules.DocUser, gen, id str
 func (s *Store) PublishExpiries(ctx context.Context) error {
 	w, err := s.overrides.WatchAll(ctx)
 	if err != nil {
-		return fmt.Errorf("watch overrides: %w", err)
+		return unlessEnded(ctx, fmt.Errorf("watch overrides: %w", err))
 	}
 	defer w.Stop()
 	known := map[string]rules.Override{}
@@ -168,7 +169,7 @@ func (s *Store) PublishExpiries(ctx context.Context) error {
 			return nil
 		case e, ok := <-w.Updates():
 			if !ok {
-				return fmt.Errorf("overrides watcher stopped")
+				return unlessEnded(ctx, errors.New("overrides watcher stopped"))
 			}
 			if e == nil {
 				continue
@@ -194,4 +195,14 @@ func (s *Store) PublishExpiries(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// unlessEnded is err, or nil once ctx ended: a watch ends with its context, and whatever
+// failed then (a watcher's updates closed, which the select may see before ctx.Done; a watch
+// refused because its context was canceled) is that end, not an error.
+func unlessEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
