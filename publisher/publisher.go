@@ -82,6 +82,7 @@ const (
 	defaultSpoolDir        = "quotaflow-spool"
 	defaultSpoolMaxBytes   = 1 << 30
 	defaultSegmentBytes    = 64 << 20
+	defaultSpoolWait       = 100 * time.Millisecond
 )
 
 // Config configures a Client; the zero value is usable (defaults below). A zero or negative
@@ -119,6 +120,13 @@ type Config struct {
 	SpoolMaxBytes int64
 	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB).
 	SegmentBytes int64
+	// SpoolWait is the longest PublishDurable holds a check for the write of its decision to
+	// the spool (100ms): past it the check is answered anyway, counted in Stats.Unspooled, and
+	// its decision is written when the disk lets it.
+	SpoolWait time.Duration
+	// NoSpoolWait makes PublishDurable return at once, as Publish does: decisions wait for
+	// their batch in memory, and a kill -9 loses those of about the last FlushInterval.
+	NoSpoolWait bool
 	// InstanceID names this client in message ids (default: 12 random hex characters). It
 	// must not contain '.', '*', '>' or white space.
 	InstanceID string
@@ -173,6 +181,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.SegmentBytes <= 0 {
 		cfg.SegmentBytes = defaultSegmentBytes
 	}
+	if cfg.SpoolWait <= 0 {
+		cfg.SpoolWait = defaultSpoolWait
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -207,8 +218,8 @@ func validSubjectPrefix(p string) bool {
 // Stats are the client's counters. Published, Spooled, Replayed and Dropped count decisions
 // since New; the others are current values.
 type Stats struct {
-	// Queued is the number of decisions in memory: queued, in a partial batch, or in an
-	// overflow batch not yet written to the spool.
+	// Queued is the number of decisions in memory: queued, in a partial batch, in an
+	// overflow batch not yet written to the spool, or waiting for PublishDurable's write.
 	Queued int64
 	// Published is the number of decisions acked by the stream when first sent.
 	Published int64
@@ -221,6 +232,10 @@ type Stats struct {
 	// decision could not be encoded or its batch exceeds the server's max payload, or Publish
 	// was called after Close.
 	Dropped int64
+	// Unspooled is the number of checks PublishDurable let go before their decision was in
+	// the spool: its write failed (the decision is in Dropped too) or took longer than
+	// SpoolWait. A kill -9 could lose those answered decisions.
+	Unspooled int64
 	// SpoolBytes is the size of the spool's records not yet published.
 	SpoolBytes int64
 	// Pending is the number of decisions in messages awaiting acks.
@@ -287,6 +302,17 @@ type Client struct {
 	aborted  bool // Close's ctx is done: everything goes to the spool
 
 	streamReady atomic.Bool
+
+	// PublishDurable's group commit: commitMu guards round, the decisions waiting for the next
+	// write; writeMu makes one writer at a time (the writer goroutine, then Close) and guards
+	// records, the buffer the records of a round are encoded into.
+	commitMu   sync.Mutex
+	round      *round
+	committing atomic.Int64 // decisions in rounds not yet written
+	commitCh   chan struct{}
+	writeMu    sync.Mutex
+	records    []byte
+	unspooled  atomic.Int64
 
 	published atomic.Int64
 	spooled   atomic.Int64
@@ -355,6 +381,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		watchCh:   make(chan watchItem, cfg.MaxPending),
 		replayCh:  make(chan struct{}, 1),
 		ensureCh:  make(chan struct{}, 1),
+		commitCh:  make(chan struct{}, 1),
 		stopBatch: make(chan struct{}),
 		batchDone: make(chan struct{}),
 		abort:     make(chan struct{}),
@@ -385,8 +412,9 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.wg.Add(5)
+	c.wg.Add(6)
 	go c.batchLoop()
+	go c.commitLoop()
 	go c.watchLoop()
 	go c.replayLoop()
 	go c.ensureLoop()
@@ -415,11 +443,12 @@ func (c *Client) PublishDecision(d *quotaflowv1.Decision) {
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
 	return Stats{
-		Queued:     int64(len(c.queue)) + c.batched.Load() + c.overflowed.Load(),
+		Queued:     int64(len(c.queue)) + c.batched.Load() + c.overflowed.Load() + c.committing.Load(),
 		Published:  c.published.Load(),
 		Spooled:    c.spooled.Load(),
 		Replayed:   c.replayed.Load(),
 		Dropped:    c.dropped.Load(),
+		Unspooled:  c.unspooled.Load(),
 		SpoolBytes: c.spool.pendingBytes(),
 		Pending:    c.pending.Load(),
 	}
@@ -444,6 +473,7 @@ func (c *Client) close(ctx context.Context) error {
 		c.doAbort()
 		<-c.batchDone
 	}
+	c.writeRound() // what PublishDurable handed over before closing
 	tick := time.NewTicker(c.cfg.FlushInterval)
 	defer tick.Stop()
 drain:
@@ -476,6 +506,7 @@ drain:
 		break
 	}
 	c.spoolOverflows()
+	c.writeRound()
 	left := c.spool.pendingBytes()
 	if err := c.spool.close(); err != nil {
 		return fmt.Errorf("publisher: close spool: %w", err)
@@ -495,7 +526,7 @@ func (c *Client) drained() bool {
 	c.modeMu.Lock()
 	inflight := c.inflight
 	c.modeMu.Unlock()
-	return inflight == 0 && len(c.queue) == 0 && c.overflowed.Load() == 0 && c.spool.empty()
+	return inflight == 0 && len(c.queue) == 0 && c.overflowed.Load() == 0 && c.committing.Load() == 0 && c.spool.empty()
 }
 
 // doAbort makes every remaining batch go to the spool, and stops waiting for acks.

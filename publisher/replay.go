@@ -69,10 +69,12 @@ func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
 		// appended more: publish those with modeMu held, so that it cannot append another, and
 		// switch to Direct mode if they all make it. The batcher waits for one round trip.
 		c.modeMu.Lock()
+		switched := false
 		if c.mode == modeSpooling && !c.aborted && c.inflight == 0 {
 			atEnd, err = c.replayRound(items)
 			if err == nil && atEnd && c.nc.IsConnected() && c.streamReady.Load() {
 				c.setMode(modeDirect, "spool drained")
+				switched = true
 			}
 		}
 		direct := c.mode == modeDirect
@@ -81,7 +83,14 @@ func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
 			return c.replayFailed(err)
 		}
 		if direct {
-			c.spool.compact()
+			// PublishDurable's decisions go through the spool in Direct mode too: starting a
+			// new segment (a file created, the folder fsynced) each time they are all
+			// published would cost more than they do; a quarter segment of them is worth it.
+			minBytes := c.cfg.SegmentBytes / 4
+			if switched {
+				minBytes = 0
+			}
+			c.spool.compact(minBytes)
 			return 0
 		}
 		if !atEnd {

@@ -156,11 +156,11 @@ func (s *spool) empty() bool { return s.pending.Load() == 0 }
 // pendingBytes returns the size of the unpublished records.
 func (s *spool) pendingBytes() int64 { return s.pending.Load() }
 
-// compact replaces the segments by a new empty one when every record is published, so a
-// drained spool takes no room.
-func (s *spool) compact() {
+// compact replaces the segments by a new empty one when every record is published and they
+// hold at least minBytes, so a drained spool takes no room.
+func (s *spool) compact(minBytes int64) {
 	s.mu.Lock()
-	if s.closed || s.total == 0 || s.total != s.ack.off {
+	if s.closed || s.total == 0 || s.total < minBytes || s.total != s.ack.off {
 		s.mu.Unlock()
 		return
 	}
