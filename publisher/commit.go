@@ -146,9 +146,9 @@ func (c *Client) commitLoop() {
 	}
 }
 
-// writeRound takes the round being formed, gives each of its batches a message id and writes
-// them to the spool as records in one write(2), then wakes the round's waiters and the
-// replayer.
+// writeRound takes the round being formed and writes its batches to the spool in one write(2),
+// each as a fragment of its partition's open batch (see batchOf), then wakes the round's
+// waiters and the replayer.
 func (c *Client) writeRound() {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
@@ -165,8 +165,8 @@ func (c *Client) writeRound() {
 		if b.count == 0 {
 			continue
 		}
-		b.id = c.msgID(b.partition)
-		recs = appendRecordHeader(recs, b.partition, b.id, b.count, b.buf)
+		b.id = c.batchOf(b.partition, b.count, len(b.buf))
+		recs = appendRecordHeader(recs, b.partition|fragmentFlag, b.id, b.count, b.buf)
 		recs = append(recs, b.buf...)
 		c.putBuf(b.buf)
 	}
@@ -184,5 +184,53 @@ func (c *Client) writeRound() {
 	}
 	c.spooled.Add(n)
 	r.finish(roundWritten)
+	c.kick(c.replayCh)
+}
+
+// openBatch is the batch of a partition that the fragments of PublishDurable's rounds join
+// until a marker closes it (closeBatches) or it is full.
+type openBatch struct {
+	id    string // message id; empty when the partition has no open batch
+	count int
+	size  int
+}
+
+// batchOf returns the message id of the batch that a fragment of count decisions and size
+// bytes of partition p joins: the partition's open batch, or a new one when there is none or
+// the fragment would take it past MaxBatch or maxBatchBytes. writeMu must be held.
+//
+// Messages are batches of a FlushInterval, as on the queue's path, not one per round and
+// partition: a busy checker writes rounds of a few decisions spread over every partition, and
+// NATS's cost is per message. The batch boundaries are in the spool itself (message ids and
+// markers), so a client that replays the spool after a crash makes the same messages under
+// the same ids, and the stream drops those it already has.
+func (c *Client) batchOf(p, count, size int) string {
+	o := &c.frags[p]
+	if o.id == "" || o.count+count > c.cfg.MaxBatch || o.size+size > maxBatchBytes {
+		if o.id == "" {
+			c.fragsOpen++
+		}
+		*o = openBatch{id: c.msgID(p)}
+	}
+	o.count += count
+	o.size += size
+	return o.id
+}
+
+// closeBatches writes a marker to the spool, which makes every batch of the fragments before
+// it whole for the replayer: every FlushInterval while batches are open, and on Close. When
+// the marker cannot be written the batches stay open for the next one.
+func (c *Client) closeBatches() {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if c.fragsOpen == 0 {
+		return
+	}
+	if err := c.spool.mark(); err != nil {
+		c.log.Warn("spool: cannot write a batch marker; retrying", "err", err)
+		return
+	}
+	clear(c.frags)
+	c.fragsOpen = 0
 	c.kick(c.replayCh)
 }

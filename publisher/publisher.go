@@ -304,14 +304,17 @@ type Client struct {
 	streamReady atomic.Bool
 
 	// PublishDurable's group commit: commitMu guards round, the decisions waiting for the next
-	// write; writeMu makes one writer at a time (the writer goroutine, then Close) and guards
-	// records, the buffer the records of a round are encoded into.
+	// write; writeMu makes one writer at a time (the writer goroutine, the maintenance loop's
+	// markers, Close) and guards records, the buffer a round's records are encoded into, and
+	// frags, the open batch per partition that the rounds' fragments join.
 	commitMu   sync.Mutex
 	round      *round
 	committing atomic.Int64 // decisions in rounds not yet written
 	commitCh   chan struct{}
 	writeMu    sync.Mutex
 	records    []byte
+	frags      []openBatch
+	fragsOpen  int // partitions with an open batch
 	unspooled  atomic.Int64
 
 	published atomic.Int64
@@ -376,6 +379,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		subjects:  make([]string, cfg.Partitions),
 		seqs:      make([]seqSlot, cfg.Partitions),
 		overflow:  make([]overflowSlot, cfg.Partitions),
+		frags:     make([]openBatch, cfg.Partitions),
 		queue:     make(chan *quotaflowv1.Decision, cfg.QueueSize),
 		bufs:      make(chan []byte, cfg.MaxPending+cfg.Partitions),
 		watchCh:   make(chan watchItem, cfg.MaxPending),
@@ -410,6 +414,11 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	if n := c.spool.pendingBytes(); n > 0 {
 		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
+		// The batches a crashed client left open are whole now: no fragment joins them.
+		if err := c.spool.mark(); err != nil {
+			c.spool.close()
+			return nil, fmt.Errorf("publisher: %w", err)
+		}
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.wg.Add(6)
@@ -474,6 +483,7 @@ func (c *Client) close(ctx context.Context) error {
 		<-c.batchDone
 	}
 	c.writeRound() // what PublishDurable handed over before closing
+	c.closeBatches()
 	tick := time.NewTicker(c.cfg.FlushInterval)
 	defer tick.Stop()
 drain:
@@ -507,6 +517,7 @@ drain:
 	}
 	c.spoolOverflows()
 	c.writeRound()
+	c.closeBatches()
 	left := c.spool.pendingBytes()
 	if err := c.spool.close(); err != nil {
 		return fmt.Errorf("publisher: close spool: %w", err)

@@ -78,6 +78,29 @@ func (s *spool) appendRound(records []byte) error {
 	} else if err := s.flushLocked(); err != nil {
 		return err
 	}
+	return s.writeLocked(records)
+}
+
+// mark appends a marker (a fragment record without id or decisions, see fragmentFlag) and
+// hands it to the OS. It may take the spool past maxBytes by its few bytes: a spool full of
+// fragments could never be published without it.
+func (s *spool) mark() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errSpoolClosed
+	}
+	if err := s.flushLocked(); err != nil {
+		return err
+	}
+	rec := appendRecordHeader(s.hdr[:0], fragmentFlag, "", 0, nil)
+	s.hdr = rec
+	return s.writeLocked(rec)
+}
+
+// writeLocked writes whole records to the last segment, bypassing the buffer, which must be
+// empty. s.mu must be held.
+func (s *spool) writeLocked(records []byte) error {
 	if _, err := s.w.Write(records); err != nil {
 		// A short write (disk full) leaves part of a record: cut it, so the segment ends with
 		// a whole record for the next append and for the next start.
@@ -87,6 +110,7 @@ func (s *spool) appendRound(records []byte) error {
 		}
 		return err
 	}
+	size := int64(len(records))
 	s.segs[len(s.segs)-1].size += size
 	s.total += size
 	s.flushed += size

@@ -157,19 +157,19 @@ func (s *spool) empty() bool { return s.pending.Load() == 0 }
 func (s *spool) pendingBytes() int64 { return s.pending.Load() }
 
 // compact replaces the segments by a new empty one when every record is published and they
-// hold at least minBytes, so a drained spool takes no room.
-func (s *spool) compact(minBytes int64) {
+// hold at least minBytes, so a drained spool takes no room. It reports whether it did.
+func (s *spool) compact(minBytes int64) bool {
 	s.mu.Lock()
 	if s.closed || s.total == 0 || s.total < minBytes || s.total != s.ack.off {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	id := s.segs[len(s.segs)-1].id + 1
 	f, err := s.createSegment(id)
 	if err != nil {
 		s.mu.Unlock()
 		s.log.Warn("spool: cannot start a new segment", "err", err)
-		return
+		return false
 	}
 	gone := make([]uint64, 0, len(s.segs))
 	for _, sg := range s.segs {
@@ -186,6 +186,7 @@ func (s *spool) compact(minBytes int64) {
 	s.mu.Unlock()
 	s.saveCursor(false)
 	s.remove(gone)
+	return true
 }
 
 // dropReader closes the read side if it is one of the segments gone. s.mu must be held.
