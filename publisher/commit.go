@@ -2,8 +2,8 @@ package publisher
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
-	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/stream"
@@ -25,7 +25,6 @@ type round struct {
 	count   int
 	state   atomic.Int32
 	done    chan struct{} // closed when state leaves roundOpen
-	timer   *time.Timer   // expires the round after SpoolWait
 }
 
 // finish moves the round from open to state and wakes its waiters; only the first call counts.
@@ -112,7 +111,6 @@ func (c *Client) commit(d *quotaflowv1.Decision) *round {
 	first := r == nil
 	if first {
 		r = &round{done: make(chan struct{})}
-		r.timer = time.AfterFunc(c.cfg.SpoolWait, func() { r.finish(roundExpired) })
 		c.round = r
 	}
 	err := r.add(c, p, d)
@@ -139,6 +137,9 @@ func (c *Client) commitLoop() {
 	for {
 		select {
 		case <-c.commitCh:
+			// Let the goroutines that are ready run first: checks woken by the last write
+			// decide their next check and join this round instead of the next one.
+			runtime.Gosched()
 			c.writeRound()
 		case <-c.stop:
 			return
@@ -150,6 +151,9 @@ func (c *Client) commitLoop() {
 // each as a fragment of its partition's open batch (see batchOf), then wakes the round's
 // waiters and the replayer.
 func (c *Client) writeRound() {
+	// Armed before writeMu: a marker's write may be the one that stalls.
+	c.expiry.Reset(c.cfg.SpoolWait)
+	defer c.expiry.Stop()
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	c.commitMu.Lock()
@@ -159,6 +163,8 @@ func (c *Client) writeRound() {
 	if r == nil {
 		return
 	}
+	c.writing.Store(r)
+	defer c.writing.Store(nil)
 	recs := c.records[:0]
 	for i := range r.batches {
 		b := &r.batches[i]
@@ -174,7 +180,6 @@ func (c *Client) writeRound() {
 	if cap(recs) <= 4<<20 {
 		c.records = recs[:0]
 	}
-	r.timer.Stop()
 	n := int64(r.count)
 	c.committing.Add(-n)
 	if err != nil {
@@ -183,8 +188,23 @@ func (c *Client) writeRound() {
 		return
 	}
 	c.spooled.Add(n)
+	c.writes.Add(1)
 	r.finish(roundWritten)
 	c.kick(c.replayCh)
+}
+
+// expire lets the checks of the round being written and of the round forming go: the writer
+// has spent SpoolWait on this write. Checks that join the forming round afterwards go at once,
+// until the writer takes it: the disk is slow, and that round's write re-arms the expiry.
+func (c *Client) expire() {
+	if r := c.writing.Load(); r != nil {
+		r.finish(roundExpired)
+	}
+	c.commitMu.Lock()
+	if c.round != nil {
+		c.round.finish(roundExpired)
+	}
+	c.commitMu.Unlock()
 }
 
 // openBatch is the batch of a partition that the fragments of PublishDurable's rounds join

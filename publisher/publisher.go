@@ -311,6 +311,9 @@ type Client struct {
 	round      *round
 	committing atomic.Int64 // decisions in rounds not yet written
 	commitCh   chan struct{}
+	expiry     *time.Timer           // runs expire when a write takes SpoolWait
+	writing    atomic.Pointer[round] // the round being written
+	writes     atomic.Int64          // rounds written, for the benchmarks' decisions per write
 	writeMu    sync.Mutex
 	records    []byte
 	frags      []openBatch
@@ -392,6 +395,8 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		stop:      make(chan struct{}),
 	}
 	c.cond = sync.NewCond(&c.modeMu)
+	c.expiry = time.AfterFunc(time.Hour, c.expire)
+	c.expiry.Stop()
 	if cfg.Meter != nil {
 		if err := c.observe(cfg.Meter); err != nil {
 			return nil, fmt.Errorf("publisher: metrics: %w", err)
