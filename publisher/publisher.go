@@ -24,17 +24,40 @@
 // the spool in overflow batches of their own, ahead of those still queued), and a batch that
 // fails while a later one of the same partition, already sent, is stored.
 //
+// PublishDurable, what the engine calls (checker.DurableSink), takes the other path: the
+// answer leaves only once its decision is in the spool file. The decisions handed over while
+// one write is in progress form the next round; a single writer goroutine writes each round
+// with one write(2) into the page cache (no fsync) and wakes every check of the round, so a
+// busy checker shares each write among many checks. A round's decisions are written as
+// fragments of their partition's open batch, whose message id the writer gives when the batch
+// opens; every FlushInterval a marker record closes the open batches, and the replayer, the
+// only publisher of the spool, publishes each batch whole once it reads the marker (Direct
+// mode concerns the queue's path only). The boundaries of the messages are thus in the spool:
+// a client that replays it after a crash makes the same messages under the same ids, the
+// stream drops those it already stored, and a client opening a spool first writes a marker
+// that closes what a crashed one left open. A check waits at most SpoolWait: when its round
+// cannot be written (spool full, a write error: the decisions are dropped) or the write takes
+// longer, it is answered anyway and counted in Stats.Unspooled; with NoSpoolWait,
+// PublishDurable is Publish.
+//
 // The spool is a folder of append-only segment files (00000000000000000001.seg, ...) of
 // records [uint32 length][uint32 CRC-32C][payload], the payload being the partition, the
 // message id and the number of decisions (uvarints, the id length-prefixed) followed by the
-// DecisionBatch bytes, all little-endian. A cursor file (segment, offset) written atomically
-// (temporary file and rename) says where the unpublished records begin. Writes are buffered
-// and handed to the OS every FlushInterval, segments are fsynced when they are full and on
+// DecisionBatch bytes, all little-endian; the partition of a fragment has bit 24 set, and a
+// marker is a fragment without id or decisions. A cursor file (segment, offset) written
+// atomically (temporary file and rename) says where the unpublished records begin. The
+// queue's writes are buffered and handed to the OS every FlushInterval, segments are fsynced when they are full and on
 // Close. At open the spool is scanned, a torn record at the end (a crash in mid-write) is cut
 // off, and a non-empty spool is replayed. Only when the spool holds Config.SpoolMaxBytes is a
 // decision dropped: counted in Stats.Dropped and logged at most once a second.
 //
-// What a kill -9 of the process can lose is what is only in its memory: the queue (taken by
+// A kill -9 of the process loses no decision PublishDurable returned for (unless counted in
+// Unspooled): it is in the page cache, which the next client on the spool reads. An OS crash
+// or a power loss can lose what the OS had not yet written to the disk: segments are fsynced
+// when they are full and on Close, not per write.
+//
+// On the queue's path (Publish, PublishDecision, and PublishDurable with NoSpoolWait), what a
+// kill -9 of the process can lose is what is only in its memory: the queue (taken by
 // the batcher every FlushInterval/4, between 1ms and 10ms), the partial batches (at most
 // FlushInterval old), the overflow batches and buffered spool writes (handed to the OS every
 // FlushInterval), and the batches sent but not yet stored by JetStream (about one round
