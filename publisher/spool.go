@@ -91,9 +91,17 @@ type spool struct {
 	closed    bool
 
 	pending atomic.Int64 // bytes of unpublished records: total - ack.off
+	ahead   readAheadBuf // the replayer's last read (read, readAhead)
 
 	cursorMu sync.Mutex
 	saved    spoolPos // cursor on disk
+}
+
+// readAheadBuf is bytes of segment seg from offset off on.
+type readAheadBuf struct {
+	seg uint64
+	off int64
+	buf []byte
 }
 
 func segName(id uint64) string { return fmt.Sprintf("%020d%s", id, segSuffix) }
