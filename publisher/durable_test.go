@@ -143,6 +143,23 @@ func TestPublishDurableStream(t *testing.T) {
 	checkStream(t, nc, cfg, want, true)
 }
 
+// TestPublishDurableSmallSpool: every decision passes through the spool, so a spool bound far
+// below what a run publishes must not fill with published records: segments roll and go once
+// published, and nothing is dropped.
+func TestPublishDurableSmallSpool(t *testing.T) {
+	t.Parallel()
+	nc := connect(t)
+	cfg := testConfig(t)
+	cfg.SpoolMaxBytes = 256 << 10
+	c := newClient(t, nc, cfg)
+	want := publishDurable(c, 8, 1000)
+	closeClient(t, c, 10*time.Second)
+	if st := c.Stats(); st.Dropped != 0 || st.Unspooled != 0 || st.Replayed != int64(len(want)) {
+		t.Errorf("stats %+v, want all %d replayed, none dropped or unspooled", st, len(want))
+	}
+	checkStream(t, nc, cfg, want, true)
+}
+
 // TestPublishDurableReplayAfterCrash: a copy of the spool taken while the client publishes
 // (what kill -9 leaves: a cursor up to 100ms behind, batches still open) is replayed by the
 // next client as the same messages under the same ids, so the stream, which already has most

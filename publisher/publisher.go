@@ -141,7 +141,9 @@ type Config struct {
 	SpoolDir string
 	// SpoolMaxBytes bounds the spool's size on disk (1 GiB).
 	SpoolMaxBytes int64
-	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB).
+	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB), at
+	// most an eighth of SpoolMaxBytes (but 64 KiB): PublishDurable writes every decision to
+	// the spool, and a segment's published records take room until it is removed as a whole.
 	SegmentBytes int64
 	// SpoolWait is the longest PublishDurable holds a check for the write of its decision to
 	// the spool (100ms): past it the check is answered anyway, counted in Stats.Unspooled, and
@@ -204,6 +206,7 @@ func (cfg Config) withDefaults() Config {
 	if cfg.SegmentBytes <= 0 {
 		cfg.SegmentBytes = defaultSegmentBytes
 	}
+	cfg.SegmentBytes = min(cfg.SegmentBytes, max(cfg.SpoolMaxBytes/8, 64<<10))
 	if cfg.SpoolWait <= 0 {
 		cfg.SpoolWait = defaultSpoolWait
 	}
