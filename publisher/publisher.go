@@ -127,8 +127,9 @@ type Config struct {
 	DuplicateWindow time.Duration
 	// MaxBatch is the most decisions in one message (512).
 	MaxBatch int
-	// FlushInterval is the longest a partial batch waits, and how often the spool's buffered
-	// writes are handed to the OS (5ms).
+	// FlushInterval is the longest a partial batch waits, how often the spool's buffered
+	// writes are handed to the OS, and how often the batches of PublishDurable's fragments
+	// are closed (5ms).
 	FlushInterval time.Duration
 	// QueueSize is how many decisions the in-memory queue holds (65536).
 	QueueSize int
