@@ -85,6 +85,7 @@ type Engine struct {
 	store       *guard
 	rules       atomic.Pointer[rules.Set]
 	sink        DecisionSink
+	durable     DurableSink // sink, when it can hold a check until its decision is durable
 	instanceID  string
 	decisionSeq atomic.Uint64
 	olc         *overLimitCache // nil when disabled
@@ -104,6 +105,7 @@ func New(cfg Config) *Engine {
 		sink:       cfg.Decisions,
 		instanceID: cfg.InstanceID,
 	}
+	e.durable, _ = cfg.Decisions.(DurableSink)
 	if e.instanceID == "" {
 		e.instanceID = instance.NewID()
 	}

@@ -92,15 +92,19 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	return e.record(ctx, q, out, peek, start), nil
 }
 
-// record gives a consuming check its decision id, counts it and hands its event to the sink.
-// Peeks are not decisions: they consume nothing.
+// record gives a consuming check its decision id, counts it and hands its event to the sink:
+// a durable sink holds the check until the event survives a crash, so that no answer leaves
+// whose decision a kill -9 could lose. Peeks are not decisions: they consume nothing.
 func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, start time.Time) *Outcome {
 	if peek {
 		return out
 	}
 	e.tel.record(ctx, out, start)
 	out.ID = e.nextDecisionID()
-	if e.sink != nil {
+	switch {
+	case e.durable != nil:
+		e.durable.PublishDurable(ctx, e.instanceID, q, out)
+	case e.sink != nil:
 		e.sink.Publish(e.instanceID, q, out)
 	}
 	return out

@@ -1,6 +1,9 @@
 package checker
 
-import "strconv"
+import (
+	"context"
+	"strconv"
+)
 
 // DecisionSink receives every decision the engine makes (allowed, denied, shadow, degraded),
 // for the decision stream. publisher.Client satisfies it, rendering each decision as the
@@ -11,6 +14,18 @@ type DecisionSink interface {
 	// and keep neither q nor out (they are the caller's once Check returns): what it keeps, it
 	// copies or renders before returning.
 	Publish(checkerID string, q *Query, out *Outcome)
+}
+
+// DurableSink is a DecisionSink that can hold a check until its decision would survive a
+// crash of the process. The engine calls PublishDurable instead of Publish when its sink has
+// it, so that no answer leaves whose decision a kill -9 could lose. publisher.Client has it:
+// it returns once the decision is written to its spool file.
+type DurableSink interface {
+	DecisionSink
+	// PublishDurable is Publish that returns once the decision is durable, once the sink gives
+	// up waiting (after a bounded time, which it counts), or once ctx is done. Like Publish it
+	// never fails the check: an answer whose decision could not be made durable still leaves.
+	PublishDurable(ctx context.Context, checkerID string, q *Query, out *Outcome)
 }
 
 // nextDecisionID returns "<instance id>-<sequence>": unique without coordination or a random

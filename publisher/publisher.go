@@ -24,17 +24,40 @@
 // the spool in overflow batches of their own, ahead of those still queued), and a batch that
 // fails while a later one of the same partition, already sent, is stored.
 //
+// PublishDurable, what the engine calls (checker.DurableSink), takes the other path: the
+// answer leaves only once its decision is in the spool file. The decisions handed over while
+// one write is in progress form the next round; a single writer goroutine writes each round
+// with one write(2) into the page cache (no fsync) and wakes every check of the round, so a
+// busy checker shares each write among many checks. A round's decisions are written as
+// fragments of their partition's open batch, whose message id the writer gives when the batch
+// opens; every FlushInterval a marker record closes the open batches, and the replayer, the
+// only publisher of the spool, publishes each batch whole once it reads the marker (Direct
+// mode concerns the queue's path only). The boundaries of the messages are thus in the spool:
+// a client that replays it after a crash makes the same messages under the same ids, the
+// stream drops those it already stored, and a client opening a spool first writes a marker
+// that closes what a crashed one left open. A check waits at most SpoolWait: when its round
+// cannot be written (spool full, a write error: the decisions are dropped) or the write takes
+// longer, it is answered anyway and counted in Stats.Unspooled; with NoSpoolWait,
+// PublishDurable is Publish.
+//
 // The spool is a folder of append-only segment files (00000000000000000001.seg, ...) of
 // records [uint32 length][uint32 CRC-32C][payload], the payload being the partition, the
 // message id and the number of decisions (uvarints, the id length-prefixed) followed by the
-// DecisionBatch bytes, all little-endian. A cursor file (segment, offset) written atomically
-// (temporary file and rename) says where the unpublished records begin. Writes are buffered
-// and handed to the OS every FlushInterval, segments are fsynced when they are full and on
+// DecisionBatch bytes, all little-endian; the partition of a fragment has bit 24 set, and a
+// marker is a fragment without id or decisions. A cursor file (segment, offset) written
+// atomically (temporary file and rename) says where the unpublished records begin. The
+// queue's writes are buffered and handed to the OS every FlushInterval, segments are fsynced when they are full and on
 // Close. At open the spool is scanned, a torn record at the end (a crash in mid-write) is cut
 // off, and a non-empty spool is replayed. Only when the spool holds Config.SpoolMaxBytes is a
 // decision dropped: counted in Stats.Dropped and logged at most once a second.
 //
-// What a kill -9 of the process can lose is what is only in its memory: the queue (taken by
+// A kill -9 of the process loses no decision PublishDurable returned for (unless counted in
+// Unspooled): it is in the page cache, which the next client on the spool reads. An OS crash
+// or a power loss can lose what the OS had not yet written to the disk: segments are fsynced
+// when they are full and on Close, not per write.
+//
+// On the queue's path (Publish, PublishDecision, and PublishDurable with NoSpoolWait), what a
+// kill -9 of the process can lose is what is only in its memory: the queue (taken by
 // the batcher every FlushInterval/4, between 1ms and 10ms), the partial batches (at most
 // FlushInterval old), the overflow batches and buffered spool writes (handed to the OS every
 // FlushInterval), and the batches sent but not yet stored by JetStream (about one round
@@ -82,6 +105,7 @@ const (
 	defaultSpoolDir        = "quotaflow-spool"
 	defaultSpoolMaxBytes   = 1 << 30
 	defaultSegmentBytes    = 64 << 20
+	defaultSpoolWait       = 100 * time.Millisecond
 )
 
 // Config configures a Client; the zero value is usable (defaults below). A zero or negative
@@ -103,8 +127,9 @@ type Config struct {
 	DuplicateWindow time.Duration
 	// MaxBatch is the most decisions in one message (512).
 	MaxBatch int
-	// FlushInterval is the longest a partial batch waits, and how often the spool's buffered
-	// writes are handed to the OS (5ms).
+	// FlushInterval is the longest a partial batch waits, how often the spool's buffered
+	// writes are handed to the OS, and how often the batches of PublishDurable's fragments
+	// are closed (5ms).
 	FlushInterval time.Duration
 	// QueueSize is how many decisions the in-memory queue holds (65536).
 	QueueSize int
@@ -117,8 +142,17 @@ type Config struct {
 	SpoolDir string
 	// SpoolMaxBytes bounds the spool's size on disk (1 GiB).
 	SpoolMaxBytes int64
-	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB).
+	// SegmentBytes is the size at which the spool starts a new segment file (64 MiB), at
+	// most an eighth of SpoolMaxBytes (but 64 KiB): PublishDurable writes every decision to
+	// the spool, and a segment's published records take room until it is removed as a whole.
 	SegmentBytes int64
+	// SpoolWait is the longest PublishDurable holds a check for the write of its decision to
+	// the spool (100ms): past it the check is answered anyway, counted in Stats.Unspooled, and
+	// its decision is written when the disk lets it.
+	SpoolWait time.Duration
+	// NoSpoolWait makes PublishDurable return at once, as Publish does: decisions wait for
+	// their batch in memory, and a kill -9 loses those of about the last FlushInterval.
+	NoSpoolWait bool
 	// InstanceID names this client in message ids (default: 12 random hex characters). It
 	// must not contain '.', '*', '>' or white space.
 	InstanceID string
@@ -173,6 +207,10 @@ func (cfg Config) withDefaults() Config {
 	if cfg.SegmentBytes <= 0 {
 		cfg.SegmentBytes = defaultSegmentBytes
 	}
+	cfg.SegmentBytes = min(cfg.SegmentBytes, max(cfg.SpoolMaxBytes/8, 64<<10))
+	if cfg.SpoolWait <= 0 {
+		cfg.SpoolWait = defaultSpoolWait
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -207,8 +245,8 @@ func validSubjectPrefix(p string) bool {
 // Stats are the client's counters. Published, Spooled, Replayed and Dropped count decisions
 // since New; the others are current values.
 type Stats struct {
-	// Queued is the number of decisions in memory: queued, in a partial batch, or in an
-	// overflow batch not yet written to the spool.
+	// Queued is the number of decisions in memory: queued, in a partial batch, in an
+	// overflow batch not yet written to the spool, or waiting for PublishDurable's write.
 	Queued int64
 	// Published is the number of decisions acked by the stream when first sent.
 	Published int64
@@ -221,6 +259,10 @@ type Stats struct {
 	// decision could not be encoded or its batch exceeds the server's max payload, or Publish
 	// was called after Close.
 	Dropped int64
+	// Unspooled is the number of checks PublishDurable let go before their decision was in
+	// the spool: its write failed (the decision is in Dropped too) or took longer than
+	// SpoolWait. A kill -9 could lose those answered decisions.
+	Unspooled int64
 	// SpoolBytes is the size of the spool's records not yet published.
 	SpoolBytes int64
 	// Pending is the number of decisions in messages awaiting acks.
@@ -288,6 +330,23 @@ type Client struct {
 
 	streamReady atomic.Bool
 
+	// PublishDurable's group commit: commitMu guards round, the decisions waiting for the next
+	// write; writeMu makes one writer at a time (the writer goroutine, the maintenance loop's
+	// markers, Close) and guards records, the buffer a round's records are encoded into, and
+	// frags, the open batch per partition that the rounds' fragments join.
+	commitMu   sync.Mutex
+	round      *round
+	committing atomic.Int64 // decisions in rounds not yet written
+	commitCh   chan struct{}
+	expiry     *time.Timer           // runs expire when a write takes SpoolWait
+	writing    atomic.Pointer[round] // the round being written
+	writes     atomic.Int64          // rounds written, for the benchmarks' decisions per write
+	writeMu    sync.Mutex
+	records    []byte
+	frags      []openBatch
+	fragsOpen  int // partitions with an open batch
+	unspooled  atomic.Int64
+
 	published atomic.Int64
 	spooled   atomic.Int64
 	replayed  atomic.Int64
@@ -350,17 +409,21 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 		subjects:  make([]string, cfg.Partitions),
 		seqs:      make([]seqSlot, cfg.Partitions),
 		overflow:  make([]overflowSlot, cfg.Partitions),
+		frags:     make([]openBatch, cfg.Partitions),
 		queue:     make(chan *quotaflowv1.Decision, cfg.QueueSize),
 		bufs:      make(chan []byte, cfg.MaxPending+cfg.Partitions),
 		watchCh:   make(chan watchItem, cfg.MaxPending),
 		replayCh:  make(chan struct{}, 1),
 		ensureCh:  make(chan struct{}, 1),
+		commitCh:  make(chan struct{}, 1),
 		stopBatch: make(chan struct{}),
 		batchDone: make(chan struct{}),
 		abort:     make(chan struct{}),
 		stop:      make(chan struct{}),
 	}
 	c.cond = sync.NewCond(&c.modeMu)
+	c.expiry = time.AfterFunc(time.Hour, c.expire)
+	c.expiry.Stop()
 	if cfg.Meter != nil {
 		if err := c.observe(cfg.Meter); err != nil {
 			return nil, fmt.Errorf("publisher: metrics: %w", err)
@@ -383,10 +446,16 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	if n := c.spool.pendingBytes(); n > 0 {
 		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
+		// The batches a crashed client left open are whole now: no fragment joins them.
+		if err := c.spool.mark(); err != nil {
+			c.spool.close()
+			return nil, fmt.Errorf("publisher: %w", err)
+		}
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.wg.Add(5)
+	c.wg.Add(6)
 	go c.batchLoop()
+	go c.commitLoop()
 	go c.watchLoop()
 	go c.replayLoop()
 	go c.ensureLoop()
@@ -415,11 +484,12 @@ func (c *Client) PublishDecision(d *quotaflowv1.Decision) {
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
 	return Stats{
-		Queued:     int64(len(c.queue)) + c.batched.Load() + c.overflowed.Load(),
+		Queued:     int64(len(c.queue)) + c.batched.Load() + c.overflowed.Load() + c.committing.Load(),
 		Published:  c.published.Load(),
 		Spooled:    c.spooled.Load(),
 		Replayed:   c.replayed.Load(),
 		Dropped:    c.dropped.Load(),
+		Unspooled:  c.unspooled.Load(),
 		SpoolBytes: c.spool.pendingBytes(),
 		Pending:    c.pending.Load(),
 	}
@@ -444,6 +514,8 @@ func (c *Client) close(ctx context.Context) error {
 		c.doAbort()
 		<-c.batchDone
 	}
+	c.writeRound() // what PublishDurable handed over before closing
+	c.closeBatches()
 	tick := time.NewTicker(c.cfg.FlushInterval)
 	defer tick.Stop()
 drain:
@@ -476,6 +548,8 @@ drain:
 		break
 	}
 	c.spoolOverflows()
+	c.writeRound()
+	c.closeBatches()
 	left := c.spool.pendingBytes()
 	if err := c.spool.close(); err != nil {
 		return fmt.Errorf("publisher: close spool: %w", err)
@@ -495,7 +569,7 @@ func (c *Client) drained() bool {
 	c.modeMu.Lock()
 	inflight := c.inflight
 	c.modeMu.Unlock()
-	return inflight == 0 && len(c.queue) == 0 && c.overflowed.Load() == 0 && c.spool.empty()
+	return inflight == 0 && len(c.queue) == 0 && c.overflowed.Load() == 0 && c.committing.Load() == 0 && c.spool.empty()
 }
 
 // doAbort makes every remaining batch go to the spool, and stops waiting for acks.

@@ -9,10 +9,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// replayItem is a spool record published by the replayer, awaiting its ack.
+// replayItem is a message published by the replayer, awaiting its ack.
 type replayItem struct {
-	fut jetstream.PubAckFuture
-	rec spoolRecord
+	fut   jetstream.PubAckFuture
+	count int64
 }
 
 // replayLoop publishes the spool whenever NATS is up and the spool is not empty. Appends to
@@ -24,7 +24,7 @@ func (c *Client) replayLoop() {
 	defer tick.Stop()
 	backoff := time.NewTimer(0)
 	<-backoff.C
-	var items []replayItem
+	var st replayState
 	for {
 		select {
 		case <-c.stop:
@@ -32,7 +32,7 @@ func (c *Client) replayLoop() {
 		case <-c.replayCh:
 		case <-tick.C:
 		}
-		wait := c.replay(&items)
+		wait := c.replay(&st)
 		if wait == 0 {
 			continue
 		}
@@ -48,7 +48,7 @@ func (c *Client) replayLoop() {
 
 // replay publishes the spool in rounds until it is empty, then switches to Direct mode; when
 // a publish fails it returns how long to wait before trying again.
-func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
+func (c *Client) replay(st *replayState) (retryAfter time.Duration) {
 	for {
 		if !c.nc.IsConnected() || !c.streamReady.Load() {
 			return 0
@@ -58,7 +58,7 @@ func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
 			return 0
 		default:
 		}
-		atEnd, err := c.replayRound(items)
+		atEnd, err := c.replayRound(st)
 		if err != nil {
 			return c.replayFailed(err)
 		}
@@ -69,10 +69,12 @@ func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
 		// appended more: publish those with modeMu held, so that it cannot append another, and
 		// switch to Direct mode if they all make it. The batcher waits for one round trip.
 		c.modeMu.Lock()
+		switched := false
 		if c.mode == modeSpooling && !c.aborted && c.inflight == 0 {
-			atEnd, err = c.replayRound(items)
+			atEnd, err = c.replayRound(st)
 			if err == nil && atEnd && c.nc.IsConnected() && c.streamReady.Load() {
 				c.setMode(modeDirect, "spool drained")
+				switched = true
 			}
 		}
 		direct := c.mode == modeDirect
@@ -81,7 +83,16 @@ func (c *Client) replay(items *[]replayItem) (retryAfter time.Duration) {
 			return c.replayFailed(err)
 		}
 		if direct {
-			c.spool.compact()
+			// PublishDurable's decisions go through the spool in Direct mode too: starting a
+			// new segment (a file created, the folder fsynced) each time they are all
+			// published would cost more than they do; a quarter segment of them is worth it.
+			minBytes := c.cfg.SegmentBytes / 4
+			if switched {
+				minBytes = 0
+			}
+			if c.spool.compact(minBytes) {
+				st.reset() // its position was in a segment that is gone
+			}
 			return 0
 		}
 		if !atEnd {
@@ -100,49 +111,115 @@ func (c *Client) replayFailed(err error) time.Duration {
 	return 250 * time.Millisecond
 }
 
-// replayRound publishes up to MaxPending spool records from the cursor on and moves the
-// cursor past each one acked, in order. atEnd says it read up to the end of the spool. After
-// a failure, the records after the failed one are published again by the next round under
-// the same message ids: the stream drops those it already has.
-func (c *Client) replayRound(items *[]replayItem) (atEnd bool, failure error) {
-	its := (*items)[:0]
+// replayState is what the replayer carries from one round to the next: where it reads, and
+// the batches of PublishDurable whose fragments it has read but whose marker it has not.
+type replayState struct {
+	items []replayItem
+	valid bool     // pos and open follow the cursor; false: start over from the cursor
+	pos   spoolPos // the next record to read
+	open  []*openReplay
+	byID  map[string]*openReplay
+}
+
+// openReplay is a batch being put together from its fragments.
+type openReplay struct {
+	partition int
+	id        string
+	count     int64
+	data      []byte
+	first     spoolPos // its first fragment: the cursor must not pass it before its ack
+}
+
+// reset makes the next round start over from the cursor.
+func (st *replayState) reset() {
+	st.valid = false
+	clear(st.open)
+	st.open = st.open[:0]
+	clear(st.byID)
+}
+
+// safe returns how far the cursor may move once every message sent is acked: to the first
+// fragment of the batches still open, or past everything read.
+func (st *replayState) safe() spoolPos {
+	if len(st.open) > 0 {
+		return st.open[0].first
+	}
+	return st.pos
+}
+
+// replayRound publishes up to MaxPending messages from the spool, reading from where the last
+// round stopped: each whole record as its own message, and the batches of fragments once a
+// marker closes them. When every message of the round is acked it moves the cursor as far as
+// it may (replayState.safe). atEnd says it read up to the end of the spool. After a failure
+// the next round starts over from the cursor and publishes again under the same message ids:
+// the stream drops those it already has.
+func (c *Client) replayRound(st *replayState) (atEnd bool, failure error) {
+	its := st.items[:0]
 	defer func() {
 		clear(its)
-		*items = its[:0]
+		st.items = its[:0]
 	}()
-	pos := c.spool.ackPos()
-	for {
-		if len(its) == c.cfg.MaxPending {
-			break
+	if !st.valid {
+		st.reset()
+		st.pos, st.valid = c.spool.ackPos(), true
+	}
+	if st.byID == nil {
+		st.byID = map[string]*openReplay{}
+	}
+	send := func(partition int, id string, count int64, data []byte) error {
+		fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(partition, int(count), data), jetstream.WithMsgID(id))
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// The server will never take it: drop it rather than block the spool.
+			c.drop(count, "batch larger than the server's max payload")
+			return nil
 		}
-		rec, ok, err := c.spool.read(pos)
+		if err != nil {
+			return err
+		}
+		its = append(its, replayItem{fut: fut, count: count})
+		c.pending.Add(count)
+		return nil
+	}
+	skip := false // an unreadable record at st.pos: its segment is given up after the acks
+read:
+	for len(its) < c.cfg.MaxPending {
+		rec, ok, err := c.spool.read(st.pos)
 		if err != nil {
 			c.log.Error("unreadable spool record: skipping the rest of its segment", "err", err)
-			c.spool.skipSegment(pos)
+			skip = true
 			break
 		}
 		if !ok {
 			atEnd = true
 			break
 		}
-		fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(rec.partition, int(rec.count), rec.data),
-			jetstream.WithMsgID(rec.id))
-		if errors.Is(err, nats.ErrMaxPayload) && len(its) == 0 {
-			// The server will never take it: drop it rather than block the spool.
-			c.drop(rec.count, "batch larger than the server's max payload")
-			c.spool.commit(rec.end)
-			pos = rec.end
-			continue
+		switch {
+		case !rec.fragment:
+			err = send(rec.partition, rec.id, rec.count, rec.data)
+		case rec.marker():
+			for _, b := range st.open {
+				if err = send(b.partition, b.id, b.count, b.data); err != nil {
+					break
+				}
+			}
+			clear(st.open)
+			st.open = st.open[:0]
+			clear(st.byID)
+		default:
+			b := st.byID[rec.id]
+			if b == nil {
+				b = &openReplay{partition: rec.partition, id: rec.id, first: st.pos}
+				st.open = append(st.open, b)
+				st.byID[rec.id] = b
+			}
+			b.data = append(b.data, rec.data...)
+			b.count += rec.count
 		}
 		if err != nil {
-			if !errors.Is(err, nats.ErrMaxPayload) { // else: dropped as the first of the next round
-				failure = err
-			}
-			break
+			failure = err
+			break read
 		}
-		its = append(its, replayItem{fut: fut, rec: rec})
-		c.pending.Add(rec.count)
-		pos = rec.end
+		st.pos = rec.end
 	}
 	for _, it := range its {
 		var err error
@@ -152,16 +229,25 @@ func (c *Client) replayRound(items *[]replayItem) (atEnd bool, failure error) {
 		case <-c.abort:
 			err = errAborted
 		}
-		c.pending.Add(-it.rec.count)
+		c.pending.Add(-it.count)
 		if err != nil && failure == nil {
 			failure = err
 		}
-		if failure == nil {
-			c.spool.commit(it.rec.end)
-			c.replayed.Add(it.rec.count)
-		}
 	}
-	return atEnd && failure == nil, failure
+	if failure != nil {
+		st.reset()
+		return false, failure
+	}
+	for _, it := range its {
+		c.replayed.Add(it.count)
+	}
+	if skip {
+		c.spool.skipSegment(st.pos)
+		st.reset()
+		return false, nil
+	}
+	c.spool.commit(st.safe())
+	return atEnd, nil
 }
 
 // ensureLoop creates or updates the stream until it succeeds, and again whenever a publish
@@ -207,8 +293,8 @@ func (c *Client) ensureLoop() {
 	}
 }
 
-// maintainLoop spools the overflow batches and hands the spool's buffered writes to the OS
-// every FlushInterval, saves the
+// maintainLoop spools the overflow batches, hands the spool's buffered writes to the OS and
+// closes PublishDurable's open batches every FlushInterval, saves the
 // spool's cursor every 100ms and logs dropped decisions at most once a second.
 func (c *Client) maintainLoop() {
 	defer c.wg.Done()
@@ -224,6 +310,7 @@ func (c *Client) maintainLoop() {
 		}
 		c.spoolOverflows()
 		c.spool.flush()
+		c.closeBatches()
 		if n%cursorEvery == 0 {
 			if err := c.spool.saveCursor(false); err != nil && time.Since(lastCursorErr) > 10*time.Second {
 				lastCursorErr = time.Now()

@@ -46,14 +46,25 @@ type segment struct {
 	size int64
 }
 
-// spoolRecord is one spooled batch.
+// fragmentFlag, set in a record's partition, makes the record a fragment: part of the batch
+// its message id names, whose other fragments are in other records (PublishDurable's rounds).
+// A fragment without an id is a marker: every batch whose fragments came before it is whole.
+// Records without the flag (the batches the queue spools, and every record of the versions
+// before fragments) are whole batches.
+const fragmentFlag = 1 << 24
+
+// spoolRecord is one spooled batch, or a fragment of one.
 type spoolRecord struct {
 	partition int
+	fragment  bool
 	id        string
 	count     int64
 	data      []byte   // DecisionBatch bytes
 	end       spoolPos // where the next record starts
 }
+
+// marker reports whether the record closes the batches of the fragments before it.
+func (r *spoolRecord) marker() bool { return r.fragment && r.id == "" }
 
 // spool is the on-disk queue of batches that could not be published: append-only segment
 // files of CRC-checked records, and a cursor saying where the unpublished records begin.
@@ -80,9 +91,17 @@ type spool struct {
 	closed    bool
 
 	pending atomic.Int64 // bytes of unpublished records: total - ack.off
+	ahead   readAheadBuf // the replayer's last read (read, readAhead)
 
 	cursorMu sync.Mutex
 	saved    spoolPos // cursor on disk
+}
+
+// readAheadBuf is bytes of segment seg from offset off on.
+type readAheadBuf struct {
+	seg uint64
+	off int64
+	buf []byte
 }
 
 func segName(id uint64) string { return fmt.Sprintf("%020d%s", id, segSuffix) }
@@ -259,10 +278,13 @@ func (s *spool) scanSegment(id uint64, start int64, last bool) (int64, error) {
 	return off, nil
 }
 
-// parsePayload decodes a record's payload: partition, message id, count, batch bytes.
+// parsePayload decodes a record's payload: partition (and fragmentFlag), message id, count,
+// batch bytes.
 func parsePayload(p []byte) (spoolRecord, error) {
 	var rec spoolRecord
 	part, n := binary.Uvarint(p)
+	rec.fragment = part&fragmentFlag != 0
+	part &^= fragmentFlag
 	if n <= 0 || part > 1<<20 {
 		return rec, errors.New("record partition invalid")
 	}

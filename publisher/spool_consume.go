@@ -56,19 +56,16 @@ func (s *spool) read(p spoolPos) (rec spoolRecord, ok bool, err error) {
 	if err != nil {
 		return rec, false, err
 	}
-	var hdr [recHeader]byte
-	if _, err := f.ReadAt(hdr[:], p.off); err != nil {
+	b, err := s.readAhead(f, p, limit)
+	if err != nil {
 		return rec, false, fmt.Errorf("read spool record at %s:%d: %w", segName(p.seg), p.off, err)
 	}
-	n := int64(binary.LittleEndian.Uint32(hdr[0:4]))
-	if p.off+recHeader+n > limit {
+	n := int64(binary.LittleEndian.Uint32(b[0:4]))
+	if p.off+recHeader+n > limit || recHeader+n > int64(len(b)) {
 		return rec, false, fmt.Errorf("spool record at %s:%d: length %d past the end", segName(p.seg), p.off, n)
 	}
-	payload := make([]byte, n)
-	if _, err := f.ReadAt(payload, p.off+recHeader); err != nil {
-		return rec, false, fmt.Errorf("read spool record at %s:%d: %w", segName(p.seg), p.off, err)
-	}
-	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
+	payload := b[recHeader : recHeader+n : recHeader+n]
+	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(b[4:8]) {
 		return rec, false, fmt.Errorf("spool record at %s:%d: checksum mismatch", segName(p.seg), p.off)
 	}
 	if rec, err = parsePayload(payload); err != nil {
@@ -76,6 +73,40 @@ func (s *spool) read(p spoolPos) (rec spoolRecord, ok bool, err error) {
 	}
 	rec.end = spoolPos{seg: p.seg, off: p.off + recHeader + n}
 	return rec, true, nil
+}
+
+// readAheadBytes is the most the replayer reads from a segment in one pread(2).
+const readAheadBytes = 256 << 10
+
+// readAhead returns the bytes of segment p.seg from p.off on, at least its record's header
+// and, when the record ends before limit, the whole record: from the bytes read before when
+// they hold it, else read anew, up to readAheadBytes (or the record) in one pread(2) instead
+// of two per record. What was read stays true: bytes handed to the OS are never rewritten,
+// and a segment's number is never reused. Each read allocates a new buffer, so the records
+// returned before keep theirs. read is the replayer's alone, and so is s.ahead.
+func (s *spool) readAhead(f *os.File, p spoolPos, limit int64) ([]byte, error) {
+	if a := &s.ahead; a.seg == p.seg && p.off >= a.off && p.off+recHeader <= a.off+int64(len(a.buf)) {
+		b := a.buf[p.off-a.off:]
+		if n := int64(binary.LittleEndian.Uint32(b[0:4])); recHeader+n <= int64(len(b)) || p.off+recHeader+n > limit {
+			return b, nil
+		}
+	}
+	size := min(limit-p.off, readAheadBytes)
+	if size < recHeader {
+		return nil, fmt.Errorf("%d bytes left, a record header takes %d", size, recHeader)
+	}
+	b := make([]byte, size)
+	if _, err := f.ReadAt(b, p.off); err != nil {
+		return nil, err
+	}
+	if n := int64(binary.LittleEndian.Uint32(b[0:4])); recHeader+n > size && p.off+recHeader+n <= limit {
+		b = make([]byte, recHeader+n) // a record larger than the read-ahead
+		if _, err := f.ReadAt(b, p.off); err != nil {
+			return nil, err
+		}
+	}
+	s.ahead = readAheadBuf{seg: p.seg, off: p.off, buf: b}
+	return b, nil
 }
 
 func cmpUint(a, b uint64) int {
@@ -156,20 +187,20 @@ func (s *spool) empty() bool { return s.pending.Load() == 0 }
 // pendingBytes returns the size of the unpublished records.
 func (s *spool) pendingBytes() int64 { return s.pending.Load() }
 
-// compact replaces the segments by a new empty one when every record is published, so a
-// drained spool takes no room.
-func (s *spool) compact() {
+// compact replaces the segments by a new empty one when every record is published and they
+// hold at least minBytes, so a drained spool takes no room. It reports whether it did.
+func (s *spool) compact(minBytes int64) bool {
 	s.mu.Lock()
-	if s.closed || s.total == 0 || s.total != s.ack.off {
+	if s.closed || s.total == 0 || s.total < minBytes || s.total != s.ack.off {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	id := s.segs[len(s.segs)-1].id + 1
 	f, err := s.createSegment(id)
 	if err != nil {
 		s.mu.Unlock()
 		s.log.Warn("spool: cannot start a new segment", "err", err)
-		return
+		return false
 	}
 	gone := make([]uint64, 0, len(s.segs))
 	for _, sg := range s.segs {
@@ -186,6 +217,7 @@ func (s *spool) compact() {
 	s.mu.Unlock()
 	s.saveCursor(false)
 	s.remove(gone)
+	return true
 }
 
 // dropReader closes the read side if it is one of the segments gone. s.mu must be held.

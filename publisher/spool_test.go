@@ -91,7 +91,7 @@ func TestSpoolSegments(t *testing.T) {
 	if !s.empty() {
 		t.Errorf("spool not empty after committing every record: %d bytes", s.pendingBytes())
 	}
-	s.compact()
+	s.compact(0)
 	if after, _ := filepath.Glob(filepath.Join(dir, "*.seg")); len(after) != 1 {
 		t.Errorf("segments after compaction %v, want one", after)
 	}

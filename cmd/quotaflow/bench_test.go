@@ -63,16 +63,14 @@ func runChecks(b *testing.B, cfg checker.Config) {
 }
 
 // BenchmarkCheckPublish measures checker throughput with publishing off and on in the same run,
-// every decision going through publisher.Client to the embedded JetStream server.
+// every decision going through publisher.Client to the embedded JetStream server: answered
+// after its decision is written to the spool (publish=spool, the default), or at once with
+// the decision batched in memory (publish=memory, --spool-wait 0).
 func BenchmarkCheckPublish(b *testing.B) {
-	for _, publish := range []bool{false, true} {
-		name := "publish=off"
-		if publish {
-			name = "publish=on"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, mode := range []string{"off", "memory", "spool"} {
+		b.Run("publish="+mode, func(b *testing.B) {
 			cfg := newBenchConfig(b, 7)
-			if !publish {
+			if mode == "off" {
 				runChecks(b, cfg)
 				return
 			}
@@ -81,8 +79,9 @@ func BenchmarkCheckPublish(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer nc.Close()
-			pub, err := publisher.New(nc, publisher.Config{Stream: "BENCH_" + strconv.Itoa(b.N), SubjectPrefix: "bench.n" + strconv.Itoa(b.N),
-				SpoolDir: b.TempDir(), Logger: cfg.Logger})
+			name := mode + strconv.Itoa(b.N)
+			pub, err := publisher.New(nc, publisher.Config{Stream: "BENCH_" + name, SubjectPrefix: "bench." + name,
+				SpoolDir: b.TempDir(), NoSpoolWait: mode == "memory", Logger: cfg.Logger})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -93,8 +92,8 @@ func BenchmarkCheckPublish(b *testing.B) {
 			if err := pub.Close(ctx); err != nil {
 				b.Fatal(err)
 			}
-			if st := pub.Stats(); st.Dropped != 0 || st.Published+st.Replayed != int64(b.N) {
-				b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped", st, b.N)
+			if st := pub.Stats(); st.Dropped != 0 || st.Unspooled != 0 || st.Published+st.Replayed != int64(b.N) {
+				b.Fatalf("publisher stats %+v, want all %d decisions published and none dropped or unspooled", st, b.N)
 			}
 		})
 	}

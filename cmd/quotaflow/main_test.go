@@ -75,6 +75,7 @@ func TestUsage(t *testing.T) {
 		{"rules required", []string{"checker"}, nil, 2, "--rules (or QUOTAFLOW_RULES) is required"},
 		{"bad env value", []string{"checker"}, map[string]string{"QUOTAFLOW_REDIS_TIMEOUT": "soon"}, 2, `QUOTAFLOW_REDIS_TIMEOUT="soon": invalid value for --redis-timeout`},
 		{"bad redis url", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--redis-url", "http://x"}, nil, 2, "--redis-url: want a redis:// or rediss:// URL"},
+		{"negative spool wait", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--spool-wait", "-1ms"}, nil, 2, "--spool-wait: want 0 (no wait) or more, got -1ms"},
 		{"bad log level", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--log-level", "loud"}, nil, 2, "--log-level"},
 		{"invalid rules", []string{"checker", "--rules", "testdata/invalid-rules.yaml"}, nil, 1, `rule "a" (rules[0]): dimension: unknown dimension "users"`},
 		{"check needs a subject", []string{"check", "--endpoint", "/x"}, nil, 2, "name a subject"},

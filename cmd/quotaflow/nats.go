@@ -30,8 +30,9 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.DurationVar(&p.cfg.DuplicateWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
 	fs.IntVar(&p.cfg.MaxBatch, "publish-batch", 512, "most decisions in one message")
 	fs.DurationVar(&p.cfg.FlushInterval, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
+	fs.DurationVar(&p.cfg.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
 	fs.fromEnv("nats-url", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
-		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush")
+		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
 }
 
 func (p *publishFlags) validate() error {
@@ -53,7 +54,10 @@ func (p *publishFlags) validate() error {
 		return fmt.Errorf("--spool-max-bytes: want at least 1 MiB, got %d", c.SpoolMaxBytes)
 	case c.SpoolDir == "":
 		return errors.New("--spool-dir: required with --nats-url")
+	case c.SpoolWait < 0:
+		return fmt.Errorf("--spool-wait: want 0 (no wait) or more, got %s", c.SpoolWait)
 	}
+	c.NoSpoolWait = c.SpoolWait == 0
 	return nil
 }
 
