@@ -20,9 +20,9 @@ func (c *Client) observe(m metric.Meter) error {
 	}
 	var errs []error
 	add := func(_ any, err error) { errs = append(errs, err) }
-	add(counter("quotaflow.publisher.published", "Decisions published to the stream directly.", func(s Stats) int64 { return s.Published }))
+	add(counter("quotaflow.publisher.published", "Decisions acked by the stream when first sent (directly, or through the spool for an answer that waits for it).", func(s Stats) int64 { return s.Published }))
 	add(counter("quotaflow.publisher.spooled", "Decisions written to the on-disk spool (NATS slow or down, or queue full).", func(s Stats) int64 { return s.Spooled }))
-	add(counter("quotaflow.publisher.replayed", "Decisions published from the spool.", func(s Stats) int64 { return s.Replayed }))
+	add(counter("quotaflow.publisher.replayed", "Decisions acked by the stream when sent again from the spool, where they waited for NATS.", func(s Stats) int64 { return s.Replayed }))
 	add(counter("quotaflow.publisher.dropped", "Decisions lost because the spool was full. Must stay 0.", func(s Stats) int64 { return s.Dropped }))
 	add(counter("quotaflow.publisher.unspooled", "Checks answered before their decision was in the spool (its write failed or took longer than the spool wait): a kill -9 could lose them. Stays 0 on a healthy disk.", func(s Stats) int64 { return s.Unspooled }))
 	add(gauge("quotaflow.publisher.queued", "Decisions in memory, not yet sent or spooled.", func(s Stats) int64 { return s.Queued }))

@@ -248,12 +248,14 @@ type Stats struct {
 	// Queued is the number of decisions in memory: queued, in a partial batch, in an
 	// overflow batch not yet written to the spool, or waiting for PublishDurable's write.
 	Queued int64
-	// Published is the number of decisions acked by the stream when first sent.
+	// Published is the number of decisions acked by the stream when first sent: directly, or
+	// through the spool by PublishDurable.
 	Published int64
 	// Spooled is the number of decisions written to the spool.
 	Spooled int64
-	// Replayed is the number of decisions acked by the stream when published from the spool.
-	// Published + Replayed is what reached the stream.
+	// Replayed is the number of decisions acked by the stream when sent again from the spool,
+	// where the direct path put them when NATS could not take them. Published + Replayed is
+	// what reached the stream.
 	Replayed int64
 	// Dropped is the number of decisions lost: the spool was full or could not be written, a
 	// decision could not be encoded or its batch exceeds the server's max payload, or Publish

@@ -13,6 +13,10 @@ import (
 type replayItem struct {
 	fut   jetstream.PubAckFuture
 	count int64
+	// first: a batch PublishDurable spooled (fragments closed by a marker), sent from the
+	// spool for the first time, not a decision the direct path spooled when NATS could not
+	// take it: acked, it counts as Published, not Replayed.
+	first bool
 }
 
 // replayLoop publishes the spool whenever NATS is up and the spool is not empty. Appends to
@@ -166,7 +170,7 @@ func (c *Client) replayRound(st *replayState) (atEnd bool, failure error) {
 	if st.byID == nil {
 		st.byID = map[string]*openReplay{}
 	}
-	send := func(partition int, id string, count int64, data []byte) error {
+	send := func(partition int, id string, count int64, data []byte, first bool) error {
 		fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(partition, int(count), data), jetstream.WithMsgID(id))
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// The server will never take it: drop it rather than block the spool.
@@ -176,7 +180,7 @@ func (c *Client) replayRound(st *replayState) (atEnd bool, failure error) {
 		if err != nil {
 			return err
 		}
-		its = append(its, replayItem{fut: fut, count: count})
+		its = append(its, replayItem{fut: fut, count: count, first: first})
 		c.pending.Add(count)
 		return nil
 	}
@@ -195,10 +199,10 @@ read:
 		}
 		switch {
 		case !rec.fragment:
-			err = send(rec.partition, rec.id, rec.count, rec.data)
+			err = send(rec.partition, rec.id, rec.count, rec.data, false)
 		case rec.marker():
 			for _, b := range st.open {
-				if err = send(b.partition, b.id, b.count, b.data); err != nil {
+				if err = send(b.partition, b.id, b.count, b.data, true); err != nil {
 					break
 				}
 			}
@@ -239,7 +243,11 @@ read:
 		return false, failure
 	}
 	for _, it := range its {
-		c.replayed.Add(it.count)
+		if it.first {
+			c.published.Add(it.count)
+		} else {
+			c.replayed.Add(it.count)
+		}
 	}
 	if skip {
 		c.spool.skipSegment(st.pos)

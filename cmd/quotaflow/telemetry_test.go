@@ -88,6 +88,11 @@ func TestTelemetry(t *testing.T) {
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q", want)
+			for _, l := range strings.Split(metrics, "\n") {
+				if strings.HasPrefix(l, "quotaflow_publisher") {
+					t.Log(l)
+				}
+			}
 		}
 	}
 	if err := p.stop(); err != nil { // flushes the spans
