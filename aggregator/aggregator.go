@@ -11,7 +11,11 @@
 // stores a batch also records each message's (partition, sequence) in ingested_messages
 // through a materialized view. Before handing a fetched message on, the aggregator looks its
 // sequence up there and skips (and acks) what is stored; it acks the others only after
-// ClickHouse accepted their insert. On current servers inserts also carry
+// ClickHouse accepted their insert. A copy redelivered while the first waits in the writer
+// can be looked up before that insert commits: the writer remembers what its inserts
+// committed since the copy's lookup began, and stores such a copy no more (writer.go). After
+// a failed insert, whose outcome is unknown, nothing is sent again until a recheck in
+// ingested_messages succeeded. On current servers inserts also carry
 // insert_deduplication_token. docs/aggregator.md has the whole argument and its limits.
 //
 // Each partition's owner also runs the warning-state machine of the partition's subjects
@@ -226,6 +230,8 @@ type Aggregator struct {
 	dialect   schema.Dialect
 	items     chan item
 	flushReqs chan flushRequest
+	// commits counts the writer's committed inserts (see item.commits).
+	commits atomic.Uint64
 
 	mu    sync.Mutex
 	owned map[int]*partition // partitions being consumed

@@ -30,6 +30,9 @@ type item struct {
 	pin       string
 	msg       jetstream.Msg
 	decisions []*quotaflowv1.Decision
+	// commits is Aggregator.commits read before the lookup that found the message not
+	// stored: the writer's inserts after that number may hold it all the same.
+	commits uint64
 }
 
 // fetchLoop pulls one partition's consumer in its priority group (only the pinned client
@@ -92,6 +95,12 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 		caughtUp = fetched < a.cfg.FetchBatch
 		if len(items) == 0 {
 			continue
+		}
+		// Read before the lookup: an insert committed after this read may be missing from
+		// its answer, and the writer checks those inserts itself (see pending.recent).
+		commits := a.commits.Load()
+		for i := range items {
+			items[i].commits = commits
 		}
 		stored, ok := a.lookupStored(ctx, pt.p, items)
 		if !ok {
