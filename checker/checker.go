@@ -52,6 +52,13 @@ type Config struct {
 	// errors, refused or broken connections, round trips past RedisTimeout. A caller's deadline
 	// or cancellation never counts. 0 means 3.
 	CircuitFailures int
+	// MaxInFlight bounds the checks (and peeks) waiting for the store at once: past it a new
+	// one is answered at once by its rules' fail modes, flagged degraded as if it had waited
+	// past RedisTimeout, without calling the store or counting towards its circuit, and counted
+	// in quotaflow.checks.shed. An overloaded checker thus answers its excess at once instead of
+	// queueing every check into RedisTimeout. 0 means DefaultMaxInFlight; negative means no
+	// bound.
+	MaxInFlight int
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
 	// Decisions receives every decision (nil: decisions are not published).
@@ -121,9 +128,14 @@ func New(cfg Config) *Engine {
 	if timeout <= 0 {
 		timeout = 50 * time.Millisecond
 	}
+	maxInFlight := cfg.MaxInFlight
+	if maxInFlight == 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
 	e.store = newGuard(guardConfig{
 		timeout: timeout, probeEvery: cfg.ProbeInterval, localMaxKeys: cfg.LocalMaxKeys,
-		circuitFailures: cfg.CircuitFailures, log: e.log, observe: e.tel.redis.Record,
+		circuitFailures: cfg.CircuitFailures, maxInFlight: int64(maxInFlight), log: e.log,
+		observe: e.tel.redis.Record, shed: e.tel.shed.Add,
 	})
 	store := cfg.store
 	if store == nil {
@@ -149,6 +161,14 @@ func New(cfg Config) *Engine {
 	}
 	return e
 }
+
+// DefaultMaxInFlight is Config.MaxInFlight's default. It is above what a checker answers
+// within the default RedisTimeout when it keeps up: a 2-core one decides about 15k checks/s, so
+// about 750 are in flight over 50 ms, a much larger one a few thousand; a burst of 3,000 at once
+// (TestBurstKeepsCircuitClosed) is decided by Redis, not shed. A check past it would wait in the
+// batcher's queue behind more than a RedisTimeout's worth of work, time out, and still cost
+// Redis a script call whose answer nobody reads.
+const DefaultMaxInFlight = 4096
 
 // minBatchTimeout is the shortest deadline of a batch sent to Redis. A Redis that answers
 // nothing within it is down or stalled; a checker that reads its replies later than that has

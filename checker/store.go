@@ -46,9 +46,13 @@ type guardConfig struct {
 	localMaxKeys        int
 	// circuitFailures is the circuit's threshold (0: defaultCircuitFailures).
 	circuitFailures int
-	log             *slog.Logger
+	// maxInFlight bounds the calls with a fail mode waiting for the store (<= 0: no bound).
+	maxInFlight int64
+	log         *slog.Logger
 	// observe records the duration of each store call (seconds).
 	observe func(ctx context.Context, seconds float64, opts ...metric.RecordOption)
+	// shed counts a call answered by fail mode because maxInFlight were waiting.
+	shed func(ctx context.Context, n int64, opts ...metric.AddOption)
 }
 
 // guard is the one path to the store: timeout, circuit breaking and the local fallback.
@@ -61,6 +65,8 @@ type guard struct {
 	reported bool
 	circuit  *circuit
 	local    *bucket.Local
+	// inFlight counts the calls with a fail mode between the bound and the store's answer.
+	inFlight atomic.Int64
 	probing  atomic.Bool
 	closed   chan struct{}
 	// mu orders starting a probe (opened, called from the store's batch loops, which may
@@ -107,6 +113,15 @@ func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes
 			return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, errStoreDown)
 		}
 		return g.fallback(reqs, fail), true, nil
+	}
+	if fail != nil && g.maxInFlight > 0 {
+		if g.inFlight.Add(1) > g.maxInFlight {
+			g.inFlight.Add(-1)
+			// Not a round trip: the circuit hears nothing of it, as Redis did not fail.
+			g.shed(ctx, 1)
+			return g.fallback(reqs, fail), true, nil
+		}
+		defer g.inFlight.Add(-1)
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
 	start := time.Now()

@@ -20,6 +20,7 @@ type instruments struct {
 	duration metric.Float64Histogram
 	redis    metric.Float64Histogram
 	cacheHit metric.Int64Counter
+	shed     metric.Int64Counter
 	// by result: allowed, denied; and degraded variants.
 	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded metric.AddOption
 	recAllowed, recDenied                                        metric.RecordOption
@@ -51,6 +52,10 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 		return nil, err
 	}
 	if in.cacheHit, err = m.Int64Counter("quotaflow.overlimit_cache.hits", metric.WithDescription("Checks denied from the local over-limit cache without a Redis call.")); err != nil {
+		return nil, err
+	}
+	if in.shed, err = m.Int64Counter("quotaflow.checks.shed", metric.WithDescription(
+		"Checks and peeks answered at once by their rules' fail modes, without a Redis call, because the checker had its maximum in flight (overload, not a Redis outage).")); err != nil {
 		return nil, err
 	}
 	set := func(result string, degraded bool) attribute.Set {

@@ -74,6 +74,8 @@ func TestUsage(t *testing.T) {
 		{"stray argument", []string{"checker", "extra"}, nil, 2, `unexpected argument "extra"`},
 		{"rules required", []string{"checker"}, nil, 2, "--rules (or QUOTAFLOW_RULES) is required"},
 		{"bad env value", []string{"checker"}, map[string]string{"QUOTAFLOW_REDIS_TIMEOUT": "soon"}, 2, `QUOTAFLOW_REDIS_TIMEOUT="soon": invalid value for --redis-timeout`},
+		{"bad max in flight", []string{"checker"}, map[string]string{"QUOTAFLOW_MAX_IN_FLIGHT": "many"}, 2, `QUOTAFLOW_MAX_IN_FLIGHT="many": invalid value for --max-in-flight`},
+		{"max in flight in help", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_MAX_IN_FLIGHT"},
 		{"bad redis url", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--redis-url", "http://x"}, nil, 2, "--redis-url: want a redis:// or rediss:// URL"},
 		{"negative spool wait", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--spool-wait", "-1ms"}, nil, 2, "--spool-wait: want 0 (no wait) or more, got -1ms"},
 		{"bad log level", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--log-level", "loud"}, nil, 2, "--log-level"},

@@ -50,6 +50,10 @@ type CheckerConfig struct {
 	// RedisTimeout, ShutdownTimeout: the deadline of a check's Redis call (checker.Config's
 	// default when 0) and how long requests in flight may finish at Close (10s when 0).
 	RedisTimeout, ShutdownTimeout time.Duration
+	// MaxInFlight bounds the checks waiting for Redis at once; past it checks are answered by
+	// their rules' fail modes (checker.Config's: 0 means checker.DefaultMaxInFlight, negative
+	// no bound).
+	MaxInFlight int
 	// InstanceID names the checker in decision ids and events, e.g. the pod name; a random
 	// suffix keeps each start unique (decision ids repeated after a restart would be dropped by
 	// the stream as duplicates).
@@ -238,7 +242,7 @@ func drain(pub *publisher.Client, timeout time.Duration) error {
 // serve builds the engine and the ports and starts serving them.
 func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
-	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, Logger: log, InstanceID: tel.Instance,
+	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, Logger: log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
 		Rules: s.set}
 	if s.pub != nil {
