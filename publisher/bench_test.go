@@ -120,13 +120,7 @@ func benchPublish(b *testing.B, nc *nats.Conn, rate int) {
 	}
 	publishing := time.Since(start)
 	if c != nil {
-		deadline := time.Now().Add(time.Minute)
-		for st := c.Stats(); st.Published+st.Replayed < int64(b.N); st = c.Stats() {
-			if time.Now().After(deadline) {
-				b.Fatalf("not all decisions acked within a minute: %+v", st)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitAcked(b, c)
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
@@ -204,13 +198,7 @@ func BenchmarkPublishDurable(b *testing.B) {
 					c.PublishDurable(context.Background(), "bench", q, out)
 				}
 			})
-			deadline := time.Now().Add(time.Minute)
-			for st := c.Stats(); st.Published+st.Replayed < int64(b.N); st = c.Stats() {
-				if time.Now().After(deadline) {
-					b.Fatalf("not all decisions acked within a minute: %+v", st)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitAcked(b, c)
 			elapsed := time.Since(start)
 			b.StopTimer()
 			cpu := cpuTime() - cpu0
@@ -235,5 +223,18 @@ func BenchmarkPublishDurable(b *testing.B) {
 				b.ReportMetric(float64(st.Spooled)/float64(w), "decisions/write")
 			}
 		})
+	}
+}
+
+// waitAcked waits until the stream acked b.N decisions of c, failing the benchmark after a
+// minute.
+func waitAcked(b *testing.B, c *Client) {
+	b.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for st := c.Stats(); st.Published+st.Replayed < int64(b.N); st = c.Stats() {
+		if time.Now().After(deadline) {
+			b.Fatalf("not all decisions acked within a minute: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
