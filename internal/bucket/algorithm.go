@@ -27,7 +27,7 @@ type algorithm struct {
 	// lua/<name>.lua.
 	name string
 	// code is its short name in Redis keys ("tb"), and the prefix of the functions its Lua
-	// module defines and check.lua dispatches to: <code>_eval, <code>_commit, <code>_refund.
+	// module defines and call.lua dispatches to: <code>_eval, <code>_commit, <code>_refund.
 	code string
 	// burst is whether it has a capacity distinct from its limit per window; window
 	// algorithms count up to the limit.

@@ -49,7 +49,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Script modes (ARGV[3]; lua/check.lua).
+// Script modes (ARGV[3]; lua/call.lua).
 const (
 	modeCharge     = iota // charge; with a record: replay, or write it when allowed
 	modePeek              // evaluate only
@@ -87,10 +87,10 @@ var ErrIdempotencyConflict = errors.New("idempotency key already used with anoth
 // request, and it has one record.
 var errTwoRecords = errors.New("more than one request carries an idempotency key")
 
-// conflictPrefix starts the script's error reply for ErrIdempotencyConflict (lua/check.lua).
+// conflictPrefix starts the script's error reply for ErrIdempotencyConflict (lua/call.lua).
 const conflictPrefix = "IDEMPOTENCY_CONFLICT "
 
-// Reply layout (see lua/check.lua).
+// Reply layout (see lua/call.lua).
 const (
 	replyHead     = 3
 	replyPerLimit = 6
@@ -402,7 +402,7 @@ func (s *Store) refundLater(ctx context.Context, j *job) {
 	}
 }
 
-// addCall appends the EVALSHA command of one script call for r (see lua/check.lua): KEYS
+// addCall appends the EVALSHA command of one script call for r (see lua/call.lua): KEYS
 // are the limit keys and, with record, the idempotency record's key; ARGV is n, cost, mode,
 // idempotency TTL, charge time (refund) or fingerprint (charge with a record), then code,
 // limit, window, burst and refund token per limit. j must have been reserved for it.

@@ -15,8 +15,8 @@ import (
 )
 
 // TestAlgorithmTable checks the algorithms table against the Lua files it names: a module per
-// algorithm defining the functions check.lua dispatches to, built only when a limit uses its
-// code; check.lua's dispatches covering exactly the table's codes; and no module outside it.
+// algorithm defining the functions call.lua dispatches to, built only when a limit uses its
+// code; call.lua's dispatch covering exactly the table's codes; and no module outside it.
 func TestAlgorithmTable(t *testing.T) {
 	t.Parallel()
 	names, codes := map[string]Algorithm{}, map[string]Algorithm{}
@@ -55,19 +55,13 @@ func TestAlgorithmTable(t *testing.T) {
 		names[algorithms[a].name], codes[algorithms[a].code] = a, a
 	}
 
-	t.Run("check.lua", func(t *testing.T) {
+	t.Run("call.lua", func(t *testing.T) {
 		want := map[string]string{}
 		for a := range eachAlgorithm {
 			want[strconv.Itoa(int(a))] = algorithms[a].code
 		}
-		dispatches := checkDispatches(t)
-		if len(dispatches) != 2 {
-			t.Fatalf("got %d dispatches, want 2 (one limit, several)", len(dispatches))
-		}
-		for i, got := range dispatches {
-			if !maps.Equal(got, want) {
-				t.Errorf("dispatch %d: got code → functions %v, want %v (the table)", i+1, got, want)
-			}
+		if got := callDispatch(t); !maps.Equal(got, want) {
+			t.Errorf("modules: got code → functions %v, want %v (the table)", got, want)
 		}
 	})
 
@@ -78,49 +72,54 @@ func TestAlgorithmTable(t *testing.T) {
 		}
 		for _, e := range entries {
 			name := strings.TrimSuffix(e.Name(), ".lua")
-			if _, ok := names[name]; !ok && name != "prelude" && name != "check" {
+			if _, ok := names[name]; !ok && !slices.Contains(driverFiles, name) {
 				t.Errorf("lua/%s: no algorithm of that name in the table", e.Name())
 			}
 		}
-		order := luaOrder()
-		if len(order) != len(names)+2 || order[0] != "prelude.lua" || order[len(order)-1] != "check.lua" {
-			t.Errorf("luaOrder: got %v, want prelude.lua, the %d modules, check.lua", order, len(names))
+		for _, driver := range []string{"check.lua", "batch.lua"} {
+			order := luaOrder(driver)
+			if len(order) != len(names)+4 || order[0] != "prelude.lua" || order[1] != "need.lua" ||
+				order[len(order)-2] != "call.lua" || order[len(order)-1] != driver {
+				t.Errorf("luaOrder(%q): got %v, want prelude.lua, need.lua, the %d modules, call.lua, %s", driver, order, len(names), driver)
+			}
 		}
 	})
 }
 
-// dispatchLine is one branch of check.lua's dispatch on the algorithm code.
-var dispatchLine = regexp.MustCompile(`^\s*(?:else)?if c == '(\d+)' then ev, cm, rf = (\w+)_eval, (\w+)_commit, (\w+)_refund$`)
+// driverFiles are the Lua files that are no algorithm's module.
+var driverFiles = []string{"prelude", "need", "call", "check", "batch"}
 
-// checkDispatches returns, per dispatch of check.lua (a "local ev, cm, rf" followed by its
-// if/elseif chain), the function prefix each code selects.
-func checkDispatches(t *testing.T) []map[string]string {
+// dispatchLine is one branch of call.lua's dispatch on the algorithm code.
+var dispatchLine = regexp.MustCompile(`^\s*(?:else)?if c == '(\d+)' then return (\w+)_eval, (\w+)_commit, (\w+)_refund$`)
+
+// callDispatch returns the function prefix each code selects in call.lua's modules(c): the
+// if/elseif chain after its "local function modules(c)" line.
+func callDispatch(t *testing.T) map[string]string {
 	t.Helper()
-	src, err := luaFiles.ReadFile("lua/check.lua")
+	src, err := luaFiles.ReadFile("lua/call.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []map[string]string
-	var cur map[string]string
+	var got map[string]string
 	for n, line := range strings.Split(string(src), "\n") {
 		switch {
-		case strings.TrimSpace(line) == "local ev, cm, rf":
-			cur = map[string]string{}
-			out = append(out, cur)
-		case cur != nil && strings.TrimSpace(line) == "end":
-			cur = nil
-		case cur != nil:
+		case line == "local function modules(c)":
+			got = map[string]string{}
+		case got != nil && strings.TrimSpace(line) == "end":
+			return got
+		case got != nil:
 			m := dispatchLine.FindStringSubmatch(line)
 			if m == nil || m[2] != m[3] || m[2] != m[4] {
-				t.Fatalf("check.lua:%d: got %q, want `elseif c == '<code>' then ev, cm, rf = <p>_eval, <p>_commit, <p>_refund`", n+1, line)
+				t.Fatalf("call.lua:%d: got %q, want `elseif c == '<code>' then return <p>_eval, <p>_commit, <p>_refund`", n+1, line)
 			}
-			if _, dup := cur[m[1]]; dup {
-				t.Errorf("check.lua:%d: code %s dispatched twice", n+1, m[1])
+			if _, dup := got[m[1]]; dup {
+				t.Errorf("call.lua:%d: code %s dispatched twice", n+1, m[1])
 			}
-			cur[m[1]] = m[2]
+			got[m[1]] = m[2]
 		}
 	}
-	return out
+	t.Fatal("call.lua: no modules(c) dispatch")
+	return nil
 }
 
 // TestAlgorithmContract pins what the table's values are part of: rules files (names), Redis

@@ -8,7 +8,7 @@ import (
 )
 
 // ErrMalformedReply is wrapped by Check's error when a script reply does not have the shape
-// lua/check.lua promises. Redis answered: it is a bug of this process or of the script, to be
+// lua/call.lua promises. Redis answered: it is a bug of this process or of the script, to be
 // reported for the check it concerns, never taken for an outage (Unavailable reports false).
 var ErrMalformedReply = errors.New("malformed script reply")
 

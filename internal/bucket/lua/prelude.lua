@@ -1,13 +1,12 @@
--- prelude: helpers shared by the algorithm files and the driver (check.lua).
+-- prelude: helpers shared by the algorithm files and the drivers.
 --
--- Store concatenates prelude.lua, the algorithm files (one per entry of the algorithms table
--- of algorithm.go, in its order) and check.lua into ONE script, so every local defined here is
--- an upvalue of the algorithm functions. Nothing may be global: Redis rejects scripts that
--- create globals.
+-- Store concatenates prelude.lua, need.lua, the algorithm files (one per entry of the
+-- algorithms table of algorithm.go, in its order), call.lua and a driver (check.lua for one
+-- call, batch.lua for many) into ONE script, so every local defined here is an upvalue of the
+-- algorithm functions. Nothing may be global: Redis rejects scripts that create globals.
 --
--- KEYS and ARGV: see check.lua. The prelude only reads the algorithm code of each limit
--- (ARGV[5 + 5*(i-1) + 1], the count n in ARGV[1]) to know which modules to build; check.lua
--- validates everything.
+-- KEYS and ARGV: see call.lua (one call) and batch.lua (many); need.lua reads just enough of
+-- them to know which modules to build; call.lua validates everything.
 --
 -- The whole script runs on every call (EVALSHA caches the compiled chunk, not its state), so
 -- what it builds is paid per check: every closure, every table, every string. Each algorithm
@@ -40,23 +39,6 @@
 -- with %.17g, dearer than the call itself); integers are formatted with %d, half the cost of
 -- %.0f; results travel as multiple return values, not tables; strings compare by identity
 -- before being parsed; hot helpers are inlined rather than calling one another.
-
--- NEED_1 is the algorithm code of the first limit; NEED holds the codes of the others (nil for
--- a single limit, the common case, which then builds no table).
-local NEED_1 = ARGV[6]
--- MODE is ARGV[3]: commit functions are built for every mode but peeks ('1'), refund functions
--- for refunds ('2') only. A record call ('3') has no limits, so builds nothing.
-local MODE = ARGV[3]
-local NEED
-if ARGV[1] ~= '1' then
-  local n = tonumber(ARGV[1]) or 0
-  if n > 1 and n * 5 + 5 == #ARGV then -- else malformed: check.lua reports it
-    NEED = {}
-    for i = 2, n do
-      NEED[ARGV[5 + (i - 1) * 5 + 1]] = true
-    end
-  end
-end
 
 local floor, ceil, format = math.floor, math.ceil, string.format
 
