@@ -78,6 +78,8 @@ type batcher struct {
 	start sync.Once
 	stop  sync.Once
 	loops sync.WaitGroup
+	// alone is set once Redis refused the batch script (unsupported): every call goes alone.
+	alone atomic.Bool
 }
 
 func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
@@ -132,6 +134,8 @@ type call struct {
 	// sentTo is the master a cluster's call was last sent to straight (masters.add), nil when
 	// it went through the cluster client: what resendRefused compares the new slot map with.
 	sentTo *redis.Client
+	// refund marks a refund's call, which a cluster never groups (masters.send).
+	refund bool
 }
 
 // scriptCmd is how a script call travels: go-redis must never re-send it on its own. After a
@@ -275,9 +279,10 @@ func (b *batcher) startLoops() {
 func (b *batcher) loop() {
 	batch := make([]*job, 0, 16)
 	pipe := b.rdb.Pipeline()
+	g := new(group)
 	var ms *masters
 	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
-		ms = newMasters(cc)
+		ms = newMasters(cc, b)
 	}
 	for {
 		var j *job
@@ -304,7 +309,7 @@ func (b *batcher) loop() {
 			}
 		}
 		if len(batch) > 0 {
-			b.exec(pipe, ms, batch, now)
+			b.exec(pipe, ms, g, batch, now)
 		}
 		clear(batch)
 	}
@@ -341,7 +346,8 @@ func (b *batcher) finish(j *job) {
 }
 
 // exec sends the calls of batch in one pipeline — on a Redis Cluster, one per master (ms) —
-// and finishes every job. Three kinds of reply mean the call never ran, and only those calls
+// and finishes every job. The calls of a pipeline travel as one call of the batch script when
+// there are several (g, group), each on its own otherwise. Three kinds of reply mean the call never ran, and only those calls
 // are sent again, through pipe, until the batch's deadline:
 //   - NOSCRIPT: the script cache was flushed, or Redis restarted or failed over, or the call
 //     reached a master that never ran the script. The call is re-sent with EVAL, which also
@@ -365,21 +371,14 @@ func (b *batcher) finish(j *job) {
 //
 // The batch runs until BatchTimeout, whatever its callers' deadlines: a caller that gives up
 // early leaves (batcher.do), the others' calls go on.
-func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time.Time) {
+func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, g *group, batch []*job, now time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), now.Add(b.cfg.BatchTimeout))
 	defer cancel()
 
 	if ms != nil {
 		ms.send(ctx, batch)
 	} else {
-		for _, j := range batch {
-			for i := range j.calls {
-				c := &j.calls[i]
-				c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
-				_ = pipe.Process(ctx, scriptCmd{c.cmd})
-			}
-		}
-		_, _ = pipe.Exec(ctx) // errors are per command
+		b.send(ctx, pipe, g, batch)
 	}
 
 	pause := retry.Backoff{Min: tryAgainPause, Max: maxTryAgainPause}
@@ -405,6 +404,54 @@ func (b *batcher) exec(pipe redis.Pipeliner, ms *masters, batch []*job, now time
 	for _, j := range batch {
 		b.finish(j)
 	}
+}
+
+// send runs the first round of batch's calls on a standalone server: as one group when there
+// are several, each alone otherwise or once Redis refused the batch script.
+func (b *batcher) send(ctx context.Context, pipe redis.Pipeliner, g *group, batch []*job) {
+	g.reset()
+	for _, j := range batch {
+		for i := range j.calls {
+			g.calls = append(g.calls, &j.calls[i])
+		}
+	}
+	if len(g.calls) < minGroup || b.alone.Load() {
+		for _, c := range g.calls {
+			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+			_ = pipe.Process(ctx, scriptCmd{c.cmd})
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		return
+	}
+	g.build(ctx, false)
+	_ = pipe.Process(ctx, scriptCmd{g.cmd})
+	_, _ = pipe.Exec(ctx)
+	b.settle(ctx, pipe, g)
+}
+
+// settle distributes the replies of group g, sent through pipe, to its calls, after sending it
+// again where it did not run: with EVAL when Redis had not cached the batch script, each call
+// alone when Redis refused it (unsupported).
+func (b *batcher) settle(ctx context.Context, pipe redis.Pipeliner, g *group) {
+	err := g.cmd.Err()
+	switch {
+	case isNoScript(err):
+		g.build(ctx, true)
+		_ = pipe.Process(ctx, scriptCmd{g.cmd})
+		_, _ = pipe.Exec(ctx)
+	case unsupported(err):
+		if !b.alone.Swap(true) && b.cfg.Logger != nil {
+			b.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "Redis refused the batch script (Redis 7.0 or later runs it); every check is sent as its own script call",
+				slog.Any("err", err))
+		}
+		for _, c := range g.calls {
+			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
+			_ = pipe.Process(ctx, scriptCmd{c.cmd})
+		}
+		_, _ = pipe.Exec(ctx)
+		return
+	}
+	g.distribute()
 }
 
 // resend sends again, through pipe, the calls of batch answered NOSCRIPT (with EVAL), TRYAGAIN

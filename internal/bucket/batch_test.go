@@ -31,9 +31,7 @@ func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		scripts := 0
 		for _, c := range cmds {
-			if name := c.Name(); name == "evalsha" || name == "eval" {
-				scripts++
-			}
+			scripts += scriptCalls(c)
 		}
 		if scripts > 0 { // not a connection's set-up
 			h.pipelines.Add(1)
@@ -41,6 +39,21 @@ func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// scriptCalls is the number of check script calls cmd carries: the number of calls of a batch
+// script call, one for a check script call, none for another command.
+func scriptCalls(cmd redis.Cmder) int {
+	if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		return 0
+	}
+	args := cmd.Args()
+	if len(args) > 3 && (args[1] == batchScript.Hash() || args[1] == batchSource) {
+		if m, ok := args[3].(int64); ok {
+			return int(m)
+		}
+	}
+	return 1
 }
 
 // countPipelines counts the pipelines c sends to its server, or to each master of a cluster.

@@ -23,8 +23,13 @@ import (
 // client, which follows the redirection and refreshes its slot map. The calls a master never
 // received (its address refused the connection: it died) did not run either: once the slot
 // map, read again, names another master for their slot, resendRefused sends them there.
+//
+// A master's calls of a round travel as one group (one call of the batch script), but for
+// refunds, each sent alone: a refund writes a key before it reads the next, so a slot that moved
+// under one of them could leave it half done, where a charge reads all its keys first.
 type masters struct {
 	cc *redis.ClusterClient
+	b  *batcher
 	// pipes keeps one pipeline per master client across batches (one set per batching loop).
 	pipes map[*redis.Client]*masterPipe
 }
@@ -32,22 +37,25 @@ type masters struct {
 type masterPipe struct {
 	pipe  redis.Pipeliner
 	calls int
+	group group // the calls of the first round to send as one
 }
 
 // maxMasterPipes bounds the pipelines a loop keeps: clients of masters that failed over or
 // left the cluster are dropped when it is reached.
 const maxMasterPipes = 64
 
-func newMasters(cc *redis.ClusterClient) *masters {
-	return &masters{cc: cc, pipes: make(map[*redis.Client]*masterPipe)}
+func newMasters(cc *redis.ClusterClient, b *batcher) *masters {
+	return &masters{cc: cc, b: b, pipes: make(map[*redis.Client]*masterPipe)}
 }
 
-// send runs the first round of batch's calls, each with its own command, on ctx.
+// send runs the first round of batch's calls on ctx: per master, the calls it can group as one,
+// the others each with its own command.
 func (m *masters) send(ctx context.Context, batch []*job) {
 	if len(m.pipes) > maxMasterPipes {
 		clear(m.pipes)
 	}
 	m.reset()
+	grouping := !m.b.alone.Load()
 	for _, j := range batch {
 		for i := range j.calls {
 			c := &j.calls[i]
@@ -57,10 +65,32 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 				c.cmd.SetErr(err)
 				continue
 			}
+			if grouping && !c.refund {
+				mp := m.pipe(node)
+				mp.group.calls = append(mp.group.calls, c)
+				c.sentTo = node
+				continue
+			}
 			m.add(ctx, node, c)
 		}
 	}
+	for _, mp := range m.pipes {
+		switch g := &mp.group; {
+		case len(g.calls) >= minGroup:
+			g.build(ctx, false)
+			_ = mp.pipe.Process(ctx, scriptCmd{g.cmd})
+			mp.calls++
+		case len(g.calls) == 1:
+			_ = mp.pipe.Process(ctx, scriptCmd{g.calls[0].cmd})
+			mp.calls++
+		}
+	}
 	m.exec(ctx)
+	for _, mp := range m.pipes {
+		if g := &mp.group; len(g.calls) >= minGroup {
+			m.b.settle(ctx, mp.pipe, g)
+		}
+	}
 	for _, j := range batch {
 		for i := range j.calls {
 			if err := j.calls[i].cmd.Err(); err != nil && !isRedirect(err) && stale(err) {
@@ -132,20 +162,27 @@ func refused(batch []*job) bool {
 	return false
 }
 
-// reset empties the master pipelines' counts before a round.
+// reset empties the master pipelines' counts and groups before a round.
 func (m *masters) reset() {
 	for _, mp := range m.pipes {
 		mp.calls = 0
+		mp.group.reset()
 	}
 }
 
-// add queues c, whose command is set, in the pipeline of node, and records where it went.
-func (m *masters) add(ctx context.Context, node *redis.Client, c *call) {
+// pipe returns the pipeline of node, made on first use.
+func (m *masters) pipe(node *redis.Client) *masterPipe {
 	mp := m.pipes[node]
 	if mp == nil {
 		mp = &masterPipe{pipe: node.Pipeline()}
 		m.pipes[node] = mp
 	}
+	return mp
+}
+
+// add queues c, whose command is set, in the pipeline of node, and records where it went.
+func (m *masters) add(ctx context.Context, node *redis.Client, c *call) {
+	mp := m.pipe(node)
 	_ = mp.pipe.Process(ctx, scriptCmd{c.cmd})
 	mp.calls++
 	c.sentTo = node
@@ -190,9 +227,10 @@ func notSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// isRedirect reports a cluster's MOVED or ASK reply: the call did not run on this master.
+// isRedirect reports a cluster's MOVED or ASK reply, or a grouped call refused for a key the
+// node does not serve (errElsewhere): the call did not run on this master.
 func isRedirect(err error) bool {
-	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") || errors.Is(err, errElsewhere))
 }
 
 // firstKey is the call's first key, which names its slot (every key of a call shares it).

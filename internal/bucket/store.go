@@ -439,7 +439,7 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 		}
 		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(l.windowUS()), j.num(l.Capacity()), token)
 	}
-	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk})
+	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk, refund: mode == modeRefund})
 }
 
 // addRecord appends the script call that writes the idempotency record key, bound to
@@ -558,12 +558,19 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// LoadScript caches the check script in Redis (on every master of a cluster), so that the
-// first checks after a Redis restart do not each pay a NOSCRIPT round trip and a compile. It
-// also tells whether Redis answers.
+// LoadScript caches the check and batch scripts in Redis (on every master of a cluster), so
+// that the first checks after a Redis restart do not each pay a NOSCRIPT round trip and a
+// compile. It also tells whether Redis answers. A Redis that refuses the batch script (before
+// 7.0) is no error: every check is then sent as its own script call.
 func (s *Store) LoadScript(ctx context.Context) error {
 	if err := checkScript.Load(ctx, s.rdb).Err(); err != nil {
 		return fmt.Errorf("bucket: load script: %w", err)
+	}
+	if err := batchScript.Load(ctx, s.rdb).Err(); err != nil {
+		if !unsupported(err) {
+			return fmt.Errorf("bucket: load batch script: %w", err)
+		}
+		s.b.alone.Store(true)
 	}
 	return nil
 }

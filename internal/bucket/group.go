@@ -1,0 +1,148 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// group is script calls of one pipeline sent as ONE call of the batch script (lua/batch.lua):
+// Redis then pays one EVALSHA, one script run and one reply for all of them instead of one
+// each, which is most of what a one-limit check costs it. Each call is still decided by the
+// same code, atomically and all-or-nothing on its own; the group only shares their overhead.
+//
+// A group's calls are the pipeline's on a standalone server (or a Sentinel's master), and one
+// master's on a cluster, where the batch script's allow-cross-slot-keys flag lets one run touch
+// the slots of all of them. A call whose slot that master no longer serves fails alone, before
+// it ran, and is re-sent alone through the cluster client (errElsewhere).
+//
+// A loop keeps its groups across batches, so that their storage is reused.
+type group struct {
+	calls []*call
+	args  []any
+	cmd   *redis.StringSliceCmd
+}
+
+// minGroup is the fewest calls sent as a group: a lone call goes as itself, which spares the
+// batch script's unpacking and keeps its reply as it is.
+const minGroup = 2
+
+// Constant arguments of the batch script, boxed once.
+var (
+	argBatchSha    any = batchScript.Hash()
+	argBatchSource any = batchSource
+)
+
+// reset empties g for a new batch.
+func (g *group) reset() {
+	clear(g.calls)
+	g.calls = g.calls[:0]
+	g.cmd = nil
+}
+
+// build sets g's command (EVALSHA of the batch script, or EVAL, which also caches it) and a
+// fresh command per call, on which distribute sets the call's reply. The calls' own arguments
+// (addCall's, after EVALSHA, the SHA and numkeys) are passed as they are, behind their key and
+// argument counts.
+func (g *group) build(ctx context.Context, eval bool) {
+	clear(g.args)
+	g.args = g.args[:0]
+	if eval {
+		g.args = append(g.args, argEval, argBatchSource)
+	} else {
+		g.args = append(g.args, argEvalSha, argBatchSha)
+	}
+	// Boxing an int64 below 256 allocates nothing: the counts of a call never do.
+	g.args = append(g.args, argZero, int64(len(g.calls)))
+	for _, c := range g.calls {
+		g.args = append(g.args, int64(c.nkeys), int64(len(c.args)-3-c.nkeys))
+		g.args = append(g.args, c.args[3:]...)
+		c.cmd = redis.NewStringSliceCmd(ctx)
+	}
+	g.cmd = redis.NewStringSliceCmd(ctx, g.args...)
+}
+
+// distribute hands each call of g its part of the batch script's reply, or the error the
+// whole group got (then none of its calls ran: a script that fails as a whole, NOSCRIPT, OOM,
+// a closed connection, fails before running any, or leaves the outcome unknown for all).
+func (g *group) distribute() {
+	arr, err := g.cmd.Result()
+	if err != nil {
+		for _, c := range g.calls {
+			c.cmd.SetErr(err)
+		}
+		return
+	}
+	p := 0
+	for i, c := range g.calls {
+		n, ok := -2, p < len(arr)
+		if ok {
+			var v int64
+			v, ok = parseInt(arr[p])
+			n = int(v)
+		}
+		switch {
+		case ok && n == -1 && p+1 < len(arr):
+			c.cmd.SetErr(callError(arr[p+1]))
+			p += 2
+		case ok && n >= 0 && p+1+n <= len(arr):
+			c.cmd.SetVal(arr[p+1 : p+1+n : p+1+n])
+			p += 1 + n
+		default:
+			for _, c := range g.calls[i:] {
+				c.cmd.SetErr(ErrMalformedReply)
+			}
+			return
+		}
+	}
+	if p != len(arr) {
+		for _, c := range g.calls {
+			c.cmd.SetErr(ErrMalformedReply)
+		}
+	}
+}
+
+// errElsewhere is the error of a grouped call whose keys the cluster node that ran the batch
+// does not serve (the slot moved, is moving, or the slot map was stale). Redis refused the
+// call's first key access, so nothing of it ran: it is re-sent alone, keys declared, through
+// the cluster client, which follows MOVED and ASK (isRedirect). Should it keep it, the call is
+// undecided, as after a network error (Unavailable).
+var errElsewhere = errors.New("bucket: key not served by the cluster node the batch ran on")
+
+// callError is the error of one call of a group, from the message batch.lua gives it: the
+// error reply the call would have got alone, but for the cluster's refusals of a key the node
+// does not serve, which a call with declared keys would have got as MOVED, ASK or CLUSTERDOWN
+// before it ran.
+func callError(msg string) error {
+	switch {
+	case strings.Contains(msg, "non local key"):
+		return errElsewhere
+	case strings.Contains(msg, "cluster is down"):
+		return replyError("CLUSTERDOWN " + msg)
+	}
+	return replyError(msg)
+}
+
+// replyError is a call's error reply cut out of a group's reply: a redis.Error, like the
+// reply the call would have got alone, so that Unavailable and scriptError sort it the same.
+type replyError string
+
+var _ redis.Error = replyError("")
+
+func (e replyError) Error() string { return string(e) }
+
+// RedisError marks replyError as an error reply of Redis (redis.Error).
+func (replyError) RedisError() {}
+
+// unsupported reports whether err is a server's refusal of the batch script itself: a Redis
+// before 7.0 cannot compile its shebang line. The Store then sends every call alone.
+func unsupported(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.Contains(msg, "Error compiling script") || strings.Contains(msg, "shebang")
+}

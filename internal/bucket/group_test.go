@@ -1,0 +1,225 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// runJob sends the calls of reqs (charges, the first with the idempotency record of its
+// request, if any) as one job through s's batcher, so that they travel as one group, and
+// returns the job for its calls' replies.
+func runJob(t *testing.T, s *Store, reqs []Request) *job {
+	t.Helper()
+	j := getJob()
+	nstrs, nnums, nargs := 0, 0, 0
+	for i := range reqs {
+		nstrs, nnums, nargs = growFor(&reqs[i], nstrs, nnums, nargs)
+	}
+	j.reserve(len(reqs), nstrs, nnums, nargs)
+	for i := range reqs {
+		j.addCall(&reqs[i], modeCharge, reqs[i].IdempotencyKey != "", "", nil)
+	}
+	if err := s.b.do(ctxT(t), j); err != nil {
+		t.Fatalf("job: %v", err)
+	}
+	t.Cleanup(func() { putJob(j) })
+	return j
+}
+
+// TestGroupCallsFailAlone: in one batch script run, a call that fails (a key of another type,
+// an idempotency key reused for another request) fails alone, with the error it would have got
+// alone; the calls before and after it are decided and charged.
+func TestGroupCallsFailAlone(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	ctx := ctxT(t)
+	wrong, idem := key(t, "list"), key(t, "idem")
+	if err := c.RPush(ctx, wrong, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, idem, "another request", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	good := lim(key(t, "good"), GCRA, 10, long, 0)
+	conflict := one(lim(key(t, "idem-limit"), FixedWindow, 10, long, 0), 1)
+	conflict.IdempotencyKey, conflict.Fingerprint = idem, "this request"
+	reqs := []Request{one(good, 1), one(lim(wrong, TokenBucket, 10, long, 0), 1), conflict, one(good, 2)}
+	j := runJob(t, s, reqs)
+
+	var res Result
+	res.Limits = make([]LimitResult, 1)
+	tests := []struct {
+		call      int
+		remaining int64
+		err       func(error) bool
+		want      string
+	}{
+		{call: 0, remaining: 9},
+		{call: 1, err: func(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") && !Unavailable(err) }, want: "WRONGTYPE, a script error"},
+		{call: 2, err: func(err error) bool { return errors.Is(err, ErrIdempotencyConflict) }, want: "ErrIdempotencyConflict"},
+		{call: 3, remaining: 7},
+	}
+	for _, tt := range tests {
+		err := parseReply(j.calls[tt.call].cmd, &res)
+		switch {
+		case tt.err != nil && (err == nil || !tt.err(err)):
+			t.Errorf("call %d: got %v, want %s", tt.call, err, tt.want)
+		case tt.err == nil && err != nil:
+			t.Errorf("call %d: %v", tt.call, err)
+		case tt.err == nil && (!res.Allowed || res.Limits[0].Remaining != tt.remaining):
+			t.Errorf("call %d: got allowed %v remaining %d, want true %d", tt.call, res.Allowed, res.Limits[0].Remaining, tt.remaining)
+		}
+	}
+	if n, err := c.Exists(ctx, reqs[2].Limits[0].Key).Result(); err != nil || n != 0 {
+		t.Errorf("the conflicting call's limit key: got %d keys (%v), want none: nothing charged", n, err)
+	}
+}
+
+// TestBatchScriptMalformed: a batch whose counts do not add up to its arguments is refused
+// whole, before any call runs.
+func TestBatchScriptMalformed(t *testing.T) {
+	t.Parallel()
+	_, c := newStore(t)
+	ctx := ctxT(t)
+	k := key(t, "k")
+	call := []any{1, 10, k, "1", "1", "0", "0", "", "6", "10", "60000000", "10", ""}
+	tests := []struct {
+		name string
+		args []any
+	}{
+		{"no calls", []any{0}},
+		{"one call too many", append([]any{2}, call...)},
+		{"arguments left over", append(append([]any{1}, call...), "extra")},
+		{"negative count", append([]any{1, -1}, call[1:]...)},
+		{"not a number", append([]any{"x"}, call...)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := c.Eval(ctx, batchSource, nil, tt.args...).Err()
+			if err == nil || !strings.Contains(err.Error(), "malformed batch") {
+				t.Errorf("got %v, want the malformed batch error", err)
+			}
+		})
+	}
+	if n, err := c.Exists(ctx, k).Result(); err != nil || n != 0 {
+		t.Errorf("got %d keys (%v), want none: a malformed batch runs no call", n, err)
+	}
+	// The well-formed batch runs.
+	arr, err := c.Eval(ctx, batchSource, nil, append([]any{1}, call...)...).Slice()
+	if err != nil || len(arr) != 1+replyHead+replyPerLimit || arr[0] != int64(9) || arr[1] != int64(1) {
+		t.Errorf("well-formed batch: got %v, %v; want 9 entries, allowed", arr, err)
+	}
+}
+
+// TestGroupElsewhere: on a cluster, a group run on a master that does not serve one of its
+// calls' slots (a stale slot map) fails that call alone, before it ran, with errElsewhere; the
+// batcher then re-sends it alone through the cluster client, which finds its master.
+func TestGroupElsewhere(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		t.Skip("a cluster test (QUOTAFLOW_TEST_REDIS=cluster)")
+	}
+	ctx := ctxT(t)
+	if err := s.LoadScript(ctx); err != nil { // on every master: the resend below is one round
+		t.Fatal(err)
+	}
+	here := key(t, "here")
+	node, err := cc.MasterForKey(ctx, here)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var there string // a key of another master's slot
+	tag := strings.NewReplacer("{", "", "}", "").Replace(key(t, "there"))
+	for i := 0; there == ""; i++ {
+		k := fmt.Sprintf("{%s-%d}", tag, i)
+		if n, err := cc.MasterForKey(ctx, k); err == nil && n != node {
+			there = k
+		}
+	}
+	reqs := []Request{one(lim(here, GCRA, 10, long, 0), 1), one(lim(there, GCRA, 10, long, 0), 1)}
+	j := getJob()
+	defer putJob(j)
+	j.reserve(2, 16, 16, 64)
+	for i := range reqs {
+		j.addCall(&reqs[i], modeCharge, false, "", nil)
+	}
+	g := &group{calls: []*call{&j.calls[0], &j.calls[1]}}
+	pipe := node.Pipeline()
+	g.build(ctx, false)
+	_ = pipe.Process(ctx, scriptCmd{g.cmd})
+	_, _ = pipe.Exec(ctx)
+	s.b.settle(ctx, pipe, g)
+	if err := j.calls[1].cmd.Err(); !errors.Is(err, errElsewhere) || !isRedirect(err) {
+		t.Fatalf("the other master's call: got %v, want errElsewhere", err)
+	}
+	if n, err := cc.Exists(ctx, there).Result(); err != nil || n != 0 {
+		t.Fatalf("the other master's key: got %d (%v), want none: the call did not run", n, err)
+	}
+
+	s.b.resend(ctx, cc.Pipeline(), []*job{j})
+	res := Result{Limits: make([]LimitResult, 1)}
+	for i := range reqs {
+		if err := parseReply(j.calls[i].cmd, &res); err != nil || !res.Allowed || res.Limits[0].Remaining != 9 {
+			t.Errorf("call %d after the resend: got allowed %v remaining %d (%v), want true 9", i, res.Allowed, res.Limits[0].Remaining, err)
+		}
+	}
+}
+
+// TestCallError sorts the messages batch.lua gives failed calls as a call alone would see
+// them.
+func TestCallError(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		msg         string
+		elsewhere   bool
+		unavailable bool
+	}{
+		{"ERR Script attempted to access a non local key in a cluster node script: x", true, true},
+		{"ERR Script attempted to execute a command while the cluster is down", false, true},
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", false, false},
+		{"ERR bucket: malformed limit 1", false, false},
+	}
+	for _, tt := range tests {
+		err := callError(tt.msg)
+		if got := errors.Is(err, errElsewhere); got != tt.elsewhere {
+			t.Errorf("%q: elsewhere got %v, want %v", tt.msg, got, tt.elsewhere)
+		}
+		if got := Unavailable(err); got != tt.unavailable {
+			t.Errorf("%q: Unavailable got %v, want %v", tt.msg, got, tt.unavailable)
+		}
+	}
+	if err := scriptError(callError(conflictPrefix + "fingerprint mismatch")); !errors.Is(err, ErrIdempotencyConflict) {
+		t.Errorf("conflict: got %v, want ErrIdempotencyConflict", err)
+	}
+	var rerr redis.Error
+	if !errors.As(callError("WRONGTYPE x"), &rerr) {
+		t.Error("a call's error reply is no redis.Error")
+	}
+}
+
+// TestUnsupported: the refusals of the batch script itself (a Redis before 7.0 reads its
+// shebang as Lua) send every call alone; any other error does not.
+func TestUnsupported(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{replyError("ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'"), true},
+		{replyError("ERR Unexpected flag in script shebang: allow-cross-slot-keys"), true},
+		{replyError("NOSCRIPT No matching script. Please use EVAL."), false},
+		{replyError("OOM command not allowed when used memory > 'maxmemory'."), false},
+		{errors.New("dial tcp: connection refused"), false},
+	}
+	for _, tt := range tests {
+		if got := unsupported(tt.err); got != tt.want {
+			t.Errorf("%v: got %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
