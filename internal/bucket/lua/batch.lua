@@ -15,7 +15,7 @@
 --
 -- Reply: per call, in order, either c (the number of entries of its reply, >= 0) and those c
 -- entries, or -1 and the error message the call would have got alone.
-local m = tonumber(ARGV[1])
+local m = int(ARGV[1])
 if not m or m < 1 then
   return redis.error_reply('ERR bucket: malformed batch')
 end
@@ -24,7 +24,7 @@ end
 local at = sized(2 * m)
 local p = 2
 for c = 1, m do
-  local nk, na = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+  local nk, na = int(ARGV[p]), int(ARGV[p + 1])
   if not nk or not na or nk < 0 or na < 0 then
     return redis.error_reply('ERR bucket: malformed batch call ' .. c)
   end

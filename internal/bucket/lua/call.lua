@@ -128,7 +128,7 @@ local function one(KEYS, ARGV, mode, cost, idem)
   local charge = mode == '0' or mode == '4'
   local replayed = 0
   local ev, cm, rf = modules(ARGV[6])
-  local L, W, B, Bs = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[9]
+  local L, W, B, Bs = int(ARGV[7]), int(ARGV[8]), int(ARGV[9]), ARGV[9]
   if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
     return redis.error_reply('ERR bucket: malformed limit 1')
   end
@@ -173,7 +173,7 @@ local function many(KEYS, ARGV, n, mode, cost, idem)
   for i = 1, n do
     local b = 5 + (i - 1) * 5
     local ev, cm, rf = modules(ARGV[b + 1])
-    local L, W, B = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local L, W, B = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4])
     if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
       return redis.error_reply('ERR bucket: malformed limit ' .. i)
     end
@@ -239,8 +239,8 @@ local function check(KEYS, ARGV)
     redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[4])
     return {}
   end
-  local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
-  local cost = ARGV[2] == '1' and 1 or tonumber(ARGV[2])
+  local n = ARGV[1] == '1' and 1 or int(ARGV[1])
+  local cost = ARGV[2] == '1' and 1 or int(ARGV[2])
   local idem_ttl = ARGV[4] == '0' and 0 or tonumber(ARGV[4])
   if not n or n < 1 or #ARGV ~= 5 + 5 * n or not cost or cost < 1 or not idem_ttl
       or (mode ~= '0' and mode ~= '1' and mode ~= '2' and mode ~= '4') then

@@ -26,8 +26,8 @@ if not BATCH then
 else
   NEED, MODE = {}, '0'
   local p = 2 -- the first call's nk (batch.lua)
-  for _ = 1, tonumber(ARGV[1]) or 0 do
-    local nk, na = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+  for _ = 1, int(ARGV[1]) or 0 do
+    local nk, na = int(ARGV[p]), int(ARGV[p + 1])
     if not nk or not na then
       break -- malformed: batch.lua reports it
     end
@@ -35,7 +35,7 @@ else
     if ARGV[a + 2] == '2' then
       MODE = '2'
     end
-    local n = tonumber(ARGV[a]) or 0
+    local n = int(ARGV[a]) or 0
     if n * 5 + 5 ~= na then
       n = 0
     end

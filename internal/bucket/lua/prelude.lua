@@ -42,6 +42,22 @@
 
 local floor, ceil, format = math.floor, math.ceil, string.format
 
+-- int is tonumber, memoized for the argument strings a batch repeats in every call (counts,
+-- limits, windows, bursts): Lua interns strings, so a hit costs a table probe where strtod
+-- costs ~1.9k instructions. Only arguments go through it, a bounded set per run; state read
+-- from keys differs per key and is parsed by tonumber itself.
+local NUMS = {}
+local function int(s)
+  local v = NUMS[s]
+  if v == nil then
+    v = tonumber(s)
+    if v then
+      NUMS[s] = v
+    end
+  end
+  return v
+end
+
 -- Float comparisons get a relative/absolute slack of 1e-9 * max(|x|, 1) so that costs that
 -- fit exactly (3 x 1/3 of a window) are not denied by rounding. The slack is inlined in each
 -- helper (a Lua call costs more than the arithmetic), as a literal (a local would be one
