@@ -161,71 +161,76 @@ local function one(KEYS, ARGV, mode, cost, idem)
 end
 
 -- many decides a call of n > 1 limits. mode, cost and idem are validated.
-local function many(KEYS, ARGV, n, mode, cost, idem)
-  -- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
-  local charge = mode == '0' or mode == '4'
-  local replayed = 0
-  -- P holds S entries per limit i, from j = S*(i-1): the module's eval, commit and refund at
-  -- j+1..j+3, L, W, B at j+4..j+6, and eval's ten results at j+7..j+16: one flat table, built
-  -- at its full size, is cheaper than tables per limit.
-  local S = 16
-  local P = sized(n * S)
-  for i = 1, n do
-    local b = 5 + (i - 1) * 5
-    local ev, cm, rf = modules(ARGV[b + 1])
-    local L, W, B = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4])
-    if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
-      return redis.error_reply('ERR bucket: malformed limit ' .. i)
-    end
-    local j = (i - 1) * S
-    P[j + 1], P[j + 2], P[j + 3], P[j + 4], P[j + 5], P[j + 6] = ev, cm, rf, L, W, B
-  end
-
-  local now, now_s = clock()
-
-  if charge and idem then
-    local err
-    err, replayed = replay(idem, ARGV[5])
-    if err then return err end
-    charge = replayed == 0
-  elseif mode == '2' then
-    local charge_now = tonumber(ARGV[5])
-    if not charge_now then
-      return redis.error_reply('ERR bucket: refund without charge time')
-    end
+-- It is built only when a call of several limits may come (NEED is set: need.lua): a closure
+-- costs its upvalues on every run, and most runs are one call of one limit.
+local many
+if NEED then
+  many = function(KEYS, ARGV, n, mode, cost, idem)
+    -- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
+    local charge = mode == '0' or mode == '4'
+    local replayed = 0
+    -- P holds S entries per limit i, from j = S*(i-1): the module's eval, commit and refund at
+    -- j+1..j+3, L, W, B at j+4..j+6, and eval's ten results at j+7..j+16: one flat table, built
+    -- at its full size, is cheaper than tables per limit.
+    local S = 16
+    local P = sized(n * S)
     for i = 1, n do
-      local j, b = (i - 1) * S, 5 + (i - 1) * 5
-      P[j + 3](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, charge_now, ARGV[b + 5], ARGV[b + 4])
+      local b = 5 + (i - 1) * 5
+      local ev, cm, rf = modules(ARGV[b + 1])
+      local L, W, B = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4])
+      if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+        return redis.error_reply('ERR bucket: malformed limit ' .. i)
+      end
+      local j = (i - 1) * S
+      P[j + 1], P[j + 2], P[j + 3], P[j + 4], P[j + 5], P[j + 6] = ev, cm, rf, L, W, B
     end
-    if idem then
-      redis.call('DEL', idem)
+
+    local now, now_s = clock()
+
+    if charge and idem then
+      local err
+      err, replayed = replay(idem, ARGV[5])
+      if err then return err end
+      charge = replayed == 0
+    elseif mode == '2' then
+      local charge_now = tonumber(ARGV[5])
+      if not charge_now then
+        return redis.error_reply('ERR bucket: refund without charge time')
+      end
+      for i = 1, n do
+        local j, b = (i - 1) * S, 5 + (i - 1) * 5
+        P[j + 3](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, charge_now, ARGV[b + 5], ARGV[b + 4])
+      end
+      if idem then
+        redis.call('DEL', idem)
+      end
     end
-  end
 
-  local all = true
-  for i = 1, n do
-    local j = (i - 1) * S
-    P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
-      P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4])
-    if not P[j + 7] then all = false end
-  end
+    local all = true
+    for i = 1, n do
+      local j = (i - 1) * S
+      P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
+        P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4])
+      if not P[j + 7] then all = false end
+    end
 
-  local charged = charge and all
-  local reply = sized(3 + 6 * n)
-  reply[1], reply[2], reply[3] = all and 1 or 0, now_s, replayed
-  local k = 3
-  for i = 1, n do
-    local j = (i - 1) * S
-    reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
-      fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
-        P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16])
-    k = k + 6
-  end
+    local charged = charge and all
+    local reply = sized(3 + 6 * n)
+    reply[1], reply[2], reply[3] = all and 1 or 0, now_s, replayed
+    local k = 3
+    for i = 1, n do
+      local j = (i - 1) * S
+      reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
+        fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
+          P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16])
+      k = k + 6
+    end
 
-  if charged and idem and mode == '0' then
-    redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
+    if charged and idem and mode == '0' then
+      redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
+    end
+    return reply
   end
-  return reply
 end
 
 -- check runs one call; KEYS and ARGV are the call's own (above).

@@ -42,20 +42,24 @@
 
 local floor, ceil, format = math.floor, math.ceil, string.format
 
--- int is tonumber, memoized for the argument strings a batch repeats in every call (counts,
--- limits, windows, bursts): Lua interns strings, so a hit costs a table probe where strtod
--- costs ~1.9k instructions. Only arguments go through it, a bounded set per run; state read
--- from keys differs per key and is parsed by tonumber itself.
-local NUMS = {}
-local function int(s)
-  local v = NUMS[s]
-  if v == nil then
-    v = tonumber(s)
-    if v then
-      NUMS[s] = v
+-- int is tonumber, memoized in a batch for the argument strings it repeats in every call
+-- (counts, limits, windows, bursts): Lua interns strings, so a hit costs a table probe where
+-- strtod costs ~1.9k instructions. Only arguments go through it, a bounded set per run; state
+-- read from keys differs per key and is parsed by tonumber itself. A single call repeats
+-- nothing, so it keeps tonumber.
+local int = tonumber
+if BATCH then
+  local nums = {}
+  int = function(s)
+    local v = nums[s]
+    if v == nil then
+      v = tonumber(s)
+      if v then
+        nums[s] = v
+      end
     end
+    return v
   end
-  return v
 end
 
 -- Float comparisons get a relative/absolute slack of 1e-9 * max(|x|, 1) so that costs that
