@@ -83,9 +83,10 @@ func TestGroupCallsFailAlone(t *testing.T) {
 // whole, before any call runs.
 func TestBatchScriptMalformed(t *testing.T) {
 	t.Parallel()
-	_, c := newStore(t)
+	_, rdb := newStore(t)
 	ctx := ctxT(t)
 	k := key(t, "k")
+	c := serverOf(t, rdb, k) // on a cluster, the master that serves k
 	call := []any{1, 10, k, "1", "1", "0", "0", "", "6", "10", "60000000", "10", ""}
 	tests := []struct {
 		name string

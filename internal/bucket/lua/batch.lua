@@ -57,8 +57,8 @@ for c = 1, m do
     -- 7.0) or by Lua itself (a string).
     if type(r) == 'table' then
       r = r.err
-    elseif type(r) == 'string' then
-      r = 'ERR ' .. r
+    elseif type(r) == 'string' and not string.find(r, '^%u+ ') then
+      r = 'ERR ' .. r -- a Lua error, not a Redis reply with its code
     end
     out[k + 1], out[k + 2] = -1, tostring(r)
     k = k + 2
