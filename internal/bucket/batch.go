@@ -35,6 +35,9 @@ type StoreConfig struct {
 	// caller's cancellation or time spent queued in this process. It is called from the
 	// batching goroutines and must not block.
 	OnRoundTrip func(err error)
+	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
+	// default (and what an unknown value means), or LayoutCompact. Both read every layout.
+	Layout Layout
 	// Logger receives what a Check cannot return: a refund that failed after the Check had
 	// already returned its error. Nil means no log.
 	Logger *slog.Logger
@@ -113,11 +116,12 @@ const (
 // *int64), which go-redis writes like the values themselves, so building a call allocates
 // nothing once a pooled job has grown to size.
 type job struct {
-	ctx   context.Context
-	calls []call
-	err   error // the outcome instead of the replies: the caller's context ended first
-	state atomic.Uint32
-	done  chan struct{} // one signal per run, when state becomes jobDone
+	ctx    context.Context
+	script *script // the Store's: its layout's
+	calls  []call
+	err    error // the outcome instead of the replies: the caller's context ended first
+	state  atomic.Uint32
+	done   chan struct{} // one signal per run, when state becomes jobDone
 
 	strs []string
 	nums []int64
@@ -159,11 +163,12 @@ func getJob() *job { return jobPool.Get().(*job) }
 // alive) and returns it to the pool.
 func putJob(j *job) {
 	j.reset()
+	j.script = nil
 	j.state.Store(jobIdle)
 	jobPool.Put(j)
 }
 
-// reset empties j for new calls.
+// reset empties j for new calls of the same Store (it keeps j.script).
 func (j *job) reset() {
 	j.ctx, j.err = nil, nil
 	clear(j.calls)
@@ -208,8 +213,6 @@ func (j *job) num(n int64) *int64 {
 var (
 	argEvalSha any = "evalsha"
 	argEval    any = "eval"
-	argSha     any = checkScript.Hash()
-	argSource  any = checkSource
 )
 
 // do queues j and waits for its replies. On an error (ctx ended, store closed) j is no
@@ -417,7 +420,7 @@ func (b *batcher) resend(ctx context.Context, pipe redis.Pipeliner, batch []*job
 			case isNoScript(err):
 				args := make([]any, len(c.args))
 				copy(args, c.args)
-				args[0], args[1] = argEval, argSource
+				args[0], args[1] = argEval, j.script.src
 				c.args = args
 			case !isTryAgain(err) && !isRedirect(err):
 				continue

@@ -137,7 +137,7 @@ func TestStoreBatchPerServer(t *testing.T) {
 	} else {
 		c.AddHook(count("server"))
 	}
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
 	t.Cleanup(func() { s.Close() })
 	if err := s.LoadScript(ctxT(t)); err != nil { // so that no call meets NOSCRIPT and is sent again
 		t.Fatal(err)
@@ -337,7 +337,7 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 			t.Errorf("%s: used %d after %d checks, want exactly %d", l.Algorithm, got, charged.Load(), charged.Load())
 		}
 	}
-	if ok := c.ScriptExists(ctxT(t), checkScript.Hash()).Val(); len(ok) != 1 || !ok[0] {
+	if ok := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Val(); len(ok) != 1 || !ok[0] {
 		t.Errorf("script not cached after the load")
 	}
 }
@@ -530,7 +530,7 @@ func TestStoreUnreachable(t *testing.T) {
 	ln.Close()
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
 	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

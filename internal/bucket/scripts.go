@@ -3,6 +3,7 @@ package bucket
 import (
 	"embed"
 	"errors"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -22,11 +23,30 @@ func luaOrder() []string {
 	return append(order, "check.lua")
 }
 
-// checkSource is the one script every check runs; see lua/check.lua for its contract.
-var checkSource = mustConcat()
+// script is the check script of one Layout, with its SHA1 and source boxed once as go-redis
+// arguments (boxing a string into an interface allocates).
+type script struct {
+	*redis.Script
+	sha, src any
+}
 
-// checkScript carries the source and its SHA1 for EVALSHA.
-var checkScript = redis.NewScript(checkSource)
+// checkScripts holds the one script every check runs (see lua/check.lua for its contract),
+// per Layout: the same files after a first line that sets the chunk-level constant COMPACT,
+// which the algorithm modules with two layouts read.
+var checkScripts = func() (s [layouts]*script) {
+	for l := range layouts {
+		src := "local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" + mustConcat()
+		s[l] = &script{Script: redis.NewScript(src), src: src}
+		s[l].sha = s[l].Hash()
+	}
+	return s
+}()
+
+// checkSource and checkScript are the script of the default layout, LayoutPrevious.
+var (
+	checkSource = checkScripts[LayoutPrevious].src.(string)
+	checkScript = checkScripts[LayoutPrevious].Script
+)
 
 func mustConcat() string {
 	var b strings.Builder

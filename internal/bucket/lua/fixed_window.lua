@@ -3,45 +3,98 @@
 --
 -- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '3', L, W, B ignored, token
 -- unused).
--- State: hash {w = window id, n = count}. A stored w other than the current window means a
--- count of 0; a stored w ahead of the clock (the clock stepped back) is kept as current.
+-- State, in one of two layouts; every version since the compact one reads both, and a write
+-- uses the configured one (COMPACT, --bucket-layout; layout.go), converting the key:
+--   previous: hash {w = window id, n = count} (the only layout before; HMGET on the string
+--             of the compact layout fails, so a version that knows only this one must not run
+--             alongside compact writers).
+--   compact:  string "<n * 8 + wid % 8>", an integer, which Redis keeps in the key's object
+--             (no allocation at all below 10,000 when no maxmemory LRU/LFU policy is set,
+--             else 16 bytes) instead of a 32-48 byte hash. The key expires at the end of its
+--             window (PXAT), so a key that exists holds the current window, or one ahead of
+--             the clock: the low bits tell them apart, and when they differ from the current
+--             window's the expiry names the window exactly, (wid + 1) * W = PEXPIRETIME * 1000
+--             rounded up to a ms (unique for W >= 1 ms: shorter windows keep the previous
+--             layout). A key 8k windows ahead reads as the current window: it keeps its count,
+--             which errs towards denying. n * 8 stays below 2^53 (n <= L <= 2^50).
+-- A stored window other than the current one means a count of 0, except a stored window
+-- ahead of the clock (the clock stepped back), kept as current.
 -- Allowed when n + cost <= L. used = n, remaining = L - n.
 -- reset = (wid + 1) * W. Denied: retry = reset - now.
--- TTL: PEXPIREAT the end of the window, set when the window is first written: a charge in
--- the window already stored only updates n.
--- Refund: n -= cost when the charge's window (from charge_now) is still the stored one.
--- Commands: HMGET, and on commit HSET (+ PEXPIREAT for a new window).
+-- TTL: the end of the window, set when the window is first written: a charge in the window
+-- already stored only updates n (compact: SET KEEPTTL).
+-- Refund: n -= cost when the charge's window (from charge_now) is still the stored one
+-- (compact: read from the expiry, as the low bits could match a window 8 later).
+-- Commands: GET (a hash: then HMGET; a compact key of another window: then PEXPIRETIME), and
+-- on commit SET KEEPTTL or SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first
+-- over a compact key) (previous).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
-  -- eval: s1 = window id, or false when it is the stored one; s2 = count after consumption.
+  -- read returns the stored window id (nil for none), its count and what holds them: 'h' the
+  -- previous layout's hash, 's' a compact string, false nothing.
+  local function read(key, W, wid)
+    local s = redis.pcall('GET', key)
+    if not s then
+      return nil, 0, false
+    end
+    if type(s) == 'table' then -- WRONGTYPE: a hash
+      local v = redis.call('HMGET', key, 'w', 'n')
+      return tonumber(v[1]), tonumber(v[2]) or 0, 'h'
+    end
+    local v = tonumber(s) or 0
+    local r = v % 8
+    local n = (v - r) / 8
+    if r == wid % 8 then
+      return wid, n, 's'
+    end
+    local e = redis.call('PEXPIRETIME', key)
+    if e < 0 then -- no expiry: never written so; keep the count
+      return wid, n, 's'
+    end
+    return floor(e * 1000 / W) - 1, n, 's'
+  end
+
+  -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
+  -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
+  -- window, false nothing.
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
-    local v = redis.call('HMGET', key, 'w', 'n')
-    local sw = tonumber(v[1])
-    local n = 0
-    local same = false
+    local sw, n, held = read(key, W, wid)
     if sw and sw >= wid then
-      n = tonumber(v[2]) or 0
-      same = true
       if sw > wid then
         wid = sw
         t = sw * W
       end
+    else
+      n = 0
+      held = held == 's' and 'x'
     end
     local reset = (wid + 1) * W
     if n + cost <= L then
       local after = n + cost
-      return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, not same and wid, after
+      return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, wid, after, held
     end
     return false, n, nonneg(L - n), reset, reset - t
   end
 
   if MODE ~= '1' then
-    function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after)
-      if not wid then
+    function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after, held)
+      if COMPACT and W >= 1000 then
+        local v = us(after * 8 + wid % 8)
+        if held == 's' then
+          redis.call('SET', key, v, 'KEEPTTL')
+        else
+          redis.call('SET', key, v, 'PXAT', us(ceil((wid + 1) * W / 1000)))
+        end
+        return ''
+      end
+      if held == 'h' then
         redis.call('HSET', key, 'n', us(after))
         return ''
+      end
+      if held then -- a compact string, which HSET cannot write over
+        redis.call('DEL', key)
       end
       redis.call('HSET', key, 'w', us(wid), 'n', us(after))
       redis.call('PEXPIREAT', key, us(ceil((wid + 1) * W / 1000)))
@@ -52,11 +105,24 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if MODE == '2' then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
-      local v = redis.call('HMGET', key, 'w', 'n')
-      if tonumber(v[1]) ~= cw then
+      local s = redis.pcall('GET', key)
+      if not s then
         return
       end
-      redis.call('HSET', key, 'n', us(nonneg((tonumber(v[2]) or 0) - cost)))
+      if type(s) == 'table' then
+        local v = redis.call('HMGET', key, 'w', 'n')
+        if tonumber(v[1]) ~= cw then
+          return
+        end
+        redis.call('HSET', key, 'n', us(nonneg((tonumber(v[2]) or 0) - cost)))
+        return
+      end
+      if floor(redis.call('PEXPIRETIME', key) * 1000 / W) - 1 ~= cw then
+        return
+      end
+      local v = tonumber(s) or 0
+      local r = v % 8
+      redis.call('SET', key, us(nonneg((v - r) / 8 - cost) * 8 + r), 'KEEPTTL')
     end
   end
 end
