@@ -119,7 +119,7 @@ func TestLayoutCompactNotForOld(t *testing.T) {
 			check(t, stores["compact"], one(l, 7))
 			res, err := stores["old"].Check(ctxT(t), []Request{peekReq(l)})
 			switch a {
-			case FixedWindow:
+			case FixedWindow, TokenBucket:
 				if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 					t.Errorf("old checker on a compact bucket: got %v, want a WRONGTYPE error", err)
 				}
@@ -152,7 +152,8 @@ func TestLayoutState(t *testing.T) {
 	}{
 		{"fixed_window previous", "previous", lim("fw", FixedWindow, 10, time.Hour, 0), "hash", "listpack", "", (wid + 1) * hour / 1000},
 		{"fixed_window compact", "compact", lim("fw", FixedWindow, 10, time.Hour, 0), "string", "int", fwCompact(7), (wid + 1) * hour / 1000},
-		{"fixed_window compact sub-ms window", "compact", lim("fw", FixedWindow, 10, 500*time.Microsecond, 0), "hash", "listpack", "", 0},
+		{"token_bucket previous", "previous", lim("tb", TokenBucket, 10, long, 0), "hash", "listpack", "", 0},
+		{"token_bucket compact", "compact", lim("tb", TokenBucket, 10, long, 0), "string", "embstr", "", 0},
 		{"gcra whole µs previous", "previous", lim("gcra", GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
 		{"gcra whole µs compact", "compact", lim("gcra", GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
 		{"gcra fraction compact", "compact", lim("gcra", GCRA, 3, time.Second, 10), "string", "embstr", "", 0},
