@@ -25,21 +25,38 @@
 -- already stored only updates n (compact: SET KEEPTTL).
 -- Refund: n -= cost when the charge's window (from charge_now) is still the stored one
 -- (compact: read from the expiry, as the low bits could match a window 8 later).
--- Commands: GET (a hash: then HMGET; a compact key of another window: then PEXPIRETIME), and
--- on commit SET KEEPTTL or SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first
+-- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
+-- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first
 -- over a compact key) (previous).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
+  -- get returns the key's compact string, or its hash's w and n (HMGET's reply), or false
+  -- for no key. It asks first for the configured layout's type (a second call, after a
+  -- WRONGTYPE error, only for a key of the other).
+  local function get(key)
+    if COMPACT then
+      local s = redis.pcall('GET', key)
+      if type(s) ~= 'table' then
+        return s
+      end
+      return nil, redis.call('HMGET', key, 'w', 'n')
+    end
+    local v = redis.pcall('HMGET', key, 'w', 'n')
+    if v.err then
+      return redis.call('GET', key)
+    end
+    return nil, v
+  end
+
   -- read returns the stored window id (nil for none), its count and what holds them: 'h' the
   -- previous layout's hash, 's' a compact string, false nothing.
   local function read(key, W, wid)
-    local s = redis.pcall('GET', key)
+    local s, h = get(key)
+    if h then
+      return tonumber(h[1]), tonumber(h[2]) or 0, 'h'
+    end
     if not s then
       return nil, 0, false
-    end
-    if type(s) == 'table' then -- WRONGTYPE: a hash
-      local v = redis.call('HMGET', key, 'w', 'n')
-      return tonumber(v[1]), tonumber(v[2]) or 0, 'h'
     end
     local v = tonumber(s) or 0
     local r = v % 8
@@ -105,16 +122,15 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if MODE == '2' then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
-      local s = redis.pcall('GET', key)
-      if not s then
-        return
-      end
-      if type(s) == 'table' then
-        local v = redis.call('HMGET', key, 'w', 'n')
-        if tonumber(v[1]) ~= cw then
+      local s, h = get(key)
+      if h then
+        if tonumber(h[1]) ~= cw then
           return
         end
-        redis.call('HSET', key, 'n', us(nonneg((tonumber(v[2]) or 0) - cost)))
+        redis.call('HSET', key, 'n', us(nonneg((tonumber(h[2]) or 0) - cost)))
+        return
+      end
+      if not s then
         return
       end
       if floor(redis.call('PEXPIRETIME', key) * 1000 / W) - 1 ~= cw then

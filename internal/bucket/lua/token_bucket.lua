@@ -17,7 +17,8 @@
 -- Denied: retry = ceil((cost - tokens) * W / L). reset = now + (B - tokens) * W / L.
 -- TTL: until the bucket is full again, when a missing key means the same.
 -- Refund: tokens = min(B, tokens + cost).
--- Commands: GET (a hash: then HMGET), and on commit SET PX (compact) or HSET + PEXPIRE (previous;
+-- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
+-- (WRONGTYPE); on commit SET PX (compact) or HSET + PEXPIRE (previous;
 -- DEL first over a compact key).
 local tb_eval, tb_commit, tb_refund
 if NEED_1 == '1' or NEED and NEED['1'] then
@@ -25,23 +26,34 @@ if NEED_1 == '1' or NEED and NEED['1'] then
   -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
   -- (a hash of another cap, no key).
   local function load(key, L, W, B, Bs, now)
-    local s = redis.pcall('GET', key)
-    if not s then
-      return B, now, false
+    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
+    -- only for a key of the other.
+    local s, v
+    if COMPACT then
+      s = redis.pcall('GET', key)
+      if type(s) == 'table' then
+        s, v = nil, redis.call('HMGET', key, 'tk', 'ts', 'cap')
+      end
+    else
+      v = redis.pcall('HMGET', key, 'tk', 'ts', 'cap')
+      if v.err then
+        s, v = redis.call('GET', key), nil
+      end
     end
     local tk, ts, cs, held
-    if type(s) == 'table' then -- WRONGTYPE: a hash
-      local v = redis.call('HMGET', key, 'tk', 'ts', 'cap')
+    if v then
       tk, ts, cs = tonumber(v[1]), tonumber(v[2]), v[3]
       if not tk then
         return B, now, false
       end
       held = cs == Bs -- strings compare by identity
-    else
+    elseif s then
       local a = string.find(s, ':', 1, true) or #s + 1
       local b = string.find(s, ':', a + 1, true) or #s + 1
       tk, ts, cs = tonumber(string.sub(s, 1, a - 1)) or B, tonumber(string.sub(s, a + 1, b - 1)), string.sub(s, b + 1)
       held = 's'
+    else
+      return B, now, false
     end
     ts = ts or now
     local cap = B
