@@ -41,3 +41,16 @@ func ParseLayout(s string) (Layout, error) {
 	}
 	return 0, fmt.Errorf("unknown bucket layout %q (want previous or compact)", s)
 }
+
+// MarshalText returns the layout's name, for flags and configuration files.
+func (l Layout) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// UnmarshalText sets l to the layout named text (ParseLayout).
+func (l *Layout) UnmarshalText(text []byte) error {
+	v, err := ParseLayout(string(text))
+	if err != nil {
+		return err
+	}
+	*l = v
+	return nil
+}
