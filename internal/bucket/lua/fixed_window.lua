@@ -30,54 +30,41 @@
 -- over a compact key) (previous).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
-  -- get returns the key's compact string, or its hash's w and n (HMGET's reply), or false
-  -- for no key. It asks first for the configured layout's type (a second call, after a
-  -- WRONGTYPE error, only for a key of the other).
-  local function get(key)
-    if COMPACT then
-      local s = redis.pcall('GET', key)
-      if type(s) ~= 'table' then
-        return s
-      end
-      return nil, redis.call('HMGET', key, 'w', 'n')
-    end
-    local v = redis.pcall('HMGET', key, 'w', 'n')
-    if v.err then
-      return redis.call('GET', key)
-    end
-    return nil, v
-  end
-
-  -- read returns the stored window id (nil for none), its count and what holds them: 'h' the
-  -- previous layout's hash, 's' a compact string, false nothing.
-  local function read(key, W, wid)
-    local s, h = get(key)
-    if h then
-      return tonumber(h[1]), tonumber(h[2]) or 0, 'h'
-    end
-    if not s then
-      return nil, 0, false
-    end
-    local v = tonumber(s) or 0
-    local r = v % 8
-    local n = (v - r) / 8
-    if r == wid % 8 then
-      return wid, n, 's'
-    end
-    local e = redis.call('PEXPIRETIME', key)
-    if e < 0 then -- no expiry: never written so; keep the count
-      return wid, n, 's'
-    end
-    return floor(e * 1000 / W) - 1, n, 's'
-  end
-
   -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
   -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
-  -- window, false nothing.
+  -- window, false nothing. (All inline, also in refund: a helper's closure costs every check.)
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
-    local sw, n, held = read(key, W, wid)
+    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error, only
+    -- for a key of the other.
+    local s, h
+    if COMPACT then
+      s = redis.pcall('GET', key)
+      if type(s) == 'table' then
+        s, h = nil, redis.call('HMGET', key, 'w', 'n')
+      end
+    else
+      h = redis.pcall('HMGET', key, 'w', 'n')
+      if h.err then
+        s, h = redis.call('GET', key), nil
+      end
+    end
+    -- sw: the stored window id (nil for none), n its count, held what holds them.
+    local sw, n, held = nil, 0, false
+    if h then
+      sw, n, held = tonumber(h[1]), tonumber(h[2]) or 0, 'h'
+    elseif s then
+      local v = tonumber(s) or 0
+      local r = v % 8
+      sw, n, held = wid, (v - r) / 8, 's'
+      if r ~= wid % 8 then
+        local e = redis.call('PEXPIRETIME', key)
+        if e >= 0 then -- else no expiry, never written so: keep the count
+          sw = floor(e * 1000 / W) - 1
+        end
+      end
+    end
     if sw and sw >= wid then
       if sw > wid then
         wid = sw
@@ -122,7 +109,18 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if MODE == '2' then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
-      local s, h = get(key)
+      local s, h
+      if COMPACT then
+        s = redis.pcall('GET', key)
+        if type(s) == 'table' then
+          s, h = nil, redis.call('HMGET', key, 'w', 'n')
+        end
+      else
+        h = redis.pcall('HMGET', key, 'w', 'n')
+        if h.err then
+          s, h = redis.call('GET', key), nil
+        end
+      end
       if h then
         if tonumber(h[1]) ~= cw then
           return
