@@ -42,12 +42,6 @@ var checkScripts = func() (s [layouts]*script) {
 	return s
 }()
 
-// checkSource and checkScript are the script of the default layout, LayoutPrevious.
-var (
-	checkSource = checkScripts[LayoutPrevious].src.(string)
-	checkScript = checkScripts[LayoutPrevious].Script
-)
-
 func mustConcat() string {
 	var b strings.Builder
 	for _, name := range luaOrder() {
