@@ -59,6 +59,11 @@ type Config struct {
 	// queueing every check into RedisTimeout. 0 means DefaultMaxInFlight; negative means no
 	// bound.
 	MaxInFlight int
+	// CompactBuckets writes the buckets in Redis in the compact layout, which takes less memory
+	// but which a checker of a version before layouts cannot read; false writes the previous
+	// layout, for a rolling upgrade from such a version. Either reads both
+	// (docs/architecture.md, "Bucket state in Redis").
+	CompactBuckets bool
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
 	// Decisions receives every decision (nil: decisions are not published).
@@ -152,7 +157,8 @@ func New(cfg Config) *Engine {
 		// starved of CPU by a burst reads its replies late, its checks are decided by fail
 		// mode, but Redis did not fail and the circuit stays closed.
 		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{
-			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log})
+			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log,
+			Layout: bucketLayout(cfg.CompactBuckets)})
 		store = e.ownStore
 	}
 	e.store.use(store, cfg.store == nil)
@@ -160,6 +166,14 @@ func New(cfg Config) *Engine {
 		e.rules.Store(cfg.Rules)
 	}
 	return e
+}
+
+// bucketLayout is the bucket.Layout of Config.CompactBuckets.
+func bucketLayout(compact bool) bucket.Layout {
+	if compact {
+		return bucket.LayoutCompact
+	}
+	return bucket.LayoutPrevious
 }
 
 // DefaultMaxInFlight is Config.MaxInFlight's default. It is above what a checker answers

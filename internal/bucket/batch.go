@@ -35,6 +35,9 @@ type StoreConfig struct {
 	// caller's cancellation or time spent queued in this process. It is called from the
 	// batching goroutines and must not block.
 	OnRoundTrip func(err error)
+	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
+	// default (and what an unknown value means), or LayoutCompact. Both read every layout.
+	Layout Layout
 	// Logger receives what a Check cannot return: a refund that failed after the Check had
 	// already returned its error. Nil means no log.
 	Logger *slog.Logger
@@ -58,6 +61,9 @@ func (c StoreConfig) withDefaults() StoreConfig {
 	if c.BatchTimeout <= 0 {
 		c.BatchTimeout = defaultBatchTimeout
 	}
+	if c.Layout >= layouts {
+		c.Layout = LayoutPrevious
+	}
 	return c
 }
 
@@ -78,7 +84,9 @@ type batcher struct {
 	start sync.Once
 	stop  sync.Once
 	loops sync.WaitGroup
-	// alone is set once Redis refused the batch script (unsupported): every call goes alone.
+	// batch is the batch script of the Store's layout; alone is set once Redis refused it
+	// (unsupported): every call then goes alone.
+	batch *script
 	alone atomic.Bool
 }
 
@@ -89,6 +97,7 @@ func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
 		cfg:   cfg,
 		queue: make(chan *job, max(queueLen, 2*cfg.Loops*cfg.MaxBatch)),
 		quit:  make(chan struct{}),
+		batch: batchScripts[cfg.Layout],
 	}
 }
 
@@ -115,11 +124,12 @@ const (
 // *int64), which go-redis writes like the values themselves, so building a call allocates
 // nothing once a pooled job has grown to size.
 type job struct {
-	ctx   context.Context
-	calls []call
-	err   error // the outcome instead of the replies: the caller's context ended first
-	state atomic.Uint32
-	done  chan struct{} // one signal per run, when state becomes jobDone
+	ctx    context.Context
+	script *script // the Store's: its layout's
+	calls  []call
+	err    error // the outcome instead of the replies: the caller's context ended first
+	state  atomic.Uint32
+	done   chan struct{} // one signal per run, when state becomes jobDone
 
 	strs []string
 	nums []int64
@@ -163,11 +173,12 @@ func getJob() *job { return jobPool.Get().(*job) }
 // alive) and returns it to the pool.
 func putJob(j *job) {
 	j.reset()
+	j.script = nil
 	j.state.Store(jobIdle)
 	jobPool.Put(j)
 }
 
-// reset empties j for new calls.
+// reset empties j for new calls of the same Store (it keeps j.script).
 func (j *job) reset() {
 	j.ctx, j.err = nil, nil
 	clear(j.calls)
@@ -212,8 +223,6 @@ func (j *job) num(n int64) *int64 {
 var (
 	argEvalSha any = "evalsha"
 	argEval    any = "eval"
-	argSha     any = checkScript.Hash()
-	argSource  any = checkSource
 )
 
 // do queues j and waits for its replies. On an error (ctx ended, store closed) j is no
@@ -423,7 +432,7 @@ func (b *batcher) send(ctx context.Context, pipe redis.Pipeliner, g *group, batc
 		_, _ = pipe.Exec(ctx) // errors are per command
 		return
 	}
-	g.build(ctx, false)
+	g.build(ctx, b.batch, false)
 	_ = pipe.Process(ctx, scriptCmd{g.cmd})
 	_, _ = pipe.Exec(ctx)
 	b.settle(ctx, pipe, g)
@@ -436,7 +445,7 @@ func (b *batcher) settle(ctx context.Context, pipe redis.Pipeliner, g *group) {
 	err := g.cmd.Err()
 	switch {
 	case isNoScript(err):
-		g.build(ctx, true)
+		g.build(ctx, b.batch, true)
 		_ = pipe.Process(ctx, scriptCmd{g.cmd})
 		_, _ = pipe.Exec(ctx)
 	case unsupported(err):
@@ -464,7 +473,7 @@ func (b *batcher) resend(ctx context.Context, pipe redis.Pipeliner, batch []*job
 			case isNoScript(err):
 				args := make([]any, len(c.args))
 				copy(args, c.args)
-				args[0], args[1] = argEval, argSource
+				args[0], args[1] = argEval, j.script.src
 				c.args = args
 			case !isTryAgain(err) && !isRedirect(err):
 				continue

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,7 @@ func scriptCalls(cmd redis.Cmder) int {
 		return 0
 	}
 	args := cmd.Args()
-	if len(args) > 3 && (args[1] == batchScript.Hash() || args[1] == batchSource) {
+	if len(args) > 3 && slices.ContainsFunc(batchScripts[:], func(s *script) bool { return args[1] == s.sha || args[1] == s.src }) {
 		if m, ok := args[3].(int64); ok {
 			return int(m)
 		}
@@ -150,7 +151,7 @@ func TestStoreBatchPerServer(t *testing.T) {
 	} else {
 		c.AddHook(count("server"))
 	}
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
 	t.Cleanup(func() { s.Close() })
 	if err := s.LoadScript(ctxT(t)); err != nil { // so that no call meets NOSCRIPT and is sent again
 		t.Fatal(err)
@@ -350,7 +351,7 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 			t.Errorf("%s: used %d after %d checks, want exactly %d", l.Algorithm, got, charged.Load(), charged.Load())
 		}
 	}
-	if ok := c.ScriptExists(ctxT(t), checkScript.Hash()).Val(); len(ok) != 1 || !ok[0] {
+	if ok := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Val(); len(ok) != 1 || !ok[0] {
 		t.Errorf("script not cached after the load")
 	}
 }
@@ -543,7 +544,7 @@ func TestStoreUnreachable(t *testing.T) {
 	ln.Close()
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
 	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

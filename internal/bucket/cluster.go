@@ -77,7 +77,7 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 	for _, mp := range m.pipes {
 		switch g := &mp.group; {
 		case len(g.calls) >= minGroup:
-			g.build(ctx, false)
+			g.build(ctx, m.b.batch, false)
 			_ = mp.pipe.Process(ctx, scriptCmd{g.cmd})
 			mp.calls++
 		case len(g.calls) == 1:

@@ -29,12 +29,6 @@ type group struct {
 // batch script's unpacking and keeps its reply as it is.
 const minGroup = 2
 
-// Constant arguments of the batch script, boxed once.
-var (
-	argBatchSha    any = batchScript.Hash()
-	argBatchSource any = batchSource
-)
-
 // reset empties g for a new batch.
 func (g *group) reset() {
 	clear(g.calls)
@@ -42,17 +36,17 @@ func (g *group) reset() {
 	g.cmd = nil
 }
 
-// build sets g's command (EVALSHA of the batch script, or EVAL, which also caches it) and a
+// build sets g's command (EVALSHA of the batch script bs, or EVAL, which also caches it) and a
 // fresh command per call, on which distribute sets the call's reply. The calls' own arguments
 // (addCall's, after EVALSHA, the SHA and numkeys) are passed as they are, behind their key and
 // argument counts.
-func (g *group) build(ctx context.Context, eval bool) {
+func (g *group) build(ctx context.Context, bs *script, eval bool) {
 	clear(g.args)
 	g.args = g.args[:0]
 	if eval {
-		g.args = append(g.args, argEval, argBatchSource)
+		g.args = append(g.args, argEval, bs.src)
 	} else {
-		g.args = append(g.args, argEvalSha, argBatchSha)
+		g.args = append(g.args, argEvalSha, bs.sha)
 	}
 	// Boxing an int64 below 256 allocates nothing: the counts of a call never do.
 	g.args = append(g.args, argZero, int64(len(g.calls)))

@@ -14,7 +14,7 @@ import (
 // returns the job for its calls' replies.
 func runJob(t *testing.T, s *Store, reqs []Request) *job {
 	t.Helper()
-	j := getJob()
+	j := s.getJob()
 	nstrs, nnums, nargs := 0, 0, 0
 	for i := range reqs {
 		nstrs, nnums, nargs = growFor(&reqs[i], nstrs, nnums, nargs)
@@ -100,7 +100,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := c.Eval(ctx, batchSource, nil, tt.args...).Err()
+			err := c.Eval(ctx, batchScripts[testLayout].src.(string), nil, tt.args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "malformed batch") {
 				t.Errorf("got %v, want the malformed batch error", err)
 			}
@@ -110,7 +110,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 		t.Errorf("got %d keys (%v), want none: a malformed batch runs no call", n, err)
 	}
 	// The well-formed batch runs.
-	arr, err := c.Eval(ctx, batchSource, nil, append([]any{1}, call...)...).Slice()
+	arr, err := c.Eval(ctx, batchScripts[testLayout].src.(string), nil, append([]any{1}, call...)...).Slice()
 	if err != nil || len(arr) != 1+replyHead+replyPerLimit || arr[0] != int64(9) || arr[1] != int64(1) {
 		t.Errorf("well-formed batch: got %v, %v; want 9 entries, allowed", arr, err)
 	}
@@ -144,7 +144,7 @@ func TestGroupElsewhere(t *testing.T) {
 		}
 	}
 	reqs := []Request{one(lim(here, GCRA, 10, long, 0), 1), one(lim(there, GCRA, 10, long, 0), 1)}
-	j := getJob()
+	j := s.getJob()
 	defer putJob(j)
 	j.reserve(2, 16, 16, 64)
 	for i := range reqs {
@@ -152,7 +152,7 @@ func TestGroupElsewhere(t *testing.T) {
 	}
 	g := &group{calls: []*call{&j.calls[0], &j.calls[1]}}
 	pipe := node.Pipeline()
-	g.build(ctx, false)
+	g.build(ctx, s.b.batch, false)
 	_ = pipe.Process(ctx, scriptCmd{g.cmd})
 	_, _ = pipe.Exec(ctx)
 	s.b.settle(ctx, pipe, g)

@@ -21,7 +21,20 @@ import (
 // on one (redistest.TopologyEnv); tests isolate themselves by key prefix.
 var srv *redistest.Shared
 
+// testLayout is the Layout of the Stores the tests build (newStore, ownStore, and others
+// through storeConfig): QUOTAFLOW_TEST_LAYOUT, "previous" (the default) or "compact", so that the
+// whole suite runs on either.
+var testLayout Layout
+
 func TestMain(m *testing.M) {
+	if v := os.Getenv("QUOTAFLOW_TEST_LAYOUT"); v != "" {
+		l, err := ParseLayout(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bucket: QUOTAFLOW_TEST_LAYOUT: %v\n", err)
+			os.Exit(2)
+		}
+		testLayout = l
+	}
 	code := redistest.MainShared(m, &srv)
 	if n := proctest.Goroutines(batchLoop); code == 0 && n > 0 {
 		// Close waits for the loops: any left belong to a Store its test never closed.
@@ -46,7 +59,7 @@ func client(t testing.TB) redis.UniversalClient {
 
 func newStore(t testing.TB) (*Store, redis.UniversalClient) {
 	c := client(t)
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
 	t.Cleanup(func() { s.Close() })
 	return s, c
 }
@@ -157,7 +170,15 @@ func ownStore(t *testing.T, cfg StoreConfig) (*redistest.Server, *redis.Client, 
 	t.Cleanup(own.Close)
 	c := own.Client(0)
 	t.Cleanup(func() { c.Close() })
-	s := NewStoreWithConfig(c, cfg)
+	s := NewStoreWithConfig(c, storeConfig(cfg))
 	t.Cleanup(func() { s.Close() })
 	return own, c, s
+}
+
+// storeConfig is cfg with the tests' layout (testLayout) unless cfg names one.
+func storeConfig(cfg StoreConfig) StoreConfig {
+	if cfg.Layout == LayoutPrevious {
+		cfg.Layout = testLayout
+	}
+	return cfg
 }

@@ -15,7 +15,8 @@ import (
 // BenchmarkRedisMemoryPerKey measures Redis memory per bucket for each algorithm: it fills an
 // empty database with QUOTAFLOW_MEMBENCH_KEYS buckets (default 1,000,000) of one limit each,
 // keyed as the checker keys them, and divides the growth of INFO memory's used_memory by the
-// number of keys. It ignores b.N: run it once, with -benchtime=1x.
+// number of keys, once per Layout (StoreConfig.Layout; sub-benchmarks <algorithm>/<layout>).
+// It ignores b.N: run it once, with -benchtime=1x.
 //
 //	go test -run='^$' -bench=RedisMemoryPerKey -benchtime=1x -timeout=30m ./internal/bucket/
 func BenchmarkRedisMemoryPerKey(b *testing.B) {
@@ -24,37 +25,43 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 		keys = v
 	}
 	for _, a := range allAlgorithms {
-		b.Run(a.String(), func(b *testing.B) {
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 63, ContextTimeoutEnabled: true})
-			defer rdb.Close()
-			ctx := context.Background()
-			if err := rdb.FlushDB(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-			defer rdb.FlushDB(ctx)
-			s := NewStore(rdb)
-			defer s.Close()
-			before := usedMemory(b, rdb)
-			const perCall = 1000
-			reqs := make([]Request, perCall)
-			for done := 0; done < keys; done += perCall {
-				for i := range reqs {
-					// Long windows: no key expires while the database fills.
-					key := "rl:{user:" + strconv.Itoa(done+i) + "}:" + a.Code() + ":1d:/api/*"
-					reqs[i] = Request{Cost: 1, Limits: []Limit{{Key: key, Algorithm: a, Limit: 1000, Window: 24 * time.Hour}}}
-				}
-				if _, err := s.Check(ctx, reqs); err != nil {
-					b.Fatal(err)
-				}
-			}
-			n, err := rdb.DBSize(ctx).Result()
-			if err != nil || n != int64(keys) {
-				b.Fatalf("database holds %d keys (%v), want %d", n, err, keys)
-			}
-			b.ReportMetric(float64(usedMemory(b, rdb)-before)/float64(keys), "bytes/key")
-			b.ReportMetric(float64(keys), "keys")
-		})
+		for l := range layouts {
+			b.Run(a.String()+"/"+l.String(), func(b *testing.B) { memoryPerKey(b, a, l, keys) })
+		}
 	}
+}
+
+// memoryPerKey fills DB 63 with keys buckets of algorithm a written in layout l and reports the
+// growth of used_memory per key.
+func memoryPerKey(b *testing.B, a Algorithm, l Layout, keys int) {
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 63, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	defer rdb.FlushDB(ctx)
+	s := NewStoreWithConfig(rdb, StoreConfig{Layout: l})
+	defer s.Close()
+	before := usedMemory(b, rdb)
+	const perCall = 1000
+	reqs := make([]Request, perCall)
+	for done := 0; done < keys; done += perCall {
+		for i := range reqs {
+			// Long windows: no key expires while the database fills.
+			key := "rl:{user:" + strconv.Itoa(done+i) + "}:" + a.Code() + ":1d:/api/*"
+			reqs[i] = Request{Cost: 1, Limits: []Limit{{Key: key, Algorithm: a, Limit: 1000, Window: 24 * time.Hour}}}
+		}
+		if _, err := s.Check(ctx, reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	n, err := rdb.DBSize(ctx).Result()
+	if err != nil || n != int64(keys) {
+		b.Fatalf("database holds %d keys (%v), want %d", n, err, keys)
+	}
+	b.ReportMetric(float64(usedMemory(b, rdb)-before)/float64(keys), "bytes/key")
+	b.ReportMetric(float64(keys), "keys")
 }
 
 // usedMemory is redistest.UsedMemory, failing b on an error.

@@ -44,7 +44,7 @@ func TestStoreNoScript(t *testing.T) {
 		}
 		// On a cluster the fallback caches it on the master that ran it.
 		for _, i := range idx {
-			ok := serverOf(t, c, limits[i].Key).ScriptExists(ctx, checkScript.Hash(), batchScript.Hash()).Val()
+			ok := serverOf(t, c, limits[i].Key).ScriptExists(ctx, checkScripts[testLayout].Hash(), batchScripts[testLayout].Hash()).Val()
 			if len(ok) != 2 || !ok[0] && !ok[1] || len(idx) == 1 && !ok[0] {
 				t.Errorf("round %d limit %d: check and batch scripts cached: got %v, want one (the check script for a lone call)", round, i, ok)
 			}
@@ -90,13 +90,13 @@ func TestStoreRedisDown(t *testing.T) {
 	if err := s.Ping(ctxT(t)); err != nil {
 		t.Fatalf("Ping after restart: %v", err)
 	}
-	if cached, _ := c.ScriptExists(ctxT(t), checkScript.Hash()).Result(); len(cached) != 1 || cached[0] {
+	if cached, _ := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Result(); len(cached) != 1 || cached[0] {
 		t.Fatalf("script cached right after the restart: %v, want not cached", cached)
 	}
 	if err := s.LoadScript(ctxT(t)); err != nil {
 		t.Fatalf("LoadScript after restart: %v", err)
 	}
-	if cached, _ := c.ScriptExists(ctxT(t), checkScript.Hash()).Result(); len(cached) != 1 || !cached[0] {
+	if cached, _ := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Result(); len(cached) != 1 || !cached[0] {
 		t.Errorf("script cached after LoadScript: %v, want cached", cached)
 	}
 	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil { // Check must still cope with NOSCRIPT
@@ -160,7 +160,7 @@ func TestStoreExactUnderConcurrency(t *testing.T) {
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for i := range calls {
-				s := NewStore(rdbs[i%clients])
+				s := NewStoreWithConfig(rdbs[i%clients], storeConfig(StoreConfig{}))
 				wg.Go(func() {
 					defer s.Close()
 					<-start

@@ -3,6 +3,7 @@ package bucket
 import (
 	"embed"
 	"errors"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -24,29 +25,38 @@ func luaOrder(driver string) []string {
 	return append(order, "call.lua", driver)
 }
 
-// The first lines of the two scripts. The batch script's shebang (Redis 7.0 and later) lets
-// one run touch keys of several cluster slots, all on the node it runs on (lua/batch.lua);
-// the check script keeps the defaults of a script without one.
+// script is the check or batch script of one Layout, with its SHA1 and source boxed once as
+// go-redis arguments (boxing a string into an interface allocates).
+type script struct {
+	*redis.Script
+	sha, src any
+}
+
+// The first lines of the scripts. The batch script's shebang (Redis 7.0 and later; it must be
+// the script's first line) lets one run touch keys of several cluster slots, all on the node it
+// runs on (lua/batch.lua); the check script keeps the defaults of a script without one. Then
+// the chunk-level constants: BATCH, which driver runs (need.lua), and COMPACT, the layout the
+// algorithm modules with two layouts write.
 const (
 	checkHead = "local BATCH = false\n"
 	batchHead = "#!lua flags=allow-cross-slot-keys\nlocal BATCH = true\n"
 )
 
-// checkSource is the script of one call; see lua/call.lua for its contract.
-var checkSource = mustConcat(checkHead, "check.lua")
+// checkScripts and batchScripts hold, per Layout, the script of one call (lua/call.lua gives
+// its contract) and the script of many calls in one run (lua/batch.lua).
+var checkScripts, batchScripts = scriptsOf(checkHead, "check.lua"), scriptsOf(batchHead, "batch.lua")
 
-// batchSource is the script of many calls in one run; see lua/batch.lua.
-var batchSource = mustConcat(batchHead, "batch.lua")
+func scriptsOf(head, driver string) (s [layouts]*script) {
+	for l := range layouts {
+		src := head + "local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" + mustConcat(driver)
+		s[l] = &script{Script: redis.NewScript(src), src: src}
+		s[l].sha = s[l].Hash()
+	}
+	return s
+}
 
-// checkScript and batchScript carry the sources and their SHA1s for EVALSHA.
-var (
-	checkScript = redis.NewScript(checkSource)
-	batchScript = redis.NewScript(batchSource)
-)
-
-func mustConcat(head, driver string) string {
+func mustConcat(driver string) string {
 	var b strings.Builder
-	b.WriteString(head)
 	for _, name := range luaOrder(driver) {
 		src, err := luaFiles.ReadFile("lua/" + name)
 		if err != nil {

@@ -40,7 +40,7 @@ func TestStoreSlidingLogCost(t *testing.T) {
 func refundNow(t *testing.T, s *Store, req Request, res Result) Result {
 	t.Helper()
 	results := []Result{res}
-	j := refundJob(getJob(), []Request{req}, results, []int{0}, -1)
+	j := refundJob(s.getJob(), []Request{req}, results, []int{0}, -1)
 	if err := s.refund(ctxT(t), j, results, []int{0}); err != nil {
 		t.Fatalf("refund: %v", err)
 	}

@@ -23,8 +23,9 @@ import (
 // more calls to arrive. The calls of one Check always travel in one pipeline. The goroutines
 // start with the first Check and stop on Close: a Store must be closed by its owner.
 type Store struct {
-	rdb redis.UniversalClient
-	b   *batcher
+	rdb    redis.UniversalClient
+	b      *batcher
+	script *script // the check script of StoreConfig.Layout
 }
 
 // NewStore returns a Store using rdb with the default StoreConfig. The script is loaded
@@ -37,7 +38,8 @@ func NewStore(rdb redis.UniversalClient) *Store {
 // defaults). With a Cluster client each pipeline is split by go-redis per node; every
 // request's keys are in one slot.
 func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
-	return &Store{rdb: rdb, b: newBatcher(rdb, cfg)}
+	b := newBatcher(rdb, cfg)
+	return &Store{rdb: rdb, b: b, script: checkScripts[b.cfg.Layout]}
 }
 
 // Close stops the Store's batching goroutines and returns once they have, which may take a
@@ -47,6 +49,13 @@ func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
 func (s *Store) Close() error {
 	s.b.close()
 	return nil
+}
+
+// getJob returns a pooled job for calls of s's script.
+func (s *Store) getJob() *job {
+	j := getJob()
+	j.script = s.script
+	return j
 }
 
 // Script modes (ARGV[3]; lua/call.lua).
@@ -146,7 +155,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		written, recMode = rec, modeCharge
 	}
 
-	j := getJob()
+	j := s.getJob()
 	j.reserve(len(reqs), nstrs, nnums, nargs)
 	for i := range reqs {
 		mode := modeCharge
@@ -274,7 +283,7 @@ func replayed(reqs []Request, results []Result, replay bool) []Result {
 func (s *Store) writeRecord(ctx context.Context, r *Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.b.cfg.BatchTimeout)
 	defer cancel()
-	j := getJob()
+	j := s.getJob()
 	j.reserve(1, 2, 0, 9)
 	j.addRecord(r.IdempotencyKey, r.Fingerprint)
 	err := s.b.do(ctx, j)
@@ -413,7 +422,7 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 	if idem {
 		nk++
 	}
-	j.args = append(j.args, argEvalSha, argSha, j.num(int64(nk)))
+	j.args = append(j.args, argEvalSha, j.script.sha, j.num(int64(nk)))
 	for i := range r.Limits {
 		j.args = append(j.args, j.str(r.Limits[i].Key))
 	}
@@ -450,7 +459,7 @@ func (j *job) addRecord(key, fp string) {
 	if fp != "" {
 		arg5 = j.str(fp)
 	}
-	j.args = append(j.args, argEvalSha, argSha, argOne, j.str(key), argZero, argOne, argModes[modeRecord], argIdemTTL, arg5)
+	j.args = append(j.args, argEvalSha, j.script.sha, argOne, j.str(key), argZero, argOne, argModes[modeRecord], argIdemTTL, arg5)
 	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: 1})
 }
 
@@ -563,10 +572,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // compile. It also tells whether Redis answers. A Redis that refuses the batch script (before
 // 7.0) is no error: every check is then sent as its own script call.
 func (s *Store) LoadScript(ctx context.Context) error {
-	if err := checkScript.Load(ctx, s.rdb).Err(); err != nil {
+	if err := s.script.Load(ctx, s.rdb).Err(); err != nil {
 		return fmt.Errorf("bucket: load script: %w", err)
 	}
-	if err := batchScript.Load(ctx, s.rdb).Err(); err != nil {
+	if err := s.b.batch.Load(ctx, s.rdb).Err(); err != nil {
 		if !unsupported(err) {
 			return fmt.Errorf("bucket: load batch script: %w", err)
 		}

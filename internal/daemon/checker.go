@@ -21,6 +21,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
@@ -54,6 +55,9 @@ type CheckerConfig struct {
 	// their rules' fail modes (checker.Config's: 0 means checker.DefaultMaxInFlight, negative
 	// no bound).
 	MaxInFlight int
+	// BucketLayout is how the buckets are written in Redis: bucket.LayoutCompact sets
+	// checker.Config.CompactBuckets.
+	BucketLayout bucket.Layout
 	// InstanceID names the checker in decision ids and events, e.g. the pod name; a random
 	// suffix keeps each start unique (decision ids repeated after a restart would be dropped by
 	// the stream as duplicates).
@@ -242,7 +246,7 @@ func drain(pub *publisher.Client, timeout time.Duration) error {
 // serve builds the engine and the ports and starts serving them.
 func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
-	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, Logger: log, InstanceID: tel.Instance,
+	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, CompactBuckets: cfg.BucketLayout == bucket.LayoutCompact, Logger: log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
 		Rules: s.set}
 	if s.pub != nil {

@@ -1,47 +1,104 @@
 -- fixed_window (code 3): at most L units per window; windows are aligned to the Unix epoch,
 -- wid = floor(now / W).
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '3', L, W, B ignored, token
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '3', L, W, B ignored, token
 -- unused).
--- State: hash {w = window id, n = count}. A stored w other than the current window means a
--- count of 0; a stored w ahead of the clock (the clock stepped back) is kept as current.
+-- State, in one of two layouts; every version since the compact one reads both, and a write
+-- uses the configured one (COMPACT, --bucket-layout; layout.go), converting the key:
+--   previous: hash {w = window id, n = count} (the only layout before; HMGET on the string
+--             of the compact layout fails, so a version that knows only this one must not run
+--             alongside compact writers).
+--   compact:  string "<n * 8 + wid % 8>", an integer, which Redis keeps in the key's object
+--             (no allocation at all below 10,000 when no maxmemory LRU/LFU policy is set,
+--             else 16 bytes) instead of a 32-48 byte hash. The key expires at the end of its
+--             window (PXAT), so a key that exists holds the current window, or one ahead of
+--             the clock: the low bits tell them apart, and when they differ from the current
+--             window's the expiry names the window exactly, (wid + 1) * W = PEXPIRETIME * 1000
+--             rounded up to a ms (unique for W >= 1 ms: shorter windows keep the previous
+--             layout). A key 8k windows ahead reads as the current window: it keeps its count,
+--             which errs towards denying. n * 8 stays below 2^53 (n <= L <= 2^50).
+-- A stored window other than the current one means a count of 0, except a stored window
+-- ahead of the clock (the clock stepped back), kept as current.
 -- Allowed when n + cost <= L. used = n, remaining = L - n.
 -- reset = (wid + 1) * W. Denied: retry = reset - now.
--- TTL: PEXPIREAT the end of the window, set when the window is first written: a charge in
--- the window already stored only updates n.
--- Refund: n -= cost when the charge's window (from charge_now) is still the stored one.
--- Commands: HMGET, and on commit HSET (+ PEXPIREAT for a new window).
+-- TTL: the end of the window, set when the window is first written: a charge in the window
+-- already stored only updates n (compact: SET KEEPTTL).
+-- Refund: n -= cost when the charge's window (from charge_now) is still the stored one
+-- (compact: read from the expiry, as the low bits could match a window 8 later).
+-- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
+-- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first
+-- over a compact key) (previous).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
-  -- eval: s1 = window id, or false when it is the stored one; s2 = count after consumption.
+  -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
+  -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
+  -- window, false nothing. (All inline, also in refund: a helper's closure costs every check.)
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
-    local v = redis.call('HMGET', key, 'w', 'n')
-    local sw = tonumber(v[1])
-    local n = 0
-    local same = false
+    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error, only
+    -- for a key of the other.
+    local s, h
+    if COMPACT then
+      s = redis.pcall('GET', key)
+      if type(s) == 'table' then
+        s, h = nil, redis.call('HMGET', key, 'w', 'n')
+      end
+    else
+      h = redis.pcall('HMGET', key, 'w', 'n')
+      if h.err then
+        s, h = redis.call('GET', key), nil
+      end
+    end
+    -- sw: the stored window id (nil for none), n its count, held what holds them.
+    local sw, n, held = nil, 0, false
+    if h then
+      sw, n, held = tonumber(h[1]), tonumber(h[2]) or 0, 'h'
+    elseif s then
+      local v = tonumber(s) or 0
+      local r = v % 8
+      sw, n, held = wid, (v - r) / 8, 's'
+      if r ~= wid % 8 then
+        local e = redis.call('PEXPIRETIME', key)
+        if e >= 0 then -- else no expiry, never written so: keep the count
+          sw = floor(e * 1000 / W) - 1
+        end
+      end
+    end
     if sw and sw >= wid then
-      n = tonumber(v[2]) or 0
-      same = true
       if sw > wid then
         wid = sw
         t = sw * W
       end
+    else
+      n = 0
+      held = held == 's' and 'x'
     end
     local reset = (wid + 1) * W
     if n + cost <= L then
       local after = n + cost
-      return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, not same and wid, after
+      return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, wid, after, held
     end
     return false, n, nonneg(L - n), reset, reset - t
   end
 
   if MODE ~= '1' then
-    function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after)
-      if not wid then
+    function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after, held)
+      if COMPACT and W >= 1000 then
+        local v = us(after * 8 + wid % 8)
+        if held == 's' then
+          redis.call('SET', key, v, 'KEEPTTL')
+        else
+          redis.call('SET', key, v, 'PXAT', us(ceil((wid + 1) * W / 1000)))
+        end
+        return ''
+      end
+      if held == 'h' then
         redis.call('HSET', key, 'n', us(after))
         return ''
+      end
+      if held then -- a compact string, which HSET cannot write over
+        redis.call('DEL', key)
       end
       redis.call('HSET', key, 'w', us(wid), 'n', us(after))
       redis.call('PEXPIREAT', key, us(ceil((wid + 1) * W / 1000)))
@@ -52,11 +109,34 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if MODE == '2' then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
-      local v = redis.call('HMGET', key, 'w', 'n')
-      if tonumber(v[1]) ~= cw then
+      local s, h
+      if COMPACT then
+        s = redis.pcall('GET', key)
+        if type(s) == 'table' then
+          s, h = nil, redis.call('HMGET', key, 'w', 'n')
+        end
+      else
+        h = redis.pcall('HMGET', key, 'w', 'n')
+        if h.err then
+          s, h = redis.call('GET', key), nil
+        end
+      end
+      if h then
+        if tonumber(h[1]) ~= cw then
+          return
+        end
+        redis.call('HSET', key, 'n', us(nonneg((tonumber(h[2]) or 0) - cost)))
         return
       end
-      redis.call('HSET', key, 'n', us(nonneg((tonumber(v[2]) or 0) - cost)))
+      if not s then
+        return
+      end
+      if floor(redis.call('PEXPIRETIME', key) * 1000 / W) - 1 ~= cw then
+        return
+      end
+      local v = tonumber(s) or 0
+      local r = v % 8
+      redis.call('SET', key, us(nonneg((v - r) / 8 - cost) * 8 + r), 'KEEPTTL')
     end
   end
 end

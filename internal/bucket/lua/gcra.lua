@@ -1,10 +1,14 @@
 -- gcra (code 6): the generic cell rate algorithm. T = W / L (emission interval), tau = B * T.
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '6', L, W, B, token unused).
--- State: string key holding the theoretical arrival time TAT in µs, written as
--- "<integer µs>.<9 fraction digits>": T is rarely an integer and a double near 1.7e15 has only
--- 0.25 µs of resolution, so the fraction is kept apart and all arithmetic is done on
--- diff = TAT - now, a small number. A missing key means TAT = now.
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '6', L, W, B, token unused).
+-- State: string key holding the theoretical arrival time TAT in µs: "<integer µs>" when TAT is
+-- a whole µs (when T is: W a multiple of L µs, as for 1000 per day), which Redis keeps as an
+-- integer in the key's object (16 bytes instead of a 48-byte string); else
+-- "<integer µs>.<9 fraction digits>": a double near 1.7e15 has only 0.25 µs of resolution, so
+-- the fraction is kept apart and all arithmetic is done on diff = TAT - now, a small number.
+-- Every version reads both forms (the previous one wrote only the second, with ".000000000"
+-- for a whole µs), so the integer form needs no --bucket-layout switch. A missing key means
+-- TAT = now.
 -- tat = max(TAT, now), new_tat = tat + cost * T. Allowed when new_tat - now <= tau.
 -- remaining = floor((tau - (tat - now)) / T), after consumption when allowed; used = B - remaining.
 -- Denied: retry = new_tat - now - tau. reset = new_tat (tat when denied).
@@ -54,7 +58,13 @@ if NEED_1 == '6' or NEED and NEED['6'] then
         ip = ip + 1
         f9 = 0
       end
-      redis.call('SET', key, format('%d.%09d', now + ip, f9), 'PX', ttl_ms(diff))
+      local v
+      if f9 == 0 then
+        v = format('%d', now + ip)
+      else
+        v = format('%d.%09d', now + ip, f9)
+      end
+      redis.call('SET', key, v, 'PX', ttl_ms(diff))
       return ''
     end
   end

@@ -1,6 +1,6 @@
 -- leaky_bucket (code 2), as a meter: a level that leaks L units per W µs, holding at most B.
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '2', L, W, B, token unused).
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '2', L, W, B, token unused).
 -- State: hash {lv = level (float), ts = µs of the last update}. A missing key is empty.
 -- Allowed when level + cost <= B. used = ceil(level), remaining = floor(B - level).
 -- Denied: retry = ceil((level + cost - B) * W / L). reset = when the level reaches 0.

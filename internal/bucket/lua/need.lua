@@ -2,7 +2,7 @@
 -- validated. call.lua and batch.lua validate; a malformed argument here only builds a module
 -- too many or too few, and a limit whose module is missing is reported as malformed.
 --
--- BATCH is the first line of the script, set by Store (scripts.go): false for check.lua's one
+-- BATCH is set by the first lines of the script (scripts.go): false for check.lua's one
 -- call, true for batch.lua's many.
 --
 -- NEED_1 is the algorithm code of the first limit of a single call; NEED holds the codes of the

@@ -12,7 +12,7 @@
 -- what it builds is paid per check: every closure, every table, every string. Each algorithm
 -- file therefore builds its functions only when a limit of this call uses it
 -- (NEED_1 == code or NEED and NEED[code], code = the bucket.Algorithm value as a string),
--- into chunk-level locals <alg>_eval, <alg>_commit and <alg>_refund that check.lua
+-- into chunk-level locals <alg>_eval, <alg>_commit and <alg>_refund that call.lua
 -- dispatches on; a module is no table and its results are no table either:
 --   eval(key, L, W, B, now, cost, Bs) -> ok, used, rem, reset, a1, a2, a3, s1, s2, s3
 --     Reads only (sliding_window_log's may first convert a previous version's state, which

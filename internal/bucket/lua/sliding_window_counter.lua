@@ -2,7 +2,7 @@
 -- still overlaps the sliding window, plus the current window's count. Windows are aligned to
 -- the epoch, wid = floor(now / W), pos = (now - wid * W) / W in [0, 1).
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '5', L, W, B ignored, token
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '5', L, W, B ignored, token
 -- unused).
 -- State: hash {w = window id, c = current window count, p = previous window count}. When the
 -- window advanced by exactly 1, p = c and c = 0; by more, both are 0. A stored w ahead of the

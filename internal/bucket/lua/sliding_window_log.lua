@@ -1,6 +1,6 @@
 -- sliding_window_log (code 4): at most L units in any W µs, one sorted-set entry per charge.
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '4', L, W, B ignored; token:
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '4', L, W, B ignored; token:
 -- the refund token of the charge, refund only).
 -- State: a zset of one entry per charge, scored t (µs of the charge), named
 --   "<d><id>:<cost>:<cum>"

@@ -1,7 +1,15 @@
 -- token_bucket (code 1): a bucket of B tokens refilled at L tokens per W µs.
 --
--- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '1', L, W, B, token unused).
--- State: hash {tk = tokens (float), ts = µs of the last update, cap = B it was written with}.
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '1', L, W, B, token unused).
+-- State: tk = tokens (float), ts = µs of the last update, cap = B it was written with, in one
+-- of two layouts; every version since the compact one reads both, and a write uses the
+-- configured one (COMPACT, --bucket-layout; layout.go), converting the key:
+--   previous: hash {tk, ts, cap} (the only layout before; HMGET on the string of the compact
+--             layout fails, so a version that knows only this one must not run alongside
+--             compact writers).
+--   compact:  string "<tk>:<ts>:<cap>", the same numbers as the same text: 48 bytes of
+--             string where the hash takes 64 (80 once tk has a fraction), and one SET PX to
+--             write instead of HSET + PEXPIRE.
 -- A missing key is a full bucket. When cap differs from B (an admin changed the limit) the
 -- tokens shift by B - cap, clamped to [0, B], so consumption survives the change: 90 used of
 -- 100 raised to 200 leaves 110.
@@ -9,21 +17,47 @@
 -- Denied: retry = ceil((cost - tokens) * W / L). reset = now + (B - tokens) * W / L.
 -- TTL: until the bucket is full again, when a missing key means the same.
 -- Refund: tokens = min(B, tokens + cost).
--- Commands: HMGET, and on commit HSET + PEXPIRE.
+-- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
+-- (WRONGTYPE); on commit SET PX (compact) or HSET + PEXPIRE (previous;
+-- DEL first over a compact key).
 local tb_eval, tb_commit, tb_refund
 if NEED_1 == '1' or NEED and NEED['1'] then
-  -- load returns the tokens at t = max(now, ts), refilled and adjusted to B, and whether the
-  -- stored cap is B already.
+  -- load returns the tokens at t = max(now, ts), refilled and adjusted to B, and what holds
+  -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
+  -- (a hash of another cap, no key).
   local function load(key, L, W, B, Bs, now)
-    local v = redis.call('HMGET', key, 'tk', 'ts', 'cap')
-    local tk = tonumber(v[1])
-    if not tk then
+    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
+    -- only for a key of the other.
+    local s, v
+    if COMPACT then
+      s = redis.pcall('GET', key)
+      if type(s) == 'table' then
+        s, v = nil, redis.call('HMGET', key, 'tk', 'ts', 'cap')
+      end
+    else
+      v = redis.pcall('HMGET', key, 'tk', 'ts', 'cap')
+      if v.err then
+        s, v = redis.call('GET', key), nil
+      end
+    end
+    local tk, ts, cs, held
+    if v then
+      tk, ts, cs = tonumber(v[1]), tonumber(v[2]), v[3]
+      if not tk then
+        return B, now, false
+      end
+      held = cs == Bs -- strings compare by identity
+    elseif s then
+      local a = string.find(s, ':', 1, true) or #s + 1
+      local b = string.find(s, ':', a + 1, true) or #s + 1
+      tk, ts, cs = tonumber(string.sub(s, 1, a - 1)) or B, tonumber(string.sub(s, a + 1, b - 1)), string.sub(s, b + 1)
+      held = 's'
+    else
       return B, now, false
     end
-    local ts = tonumber(v[2]) or now
+    ts = ts or now
     local cap = B
-    local same = v[3] == Bs -- strings compare by identity
-    if not same then cap = tonumber(v[3]) or B end
+    if cs ~= Bs then cap = tonumber(cs) or B end
     if cap ~= B then
       tk = tk + (B - cap)
       if tk < 0 then tk = 0 end
@@ -33,34 +67,44 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     if ts > t then t = ts end
     tk = tk + (t - ts) * L / W
     if tk > B then tk = B end
-    return tk, t, same
+    return tk, t, held
   end
 
-  -- eval: s1 = t, s2 = tokens after consumption, s3 = whether the stored cap is B already.
+  -- eval: s1 = t, s2 = tokens after consumption, s3 = what holds the state (load's third
+  -- result).
   function tb_eval(key, L, W, B, now, cost, Bs)
-    local tk, t, same = load(key, L, W, B, Bs, now)
+    local tk, t, held = load(key, L, W, B, Bs, now)
     local rem = floor_nn(tk)
     local reset = t + (B - tk) * W / L
     if le(cost, tk) then
       local after = tk - cost
       if after < 0 then after = 0 end
       local arem = floor_nn(after)
-      return true, B - rem, rem, reset, B - arem, arem, t + (B - after) * W / L, t, after, same
+      return true, B - rem, rem, reset, B - arem, arem, t + (B - after) * W / L, t, after, held
     end
     return false, B - rem, rem, reset, ceil_us((cost - tk) * W / L)
   end
 
-  -- commit writes tk tokens at t (cap too unless same); refund reuses it.
+  -- commit writes tk tokens at t (previous layout: cap too unless the hash has it); refund
+  -- reuses it.
   if MODE ~= '1' then
-    function tb_commit(key, L, W, B, now, now_s, cost, Bs, t, tk, same)
+    function tb_commit(key, L, W, B, now, now_s, cost, Bs, t, tk, held)
       local ts = now_s
       if t ~= now then ts = us(t) end
-      if same then
+      local ttl = ttl_ms(t - now + (B - tk) * W / L)
+      if COMPACT then
+        redis.call('SET', key, num(tk) .. ':' .. ts .. ':' .. Bs, 'PX', ttl)
+        return ''
+      end
+      if held == true then
         redis.call('HSET', key, 'tk', num(tk), 'ts', ts)
       else
+        if held then -- a compact string, which HSET cannot write over
+          redis.call('DEL', key)
+        end
         redis.call('HSET', key, 'tk', num(tk), 'ts', ts, 'cap', Bs)
       end
-      redis.call('PEXPIRE', key, ttl_ms(t - now + (B - tk) * W / L))
+      redis.call('PEXPIRE', key, ttl)
       return ''
     end
   end
@@ -70,10 +114,10 @@ if NEED_1 == '1' or NEED and NEED['1'] then
       if redis.call('EXISTS', key) == 0 then
         return
       end
-      local tk, t, same = load(key, L, W, B, Bs, now)
+      local tk, t, held = load(key, L, W, B, Bs, now)
       tk = tk + cost
       if tk > B then tk = B end
-      tb_commit(key, L, W, B, now, us(now), cost, Bs, t, tk, same)
+      tb_commit(key, L, W, B, now, us(now), cost, Bs, t, tk, held)
     end
   end
 end

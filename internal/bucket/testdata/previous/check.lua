@@ -1,0 +1,235 @@
+-- check: the driver. Store runs prelude.lua + the algorithm files + this file as ONE
+-- script, so that every limit of one subject is evaluated and charged atomically even when
+-- the limits use different algorithms.
+--
+-- KEYS[1..n]   the limit keys (all in one cluster slot)
+-- KEYS[n+1]    the idempotency record key (same slot), present only when ARGV[4] ~= "0"
+-- ARGV[1]      n, the number of limits (>= 1; 0 in mode "3")
+-- ARGV[2]      cost (>= 1)
+-- ARGV[3]      mode: "0" charge, "1" peek, "2" refund, "3" record, "4" charge without
+--              writing the record
+-- ARGV[4]      idempotency TTL in ms; "0" = no idempotency record
+-- ARGV[5]      charge and record: the request's fingerprint, bound to the record ("" for none;
+--              ignored without a record); refund: now_us of the charge being refunded;
+--              peek: ""
+-- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
+--              algorithm code (the bucket.Algorithm value: 1 token_bucket, 2 leaky_bucket,
+--              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
+--              window_us, burst (capacity, already resolved, >= 1), all decimal integers,
+--              refund token (refund only; else "")
+--
+-- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec.
+--
+-- An idempotency record is one per checked request, not one per call: it lives in the slot of
+-- one of the request's calls (Store picks it) and says "this request was allowed and charged";
+-- its value is the fingerprint alone. There is none for a denied request, whose retry is
+-- decided afresh (nothing of it was charged).
+-- Charge ("0" and "4"): when the record exists and holds ARGV[5] (a retry), nothing is charged:
+-- the limits are evaluated as by a peek and the reply has replayed = 1 (Store then answers the
+-- first decision, allowed). For another fingerprint (the key reused for another request) the
+-- reply is the error 'IDEMPOTENCY_CONFLICT ...' and nothing changes either: replaying would
+-- let one key pass any number of different requests uncharged.
+-- Otherwise every limit is evaluated; only if ALL allow is every limit's new state written (a
+-- denied check writes nothing). Then mode "0" (a call that decides the request on its own)
+-- stores the record, SET PX ARGV[4], when allowed; mode "4" (one call of several) never does:
+-- Store writes it with mode "3" once every call of the request allowed.
+-- Record ("3", n = 0): SET KEYS[1] ARGV[5] PX ARGV[4]; the reply is empty.
+-- Records of the previous script version (one per subject, under rl:{...}:idem:<key>) have
+-- other names and are never read: a retry that spans the upgrade is charged again, which errs
+-- towards denying, for at most their TTL (5 minutes), and they expire on their own.
+-- Peek: evaluate only; the reply gives the state before consumption and whether cost fits.
+-- Refund: give cost back to every limit exactly (see each algorithm), delete the idempotency
+-- record when given (the charge it protected no longer exists, so a retry must be evaluated
+-- afresh), then reply like a peek of the state after the refund.
+--
+-- Reply: { allowed (0/1), now_us (string), replayed (0/1), then 6 per limit:
+--          allowed (0/1), used (integer, rounded up), remaining (integer, rounded down, >= 0),
+--          reset_at_us (string), retry_after_us (string; "0" when allowed, >= 1 when denied),
+--          refund_token (string, "" unless a charge needs one) }
+-- Big values travel as strings: replies truncate Lua numbers and tostring keeps 14 digits.
+-- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
+
+-- tonumber (strtod) costs a third of a short redis.call: skip it for the usual n = cost = 1.
+local mode = ARGV[3]
+if mode == '3' then
+  if #KEYS ~= 1 or #ARGV ~= 5 or ARGV[1] ~= '0' or not tonumber(ARGV[4]) or tonumber(ARGV[4]) < 1 then
+    return redis.error_reply('ERR bucket: malformed record arguments')
+  end
+  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[4])
+  return {}
+end
+local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
+local cost = ARGV[2] == '1' and 1 or tonumber(ARGV[2])
+local idem_ttl = ARGV[4] == '0' and 0 or tonumber(ARGV[4])
+if not n or n < 1 or #ARGV ~= 5 + 5 * n or not cost or cost < 1 or not idem_ttl
+    or (mode ~= '0' and mode ~= '1' and mode ~= '2' and mode ~= '4') then
+  return redis.error_reply('ERR bucket: malformed arguments')
+end
+local idem
+if idem_ttl > 0 then
+  idem = KEYS[n + 1]
+end
+if #KEYS ~= n + (idem and 1 or 0) then
+  return redis.error_reply('ERR bucket: wrong number of keys')
+end
+-- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
+local charge = mode == '0' or mode == '4'
+local replayed = 0
+
+-- replay looks the record up before a charge: nil to go on, else the error reply to return.
+-- A record found for the same fingerprint turns the charge into a peek.
+local function replay()
+  local fp = redis.call('GET', idem)
+  if not fp then
+    return nil
+  end
+  if fp ~= ARGV[5] then
+    return redis.error_reply('IDEMPOTENCY_CONFLICT fingerprint mismatch')
+  end
+  charge, replayed = false, 1
+  return nil
+end
+
+-- fields returns the six reply fields of one limit from the results of its eval, after
+-- committing it when charged.
+local function fields(charged, commit, key, L, W, B, Bs, now, now_s, cost,
+                      ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+  if charged then
+    local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3)
+    return 1, a1, a2, us(ceil_us(a3)), '0', token
+  end
+  if ok then
+    return 1, used, rem, us(ceil_us(reset)), '0', ''
+  end
+  local retry = a1
+  if cost > B and retry < W then retry = W end
+  if retry < 1 then retry = 1 end
+  return 0, used, rem, us(ceil_us(reset)), us(retry), ''
+end
+
+-- One limit, the common case, is handled apart from several: its state stays in locals,
+-- which saves the tables of the general case.
+if n == 1 then
+  local c = ARGV[6]
+  local ev, cm, rf
+  if c == '1' then ev, cm, rf = tb_eval, tb_commit, tb_refund
+  elseif c == '6' then ev, cm, rf = gcra_eval, gcra_commit, gcra_refund
+  elseif c == '3' then ev, cm, rf = fw_eval, fw_commit, fw_refund
+  elseif c == '5' then ev, cm, rf = swc_eval, swc_commit, swc_refund
+  elseif c == '2' then ev, cm, rf = lb_eval, lb_commit, lb_refund
+  elseif c == '4' then ev, cm, rf = swl_eval, swl_commit, swl_refund
+  end
+  local L, W, B, Bs = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[9]
+  if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+    return redis.error_reply('ERR bucket: malformed limit 1')
+  end
+
+  local tm = redis.call('TIME')
+  local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  local now_s = us(now)
+
+  if charge and idem then
+    local err = replay()
+    if err then return err end
+  elseif mode == '2' then
+    local charge_now = tonumber(ARGV[5])
+    if not charge_now then
+      return redis.error_reply('ERR bucket: refund without charge time')
+    end
+    rf(KEYS[1], L, W, B, now, cost, charge_now, ARGV[10], Bs)
+    if idem then
+      redis.call('DEL', idem)
+    end
+  end
+
+  local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
+  local f1, f2, f3, f4, f5, f6 = fields(charge and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
+    ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+  if charge and ok and idem and mode == '0' then
+    redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
+  end
+  return {f1, now_s, replayed, f1, f2, f3, f4, f5, f6}
+end
+
+-- Several limits.
+
+-- sized returns a table whose array part holds m entries (zeros): filling a table built at
+-- its full size is much cheaper than growing one (a multiple assignment even stores right to
+-- left, so its first stores land in the hash part). Lua 5.1 has no table.new; a constructor
+-- of string.byte's results sizes the table exactly.
+local function sized(m)
+  if m > 4000 then -- beyond the C stack string.byte may use
+    return {}
+  end
+  return {string.byte(string.rep('\0', m), 1, m)}
+end
+
+-- P holds S entries per limit i, from j = S*(i-1): the module's eval, commit and refund at
+-- j+1..j+3, L, W, B at j+4..j+6, and eval's ten results at j+7..j+16: one flat table, built
+-- at its full size, is cheaper than tables per limit.
+local S = 16
+local P = sized(n * S)
+for i = 1, n do
+  local b = 5 + (i - 1) * 5
+  local c = ARGV[b + 1]
+  local ev, cm, rf
+  if c == '1' then ev, cm, rf = tb_eval, tb_commit, tb_refund
+  elseif c == '6' then ev, cm, rf = gcra_eval, gcra_commit, gcra_refund
+  elseif c == '3' then ev, cm, rf = fw_eval, fw_commit, fw_refund
+  elseif c == '5' then ev, cm, rf = swc_eval, swc_commit, swc_refund
+  elseif c == '2' then ev, cm, rf = lb_eval, lb_commit, lb_refund
+  elseif c == '4' then ev, cm, rf = swl_eval, swl_commit, swl_refund
+  end
+  local L, W, B = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+    return redis.error_reply('ERR bucket: malformed limit ' .. i)
+  end
+  local j = (i - 1) * S
+  P[j + 1], P[j + 2], P[j + 3], P[j + 4], P[j + 5], P[j + 6] = ev, cm, rf, L, W, B
+end
+
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local now_s = us(now)
+
+if charge and idem then
+  local err = replay()
+  if err then return err end
+elseif mode == '2' then
+  local charge_now = tonumber(ARGV[5])
+  if not charge_now then
+    return redis.error_reply('ERR bucket: refund without charge time')
+  end
+  for i = 1, n do
+    local j, b = (i - 1) * S, 5 + (i - 1) * 5
+    P[j + 3](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, charge_now, ARGV[b + 5], ARGV[b + 4])
+  end
+  if idem then
+    redis.call('DEL', idem)
+  end
+end
+
+local all = true
+for i = 1, n do
+  local j = (i - 1) * S
+  P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
+    P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4])
+  if not P[j + 7] then all = false end
+end
+
+local charged = charge and all
+local reply = sized(3 + 6 * n)
+reply[1], reply[2], reply[3] = all and 1 or 0, now_s, replayed
+local k = 3
+for i = 1, n do
+  local j = (i - 1) * S
+  reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
+    fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
+      P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16])
+  k = k + 6
+end
+
+if charged and idem and mode == '0' then
+  redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
+end
+return reply

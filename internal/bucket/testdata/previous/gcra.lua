@@ -1,0 +1,72 @@
+-- gcra (code 6): the generic cell rate algorithm. T = W / L (emission interval), tau = B * T.
+--
+-- Keys/arguments: one limit of check.lua (KEYS[i]; ARGV code '6', L, W, B, token unused).
+-- State: string key holding the theoretical arrival time TAT in µs, written as
+-- "<integer µs>.<9 fraction digits>": T is rarely an integer and a double near 1.7e15 has only
+-- 0.25 µs of resolution, so the fraction is kept apart and all arithmetic is done on
+-- diff = TAT - now, a small number. A missing key means TAT = now.
+-- tat = max(TAT, now), new_tat = tat + cost * T. Allowed when new_tat - now <= tau.
+-- remaining = floor((tau - (tat - now)) / T), after consumption when allowed; used = B - remaining.
+-- Denied: retry = new_tat - now - tau. reset = new_tat (tat when denied).
+-- TTL: until TAT, after which a missing key means the same.
+-- Refund: TAT -= cost * T; the key is deleted when that is not after now.
+-- Commands: GET, and on commit SET PX.
+local gcra_eval, gcra_commit, gcra_refund
+if NEED_1 == '6' or NEED and NEED['6'] then
+  -- load returns TAT - now, at least 0.
+  local function load(key, now)
+    local s = redis.call('GET', key)
+    if not s then
+      return 0
+    end
+    local dot = string.find(s, '.', 1, true)
+    local diff
+    if dot then
+      diff = (tonumber(string.sub(s, 1, dot - 1)) - now) + tonumber(string.sub(s, dot + 1)) / 1e9
+    else
+      diff = tonumber(s) - now
+    end
+    return nonneg(diff)
+  end
+
+  -- eval: s1 = new TAT - now.
+  function gcra_eval(key, L, W, B, now, cost)
+    local T = W / L
+    local tau = B * T
+    local diff = load(key, now)
+    local nd = diff + cost * T
+    local rem = floor_nn((tau - diff) / T)
+    if rem > B then rem = B end
+    if le(nd, tau) then
+      local arem = floor_nn((tau - nd) / T)
+      if arem > B then arem = B end
+      return true, B - rem, rem, now + diff, B - arem, arem, now + nd, nd
+    end
+    return false, B - rem, rem, now + diff, ceil_us(nd - tau)
+  end
+
+  -- commit writes TAT = now + diff; refund reuses it.
+  if MODE ~= '1' then
+    function gcra_commit(key, L, W, B, now, now_s, cost, Bs, diff)
+      local ip = floor(diff)
+      local f9 = floor((diff - ip) * 1e9 + 0.5)
+      if f9 >= 1e9 then
+        ip = ip + 1
+        f9 = 0
+      end
+      redis.call('SET', key, format('%d.%09d', now + ip, f9), 'PX', ttl_ms(diff))
+      return ''
+    end
+  end
+
+  if MODE == '2' then
+    function gcra_refund(key, L, W, B, now, cost, charge_now, token, Bs)
+      local diff = load(key, now) - cost * W / L
+      if diff <= 1e-9 then
+        redis.call('DEL', key)
+        return
+      end
+      gcra_commit(key, L, W, B, now, nil, cost, Bs, diff)
+    end
+  end
+end
