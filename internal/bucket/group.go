@@ -3,6 +3,8 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -23,7 +25,15 @@ type group struct {
 	calls []*call
 	args  []any
 	cmd   *redis.StringSliceCmd
+
+	// heads keeps the calls' heads (head) across batches, so that a head seen before costs
+	// no allocation; buf is where a head is written.
+	heads map[string]string
+	buf   []byte
 }
+
+// maxHeads bounds group.heads: a loop that met more distinct heads starts over.
+const maxHeads = 1024
 
 // minGroup is the fewest calls sent as a group: a lone call goes as itself, which spares the
 // batch script's unpacking and keeps its reply as it is.
@@ -37,9 +47,8 @@ func (g *group) reset() {
 }
 
 // build sets g's command (EVALSHA of the batch script bs, or EVAL, which also caches it) and a
-// fresh command per call, on which distribute sets the call's reply. The calls' own arguments
-// (addCall's, after EVALSHA, the SHA and numkeys) are passed as they are, behind their key and
-// argument counts.
+// fresh command per call, on which distribute sets the call's reply. A call travels as its
+// head, its keys and its extras (lua/batch.lua), made from its own arguments (addCall's).
 func (g *group) build(ctx context.Context, bs *script, eval bool) {
 	clear(g.args)
 	g.args = g.args[:0]
@@ -48,14 +57,84 @@ func (g *group) build(ctx context.Context, bs *script, eval bool) {
 	} else {
 		g.args = append(g.args, argEvalSha, bs.sha)
 	}
-	// Boxing an int64 below 256 allocates nothing: the counts of a call never do.
 	g.args = append(g.args, argZero, int64(len(g.calls)))
 	for _, c := range g.calls {
-		g.args = append(g.args, int64(c.nkeys), int64(len(c.args)-3-c.nkeys))
-		g.args = append(g.args, c.args[3:]...)
+		keys, argv := c.args[3:3+c.nkeys], c.args[3+c.nkeys:]
+		extras := g.head(argv)
+		g.args = append(g.args, keys...)
+		if extras {
+			g.args = append(g.args, argv[4])
+			for i := 5 + 4; i < len(argv); i += 5 {
+				g.args = append(g.args, argv[i])
+			}
+		}
 		c.cmd = redis.NewStringSliceCmd(ctx)
 	}
 	g.cmd = redis.NewStringSliceCmd(ctx, g.args...)
+}
+
+// head appends the head of a call whose check-script ARGV is argv (lua/call.lua: n, cost, mode,
+// idempotency TTL, fingerprint or charge time, then code, limit, window, burst and refund token
+// per limit), and reports whether the call has extras: a fingerprint, charge time or token.
+func (g *group) head(argv []any) (extras bool) {
+	extras = !emptyArg(argv[4])
+	for i := 5 + 4; i < len(argv); i += 5 {
+		extras = extras || !emptyArg(argv[i])
+	}
+	b := g.buf[:0]
+	for i := range 4 {
+		b = appendArg(b, argv[i])
+		b = append(b, ' ')
+	}
+	x := 0
+	if extras {
+		x = (len(argv)-5)/5 + 1
+	}
+	b = strconv.AppendInt(b, int64(x), 10)
+	for i := 5; i+3 < len(argv); i += 5 {
+		for _, v := range argv[i : i+4] {
+			b = append(b, ' ')
+			b = appendArg(b, v)
+		}
+	}
+	g.buf = b
+	h, ok := g.heads[string(b)] // no allocation for the lookup
+	if !ok {
+		if g.heads == nil || len(g.heads) >= maxHeads {
+			g.heads = make(map[string]string)
+		}
+		h = string(b)
+		g.heads[h] = h
+	}
+	g.args = append(g.args, h)
+	return extras
+}
+
+// appendArg appends the text of a call's argument as go-redis would write it: addCall's
+// arguments are *int64, *string, or strings boxed once.
+func appendArg(b []byte, v any) []byte {
+	switch v := v.(type) {
+	case *int64:
+		return strconv.AppendInt(b, *v, 10)
+	case *string:
+		return append(b, *v...)
+	case string:
+		return append(b, v...)
+	case int64:
+		return strconv.AppendInt(b, v, 10)
+	}
+	return fmt.Append(b, v)
+}
+
+// emptyArg reports whether a call's argument is the empty string.
+func emptyArg(v any) bool {
+	switch v := v.(type) {
+	case *string:
+		return *v == ""
+	case string:
+		return v == ""
+	}
+	return false
 }
 
 // distribute hands each call of g its part of the batch script's reply, or the error the

@@ -32,7 +32,8 @@ func runJob(t *testing.T, s *Store, reqs []Request) *job {
 
 // TestGroupCallsFailAlone: in one batch script run, a call that fails (a key of another type,
 // an idempotency key reused for another request) fails alone, with the error it would have got
-// alone; the calls before and after it are decided and charged.
+// alone; the calls before and after it are decided and charged, and a retry (its record holds
+// its fingerprint, an extra of its call) is replayed uncharged.
 func TestGroupCallsFailAlone(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
@@ -44,10 +45,16 @@ func TestGroupCallsFailAlone(t *testing.T) {
 	if err := c.Set(ctx, idem, "another request", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	retried := key(t, "retried")
+	if err := c.Set(ctx, retried, "same request", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	good := lim(key(t, "good"), GCRA, 10, long, 0)
 	conflict := one(lim(key(t, "idem-limit"), FixedWindow, 10, long, 0), 1)
 	conflict.IdempotencyKey, conflict.Fingerprint = idem, "this request"
-	reqs := []Request{one(good, 1), one(lim(wrong, TokenBucket, 10, long, 0), 1), conflict, one(good, 2)}
+	retry := one(lim(key(t, "retried-limit"), FixedWindow, 10, long, 0), 1)
+	retry.IdempotencyKey, retry.Fingerprint = retried, "same request"
+	reqs := []Request{one(good, 1), one(lim(wrong, TokenBucket, 10, long, 0), 1), conflict, one(good, 2), retry}
 	j := runJob(t, s, reqs)
 
 	var res Result
@@ -55,6 +62,7 @@ func TestGroupCallsFailAlone(t *testing.T) {
 	tests := []struct {
 		call      int
 		remaining int64
+		replayed  bool
 		err       func(error) bool
 		want      string
 	}{
@@ -62,6 +70,7 @@ func TestGroupCallsFailAlone(t *testing.T) {
 		{call: 1, err: func(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") && !Unavailable(err) }, want: "WRONGTYPE, a script error"},
 		{call: 2, err: func(err error) bool { return errors.Is(err, ErrIdempotencyConflict) }, want: "ErrIdempotencyConflict"},
 		{call: 3, remaining: 7},
+		{call: 4, remaining: 10, replayed: true},
 	}
 	for _, tt := range tests {
 		err := parseReply(j.calls[tt.call].cmd, &res)
@@ -70,8 +79,8 @@ func TestGroupCallsFailAlone(t *testing.T) {
 			t.Errorf("call %d: got %v, want %s", tt.call, err, tt.want)
 		case tt.err == nil && err != nil:
 			t.Errorf("call %d: %v", tt.call, err)
-		case tt.err == nil && (!res.Allowed || res.Limits[0].Remaining != tt.remaining):
-			t.Errorf("call %d: got allowed %v remaining %d, want true %d", tt.call, res.Allowed, res.Limits[0].Remaining, tt.remaining)
+		case tt.err == nil && (!res.Allowed || res.Limits[0].Remaining != tt.remaining || res.Replayed != tt.replayed):
+			t.Errorf("call %d: got allowed %v remaining %d replayed %v, want true %d %v", tt.call, res.Allowed, res.Limits[0].Remaining, res.Replayed, tt.remaining, tt.replayed)
 		}
 	}
 	if n, err := c.Exists(ctx, reqs[2].Limits[0].Key).Result(); err != nil || n != 0 {
@@ -87,7 +96,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 	ctx := ctxT(t)
 	k := key(t, "k")
 	c := serverOf(t, rdb, k) // on a cluster, the master that serves k
-	call := []any{1, 10, k, "1", "1", "0", "0", "", "6", "10", "60000000", "10", ""}
+	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (GCRA, 10 per minute), key
 	tests := []struct {
 		name string
 		args []any
@@ -95,7 +104,8 @@ func TestBatchScriptMalformed(t *testing.T) {
 		{"no calls", []any{0}},
 		{"one call too many", append([]any{2}, call...)},
 		{"arguments left over", append(append([]any{1}, call...), "extra")},
-		{"negative count", append([]any{1, -1}, call[1:]...)},
+		{"a head short of its limit", []any{1, "1 1 0 0 0 6 10", k}},
+		{"extras neither 0 nor n+1", []any{1, "1 1 0 0 3 6 10 60000000 10", k, "", "", ""}},
 		{"not a number", append([]any{"x"}, call...)},
 	}
 	for _, tt := range tests {

@@ -11,40 +11,38 @@
 --              before anything of that call ran, since a call reads all its keys before it
 --              writes any, and Store re-sends that call alone, with its keys declared.
 -- ARGV[1]      m, the number of calls (>= 1)
--- then per call, in order: nk, na, its nk KEYS, its na ARGV (call.lua)
+-- then per call, in order: its head, its KEYS, its extras. The head is the call's ARGV
+--              (call.lua) without its strings, as one string of space-separated fields:
+--              n cost mode idem_ttl x, then code L W B per limit. x is the number of extras:
+--              0 when the call's fingerprint or charge time (ARGV[5]) and its refund tokens are
+--              all empty, else n + 1, those n + 1 values in ARGV's order. It has
+--              n + (idem_ttl ~= "0" and 1 or 0) KEYS (call.lua). Heads repeat from call to
+--              call (one per rule and mode), so that a call costs Redis two or three arguments
+--              instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua).
 --
 -- Reply: per call, in order, either c (the number of entries of its reply, >= 0) and those c
 -- entries, or -1 and the error message the call would have got alone.
-local m = int(ARGV[1])
-if not m or m < 1 then
-  return redis.error_reply('ERR bucket: malformed batch')
-end
--- Where each call's arguments lie; all are checked to add up before any call runs, so that a
--- malformed batch changes nothing.
-local at = sized(2 * m)
-local p = 2
-for c = 1, m do
-  local nk, na = int(ARGV[p]), int(ARGV[p + 1])
-  if not nk or not na or nk < 0 or na < 0 then
-    return redis.error_reply('ERR bucket: malformed batch call ' .. c)
-  end
-  at[2 * c - 1], at[2 * c] = nk, na
-  p = p + 2 + nk + na
-end
-if p ~= #ARGV + 1 then
+if not CALLS then
   return redis.error_reply('ERR bucket: malformed batch')
 end
 
 local unpack = unpack
+local m = #CALLS / 2
 -- out is built at the size of m one-limit replies (and trimmed at the end: Redis's reply
 -- stops at the first nil), since growing a table entry by entry costs more.
 local out = sized(10 * m)
 local k = 0
-p = 2
 for c = 1, m do
-  local nk, na = at[2 * c - 1], at[2 * c]
-  local keys, args = {unpack(ARGV, p + 2, p + 1 + nk)}, {unpack(ARGV, p + 2 + nk, p + 1 + nk + na)}
-  p = p + 2 + nk + na
+  local s, p = CALLS[2 * c - 1], CALLS[2 * c]
+  local keys, args = {unpack(ARGV, p + 1, p + s.nk)}, s.argv
+  if s.x > 0 then -- a copy: the spec's is shared
+    args = {unpack(args)}
+    local e = p + s.nk
+    args[5] = ARGV[e + 1]
+    for i = 1, s.n do
+      args[5 + 5 * i] = ARGV[e + 1 + i]
+    end
+  end
   local ok, r = pcall(check, keys, args)
   if ok and type(r) == 'table' and not r.err then
     out[k + 1] = #r

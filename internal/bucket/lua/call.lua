@@ -110,17 +110,6 @@ local function fields(charged, commit, key, L, W, B, Bs, now, now_s, cost,
   return 0, used, rem, us(ceil_us(reset)), us(retry), ''
 end
 
--- sized returns a table whose array part holds m entries (zeros): filling a table built at
--- its full size is much cheaper than growing one (a multiple assignment even stores right to
--- left, so its first stores land in the hash part). Lua 5.1 has no table.new; a constructor
--- of string.byte's results sizes the table exactly.
-local function sized(m)
-  if m > 4000 then -- beyond the C stack string.byte may use
-    return {}
-  end
-  return {string.byte(string.rep('\0', m), 1, m)}
-end
-
 -- one decides a call of one limit, the common case, apart from several: its state stays in
 -- locals, which saves the tables of the general case. mode, cost and idem are validated.
 local function one(KEYS, ARGV, mode, cost, idem)

@@ -10,8 +10,9 @@
 -- MODE: commit functions are built for every mode but peeks ('1'), refund functions for
 -- refunds ('2') only. A record call ('3') has no limits, so builds nothing.
 -- A batch builds the modules of all its calls into NEED; its MODE is '2' when one of its calls
--- refunds, else '0'.
-local NEED_1, NEED, MODE
+-- refunds, else '0'. CALLS is where its calls are (batch.lua reads it): per call, its spec and
+-- the position of its head in ARGV; nil for a malformed batch, which runs no call.
+local NEED_1, NEED, MODE, CALLS
 if not BATCH then
   NEED_1, MODE = ARGV[6], ARGV[3]
   if ARGV[1] ~= '1' then
@@ -25,26 +26,53 @@ if not BATCH then
   end
 else
   NEED, MODE = {}, '0'
-  local p = 2 -- the first call's nk (batch.lua)
-  for _ = 1, int(ARGV[1]) or 0 do
-    local nk, na = int(ARGV[p]), int(ARGV[p + 1])
-    if not nk or not na then
-      break -- malformed: batch.lua reports it
+  -- spec parses a call's head (batch.lua) into the call's ARGV for call.lua (with '' for the
+  -- fingerprint or charge time and the refund tokens, which travel as extras when set), its
+  -- number of keys nk, of limits n and of extras x; nil when malformed. The parse is paid
+  -- once per distinct head: the calls of one rule share theirs.
+  local function spec(head)
+    local f = {}
+    for w in string.gmatch(head, '[^ ]+') do
+      f[#f + 1] = w
     end
-    local a = p + 2 + nk -- where the call's own ARGV starts
-    if ARGV[a + 2] == '2' then
+    local n, x = tonumber(f[1]), tonumber(f[5])
+    if not n or n < 0 or #f ~= 5 + 4 * n or (x ~= 0 and x ~= n + 1) then
+      return nil
+    end
+    local argv = sized(5 + 5 * n)
+    argv[1], argv[2], argv[3], argv[4], argv[5] = f[1], f[2], f[3], f[4], ''
+    for i = 1, n do
+      local a, b = 5 + 5 * (i - 1), 5 + 4 * (i - 1)
+      argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4], argv[a + 5] = f[b + 1], f[b + 2], f[b + 3], f[b + 4], ''
+      NEED[f[b + 1]] = true
+    end
+    if f[3] == '2' then
       MODE = '2'
     end
-    local n = int(ARGV[a]) or 0
-    if n * 5 + 5 ~= na then
-      n = 0
-    end
-    for i = 1, n do
-      local c = ARGV[a + 5 + (i - 1) * 5]
-      if c then
-        NEED[c] = true
+    return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0)}
+  end
+
+  local m = int(ARGV[1])
+  if m and m >= 1 then
+    CALLS = sized(2 * m)
+    local specs = {}
+    local p = 2 -- the first call's head
+    for c = 1, m do
+      local head = ARGV[p]
+      local s = specs[head or '']
+      if not s and head then
+        s = spec(head)
+        specs[head] = s
       end
+      if not s then
+        CALLS = nil
+        break
+      end
+      CALLS[2 * c - 1], CALLS[2 * c] = s, p
+      p = p + 1 + s.nk + s.x
     end
-    p = a + na
+    if CALLS and p ~= #ARGV + 1 then
+      CALLS = nil
+    end
   end
 end

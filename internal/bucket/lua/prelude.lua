@@ -62,6 +62,17 @@ if BATCH then
   end
 end
 
+-- sized returns a table whose array part holds m entries (zeros): filling a table built at
+-- its full size is much cheaper than growing one (a multiple assignment even stores right to
+-- left, so its first stores land in the hash part). Lua 5.1 has no table.new; a constructor
+-- of string.byte's results sizes the table exactly.
+local function sized(m)
+  if m > 4000 then -- beyond the C stack string.byte may use
+    return {}
+  end
+  return {string.byte(string.rep('\0', m), 1, m)}
+end
+
 -- Float comparisons get a relative/absolute slack of 1e-9 * max(|x|, 1) so that costs that
 -- fit exactly (3 x 1/3 of a window) are not denied by rounding. The slack is inlined in each
 -- helper (a Lua call costs more than the arithmetic), as a literal (a local would be one
