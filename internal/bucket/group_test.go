@@ -95,7 +95,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 	_, rdb := newStore(t)
 	ctx := ctxT(t)
 	k := key(t, "k")
-	c := serverOf(t, rdb, k) // on a cluster, the master that serves k
+	c := serverOf(t, rdb, k)                       // on a cluster, the master that serves k
 	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (GCRA, 10 per minute), key
 	tests := []struct {
 		name string
