@@ -1,0 +1,309 @@
+package checker
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// leaser is what a store that can lease offers: *bucket.Store. A store without it (the fault
+// injecting stores of this package's tests) decides leased rules as ordinary ones.
+type leaser interface {
+	Lease(ctx context.Context, l bucket.Limit, want int64) (bucket.Grant, error)
+	GiveBack(ctx context.Context, l bucket.Limit, window, units int64) (int64, error)
+}
+
+var _ leaser = (*bucket.Store)(nil)
+
+// leaseTable decides the checks of leased rules (rules.Rule.Lease: global fixed_window rules)
+// from slices of their windows leased from Redis, so that a key every check shares costs Redis
+// one script call per slice instead of one per check.
+//
+// It never admits more than the limit in any window, over any number of checkers. A slice is
+// taken by one script call (bucket.Store.Lease) that counts its units in the window's counter
+// as a charge would, all of them at once and never past the limit: the units of every slice of
+// a window, leased by any checker, plus its ordinary charges, are at most the limit. A checker
+// admits a check only with units of its slice, each unit once (taken under the lease's mutex),
+// and gives back to Redis only units it has taken out of use first. So the checks admitted in a
+// window are at most the units leased in it, provided every one of them is admitted within that
+// window. The slice is used only until an instant on this process's monotonic clock: the time
+// the lease call was sent plus what Redis said was left of the window (Reset - Now). The call
+// was sent no later than Redis read its clock, so that instant is no later than the window's
+// end: latency can only shorten a slice's life, never stretch it into the next window (the
+// argument of overLimitCache). A grant that names a later window than the slice held proves
+// the old window over: the old slice is dropped, never used. A checker killed (kill -9) with
+// units in hand never gives them back: they are lost to that window, never admitted twice.
+//
+// It under-admits by a bounded amount: a checker holds at most max(slice, cost) units
+// (refills ask for what tops the slice up, and one call is in flight per key at a time), so
+// at most checkers × slice units of a window go unused, those of idle and killed checkers
+// included. A window whose counter was spent is not asked again until its end (spent): units
+// another checker gives back meanwhile are lost to this one, which errs towards denying.
+//
+// A changed limit (an override, a rule change, SetRules) retires the slice: its unused units
+// go back to Redis, and the next lease is counted under the new limit, so a lowered limit
+// admits no more than what was leased before it; units already leased under the old one count.
+type leaseTable struct {
+	store leaser
+	g     *guard
+	log   *slog.Logger
+	epoch time.Time
+	tel   *instruments
+
+	mu     sync.Mutex
+	m      map[string]*lease // by bucket key
+	closed bool
+	bg     sync.WaitGroup // refills and give-backs in the background
+}
+
+// lease is one key's slice in this process.
+type lease struct {
+	mu     sync.Mutex
+	limit  bucket.Limit // what the slice was leased under
+	wid    int64        // its window's id
+	avail  int64        // units not yet used
+	until  int64        // the slice is usable while now < until (ns since the table's epoch)
+	spent  bool         // the window had nothing left at the last grant
+	remain int64        // what the window had left for everyone at the last grant
+	reset  time.Time    // the window's end on Redis's clock
+	refill *refill      // the lease call in flight, nil when none
+}
+
+// refill is a lease call in flight; done is closed once its grant is applied or it failed.
+type refill struct {
+	done chan struct{}
+	ok   bool
+}
+
+// taken is a unit count taken from a slice for a check, to give back if the check is denied.
+type taken struct {
+	l     *lease
+	wid   int64
+	units int64
+}
+
+func newLeaseTable(store leaser, g *guard, log *slog.Logger, tel *instruments) *leaseTable {
+	return &leaseTable{store: store, g: g, log: log, epoch: time.Now(), tel: tel, m: make(map[string]*lease)}
+}
+
+func (t *leaseTable) now() int64 { return int64(time.Since(t.epoch)) }
+
+// get returns key's lease, made for lim when there is none.
+func (t *leaseTable) get(lim bucket.Limit) *lease {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l, ok := t.m[lim.Key]
+	if !ok {
+		l = &lease{limit: lim}
+		t.m[lim.Key] = l
+	}
+	return l
+}
+
+// take decides lim for a check of cost from this process's slice, leasing one when it has
+// none or too little: decided false means it could not (Redis unavailable, the circuit open,
+// ctx ended while waiting for another check's lease call) and the limit is to be decided the
+// ordinary way, by the store and its fail modes. Allowed, the units are taken: the caller
+// gives them back (giveBack) if the check is denied by another limit.
+func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int64) (res bucket.LimitResult, tk taken, decided bool) {
+	l := t.get(lim)
+	for {
+		now := t.now()
+		l.mu.Lock()
+		if l.limit.Limit != lim.Limit || l.limit.Window != lim.Window {
+			t.retireLocked(l, now)
+			l.limit = lim
+		}
+		live := now < l.until
+		switch {
+		case live && l.avail >= cost:
+			l.avail -= cost
+			res = l.result(true, now)
+			tk = taken{l: l, wid: l.wid, units: cost}
+			var rf *refill
+			var want int64
+			if l.refill == nil && !l.spent && l.avail*2 < slice {
+				// Topped up before it runs dry, so that checks rarely wait for a lease call.
+				rf, want = &refill{done: make(chan struct{})}, slice-l.avail
+				l.refill = rf
+			}
+			l.mu.Unlock()
+			if rf != nil {
+				t.bg.Add(1)
+				go func() {
+					defer t.bg.Done()
+					t.lease(l, lim, want, rf)
+				}()
+			}
+			return res, tk, true
+		case live && l.spent:
+			res = l.result(false, now)
+			l.mu.Unlock()
+			return res, taken{}, true
+		case l.refill == nil:
+			if t.g.circuit.open() {
+				l.mu.Unlock()
+				return res, taken{}, false
+			}
+			want := max(slice, cost)
+			if live {
+				want -= l.avail
+			}
+			rf := &refill{done: make(chan struct{})}
+			l.refill = rf
+			l.mu.Unlock()
+			if !t.lease(l, lim, want, rf) {
+				return res, taken{}, false
+			}
+		default:
+			rf := l.refill
+			l.mu.Unlock()
+			select {
+			case <-rf.done:
+				if !rf.ok {
+					return res, taken{}, false
+				}
+			case <-ctx.Done():
+				return res, taken{}, false
+			}
+		}
+	}
+}
+
+// lease runs one lease call of want units for l and applies its grant; it reports whether the
+// call succeeded. The call has a deadline of its own, not a check's: its grant is for every
+// check of the key, and a grant nobody applies is lost to the window.
+func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
+	sentAt := t.now()
+	g, err := t.store.Lease(ctx, lim, want)
+	cancel()
+	if err != nil {
+		if bucket.Unavailable(err) {
+			t.g.circuit.record(err)
+		}
+		t.log.Warn("leasing a slice failed; its checks go to the store", "key", lim.Key, "err", err)
+	} else {
+		t.g.circuit.record(nil)
+		t.tel.leaseUnits.Add(context.Background(), g.Units)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refill = nil
+	rf.ok = err == nil
+	close(rf.done)
+	if err != nil {
+		return false
+	}
+	if l.limit.Limit != lim.Limit || l.limit.Window != lim.Window {
+		// The limit changed while the call was out: its units go back (lost if that fails).
+		t.giveBackLater(lim, g.Window, g.Units)
+		return true
+	}
+	until := sentAt + int64(g.Reset.Sub(g.Now))
+	now := t.now()
+	switch {
+	case now < l.until && g.Window == l.wid:
+		l.avail += g.Units
+		l.until = max(l.until, until)
+	case now < l.until && g.Window < l.wid:
+		// A grant of a window older than the slice held: it cannot be used now. Not
+		// reached while one call is in flight per key; kept for the argument's sake.
+		return true
+	default:
+		// A new window, or none was live: a grant of a later window than the slice proves
+		// that slice's window over on Redis, so its units are dropped, never used.
+		l.wid, l.avail, l.until = g.Window, g.Units, until
+	}
+	l.spent, l.remain, l.reset = g.Remaining == 0, g.Remaining, g.Reset
+	return true
+}
+
+// result describes l's window to a check at now: what this process knows is left is its own
+// slice and what the window had left for everyone at the last grant.
+func (l *lease) result(allowed bool, now int64) bucket.LimitResult {
+	left := l.avail + l.remain
+	res := bucket.LimitResult{Allowed: allowed, Used: max(0, l.limit.Limit-left), Remaining: left, ResetAt: l.reset}
+	if !allowed {
+		res.RetryAfter = max(time.Duration(l.until-now), time.Microsecond)
+	}
+	return res
+}
+
+// giveBack returns units taken for a check that was denied to their slice, while its window
+// lasts; after that they are lost with it. They were never admitted.
+func (t *leaseTable) giveBack(tk taken) {
+	if tk.l == nil {
+		return
+	}
+	l := tk.l
+	l.mu.Lock()
+	if l.wid == tk.wid && t.now() < l.until && l.limit.Limit > 0 {
+		l.avail += tk.units
+	}
+	l.mu.Unlock()
+}
+
+// retireLocked takes l's slice out of use and gives its units back to Redis in the
+// background; l.mu is held.
+func (t *leaseTable) retireLocked(l *lease, now int64) {
+	if now < l.until && l.avail > 0 {
+		t.giveBackLater(l.limit, l.wid, l.avail)
+	}
+	l.avail, l.until, l.spent = 0, 0, false
+}
+
+// giveBackLater gives units of window wid back to Redis in the background.
+func (t *leaseTable) giveBackLater(lim bucket.Limit, wid, units int64) {
+	if units <= 0 {
+		return
+	}
+	t.bg.Add(1)
+	go func() {
+		defer t.bg.Done()
+		t.giveBackNow(lim, wid, units)
+	}()
+}
+
+func (t *leaseTable) giveBackNow(lim bucket.Limit, wid, units int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
+	defer cancel()
+	n, err := t.store.GiveBack(ctx, lim, wid, units)
+	if err != nil {
+		t.log.Warn("giving back a leased slice failed; its units are lost to the window", "key", lim.Key, "units", units, "err", err)
+		return
+	}
+	t.tel.leaseReturned.Add(context.Background(), n)
+}
+
+// release retires every slice (their unused units go back to Redis) and forgets them: after a
+// rule change, whose limits the next leases are counted under.
+func (t *leaseTable) release() {
+	t.mu.Lock()
+	m := t.m
+	t.m = make(map[string]*lease)
+	t.mu.Unlock()
+	now := t.now()
+	for _, l := range m {
+		l.mu.Lock()
+		t.retireLocked(l, now)
+		l.mu.Unlock()
+	}
+}
+
+// close gives every slice back and waits for the calls in the background (within the store's
+// timeout each): a checker that stops leaves its unused units to the others.
+func (t *leaseTable) close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.release()
+	t.bg.Wait()
+}

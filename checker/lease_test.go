@@ -1,0 +1,279 @@
+package checker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// leaseEndpoint is an endpoint of the test's own: a global rule's bucket is one key for every
+// check, so tests sharing the package's Redis (and -count repetitions) keep apart by endpoint.
+func leaseEndpoint(t *testing.T) string {
+	return fmt.Sprintf("/lease/%s/%d", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), time.Now().UnixNano())
+}
+
+// leasedRules is a global fixed_window rule of limit and slice at endpoint, and a per-user rule
+// of userLimit on the same endpoint.
+func leasedRules(endpoint string, limit, slice, userLimit int) string {
+	return fmt.Sprintf(`rules:
+  - {id: hot, dimension: global, endpoint: %q, algorithm: fixed_window, limit: %d, window: 1h, lease: {slice: %d}}
+  - {id: per-user, dimension: user, endpoint: %q, algorithm: fixed_window, limit: %d, window: 1h}
+`, endpoint, limit, slice, endpoint, userLimit)
+}
+
+// countingSink counts the decisions published, by result.
+type countingSink struct{ allowed, denied atomic.Int64 }
+
+func (s *countingSink) Publish(_ string, _ *Query, out *Outcome) {
+	if out.Allowed {
+		s.allowed.Add(1)
+	} else {
+		s.denied.Add(1)
+	}
+}
+
+// windowKey is the Redis key of the hot rule's bucket.
+func windowKey(endpoint string) string { return "rl:{global}:fw:1h:" + endpoint }
+
+// sameWindow fails the test's numbers only within one window: it skips when the hour turned
+// between the first and last of resets (a leased rule's windows are aligned to the hour).
+func sameWindow(t *testing.T, resets *sync.Map) {
+	t.Helper()
+	n := 0
+	resets.Range(func(any, any) bool { n++; return true })
+	if n > 1 {
+		t.Skipf("the window turned during the test (%d windows)", n)
+	}
+}
+
+// TestLeasedExact: three engines, each with its own store, share a leased global rule; far more
+// concurrent checks than the limit, spread over them, admit exactly the limit, every decision
+// is published, and each check's units are leased from Redis once: the window's counter is the
+// limit. A checker holds what it leased until its own checks use it, so with enough checks on
+// every engine none is left unused.
+func TestLeasedExact(t *testing.T) {
+	t.Parallel()
+	const limit, slice = 1000, 64
+	ep := leaseEndpoint(t)
+	tests := []struct {
+		name string
+		cost int64
+	}{
+		{"cost 1", 1},
+		{"cost 3", 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ep := ep + "/" + strings.ReplaceAll(tt.name, " ", "")
+			set := mustRules(t, leasedRules(ep, limit, slice, 1_000_000))
+			sinks := make([]*countingSink, 3)
+			engines := make([]*Engine, 3)
+			for i := range engines {
+				sinks[i] = &countingSink{}
+				engines[i] = newEngine(t, Config{Rules: set, Decisions: sinks[i]})
+			}
+			checks := 3 * limit / int(tt.cost)
+			var allowed, failed atomic.Int64
+			var resets sync.Map
+			var wg sync.WaitGroup
+			for w := range 24 {
+				wg.Go(func() {
+					e := engines[w%3]
+					for i := w; i < checks; i += 24 {
+						q := userQuery(fmt.Sprintf("u%d", i%50), ep)
+						q.Cost = tt.cost
+						out, err := e.Check(context.Background(), q)
+						if err != nil || out.Degraded {
+							failed.Add(1)
+							continue
+						}
+						if out.Allowed {
+							allowed.Add(tt.cost)
+							resets.Store(out.Limits[0].Result.ResetAt.Unix(), true)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			sameWindow(t, &resets)
+			if n := failed.Load(); n > 0 {
+				t.Fatalf("%d checks failed or were degraded", n)
+			}
+			// A partial grant can leave an engine fewer units than a cost: at most cost-1 each.
+			if got, least := allowed.Load(), int64(limit)-3*(tt.cost-1); got > limit || got < least {
+				t.Errorf("%d checks of cost %d over 3 engines admitted %d units, want %d to %d", checks, tt.cost, got, least, limit)
+			}
+			var published, publishedAllowed int64
+			for _, s := range sinks {
+				published += s.allowed.Load() + s.denied.Load()
+				publishedAllowed += s.allowed.Load()
+			}
+			if published != int64(checks) || publishedAllowed*tt.cost != allowed.Load() {
+				t.Errorf("published %d decisions (%d allowed), want %d (%d allowed)", published, publishedAllowed, checks, allowed.Load()/tt.cost)
+			}
+			rdb := redisSrv.UniversalClient()
+			defer rdb.Close()
+			n, err := rdb.HGet(context.Background(), windowKey(ep), "n").Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > limit || n < allowed.Load() {
+				t.Errorf("the window's counter is %d, want from the %d admitted to the limit %d", n, allowed.Load(), limit)
+			}
+		})
+	}
+}
+
+// TestLeasedAllOrNothing: a check denied by another limit gives its leased units back to the
+// slice, so they admit other checks: a user allowed 5 of 40 checks costs the leased rule 5
+// units, and other users then get exactly the rest of its limit.
+func TestLeasedAllOrNothing(t *testing.T) {
+	t.Parallel()
+	const limit, slice, userLimit = 100, 10, 5
+	ep := leaseEndpoint(t)
+	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, limit, slice, userLimit))})
+	ctx := context.Background()
+	count := func(user string, n int) (allowed int) {
+		for range n {
+			out, err := e.Check(ctx, userQuery(user, ep))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Allowed {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	if got := count("greedy", 40); got != userLimit {
+		t.Fatalf("user limited to %d: got %d of 40 allowed", userLimit, got)
+	}
+	total := userLimit
+	for u := range 40 {
+		total += count(fmt.Sprintf("other-%d", u), userLimit)
+	}
+	if total != limit {
+		t.Errorf("admitted %d in all, want exactly the leased rule's limit %d (units of denied checks given back)", total, limit)
+	}
+	out, err := e.Check(ctx, userQuery("late", ep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := out.DecidingLimit()
+	if out.Allowed || d == nil || d.Rule.ID != "hot" || d.Result.RetryAfter <= 0 || d.Result.Remaining != 0 {
+		t.Errorf("check past the limit: got allowed %v, deciding %+v; want denied by hot with a retry", out.Allowed, d)
+	}
+}
+
+// TestLeasedLimitLowered: a limit lowered mid-window counts what was leased before it and no
+// more: the old slice's unused units go back to Redis at the rule change.
+func TestLeasedLimitLowered(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
+	ctx := context.Background()
+	for range 10 {
+		if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
+			t.Fatalf("check under the limit: %v, %v", out, err)
+		}
+	}
+	rdb := redisSrv.UniversalClient()
+	defer rdb.Close()
+	e.SetRules(mustRules(t, leasedRules(ep, 50, 20, 1_000_000)))
+	// The slice's 90 unused units go back in the background: wait for that, not for a time.
+	for {
+		n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 10 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	allowed := 0
+	for range 100 {
+		out, err := e.Check(ctx, userQuery("u", ep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 40 {
+		t.Errorf("after lowering the limit to 50 with 10 admitted: %d more allowed, want 40", allowed)
+	}
+}
+
+// TestLeasedBypass: peeks and checks with an idempotency key are not leased: they go to Redis,
+// whose counter the leases share, and a retried check replays.
+func TestLeasedBypass(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 100, 10, 1_000_000))})
+	ctx := context.Background()
+	if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
+		t.Fatalf("first check: %v, %v", out, err)
+	}
+	out, err := e.Peek(ctx, userQuery("u", ep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range out.Limits {
+		if got := l.Result.Used; l.Rule.ID == "hot" && got != 10 {
+			t.Errorf("peek: got used %d of hot, want the leased slice, 10", got)
+		}
+	}
+	q := userQuery("u", ep)
+	q.IdempotencyKey = "retry-" + ep
+	first, err := e.Check(ctx, q)
+	if err != nil || !first.Allowed || first.Replayed {
+		t.Fatalf("check with a key: %+v, %v", first, err)
+	}
+	again, err := e.Check(ctx, q)
+	if err != nil || !again.Allowed || !again.Replayed {
+		t.Fatalf("retry: got %+v, %v; want allowed and replayed", again, err)
+	}
+	rdb := redisSrv.UniversalClient()
+	defer rdb.Close()
+	if n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64(); err != nil || n != 11 {
+		t.Errorf("counter after a slice and a keyed check and its replay: got %d, %v; want 11", n, err)
+	}
+}
+
+// TestLeasedUnavailable: a leased rule whose slice cannot be leased (Redis stopped) is decided
+// by its fail mode like any other, and flagged degraded.
+func TestLeasedUnavailable(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	srv, stop := stalledRedis(t)
+	rdb := srv.Client(0)
+	t.Cleanup(func() { rdb.Close() })
+	doc := fmt.Sprintf(`rules:
+  - {id: open, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 10}}
+  - {id: closed, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 10}, fail_mode: closed}
+`, ep+"/open", ep+"/closed")
+	e := newEngine(t, Config{Redis: rdb, Rules: mustRules(t, doc), RedisTimeout: 100 * time.Millisecond})
+	stop()
+	tests := []struct {
+		endpoint    string
+		wantAllowed bool
+	}{
+		{ep + "/open", true},
+		{ep + "/closed", false},
+	}
+	for _, tt := range tests {
+		out, err := e.Check(context.Background(), userQuery("u", tt.endpoint))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Allowed != tt.wantAllowed || !out.Degraded {
+			t.Errorf("%s with Redis stalled: got allowed %v degraded %v, want allowed %v degraded", tt.endpoint, out.Allowed, out.Degraded, tt.wantAllowed)
+		}
+	}
+}
