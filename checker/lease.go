@@ -294,6 +294,23 @@ func (t *leaseTable) release() {
 	}
 }
 
+// forget drops the slices of keys without giving them back (a reset deletes their buckets):
+// the next checks lease from the reset counter. Other checkers keep the slices they hold
+// until their window ends, at most a slice each on top of the reset window's limit.
+func (t *leaseTable) forget(keys []string) {
+	for _, k := range keys {
+		t.mu.Lock()
+		l, ok := t.m[k]
+		delete(t.m, k)
+		t.mu.Unlock()
+		if ok {
+			l.mu.Lock()
+			l.avail, l.until, l.spent = 0, 0, false
+			l.mu.Unlock()
+		}
+	}
+}
+
 // close gives every slice back and waits for the calls in the background (within the store's
 // timeout each): a checker that stops leaves its unused units to the others.
 func (t *leaseTable) close() {

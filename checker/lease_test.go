@@ -349,3 +349,34 @@ func TestLeasedWindows(t *testing.T) {
 		t.Skipf("only %d of %d windows had their limit nearly admitted (%v): too slow a machine to spend them", full, len(within), within)
 	}
 }
+
+// TestLeasedReset: a reset of a leased rule drops this checker's slice with the bucket: the
+// window then admits its limit afresh, not the limit plus what the old slice held.
+func TestLeasedReset(t *testing.T) {
+	t.Parallel()
+	const limit = 200
+	ep := leaseEndpoint(t)
+	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, limit, 50, 1_000_000))})
+	ctx := context.Background()
+	admit := func(n int) (allowed int) {
+		for range n {
+			out, err := e.Check(ctx, userQuery("u", ep))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Allowed {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	if got := admit(10); got != 10 {
+		t.Fatalf("before the reset: %d of 10 allowed", got)
+	}
+	if _, ids, err := e.Reset(ctx, ResetRequest{Subject: globalSubject, RuleID: "hot"}); err != nil || len(ids) != 1 {
+		t.Fatalf("reset: %v, %v", ids, err)
+	}
+	if got := admit(2 * limit); got != limit {
+		t.Errorf("after the reset: %d allowed, want the limit %d (the old slice dropped)", got, limit)
+	}
+}
