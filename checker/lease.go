@@ -53,7 +53,7 @@ type leaseTable struct {
 	epoch time.Time
 	tel   *instruments
 
-	mu     sync.Mutex
+	mu     sync.RWMutex // every check reads m; rule changes and new keys write it
 	m      map[string]*lease // by bucket key
 	closed bool
 	bg     sync.WaitGroup // refills and give-backs in the background
@@ -93,9 +93,15 @@ func (t *leaseTable) now() int64 { return int64(time.Since(t.epoch)) }
 
 // get returns key's lease, made for lim when there is none.
 func (t *leaseTable) get(lim bucket.Limit) *lease {
+	t.mu.RLock()
+	l, ok := t.m[lim.Key]
+	t.mu.RUnlock()
+	if ok {
+		return l
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l, ok := t.m[lim.Key]
+	l, ok = t.m[lim.Key]
 	if !ok {
 		l = &lease{limit: lim}
 		t.m[lim.Key] = l
