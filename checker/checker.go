@@ -188,9 +188,6 @@ func (e *Engine) SetRules(set *rules.Set) {
 	if e.olc != nil {
 		e.olc.clear() // a raised limit must not be denied from the cache
 	}
-	if e.leases != nil {
-		e.leases.release() // the next slices are leased under the new limits
-	}
 }
 
 // InstanceID identifies this checker in decision ids and events.

@@ -43,9 +43,12 @@ var _ leaser = (*bucket.Store)(nil)
 // included. A window whose counter was spent is not asked again until its end (spent): units
 // another checker gives back meanwhile are lost to this one, which errs towards denying.
 //
-// A changed limit (an override, a rule change, SetRules) retires the slice: its unused units
-// go back to Redis, and the next lease is counted under the new limit, so a lowered limit
-// admits no more than what was leased before it; units already leased under the old one count.
+// A changed limit (a rule change, an override, one expiring) retires the slice at the next
+// check of its key: its unused units are given back to Redis by the next lease call, before
+// it leases under the new limit (so that a lowered limit finds them returned, not the window
+// spent), and a lowered limit admits no more than what was leased before it and what it
+// leaves; units already leased under the old one count. A rule change that leaves a key's
+// limit as it was keeps its slice.
 type leaseTable struct {
 	store leaser
 	g     *guard
@@ -70,6 +73,13 @@ type lease struct {
 	remain int64        // what the window had left for everyone at the last grant
 	reset  time.Time    // the window's end on Redis's clock
 	refill *refill      // the lease call in flight, nil when none
+	owed   []owed       // retired units, given back by the next lease call before it leases
+}
+
+// owed is units of a retired slice that go back to Redis.
+type owed struct {
+	limit      bucket.Limit
+	wid, units int64
 }
 
 // refill is a lease call in flight; done is closed once its grant is applied or it failed.
@@ -131,17 +141,18 @@ func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int
 			tk = taken{l: l, wid: l.wid, units: cost}
 			var rf *refill
 			var want int64
+			var ow []owed
 			if l.refill == nil && !l.spent && l.avail*2 < slice {
 				// Topped up before it runs dry, so that checks rarely wait for a lease call.
-				rf, want = &refill{done: make(chan struct{})}, slice-l.avail
-				l.refill = rf
+				rf, want, ow = &refill{done: make(chan struct{})}, slice-l.avail, l.owed
+				l.refill, l.owed = rf, nil
 			}
 			l.mu.Unlock()
 			if rf != nil {
 				t.bg.Add(1)
 				go func() {
 					defer t.bg.Done()
-					t.lease(l, lim, want, rf)
+					t.lease(l, lim, want, rf, ow)
 				}()
 			}
 			return res, tk, true
@@ -158,10 +169,10 @@ func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int
 			if live {
 				want -= l.avail
 			}
-			rf := &refill{done: make(chan struct{})}
-			l.refill = rf
+			rf, ow := &refill{done: make(chan struct{})}, l.owed
+			l.refill, l.owed = rf, nil
 			l.mu.Unlock()
-			if !t.lease(l, lim, want, rf) {
+			if !t.lease(l, lim, want, rf, ow) {
 				return res, taken{}, false
 			}
 		default:
@@ -179,10 +190,13 @@ func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int
 	}
 }
 
-// lease runs one lease call of want units for l and applies its grant; it reports whether the
-// call succeeded. The call has a deadline of its own, not a check's: its grant is for every
-// check of the key, and a grant nobody applies is lost to the window.
-func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill) bool {
+// lease gives back ow, then runs one lease call of want units for l and applies its grant; it
+// reports whether the call succeeded. The calls have deadlines of their own, not a check's:
+// the grant is for every check of the key, and a grant nobody applies is lost to the window.
+func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill, ow []owed) bool {
+	for _, o := range ow {
+		t.giveBackNow(o)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
 	sentAt := t.now()
 	g, err := t.store.Lease(ctx, lim, want)
@@ -205,8 +219,10 @@ func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill) b
 		return false
 	}
 	if l.limit.Limit != lim.Limit || l.limit.Window != lim.Window {
-		// The limit changed while the call was out: its units go back (lost if that fails).
-		t.giveBackLater(lim, g.Window, g.Units)
+		// The limit changed while the call was out: its units go back with the next lease.
+		if g.Units > 0 {
+			l.owed = append(l.owed, owed{limit: lim, wid: g.Window, units: g.Units})
+		}
 		return true
 	}
 	until := sentAt + int64(g.Reset.Sub(g.Now))
@@ -253,51 +269,24 @@ func (t *leaseTable) giveBack(tk taken) {
 	l.mu.Unlock()
 }
 
-// retireLocked takes l's slice out of use and gives its units back to Redis in the
-// background; l.mu is held.
+// retireLocked takes l's slice out of use; its units are owed to Redis. l.mu is held.
 func (t *leaseTable) retireLocked(l *lease, now int64) {
 	if now < l.until && l.avail > 0 {
-		t.giveBackLater(l.limit, l.wid, l.avail)
+		l.owed = append(l.owed, owed{limit: l.limit, wid: l.wid, units: l.avail})
 	}
 	l.avail, l.until, l.spent = 0, 0, false
 }
 
-// giveBackLater gives units of window wid back to Redis in the background.
-func (t *leaseTable) giveBackLater(lim bucket.Limit, wid, units int64) {
-	if units <= 0 {
-		return
-	}
-	t.bg.Add(1)
-	go func() {
-		defer t.bg.Done()
-		t.giveBackNow(lim, wid, units)
-	}()
-}
-
-func (t *leaseTable) giveBackNow(lim bucket.Limit, wid, units int64) {
+// giveBackNow gives o back to Redis; a failure loses its units to their window.
+func (t *leaseTable) giveBackNow(o owed) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
 	defer cancel()
-	n, err := t.store.GiveBack(ctx, lim, wid, units)
+	n, err := t.store.GiveBack(ctx, o.limit, o.wid, o.units)
 	if err != nil {
-		t.log.Warn("giving back a leased slice failed; its units are lost to the window", "key", lim.Key, "units", units, "err", err)
+		t.log.Warn("giving back a leased slice failed; its units are lost to the window", "key", o.limit.Key, "units", o.units, "err", err)
 		return
 	}
 	t.tel.leaseReturned.Add(context.Background(), n)
-}
-
-// release retires every slice (their unused units go back to Redis) and forgets them: after a
-// rule change, whose limits the next leases are counted under.
-func (t *leaseTable) release() {
-	t.mu.Lock()
-	m := t.m
-	t.m = make(map[string]*lease)
-	t.mu.Unlock()
-	now := t.now()
-	for _, l := range m {
-		l.mu.Lock()
-		t.retireLocked(l, now)
-		l.mu.Unlock()
-	}
 }
 
 // forget drops the slices of keys without giving them back (a reset deletes their buckets):
@@ -317,8 +306,9 @@ func (t *leaseTable) forget(keys []string) {
 	}
 }
 
-// close gives every slice back and waits for the calls in the background (within the store's
-// timeout each): a checker that stops leaves its unused units to the others.
+// close gives every slice back to Redis, once the calls in the background are done (each
+// within the store's timeout): a checker that stops leaves its unused units to the others.
+// Checks must not be in flight.
 func (t *leaseTable) close() {
 	t.mu.Lock()
 	if t.closed {
@@ -327,6 +317,19 @@ func (t *leaseTable) close() {
 	}
 	t.closed = true
 	t.mu.Unlock()
-	t.release()
 	t.bg.Wait()
+	now := t.now()
+	var ow []owed
+	t.mu.RLock()
+	for _, l := range t.m {
+		l.mu.Lock()
+		t.retireLocked(l, now)
+		ow = append(ow, l.owed...)
+		l.owed = nil
+		l.mu.Unlock()
+	}
+	t.mu.RUnlock()
+	for _, o := range ow {
+		t.giveBackNow(o)
+	}
 }

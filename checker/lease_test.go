@@ -8,6 +8,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // leaseEndpoint is an endpoint of the test's own: a global rule's bucket is one key for every
@@ -170,43 +175,44 @@ func TestLeasedAllOrNothing(t *testing.T) {
 }
 
 // TestLeasedLimitLowered: a limit lowered mid-window counts what was leased before it and no
-// more: the old slice's unused units go back to Redis at the rule change.
+// more: the next check of the key gives the old slice's unused units back before it leases
+// under the new limit, whether the rules changed (SetRules) or only the effective limit did
+// (an override expiring by the clock: the rule set stays, its limit for the key changes).
 func TestLeasedLimitLowered(t *testing.T) {
 	t.Parallel()
-	ep := leaseEndpoint(t)
-	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
-	ctx := context.Background()
-	for range 10 {
-		if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
-			t.Fatalf("check under the limit: %v, %v", out, err)
-		}
+	tests := []struct {
+		name string
+		swap func(e *Engine, set *rules.Set)
+	}{
+		{"rule change", func(e *Engine, set *rules.Set) { e.SetRules(set) }},
+		{"effective limit", func(e *Engine, set *rules.Set) { e.rules.Store(set) }},
 	}
-	rdb := redisSrv.UniversalClient()
-	defer rdb.Close()
-	e.SetRules(mustRules(t, leasedRules(ep, 50, 20, 1_000_000)))
-	// The slice's 90 unused units go back in the background: wait for that, not for a time.
-	for {
-		n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 10 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	allowed := 0
-	for range 100 {
-		out, err := e.Check(ctx, userQuery("u", ep))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out.Allowed {
-			allowed++
-		}
-	}
-	if allowed != 40 {
-		t.Errorf("after lowering the limit to 50 with 10 admitted: %d more allowed, want 40", allowed)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ep := leaseEndpoint(t)
+			e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
+			ctx := context.Background()
+			for range 10 {
+				if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
+					t.Fatalf("check under the limit: %v, %v", out, err)
+				}
+			}
+			tt.swap(e, mustRules(t, leasedRules(ep, 50, 20, 1_000_000)))
+			allowed := 0
+			for range 100 {
+				out, err := e.Check(ctx, userQuery("u", ep))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out.Allowed {
+					allowed++
+				}
+			}
+			if allowed != 40 {
+				t.Errorf("after lowering the limit to 50 with 10 admitted: %d more allowed, want 40", allowed)
+			}
+		})
 	}
 }
 
@@ -378,5 +384,104 @@ func TestLeasedReset(t *testing.T) {
 	}
 	if got := admit(2 * limit); got != limit {
 		t.Errorf("after the reset: %d allowed, want the limit %d (the old slice dropped)", got, limit)
+	}
+}
+
+// counterSum is the sum of counter name's data points in r.
+func counterSum(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestLeasedShadowAndMetrics: a shadow leased rule reports its denial without denying, and
+// checks decided from slices are counted with the units leased.
+func TestLeasedShadowAndMetrics(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	doc := fmt.Sprintf(`rules:
+  - {id: hot-shadow, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 5, window: 1h, shadow: true, lease: {slice: 2}}
+`, ep)
+	reader := sdkmetric.NewManualReader()
+	e := newEngine(t, Config{Rules: mustRules(t, doc), Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")})
+	shadowDenied := 0
+	for range 8 {
+		out, err := e.Check(context.Background(), userQuery("u", ep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !out.Allowed {
+			t.Fatalf("a shadow rule denied a check: %+v", out)
+		}
+		if len(out.Limits) != 1 || out.Limits[0].Rule.ID != "hot-shadow" {
+			t.Fatalf("limits: got %+v, want hot-shadow's alone", out.Limits)
+		}
+		if !out.Limits[0].Result.Allowed {
+			shadowDenied++
+		}
+	}
+	if shadowDenied != 3 {
+		t.Errorf("shadow limit of 5: %d of 8 checks reported denied, want 3", shadowDenied)
+	}
+	tests := []struct {
+		metric string
+		want   int64
+	}{
+		{"quotaflow.checks.leased", 8},
+		{"quotaflow.lease.units", 5},
+	}
+	for _, tt := range tests {
+		if got := counterSum(t, reader, tt.metric); got != tt.want {
+			t.Errorf("%s: got %d, want %d", tt.metric, got, tt.want)
+		}
+	}
+}
+
+// TestLeasedCloseGivesBack: an engine that closes gives its unused units back, and a rule
+// change that leaves a key's limit as it was keeps its slice (no lease call for it).
+func TestLeasedCloseGivesBack(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
+	ctx := context.Background()
+	rdb := redisSrv.UniversalClient()
+	defer rdb.Close()
+	counter := func() int64 {
+		n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for range 10 {
+		if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
+			t.Fatalf("check: %v, %v", out, err)
+		}
+	}
+	e.SetRules(mustRules(t, leasedRules(ep, 1000, 100, 5)))
+	for range 5 {
+		if out, err := e.Check(ctx, userQuery("v", ep)); err != nil || !out.Allowed {
+			t.Fatalf("check after the rule change: %v, %v", out, err)
+		}
+	}
+	if got := counter(); got != 100 {
+		t.Errorf("counter after a rule change keeping the limit: got %d, want the one slice of 100", got)
+	}
+	e.Close()
+	if got := counter(); got != 15 {
+		t.Errorf("counter after Close: got %d, want the 15 used", got)
 	}
 }
