@@ -56,7 +56,7 @@ type leaseTable struct {
 	epoch time.Time
 	tel   *instruments
 
-	mu     sync.RWMutex // every check reads m; rule changes and new keys write it
+	mu     sync.RWMutex      // every check reads m; rule changes and new keys write it
 	m      map[string]*lease // by bucket key
 	closed bool
 	bg     sync.WaitGroup // refills and give-backs in the background
