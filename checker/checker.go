@@ -188,6 +188,9 @@ func (e *Engine) SetRules(set *rules.Set) {
 	if e.olc != nil {
 		e.olc.clear() // a raised limit must not be denied from the cache
 	}
+	if e.leases != nil {
+		e.leases.bump() // slices of limits the new rules changed go back at their key's next check
+	}
 }
 
 // InstanceID identifies this checker in decision ids and events.

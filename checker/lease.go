@@ -3,7 +3,9 @@ package checker
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -43,12 +45,15 @@ var _ leaser = (*bucket.Store)(nil)
 // included. A window whose counter was spent is not asked again until its end (spent): units
 // another checker gives back meanwhile are lost to this one, which errs towards denying.
 //
-// A changed limit (a rule change, an override, one expiring) retires the slice at the next
-// check of its key: its unused units are given back to Redis by the next lease call, before
-// it leases under the new limit (so that a lowered limit finds them returned, not the window
-// spent), and a lowered limit admits no more than what was leased before it and what it
-// leaves; units already leased under the old one count. A rule change that leaves a key's
-// limit as it was keeps its slice.
+// A slice is leased under one limit and used only by checks under that limit: a key has one
+// slice per effective limit (tier overrides give one global key several at once, which must
+// not evict each other at every check). After a rule change (SetRules, which overrides and
+// their expiry go through), the first check of a key under the new rules retires the key's
+// slices of other limits, leased under older rules: their unused units are given back to
+// Redis by the next lease call, before it leases (so that a lowered limit finds them
+// returned, not the window spent). A lowered limit thus admits no more than what was leased
+// before it and what it leaves; units already leased under the old one count. A rule change
+// that leaves a key's limit as it was keeps its slice.
 type leaseTable struct {
 	store leaser
 	g     *guard
@@ -56,14 +61,22 @@ type leaseTable struct {
 	epoch time.Time
 	tel   *instruments
 
-	mu     sync.RWMutex      // every check reads m; rule changes and new keys write it
-	m      map[string]*lease // by bucket key
+	gen    atomic.Uint64 // the rule set's generation (bump)
+	mu     sync.RWMutex  // every check reads m; new keys and limits write it
+	m      map[leaseKey]*lease
 	closed bool
 	bg     sync.WaitGroup // refills and give-backs in the background
 }
 
-// lease is one key's slice in this process.
+// leaseKey names a slice: a bucket key and the limit it is leased under.
+type leaseKey struct {
+	key   string
+	limit int64
+}
+
+// lease is one key's slice in this process, under one limit.
 type lease struct {
+	gen    atomic.Uint64 // the rule set's generation it was last looked up in
 	mu     sync.Mutex
 	limit  bucket.Limit // what the slice was leased under
 	wid    int64        // its window's id
@@ -96,25 +109,51 @@ type taken struct {
 }
 
 func newLeaseTable(store leaser, g *guard, log *slog.Logger, tel *instruments) *leaseTable {
-	return &leaseTable{store: store, g: g, log: log, epoch: time.Now(), tel: tel, m: make(map[string]*lease)}
+	return &leaseTable{store: store, g: g, log: log, epoch: time.Now(), tel: tel, m: make(map[leaseKey]*lease)}
 }
 
 func (t *leaseTable) now() int64 { return int64(time.Since(t.epoch)) }
 
-// get returns key's lease, made for lim when there is none.
+// bump starts a new generation of rules: the next lookup of each key retires its slices of
+// the limits the new rules no longer give it.
+func (t *leaseTable) bump() { t.gen.Add(1) }
+
+// get returns the slice of lim's key under lim's limit, made when there is none. The first
+// lookup of a generation retires the key's slices of other limits from older generations
+// into it, to be given back by its next lease call.
 func (t *leaseTable) get(lim bucket.Limit) *lease {
+	k := leaseKey{lim.Key, lim.Limit}
+	cur := t.gen.Load()
 	t.mu.RLock()
-	l, ok := t.m[lim.Key]
+	l, ok := t.m[k]
 	t.mu.RUnlock()
-	if ok {
+	if ok && l.gen.Load() == cur {
 		return l
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l, ok = t.m[lim.Key]
-	if !ok {
+	if l, ok = t.m[k]; !ok {
 		l = &lease{limit: lim}
-		t.m[lim.Key] = l
+		t.m[k] = l
+	}
+	l.gen.Store(cur)
+	now := t.now()
+	for ko, o := range t.m {
+		if ko.key != lim.Key || ko.limit == lim.Limit || o.gen.Load() >= cur {
+			continue
+		}
+		delete(t.m, ko)
+		o.mu.Lock()
+		t.retireLocked(o, now)
+		ow := o.owed
+		o.owed = nil
+		o.mu.Unlock()
+		if len(ow) > 0 {
+			l.mu.Lock()
+			// Asked again even if its window looked spent: the units go back first.
+			l.owed, l.spent = append(l.owed, ow...), false
+			l.mu.Unlock()
+		}
 	}
 	return l
 }
@@ -129,10 +168,6 @@ func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int
 	for {
 		now := t.now()
 		l.mu.Lock()
-		if l.limit.Limit != lim.Limit || l.limit.Window != lim.Window {
-			t.retireLocked(l, now)
-			l.limit = lim
-		}
 		live := now < l.until
 		switch {
 		case live && l.avail >= cost:
@@ -218,13 +253,6 @@ func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill, o
 	if err != nil {
 		return false
 	}
-	if l.limit.Limit != lim.Limit || l.limit.Window != lim.Window {
-		// The limit changed while the call was out: its units go back with the next lease.
-		if g.Units > 0 {
-			l.owed = append(l.owed, owed{limit: lim, wid: g.Window, units: g.Units})
-		}
-		return true
-	}
 	until := sentAt + int64(g.Reset.Sub(g.Now))
 	now := t.now()
 	switch {
@@ -293,16 +321,16 @@ func (t *leaseTable) giveBackNow(o owed) {
 // the next checks lease from the reset counter. Other checkers keep the slices they hold
 // until their window ends, at most a slice each on top of the reset window's limit.
 func (t *leaseTable) forget(keys []string) {
-	for _, k := range keys {
-		t.mu.Lock()
-		l, ok := t.m[k]
-		delete(t.m, k)
-		t.mu.Unlock()
-		if ok {
-			l.mu.Lock()
-			l.avail, l.until, l.spent = 0, 0, false
-			l.mu.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, l := range t.m {
+		if !slices.Contains(keys, k.key) {
+			continue
 		}
+		delete(t.m, k)
+		l.mu.Lock()
+		l.avail, l.until, l.spent, l.owed = 0, 0, false, nil
+		l.mu.Unlock()
 	}
 }
 

@@ -175,9 +175,11 @@ func TestLeasedAllOrNothing(t *testing.T) {
 }
 
 // TestLeasedLimitLowered: a limit lowered mid-window counts what was leased before it and no
-// more: the next check of the key gives the old slice's unused units back before it leases
-// under the new limit, whether the rules changed (SetRules) or only the effective limit did
-// (an override expiring by the clock: the rule set stays, its limit for the key changes).
+// more: the first check under the new rules gives the old slice's unused units back before it
+// leases under the new limit. Also when a check saw the new limit before SetRules did (an
+// override expiring by the clock is seen by Effective before the rule store rebuilds the set):
+// that check finds the window spent, and the first check after SetRules gives the old slice
+// back and asks again.
 func TestLeasedLimitLowered(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -185,7 +187,13 @@ func TestLeasedLimitLowered(t *testing.T) {
 		swap func(e *Engine, set *rules.Set)
 	}{
 		{"rule change", func(e *Engine, set *rules.Set) { e.SetRules(set) }},
-		{"effective limit", func(e *Engine, set *rules.Set) { e.rules.Store(set) }},
+		{"limit seen before the rule change", func(e *Engine, set *rules.Set) {
+			e.rules.Store(set)
+			if _, err := e.Check(context.Background(), userQuery("gap", set.Rules()[0].Endpoint)); err != nil {
+				t.Fatal(err)
+			}
+			e.SetRules(set)
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -483,5 +491,47 @@ func TestLeasedCloseGivesBack(t *testing.T) {
 	e.Close()
 	if got := counter(); got != 15 {
 		t.Errorf("counter after Close: got %d, want the 15 used", got)
+	}
+}
+
+// TestLeasedTierLimits: a tier multiplier gives one global key two limits at once, one per
+// tier; each keeps its own slice, so checks alternating between the tiers lease one slice
+// each instead of evicting each other's at every check.
+func TestLeasedTierLimits(t *testing.T) {
+	t.Parallel()
+	ep := leaseEndpoint(t)
+	doc := fmt.Sprintf(`default_tier: free
+tiers: {free: {}, premium: {}}
+rules:
+  - {id: hot, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 100}}
+`, ep)
+	now := time.Now()
+	set := mustRules(t, doc).WithOverrides([]rules.Override{{ID: "half", Tier: "free", Multiplier: 0.5, Reason: "test", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}})
+	reader := sdkmetric.NewManualReader()
+	e := newEngine(t, Config{Rules: set, Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")})
+	limits := map[string]int64{}
+	for i := range 100 {
+		q := userQuery("u", ep)
+		q.Tier = []string{"free", "premium"}[i%2]
+		out, err := e.Check(context.Background(), q)
+		if err != nil || !out.Allowed {
+			t.Fatalf("check %d: %+v, %v", i, out, err)
+		}
+		limits[q.Tier] = out.Limits[0].Limit.Limit
+	}
+	if limits["free"] != 500 || limits["premium"] != 1000 {
+		t.Fatalf("effective limits: got %v, want free 500, premium 1000", limits)
+	}
+	tests := []struct {
+		metric string
+		want   int64
+	}{
+		{"quotaflow.lease.units", 200},
+		{"quotaflow.lease.returned", 0},
+	}
+	for _, tt := range tests {
+		if got := counterSum(t, reader, tt.metric); got != tt.want {
+			t.Errorf("%s after 100 checks alternating between two tiers: got %d, want %d", tt.metric, got, tt.want)
+		}
 	}
 }
