@@ -207,42 +207,60 @@ func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int
 			rf, ow := &refill{done: make(chan struct{})}, l.owed
 			l.refill, l.owed = rf, nil
 			l.mu.Unlock()
-			if !t.lease(l, lim, want, rf, ow) {
+			t.bg.Add(1)
+			go func() {
+				defer t.bg.Done()
+				t.lease(l, lim, want, rf, ow)
+			}()
+			if !t.wait(ctx, rf) {
 				return res, taken{}, false
 			}
 		default:
 			rf := l.refill
 			l.mu.Unlock()
-			select {
-			case <-rf.done:
-				if !rf.ok {
-					return res, taken{}, false
-				}
-			case <-ctx.Done():
+			if !t.wait(ctx, rf) {
 				return res, taken{}, false
 			}
 		}
 	}
 }
 
+// wait waits for the lease call rf, at most the store's timeout (a check's bound on a store
+// call) and while ctx lasts, and reports whether it succeeded in time. A check that stops
+// waiting goes to the store; the call goes on, and its grant serves the checks after it.
+func (t *leaseTable) wait(ctx context.Context, rf *refill) bool {
+	timer := time.NewTimer(t.g.timeout)
+	defer timer.Stop()
+	select {
+	case <-rf.done:
+		return rf.ok
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	return false
+}
+
+// callTimeout bounds a lease or give-back call. Like a batch's (minBatchTimeout), it is longer
+// than a check waits: no check is bound by it, and a process starved of CPU that reads the
+// reply late must not lose the units it was granted.
+func (t *leaseTable) callTimeout() time.Duration { return max(t.g.timeout, minBatchTimeout) }
+
 // lease gives back ow, then runs one lease call of want units for l and applies its grant; it
 // reports whether the call succeeded. The calls have deadlines of their own, not a check's:
 // the grant is for every check of the key, and a grant nobody applies is lost to the window.
+// They tell the circuit nothing: a lease that fails sends its checks to the store, whose
+// batcher reports the outcome of its round trips, and the circuit it opens stops the leases.
 func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill, ow []owed) bool {
 	for _, o := range ow {
 		t.giveBackNow(o)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), t.callTimeout())
 	sentAt := t.now()
 	g, err := t.store.Lease(ctx, lim, want)
 	cancel()
 	if err != nil {
-		if bucket.Unavailable(err) {
-			t.g.circuit.record(err)
-		}
 		t.log.Warn("leasing a slice failed; its checks go to the store", "key", lim.Key, "err", err)
 	} else {
-		t.g.circuit.record(nil)
 		t.tel.leaseUnits.Add(context.Background(), g.Units)
 	}
 	l.mu.Lock()
@@ -307,7 +325,7 @@ func (t *leaseTable) retireLocked(l *lease, now int64) {
 
 // giveBackNow gives o back to Redis; a failure loses its units to their window.
 func (t *leaseTable) giveBackNow(o owed) {
-	ctx, cancel := context.WithTimeout(context.Background(), t.g.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), t.callTimeout())
 	defer cancel()
 	n, err := t.store.GiveBack(ctx, o.limit, o.wid, o.units)
 	if err != nil {
