@@ -103,7 +103,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		return nil, err
 	}
 	if !degraded && e.olc != nil && !peek {
-		e.cacheDenials(pl, results, q.Cost, sentAt)
+		e.cacheDenials(pl, out, results, q.Cost, sentAt)
 	}
 	for i, res := range results {
 		for j, lr := range res.Limits {
@@ -285,13 +285,18 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 	return true
 }
 
-// cacheDenials remembers the enforced buckets that denied.
-func (e *Engine) cacheDenials(pl plan, results []bucket.Result, cost, sentAt int64) {
+// cacheDenials remembers the enforced buckets that denied. Not those of leased rules (a check
+// with an idempotency key charges them in Redis): their slices answer a spent window without
+// Redis already, and a cached denial would keep the checks from the units this checker holds.
+func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, cost, sentAt int64) {
 	for i := range pl.reqs {
 		if pl.reqs[i].Shadow || results[i].Allowed || results[i].Replayed {
 			continue
 		}
 		for j, lr := range results[i].Limits {
+			if e.leases != nil && out.Limits[pl.at(i, j)].Rule.Lease > 0 {
+				continue
+			}
 			if !lr.Allowed {
 				e.olc.deny(pl.reqs[i].Limits[j].Key, cost, sentAt, lr)
 			}

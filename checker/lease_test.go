@@ -535,3 +535,49 @@ rules:
 		}
 	}
 }
+
+// TestLeasedWithKeyedChecks: checks with an idempotency key, charged in Redis on the counter the
+// slices are leased from, mixed with leased ones over three engines, admit exactly the limit:
+// a keyed check denied once the window is spent must not keep the other checks from the units
+// an engine still holds (the over-limit cache does not remember leased rules' denials).
+func TestLeasedWithKeyedChecks(t *testing.T) {
+	t.Parallel()
+	const limit, slice = 1000, 64
+	ep := leaseEndpoint(t)
+	set := mustRules(t, leasedRules(ep, limit, slice, 1_000_000))
+	engines := make([]*Engine, 3)
+	for i := range engines {
+		engines[i] = newEngine(t, Config{Rules: set})
+	}
+	var allowed, failed atomic.Int64
+	var resets sync.Map
+	var wg sync.WaitGroup
+	for w := range 24 {
+		wg.Go(func() {
+			e := engines[w%3]
+			for i := w; i < 3*limit; i += 24 {
+				q := userQuery(fmt.Sprintf("u%d", i%50), ep)
+				if i%7 == 0 {
+					q.IdempotencyKey = fmt.Sprintf("k-%s-%d", ep, i)
+				}
+				out, err := e.Check(context.Background(), q)
+				if err != nil || out.Degraded {
+					failed.Add(1)
+					continue
+				}
+				if out.Allowed {
+					allowed.Add(1)
+					resets.Store(out.Limits[0].Result.ResetAt.Unix(), true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	sameWindow(t, &resets)
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d checks failed or were degraded", n)
+	}
+	if got := allowed.Load(); got != limit {
+		t.Errorf("%d checks, a seventh with an idempotency key, admitted %d, want exactly %d", 3*limit, got, limit)
+	}
+}
