@@ -101,6 +101,7 @@ type Engine struct {
 	instanceID  string
 	decisionSeq atomic.Uint64
 	olc         *overLimitCache // nil when disabled
+	leases      *leaseTable     // nil when the store cannot lease
 	tel         *instruments
 }
 
@@ -162,6 +163,9 @@ func New(cfg Config) *Engine {
 		store = e.ownStore
 	}
 	e.store.use(store, cfg.store == nil)
+	if l, ok := store.(leaser); ok {
+		e.leases = newLeaseTable(l, e.store, e.log, e.tel)
+	}
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
 	}
@@ -198,6 +202,9 @@ func (e *Engine) SetRules(set *rules.Set) {
 	if e.olc != nil {
 		e.olc.clear() // a raised limit must not be denied from the cache
 	}
+	if e.leases != nil {
+		e.leases.bump() // slices of limits the new rules changed go back at their key's next check
+	}
 }
 
 // InstanceID identifies this checker in decision ids and events.
@@ -209,6 +216,9 @@ func (e *Engine) Rules() *rules.Set { return e.rules.Load() }
 // Close stops background work (the store's batch loops, the probe) and closes the Redis client
 // if the Engine made it. Checks must not be in flight.
 func (e *Engine) Close() error {
+	if e.leases != nil {
+		e.leases.close() // unused slices go back to Redis while the store still runs
+	}
 	e.store.close()
 	var err error
 	if e.ownStore != nil {

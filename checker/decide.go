@@ -11,10 +11,21 @@ import (
 
 // plan is a check's bucket requests (one per subject's enforced limits and one per its shadow
 // limits), in the form the store takes them, and where each request's results go in the
-// outcome: first[i] is the index in Outcome.Limits of reqs[i].Limits[0].
+// outcome: first[i] is the index in Outcome.Limits of reqs[i].Limits[0], and of its other
+// limits in order, unless idx is set (a plan whose leased limits were taken out, by
+// decideLeased), which then holds the index of every limit.
 type plan struct {
 	reqs  []bucket.Request
 	first []int
+	idx   [][]int
+}
+
+// at is the index in Outcome.Limits of reqs[i].Limits[j].
+func (pl *plan) at(i, j int) int {
+	if pl.idx != nil {
+		return pl.idx[i][j]
+	}
+	return pl.first[i] + j
 }
 
 // Check decides q and charges it: every matching rule of every subject, plus the global rules,
@@ -64,13 +75,27 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		out.summarize()
 		return e.record(ctx, q, out, peek, start), nil
 	}
+	// Leased limits are decided from this process's slices; the rest goes to the store.
+	var lz leasedPart
+	if e.leases != nil && !peek && q.IdempotencyKey == "" {
+		if pl, lz = e.decideLeased(ctx, pl, out, q.Cost); lz.decided > 0 {
+			e.tel.leased.Add(ctx, 1)
+		}
+		if lz.denied || len(pl.reqs) == 0 {
+			e.leasedOnly(&lz, out)
+			return e.record(ctx, q, out, peek, start), nil
+		}
+	}
 	var sentAt int64
 	if e.olc != nil {
 		sentAt = e.olc.now()
 	}
 	results, degraded, err := e.store.check(ctx, pl.reqs, func(i, j int) rules.FailMode {
-		return out.Limits[pl.first[i]+j].Rule.FailMode
+		return out.Limits[pl.at(i, j)].Rule.FailMode
 	})
+	if err != nil {
+		e.leases.giveBackAll(&lz)
+	}
 	if errors.Is(err, ErrIdempotencyConflict) {
 		return nil, idempotencyConflict()
 	}
@@ -78,15 +103,19 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		return nil, err
 	}
 	if !degraded && e.olc != nil && !peek {
-		e.cacheDenials(pl, results, q.Cost, sentAt)
+		e.cacheDenials(pl, out, results, q.Cost, sentAt)
 	}
 	for i, res := range results {
 		for j, lr := range res.Limits {
-			l := &out.Limits[pl.first[i]+j]
+			l := &out.Limits[pl.at(i, j)]
 			l.Result, l.Degraded = LimitResult(lr), degraded
 		}
 		out.Replayed = out.Replayed || res.Replayed
 		out.Now = res.Now
+		if !pl.reqs[i].Shadow && !pl.reqs[i].Peek && !res.Allowed {
+			// The store denied: the units taken from slices go back to them.
+			e.leases.giveBackAll(&lz)
+		}
 	}
 	out.summarize()
 	return e.record(ctx, q, out, peek, start), nil
@@ -243,7 +272,7 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 		}
 		for j := range req.Limits {
 			if res, ok := e.olc.lookup(req.Limits[j].Key, cost, now); ok {
-				lo := out.Limits[pl.first[i]+j]
+				lo := out.Limits[pl.at(i, j)]
 				lo.Result = LimitResult(res)
 				hits = append(hits, lo)
 			}
@@ -256,13 +285,18 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 	return true
 }
 
-// cacheDenials remembers the enforced buckets that denied.
-func (e *Engine) cacheDenials(pl plan, results []bucket.Result, cost, sentAt int64) {
+// cacheDenials remembers the enforced buckets that denied. Not those of leased rules (a check
+// with an idempotency key charges them in Redis): their slices answer a spent window without
+// Redis already, and a cached denial would keep the checks from the units this checker holds.
+func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, cost, sentAt int64) {
 	for i := range pl.reqs {
 		if pl.reqs[i].Shadow || results[i].Allowed || results[i].Replayed {
 			continue
 		}
 		for j, lr := range results[i].Limits {
+			if e.leases != nil && out.Limits[pl.at(i, j)].Rule.Lease > 0 {
+				continue
+			}
 			if !lr.Allowed {
 				e.olc.deny(pl.reqs[i].Limits[j].Key, cost, sentAt, lr)
 			}

@@ -62,6 +62,14 @@ type DocRule struct {
 	// that many leading bits (default 64 and 32); ip rules only.
 	IPv6Prefix Scalar `yaml:"ipv6_prefix,omitempty" json:"ipv6_prefix,omitempty"`
 	IPv4Prefix Scalar `yaml:"ipv4_prefix,omitempty" json:"ipv4_prefix,omitempty"`
+	// Lease makes a global fixed_window rule's budget leased: each checker takes slices of
+	// its window from Redis and decides checks from them in process (Rule.Lease).
+	Lease *DocLease `yaml:"lease,omitempty" json:"lease,omitempty"`
+}
+
+// DocLease is a rule's lease: how many units a checker takes from Redis at a time.
+type DocLease struct {
+	Slice Scalar `yaml:"slice" json:"slice"`
 }
 
 // DocWarnings are warning thresholds: document-wide under warnings:, or a rule's own under

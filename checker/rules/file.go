@@ -276,7 +276,38 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	}
 	r.IPv6Prefix = prefixBits(p, where, "ipv6_prefix", fr.IPv6Prefix, 128, r.Dimension)
 	r.IPv4Prefix = prefixBits(p, where, "ipv4_prefix", fr.IPv4Prefix, 32, r.Dimension)
+	if fr.Lease != nil {
+		r.Lease = leaseSlice(p, where, fr.Lease, &r)
+	}
 	return r, len(p.list) == n
+}
+
+// leaseSlice validates a rule's lease: a slice of 1 to the limit, on a global fixed_window
+// rule only. A lease is a share of one window's count taken ahead of the checks it pays for:
+// only a window algorithm can be split that way exactly (a token bucket's or GCRA's budget
+// refills continuously, and a slice taken now would be spent at a later, fuller, instant),
+// and only a key every check shares is hot enough to be worth a slice per checker.
+func leaseSlice(p *problems, where string, l *DocLease, r *Rule) int64 {
+	n := len(p.list)
+	if r.Dimension.Valid() && r.Dimension != DimensionGlobal {
+		p.add(where, "lease: only global rules are leased (one bucket every check shares); this rule counts per %s", r.Dimension)
+	}
+	if r.Algorithm.Valid() && r.Algorithm != bucket.FixedWindow {
+		p.add(where, "lease: only fixed_window rules are leased (a slice is a share of one window's count); this rule is %s", r.Algorithm)
+	}
+	slice, err := parseCount(string(l.Slice))
+	switch {
+	case l.Slice == "":
+		p.add(where, "lease: slice: required (the units a checker takes at a time)")
+	case err != nil:
+		p.add(where, "lease: slice: %v", err)
+	case r.Limit > 0 && slice > r.Limit:
+		p.add(where, "lease: slice: %d is more than the limit (%d)", slice, r.Limit)
+	}
+	if len(p.list) != n {
+		return 0
+	}
+	return slice
 }
 
 // ValidatePattern checks a rule's endpoint pattern: "*", an exact path, or a path prefix ending

@@ -28,6 +28,7 @@ rules:
   - {id: user-orders, dimension: user, endpoint: /api/v1/orders, algorithm: sliding_window_log, limit: 10, window: 1m, shadow: true}
   - {id: ip-all, dimension: ip, endpoint: /*, algorithm: leaky_bucket, limit: 300, window: 1m, fail_mode: local}
   - {id: global-api, dimension: global, endpoint: /api/*, algorithm: gcra, limit: 100000, window: 1s, fail_mode: closed}
+  - {id: global-hot, dimension: global, endpoint: /hot, algorithm: fixed_window, limit: 1000000, window: 1s, lease: {slice: 250}}
 `
 
 func mustParse(t testing.TB, doc string) *Set {
@@ -99,6 +100,12 @@ func TestParseValues(t *testing.T) {
 	}
 	if r, _ := s.Rule("user-orders"); !r.Shadow {
 		t.Error("user-orders: shadow = false, want true")
+	}
+	if r, _ := s.Rule("global-hot"); r.Lease != 250 {
+		t.Errorf("global-hot lease slice = %d, want 250", r.Lease)
+	}
+	if r, _ := s.Rule("global-api"); r.Lease != 0 {
+		t.Errorf("global-api lease slice = %d, want 0 (not leased)", r.Lease)
 	}
 	if r, _ := s.Rule("ip-all"); r.FailMode != FailLocal {
 		t.Errorf("ip-all fail mode = %s, want local", r.FailMode)
@@ -191,6 +198,12 @@ func TestParseErrors(t *testing.T) {
 		{"ipv4 prefix too long", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv4_prefix: 33}", []string{`ipv4_prefix: want a number of leading bits from 1 to 32, got "33"`}},
 		{"ipv4 prefix not a number", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, ipv4_prefix: /24}", []string{`ipv4_prefix: want a number of leading bits from 1 to 32, got "/24"`}},
 		{"ip rules grouping one family alike", "rules:\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}\n- {id: b, dimension: ip, endpoint: /x, algorithm: gcra, limit: 9, window: 1s, ipv6_prefix: 48}", []string{`duplicates rule "a"`}},
+		{"lease on a user rule", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 2}}", []string{`rule "a" (rules[0]): lease: only global rules are leased`, "counts per user"}},
+		{"lease on gcra", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, lease: {slice: 2}}", []string{`rule "a" (rules[0]): lease: only fixed_window rules are leased`, "this rule is gcra"}},
+		{"lease without slice", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {}}", []string{`rule "a" (rules[0]): lease: slice: required`}},
+		{"lease slice zero", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 0}}", []string{`lease: slice: want a whole number from 1`}},
+		{"lease slice above limit", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 6}}", []string{`rule "a" (rules[0]): lease: slice: 6 is more than the limit (5)`}},
+		{"lease unknown field", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slices: 2}}", []string{"slices"}},
 		{"all problems at once", "rules:\n- {id: a, dimension: nope, endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
 	}
 	for _, tt := range tests {

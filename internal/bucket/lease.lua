@@ -1,0 +1,126 @@
+-- lease: a slice of a fixed_window bucket's budget, taken by one checker to decide checks in
+-- its own process, or the part of it that checker did not use, given back (Store.Lease,
+-- Store.GiveBack; checker's leased rules). It is a script of its own, not a mode of check.lua:
+-- every file under lua/ is part of the one check script, and a lease is no check.
+--
+-- The bucket is the one lua/fixed_window.lua keeps, in the same state, so leases, ordinary
+-- charges and peeks of one key count against one counter: every unit a lease grants is counted
+-- in the window's n when granted, whether or not its checker ever admits a check with it.
+--
+-- KEYS[1]  the fixed_window bucket key, in either of fixed_window's layouts (see below)
+-- ARGV[1]  mode: "take" or "give"
+-- ARGV[2]  L, the limit per window (take; ignored by give)
+-- ARGV[3]  W, the window in µs
+-- ARGV[4]  take: the units wanted; give: the units given back (>= 1, decimal integers)
+-- ARGV[5]  give: the window id the units were taken in; take: ignored
+--
+-- Time comes only from redis.call('TIME'): now = sec * 1e6 + usec (µs); wid = floor(now / W).
+-- A stored w ahead of the clock (the clock stepped back) is kept as the current window, as
+-- fixed_window does.
+-- take: grant = min(want, max(0, L - n)), a partial grant when the window has less left than
+--   wanted (0 when it has nothing), and n += grant; a new window is written with PEXPIREAT its
+--   end, as fixed_window writes it. Nothing is written for a grant of 0.
+--   Reply: { granted, wid, now_us, reset_us, remaining } as decimal strings, reset_us = the end
+--   of the window, (wid + 1) * W, remaining = L - n after the grant (>= 0).
+-- give: n -= units (not below 0) when the stored window is ARGV[5]: units of a window that has
+--   ended are gone with it. Reply: { given } (0 when the window has ended).
+-- State: fixed_window's, in the layout the key is in. The previous layout is a hash
+--   {w = window id, n = count}; the compact one (--bucket-layout compact, in the versions that
+--   have it) a string "<n * 8 + wid % 8>" expiring at its window's end, whose window is the
+--   current one when its low bits say so and else (wid + 1) * W = PEXPIRETIME * 1000 (see
+--   lua/fixed_window.lua where it has that layout). A lease reads both; it writes a count of
+--   the stored window in the key's own layout (SET KEEPTTL keeps a compact key compact), and a
+--   new window as a hash, which every version reads (a compact writer converts it at its next
+--   charge): so leases work whatever layout the checkers write, and write what all can read.
+-- Commands: TIME, HMGET (GET and PEXPIRETIME on a compact key), and when it changes something
+-- HSET (+ PEXPIREAT for a new window, DEL first over a compact key of an older window) or
+-- SET KEEPTTL.
+
+local mode = ARGV[1]
+local W = tonumber(ARGV[3])
+local units = tonumber(ARGV[4])
+if #KEYS ~= 1 or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
+  return redis.error_reply('ERR lease: malformed arguments')
+end
+local key = KEYS[1]
+local floor, format = math.floor, string.format
+
+-- read returns the stored window id (nil for none), its count, what holds it ('h' a hash, 's' a
+-- compact string, false nothing) and, for a compact string, its value's low bits. now is the
+-- current time in µs, for the compact layout's low bits (nil when unknown: give).
+local function read(now)
+  local h = redis.pcall('HMGET', key, 'w', 'n')
+  if not h.err then
+    local sw = tonumber(h[1])
+    return sw, tonumber(h[2]) or 0, sw and 'h' or false
+  end
+  local v = tonumber(redis.call('GET', key)) or 0
+  local r = v % 8
+  local n = (v - r) / 8
+  if now and r == floor(now / W) % 8 then
+    return floor(now / W), n, 's', r
+  end
+  local e = redis.call('PEXPIRETIME', key)
+  if e < 0 then -- no expiry: never written so by a checker; counted as the current window's
+    return now and floor(now / W), n, 's', r
+  end
+  return floor(e * 1000 / W) - 1, n, 's', r
+end
+
+-- write stores count n of window wid, held as read said (r: a compact string's low bits).
+local function write(held, wid, n, r, reset)
+  if held == 's' then
+    redis.call('SET', key, format('%d', n * 8 + r), 'KEEPTTL')
+    return
+  end
+  if held == 'h' then
+    redis.call('HSET', key, 'n', format('%d', n))
+    return
+  end
+  redis.call('DEL', key) -- a compact string of an older window, which HSET cannot write over
+  redis.call('HSET', key, 'w', format('%d', wid), 'n', format('%d', n))
+  redis.call('PEXPIREAT', key, format('%d', math.ceil(reset / 1000)))
+end
+
+if mode == 'give' then
+  local wid = tonumber(ARGV[5])
+  if not wid then
+    return redis.error_reply('ERR lease: give without window id')
+  end
+  local sw, n, held, r = read(nil)
+  if sw ~= wid then
+    return { '0' }
+  end
+  local given = units
+  if given > n then given = n end
+  write(held, wid, n - given, r)
+  return { format('%d', given) }
+end
+
+if mode ~= 'take' then
+  return redis.error_reply('ERR lease: unknown mode')
+end
+local L = tonumber(ARGV[2])
+if not L or L < 1 then
+  return redis.error_reply('ERR lease: malformed limit')
+end
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local wid = floor(now / W)
+local sw, n, held, r = read(now)
+if sw and sw >= wid then
+  wid = sw
+else
+  -- Nothing of the current window: a new one is written as a hash.
+  n, held = 0, held and 'x' or false
+end
+local grant = L - n
+if grant < 0 then grant = 0 end
+if grant > units then grant = units end
+local reset = (wid + 1) * W
+if grant > 0 then
+  write(held, wid, n + grant, r, reset)
+end
+local rem = L - n - grant
+if rem < 0 then rem = 0 end
+return { format('%d', grant), format('%d', wid), format('%d', now), format('%d', reset), format('%d', rem) }
