@@ -55,7 +55,7 @@ func (s *Store) Lease(ctx context.Context, l Limit, want int64) (Grant, error) {
 	if want < 1 || want > maxValue {
 		return Grant{}, fmt.Errorf("bucket: lease %q: %w: %w, got %d", l.Key, ErrInvalidRequest, errCostRange, want)
 	}
-	arr, err := leaseScript.Run(ctx, s.rdb, []string{l.Key}, "take", l.Limit, l.windowUS(), want, "").StringSlice()
+	arr, err := s.runLease(ctx, l.Key, "take", l.Limit, l.windowUS(), want, "")
 	if err != nil {
 		return Grant{}, fmt.Errorf("bucket: lease %q: %w", l.Key, err)
 	}
@@ -88,7 +88,7 @@ func (s *Store) GiveBack(ctx context.Context, l Limit, window, units int64) (int
 	if units < 1 || units > maxValue {
 		return 0, fmt.Errorf("bucket: give back %q: %w: %w, got %d", l.Key, ErrInvalidRequest, errCostRange, units)
 	}
-	arr, err := leaseScript.Run(ctx, s.rdb, []string{l.Key}, "give", l.Limit, l.windowUS(), units, strconv.FormatInt(window, 10)).StringSlice()
+	arr, err := s.runLease(ctx, l.Key, "give", l.Limit, l.windowUS(), units, strconv.FormatInt(window, 10))
 	if err != nil {
 		return 0, fmt.Errorf("bucket: give back %q: %w", l.Key, err)
 	}
@@ -100,4 +100,18 @@ func (s *Store) GiveBack(ctx context.Context, l Limit, window, units int64) (int
 		return 0, fmt.Errorf("bucket: give back %q: %w", l.Key, ErrMalformedReply)
 	}
 	return given, nil
+}
+
+// runLease runs lease.lua once on key with args. Like a check's script call (scriptCmd),
+// go-redis must never send it again after a failure that may come after it ran: a give-back
+// run twice would hand its units out twice. Only a NOSCRIPT reply, which proves it did not
+// run, is followed by EVAL, which also caches the script.
+func (s *Store) runLease(ctx context.Context, key string, args ...any) ([]string, error) {
+	cmd := newScriptCmd(ctx, append([]any{"evalsha", leaseScript.Hash(), 1, key}, args...), 1)
+	_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	if isNoScript(cmd.Err()) {
+		cmd = newScriptCmd(ctx, append([]any{"eval", leaseSource, 1, key}, args...), 1)
+		_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	}
+	return cmd.Result()
 }

@@ -1,11 +1,15 @@
 package bucket
 
 import (
+	"bytes"
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLease: a lease takes units of a fixed_window bucket's window as charges would, a partial
@@ -180,5 +184,48 @@ func TestLeaseCompactLayout(t *testing.T) {
 	}
 	if ttl, err := srv.PTTL(ctx, l.Key).Result(); err != nil || ttl <= 0 {
 		t.Errorf("compact key's expiry after a lease and a give-back: %v, %v; want it kept", ttl, err)
+	}
+}
+
+// TestLeaseCallsNotRetried: a lease or give-back whose connection closes after the call was
+// written may have run, so go-redis must not send it again, even with retries configured: a
+// give-back run twice would hand its units out twice. The server counts the calls it reads.
+func TestLeaseCallsNotRetried(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	addr := listen(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 1<<16)
+		for {
+			n, err := c.Read(buf)
+			if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) {
+				calls.Add(1)
+				return // read and dropped: it may have run
+			}
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("-ERR unknown command\r\n")) // HELLO: go-redis falls back to RESP2
+		}
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: 3, Protocol: 2, DisableIdentity: true})
+	defer rdb.Close()
+	s := NewStore(rdb)
+	defer s.Close()
+	l := lim("{lease}:k", FixedWindow, 100, time.Minute, 0)
+	for _, tt := range []struct {
+		name string
+		run  func() error
+	}{
+		{"lease", func() error { _, err := s.Lease(ctxT(t), l, 10); return err }},
+		{"give back", func() error { _, err := s.GiveBack(ctxT(t), l, 1, 10); return err }},
+	} {
+		calls.Store(0)
+		if err := tt.run(); err == nil {
+			t.Errorf("%s: no error from a server that closed the connection", tt.name)
+		}
+		if got := calls.Load(); got != 1 {
+			t.Errorf("%s: the server read %d calls, want 1 (never sent again)", tt.name, got)
+		}
 	}
 }
