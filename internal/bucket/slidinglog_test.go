@@ -179,6 +179,7 @@ func TestStoreSlidingLogLegacy(t *testing.T) {
 				}
 			}
 			srv := serverOf(t, c, l.Key)
+			ctx := ctxT(t) // the subtest's own: a parallel subtest may wait long for its turn
 			j := 0
 			for _, r := range tt.old {
 				zs := make([]redis.Z, r.units)
