@@ -32,7 +32,7 @@ printed to stderr every second; the report goes to stdout.`, stderr)
 	var o benchOptions
 	fs.StringVar(&o.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
 	fs.fromEnv("target")
-	fs.StringVar(&o.protocol, "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) or rls (Envoy's ShouldRateLimit over gRPC)")
+	fs.StringVar(&o.protocol, "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) rls (Envoy's ShouldRateLimit over gRPC) or gubernator (gubernator's GetRateLimits over gRPC, to compare with that peer)")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "closed loop: `N` workers; open loop: at most N checks in flight")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop at `R` checks per second in total (0: closed loop)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
@@ -73,8 +73,8 @@ printed to stderr every second; the report goes to stdout.`, stderr)
 
 func (o *benchOptions) validate() error {
 	switch {
-	case o.protocol != "connect" && o.protocol != "grpc" && o.protocol != "rls":
-		return fmt.Errorf("--protocol: want connect, grpc or rls, got %q", o.protocol)
+	case o.protocol != "connect" && o.protocol != "grpc" && o.protocol != "rls" && o.protocol != "gubernator":
+		return fmt.Errorf("--protocol: want connect, grpc, rls or gubernator, got %q", o.protocol)
 	case o.concurrency < 1 || o.concurrency > loadgen.MaxConcurrency:
 		return fmt.Errorf("--concurrency: want 1 to %d, got %d", loadgen.MaxConcurrency, o.concurrency)
 	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):

@@ -250,7 +250,7 @@ func TestBenchUsage(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{[]string{"--protocol", "smoke"}, nil, "--protocol: want connect, grpc or rls"},
+		{[]string{"--protocol", "smoke"}, nil, "--protocol: want connect, grpc, rls or gubernator"},
 		{[]string{"--concurrency", "0"}, nil, "--concurrency: want 1 to"},
 		{[]string{"--rate", "-1"}, nil, "--rate"},
 		{[]string{"--duration", "0s"}, nil, "--duration: want more than 0"},

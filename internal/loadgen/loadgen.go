@@ -35,6 +35,10 @@ const (
 	ProtocolGRPC Protocol = "grpc"
 	// ProtocolRLS sends Envoy's ShouldRateLimit over gRPC on HTTP/2.
 	ProtocolRLS Protocol = "rls"
+	// ProtocolGubernator sends gubernator's GetRateLimits over gRPC on HTTP/2, one request
+	// named after Endpoint with the subject as its key and a limit no benchmark reaches: the
+	// peer docs/performance.md compares with.
+	ProtocolGubernator Protocol = "gubernator"
 )
 
 // Distribution is how checks pick their subject.
@@ -156,8 +160,8 @@ func (c Config) withDefaults() Config {
 // validate checks a Config with its defaults set.
 func (c *Config) validate() error {
 	switch {
-	case c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC && c.Protocol != ProtocolRLS:
-		return configErrorf("Protocol", "want connect, grpc or rls, got %q", c.Protocol)
+	case c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC && c.Protocol != ProtocolRLS && c.Protocol != ProtocolGubernator:
+		return configErrorf("Protocol", "want connect, grpc, rls or gubernator, got %q", c.Protocol)
 	case c.Concurrency < 1 || c.Concurrency > MaxConcurrency:
 		return configErrorf("Concurrency", "want 1 to %d, got %d", MaxConcurrency, c.Concurrency)
 	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):

@@ -71,7 +71,8 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 			}
 		}, tr.CloseIdleConnections, nil
 	}
-	// grpc and rls: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC services call.
+	// grpc, rls and gubernator: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC
+	// services call.
 	host := u.Host
 	if u.Port() == "" {
 		port := "80"
@@ -101,6 +102,9 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 				return resp.Allowed, nil
 			}
 		}, func() { conn.Close() }, nil
+	}
+	if cfg.Protocol == ProtocolGubernator {
+		return func() call { return gubernatorCall(conn, cfg.Endpoint) }, func() { conn.Close() }, nil
 	}
 	rls := ratelimitv3.NewRateLimitServiceClient(conn)
 	return func() call {
