@@ -12,8 +12,9 @@ import (
 
 // group is script calls of one pipeline sent as ONE call of the batch script (lua/batch.lua):
 // Redis then pays one EVALSHA, one script run and one reply for all of them instead of one
-// each, which is most of what a one-limit check costs it. Each call is still decided by the
-// same code, atomically and all-or-nothing on its own; the group only shares their overhead.
+// each (a third of what a one-limit check cost it, in batches of 32: docs/performance.md).
+// Each call is still decided by the same code, atomically and all-or-nothing on its own; the
+// group only shares their overhead.
 //
 // A group's calls are the pipeline's on a standalone server (or a Sentinel's master), and one
 // master's on a cluster, where the batch script's allow-cross-slot-keys flag lets one run touch
