@@ -89,11 +89,11 @@ func TestAlgorithmTable(t *testing.T) {
 // driverFiles are the Lua files that are no algorithm's module.
 var driverFiles = []string{"prelude", "need", "call", "check", "batch"}
 
-// dispatchLine is one branch of call.lua's dispatch on the algorithm code.
-var dispatchLine = regexp.MustCompile(`^\s*(?:else)?if c == '(\d+)' then return (\w+)_eval, (\w+)_commit, (\w+)_refund$`)
+// dispatchLine is one entry of call.lua's MODULES, the dispatch on the algorithm code.
+var dispatchLine = regexp.MustCompile(`^if (\w+)_eval then MODULES\['(\d+)'\] = \{(\w+)_eval, (\w+)_commit, (\w+)_refund\} end$`)
 
-// callDispatch returns the function prefix each code selects in call.lua's modules(c): the
-// if/elseif chain after its "local function modules(c)" line.
+// callDispatch returns the function prefix each code selects in call.lua's MODULES: the lines
+// after its "local MODULES = {}".
 func callDispatch(t *testing.T) map[string]string {
 	t.Helper()
 	src, err := luaFiles.ReadFile("lua/call.lua")
@@ -103,22 +103,22 @@ func callDispatch(t *testing.T) map[string]string {
 	var got map[string]string
 	for n, line := range strings.Split(string(src), "\n") {
 		switch {
-		case line == "local function modules(c)":
+		case line == "local MODULES = {}":
 			got = map[string]string{}
-		case got != nil && strings.TrimSpace(line) == "end":
+		case got != nil && line == "":
 			return got
 		case got != nil:
 			m := dispatchLine.FindStringSubmatch(line)
-			if m == nil || m[2] != m[3] || m[2] != m[4] {
-				t.Fatalf("call.lua:%d: got %q, want `elseif c == '<code>' then return <p>_eval, <p>_commit, <p>_refund`", n+1, line)
+			if m == nil || m[1] != m[3] || m[1] != m[4] || m[1] != m[5] {
+				t.Fatalf("call.lua:%d: got %q, want `if <p>_eval then MODULES['<code>'] = {<p>_eval, <p>_commit, <p>_refund} end`", n+1, line)
 			}
-			if _, dup := got[m[1]]; dup {
-				t.Errorf("call.lua:%d: code %s dispatched twice", n+1, m[1])
+			if _, dup := got[m[2]]; dup {
+				t.Errorf("call.lua:%d: code %s dispatched twice", n+1, m[2])
 			}
-			got[m[1]] = m[2]
+			got[m[2]] = m[1]
 		}
 	}
-	t.Fatal("call.lua: no modules(c) dispatch")
+	t.Fatal("call.lua: no MODULES dispatch")
 	return nil
 }
 

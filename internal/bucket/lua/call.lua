@@ -54,15 +54,24 @@
 -- Big values travel as strings: replies truncate Lua numbers and tostring keeps 14 digits.
 -- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
 
+-- MODULES maps an algorithm code to the eval, commit and refund functions of its module, for
+-- the modules this run built (need.lua): a table each, built here at chunk level, since a
+-- dispatch function would capture all six modules' functions as upvalues, and each capture
+-- costs a walk of the chunk's open upvalues on every run.
+local MODULES = {}
+if tb_eval then MODULES['1'] = {tb_eval, tb_commit, tb_refund} end
+if gcra_eval then MODULES['6'] = {gcra_eval, gcra_commit, gcra_refund} end
+if fw_eval then MODULES['3'] = {fw_eval, fw_commit, fw_refund} end
+if swc_eval then MODULES['5'] = {swc_eval, swc_commit, swc_refund} end
+if lb_eval then MODULES['2'] = {lb_eval, lb_commit, lb_refund} end
+if swl_eval then MODULES['4'] = {swl_eval, swl_commit, swl_refund} end
+
 -- modules returns the eval, commit and refund functions of algorithm code c (nil for a code
--- without a module, or one this run did not build: need.lua).
+-- without a module, or one this run did not build).
 local function modules(c)
-  if c == '1' then return tb_eval, tb_commit, tb_refund
-  elseif c == '6' then return gcra_eval, gcra_commit, gcra_refund
-  elseif c == '3' then return fw_eval, fw_commit, fw_refund
-  elseif c == '5' then return swc_eval, swc_commit, swc_refund
-  elseif c == '2' then return lb_eval, lb_commit, lb_refund
-  elseif c == '4' then return swl_eval, swl_commit, swl_refund
+  local m = MODULES[c]
+  if m then
+    return m[1], m[2], m[3]
   end
 end
 
