@@ -16,7 +16,7 @@ import (
 // benchOptions are bench's flags.
 type benchOptions struct {
 	target, protocol, distribution, endpoint, dimension, keyPrefix, domain string
-	concurrency, keys                                                      int
+	concurrency, keys, batch                                               int
 	rate                                                                   float64
 	duration, warmup, timeout                                              time.Duration
 	json                                                                   bool
@@ -35,6 +35,7 @@ printed to stderr every second; the report goes to stdout.`, stderr)
 	fs.StringVar(&o.protocol, "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) rls (Envoy's ShouldRateLimit over gRPC) or gubernator (gubernator's GetRateLimits over gRPC, to compare with that peer)")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "closed loop: `N` workers; open loop: at most N checks in flight")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop at `R` checks per second in total (0: closed loop)")
+	fs.IntVar(&o.batch, "batch", 1, fmt.Sprintf("`N` checks per RPC, sent as one CheckRateLimits (--protocol connect or grpc; at most %d); --concurrency then counts RPCs", loadgen.MaxBatch))
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
 	fs.DurationVar(&o.warmup, "warmup", 0, "load to send before measuring, not counted in the report")
 	fs.IntVar(&o.keys, "keys", 10000, fmt.Sprintf("number of distinct subjects (at most %d)", loadgen.MaxKeys))
@@ -85,6 +86,10 @@ func (o *benchOptions) validate() error {
 		return fmt.Errorf("--warmup: want 0 or more, got %s", o.warmup)
 	case o.timeout <= 0:
 		return fmt.Errorf("--timeout: want more than 0, got %s", o.timeout)
+	case o.batch < 1 || o.batch > loadgen.MaxBatch:
+		return fmt.Errorf("--batch: want 1 to %d checks per RPC, got %d", loadgen.MaxBatch, o.batch)
+	case o.batch > 1 && o.protocol != "connect" && o.protocol != "grpc":
+		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", o.protocol)
 	case o.keys < 1 || o.keys > loadgen.MaxKeys:
 		return fmt.Errorf("--keys: want 1 to %d, got %d", loadgen.MaxKeys, o.keys)
 	case !strings.HasPrefix(o.endpoint, "/"):
@@ -108,6 +113,7 @@ func (o *benchOptions) config(progress io.Writer) loadgen.Config {
 		Protocol:     loadgen.Protocol(o.protocol),
 		Concurrency:  o.concurrency,
 		Rate:         o.rate,
+		Batch:        o.batch,
 		Duration:     o.duration,
 		Warmup:       o.warmup,
 		Timeout:      o.timeout,

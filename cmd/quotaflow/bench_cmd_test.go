@@ -256,6 +256,8 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--duration", "0s"}, nil, "--duration: want more than 0"},
 		{[]string{"--keys", "0"}, nil, "--keys: want 1 to 1000000"},
 		{[]string{"--distribution", "pareto"}, nil, "--distribution: want uniform, zipf or hot"},
+		{[]string{"--batch", "0"}, nil, "--batch: want 1 to 1000 checks per RPC, got 0"},
+		{[]string{"--batch", "8", "--protocol", "rls"}, nil, "--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not rls"},
 		{[]string{"--dimension", "global"}, nil, "--dimension: want user, ip or apikey"},
 		{[]string{"--endpoint", "api"}, nil, "--endpoint"},
 		{nil, map[string]string{"QUOTAFLOW_TARGET": "localhost:8080"}, `--target: want an http:// or https:// URL, got "localhost:8080"`},

@@ -53,7 +53,7 @@ func (rawCodec) Name() string { return "proto" }
 
 // gubernatorCall returns a call sending one GetRateLimits of one request, name = the endpoint
 // and unique_key = the subject, on conn.
-func gubernatorCall(conn *grpc.ClientConn, endpoint string) call {
+func gubernatorCall(conn *grpc.ClientConn, endpoint string) func(context.Context, string) (bool, error) {
 	var req, resp []byte
 	opt := grpc.ForceCodec(rawCodec{})
 	return func(ctx context.Context, id string) (bool, error) {

@@ -20,6 +20,8 @@ import (
 const (
 	// MaxKeys bounds Config.Keys: the subjects' identifiers are made up front.
 	MaxKeys = 1_000_000
+	// MaxBatch bounds Config.Batch: what CheckRateLimits accepts.
+	MaxBatch = 1000
 	// MaxConcurrency bounds Config.Concurrency.
 	MaxConcurrency = 10_000
 )
@@ -102,6 +104,11 @@ type Config struct {
 	KeyPrefix string
 	// Domain is the RLS domain of ProtocolRLS. Empty is a valid domain, and is sent as such.
 	Domain string
+	// Batch is the number of checks per RPC: above 1, each call is one CheckRateLimits of
+	// Batch checks (ProtocolConnect and ProtocolGRPC only), whose answers all count the RPC's
+	// latency; Concurrency then counts RPCs and Rate still counts checks. 0 or 1 means one
+	// check per RPC. At most MaxBatch.
+	Batch int
 	// Progress receives a line a second while the run lasts, rewritten in place when it is a
 	// terminal; nil means no progress.
 	Progress io.Writer
@@ -176,6 +183,10 @@ func (c *Config) validate() error {
 		return configErrorf("Keys", "want 1 to %d, got %d", MaxKeys, c.Keys)
 	case !strings.HasPrefix(c.Endpoint, "/"):
 		return configErrorf("Endpoint", "want a path starting with /, got %q", c.Endpoint)
+	case c.Batch < 0 || c.Batch > MaxBatch:
+		return configErrorf("Batch", "want 0 to %d checks per RPC, got %d", MaxBatch, c.Batch)
+	case c.Batch > 1 && c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC:
+		return configErrorf("Batch", "batches are CheckRateLimits calls, of protocol connect or grpc, not %s", c.Protocol)
 	case c.Distribution != DistributionUniform && c.Distribution != DistributionZipf && c.Distribution != DistributionHot:
 		return configErrorf("Distribution", "want uniform, zipf or hot, got %q", c.Distribution)
 	}

@@ -14,6 +14,7 @@ type Report struct {
 	Mode         string  `json:"mode"` // closed or open
 	Concurrency  int     `json:"concurrency"`
 	Rate         float64 `json:"rate"`
+	Batch        int     `json:"batch,omitempty"` // checks per RPC, when more than one
 	Keys         int     `json:"keys"`
 	Distribution string  `json:"distribution"`
 	DurationS    float64 `json:"duration_s"` // measured time
@@ -43,6 +44,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	mode := fmt.Sprintf("closed loop with %d workers", r.Concurrency)
 	if r.Mode == "open" {
 		mode = fmt.Sprintf("open loop at %g checks/s, at most %d in flight", r.Rate, r.Concurrency)
+	}
+	if r.Batch > 1 {
+		mode += fmt.Sprintf(", %d checks per RPC", r.Batch)
 	}
 	fmt.Fprintf(&b, "quotaflow bench: %s to %s for %s, %s\n", r.cfg.Protocol, r.cfg.Target, r.cfg.Duration, mode)
 	fmt.Fprintf(&b, "  %d %s subjects (%s) on %s\n", r.Keys, r.cfg.Dimension, r.Distribution, r.cfg.Endpoint)

@@ -52,9 +52,10 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 		workers sync.WaitGroup
 		slots   chan time.Time // open loop: due times, from pace
 	)
+	perCall := max(cfg.Batch, 1) // checks per call
 	interval := 0.0
 	if cfg.Rate > 0 {
-		interval = float64(time.Second) / cfg.Rate
+		interval = float64(time.Second) * float64(perCall) / cfg.Rate
 		slots = make(chan time.Time, cfg.Concurrency)
 		go pace(runCtx, start, end, interval, slots)
 	}
@@ -63,6 +64,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 		workers.Add(1)
 		call := newCall()
 		picker, _ := newKeyPicker(cfg.Distribution, cfg.Keys, seed+uint64(w)) // validated by Run
+		batch := make([]string, perCall)
 		go func() {
 			defer workers.Done()
 			for {
@@ -82,13 +84,16 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 				} else if slots != nil {
 					sent.Add(1)
 				}
+				for i := range batch {
+					batch[i] = ids[picker.next()]
+				}
 				cctx, ccancel := context.WithTimeout(runCtx, cfg.Timeout)
-				allowed, err := call(cctx, ids[picker.next()])
+				allowed, denied, err := call(cctx, batch)
 				ccancel()
 				if err != nil && ctx.Err() != nil {
 					return // interrupted: not the target's error
 				}
-				st.done(allowed, err, time.Since(from))
+				st.done(allowed, denied, len(batch)-allowed-denied, err, time.Since(from))
 				if err != nil && slots == nil && !retry.Sleep(runCtx, errorPause) {
 					return
 				}
@@ -101,7 +106,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 	stopProgress()
 
 	rep := &Report{
-		Protocol: string(cfg.Protocol), Mode: "closed", Concurrency: cfg.Concurrency, Rate: cfg.Rate, Keys: cfg.Keys,
+		Protocol: string(cfg.Protocol), Mode: "closed", Concurrency: cfg.Concurrency, Rate: cfg.Rate, Batch: cfg.Batch, Keys: cfg.Keys,
 		Distribution: string(cfg.Distribution), Interrupted: ctx.Err() != nil,
 		Allowed: measured.allowed.Load(), Denied: measured.denied.Load(), Errors: measured.errors.Load(),
 		ErrorSamples: measured.samples,
@@ -115,7 +120,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 	if cfg.Rate > 0 {
 		rep.Mode = "open"
 		if due := slotsBefore(start, end, interval) - slotsBefore(start, measureFrom, interval); !rep.Interrupted && due > sent.Load() {
-			rep.Missed = uint64(due - sent.Load())
+			rep.Missed = uint64(due-sent.Load()) * uint64(perCall)
 		}
 	}
 	h := &measured.hist

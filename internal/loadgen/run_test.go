@@ -25,9 +25,28 @@ import (
 // "deny-" are denied, all others allowed. It keeps the last request of each protocol, so that
 // tests can see what the generator sent.
 type fakeChecker struct {
-	mu    sync.Mutex
-	check *quotaflowv1.CheckRateLimitRequest // last of Connect or gRPC
-	rls   *ratelimitv3.RateLimitRequest
+	mu      sync.Mutex
+	check   *quotaflowv1.CheckRateLimitRequest // last of Connect or gRPC
+	batches []int                              // sizes of the CheckRateLimits calls
+	rls     *ratelimitv3.RateLimitRequest
+}
+
+// decideBatch answers a CheckRateLimits: subjects starting with "err-" get an error.
+func (f *fakeChecker) decideBatch(req *quotaflowv1.CheckRateLimitsRequest) *quotaflowv1.CheckRateLimitsResponse {
+	f.mu.Lock()
+	f.batches = append(f.batches, len(req.GetChecks()))
+	f.mu.Unlock()
+	resp := &quotaflowv1.CheckRateLimitsResponse{}
+	for _, c := range req.GetChecks() {
+		r := &quotaflowv1.CheckRateLimitsResult{}
+		if strings.HasPrefix(c.GetIdentifier(), "err-") {
+			r.Result = &quotaflowv1.CheckRateLimitsResult_Error{Error: &quotaflowv1.CheckError{Code: 3, Message: "no such subject"}}
+		} else {
+			r.Result = &quotaflowv1.CheckRateLimitsResult_Response{Response: f.decide(c)}
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	return resp
 }
 
 func (f *fakeChecker) decide(req *quotaflowv1.CheckRateLimitRequest) *quotaflowv1.CheckRateLimitResponse {
@@ -55,6 +74,14 @@ type (
 
 func (h connectHandler) CheckRateLimit(ctx context.Context, req *connect.Request[quotaflowv1.CheckRateLimitRequest]) (*connect.Response[quotaflowv1.CheckRateLimitResponse], error) {
 	return connect.NewResponse(h.decide(req.Msg)), nil
+}
+
+func (h connectHandler) CheckRateLimits(ctx context.Context, req *connect.Request[quotaflowv1.CheckRateLimitsRequest]) (*connect.Response[quotaflowv1.CheckRateLimitsResponse], error) {
+	return connect.NewResponse(h.decideBatch(req.Msg)), nil
+}
+
+func (g grpcServer) CheckRateLimits(ctx context.Context, req *quotaflowv1.CheckRateLimitsRequest) (*quotaflowv1.CheckRateLimitsResponse, error) {
+	return g.decideBatch(req), nil
 }
 
 func (g grpcServer) CheckRateLimit(ctx context.Context, req *quotaflowv1.CheckRateLimitRequest) (*quotaflowv1.CheckRateLimitResponse, error) {
@@ -107,6 +134,8 @@ func TestRun(t *testing.T) {
 		{"grpc open denied", Config{Target: grpcURL + "/", Protocol: ProtocolGRPC, Rate: 200, KeyPrefix: "deny-"}, false},
 		{"rls closed hot", Config{Target: grpcURL, Protocol: ProtocolRLS, Concurrency: 4, Distribution: DistributionHot, Domain: "d"}, true},
 		{"rls open denied", Config{Target: grpcURL, Protocol: ProtocolRLS, Rate: 200, KeyPrefix: "deny-", Dimension: DimensionAPIKey}, false},
+		{"connect batch closed", Config{Target: connectURL, Concurrency: 2, Batch: 8, KeyPrefix: "ok-"}, true},
+		{"grpc batch open denied", Config{Target: grpcURL, Protocol: ProtocolGRPC, Rate: 200, Batch: 4, KeyPrefix: "deny-"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +158,15 @@ func TestRun(t *testing.T) {
 				t.Errorf("mode %q, want closed", rep.Mode)
 			}
 		})
+	}
+	// The batch configs sent batches of their size, and only those.
+	for _, n := range f.batches {
+		if n != 4 && n != 8 {
+			t.Errorf("a CheckRateLimits of %d checks; want 4 or 8", n)
+		}
+	}
+	if len(f.batches) == 0 {
+		t.Error("no CheckRateLimits: want the batch configs to send them")
 	}
 	// The last requests carry what the configs asked for, with the defaults filled in.
 	if c := f.check; c.GetEndpoint() != "/api/v1/orders" || !strings.HasPrefix(c.GetIdentifier(), "deny-") {
@@ -209,6 +247,9 @@ func TestRunConfigErrors(t *testing.T) {
 		{Config{Warmup: -time.Second}, "Warmup"},
 		{Config{Timeout: -time.Second}, "Timeout"},
 		{Config{Keys: MaxKeys + 1}, "Keys"},
+		{Config{Batch: -1}, "Batch"},
+		{Config{Batch: MaxBatch + 1}, "Batch"},
+		{Config{Batch: 2, Protocol: ProtocolRLS}, "Batch"},
 		{Config{Endpoint: "api"}, "Endpoint"},
 		{Config{Distribution: "pareto"}, "Distribution"},
 		{Config{Dimension: "global"}, "Dimension"},
@@ -220,5 +261,21 @@ func TestRunConfigErrors(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Field != tt.field || rep != nil {
 			t.Errorf("Run(%+v) = %v, %v; want a *ConfigError for %s", tt.cfg, rep, err, tt.field)
 		}
+	}
+}
+
+// TestRunBatchErrors: a check of a batch that gets an error counts as one error, the others
+// of its batch as answered.
+func TestRunBatchErrors(t *testing.T) {
+	t.Parallel()
+	_, grpcURL := startFake(t, &fakeChecker{})
+	rep, err := Run(context.Background(), Config{Target: grpcURL, Protocol: ProtocolGRPC, Concurrency: 1, Batch: 10,
+		Keys: 1, KeyPrefix: "err-", Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Errors == 0 || rep.Errors%10 != 0 || rep.Allowed+rep.Denied != 0 || len(rep.ErrorSamples) != 1 ||
+		!strings.Contains(rep.ErrorSamples[0], "no such subject") {
+		t.Errorf("report %+v: want every check an error, in tens, with the check's message", rep)
 	}
 }

@@ -21,23 +21,21 @@ type stats struct {
 	samples []string // the first distinct error messages
 }
 
-func (s *stats) done(allowed bool, err error, latency time.Duration) {
-	switch {
-	case err != nil:
-		s.errors.Add(1)
+// done counts the answers of one call, each of which took latency, and the checks that got
+// none (failed), for err.
+func (s *stats) done(allowed, denied, failed int, err error, latency time.Duration) {
+	s.allowed.Add(uint64(allowed))
+	s.denied.Add(uint64(denied))
+	if err != nil {
+		s.errors.Add(uint64(max(failed, 1)))
 		msg := err.Error()
 		s.mu.Lock()
 		if len(s.samples) < errorSamples && !slices.Contains(s.samples, msg) {
 			s.samples = append(s.samples, msg)
 		}
 		s.mu.Unlock()
-		return
-	case allowed:
-		s.allowed.Add(1)
-	default:
-		s.denied.Add(1)
 	}
-	s.hist.record(latency)
+	s.hist.record(latency, uint64(allowed+denied))
 }
 
 // histogram is a log-linear latency histogram in the manner of HdrHistogram: values below 256µs
@@ -76,12 +74,16 @@ func histUpper(i int) uint64 {
 	return (m+1)<<shift - 1
 }
 
-func (h *histogram) record(d time.Duration) {
+// record counts n values of d.
+func (h *histogram) record(d time.Duration, n uint64) {
+	if n == 0 {
+		return
+	}
 	v := uint64(max(d.Microseconds(), 0))
 	v = min(v, histMaxUS)
-	h.counts[histIndex(v)].Add(1)
-	h.total.Add(1)
-	h.sum.Add(v)
+	h.counts[histIndex(v)].Add(n)
+	h.total.Add(n)
+	h.sum.Add(v * n)
 	for {
 		m := h.max.Load()
 		if v <= m || h.max.CompareAndSwap(m, v) {

@@ -27,7 +27,7 @@ func TestHistogram(t *testing.T) {
 		t.Error("empty histogram: want zeros")
 	}
 	for v := 1; v <= 100; v++ { // exact below 256µs
-		h.record(time.Duration(v) * time.Microsecond)
+		h.record(time.Duration(v)*time.Microsecond, 1)
 	}
 	for q, want := range map[float64]uint64{0.01: 1, 0.5: 50, 0.9: 90, 0.99: 99, 0.999: 100, 1: 100} {
 		if got := h.quantile(q); got != want {
@@ -40,7 +40,7 @@ func TestHistogram(t *testing.T) {
 
 	var u histogram
 	for v := 1; v <= 100000; v++ {
-		u.record(time.Duration(v) * time.Microsecond)
+		u.record(time.Duration(v)*time.Microsecond, 1)
 	}
 	for _, q := range []float64{0.5, 0.9, 0.99, 0.999} {
 		want := q * 100000
@@ -52,8 +52,8 @@ func TestHistogram(t *testing.T) {
 		t.Errorf("quantile(1) = %d, want the maximum 100000", u.quantile(1))
 	}
 	var big histogram
-	big.record(-time.Second)    // clamped to 0
-	big.record(100 * time.Hour) // clamped to the largest value
+	big.record(-time.Second, 1)  // clamped to 0
+	big.record(100*time.Hour, 1) // clamped to the largest value
 	if big.quantile(0.5) != 0 || big.quantile(1) != histMaxUS {
 		t.Errorf("clamping: quantiles %d, %d", big.quantile(0.5), big.quantile(1))
 	}

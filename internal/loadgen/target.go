@@ -31,9 +31,62 @@ var dimensions = map[Dimension]struct {
 	DimensionAPIKey: {quotaflowv1.Dimension_DIMENSION_API_KEY, "api_key"},
 }
 
-// call sends one check for subject id; it reports whether it was allowed. Each worker gets its
-// own, so that it may reuse its request.
-type call func(ctx context.Context, id string) (allowed bool, err error)
+// clientWindow is the flow-control window of the gRPC clients' streams and connections (see
+// newTarget): 1 MiB, far above what concurrent checks have in flight.
+const clientWindow = 1 << 20
+
+// call sends the checks of one RPC, one per subject in ids (one unless Config.Batch), and
+// counts how many were allowed and denied; err is why the others got no answer. Each worker
+// gets its own, so that it may reuse its request.
+type call func(ctx context.Context, ids []string) (allowed, denied int, err error)
+
+// single adapts a call of one check.
+func single(one func(ctx context.Context, id string) (bool, error)) call {
+	return func(ctx context.Context, ids []string) (int, int, error) {
+		allowed, err := one(ctx, ids[0])
+		switch {
+		case err != nil:
+			return 0, 0, err
+		case allowed:
+			return 1, 0, nil
+		}
+		return 0, 1, nil
+	}
+}
+
+// batchCounts counts the answers of a CheckRateLimits; err is the first check's error.
+func batchCounts(results []*quotaflowv1.CheckRateLimitsResult, want int) (allowed, denied int, err error) {
+	for _, r := range results {
+		switch {
+		case r.GetResponse() == nil:
+			if err == nil {
+				err = fmt.Errorf("CheckRateLimits: %s", r.GetError().GetMessage())
+			}
+		case r.GetResponse().Allowed:
+			allowed++
+		default:
+			denied++
+		}
+	}
+	if len(results) != want && err == nil {
+		err = fmt.Errorf("CheckRateLimits: %d results for %d checks", len(results), want)
+	}
+	return allowed, denied, err
+}
+
+// batchRequest is a CheckRateLimits request of n checks of dim on endpoint, whose identifiers
+// fill sets before each call.
+func batchRequest(dim quotaflowv1.Dimension, endpoint string, n int) (req *quotaflowv1.CheckRateLimitsRequest, fill func(ids []string)) {
+	req = &quotaflowv1.CheckRateLimitsRequest{Checks: make([]*quotaflowv1.CheckRateLimitRequest, n)}
+	for i := range req.Checks {
+		req.Checks[i] = &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: endpoint}
+	}
+	return req, func(ids []string) {
+		for i, id := range ids {
+			req.Checks[i].Identifier = id
+		}
+	}
+}
 
 // newTarget returns a maker of per-worker calls for cfg's protocol and a function releasing the
 // connections. cfg must be valid.
@@ -60,15 +113,26 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		rpc := client.NewRPC(base, client.RPCConfig{HTTPClient: &http.Client{Transport: tr},
 			Options: []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}})
 		return func() call {
+			if cfg.Batch > 1 {
+				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
+				return func(ctx context.Context, ids []string) (int, int, error) {
+					fill(ids)
+					resp, err := rpc.CheckRateLimits(ctx, connect.NewRequest(req))
+					if err != nil {
+						return 0, 0, err
+					}
+					return batchCounts(resp.Msg.Results, len(ids))
+				}
+			}
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return func(ctx context.Context, id string) (bool, error) {
+			return single(func(ctx context.Context, id string) (bool, error) {
 				msg.Identifier = id
 				resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
 				if err != nil {
 					return false, err
 				}
 				return resp.Msg.Allowed, nil
-			}
+			})
 		}, tr.CloseIdleConnections, nil
 	}
 	// grpc, rls and gubernator: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC
@@ -85,26 +149,41 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	if u.Scheme == "https" {
 		creds = credentials.NewTLS(&tls.Config{ServerName: u.Hostname()})
 	}
-	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds))
+	// Fixed windows turn off grpc-go's bandwidth-estimating pings, which Envoy, the client
+	// of a rate limit service, never sends: without them each quiet request costs the server a
+	// ping to answer, which no gateway would make it pay.
+	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(clientWindow), grpc.WithInitialConnWindowSize(clientWindow))
 	if err != nil {
 		return nil, nil, &ConfigError{Field: "Target", Err: err}
 	}
 	if cfg.Protocol == ProtocolGRPC {
 		rpc := quotaflowv1.NewRateLimiterClient(conn)
 		return func() call {
+			if cfg.Batch > 1 {
+				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
+				return func(ctx context.Context, ids []string) (int, int, error) {
+					fill(ids)
+					resp, err := rpc.CheckRateLimits(ctx, req)
+					if err != nil {
+						return 0, 0, err
+					}
+					return batchCounts(resp.Results, len(ids))
+				}
+			}
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return func(ctx context.Context, id string) (bool, error) {
+			return single(func(ctx context.Context, id string) (bool, error) {
 				msg.Identifier = id
 				resp, err := rpc.CheckRateLimit(ctx, msg)
 				if err != nil {
 					return false, err
 				}
 				return resp.Allowed, nil
-			}
+			})
 		}, func() { conn.Close() }, nil
 	}
 	if cfg.Protocol == ProtocolGubernator {
-		return func() call { return gubernatorCall(conn, cfg.Endpoint) }, func() { conn.Close() }, nil
+		return func() call { return single(gubernatorCall(conn, cfg.Endpoint)) }, func() { conn.Close() }, nil
 	}
 	rls := ratelimitv3.NewRateLimitServiceClient(conn)
 	return func() call {
@@ -112,7 +191,7 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		req := &ratelimitv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*rlcommonv3.RateLimitDescriptor{{
 			Entries: []*rlcommonv3.RateLimitDescriptor_Entry{subject, {Key: "path", Value: cfg.Endpoint}},
 		}}}
-		return func(ctx context.Context, id string) (bool, error) {
+		return single(func(ctx context.Context, id string) (bool, error) {
 			subject.Value = id
 			resp, err := rls.ShouldRateLimit(ctx, req)
 			if err != nil {
@@ -125,6 +204,6 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 				return false, nil
 			}
 			return false, fmt.Errorf("ShouldRateLimit: overall code %s", resp.OverallCode)
-		}
+		})
 	}, func() { conn.Close() }, nil
 }
