@@ -17,6 +17,10 @@ const (
 	SlidingWindowLog
 	SlidingWindowCounter
 	GCRA
+	// CalendarWindow is a fixed window over calendar periods (Limit.Periods): what a rule of
+	// fixed_window with a calendar window (1d, 1w, 1mo, 1y) counts with. Rules files never name
+	// it (ParseAlgorithm refuses it); its String is fixed_window's.
+	CalendarWindow
 )
 
 // algorithm is what tells one algorithm from another. Everything else that is per algorithm
@@ -34,6 +38,11 @@ type algorithm struct {
 	burst bool
 	// eval is the Go twin of the Lua module's eval, for Local.
 	eval func(s *state, p params, now, cost float64) outcome
+	// module is the name of its Lua module, lua/<module>.lua, when it is not name.
+	module string
+	// derived marks an algorithm that rules files do not name: another's variant, chosen by
+	// the rule's other fields.
+	derived bool
 }
 
 // algorithms is the one table of algorithms, indexed by Algorithm; entry 0 is none.
@@ -46,6 +55,15 @@ var algorithms = [...]algorithm{
 	SlidingWindowLog:     {name: "sliding_window_log", code: "swl", eval: evalSlidingLog},
 	SlidingWindowCounter: {name: "sliding_window_counter", code: "swc", eval: evalSlidingCounter},
 	GCRA:                 {name: "gcra", code: "gcra", burst: true, eval: evalGCRA},
+	CalendarWindow:       {name: "fixed_window", code: "cw", eval: evalCalendarWindow, module: "calendar_window", derived: true},
+}
+
+// moduleName is a's Lua module: lua/<moduleName>.lua.
+func (a Algorithm) moduleName() string {
+	if m := algorithms[a].module; m != "" {
+		return m
+	}
+	return algorithms[a].name
 }
 
 // eachAlgorithm yields every algorithm of the table, in its order.
@@ -61,7 +79,9 @@ func eachAlgorithm(yield func(Algorithm) bool) {
 var algorithmList = func() string {
 	var names []string
 	for a := range eachAlgorithm {
-		names = append(names, a.String())
+		if !algorithms[a].derived {
+			names = append(names, a.String())
+		}
 	}
 	last := len(names) - 1
 	return strings.Join(names[:last], ", ") + " or " + names[last]
@@ -93,7 +113,7 @@ func (a Algorithm) HasBurst() bool { return a.Valid() && algorithms[a].burst }
 // ParseAlgorithm returns the algorithm named s ("token_bucket", "gcra", ...).
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a := range eachAlgorithm {
-		if algorithms[a].name == s {
+		if algorithms[a].name == s && !algorithms[a].derived {
 			return a, nil
 		}
 	}

@@ -28,6 +28,19 @@ func windowID(t, w float64) float64 { return math.Floor(t / w) }
 // params is one limit in the script's terms.
 type params struct {
 	limit, window, burst float64
+	// start, first and second are a CalendarWindow's periods: the first's start and both
+	// lengths, in µs.
+	start, first, second float64
+}
+
+// paramsOf is l as the twins take it.
+func paramsOf(l *Limit) params {
+	p := params{limit: float64(l.Limit), window: float64(l.windowUS()), burst: float64(l.Capacity())}
+	if l.Algorithm == CalendarWindow {
+		p.start = float64(l.Periods.Start.UnixMicro())
+		p.first, p.second = float64(l.Periods.First.Microseconds()), float64(l.Periods.Second.Microseconds())
+	}
+	return p
 }
 
 // state is one bucket of Local. Which fields mean what depends on alg.
@@ -128,6 +141,31 @@ func evalFixedWindow(s *state, p params, now, cost float64) outcome {
 	o.ok = true
 	o.aused, o.arem, o.areset = after, nonneg(p.limit-after), reset
 	o.next = state{alg: FixedWindow, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
+	return o
+}
+
+// evalCalendarWindow is lua/calendar_window.lua's eval. The window id is the period's start
+// (µs here, seconds in Redis). A time outside both periods (a clock off by half a period or
+// more) is decided in the nearer of them.
+func evalCalendarWindow(s *state, p params, now, cost float64) outcome {
+	wid, reset := p.start, p.start+p.first
+	if now >= reset {
+		wid, reset = reset, reset+p.second
+	}
+	n := 0.0
+	if s != nil && s.t >= wid {
+		n = s.n
+		wid = s.t
+	}
+	o := outcome{used: n, rem: nonneg(p.limit - n), reset: reset}
+	if n+cost > p.limit {
+		o.retry = reset - now
+		return o
+	}
+	after := n + cost
+	o.ok = true
+	o.aused, o.arem, o.areset = after, nonneg(p.limit-after), reset
+	o.next = state{alg: CalendarWindow, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
 	return o
 }
 

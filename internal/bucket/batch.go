@@ -38,6 +38,10 @@ type StoreConfig struct {
 	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
 	// default (and what an unknown value means), or LayoutCompact. Both read every layout.
 	Layout Layout
+	// ClockOffset is added to Redis's time by this Store's scripts: a test's way to decide
+	// checks at another instant (a month's end) without waiting for it. Never set it in
+	// production: Stores that disagree on the time disagree on every bucket.
+	ClockOffset time.Duration
 	// Logger receives what a Check cannot return: a refund that failed after the Check had
 	// already returned its error. Nil means no log.
 	Logger *slog.Logger

@@ -3,7 +3,11 @@
 // in process, for the rules whose fail mode is "local" while Redis cannot be reached.
 package bucket
 
-import "time"
+import (
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/calendar"
+)
 
 // Limit is one limit of one subject.
 type Limit struct {
@@ -17,6 +21,10 @@ type Limit struct {
 	// Burst is the capacity of token bucket, leaky bucket and GCRA; 0 means Limit. Window
 	// algorithms ignore it.
 	Burst int64
+	// Periods are, for CalendarWindow, two consecutive calendar periods around the caller's
+	// clock (calendar.Period.Around): the decision is made in the one that holds Redis's time,
+	// and Window is only the unit's nominal length. Other algorithms ignore them.
+	Periods calendar.Span
 }
 
 // Capacity is the most a single check may consume: Burst for the algorithms that have one

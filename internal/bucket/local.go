@@ -94,7 +94,7 @@ func (l *Local) Check(now time.Time, req Request) Result {
 	all := true
 	for i := range req.Limits {
 		lim := &req.Limits[i]
-		p := params{limit: float64(lim.Limit), window: float64(lim.windowUS()), burst: float64(lim.Capacity())}
+		p := paramsOf(lim)
 		ps = append(ps, p)
 		st := l.shards[shardOf[i]].lookup(lim.Key, lim.Algorithm, nowUS)
 		outs = append(outs, evaluate(lim.Algorithm, st, p, nowUS, cost))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -20,7 +21,7 @@ var luaFiles embed.FS
 func luaOrder(driver string) []string {
 	order := []string{"prelude.lua", "need.lua"}
 	for a := range eachAlgorithm {
-		order = append(order, algorithms[a].name+".lua")
+		order = append(order, a.moduleName()+".lua")
 	}
 	return append(order, "call.lua", driver)
 }
@@ -36,7 +37,8 @@ type script struct {
 // the script's first line) lets one run touch keys of several cluster slots, all on the node it
 // runs on (lua/batch.lua); the check script keeps the defaults of a script without one. Then
 // the chunk-level constants: BATCH, which driver runs (need.lua), and COMPACT, the layout the
-// algorithm modules with two layouts write.
+// algorithm modules with two layouts write, and SHIFT, what the scripts add to Redis's time (0
+// but in tests: StoreConfig.ClockOffset).
 const (
 	checkHead = "local BATCH = false\n"
 	batchHead = "#!lua flags=allow-cross-slot-keys\nlocal BATCH = true\n"
@@ -44,11 +46,14 @@ const (
 
 // checkScripts and batchScripts hold, per Layout, the script of one call (lua/call.lua gives
 // its contract) and the script of many calls in one run (lua/batch.lua).
-var checkScripts, batchScripts = scriptsOf(checkHead, "check.lua"), scriptsOf(batchHead, "batch.lua")
+var checkScripts, batchScripts = scriptsOf(checkHead, "check.lua", 0), scriptsOf(batchHead, "batch.lua", 0)
 
-func scriptsOf(head, driver string) (s [layouts]*script) {
+// scriptsOf makes the scripts of each layout. shift is added to Redis's time
+// (StoreConfig.ClockOffset): SHIFT in the script, in µs.
+func scriptsOf(head, driver string, shift time.Duration) (s [layouts]*script) {
 	for l := range layouts {
-		src := head + "local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" + mustConcat(driver)
+		src := head + "local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" +
+			"local SHIFT = " + strconv.FormatInt(shift.Microseconds(), 10) + "\n" + mustConcat(driver)
 		s[l] = &script{Script: redis.NewScript(src), src: src}
 		s[l].sha = s[l].Hash()
 	}

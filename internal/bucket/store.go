@@ -39,6 +39,10 @@ func NewStore(rdb redis.UniversalClient) *Store {
 // request's keys are in one slot.
 func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
 	b := newBatcher(rdb, cfg)
+	if cfg.ClockOffset != 0 {
+		b.batch = scriptsOf(batchHead, "batch.lua", cfg.ClockOffset)[b.cfg.Layout]
+		return &Store{rdb: rdb, b: b, script: scriptsOf(checkHead, "check.lua", cfg.ClockOffset)[b.cfg.Layout]}
+	}
 	return &Store{rdb: rdb, b: b, script: checkScripts[b.cfg.Layout]}
 }
 
@@ -446,7 +450,8 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 		if i < len(tokens) && tokens[i] != "" {
 			token = j.str(tokens[i])
 		}
-		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(l.windowUS()), j.num(l.Capacity()), token)
+		w, b := l.scriptArgs()
+		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(w), j.num(b), token)
 	}
 	j.calls = append(j.calls, call{args: j.args[a0:len(j.args):len(j.args)], nkeys: nk, refund: mode == modeRefund})
 }

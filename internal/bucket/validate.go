@@ -62,9 +62,37 @@ func (l *Limit) validate() error {
 		return fmt.Errorf("window must be between 1µs and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.Window)
 	case l.Burst < 0 || l.Burst > maxValue:
 		return fmt.Errorf("burst must be between 0 and %d, got %d", int64(maxValue), l.Burst)
+	case l.Algorithm == CalendarWindow:
+		return l.validatePeriods()
+	}
+	return nil
+}
+
+// maxPeriod bounds each calendar period of a CalendarWindow: its length in seconds travels in
+// 25 bits (lua/calendar_window.lua), which a leap year and a DST hour fill to 0.94.
+const maxPeriod = (1<<25 - 1) * time.Second
+
+func (l *Limit) validatePeriods() error {
+	p := l.Periods
+	switch {
+	case p.Start.Unix() < 1 || p.Start.Nanosecond() != 0:
+		return fmt.Errorf("calendar periods must start on a whole second after 1970, got %v", p.Start)
+	case p.First < time.Second || p.First > maxPeriod || p.First%time.Second != 0 ||
+		p.Second < time.Second || p.Second > maxPeriod || p.Second%time.Second != 0:
+		return fmt.Errorf("calendar periods must each last whole seconds, 1s to %v, got %v and %v", maxPeriod, p.First, p.Second)
 	}
 	return nil
 }
 
 // windowUS is the window in whole µs, the unit of the Lua contract.
 func (l *Limit) windowUS() int64 { return l.Window.Microseconds() }
+
+// scriptArgs are the numbers the script gets in the places of a limit's window and burst:
+// those, or a CalendarWindow's periods (lua/calendar_window.lua).
+func (l *Limit) scriptArgs() (w, b int64) {
+	if l.Algorithm == CalendarWindow {
+		p := l.Periods
+		return p.Start.Unix(), int64(p.First/time.Second)<<25 | int64(p.Second/time.Second)
+	}
+	return l.windowUS(), l.Capacity()
+}

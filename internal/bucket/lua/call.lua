@@ -18,12 +18,15 @@
 --              peek: ""
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
 --              algorithm code (the bucket.Algorithm value: 1 token_bucket, 2 leaky_bucket,
---              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra), limit,
---              window_us, burst (capacity, already resolved, >= 1), all decimal integers,
+--              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra,
+--              7 calendar_window), limit, window_us, burst (capacity, already resolved,
+--              >= 1), all decimal integers (calendar_window sends its periods in the places
+--              of the window and the burst: lua/calendar_window.lua),
 --              refund token (refund only; else "")
 --
--- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec, read once per script run
--- (clock), so that every call of a batch decides at the same instant.
+-- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec (+ SHIFT, 0 but in tests:
+-- scripts.go), read once per script run (clock), so that every call of a batch decides at the
+-- same instant.
 --
 -- An idempotency record is one per checked request, not one per call: it lives in the slot of
 -- one of the request's calls (Store picks it) and says "this request was allowed and charged";
@@ -65,6 +68,7 @@ if fw_eval then MODULES['3'] = {fw_eval, fw_commit, fw_refund} end
 if swc_eval then MODULES['5'] = {swc_eval, swc_commit, swc_refund} end
 if lb_eval then MODULES['2'] = {lb_eval, lb_commit, lb_refund} end
 if swl_eval then MODULES['4'] = {swl_eval, swl_commit, swl_refund} end
+if cw_eval then MODULES['7'] = {cw_eval, cw_commit, cw_refund} end
 
 -- modules returns the eval, commit and refund functions of algorithm code c (nil for a code
 -- without a module, or one this run did not build).
@@ -82,7 +86,7 @@ local NOW, NOW_S
 local function clock()
   if not NOW then
     local tm = redis.call('TIME')
-    NOW = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+    NOW = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + SHIFT
     NOW_S = us(NOW)
   end
   return NOW, NOW_S
