@@ -86,6 +86,9 @@ type Config struct {
 	// open by Close, and judged by the errors its Checks return, its wait past RedisTimeout
 	// included.
 	store bucketStore
+	// clock replaces time.Now where this package's tests need a checker whose clock is off:
+	// the calendar periods a check sends are computed from it.
+	clock func() time.Time
 }
 
 // Engine decides checks. Its methods are safe for concurrent use.
@@ -103,6 +106,7 @@ type Engine struct {
 	olc         *overLimitCache // nil when disabled
 	leases      *leaseTable     // nil when the store cannot lease
 	tel         *instruments
+	clock       func() time.Time // time.Now but in tests (Config.clock)
 }
 
 // New returns an Engine for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -117,6 +121,10 @@ func New(cfg Config) *Engine {
 		rdb:        cfg.Redis,
 		sink:       cfg.Decisions,
 		instanceID: cfg.InstanceID,
+		clock:      cfg.clock,
+	}
+	if e.clock == nil {
+		e.clock = time.Now
 	}
 	e.durable, _ = cfg.Decisions.(DurableSink)
 	if e.instanceID == "" {

@@ -167,10 +167,11 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 // limits and one for its shadow limits, so that a shadow denial never blocks a charge.
 func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, error) {
 	var pl plan
-	// Overrides expire by the clock: read it once per check, and only when there are any.
+	// Overrides expire by the clock, and calendar periods are found around it: read it once
+	// per check, and only when there are any.
 	var now time.Time
-	if set.HasOverrides() {
-		now = time.Now()
+	if set.HasOverrides() || set.HasCalendar() {
+		now = e.clock()
 	}
 	add := func(sub Subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
 		var req bucket.Request

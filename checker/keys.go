@@ -41,6 +41,11 @@ func subjectTag(dim rules.Dimension, id string) string {
 func limitKey(tag string, r *rules.Rule) string {
 	win := windowToken(r.Window)
 	code := r.Algorithm.Code()
+	if u := r.Calendar.Unit; u.Valid() {
+		// A calendar window's own code and unit: "cw:1d" is no "fw:1d" (24h), whose windows
+		// are days of UTC since the epoch, with another state in another layout.
+		code, win = bucket.CalendarWindow.Code(), u.String()
+	}
 	var b strings.Builder
 	b.Grow(3 + len(tag) + 1 + len(code) + 1 + len(win) + 1 + len(r.Endpoint))
 	b.WriteString("rl:")

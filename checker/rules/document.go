@@ -31,12 +31,18 @@ type Document struct {
 // DocTier is a tier of a Document.
 type DocTier struct {
 	Description string `yaml:"description,omitempty" json:"description,omitempty"`
+	// Timezone and AnchorDay are the tier's subjects' own for calendar rules (DocRule's).
+	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
+	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
 }
 
 // DocUser is a user's tier and custom limits (rule id to limit).
 type DocUser struct {
 	Tier   string            `yaml:"tier,omitempty" json:"tier,omitempty"`
 	Limits map[string]Scalar `yaml:"limits,omitempty" json:"limits,omitempty"`
+	// Timezone and AnchorDay are the user's own for calendar rules (DocRule's).
+	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
+	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
 }
 
 // DocKey is an API key's tier: the tier of checks whose apikey subject it is, unless their
@@ -65,6 +71,10 @@ type DocRule struct {
 	// Lease makes a global fixed_window rule's budget leased: each checker takes slices of
 	// its window from Redis and decides checks from them in process (Rule.Lease).
 	Lease *DocLease `yaml:"lease,omitempty" json:"lease,omitempty"`
+	// Timezone (an IANA name, default UTC) and AnchorDay (1-31, default 1; months only) place
+	// the periods of a calendar window (1d, 1w, 1mo, 1y).
+	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
+	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
 }
 
 // DocLease is a rule's lease: how many units a checker takes from Redis at a time.

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/calendar"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 )
 
@@ -129,7 +130,7 @@ func (f *Document) tiers(p *problems) (map[string]Tier, string) {
 			p.add(fmt.Sprintf("tiers[%q]", name), "name: must match %s", nameRE)
 			continue
 		}
-		tiers[name] = Tier{Name: name, Description: t.Description}
+		tiers[name] = Tier{Name: name, Description: t.Description, Zone: zoneOf(p, fmt.Sprintf("tiers[%q]", name), t.Timezone, t.AnchorDay)}
 	}
 	def := f.DefaultTier
 	switch {
@@ -181,7 +182,7 @@ func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, by
 			p.add(where, "id: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
 			continue
 		}
-		u := User{Tier: fu.Tier}
+		u := User{Tier: fu.Tier, Zone: zoneOf(p, where, fu.Timezone, fu.AnchorDay)}
 		if fu.Tier != "" {
 			if _, ok := tiers[fu.Tier]; !ok {
 				p.add(where, "tier: %q is not declared under tiers:", fu.Tier)
@@ -249,10 +250,13 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		p.add(where, "limit: %v", err)
 	}
 	if fr.Window == "" {
-		p.add(where, "window: required (a Go duration: 1s, 1m, 1h, 24h)")
+		p.add(where, "window: required (a Go duration: 1s, 1m, 1h, 24h; or a calendar period: 1d, 1w, 1mo, 1y)")
+	} else if u, ok := calendar.ParseUnit(strings.TrimSpace(string(fr.Window))); ok {
+		r.Window, r.Calendar.Unit = u.Nominal(), u
 	} else if r.Window, err = parseWindow(string(fr.Window)); err != nil {
 		p.add(where, "window: %v", err)
 	}
+	r.Calendar = ruleCalendar(p, where, fr, &r)
 	r.Burst = r.Limit
 	if fr.Burst != "" {
 		switch b, err := parseCount(string(fr.Burst)); {
@@ -282,6 +286,56 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	return r, len(p.list) == n
 }
 
+// ruleCalendar validates a rule's time zone and anchor day, which only calendar windows take,
+// and a calendar window's algorithm: a fixed window, the one whose count a period bounds (a
+// token bucket refills at limit per window, which a month of varying length does not define).
+func ruleCalendar(p *problems, where string, fr *DocRule, r *Rule) calendar.Period {
+	c := r.Calendar
+	if !c.Unit.Valid() {
+		if fr.Timezone != "" {
+			p.add(where, "timezone: only calendar windows (1d, 1w, 1mo, 1y) have one; window is %q", fr.Window)
+		}
+		if fr.AnchorDay != "" {
+			p.add(where, "anchor_day: only monthly windows (1mo) have one; window is %q", fr.Window)
+		}
+		return c
+	}
+	if r.Algorithm.Valid() && r.Algorithm != bucket.FixedWindow {
+		p.add(where, "window: %s is a calendar window, which only fixed_window counts; algorithm is %s", c.Unit, r.Algorithm)
+	}
+	z := zoneOf(p, where, fr.Timezone, fr.AnchorDay)
+	if fr.AnchorDay != "" && c.Unit != calendar.Month {
+		p.add(where, "anchor_day: only monthly windows (1mo) have one; window is %s", c.Unit)
+	}
+	c.Location, c.AnchorDay = z.Location, z.AnchorDay
+	if c.Location == nil {
+		c.Location = time.UTC
+	}
+	return c
+}
+
+// zoneOf validates a time zone (an IANA name) and an anchor day (1 to 31), either empty.
+func zoneOf(p *problems, where, tz string, anchor Scalar) Zone {
+	var z Zone
+	if tz != "" {
+		loc, err := time.LoadLocation(tz)
+		if err != nil || tz == "Local" {
+			p.add(where, "timezone: unknown time zone %q (want an IANA name such as Europe/Berlin, or UTC)", tz)
+		} else {
+			z.Location = loc
+		}
+	}
+	if anchor != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(string(anchor)))
+		if err != nil || n < 1 || n > calendar.MaxAnchorDay {
+			p.add(where, "anchor_day: want a day of the month from 1 to %d, got %q", calendar.MaxAnchorDay, anchor)
+		} else {
+			z.AnchorDay = n
+		}
+	}
+	return z
+}
+
 // leaseSlice validates a rule's lease: a slice of 1 to the limit, on a global fixed_window
 // rule only. A lease is a share of one window's count taken ahead of the checks it pays for:
 // only a window algorithm can be split that way exactly (a token bucket's or GCRA's budget
@@ -294,6 +348,9 @@ func leaseSlice(p *problems, where string, l *DocLease, r *Rule) int64 {
 	}
 	if r.Algorithm.Valid() && r.Algorithm != bucket.FixedWindow {
 		p.add(where, "lease: only fixed_window rules are leased (a slice is a share of one window's count); this rule is %s", r.Algorithm)
+	}
+	if r.Calendar.Unit.Valid() {
+		p.add(where, "lease: calendar windows (%s) are not leased", r.Calendar.Unit)
 	}
 	slice, err := parseCount(string(l.Slice))
 	switch {
@@ -378,7 +435,7 @@ func parseWindow(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	switch {
 	case err != nil:
-		return 0, fmt.Errorf("want a Go duration such as 1s, 1m, 1h or 24h, got %q", s)
+		return 0, fmt.Errorf("want a Go duration such as 1s, 1m, 1h or 24h, or a calendar period (1d, 1w, 1mo, 1y), got %q", s)
 	case d < MinWindow || d > MaxWindow:
 		return 0, fmt.Errorf("%q is outside %s to %s", s, MinWindow, MaxWindow)
 	case d%time.Millisecond != 0:

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // Override changes limits for a while: a subject's, a tier's or one rule's. Limit replaces the
@@ -196,9 +197,34 @@ func (s *Set) NextExpiry(now time.Time) time.Time {
 }
 
 // Effective returns the bucket limit of rule r for a subject (dimension dim, id) of tier at
-// now: custom (a user's own limit, 0 for none) replaces the rule's, then the overrides apply.
-// It does not allocate.
+// now: custom (a user's own limit, 0 for none) replaces the rule's, then the overrides apply;
+// a calendar rule's limit carries the periods around now in the subject's zone (Period). It does
+// not allocate.
 func (s *Set) Effective(r *Rule, key string, dim Dimension, id, tier string, custom int64, now time.Time) bucket.Limit {
+	if r.Calendar.Unit.Valid() {
+		l := s.effective(r, key, dim, id, tier, custom, now)
+		l.Periods = s.Period(r, dim, id, tier).Around(now)
+		return l
+	}
+	return s.effective(r, key, dim, id, tier, custom, now)
+}
+
+// Period is how calendar rule r cuts time for a subject (dimension dim, id) of tier: the rule's
+// period in the user's time zone and anchor day, else its tier's, else the rule's own.
+func (s *Set) Period(r *Rule, dim Dimension, id, tier string) calendar.Period {
+	p := r.Calendar
+	if t, ok := s.tiers[tier]; ok {
+		p = t.Zone.apply(p)
+	}
+	if dim == DimensionUser {
+		if u, ok := s.users[id]; ok {
+			p = u.Zone.apply(p)
+		}
+	}
+	return p
+}
+
+func (s *Set) effective(r *Rule, key string, dim Dimension, id, tier string, custom int64, now time.Time) bucket.Limit {
 	if s.ovr == nil {
 		return r.Bucket(key, custom)
 	}

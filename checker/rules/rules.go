@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // Dimension is the kind of subject a rule counts for.
@@ -108,6 +109,20 @@ type Rule struct {
 	// (checker's lease table gives the argument that this never admits more than the limit).
 	// At most Lease units per checker may go unused in a window.
 	Lease int64
+	// Calendar, when its Unit is set, makes the rule's windows calendar periods (a window of
+	// 1d, 1w, 1mo or 1y in the file): days, weeks, months or years from local midnight in
+	// Calendar.Location, months from Calendar.AnchorDay. Window is then the unit's nominal
+	// length. A subject's tier or user may carry its own time zone and anchor day
+	// (Set.Effective). Only fixed_window rules have one.
+	Calendar calendar.Period
+}
+
+// WindowName is the window as a rules file writes it: a calendar unit (1mo), else a duration.
+func (r *Rule) WindowName() string {
+	if r.Calendar.Unit.Valid() {
+		return r.Calendar.Unit.String()
+	}
+	return r.Window.String()
 }
 
 // The networks an ip rule counts by unless it names its own: an IPv6 /64, the least a site is
@@ -136,6 +151,9 @@ func (r *Rule) PrefixBits(is4 bool) int {
 // to default.
 func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
 	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst}
+	if r.Calendar.Unit.Valid() {
+		l.Algorithm = bucket.CalendarWindow
+	}
 	if limit > 0 && limit != r.Limit {
 		if r.Burst == r.Limit || !r.Algorithm.HasBurst() {
 			l.Burst = limit
@@ -150,10 +168,34 @@ type User struct {
 	Tier string
 	// Limits maps a rule id to the limit that replaces the rule's for this user.
 	Limits map[string]int64
+	// Zone is where the user lives: the time zone and anchor day of its calendar quotas,
+	// before its tier's and the rule's.
+	Zone Zone
 }
 
 // Tier is a named set of rules.
 type Tier struct {
 	Name        string
 	Description string
+	// Zone is the time zone and anchor day of its subjects' calendar quotas, before the
+	// rule's.
+	Zone Zone
+}
+
+// Zone is a subject's own time zone and monthly anchor day for calendar quotas; nil and 0 leave
+// them to the next level (user, then tier, then rule).
+type Zone struct {
+	Location  *time.Location
+	AnchorDay int
+}
+
+// apply returns p with z's settings in place of p's.
+func (z Zone) apply(p calendar.Period) calendar.Period {
+	if z.Location != nil {
+		p.Location = z.Location
+	}
+	if z.AnchorDay != 0 && p.Unit == calendar.Month {
+		p.AnchorDay = z.AnchorDay
+	}
+	return p
 }

@@ -24,7 +24,12 @@ type Set struct {
 	ruleWarnings map[string]Thresholds
 	policies     Policies
 	ovr          *overrideIndex // nil: no overrides
+	calendar     bool           // a rule has a calendar window
 }
+
+// HasCalendar reports whether a rule of the set has a calendar window: its checks need the
+// time, to find their periods.
+func (s *Set) HasCalendar() bool { return s.calendar }
 
 type matcherKey struct {
 	dim  Dimension
@@ -46,6 +51,7 @@ func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier strin
 	}
 	for i := range s.rules {
 		s.byID[s.rules[i].ID] = &s.rules[i]
+		s.calendar = s.calendar || s.rules[i].Calendar.Unit.Valid()
 	}
 	dups := sharedBuckets{}
 	for dim := DimensionUser; dim <= DimensionGlobal; dim++ {
@@ -252,7 +258,7 @@ func preferTier(p sharedBuckets, tier string, rs []*Rule) []*Rule {
 	}
 	seen := make(map[string]*Rule, len(rs))
 	for _, r := range rs {
-		k := fmt.Sprintf("%s/%s", r.Algorithm, r.Window)
+		k := fmt.Sprintf("%s/%s", r.Algorithm, r.WindowName())
 		keys := []string{k}
 		if r.Dimension == DimensionIP {
 			// ip rules share a bucket only where they group an address family alike.

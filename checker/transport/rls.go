@@ -19,6 +19,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/calendar"
 	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
@@ -266,6 +267,15 @@ var rlsUnits = []struct {
 	{time.Second, ratelimitv3.RateLimitResponse_RateLimit_SECOND},
 }
 
+// rlsCalendarUnits are Envoy's units of the calendar windows, whose periods are Envoy's DAY,
+// WEEK, MONTH and YEAR (the reference service's are calendar ones too).
+var rlsCalendarUnits = [...]ratelimitv3.RateLimitResponse_RateLimit_Unit{
+	calendar.Day:   ratelimitv3.RateLimitResponse_RateLimit_DAY,
+	calendar.Week:  ratelimitv3.RateLimitResponse_RateLimit_WEEK,
+	calendar.Month: ratelimitv3.RateLimitResponse_RateLimit_MONTH,
+	calendar.Year:  ratelimitv3.RateLimitResponse_RateLimit_YEAR,
+}
+
 // rlsRate expresses a limit as Envoy's current_limit, named by its rule id. A window of exactly
 // one second, minute, hour or day is that unit; a whole multiple of one is the largest such
 // unit with unit_multiplier (10s: SECOND ×10, 2h: HOUR ×2, 7d: DAY ×7), which states the rule
@@ -274,6 +284,10 @@ var rlsUnits = []struct {
 // least 1 (2 per 200ms: 10 per SECOND).
 func rlsRate(l *checker.LimitOutcome) *ratelimitv3.RateLimitResponse_RateLimit {
 	rl := &ratelimitv3.RateLimitResponse_RateLimit{Name: l.Rule.ID}
+	if u := l.Rule.Calendar.Unit; u.Valid() {
+		rl.Unit, rl.RequestsPerUnit = rlsCalendarUnits[u], clampUint32(l.Limit.Limit)
+		return rl
+	}
 	w := l.Limit.Window
 	for _, u := range rlsUnits {
 		if w >= u.d && w%u.d == 0 {
