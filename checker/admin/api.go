@@ -37,6 +37,7 @@ type Store interface {
 	PutRule(ctx context.Context, rule rules.DocRule, actor string) (created bool, err error)
 	DeleteRule(ctx context.Context, id, actor string) error
 	SetUserTier(ctx context.Context, userID, tier, actor string) error
+	SetUserZone(ctx context.Context, userID, timezone string, anchorDay int, actor string) error
 	PutOverride(ctx context.Context, o rules.Override) error
 	DeleteOverride(ctx context.Context, id, actor string) error
 	Overrides(ctx context.Context) ([]rules.Override, error)
@@ -147,6 +148,7 @@ func (a *API) Handler() http.Handler {
 	route("DELETE /api/v1/rules/{rule_id}", RoleWrite, a.deleteRule)
 	route("GET /api/v1/users/{user_id}/limits", RoleRead, a.userLimits)
 	route("PUT /api/v1/users/{user_id}/tier", RoleWrite, a.setTier)
+	route("PUT /api/v1/users/{user_id}/timezone", RoleWrite, a.setZone)
 	route("POST /api/v1/users/{user_id}/override", RoleWrite, a.userOverride)
 	route("GET /api/v1/overrides", RoleRead, a.listOverrides)
 	route("POST /api/v1/overrides", RoleWrite, a.createOverride)

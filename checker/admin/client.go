@@ -117,3 +117,10 @@ func (c *Client) DeleteOverride(ctx context.Context, id string) error {
 func (c *Client) SetUserTier(ctx context.Context, user, tier string) error {
 	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/tier", map[string]string{"tier": tier}, nil)
 }
+
+// SetUserZone sets a user's time zone (an IANA name) and monthly anchor day for calendar
+// quotas; "" and 0 leave them to the user's tier and the rules.
+func (c *Client) SetUserZone(ctx context.Context, user, timezone string, anchorDay int) error {
+	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/timezone",
+		map[string]any{"timezone": timezone, "anchor_day": anchorDay}, nil)
+}

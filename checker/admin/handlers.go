@@ -9,6 +9,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
@@ -125,6 +126,34 @@ func (a *API) setTier(r *http.Request, c caller) (int, any, error) {
 	return http.StatusOK, map[string]string{"user_id": user, "tier": body.Tier}, nil
 }
 
+// setZone is PUT /users/{user_id}/timezone: the user's own time zone and monthly anchor day
+// for calendar quotas ({"timezone": "Europe/Berlin", "anchor_day": 15}; empty and 0 give them
+// back to the user's tier and the rules). A change starts the user's periods anew where they
+// move: a count kept under the old zone's period is not carried into the new one's.
+func (a *API) setZone(r *http.Request, c caller) (int, any, error) {
+	var body struct {
+		Timezone  string `json:"timezone"`
+		AnchorDay int    `json:"anchor_day"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if body.Timezone != "" {
+		if _, err := time.LoadLocation(body.Timezone); err != nil || body.Timezone == "Local" {
+			return 0, nil, badField("timezone", "unknown time zone %q (want an IANA name such as Europe/Berlin, or UTC)", body.Timezone)
+		}
+	}
+	if body.AnchorDay < 0 || body.AnchorDay > calendar.MaxAnchorDay {
+		return 0, nil, badField("anchor_day", "want a day of the month from 1 to %d (0 for none), got %d", calendar.MaxAnchorDay, body.AnchorDay)
+	}
+	user := r.PathValue("user_id")
+	if err := a.store.SetUserZone(r.Context(), user, body.Timezone, body.AnchorDay, c.Name); err != nil {
+		return 0, nil, err
+	}
+	a.log.Info("admin: user zone set", "token", c.Name, "user", user, "timezone", body.Timezone, "anchor_day", body.AnchorDay)
+	return http.StatusOK, map[string]any{"user_id": user, "timezone": body.Timezone, "anchor_day": body.AnchorDay}, nil
+}
+
 // OverrideRequest is an override as POST /api/v1/overrides takes it: a target (a subject by
 // Dimension and Identifier, a Tier, or with RuleID alone a rule), a new Limit or a Multiplier,
 // how long it lasts (a Go duration) and why. ID is optional.
@@ -227,11 +256,15 @@ type userLimits struct {
 
 // userLimit is one rule as it applies to the user now.
 type userLimit struct {
-	RuleID      string           `json:"rule_id"`
-	Endpoint    string           `json:"endpoint"`
-	Algorithm   string           `json:"algorithm"`
-	Window      string           `json:"window"`
-	WindowMs    int64            `json:"window_ms"`
+	RuleID    string `json:"rule_id"`
+	Endpoint  string `json:"endpoint"`
+	Algorithm string `json:"algorithm"`
+	Window    string `json:"window"`
+	WindowMs  int64  `json:"window_ms"`
+	// Timezone and AnchorDay place a calendar window's periods for this user (its own zone,
+	// else its tier's, else the rule's).
+	Timezone    string           `json:"timezone,omitempty"`
+	AnchorDay   int              `json:"anchor_day,omitempty"`
 	Shadow      bool             `json:"shadow,omitempty"`
 	BaseLimit   int64            `json:"base_limit"`
 	CustomLimit int64            `json:"custom_limit,omitempty"`
@@ -264,9 +297,13 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 		rule := l.Rule
 		ul := userLimit{
 			RuleID: rule.ID, Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
-			Window: rule.Window.String(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
+			Window: rule.WindowName(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
 			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity,
 			Overrides: applyingOverrides(set, rule, user, u.Tier, now),
+		}
+		if rule.Calendar.Unit.Valid() {
+			p := set.Period(rule, rules.DimensionUser, user, u.Tier)
+			ul.Timezone, ul.AnchorDay = p.Location.String(), p.AnchorDay
 		}
 		if u.Err == nil {
 			res := l.Result

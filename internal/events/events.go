@@ -124,6 +124,7 @@ const (
 	ConfigRuleReplaced = "rule_replaced"
 	ConfigRuleDeleted  = "rule_deleted"
 	ConfigUserTierSet  = "user_tier_set"
+	ConfigUserZoneSet  = "user_zone_set" // a user's time zone and anchor day for calendar quotas
 )
 
 // ConfigEvent is a change of the stored configuration — the rules document, a rule, a user's

@@ -161,6 +161,11 @@ func (f *Follower) SetUserTier(ctx context.Context, user, tier, actor string) er
 	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier, actor) })
 }
 
+// SetUserZone is Store.SetUserZone.
+func (f *Follower) SetUserZone(ctx context.Context, user, timezone string, anchorDay int, actor string) error {
+	return f.with(func(s *Store) error { return s.SetUserZone(ctx, user, timezone, anchorDay, actor) })
+}
+
 // PutOverride is Store.PutOverride.
 func (f *Follower) PutOverride(ctx context.Context, o rules.Override) error {
 	return f.with(func(s *Store) error { return s.PutOverride(ctx, o) })

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -496,13 +497,33 @@ func (s *Store) DeleteRule(ctx context.Context, id, actor string) error {
 // The user's key is written by compare-and-swap, and the change is redone when an Apply
 // replaced the users meanwhile (it would be written to a generation no document names).
 func (s *Store) SetUserTier(ctx context.Context, id, tier, actor string) error {
+	return s.updateUser(ctx, id, func(u *rules.DocUser) { u.Tier = tier },
+		&events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: actor, UserID: id, Tier: tier})
+}
+
+// SetUserZone sets a user's time zone (an IANA name) and monthly anchor day for calendar
+// quotas, either empty (or 0) to leave it to the user's tier and the rules; it validates the
+// whole configuration with the change first, so that a zone the rules cannot load is refused
+// like any other invalid document (a *rules.Error naming the user and field).
+func (s *Store) SetUserZone(ctx context.Context, id, timezone string, anchorDay int, actor string) error {
+	anchor := rules.Scalar("")
+	if anchorDay != 0 {
+		anchor = rules.Scalar(strconv.Itoa(anchorDay))
+	}
+	return s.updateUser(ctx, id, func(u *rules.DocUser) { u.Timezone, u.AnchorDay = timezone, anchor },
+		&events.ConfigEvent{Action: events.ConfigUserZoneSet, Actor: actor, UserID: id})
+}
+
+// updateUser applies change to user id, validates the configuration with it, writes it and
+// publishes ev (its Tier set to the user's).
+func (s *Store) updateUser(ctx context.Context, id string, change func(*rules.DocUser), ev *events.ConfigEvent) error {
 	for attempt := 0; ; attempt++ {
 		sn, err := s.read(ctx)
 		if err != nil {
 			return err
 		}
 		u := sn.users[id]
-		u.Tier = tier
+		change(&u)
 		sn.users[id] = u
 		if _, err := sn.doc.CompileWithUsers(sn.users); err != nil {
 			return err
@@ -523,7 +544,8 @@ func (s *Store) SetUserTier(ctx context.Context, id, tier, actor string) error {
 				return gerr
 			}
 			if gen == sn.gen {
-				return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: actor, UserID: id, Tier: tier}, u)
+				ev.Tier = u.Tier
+				return s.publishConfig(ctx, rev, ev, u)
 			}
 			// Written to the generation an Apply just replaced: unreferenced, do it again.
 			s.removeKey(ctx, UserKey(sn.gen, id))
