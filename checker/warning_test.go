@@ -18,6 +18,7 @@ rules:
   - {id: default-th, dimension: user, endpoint: /default, algorithm: fixed_window, limit: 10, window: 1h}
   - {id: high-th, dimension: user, endpoint: /high, algorithm: fixed_window, limit: 10, window: 1h, warning: {enter: 0.9, exit: 0.5}}
   - {id: bursty, dimension: user, endpoint: /bursty, algorithm: token_bucket, limit: 10, window: 1h, burst: 20, warning: {enter: 0.9}}
+  - {id: monthly, dimension: user, endpoint: /monthly, algorithm: fixed_window, limit: 10, window: 1mo, timezone: Europe/Berlin}
 `)})
 	const (
 		normal    = StateNormal
@@ -36,6 +37,8 @@ rules:
 		// The ratio is to the limit per window, not the burst, as in the events: 9 used is not
 		// past 0.9 × 10, 10 is, with 10 more of burst left.
 		{"/bursty", 10, map[int]State{9: normal, 10: warning}},
+		// A monthly calendar quota warns like any other: past 80 % of the month's.
+		{"/monthly", 11, map[int]State{8: normal, 9: warning, 11: throttled}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.endpoint, func(t *testing.T) {
