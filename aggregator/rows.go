@@ -72,6 +72,8 @@ func dimension(d quotaflowv1.Dimension) string {
 		return "api_key"
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
 		return "global"
+	case quotaflowv1.Dimension_DIMENSION_ORG:
+		return "org"
 	}
 	return "unspecified"
 }

@@ -139,6 +139,16 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 	return out
 }
 
+// subjectOf is the identifier of q's subject of dimension d, empty when it has none.
+func subjectOf(q *Query, d rules.Dimension) string {
+	for _, sub := range q.Subjects {
+		if sub.Dimension == d {
+			return sub.ID
+		}
+	}
+	return ""
+}
+
 // resolveTier picks the check's tier: the one the query names (transports let only callers
 // allowed to assert tiers name one), else the subjects' configured tier.
 func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
@@ -226,6 +236,16 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	for _, sub := range q.Subjects {
 		if err := addSubject(sub); err != nil {
 			return plan{}, err
+		}
+	}
+	// The org's shared budget: the org of the check's user, else of its API key. Like the
+	// global subject it is planned apart from the caller's slice, and it is never a subject a
+	// caller names (checkSubject), so no caller charges an org it is no member of.
+	if set.HasOrgRules() {
+		if org := set.OrgOf(subjectOf(q, rules.DimensionUser), subjectOf(q, rules.DimensionAPIKey)); org != "" {
+			if err := addSubject(Subject{Dimension: rules.DimensionOrg, ID: org}); err != nil {
+				return plan{}, err
+			}
 		}
 	}
 	if !q.SkipGlobal {

@@ -125,6 +125,10 @@ func checkSubject(s Subject, i int) error {
 	case rules.DimensionUser, rules.DimensionIP, rules.DimensionAPIKey:
 	case rules.DimensionGlobal:
 		return fieldErrorf(subjectField(i, "dimension"), "the global subject cannot be named: global rules apply to every request")
+	case rules.DimensionOrg:
+		if i >= 0 {
+			return fieldErrorf(subjectField(i, "dimension"), "an org cannot be named in a check: a check counts against its user's (else its API key's) org")
+		}
 	default:
 		return fieldErrorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip or apikey", s.Dimension)
 	}

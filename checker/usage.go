@@ -12,8 +12,11 @@ import (
 // UserUsage is every rule that applies to a user now, with its effective limit and what is
 // left of it: the admin API's GET /users/{id}/limits.
 type UserUsage struct {
-	User   string
-	Tier   string
+	User string
+	Tier string
+	// Org is the user's organisation (empty: none), whose org rules follow the user's own in
+	// Limits: the budget the user shares with the org's other members.
+	Org    string
 	Limits []RuleUsage
 	// Err says why the remaining quotas are missing (the store unreachable); the limits are
 	// listed all the same.
@@ -47,43 +50,58 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	tier := set.TierOf(user)
 	u, _ := set.User(user)
 	now := time.Now()
-	out := &UserUsage{User: user, Tier: tier}
-	tag := subjectTag(rules.DimensionUser, user)
-	var peek bucket.Request
-	for _, rule := range applyingRules(set, tier) {
-		lim := set.Effective(rule, limitKey(tag, rule), rules.DimensionUser, user, tier, u.Limits[rule.ID], now)
-		out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: u.Limits[rule.ID], Limit: effectiveLimit(&lim)})
-		peek.Limits = append(peek.Limits, lim)
+	out := &UserUsage{User: user, Tier: tier, Org: u.Org}
+	// One peek per subject (the user, its org): each lives in its own slot.
+	subjects := []Subject{{Dimension: rules.DimensionUser, ID: user}}
+	if u.Org != "" {
+		subjects = append(subjects, Subject{Dimension: rules.DimensionOrg, ID: u.Org})
 	}
-	if len(peek.Limits) == 0 {
+	var peeks []bucket.Request
+	for _, sub := range subjects {
+		tag := subjectTag(sub.Dimension, sub.ID)
+		peek := bucket.Request{Cost: 1, Peek: true}
+		for _, rule := range applyingRules(set, tier, sub.Dimension) {
+			custom := u.Limits[rule.ID] // user rules only: validated so
+			lim := set.Effective(rule, limitKey(tag, rule), sub.Dimension, sub.ID, tier, custom, now)
+			out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: custom, Limit: effectiveLimit(&lim)})
+			peek.Limits = append(peek.Limits, lim)
+		}
+		if len(peek.Limits) > 0 {
+			peeks = append(peeks, peek)
+		}
+	}
+	if len(peeks) == 0 {
 		return out, nil
 	}
-	peek.Cost, peek.Peek = 1, true
-	results, _, err := e.store.check(ctx, []bucket.Request{peek}, nil)
+	results, _, err := e.store.check(ctx, peeks, nil)
 	if err != nil {
 		out.Err = err
 		return out, nil
 	}
-	for i := range results[0].Limits {
-		out.Limits[i].Result = LimitResult(results[0].Limits[i])
+	i := 0
+	for _, res := range results {
+		for _, lr := range res.Limits {
+			out.Limits[i].Result = LimitResult(lr)
+			i++
+		}
 	}
 	return out, nil
 }
 
-// applyingRules are the user-dimension rules of tier: at one endpoint pattern, rules naming the
-// tier replace rules naming none (as Set.Match does).
-func applyingRules(set *rules.Set, tier string) []*rules.Rule {
+// applyingRules are the rules of dimension dim and tier: at one endpoint pattern, rules naming
+// the tier replace rules naming none (as Set.Match does).
+func applyingRules(set *rules.Set, tier string, dim rules.Dimension) []*rules.Rule {
 	all := set.Rules()
 	tiered := map[string]bool{}
 	for i := range all {
-		if r := &all[i]; r.Dimension == rules.DimensionUser && r.Tier == tier {
+		if r := &all[i]; r.Dimension == dim && r.Tier == tier {
 			tiered[r.Endpoint] = true
 		}
 	}
 	var out []*rules.Rule
 	for i := range all {
 		r := &all[i]
-		if r.Dimension == rules.DimensionUser && (r.Tier == tier || r.Tier == "" && !tiered[r.Endpoint]) {
+		if r.Dimension == dim && (r.Tier == tier || r.Tier == "" && !tiered[r.Endpoint]) {
 			out = append(out, r)
 		}
 	}

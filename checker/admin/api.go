@@ -38,6 +38,7 @@ type Store interface {
 	DeleteRule(ctx context.Context, id, actor string) error
 	SetUserTier(ctx context.Context, userID, tier, actor string) error
 	SetUserZone(ctx context.Context, userID, timezone string, anchorDay int, actor string) error
+	SetUserOrg(ctx context.Context, userID, org, actor string) error
 	PutOverride(ctx context.Context, o rules.Override) error
 	DeleteOverride(ctx context.Context, id, actor string) error
 	Overrides(ctx context.Context) ([]rules.Override, error)
@@ -149,6 +150,7 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/users/{user_id}/limits", RoleRead, a.userLimits)
 	route("PUT /api/v1/users/{user_id}/tier", RoleWrite, a.setTier)
 	route("PUT /api/v1/users/{user_id}/timezone", RoleWrite, a.setZone)
+	route("PUT /api/v1/users/{user_id}/org", RoleWrite, a.setOrg)
 	route("POST /api/v1/users/{user_id}/override", RoleWrite, a.userOverride)
 	route("GET /api/v1/overrides", RoleRead, a.listOverrides)
 	route("POST /api/v1/overrides", RoleWrite, a.createOverride)

@@ -118,6 +118,11 @@ func (c *Client) SetUserTier(ctx context.Context, user, tier string) error {
 	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/tier", map[string]string{"tier": tier}, nil)
 }
 
+// SetUserOrg makes a user a member of org ("" for none).
+func (c *Client) SetUserOrg(ctx context.Context, user, org string) error {
+	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/org", map[string]string{"org": org}, nil)
+}
+
 // SetUserZone sets a user's time zone (an IANA name) and monthly anchor day for calendar
 // quotas; "" and 0 leave them to the user's tier and the rules.
 func (c *Client) SetUserZone(ctx context.Context, user, timezone string, anchorDay int) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/calendar"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // The rules handlers read the store, not the enforced set, so that a write is visible to the
@@ -154,6 +155,29 @@ func (a *API) setZone(r *http.Request, c caller) (int, any, error) {
 	return http.StatusOK, map[string]any{"user_id": user, "timezone": body.Timezone, "anchor_day": body.AnchorDay}, nil
 }
 
+// setOrg is PUT /users/{user_id}/org: the organisation the user belongs to ({"org": "acme"};
+// "" for none), whose org rules count the user's checks from then on. What the user consumed
+// stays with the org it was counted against.
+func (a *API) setOrg(r *http.Request, c caller) (int, any, error) {
+	var body struct {
+		Org string `json:"org"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if body.Org != "" {
+		if err := field.Text(body.Org, checker.MaxIdentifierLen); err != nil {
+			return 0, nil, badField("org", "%v", err)
+		}
+	}
+	user := r.PathValue("user_id")
+	if err := a.store.SetUserOrg(r.Context(), user, body.Org, c.Name); err != nil {
+		return 0, nil, err
+	}
+	a.log.Info("admin: user org set", "token", c.Name, "user", user, "org", body.Org)
+	return http.StatusOK, map[string]string{"user_id": user, "org": body.Org}, nil
+}
+
 // OverrideRequest is an override as POST /api/v1/overrides takes it: a target (a subject by
 // Dimension and Identifier, a Tier, or with RuleID alone a rule), a new Limit or a Multiplier,
 // how long it lasts (a Go duration) and why. ID is optional.
@@ -247,8 +271,10 @@ func (a *API) deleteOverride(r *http.Request, c caller) (int, any, error) {
 
 // userLimits is the answer of GET /users/{user_id}/limits.
 type userLimits struct {
-	UserID string      `json:"user_id"`
-	Tier   string      `json:"tier"`
+	UserID string `json:"user_id"`
+	Tier   string `json:"tier"`
+	// Org is the user's organisation, whose org rules are listed after the user's own.
+	Org    string      `json:"org,omitempty"`
 	Limits []userLimit `json:"limits"`
 	// QuotaError says why remaining quotas are missing (Redis unreachable).
 	QuotaError string `json:"quota_error,omitempty"`
@@ -256,7 +282,10 @@ type userLimits struct {
 
 // userLimit is one rule as it applies to the user now.
 type userLimit struct {
-	RuleID    string `json:"rule_id"`
+	RuleID string `json:"rule_id"`
+	// Dimension is whose budget the limit is: the user's own ("user"), or its org's ("org",
+	// shared with the org's other members).
+	Dimension string `json:"dimension"`
 	Endpoint  string `json:"endpoint"`
 	Algorithm string `json:"algorithm"`
 	Window    string `json:"window"`
@@ -289,17 +318,17 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 	}
 	now := time.Now()
 	set := a.engine.Rules()
-	out := userLimits{UserID: user, Tier: u.Tier, Limits: []userLimit{}}
+	out := userLimits{UserID: user, Tier: u.Tier, Org: u.Org, Limits: []userLimit{}}
 	if u.Err != nil {
 		out.QuotaError = "remaining quota unknown: " + u.Err.Error()
 	}
 	for _, l := range u.Limits {
 		rule := l.Rule
 		ul := userLimit{
-			RuleID: rule.ID, Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
+			RuleID: rule.ID, Dimension: rule.Dimension.String(), Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
 			Window: rule.WindowName(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
 			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity,
-			Overrides: applyingOverrides(set, rule, user, u.Tier, now),
+			Overrides: applyingOverrides(set, rule, subjectOf(rule, user, u.Org), u.Tier, now),
 		}
 		if rule.Calendar.Unit.Valid() {
 			p := set.Period(rule, rules.DimensionUser, user, u.Tier)
@@ -317,7 +346,15 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 
 // applyingOverrides are the unexpired overrides that reach rule for the user: the user's own,
 // the tier's and the rule's, each unless narrowed to another rule.
-func applyingOverrides(set *rules.Set, rule *rules.Rule, user, tier string, now time.Time) []rules.Override {
+// subjectOf is whose budget rule counts in a user's limits view: the user's, or its org's.
+func subjectOf(rule *rules.Rule, user, org string) string {
+	if rule.Dimension == rules.DimensionOrg {
+		return org
+	}
+	return user
+}
+
+func applyingOverrides(set *rules.Set, rule *rules.Rule, id, tier string, now time.Time) []rules.Override {
 	var out []rules.Override
 	for _, o := range set.Overrides() {
 		if !o.ExpiresAt.After(now) || set.ValidateOverride(&o) != nil || o.RuleID != "" && o.RuleID != rule.ID {
@@ -325,7 +362,7 @@ func applyingOverrides(set *rules.Set, rule *rules.Rule, user, tier string, now 
 		}
 		switch o.Target() {
 		case "subject":
-			if o.Dimension != "user" || o.Identifier != user {
+			if o.Dimension != rule.Dimension.String() || o.Identifier != id {
 				continue
 			}
 		case "tier":

@@ -43,12 +43,16 @@ type DocUser struct {
 	// Timezone and AnchorDay are the user's own for calendar rules (DocRule's).
 	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
 	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
+	// Org is the organisation the user belongs to: its org rules count the user's checks too.
+	Org string `yaml:"org,omitempty" json:"org,omitempty"`
 }
 
 // DocKey is an API key's tier: the tier of checks whose apikey subject it is, unless their
 // user has a tier of its own.
 type DocKey struct {
-	Tier string `yaml:"tier" json:"tier"`
+	Tier string `yaml:"tier,omitempty" json:"tier,omitempty"`
+	// Org is the organisation the key belongs to, for checks whose user has none.
+	Org string `yaml:"org,omitempty" json:"org,omitempty"`
 }
 
 // DocRule is one rule of a Document.

@@ -103,7 +103,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 		byID[rules[i].ID] = &rules[i]
 	}
 	users := usersOf(&p, docUsers, tiers, byID, declared)
-	keys := keysOf(&p, d.APIKeys, tiers)
+	keys, keyOrgs := keysOf(&p, d.APIKeys, tiers)
 	warn := d.Warnings.thresholds(&p, "warnings", DefaultThresholds)
 	ruleWarn := map[string]Thresholds{}
 	for i, fr := range d.Rules {
@@ -119,7 +119,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers = d.WithoutUsers(), warn, ruleWarn, pol, keys
+	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers, s.keyOrgs = d.WithoutUsers(), warn, ruleWarn, pol, keys, keyOrgs
 	return s, nil
 }
 
@@ -153,23 +153,39 @@ func (f *Document) tiers(p *problems) (map[string]Tier, string) {
 	return tiers, def
 }
 
-// keysOf validates the api_keys: section: each key names a declared tier.
-func keysOf(p *problems, docKeys map[string]DocKey, tiers map[string]Tier) map[string]string {
-	keys := make(map[string]string, len(docKeys))
+// keysOf validates the api_keys: section: each key names a declared tier, an org, or both.
+func keysOf(p *problems, docKeys map[string]DocKey, tiers map[string]Tier) (keyTiers, keyOrgs map[string]string) {
+	keyTiers, keyOrgs = make(map[string]string, len(docKeys)), map[string]string{}
 	for key, k := range docKeys {
 		where := fmt.Sprintf("api_keys[%q]", key)
-		switch _, ok := tiers[k.Tier]; {
-		case key == "" || len(key) > MaxIdentifierLen || !utf8.ValidString(key):
+		if key == "" || len(key) > MaxIdentifierLen || !utf8.ValidString(key) {
 			p.add(where, "key: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
+			continue
+		}
+		if k.Org != "" && validOrg(p, where, k.Org) {
+			keyOrgs[key] = k.Org
+		}
+		switch _, ok := tiers[k.Tier]; {
+		case k.Tier == "" && k.Org == "":
+			p.add(where, "tier: required (or an org)")
 		case k.Tier == "":
-			p.add(where, "tier: required")
 		case !ok:
 			p.add(where, "tier: %q is not declared under tiers:", k.Tier)
 		default:
-			keys[key] = k.Tier
+			keyTiers[key] = k.Tier
 		}
 	}
-	return keys
+	return keyTiers, keyOrgs
+}
+
+// validOrg reports whether org is a valid organisation name, reporting it when not: like a
+// subject's identifier, 1 to MaxIdentifierLen bytes of valid UTF-8.
+func validOrg(p *problems, where, org string) bool {
+	if len(org) > MaxIdentifierLen || !utf8.ValidString(org) {
+		p.add(where, "org: must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
+		return false
+	}
+	return true
 }
 
 // usersOf validates the users: section. declared holds the id of every rule of the document:
@@ -183,6 +199,9 @@ func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, by
 			continue
 		}
 		u := User{Tier: fu.Tier, Zone: zoneOf(p, where, fu.Timezone, fu.AnchorDay)}
+		if fu.Org != "" && validOrg(p, where, fu.Org) {
+			u.Org = fu.Org
+		}
 		if fu.Tier != "" {
 			if _, ok := tiers[fu.Tier]; !ok {
 				p.add(where, "tier: %q is not declared under tiers:", fu.Tier)
@@ -227,7 +246,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	}
 	var err error
 	if fr.Dimension == "" {
-		p.add(where, "dimension: required (user, ip, apikey or global)")
+		p.add(where, "dimension: required (user, ip, apikey, global or org)")
 	} else if r.Dimension, err = ParseDimension(fr.Dimension); err != nil {
 		p.add(where, "dimension: %v", err)
 	}

@@ -15,12 +15,17 @@ import (
 // Dimension is the kind of subject a rule counts for.
 type Dimension uint8
 
-// The dimensions. Global rules apply to every request, counted once for all callers.
+// The dimensions. Global rules apply to every request, counted once for all callers. Org
+// rules count once per organisation for all its members: a check's org subject is its user's
+// org, else its API key's (Set.OrgOf), never one a caller names.
 const (
 	DimensionUser Dimension = iota + 1
 	DimensionIP
 	DimensionAPIKey
 	DimensionGlobal
+	DimensionOrg
+
+	lastDimension = DimensionOrg
 )
 
 var dimensionNames = [...]string{
@@ -28,6 +33,7 @@ var dimensionNames = [...]string{
 	DimensionIP:     "ip",
 	DimensionAPIKey: "apikey",
 	DimensionGlobal: "global",
+	DimensionOrg:    "org",
 }
 
 // String returns the dimension's name as written in rules files ("apikey").
@@ -38,17 +44,17 @@ func (d Dimension) String() string {
 	return fmt.Sprintf("dimension(%d)", uint8(d))
 }
 
-// Valid reports whether d is one of the four dimensions.
-func (d Dimension) Valid() bool { return d >= DimensionUser && d <= DimensionGlobal }
+// Valid reports whether d is one of the dimensions.
+func (d Dimension) Valid() bool { return d >= DimensionUser && d <= lastDimension }
 
 // ParseDimension returns the dimension named s.
 func ParseDimension(s string) (Dimension, error) {
-	for d := DimensionUser; d <= DimensionGlobal; d++ {
+	for d := DimensionUser; d <= lastDimension; d++ {
 		if dimensionNames[d] == s {
 			return d, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown dimension %q (want user, ip, apikey or global)", s)
+	return 0, fmt.Errorf("unknown dimension %q (want user, ip, apikey, global or org)", s)
 }
 
 // FailMode decides a rule's answer while Redis cannot be reached.
@@ -171,6 +177,9 @@ type User struct {
 	// Zone is where the user lives: the time zone and anchor day of its calendar quotas,
 	// before its tier's and the rule's.
 	Zone Zone
+	// Org is the organisation the user belongs to, whose org rules its checks also count
+	// against (empty: none).
+	Org string
 }
 
 // Tier is a named set of rules.

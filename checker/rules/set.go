@@ -17,6 +17,7 @@ type Set struct {
 	defaultTier string
 	users       map[string]User
 	keyTiers    map[string]string // API key → tier
+	keyOrgs     map[string]string // API key → org
 	matchers    map[matcherKey]*matcher
 
 	doc          *Document // the source document, without users
@@ -25,6 +26,7 @@ type Set struct {
 	policies     Policies
 	ovr          *overrideIndex // nil: no overrides
 	calendar     bool           // a rule has a calendar window
+	orgRules     bool           // a rule counts per org
 }
 
 // HasCalendar reports whether a rule of the set has a calendar window: its checks need the
@@ -52,9 +54,10 @@ func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier strin
 	for i := range s.rules {
 		s.byID[s.rules[i].ID] = &s.rules[i]
 		s.calendar = s.calendar || s.rules[i].Calendar.Unit.Valid()
+		s.orgRules = s.orgRules || s.rules[i].Dimension == DimensionOrg
 	}
 	dups := sharedBuckets{}
-	for dim := DimensionUser; dim <= DimensionGlobal; dim++ {
+	for dim := DimensionUser; dim <= lastDimension; dim++ {
 		for tier := range tiers {
 			m := newMatcher()
 			for i := range s.rules {
@@ -142,6 +145,21 @@ func (s *Set) SubjectTier(userID, apiKey string) string {
 	}
 	return s.defaultTier
 }
+
+// OrgOf returns the organisation of a check's subjects: its user's, else its API key's; empty
+// when neither belongs to one.
+func (s *Set) OrgOf(userID, apiKey string) string {
+	if u, ok := s.users[userID]; ok && u.Org != "" && userID != "" {
+		return u.Org
+	}
+	if o, ok := s.keyOrgs[apiKey]; ok && apiKey != "" {
+		return o
+	}
+	return ""
+}
+
+// HasOrgRules reports whether a rule counts per org: only then do checks look their org up.
+func (s *Set) HasOrgRules() bool { return s.orgRules }
 
 // Document returns the document the set was compiled from, without its users. Do not modify it.
 func (s *Set) Document() *Document { return s.doc }

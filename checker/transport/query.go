@@ -58,8 +58,15 @@ func quotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*checker.Query, error)
 // whatever the identifier.
 func resetRequest(r *quotaflowv1.ResetLimitRequest) (checker.ResetRequest, error) {
 	rr := checker.ResetRequest{Endpoint: r.GetEndpoint(), RuleID: r.GetRuleId()}
-	if r.GetDimension() == quotaflowv1.Dimension_DIMENSION_GLOBAL {
+	switch r.GetDimension() {
+	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
 		rr.Subject.Dimension = rules.DimensionGlobal
+		return rr, nil
+	case quotaflowv1.Dimension_DIMENSION_ORG:
+		if err := field.Text(r.GetIdentifier(), checker.MaxIdentifierLen); err != nil {
+			return rr, fieldError("identifier", err)
+		}
+		rr.Subject = checker.Subject{Dimension: rules.DimensionOrg, ID: r.GetIdentifier()}
 		return rr, nil
 	}
 	d, err := checkSubject("", r.GetDimension(), r.GetIdentifier())
@@ -121,6 +128,8 @@ func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Di
 		return 0, fieldErrorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
 		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
+	case quotaflowv1.Dimension_DIMENSION_ORG:
+		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_ORG cannot be named in a check: a check counts against its user's (else its API key's) org")
 	}
 	return 0, fieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
 }

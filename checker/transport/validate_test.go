@@ -28,6 +28,7 @@ func TestInvalidRequests(t *testing.T) {
 		{"no subject", &quotaflowv1.CheckRateLimitRequest{Endpoint: "/x"}, "identifier: required"},
 		{"no dimension", &quotaflowv1.CheckRateLimitRequest{Identifier: "a", Endpoint: "/x"}, "dimension: required"},
 		{"global subject", &quotaflowv1.CheckRateLimitRequest{Identifier: "a", Dimension: quotaflowv1.Dimension_DIMENSION_GLOBAL, Endpoint: "/x"}, "dimension: DIMENSION_GLOBAL cannot be named"},
+		{"org subject", &quotaflowv1.CheckRateLimitRequest{Identifier: "a", Dimension: quotaflowv1.Dimension_DIMENSION_ORG, Endpoint: "/x"}, "dimension: DIMENSION_ORG cannot be named in a check"},
 		{"unknown dimension", &quotaflowv1.CheckRateLimitRequest{Identifier: "a", Dimension: 42, Endpoint: "/x"}, "dimension: unknown dimension 42"},
 		{"long identifier", &quotaflowv1.CheckRateLimitRequest{Identifier: strings.Repeat("a", 257), Dimension: user, Endpoint: "/x"}, "identifier: must be at most 256 bytes"},
 		{"no endpoint", &quotaflowv1.CheckRateLimitRequest{Identifier: "a", Dimension: user}, "endpoint: required"},

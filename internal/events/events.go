@@ -125,6 +125,7 @@ const (
 	ConfigRuleDeleted  = "rule_deleted"
 	ConfigUserTierSet  = "user_tier_set"
 	ConfigUserZoneSet  = "user_zone_set" // a user's time zone and anchor day for calendar quotas
+	ConfigUserOrgSet   = "user_org_set"  // a user's organisation, for org rules
 )
 
 // ConfigEvent is a change of the stored configuration — the rules document, a rule, a user's

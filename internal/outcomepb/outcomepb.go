@@ -83,6 +83,8 @@ func Dimension(d rules.Dimension) quotaflowv1.Dimension {
 		return quotaflowv1.Dimension_DIMENSION_API_KEY
 	case rules.DimensionGlobal:
 		return quotaflowv1.Dimension_DIMENSION_GLOBAL
+	case rules.DimensionOrg:
+		return quotaflowv1.Dimension_DIMENSION_ORG
 	}
 	return quotaflowv1.Dimension_DIMENSION_UNSPECIFIED
 }

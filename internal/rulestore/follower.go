@@ -166,6 +166,11 @@ func (f *Follower) SetUserZone(ctx context.Context, user, timezone string, ancho
 	return f.with(func(s *Store) error { return s.SetUserZone(ctx, user, timezone, anchorDay, actor) })
 }
 
+// SetUserOrg is Store.SetUserOrg.
+func (f *Follower) SetUserOrg(ctx context.Context, user, org, actor string) error {
+	return f.with(func(s *Store) error { return s.SetUserOrg(ctx, user, org, actor) })
+}
+
 // PutOverride is Store.PutOverride.
 func (f *Follower) PutOverride(ctx context.Context, o rules.Override) error {
 	return f.with(func(s *Store) error { return s.PutOverride(ctx, o) })

@@ -514,6 +514,13 @@ func (s *Store) SetUserZone(ctx context.Context, id, timezone string, anchorDay 
 		&events.ConfigEvent{Action: events.ConfigUserZoneSet, Actor: actor, UserID: id})
 }
 
+// SetUserOrg makes a user a member of org (empty: of none), whose org rules then count the
+// user's checks too.
+func (s *Store) SetUserOrg(ctx context.Context, id, org, actor string) error {
+	return s.updateUser(ctx, id, func(u *rules.DocUser) { u.Org = org },
+		&events.ConfigEvent{Action: events.ConfigUserOrgSet, Actor: actor, UserID: id})
+}
+
 // updateUser applies change to user id, validates the configuration with it, writes it and
 // publishes ev (its Tier set to the user's).
 func (s *Store) updateUser(ctx context.Context, id string, change func(*rules.DocUser), ev *events.ConfigEvent) error {

@@ -35,6 +35,10 @@ const (
 	// DIMENSION_GLOBAL is never named by a check: global rules apply to every request. It appears
 	// in responses and may be named by ResetLimit.
 	Dimension_DIMENSION_GLOBAL Dimension = 4
+	// DIMENSION_ORG is an organisation's shared budget: a check counts against its user's (else
+	// its API key's) org, never one it names. It appears in responses and may be named by
+	// ResetLimit.
+	Dimension_DIMENSION_ORG Dimension = 5
 )
 
 // Enum value maps for Dimension.
@@ -45,6 +49,7 @@ var (
 		2: "DIMENSION_IP",
 		3: "DIMENSION_API_KEY",
 		4: "DIMENSION_GLOBAL",
+		5: "DIMENSION_ORG",
 	}
 	Dimension_value = map[string]int32{
 		"DIMENSION_UNSPECIFIED": 0,
@@ -52,6 +57,7 @@ var (
 		"DIMENSION_IP":          2,
 		"DIMENSION_API_KEY":     3,
 		"DIMENSION_GLOBAL":      4,
+		"DIMENSION_ORG":         5,
 	}
 )
 
@@ -1340,13 +1346,14 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x12ResetLimitResponse\x12\x1f\n" +
 	"\vreset_count\x18\x01 \x01(\x03R\n" +
 	"resetCount\x12\x19\n" +
-	"\brule_ids\x18\x02 \x03(\tR\aruleIds*y\n" +
+	"\brule_ids\x18\x02 \x03(\tR\aruleIds*\x8c\x01\n" +
 	"\tDimension\x12\x19\n" +
 	"\x15DIMENSION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIMENSION_USER\x10\x01\x12\x10\n" +
 	"\fDIMENSION_IP\x10\x02\x12\x15\n" +
 	"\x11DIMENSION_API_KEY\x10\x03\x12\x14\n" +
-	"\x10DIMENSION_GLOBAL\x10\x04*X\n" +
+	"\x10DIMENSION_GLOBAL\x10\x04\x12\x11\n" +
+	"\rDIMENSION_ORG\x10\x05*X\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
