@@ -105,10 +105,15 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	if !degraded && e.olc != nil && !peek {
 		e.cacheDenials(pl, out, results, q.Cost, sentAt)
 	}
+	var places []holdPlace
+	var holder string
 	for i, res := range results {
 		for j, lr := range res.Limits {
 			l := &out.Limits[pl.at(i, j)]
 			l.Result, l.Degraded = LimitResult(lr), degraded
+			if lim := &pl.reqs[i].Limits[j]; lim.Algorithm.Holds() && !peek && !degraded && !res.Refunded && !res.Replayed && lr.Allowed {
+				places, holder = append(places, holdPlace{key: lim.Key, ttl: lim.Window}), lim.Holder
+			}
 		}
 		out.Replayed = out.Replayed || res.Replayed
 		out.Now = res.Now
@@ -118,6 +123,9 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		}
 	}
 	out.summarize()
+	if out.Allowed && len(places) > 0 {
+		out.Hold = &Hold{ID: holdID(holder, places), ExpiresAt: out.Now.Add(minTTL(places))}
+	}
 	return e.record(ctx, q, out, peek, start), nil
 }
 
@@ -183,6 +191,7 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	if set.HasOverrides() || set.HasCalendar() {
 		now = e.clock()
 	}
+	var holder string // the holder of the places this check takes in flight, drawn when it takes one
 	add := func(sub Subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
 		var req bucket.Request
 		first := len(out.Limits)
@@ -191,7 +200,13 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 				continue
 			}
 			lim := set.Effective(r, limitKey(tag, r), sub.Dimension, sub.ID, out.Tier, custom[r.ID], now)
-			if q.Cost > lim.Capacity() {
+			if lim.Algorithm.Holds() {
+				// A place in flight, one per check whatever its cost.
+				if holder == "" {
+					holder = newHolder()
+				}
+				lim.Holder = holder
+			} else if q.Cost > lim.Capacity() {
 				return fieldErrorf("cost", "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
 			}
 			req.Limits = append(req.Limits, lim)
@@ -316,6 +331,12 @@ func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, co
 		}
 		for j, lr := range results[i].Limits {
 			if e.leases != nil && out.Limits[pl.at(i, j)].Rule.Lease > 0 {
+				continue
+			}
+			if pl.reqs[i].Limits[j].Algorithm.Holds() {
+				// A place in flight comes back when its holder releases it, at any time
+				// before the retry the denial gives: caching the denial would deny checks
+				// that Redis would admit.
 				continue
 			}
 			if !lr.Allowed {

@@ -29,6 +29,9 @@ type Outcome struct {
 	// wait, or when allowed the one with the largest share of its capacity used; -1 when no
 	// rule matched.
 	Decider int
+	// Hold is, for an allowed check of concurrency rules, the places it holds in flight until
+	// Engine.Release; nil otherwise (a peek, a denial, a replay, a fail mode's decision).
+	Hold *Hold
 }
 
 // LimitOutcome is one rule applied to one subject.

@@ -17,7 +17,8 @@ import (
 // Redis's t, so latency can only shorten a cached denial, never stretch it. Capacity comes back
 // early only through ResetLimit (cleared here at once; through another checker process, seen
 // when the entry expires), a rule change (SetRules clears the cache), or a refund racing the
-// denial (a multi-subject check denied in the same instant).
+// denial (a multi-subject check denied in the same instant). A concurrency rule's capacity comes
+// back whenever a holder releases its place, so its denials are never cached (cacheDenials).
 type overLimitCache struct {
 	seed   maphash.Seed
 	epoch  time.Time

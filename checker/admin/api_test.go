@@ -528,7 +528,7 @@ func TestAdminUserLimits(t *testing.T) {
 	}
 	// A user's custom limit shows as such.
 	got = env.call(t, "GET", "/api/v1/users/custom/limits", readToken, nil)
-	if !strings.Contains(got.raw, `"rule_id":"orders","endpoint":"/orders","algorithm":"fixed_window","window":"1h0m0s","window_ms":3600000,"base_limit":10,"custom_limit":3,"limit":3`) {
+	if !strings.Contains(got.raw, `"rule_id":"orders","dimension":"user","endpoint":"/orders","algorithm":"fixed_window","window":"1h0m0s","window_ms":3600000,"base_limit":10,"custom_limit":3,"limit":3`) {
 		t.Errorf("custom user's limits = %s, want orders with custom_limit 3", got.raw)
 	}
 }

@@ -184,6 +184,14 @@ type Decision struct {
 	Degraded bool
 	Source   Source
 	Err      error
+	// LeaseID is set when an allowed check matched concurrency rules: it holds a place in
+	// flight in each until ReleaseLease, or until LeaseExpiresAt unless RenewLease extends it.
+	// The middleware and interceptors release it when the handler returns.
+	LeaseID        string
+	LeaseExpiresAt time.Time
+	// holds reports that the deciding limit counts requests in flight, whose denial a release
+	// may end at any time: it is not cached.
+	holds bool
 }
 
 // Client checks rate limits. Its methods are safe for concurrent use.
@@ -294,7 +302,7 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	c.markUp()
 	d := decision(resp)
 	// A fail mode's denial says nothing of the buckets: only a real one is cached.
-	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 && !d.Degraded {
+	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 && !d.Degraded && !d.holds {
 		c.deny.put(key, req.Cost, d, now.Add(d.RetryAfter))
 	}
 	return d, nil
@@ -414,7 +422,13 @@ func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 	if r.ResetAt > 0 {
 		d.ResetAt = time.Unix(r.ResetAt, 0)
 	}
+	if r.LeaseId != "" {
+		d.LeaseID, d.LeaseExpiresAt = r.LeaseId, time.UnixMilli(r.LeaseExpiresAtMs)
+	}
 	for _, l := range r.Limits {
+		if l.RuleId == r.RuleId && l.Algorithm == "concurrency" {
+			d.holds = true
+		}
 		if l.Shadow {
 			continue // never enforced, so no policy a caller must respect
 		}

@@ -20,11 +20,12 @@ import (
 // not checked; an empty Endpoint means the procedure.
 type RPCRequestFunc func(ctx context.Context, procedure string, header http.Header) Request
 
-// checkRPC decides an incoming RPC: nil when it may go ahead, else the denial.
-func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure string, header http.Header) *Decision {
+// checkRPC decides an incoming RPC: denied is nil when it may go ahead, and admitted then the
+// decision whose lease (if any) releaseAfter frees once the call is done.
+func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure string, header http.Header) (admitted, denied *Decision) {
 	req := f(ctx, procedure, header)
 	if len(req.Subjects) == 0 {
-		return nil
+		return nil, nil
 	}
 	if req.Endpoint == "" {
 		req.Endpoint = procedure
@@ -34,12 +35,12 @@ func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure strin
 		if ctx.Err() == nil {
 			c.log.Error("rate limit check failed, call let through", "procedure", procedure, "err", err)
 		}
-		return nil
+		return nil, nil
 	}
 	if d.Allowed {
-		return nil
+		return &d, nil
 	}
-	return &d
+	return nil, &d
 }
 
 func deniedMessage(d *Decision) string {
@@ -74,9 +75,11 @@ func (i *connectInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		if d := i.c.checkRPC(ctx, i.f, req.Spec().Procedure, req.Header()); d != nil {
-			return nil, connectDenied(d)
+		admitted, denied := i.c.checkRPC(ctx, i.f, req.Spec().Procedure, req.Header())
+		if denied != nil {
+			return nil, connectDenied(denied)
 		}
+		defer i.c.releaseAfter(admitted)
 		return next(ctx, req)
 	}
 }
@@ -87,9 +90,11 @@ func (i *connectInterceptor) WrapStreamingClient(next connect.StreamingClientFun
 
 func (i *connectInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if d := i.c.checkRPC(ctx, i.f, conn.Spec().Procedure, conn.RequestHeader()); d != nil {
-			return connectDenied(d)
+		admitted, denied := i.c.checkRPC(ctx, i.f, conn.Spec().Procedure, conn.RequestHeader())
+		if denied != nil {
+			return connectDenied(denied)
 		}
+		defer i.c.releaseAfter(admitted)
 		return next(ctx, conn)
 	}
 }
@@ -119,9 +124,11 @@ func grpcHeader(ctx context.Context) http.Header {
 // one with ResourceExhausted carrying google.rpc.RetryInfo.
 func (c *Client) UnaryServerInterceptor(f RPCRequestFunc) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if d := c.checkRPC(ctx, f, info.FullMethod, grpcHeader(ctx)); d != nil {
-			return nil, grpcDenied(d)
+		admitted, denied := c.checkRPC(ctx, f, info.FullMethod, grpcHeader(ctx))
+		if denied != nil {
+			return nil, grpcDenied(denied)
 		}
+		defer c.releaseAfter(admitted)
 		return handler(ctx, req)
 	}
 }
@@ -130,9 +137,11 @@ func (c *Client) UnaryServerInterceptor(f RPCRequestFunc) grpc.UnaryServerInterc
 // UnaryServerInterceptor checks unary calls.
 func (c *Client) StreamServerInterceptor(f RPCRequestFunc) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if d := c.checkRPC(ss.Context(), f, info.FullMethod, grpcHeader(ss.Context())); d != nil {
-			return grpcDenied(d)
+		admitted, denied := c.checkRPC(ss.Context(), f, info.FullMethod, grpcHeader(ss.Context()))
+		if denied != nil {
+			return grpcDenied(denied)
 		}
+		defer c.releaseAfter(admitted)
 		return handler(srv, ss)
 	}
 }

@@ -69,6 +69,9 @@ func (c *Client) Middleware(cfg HTTPConfig) func(http.Handler) http.Handler {
 				fmt.Fprintf(w, "Too many requests. Please retry after %d seconds.\n", ceilSeconds(d.RetryAfter))
 				return
 			}
+			// The places in flight a concurrency rule gave the request go back once it is
+			// served (or panicked).
+			defer c.releaseAfter(&d)
 			next.ServeHTTP(w, r)
 		})
 	}

@@ -104,6 +104,12 @@ func TestCalendarRuleErrors(t *testing.T) {
 			`lease: calendar windows (1d) are not leased`},
 		{"tier zone", "default_tier: t\ntiers: {t: {timezone: Nowhere}}\n" + rule + "window: 1d}", `tiers["t"]: timezone: unknown time zone "Nowhere"`},
 		{"user anchor", "users: {u: {anchor_day: 40}}\n" + rule + "window: 1mo}", `users["u"]: anchor_day: want a day of the month from 1 to 31, got "40"`},
+		{"concurrency fail mode local", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: concurrency, limit: 5, window: 1m, fail_mode: local}",
+			`fail_mode: local cannot count requests in flight (releases go to Redis); want open or closed`},
+		{"concurrency held for days", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: concurrency, limit: 5, window: 48h}",
+			`window: a concurrency rule's window is how long a place is held unless released, at most 24h0m0s; got 48h0m0s`},
+		{"concurrency with a burst", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: concurrency, limit: 5, window: 1m, burst: 9}",
+			`burst: concurrency counts up to its limit`},
 		{"calendar_window by name", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: calendar_window, limit: 5, window: 1mo}", `algorithm: unknown algorithm "calendar_window"`},
 	}
 	for _, tt := range tests {

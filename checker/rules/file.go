@@ -23,6 +23,9 @@ const (
 	MaxLimit         = 1_000_000_000
 	MinWindow        = time.Millisecond
 	MaxWindow        = 366 * 24 * time.Hour
+	// MaxHoldTTL bounds a concurrency rule's window: how long a place in flight is held
+	// unless released.
+	MaxHoldTTL = 24 * time.Hour
 )
 
 // ImplicitTier is the tier of a file that declares none.
@@ -276,6 +279,9 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		p.add(where, "window: %v", err)
 	}
 	r.Calendar = ruleCalendar(p, where, fr, &r)
+	if r.Algorithm == bucket.Concurrency && r.Window > MaxHoldTTL {
+		p.add(where, "window: a concurrency rule's window is how long a place is held unless released, at most %s; got %s", MaxHoldTTL, r.Window)
+	}
 	r.Burst = r.Limit
 	if fr.Burst != "" {
 		switch b, err := parseCount(string(fr.Burst)); {
@@ -295,6 +301,9 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if fr.FailMode != "" {
 		if r.FailMode, err = ParseFailMode(fr.FailMode); err != nil {
 			p.add(where, "fail_mode: %v", err)
+		} else if r.FailMode == FailLocal && r.Algorithm == bucket.Concurrency {
+			// A checker's own buckets never learn of releases, which go to Redis.
+			p.add(where, "fail_mode: local cannot count requests in flight (releases go to Redis); want open or closed")
 		}
 	}
 	r.IPv6Prefix = prefixBits(p, where, "ipv6_prefix", fr.IPv6Prefix, 128, r.Dimension)

@@ -67,6 +67,9 @@ func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequ
 	if q.Timestamp != 0 {
 		resp.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
 	}
+	if h := out.Hold; h != nil {
+		resp.LeaseId, resp.LeaseExpiresAtMs = h.ID, h.ExpiresAt.UnixMilli()
+	}
 	if d := outcomepb.Deciding(out, resp.Limits); d != nil {
 		resp.RuleId, resp.Limit, resp.CurrentCount, resp.Remaining = d.RuleId, d.Burst, d.CurrentCount, d.Remaining
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs

@@ -21,6 +21,10 @@ const (
 	// fixed_window with a calendar window (1d, 1w, 1mo, 1y) counts with. Rules files never name
 	// it (ParseAlgorithm refuses it); its String is fixed_window's.
 	CalendarWindow
+	// Concurrency counts requests in flight: at most Limit places held at once, each from the
+	// check that takes it (Limit.Holder) until Store.Release, or for Window when never
+	// released.
+	Concurrency
 )
 
 // algorithm is what tells one algorithm from another. Everything else that is per algorithm
@@ -43,6 +47,9 @@ type algorithm struct {
 	// derived marks an algorithm that rules files do not name: another's variant, chosen by
 	// the rule's other fields.
 	derived bool
+	// holds marks an algorithm whose charges each take a place held until released
+	// (Limit.Holder, Store.Release), one per check whatever its cost.
+	holds bool
 }
 
 // algorithms is the one table of algorithms, indexed by Algorithm; entry 0 is none.
@@ -56,6 +63,7 @@ var algorithms = [...]algorithm{
 	SlidingWindowCounter: {name: "sliding_window_counter", code: "swc", eval: evalSlidingCounter},
 	GCRA:                 {name: "gcra", code: "gcra", burst: true, eval: evalGCRA},
 	CalendarWindow:       {name: "fixed_window", code: "cw", eval: evalCalendarWindow, module: "calendar_window", derived: true},
+	Concurrency:          {name: "concurrency", code: "cc", eval: evalConcurrency, holds: true},
 }
 
 // moduleName is a's Lua module: lua/<moduleName>.lua.
@@ -105,6 +113,11 @@ func (a Algorithm) Code() string {
 
 // Valid reports whether a is one of the algorithms.
 func (a Algorithm) Valid() bool { return int(a) < len(algorithms) && algorithms[a].name != "" }
+
+// Holds reports whether the algorithm's charges take places held in flight (Concurrency): a
+// check holds one per limit, whatever its cost, named by Limit.Holder, until Store.Release or
+// its expiry.
+func (a Algorithm) Holds() bool { return a.Valid() && algorithms[a].holds }
 
 // HasBurst reports whether the algorithm has a capacity distinct from its limit per window
 // (token bucket, leaky bucket, GCRA). Window algorithms count up to Limit.

@@ -169,6 +169,35 @@ func evalCalendarWindow(s *state, p params, now, cost float64) outcome {
 	return o
 }
 
+// evalConcurrency is lua/concurrency.lua's eval, for Local, which has no releases: each charge
+// is a lease held for the whole window (the log's runs, by their expiry), which errs towards
+// denying.
+func evalConcurrency(s *state, p params, now, cost float64) outcome {
+	var live []logRun
+	n, last, first := 0.0, now, 0.0
+	if s != nil {
+		for _, r := range s.log {
+			if r.t > now {
+				live = append(live, r)
+				n++
+				last = math.Max(last, r.t)
+				if first == 0 || r.t < first {
+					first = r.t
+				}
+			}
+		}
+	}
+	o := outcome{used: n, rem: nonneg(p.limit - n), reset: last}
+	if n+1 > p.limit {
+		o.retry = first - now
+		return o
+	}
+	o.ok = true
+	o.aused, o.arem, o.areset = n+1, nonneg(p.limit-n-1), math.Max(last, now+p.window)
+	o.next = state{alg: Concurrency, log: append(live, logRun{t: now + p.window, n: 1}), expires: o.areset}
+	return o
+}
+
 func evalSlidingCounter(s *state, p params, now, cost float64) outcome {
 	W, L := p.window, p.limit
 	wid, t, c, pv := windowID(now, W), now, 0.0, 0.0

@@ -21,6 +21,11 @@ type Limit struct {
 	// Burst is the capacity of token bucket, leaky bucket and GCRA; 0 means Limit. Window
 	// algorithms ignore it.
 	Burst int64
+	// Holder is, for Concurrency, who holds the place a charge takes in flight (the id of a
+	// concurrency lease, in the API's words; no relation to Store.Lease's budget slices): drawn
+	// at random by the caller, which proves itself its holder by knowing it (Store.Release,
+	// Store.Renew), 1 to MaxHolder bytes. The other algorithms ignore it.
+	Holder string
 	// Periods are, for CalendarWindow, two consecutive calendar periods around the caller's
 	// clock (calendar.Period.Around): the decision is made in the one that holds Redis's time,
 	// and Window is only the unit's nominal length. Other algorithms ignore them.

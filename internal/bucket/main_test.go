@@ -47,10 +47,13 @@ func TestMain(m *testing.M) {
 // long is a window long enough that refill during a test is far below one unit.
 const long = 30 * 24 * time.Hour
 
-// allAlgorithms is every algorithm of the table that rules name, so that a new one is tested
-// like the others. A derived one (CalendarWindow, whose periods no generic window gives) has
-// tests of its own (calendar_test.go).
-var allAlgorithms = slices.DeleteFunc(slices.Collect(eachAlgorithm), func(a Algorithm) bool { return algorithms[a].derived })
+// allAlgorithms is every algorithm of the table that counts units, so that a new one is tested
+// like the others. A derived one (CalendarWindow, whose periods no generic window gives) and
+// one of held places (Concurrency, which counts checks in flight, not their cost) have tests of their
+// own (calendar_test.go, concurrency_test.go).
+var allAlgorithms = slices.DeleteFunc(slices.Collect(eachAlgorithm), func(a Algorithm) bool {
+	return algorithms[a].derived || algorithms[a].holds
+})
 
 func client(t testing.TB) redis.UniversalClient {
 	t.Helper()

@@ -447,8 +447,11 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 	for i := range r.Limits {
 		l := &r.Limits[i]
 		token := argEmpty
-		if i < len(tokens) && tokens[i] != "" {
+		switch {
+		case i < len(tokens) && tokens[i] != "":
 			token = j.str(tokens[i])
+		case l.Algorithm.Holds() && mode != modeRefund:
+			token = j.str(l.Holder) // the lease a charge takes
 		}
 		w, b := l.scriptArgs()
 		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(w), j.num(b), token)

@@ -138,6 +138,7 @@ func TestAlgorithmContract(t *testing.T) {
 		{SlidingWindowCounter, "sliding_window_counter", "swc", false},
 		{GCRA, "gcra", "gcra", true},
 		{CalendarWindow, "fixed_window", "cw", false},
+		{Concurrency, "concurrency", "cc", false},
 	}
 	if got := slices.Collect(eachAlgorithm); len(got) != len(want) {
 		t.Errorf("algorithms: got %v, want %d (a new one needs its row here)", got, len(want))
@@ -149,7 +150,7 @@ func TestAlgorithmContract(t *testing.T) {
 				a, a.String(), a.Code(), a.HasBurst(), argCodes[a], w.name, w.code, w.burst, a)
 		}
 	}
-	const list = "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter or gcra"
+	const list = "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra or concurrency"
 	if _, err := ParseAlgorithm("tokenbucket"); err == nil || err.Error() != `unknown algorithm "tokenbucket" (want `+list+")" {
 		t.Errorf("ParseAlgorithm(tokenbucket): got %v, want the list of names", err)
 	}

@@ -64,9 +64,14 @@ func (l *Limit) validate() error {
 		return fmt.Errorf("burst must be between 0 and %d, got %d", int64(maxValue), l.Burst)
 	case l.Algorithm == CalendarWindow:
 		return l.validatePeriods()
+	case l.Algorithm.Holds() && (l.Holder == "" || len(l.Holder) > MaxHolder):
+		return fmt.Errorf("a concurrency limit needs a lease id of 1 to %d bytes, got %d", MaxHolder, len(l.Holder))
 	}
 	return nil
 }
+
+// MaxHolder bounds Limit.Holder.
+const MaxHolder = 64
 
 // maxPeriod bounds each calendar period of a CalendarWindow: its length in seconds travels in
 // 25 bits (lua/calendar_window.lua), which a leap year and a DST hour fill to 0.94.

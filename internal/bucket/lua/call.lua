@@ -19,10 +19,10 @@
 -- then 5 per limit i, at ARGV[5 + 5*(i-1) + 1 ..]:
 --              algorithm code (the bucket.Algorithm value: 1 token_bucket, 2 leaky_bucket,
 --              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra,
---              7 calendar_window), limit, window_us, burst (capacity, already resolved,
+--              7 calendar_window, 8 concurrency), limit, window_us, burst (capacity, already resolved,
 --              >= 1), all decimal integers (calendar_window sends its periods in the places
 --              of the window and the burst: lua/calendar_window.lua),
---              refund token (refund only; else "")
+--              refund token (refund; a charge's of concurrency: the lease's id; else "")
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec (+ SHIFT, 0 but in tests:
 -- scripts.go), read once per script run (clock), so that every call of a batch decides at the
@@ -69,6 +69,7 @@ if swc_eval then MODULES['5'] = {swc_eval, swc_commit, swc_refund} end
 if lb_eval then MODULES['2'] = {lb_eval, lb_commit, lb_refund} end
 if swl_eval then MODULES['4'] = {swl_eval, swl_commit, swl_refund} end
 if cw_eval then MODULES['7'] = {cw_eval, cw_commit, cw_refund} end
+if cc_eval then MODULES['8'] = {cc_eval, cc_commit, cc_refund} end
 
 -- modules returns the eval, commit and refund functions of algorithm code c (nil for a code
 -- without a module, or one this run did not build).
@@ -109,9 +110,9 @@ end
 -- fields returns the six reply fields of one limit from the results of its eval, after
 -- committing it when charged.
 local function fields(charged, commit, key, L, W, B, Bs, now, now_s, cost,
-                      ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+                      ok, used, rem, reset, a1, a2, a3, s1, s2, s3, tok)
   if charged then
-    local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3)
+    local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, tok)
     return 1, a1, a2, us(ceil_us(a3)), '0', token
   end
   if ok then
@@ -155,7 +156,7 @@ local function one(KEYS, ARGV, mode, cost, idem)
 
   local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
   local f1, f2, f3, f4, f5, f6 = fields(charge and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
-    ok, used, rem, reset, a1, a2, a3, s1, s2, s3)
+    ok, used, rem, reset, a1, a2, a3, s1, s2, s3, ARGV[10])
   if charge and ok and idem and mode == '0' then
     redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
   end
@@ -224,7 +225,8 @@ if NEED then
       local j = (i - 1) * S
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
         fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
-          P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16])
+          P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16],
+          ARGV[5 + (i - 1) * 5 + 5])
       k = k + 6
     end
 

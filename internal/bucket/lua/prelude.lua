@@ -25,8 +25,9 @@
 --                      when not: a1 = µs until cost would fit (the driver raises it to >= 1,
 --                      and to >= W for a cost above the capacity)
 --     s1, s2, s3       when ok: whatever commit needs to write the new state
---   commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3) -> refund token (string), after
---     every limit allowed. now_s = us(now).
+--   commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, token) -> refund token (string),
+--     after every limit allowed. now_s = us(now); token = the limit's token argument of the
+--     charge ("" but for concurrency, whose lease id it is).
 --   refund(key, L, W, B, now, cost, charge_now, token, Bs): gives cost back exactly; eval is
 --     called afterwards for the reply.
 -- Every module clamps its own notion of "now" to the time stored in its state, so a clock

@@ -514,9 +514,14 @@ type CheckRateLimitResponse struct {
 	Tier        string `protobuf:"bytes,14,opt,name=tier,proto3" json:"tier,omitempty"`
 	// decision_id identifies this decision in the decision stream and the audit (the Decision
 	// event's id).
-	DecisionId    string `protobuf:"bytes,15,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DecisionId string `protobuf:"bytes,15,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	// lease_id is set when the check was allowed and matched concurrency rules: it holds a place
+	// in flight in each until ReleaseLease, or until lease_expires_at_ms (unix ms) unless
+	// RenewLease extends it. Empty otherwise (a denial, a replay, a fail mode's decision).
+	LeaseId          string `protobuf:"bytes,16,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseExpiresAtMs int64  `protobuf:"varint,17,opt,name=lease_expires_at_ms,json=leaseExpiresAtMs,proto3" json:"lease_expires_at_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CheckRateLimitResponse) Reset() {
@@ -654,6 +659,189 @@ func (x *CheckRateLimitResponse) GetDecisionId() string {
 	return ""
 }
 
+func (x *CheckRateLimitResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CheckRateLimitResponse) GetLeaseExpiresAtMs() int64 {
+	if x != nil {
+		return x.LeaseExpiresAtMs
+	}
+	return 0
+}
+
+type ReleaseLeaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseRequest) Reset() {
+	*x = ReleaseLeaseRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseRequest) ProtoMessage() {}
+
+func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReleaseLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type ReleaseLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseResponse) Reset() {
+	*x = ReleaseLeaseResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseResponse) ProtoMessage() {}
+
+func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+}
+
+type RenewLeaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewLeaseRequest) Reset() {
+	*x = RenewLeaseRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewLeaseRequest) ProtoMessage() {}
+
+func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
+func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RenewLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type RenewLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// expires_at_ms is the new expiry of the first of the lease's places, unix ms.
+	ExpiresAtMs   int64 `protobuf:"varint,1,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewLeaseResponse) Reset() {
+	*x = RenewLeaseResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewLeaseResponse) ProtoMessage() {}
+
+func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
+func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RenewLeaseResponse) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
+}
+
 type CheckRateLimitsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// checks are decided independently, at most 1000 per call (more is refused with
@@ -665,7 +853,7 @@ type CheckRateLimitsRequest struct {
 
 func (x *CheckRateLimitsRequest) Reset() {
 	*x = CheckRateLimitsRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +865,7 @@ func (x *CheckRateLimitsRequest) String() string {
 func (*CheckRateLimitsRequest) ProtoMessage() {}
 
 func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +878,7 @@ func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsRequest.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckRateLimitsRequest) GetChecks() []*CheckRateLimitRequest {
@@ -710,7 +898,7 @@ type CheckRateLimitsResponse struct {
 
 func (x *CheckRateLimitsResponse) Reset() {
 	*x = CheckRateLimitsResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +910,7 @@ func (x *CheckRateLimitsResponse) String() string {
 func (*CheckRateLimitsResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +923,7 @@ func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckRateLimitsResponse) GetResults() []*CheckRateLimitsResult {
@@ -760,7 +948,7 @@ type CheckRateLimitsResult struct {
 
 func (x *CheckRateLimitsResult) Reset() {
 	*x = CheckRateLimitsResult{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +960,7 @@ func (x *CheckRateLimitsResult) String() string {
 func (*CheckRateLimitsResult) ProtoMessage() {}
 
 func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +973,7 @@ func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResult.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResult) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckRateLimitsResult) GetResult() isCheckRateLimitsResult_Result {
@@ -845,7 +1033,7 @@ type CheckError struct {
 
 func (x *CheckError) Reset() {
 	*x = CheckError{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1045,7 @@ func (x *CheckError) String() string {
 func (*CheckError) ProtoMessage() {}
 
 func (x *CheckError) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1058,7 @@ func (x *CheckError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckError.ProtoReflect.Descriptor instead.
 func (*CheckError) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckError) GetCode() int32 {
@@ -909,7 +1097,7 @@ type GetRemainingQuotaRequest struct {
 
 func (x *GetRemainingQuotaRequest) Reset() {
 	*x = GetRemainingQuotaRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1109,7 @@ func (x *GetRemainingQuotaRequest) String() string {
 func (*GetRemainingQuotaRequest) ProtoMessage() {}
 
 func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1122,7 @@ func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRemainingQuotaRequest) GetIdentifier() string {
@@ -1002,7 +1190,7 @@ type GetRemainingQuotaResponse struct {
 
 func (x *GetRemainingQuotaResponse) Reset() {
 	*x = GetRemainingQuotaResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1202,7 @@ func (x *GetRemainingQuotaResponse) String() string {
 func (*GetRemainingQuotaResponse) ProtoMessage() {}
 
 func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1215,7 @@ func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRemainingQuotaResponse) GetAllowed() bool {
@@ -1128,7 +1316,7 @@ type ResetLimitRequest struct {
 
 func (x *ResetLimitRequest) Reset() {
 	*x = ResetLimitRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1328,7 @@ func (x *ResetLimitRequest) String() string {
 func (*ResetLimitRequest) ProtoMessage() {}
 
 func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1341,7 @@ func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitRequest.ProtoReflect.Descriptor instead.
 func (*ResetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResetLimitRequest) GetIdentifier() string {
@@ -1196,7 +1384,7 @@ type ResetLimitResponse struct {
 
 func (x *ResetLimitResponse) Reset() {
 	*x = ResetLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1396,7 @@ func (x *ResetLimitResponse) String() string {
 func (*ResetLimitResponse) ProtoMessage() {}
 
 func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1409,7 @@ func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitResponse.ProtoReflect.Descriptor instead.
 func (*ResetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResetLimitResponse) GetResetCount() int64 {
@@ -1279,7 +1467,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x05state\x18\x0e \x01(\x0e2\x13.quotaflow.v1.StateR\x05state\x12\x1a\n" +
 	"\bdegraded\x18\x0f \x01(\bR\bdegraded\x12\x1b\n" +
 	"\tfail_mode\x18\x10 \x01(\tR\bfailMode\x12\x14\n" +
-	"\x05burst\x18\x11 \x01(\x03R\x05burst\"\xf5\x03\n" +
+	"\x05burst\x18\x11 \x01(\x03R\x05burst\"\xbf\x04\n" +
 	"\x16CheckRateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
@@ -1298,7 +1486,16 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\rclock_skew_ms\x18\r \x01(\x03R\vclockSkewMs\x12\x12\n" +
 	"\x04tier\x18\x0e \x01(\tR\x04tier\x12\x1f\n" +
 	"\vdecision_id\x18\x0f \x01(\tR\n" +
-	"decisionId\"U\n" +
+	"decisionId\x12\x19\n" +
+	"\blease_id\x18\x10 \x01(\tR\aleaseId\x12-\n" +
+	"\x13lease_expires_at_ms\x18\x11 \x01(\x03R\x10leaseExpiresAtMs\"0\n" +
+	"\x13ReleaseLeaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x16\n" +
+	"\x14ReleaseLeaseResponse\".\n" +
+	"\x11RenewLeaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"8\n" +
+	"\x12RenewLeaseResponse\x12\"\n" +
+	"\rexpires_at_ms\x18\x01 \x01(\x03R\vexpiresAtMs\"U\n" +
 	"\x16CheckRateLimitsRequest\x12;\n" +
 	"\x06checks\x18\x01 \x03(\v2#.quotaflow.v1.CheckRateLimitRequestR\x06checks\"X\n" +
 	"\x17CheckRateLimitsResponse\x12=\n" +
@@ -1358,13 +1555,16 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
 	"\rSTATE_WARNING\x10\x02\x12\x13\n" +
-	"\x0fSTATE_THROTTLED\x10\x032\x86\x03\n" +
+	"\x0fSTATE_THROTTLED\x10\x032\xae\x04\n" +
 	"\vRateLimiter\x12[\n" +
 	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12^\n" +
 	"\x0fCheckRateLimits\x12$.quotaflow.v1.CheckRateLimitsRequest\x1a%.quotaflow.v1.CheckRateLimitsResponse\x12i\n" +
 	"\x11GetRemainingQuota\x12&.quotaflow.v1.GetRemainingQuotaRequest\x1a'.quotaflow.v1.GetRemainingQuotaResponse\"\x03\x90\x02\x01\x12O\n" +
 	"\n" +
-	"ResetLimit\x12\x1f.quotaflow.v1.ResetLimitRequest\x1a .quotaflow.v1.ResetLimitResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"ResetLimit\x12\x1f.quotaflow.v1.ResetLimitRequest\x1a .quotaflow.v1.ResetLimitResponse\x12U\n" +
+	"\fReleaseLease\x12!.quotaflow.v1.ReleaseLeaseRequest\x1a\".quotaflow.v1.ReleaseLeaseResponse\x12O\n" +
+	"\n" +
+	"RenewLease\x12\x1f.quotaflow.v1.RenewLeaseRequest\x1a .quotaflow.v1.RenewLeaseResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_ratelimit_proto_rawDescOnce sync.Once
@@ -1379,7 +1579,7 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
@@ -1387,14 +1587,18 @@ var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(*CheckRateLimitRequest)(nil),     // 3: quotaflow.v1.CheckRateLimitRequest
 	(*LimitStatus)(nil),               // 4: quotaflow.v1.LimitStatus
 	(*CheckRateLimitResponse)(nil),    // 5: quotaflow.v1.CheckRateLimitResponse
-	(*CheckRateLimitsRequest)(nil),    // 6: quotaflow.v1.CheckRateLimitsRequest
-	(*CheckRateLimitsResponse)(nil),   // 7: quotaflow.v1.CheckRateLimitsResponse
-	(*CheckRateLimitsResult)(nil),     // 8: quotaflow.v1.CheckRateLimitsResult
-	(*CheckError)(nil),                // 9: quotaflow.v1.CheckError
-	(*GetRemainingQuotaRequest)(nil),  // 10: quotaflow.v1.GetRemainingQuotaRequest
-	(*GetRemainingQuotaResponse)(nil), // 11: quotaflow.v1.GetRemainingQuotaResponse
-	(*ResetLimitRequest)(nil),         // 12: quotaflow.v1.ResetLimitRequest
-	(*ResetLimitResponse)(nil),        // 13: quotaflow.v1.ResetLimitResponse
+	(*ReleaseLeaseRequest)(nil),       // 6: quotaflow.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),      // 7: quotaflow.v1.ReleaseLeaseResponse
+	(*RenewLeaseRequest)(nil),         // 8: quotaflow.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),        // 9: quotaflow.v1.RenewLeaseResponse
+	(*CheckRateLimitsRequest)(nil),    // 10: quotaflow.v1.CheckRateLimitsRequest
+	(*CheckRateLimitsResponse)(nil),   // 11: quotaflow.v1.CheckRateLimitsResponse
+	(*CheckRateLimitsResult)(nil),     // 12: quotaflow.v1.CheckRateLimitsResult
+	(*CheckError)(nil),                // 13: quotaflow.v1.CheckError
+	(*GetRemainingQuotaRequest)(nil),  // 14: quotaflow.v1.GetRemainingQuotaRequest
+	(*GetRemainingQuotaResponse)(nil), // 15: quotaflow.v1.GetRemainingQuotaResponse
+	(*ResetLimitRequest)(nil),         // 16: quotaflow.v1.ResetLimitRequest
+	(*ResetLimitResponse)(nil),        // 17: quotaflow.v1.ResetLimitResponse
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -1405,24 +1609,28 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 5: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
 	4,  // 6: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
 	3,  // 7: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
-	8,  // 8: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
+	12, // 8: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
 	5,  // 9: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
-	9,  // 10: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
+	13, // 10: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
 	0,  // 11: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
 	2,  // 12: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
 	1,  // 13: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
 	4,  // 14: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
 	0,  // 15: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
 	3,  // 16: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	6,  // 17: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	10, // 18: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	12, // 19: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	5,  // 20: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	7,  // 21: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	11, // 22: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	13, // 23: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
+	10, // 17: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	14, // 18: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	16, // 19: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	6,  // 20: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	8,  // 21: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	5,  // 22: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	11, // 23: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	15, // 24: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	17, // 25: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	7,  // 26: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	9,  // 27: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1433,7 +1641,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 	if File_quotaflow_v1_ratelimit_proto != nil {
 		return
 	}
-	file_quotaflow_v1_ratelimit_proto_msgTypes[6].OneofWrappers = []any{
+	file_quotaflow_v1_ratelimit_proto_msgTypes[10].OneofWrappers = []any{
 		(*CheckRateLimitsResult_Response)(nil),
 		(*CheckRateLimitsResult_Error)(nil),
 	}
@@ -1443,7 +1651,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,8 @@ const (
 	RateLimiter_CheckRateLimits_FullMethodName   = "/quotaflow.v1.RateLimiter/CheckRateLimits"
 	RateLimiter_GetRemainingQuota_FullMethodName = "/quotaflow.v1.RateLimiter/GetRemainingQuota"
 	RateLimiter_ResetLimit_FullMethodName        = "/quotaflow.v1.RateLimiter/ResetLimit"
+	RateLimiter_ReleaseLease_FullMethodName      = "/quotaflow.v1.RateLimiter/ReleaseLease"
+	RateLimiter_RenewLease_FullMethodName        = "/quotaflow.v1.RateLimiter/RenewLease"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -48,6 +50,15 @@ type RateLimiterClient interface {
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
 	// one rule.
 	ResetLimit(ctx context.Context, in *ResetLimitRequest, opts ...grpc.CallOption) (*ResetLimitResponse, error)
+	// ReleaseLease frees the places in flight an allowed check took of its concurrency rules
+	// (CheckRateLimitResponse.lease_id), so that other checks may take them at once. Its caller
+	// is the holder by knowing the id. An id that holds nothing (never granted, already released)
+	// is NotFound, and a second release of one id is that, never a second free; one whose places
+	// freed themselves at their expiry is FailedPrecondition; a malformed one InvalidArgument.
+	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
+	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
+	// errors as ReleaseLease's.
+	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -98,6 +109,26 @@ func (c *rateLimiterClient) ResetLimit(ctx context.Context, in *ResetLimitReques
 	return out, nil
 }
 
+func (c *rateLimiterClient) ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseLeaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_ReleaseLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewLeaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_RenewLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -118,6 +149,15 @@ type RateLimiterServer interface {
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
 	// one rule.
 	ResetLimit(context.Context, *ResetLimitRequest) (*ResetLimitResponse, error)
+	// ReleaseLease frees the places in flight an allowed check took of its concurrency rules
+	// (CheckRateLimitResponse.lease_id), so that other checks may take them at once. Its caller
+	// is the holder by knowing the id. An id that holds nothing (never granted, already released)
+	// is NotFound, and a second release of one id is that, never a second free; one whose places
+	// freed themselves at their expiry is FailedPrecondition; a malformed one InvalidArgument.
+	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
+	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
+	// errors as ReleaseLease's.
+	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -139,6 +179,12 @@ func (UnimplementedRateLimiterServer) GetRemainingQuota(context.Context, *GetRem
 }
 func (UnimplementedRateLimiterServer) ResetLimit(context.Context, *ResetLimitRequest) (*ResetLimitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResetLimit not implemented")
+}
+func (UnimplementedRateLimiterServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseLease not implemented")
+}
+func (UnimplementedRateLimiterServer) RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewLease not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -233,6 +279,42 @@ func _RateLimiter_ResetLimit_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_ReleaseLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).ReleaseLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_ReleaseLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).ReleaseLease(ctx, req.(*ReleaseLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_RenewLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).RenewLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_RenewLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).RenewLease(ctx, req.(*RenewLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -255,6 +337,14 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResetLimit",
 			Handler:    _RateLimiter_ResetLimit_Handler,
+		},
+		{
+			MethodName: "ReleaseLease",
+			Handler:    _RateLimiter_ReleaseLease_Handler,
+		},
+		{
+			MethodName: "RenewLease",
+			Handler:    _RateLimiter_RenewLease_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -46,6 +46,11 @@ const (
 	RateLimiterGetRemainingQuotaProcedure = "/quotaflow.v1.RateLimiter/GetRemainingQuota"
 	// RateLimiterResetLimitProcedure is the fully-qualified name of the RateLimiter's ResetLimit RPC.
 	RateLimiterResetLimitProcedure = "/quotaflow.v1.RateLimiter/ResetLimit"
+	// RateLimiterReleaseLeaseProcedure is the fully-qualified name of the RateLimiter's ReleaseLease
+	// RPC.
+	RateLimiterReleaseLeaseProcedure = "/quotaflow.v1.RateLimiter/ReleaseLease"
+	// RateLimiterRenewLeaseProcedure is the fully-qualified name of the RateLimiter's RenewLease RPC.
+	RateLimiterRenewLeaseProcedure = "/quotaflow.v1.RateLimiter/RenewLease"
 )
 
 // RateLimiterClient is a client for the quotaflow.v1.RateLimiter service.
@@ -62,6 +67,15 @@ type RateLimiterClient interface {
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
 	// one rule.
 	ResetLimit(context.Context, *connect.Request[v1.ResetLimitRequest]) (*connect.Response[v1.ResetLimitResponse], error)
+	// ReleaseLease frees the places in flight an allowed check took of its concurrency rules
+	// (CheckRateLimitResponse.lease_id), so that other checks may take them at once. Its caller
+	// is the holder by knowing the id. An id that holds nothing (never granted, already released)
+	// is NotFound, and a second release of one id is that, never a second free; one whose places
+	// freed themselves at their expiry is FailedPrecondition; a malformed one InvalidArgument.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error)
+	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
+	// errors as ReleaseLease's.
+	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
 }
 
 // NewRateLimiterClient constructs a client for the quotaflow.v1.RateLimiter service. By default, it
@@ -100,6 +114,18 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(rateLimiterMethods.ByName("ResetLimit")),
 			connect.WithClientOptions(opts...),
 		),
+		releaseLease: connect.NewClient[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse](
+			httpClient,
+			baseURL+RateLimiterReleaseLeaseProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("ReleaseLease")),
+			connect.WithClientOptions(opts...),
+		),
+		renewLease: connect.NewClient[v1.RenewLeaseRequest, v1.RenewLeaseResponse](
+			httpClient,
+			baseURL+RateLimiterRenewLeaseProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("RenewLease")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -109,6 +135,8 @@ type rateLimiterClient struct {
 	checkRateLimits   *connect.Client[v1.CheckRateLimitsRequest, v1.CheckRateLimitsResponse]
 	getRemainingQuota *connect.Client[v1.GetRemainingQuotaRequest, v1.GetRemainingQuotaResponse]
 	resetLimit        *connect.Client[v1.ResetLimitRequest, v1.ResetLimitResponse]
+	releaseLease      *connect.Client[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse]
+	renewLease        *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
 }
 
 // CheckRateLimit calls quotaflow.v1.RateLimiter.CheckRateLimit.
@@ -131,6 +159,16 @@ func (c *rateLimiterClient) ResetLimit(ctx context.Context, req *connect.Request
 	return c.resetLimit.CallUnary(ctx, req)
 }
 
+// ReleaseLease calls quotaflow.v1.RateLimiter.ReleaseLease.
+func (c *rateLimiterClient) ReleaseLease(ctx context.Context, req *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error) {
+	return c.releaseLease.CallUnary(ctx, req)
+}
+
+// RenewLease calls quotaflow.v1.RateLimiter.RenewLease.
+func (c *rateLimiterClient) RenewLease(ctx context.Context, req *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error) {
+	return c.renewLease.CallUnary(ctx, req)
+}
+
 // RateLimiterHandler is an implementation of the quotaflow.v1.RateLimiter service.
 type RateLimiterHandler interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
@@ -145,6 +183,15 @@ type RateLimiterHandler interface {
 	// ResetLimit clears the buckets of one subject: all its limits, or those of one endpoint or
 	// one rule.
 	ResetLimit(context.Context, *connect.Request[v1.ResetLimitRequest]) (*connect.Response[v1.ResetLimitResponse], error)
+	// ReleaseLease frees the places in flight an allowed check took of its concurrency rules
+	// (CheckRateLimitResponse.lease_id), so that other checks may take them at once. Its caller
+	// is the holder by knowing the id. An id that holds nothing (never granted, already released)
+	// is NotFound, and a second release of one id is that, never a second free; one whose places
+	// freed themselves at their expiry is FailedPrecondition; a malformed one InvalidArgument.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error)
+	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
+	// errors as ReleaseLease's.
+	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
 }
 
 // NewRateLimiterHandler builds an HTTP handler from the service implementation. It returns the path
@@ -179,6 +226,18 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		connect.WithSchema(rateLimiterMethods.ByName("ResetLimit")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rateLimiterReleaseLeaseHandler := connect.NewUnaryHandler(
+		RateLimiterReleaseLeaseProcedure,
+		svc.ReleaseLease,
+		connect.WithSchema(rateLimiterMethods.ByName("ReleaseLease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rateLimiterRenewLeaseHandler := connect.NewUnaryHandler(
+		RateLimiterRenewLeaseProcedure,
+		svc.RenewLease,
+		connect.WithSchema(rateLimiterMethods.ByName("RenewLease")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/quotaflow.v1.RateLimiter/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RateLimiterCheckRateLimitProcedure:
@@ -189,6 +248,10 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 			rateLimiterGetRemainingQuotaHandler.ServeHTTP(w, r)
 		case RateLimiterResetLimitProcedure:
 			rateLimiterResetLimitHandler.ServeHTTP(w, r)
+		case RateLimiterReleaseLeaseProcedure:
+			rateLimiterReleaseLeaseHandler.ServeHTTP(w, r)
+		case RateLimiterRenewLeaseProcedure:
+			rateLimiterRenewLeaseHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -212,4 +275,12 @@ func (UnimplementedRateLimiterHandler) GetRemainingQuota(context.Context, *conne
 
 func (UnimplementedRateLimiterHandler) ResetLimit(context.Context, *connect.Request[v1.ResetLimitRequest]) (*connect.Response[v1.ResetLimitResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.ResetLimit is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.ReleaseLease is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.RenewLease is not implemented"))
 }

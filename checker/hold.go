@@ -1,0 +1,183 @@
+package checker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// holdStore is what Release and Renew need of the store: *bucket.Store's places held in flight.
+type holdStore interface {
+	Release(ctx context.Context, key, holder string) (time.Time, error)
+	Renew(ctx context.Context, key, holder string, ttl time.Duration) (time.Time, error)
+}
+
+var _ holdStore = (*bucket.Store)(nil)
+
+// Hold is what an allowed check holds of its concurrency limits (rules of algorithm
+// concurrency): a place in flight in each, until Release, or until ExpiresAt when never
+// released or renewed, so that a client that crashes leaks nothing. The API calls it a
+// concurrency lease; "lease" in this package is a checker's slice of a global budget
+// (leaseTable), another thing.
+type Hold struct {
+	// ID names the hold for Release and Renew: a random holder (which only the check's caller
+	// learns: knowing it is what makes one the holder) and the buckets it holds places in.
+	ID string
+	// ExpiresAt is when the first of its places frees itself.
+	ExpiresAt time.Time
+}
+
+// The outcomes of Release and Renew that are the caller's, not the store's.
+var (
+	// ErrHoldNotHeld is an ID that holds nothing: never granted, already released, or expired
+	// and since taken by another check. A second Release of one ID is this, never a second
+	// free.
+	ErrHoldNotHeld = errors.New("lease not held: unknown, or already released")
+	// ErrHoldExpired is a hold whose places freed themselves at their expiry: another check may
+	// have them now, so it cannot be renewed.
+	ErrHoldExpired = errors.New("lease expired: its places freed themselves")
+)
+
+// maxHoldID bounds an ID (holder, TTLs and keys), so that a forged one costs no more to refuse.
+const maxHoldID = 4096
+
+// holdPlace is one bucket a hold has a place in, and the place's TTL (the rule's window).
+type holdPlace struct {
+	key string
+	ttl time.Duration
+}
+
+// minTTL is the shortest TTL of places: when the first of them frees itself.
+func minTTL(places []holdPlace) time.Duration {
+	m := places[0].ttl
+	for _, p := range places[1:] {
+		m = min(m, p.ttl)
+	}
+	return m
+}
+
+// newHolder draws a holder: 128 random bits, base64url.
+func newHolder() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// holdID encodes a holder and its places: "<holder>.<base64url of one "<ttl_ms> <key>" line per
+// place>".
+func holdID(holder string, places []holdPlace) string {
+	var b strings.Builder
+	for i, p := range places {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(strconv.FormatInt(p.ttl.Milliseconds(), 10))
+		b.WriteByte(' ')
+		b.WriteString(p.key)
+	}
+	return holder + "." + base64.RawURLEncoding.EncodeToString([]byte(b.String()))
+}
+
+// parseHoldID decodes an ID, refusing any that does not name concurrency buckets: a forged ID
+// must not reach another algorithm's state (a sliding log is a sorted set too).
+func parseHoldID(id string) (holder string, places []holdPlace, err error) {
+	bad := func(why string) error { return fieldErrorf("lease_id", "not a lease id: %s", why) }
+	if id == "" {
+		return "", nil, fieldErrorf("lease_id", "required")
+	}
+	if len(id) > maxHoldID {
+		return "", nil, bad(fmt.Sprintf("longer than %d bytes", maxHoldID))
+	}
+	holder, enc, ok := strings.Cut(id, ".")
+	if !ok || holder == "" || len(holder) > bucket.MaxHolder {
+		return "", nil, bad("no holder")
+	}
+	raw, derr := base64.RawURLEncoding.DecodeString(enc)
+	if derr != nil || len(raw) == 0 {
+		return "", nil, bad("no places")
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		ms, key, ok := strings.Cut(line, " ")
+		n, perr := strconv.ParseInt(ms, 10, 64)
+		if !ok || perr != nil || n < 1 || n > int64(rules.MaxHoldTTL/time.Millisecond) || !isConcurrencyKey(key) {
+			return "", nil, bad("a place that is no concurrency bucket")
+		}
+		places = append(places, holdPlace{key: key, ttl: time.Duration(n) * time.Millisecond})
+	}
+	return holder, places, nil
+}
+
+// isConcurrencyKey reports whether key is a concurrency bucket's, "rl:{tag}:cc:…": the tag's
+// identifier has every "}" and ":" escaped (subjectTag), so its first "}" ends it.
+func isConcurrencyKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, "rl:{")
+	if !ok {
+		return false
+	}
+	i := strings.IndexByte(rest, '}')
+	return i >= 0 && strings.HasPrefix(rest[i+1:], ":"+bucket.Concurrency.Code()+":")
+}
+
+// Release frees the places a check's hold has (Hold.ID), so that other checks may take them at
+// once. A malformed ID is a FieldError naming lease_id; one that holds nothing is
+// ErrHoldNotHeld (a second release of one ID too: never a second free); one whose places had
+// freed themselves is ErrHoldExpired; with the store unreachable, ErrUnavailable: the places
+// then free themselves at their expiry.
+func (e *Engine) Release(ctx context.Context, id string) error {
+	_, err := e.hold(ctx, id, false)
+	return err
+}
+
+// Renew extends a hold's places by their TTLs from now and returns the new expiry of the first;
+// errors as Release's.
+func (e *Engine) Renew(ctx context.Context, id string) (time.Time, error) {
+	return e.hold(ctx, id, true)
+}
+
+func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, error) {
+	holder, places, err := parseHoldID(id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	hs, ok := e.store.store.(holdStore)
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w: this store holds no places", ErrUnavailable)
+	}
+	var first time.Time
+	held, expired := 0, 0
+	for _, p := range places {
+		var at time.Time
+		if renew {
+			at, err = hs.Renew(ctx, p.key, holder, p.ttl)
+		} else {
+			at, err = hs.Release(ctx, p.key, holder)
+		}
+		switch {
+		case errors.Is(err, bucket.ErrNotHeld):
+		case errors.Is(err, bucket.ErrExpired):
+			expired++
+		case err != nil:
+			return time.Time{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		default:
+			held++
+			if first.IsZero() || at.Before(first) {
+				first = at
+			}
+		}
+	}
+	switch {
+	case held == 0 && expired > 0:
+		return time.Time{}, ErrHoldExpired
+	case held == 0:
+		return time.Time{}, ErrHoldNotHeld
+	}
+	return first, nil
+}

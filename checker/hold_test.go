@@ -1,0 +1,112 @@
+package checker
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+)
+
+const holdRules = `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: inflight, dimension: user, endpoint: /gen, algorithm: concurrency, limit: 3, window: 30s}
+  - {id: per-minute, dimension: user, endpoint: /gen, algorithm: fixed_window, limit: 100, window: 1m}
+`
+
+// TestHolds: N concurrent checks of a concurrency rule are granted exactly its limit, each with
+// a hold; releasing one lets the next in; a second release of it, or a release by a forged or
+// unknown id, frees nothing; a renew moves the expiry.
+func TestHolds(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, holdRules), DisableOverLimitCache: true})
+	user := checkertest.ID(t, "u")
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/gen", Cost: 7}
+	ctx := context.Background()
+	var mu sync.Mutex
+	var holds []*Hold
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			out, err := e.Check(ctx, q)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if out.Allowed != (out.Hold != nil) {
+				t.Errorf("allowed %v with hold %v: want a hold exactly when allowed", out.Allowed, out.Hold)
+			}
+			if out.Hold != nil {
+				mu.Lock()
+				holds = append(holds, out.Hold)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(holds) != 3 {
+		t.Fatalf("10 concurrent checks of 3 places: %d granted, want exactly 3", len(holds))
+	}
+	if d := time.Until(holds[0].ExpiresAt); d < 25*time.Second || d > 31*time.Second {
+		t.Errorf("hold expires in %s, want the rule's 30s", d)
+	}
+	if out, _ := e.Check(ctx, q); out.Allowed {
+		t.Fatal("a 4th check while 3 are held: allowed")
+	}
+	if err := e.Release(ctx, holds[0].ID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := e.Release(ctx, holds[0].ID); !errors.Is(err, ErrHoldNotHeld) {
+		t.Errorf("second Release: %v, want ErrHoldNotHeld", err)
+	}
+	out, err := e.Check(ctx, q)
+	if err != nil || !out.Allowed {
+		t.Fatalf("after a release: %v, %v; want allowed", out, err)
+	}
+	exp, err := e.Renew(ctx, holds[1].ID)
+	if err != nil || !exp.After(holds[1].ExpiresAt) {
+		t.Errorf("Renew: %v, %v; want an expiry after %v", exp, err, holds[1].ExpiresAt)
+	}
+	// Another holder of the same places holds nothing.
+	_, enc, _ := strings.Cut(holds[2].ID, ".")
+	if err := e.Release(ctx, newHolder()+"."+enc); !errors.Is(err, ErrHoldNotHeld) {
+		t.Errorf("Release by another holder: %v, want ErrHoldNotHeld", err)
+	}
+	// A peek takes no place.
+	if p, err := e.Peek(ctx, q); err != nil || p.Hold != nil {
+		t.Errorf("Peek: hold %v, %v; want none", p.Hold, err)
+	}
+}
+
+// TestHoldIDRefused: an ID that is malformed, or that names any bucket but a concurrency one (a
+// sliding log is a sorted set too), is a FieldError naming lease_id, and reaches no store.
+func TestHoldIDRefused(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, holdRules)})
+	places := func(lines string) string { return base64.RawURLEncoding.EncodeToString([]byte(lines)) }
+	for _, id := range []string{
+		"",
+		"no-dot",
+		"holder.!!!",
+		"holder." + places("1000 rl:{user:x}:swl:1m:/gen"),
+		"holder." + places("1000 rl:{user:x%7D:cc:}:fw:1m:/gen"),
+		"holder." + places("0 rl:{user:x}:cc:30s:/gen"),
+		"holder." + places("99999999999 rl:{user:x}:cc:30s:/gen"),
+		"holder." + places("1000 other:{user:x}:cc:30s:/gen"),
+		strings.Repeat("h", 65) + "." + places("1000 rl:{user:x}:cc:30s:/gen"),
+		strings.Repeat("x", 5000),
+	} {
+		err := e.Release(context.Background(), id)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "lease_id" {
+			t.Errorf("Release(%.60q): %v, want a FieldError naming lease_id", id, err)
+		}
+	}
+}
