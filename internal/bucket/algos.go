@@ -131,7 +131,12 @@ func evalFixedWindow(s *state, p params, now, cost float64) outcome {
 			wid, t = s.t, s.t*p.window
 		}
 	}
-	reset := (wid + 1) * p.window
+	return windowed(FixedWindow, wid, (wid+1)*p.window, t, n, p, cost)
+}
+
+// windowed is the outcome of a window algorithm's check of cost in the window wid, which holds
+// n and ends at reset; a denial waits from t until reset.
+func windowed(alg Algorithm, wid, reset, t, n float64, p params, cost float64) outcome {
 	o := outcome{used: n, rem: nonneg(p.limit - n), reset: reset}
 	if n+cost > p.limit {
 		o.retry = reset - t
@@ -140,7 +145,7 @@ func evalFixedWindow(s *state, p params, now, cost float64) outcome {
 	after := n + cost
 	o.ok = true
 	o.aused, o.arem, o.areset = after, nonneg(p.limit-after), reset
-	o.next = state{alg: FixedWindow, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
+	o.next = state{alg: alg, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
 	return o
 }
 
@@ -157,16 +162,7 @@ func evalCalendarWindow(s *state, p params, now, cost float64) outcome {
 		n = s.n
 		wid = s.t
 	}
-	o := outcome{used: n, rem: nonneg(p.limit - n), reset: reset}
-	if n+cost > p.limit {
-		o.retry = reset - now
-		return o
-	}
-	after := n + cost
-	o.ok = true
-	o.aused, o.arem, o.areset = after, nonneg(p.limit-after), reset
-	o.next = state{alg: CalendarWindow, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
-	return o
+	return windowed(CalendarWindow, wid, reset, now, n, p, cost)
 }
 
 // evalConcurrency is lua/concurrency.lua's eval, for Local, which has no releases: each charge
