@@ -31,10 +31,6 @@ var dimensions = map[Dimension]struct {
 	DimensionAPIKey: {quotaflowv1.Dimension_DIMENSION_API_KEY, "api_key"},
 }
 
-// clientWindow is the flow-control window of the gRPC clients' streams and connections (see
-// newTarget): 1 MiB, far above what concurrent checks have in flight.
-const clientWindow = 1 << 20
-
 // call sends the checks of one RPC, one per subject in ids (one unless Config.Batch), and
 // counts how many were allowed and denied; err is why the others got no answer. Each worker
 // gets its own, so that it may reuse its request.
@@ -149,11 +145,7 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	if u.Scheme == "https" {
 		creds = credentials.NewTLS(&tls.Config{ServerName: u.Hostname()})
 	}
-	// Fixed windows turn off grpc-go's bandwidth-estimating pings, which Envoy, the client
-	// of a rate limit service, never sends: without them each quiet request costs the server a
-	// ping to answer, which no gateway would make it pay.
-	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds),
-		grpc.WithInitialWindowSize(clientWindow), grpc.WithInitialConnWindowSize(clientWindow))
+	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, nil, &ConfigError{Field: "Target", Err: err}
 	}
