@@ -29,16 +29,21 @@ type Decision struct {
 	Degraded     bool
 	Replayed     bool
 	Limits       []*quotaflowv1.LimitStatus
+	// LeaseID and LeaseExpiresAtMs are an allowed check's hold on its concurrency rules'
+	// places (empty for none): printed, so that the caller can release it.
+	LeaseID          string
+	LeaseExpiresAtMs int64
 }
 
 // CheckDecision is the decision of a CheckRateLimit response.
 func CheckDecision(m *quotaflowv1.CheckRateLimitResponse) Decision {
-	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits}
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits,
+		m.LeaseId, m.LeaseExpiresAtMs}
 }
 
 // QuotaDecision is the decision of a GetRemainingQuota response.
 func QuotaDecision(m *quotaflowv1.GetRemainingQuotaResponse) Decision {
-	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits}
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits, "", 0}
 }
 
 // Write prints the verdict on one line, then a table of every limit evaluated.
@@ -59,6 +64,10 @@ func (s Decision) Write(w io.Writer) error {
 		fmt.Fprint(w, "  REPLAYED")
 	}
 	fmt.Fprintln(w)
+	if s.LeaseID != "" {
+		fmt.Fprintf(w, "lease %s until %s (ReleaseLease frees its places)\n", s.LeaseID,
+			time.UnixMilli(s.LeaseExpiresAtMs).UTC().Format(time.RFC3339))
+	}
 	if len(s.Limits) == 0 {
 		_, err := fmt.Fprintln(w, "no rule matched")
 		return err

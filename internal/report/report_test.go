@@ -49,6 +49,11 @@ func TestDecisionWrite(t *testing.T) {
 			t.Errorf("Write printed:\n%s\nwant it to contain %q", b.String(), want)
 		}
 	}
+	var held bytes.Buffer
+	report.CheckDecision(&quotaflowv1.CheckRateLimitResponse{Allowed: true, LeaseId: "h.abc", LeaseExpiresAtMs: 1796000000000}).Write(&held)
+	if !strings.Contains(held.String(), "lease h.abc until 2026-11-30T") {
+		t.Errorf("an allowed check with a lease printed %q, want its id and expiry", held.String())
+	}
 	var none bytes.Buffer
 	report.QuotaDecision(&quotaflowv1.GetRemainingQuotaResponse{Allowed: true}).Write(&none)
 	if !strings.Contains(none.String(), "ALLOWED") || !strings.Contains(none.String(), "no rule matched") {
