@@ -256,7 +256,7 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	// The org's shared budget: the org of the check's user, else of its API key. Like the
 	// global subject it is planned apart from the caller's slice, and it is never a subject a
 	// caller names (checkSubject), so no caller charges an org it is no member of.
-	if set.HasOrgRules() {
+	if set.HasOrgRules() && !q.SkipOrg {
 		if org := set.OrgOf(subjectOf(q, rules.DimensionUser), subjectOf(q, rules.DimensionAPIKey)); org != "" {
 			if err := addSubject(Subject{Dimension: rules.DimensionOrg, ID: org}); err != nil {
 				return plan{}, err

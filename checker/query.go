@@ -81,6 +81,9 @@ type Query struct {
 	// SkipGlobal leaves the global rules out: an incoming request checked as several queries
 	// (Envoy's descriptors) counts once against them, with its first query.
 	SkipGlobal bool
+	// SkipOrg leaves the org rules out: a query of an incoming request whose org an earlier
+	// query of it counted against already (Envoy's descriptors naming the same user and key).
+	SkipOrg bool
 }
 
 // normalQuery validates q and returns it in normal form: its endpoint normalized, a cost of 0

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/quotaflow/quotaflow/checker"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -54,6 +55,27 @@ rules:
 		if _, err := c.ResetLimit(context.Background(), connect.NewRequest(&quotaflowv1.ResetLimitRequest{
 			Dimension: quotaflowv1.Dimension_DIMENSION_ORG, Identifier: org, Endpoint: "/llm"})); err != nil {
 			t.Fatalf("%s: reset of the org: %v", protocol, err)
+		}
+	}
+}
+
+// TestOrgOncePerRLSRequest: Envoy's descriptors of one request that name the same user are
+// one request to the user's org: it counts once, as the global rules do.
+func TestOrgOncePerRLSRequest(t *testing.T) {
+	t.Parallel()
+	org, user := id(t, "acme"), id(t, "member")
+	e := newRLSEnv(t, checker.Config{Rules: mustRules(t, `
+default_tier: free
+tiers: {free: {}}
+users:
+  `+user+`: {org: `+org+`}
+rules:
+  - {id: org-day, dimension: org, endpoint: /llm, algorithm: fixed_window, limit: 2, window: 24h}
+`)})
+	req := rlsReq(desc("user_id", user, "path", "/llm"), desc("user_id", user, "path", "/llm"))
+	for i, want := range []ratelimitv3.RateLimitResponse_Code{rlsOK, rlsOK, rlsOver} {
+		if got := e.should(t, req).OverallCode; got != want {
+			t.Errorf("request %d of two descriptors each: %s, want %s (the org counted once per request)", i+1, got, want)
 		}
 	}
 }

@@ -198,8 +198,14 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 		worst    *checker.LimitOutcome // the most restrictive descriptor's deciding limit
 		worstOut *checker.Outcome
 	)
+	members := map[string]bool{} // the user and key pairs whose org a descriptor counted against
 	for i := range qs {
 		qs[i].SkipGlobal = i > 0 // one Envoy request counts once against global rules
+		// ... and once against its org: the org of a descriptor's user and key is counted by
+		// the first descriptor naming them.
+		m := orgMember(&qs[i].Query)
+		qs[i].SkipOrg = members[m]
+		members[m] = true
 		out, err := s.engine.Check(ctx, &qs[i].Query)
 		if err != nil {
 			return nil, s.rpcError(qs[i].rename(err))
@@ -254,6 +260,20 @@ func rlsHeaders(out *checker.Outcome, l *checker.LimitOutcome) []*corev3.HeaderV
 		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.CeilSeconds(ratelimitheader.CeilMillis(l.Result.RetryAfter)), 10)})
 	}
 	return h
+}
+
+// orgMember names whose org a query counts against: its user and its API key.
+func orgMember(q *checker.Query) string {
+	var user, key string
+	for _, sub := range q.Subjects {
+		switch sub.Dimension {
+		case rules.DimensionUser:
+			user = sub.ID
+		case rules.DimensionAPIKey:
+			key = sub.ID
+		}
+	}
+	return user + "\x00" + key
 }
 
 // rlsUnits are the units current_limit is expressed in, largest first.
