@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // benchLimits returns n limits of mixed algorithms for one subject, large enough never to
@@ -182,6 +184,9 @@ func BenchmarkStoreScript(b *testing.B) {
 			return one(lim(p+":swc", SlidingWindowCounter, 1<<40, time.Hour, 0), 1)
 		}},
 		{"leaky_bucket", func(p string) Request { return one(lim(p+":lb", LeakyBucket, 1<<40, time.Hour, 0), 1) }},
+		{"calendar_window", func(p string) Request {
+			return one(calLimit(p+":cw", 1<<40, calendar.Period{Unit: calendar.Month}.Around(time.Now())), 1)
+		}},
 		{"sliding_window_log", func(p string) Request {
 			return one(lim(p+":swl", SlidingWindowLog, 1<<40, time.Second, 0), 1)
 		}},
