@@ -167,16 +167,7 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 		}
 		out.Tier = q.Tier
 	default:
-		var user, key string
-		for _, sub := range q.Subjects {
-			switch sub.Dimension {
-			case rules.DimensionUser:
-				user = sub.ID
-			case rules.DimensionAPIKey:
-				key = sub.ID
-			}
-		}
-		out.Tier = set.SubjectTier(user, key)
+		out.Tier = set.SubjectTier(subjectOf(q, rules.DimensionUser), subjectOf(q, rules.DimensionAPIKey))
 	}
 	return nil
 }
