@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -14,21 +15,24 @@ import (
 func TestStoreClockBack(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
-	ctx := ctxT(t)
 	const L, W = 5, 100 * time.Millisecond
 	wus := W.Microseconds()
-	ahead := c.Time(ctx).Val().Add(time.Hour).UnixMicro()
+	ahead := c.Time(ctxT(t)).Val().Add(time.Hour).UnixMicro()
 	wid := ahead / wus
 	str := func(v int64) string { return strconv.FormatInt(v, 10) }
 	tests := []struct {
 		alg   Algorithm
-		write func(k string) error
+		write func(ctx context.Context, k string) error
 	}{
-		{TokenBucket, func(k string) error { return c.HSet(ctx, k, "tk", "0", "ts", str(ahead), "cap", str(L)).Err() }},
-		{LeakyBucket, func(k string) error { return c.HSet(ctx, k, "lv", str(L), "ts", str(ahead)).Err() }},
-		{FixedWindow, func(k string) error { return c.HSet(ctx, k, "w", str(wid), "n", str(L)).Err() }},
-		{SlidingWindowCounter, func(k string) error { return c.HSet(ctx, k, "w", str(wid), "c", str(L), "p", "0").Err() }},
-		{SlidingWindowLog, func(k string) error {
+		{TokenBucket, func(ctx context.Context, k string) error {
+			return c.HSet(ctx, k, "tk", "0", "ts", str(ahead), "cap", str(L)).Err()
+		}},
+		{LeakyBucket, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "lv", str(L), "ts", str(ahead)).Err() }},
+		{FixedWindow, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "w", str(wid), "n", str(L)).Err() }},
+		{SlidingWindowCounter, func(ctx context.Context, k string) error {
+			return c.HSet(ctx, k, "w", str(wid), "c", str(L), "p", "0").Err()
+		}},
+		{SlidingWindowLog, func(ctx context.Context, k string) error {
 			for j := 1; j <= L; j++ {
 				if err := c.ZAdd(ctx, k, zmember(ahead, j)).Err(); err != nil {
 					return err
@@ -36,13 +40,15 @@ func TestStoreClockBack(t *testing.T) {
 			}
 			return nil
 		}},
-		{GCRA, func(k string) error { return c.Set(ctx, k, str(ahead), 0).Err() }},
+		{GCRA, func(ctx context.Context, k string) error { return c.Set(ctx, k, str(ahead), 0).Err() }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.alg.String(), func(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), tt.alg, L, W, 0)
-			if err := tt.write(l.Key); err != nil {
+			// A context of the subtest's own: parallel subtests may start long after their
+			// parent returned, past a deadline set then.
+			if err := tt.write(ctxT(t), l.Key); err != nil {
 				t.Fatalf("writing the state: %v", err)
 			}
 			res := check(t, s, one(l, 1))
