@@ -84,8 +84,11 @@ func bench(t *testing.T, args ...string) (*loadgen.Report, string) {
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatalf("bench %v: report %q: %v", args, stdout.String(), err)
 	}
-	if took := time.Since(start); took > 10*time.Second {
-		t.Errorf("bench %v took %s", args, took)
+	// A guard against a run that does not stop, not a speed check: on a loaded CI machine a
+	// 1 s gRPC run has taken 13 s (connection set-up and teardown starved of CPU, before and
+	// after this bound was first set at 10 s).
+	if took := time.Since(start); took > 25*time.Second {
+		t.Errorf("bench %v took %s: the run did not stop at its duration", args, took)
 	}
 	return &rep, stderr.String()
 }
