@@ -48,9 +48,12 @@ func TestRuleStoreTasks(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	_, stop := e.startWith(cfg)
 
+	// Expiring 3 s after the truncated second: at least 2 s away when stored, since the store
+	// refuses an override that would expire within a second (2 s after the truncated second
+	// was as little as 1 s away, and refused on a slow run).
 	created := time.Now().Truncate(time.Second)
 	if err := store.PutOverride(ctx, rules.Override{ID: "ov-carol", Dimension: "user", Identifier: "carol", Multiplier: 2,
-		Reason: "launch", Creator: "ops", Source: "admin", CreatedAt: created, ExpiresAt: created.Add(2 * time.Second)}); err != nil {
+		Reason: "launch", Creator: "ops", Source: "admin", CreatedAt: created, ExpiresAt: created.Add(3 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 
