@@ -49,6 +49,11 @@ var (
 // maxHoldID bounds an ID (holder, TTLs and keys), so that a forged one costs no more to refuse.
 const maxHoldID = 4096
 
+// maxHoldPlaces bounds the places an ID names: each costs Release and Renew a Redis call, so an
+// ID forged with many would make one request cost Redis many. A check holds one place per
+// concurrency rule of its subjects, far fewer.
+const maxHoldPlaces = 16
+
 // holdPlace is one bucket a hold has a place in, and the place's TTL (the rule's window).
 type holdPlace struct {
 	key string
@@ -109,6 +114,9 @@ func parseHoldID(id string) (holder string, places []holdPlace, err error) {
 		n, perr := strconv.ParseInt(ms, 10, 64)
 		if !ok || perr != nil || n < 1 || n > int64(rules.MaxHoldTTL/time.Millisecond) || !isConcurrencyKey(key) {
 			return "", nil, bad("a place that is no concurrency bucket")
+		}
+		if len(places) == maxHoldPlaces {
+			return "", nil, bad(fmt.Sprintf("more than %d places", maxHoldPlaces))
 		}
 		places = append(places, holdPlace{key: key, ttl: time.Duration(n) * time.Millisecond})
 	}

@@ -102,6 +102,7 @@ func TestHoldIDRefused(t *testing.T) {
 		"holder." + places("1000 other:{user:x}:cc:30s:/gen"),
 		strings.Repeat("h", 65) + "." + places("1000 rl:{user:x}:cc:30s:/gen"),
 		strings.Repeat("x", 5000),
+		"holder." + places(strings.TrimSuffix(strings.Repeat("1000 rl:{user:x}:cc:30s:/gen\n", 17), "\n")),
 	} {
 		err := e.Release(context.Background(), id)
 		var fe *FieldError
