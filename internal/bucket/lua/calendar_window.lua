@@ -53,7 +53,7 @@ if NEED_1 == '7' or NEED and NEED['7'] then
       local after = n + cost
       return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, wid, after, fresh and reset
     end
-    return false, n, nonneg(L - n), reset, reset - now
+    return false, n, nonneg(L - n), reset, reset - now, nil, nil, wid, n + cost, fresh and reset
   end
 
   if MODE ~= '1' then
@@ -68,7 +68,7 @@ if NEED_1 == '7' or NEED and NEED['7'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function cw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = cw_period(W, B, charge_now)
       local h = redis.call('HMGET', key, 'w', 'n')

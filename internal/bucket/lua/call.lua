@@ -11,7 +11,7 @@
 -- ARGV[1]      n, the number of limits (>= 1; 0 in mode "3")
 -- ARGV[2]      cost (>= 1)
 -- ARGV[3]      mode: "0" charge, "1" peek, "2" refund, "3" record, "4" charge without
---              writing the record
+--              writing the record, "5" settle a reservation (settle, below; not in a batch)
 -- ARGV[4]      idempotency TTL in ms; "0" = no idempotency record
 -- ARGV[5]      charge and record: the request's fingerprint, bound to the record ("" for none;
 --              ignored without a record); refund: now_us of the charge being refunded;
@@ -237,10 +237,70 @@ if NEED then
   end
 end
 
+-- settle settles the part of a reservation in one slot (mode "5"; never in a batch): KEYS[n+1]
+-- is the reservation's record, which must still hold ARGV[5] ("open <charge now_us> ..." as
+-- Store.Mark wrote it), else the reply is the error 'RESERVATION_UNKNOWN' (no record: never
+-- written, or expired) or 'RESERVATION_SETTLED <record>' and nothing changes, so that a
+-- settle sent twice never charges twice. ARGV[2] is the signed difference d = actual -
+-- estimate: d < 0 refunds -d to every limit as a refund of the reservation's charge would
+-- (refund tokens in the limits' places); d > 0 charges d to every limit even past it (the
+-- work is done), its limit's reply allowed = 0 where d did not fit (an overage). Then the
+-- record becomes "done <d>", kept ARGV[4] ms for retries. The reply is a check's, with the
+-- state after the settle (peek fields) and reply[1] = 0 on an overage. Concurrency limits
+-- (code 8) have no part in a reservation: their place is held apart.
+local function settle(KEYS, ARGV)
+  local n, d, ttl = int(ARGV[1]), int(ARGV[2]), tonumber(ARGV[4])
+  if not n or n < 1 or #ARGV ~= 5 + 5 * n or #KEYS ~= n + 1 or not d or not ttl or ttl < 1 then
+    return redis.error_reply('ERR bucket: malformed settle arguments')
+  end
+  local rec = KEYS[n + 1]
+  local got = redis.call('GET', rec)
+  if not got then
+    return redis.error_reply('RESERVATION_UNKNOWN')
+  end
+  if got ~= ARGV[5] then
+    return redis.error_reply('RESERVATION_SETTLED ' .. got)
+  end
+  local charge_now = tonumber(string.match(got, '^open (%d+)'))
+  if not charge_now then
+    return redis.error_reply('ERR bucket: malformed reservation record')
+  end
+  local now, now_s = clock()
+  local reply = sized(3 + 6 * n)
+  reply[1], reply[2], reply[3] = 1, now_s, 0
+  for i = 1, n do
+    local b = 5 + (i - 1) * 5
+    local ev, cm, rf = modules(ARGV[b + 1])
+    local L, W, B, Bs = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4]), ARGV[b + 4]
+    if not ev or ARGV[b + 1] == '8' or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+      return redis.error_reply('ERR bucket: malformed limit ' .. i)
+    end
+    local fit = 1
+    if d > 0 then
+      local ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, d, Bs)
+      if not ok then
+        fit, reply[1] = 0, 0
+      end
+      cm(KEYS[i], L, W, B, now, now_s, d, Bs, s1, s2, s3, '')
+    elseif d < 0 then
+      rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs)
+    end
+    local _, used, rem, reset = ev(KEYS[i], L, W, B, now, 1, Bs)
+    local k = 3 + (i - 1) * 6
+    reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
+      fit, used, rem, us(ceil_us(reset)), '0', ''
+  end
+  redis.call('SET', rec, 'done ' .. ARGV[2], 'PX', ARGV[4])
+  return reply
+end
+
 -- check runs one call; KEYS and ARGV are the call's own (above).
 local function check(KEYS, ARGV)
   -- tonumber (strtod) costs a third of a short redis.call: skip it for the usual n = cost = 1.
   local mode = ARGV[3]
+  if mode == '5' and not BATCH then
+    return settle(KEYS, ARGV)
+  end
   if mode == '3' then
     if #KEYS ~= 1 or #ARGV ~= 5 or ARGV[1] ~= '0' or not tonumber(ARGV[4]) or tonumber(ARGV[4]) < 1 then
       return redis.error_reply('ERR bucket: malformed record arguments')

@@ -49,7 +49,7 @@ if NEED_1 == '8' or NEED and NEED['8'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function cc_refund(key, L, W, B, now, cost, charge_now, token)
       if token and token ~= '' then
         redis.call('ZREM', key, token)

@@ -79,7 +79,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
       local after = n + cost
       return true, n, nonneg(L - n), reset, after, nonneg(L - after), reset, wid, after, held
     end
-    return false, n, nonneg(L - n), reset, reset - t
+    return false, n, nonneg(L - n), reset, reset - t, nil, nil, wid, n + cost, held
   end
 
   if MODE ~= '1' then
@@ -106,7 +106,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
       local s, h

@@ -46,7 +46,7 @@ if NEED_1 == '6' or NEED and NEED['6'] then
       if arem > B then arem = B end
       return true, B - rem, rem, now + diff, B - arem, arem, now + nd, nd
     end
-    return false, B - rem, rem, now + diff, ceil_us(nd - tau)
+    return false, B - rem, rem, now + diff, ceil_us(nd - tau), nil, nil, nd
   end
 
   -- commit writes TAT = now + diff; refund reuses it.
@@ -69,7 +69,7 @@ if NEED_1 == '6' or NEED and NEED['6'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function gcra_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local diff = load(key, now) - cost * W / L
       if diff <= 1e-9 then

@@ -31,7 +31,7 @@ if NEED_1 == '2' or NEED and NEED['2'] then
       local after = lv + cost
       return true, used, rem, reset, ceil_nn(after), floor_nn(B - after), t + after * W / L, t, after
     end
-    return false, used, rem, reset, ceil_us((lv + cost - B) * W / L)
+    return false, used, rem, reset, ceil_us((lv + cost - B) * W / L), nil, nil, t, lv + cost
   end
 
   -- commit writes level lv at t; refund reuses it.
@@ -45,7 +45,7 @@ if NEED_1 == '2' or NEED and NEED['2'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function lb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       if redis.call('EXISTS', key) == 0 then
         return

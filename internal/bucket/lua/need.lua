@@ -8,11 +8,14 @@
 -- NEED_1 is the algorithm code of the first limit of a single call; NEED holds the codes of the
 -- others (nil for a single call of one limit, the common case, which then builds no table).
 -- MODE: commit functions are built for every mode but peeks ('1'), refund functions for
--- refunds ('2') only. A record call ('3') has no limits, so builds nothing.
+-- refunds ('2') and settles ('5') only (REFUNDS). A record call ('3') has no limits, so builds nothing.
 -- A batch builds the modules of all its calls into NEED; its MODE is '2' when one of its calls
 -- refunds, else '0'. CALLS is where its calls are (batch.lua reads it): per call, its spec and
 -- the position of its head in ARGV; nil for a malformed batch, which runs no call.
 local NEED_1, NEED, MODE, CALLS
+-- REFUNDS is whether the refund functions are built: for refunds, and for settles ('5'), which
+-- refund what a reservation over-estimated.
+local REFUNDS
 if not BATCH then
   NEED_1, MODE = ARGV[6], ARGV[3]
   if ARGV[1] ~= '1' then
@@ -76,3 +79,4 @@ else
     end
   end
 end
+REFUNDS = MODE == '2' or MODE == '5'

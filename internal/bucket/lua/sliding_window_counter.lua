@@ -71,7 +71,7 @@ if NEED_1 == '5' or NEED and NEED['5'] then
     else
       at = reset
     end
-    return false, used, rem, reset, ceil_us(at - t)
+    return false, used, rem, reset, ceil_us(at - t), nil, nil, not same and wid, c + cost, pv
   end
 
   -- commit writes counts c and pv of window wid; refund reuses it.
@@ -87,7 +87,7 @@ if NEED_1 == '5' or NEED and NEED['5'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function swc_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local wid, c, pv, t, found = load(key, W, now)
       if not found then

@@ -24,7 +24,7 @@
 -- TTL: W after the newest entry.
 -- Refund token: "<t>:<id>"; refund removes that entry and takes its cost off the cum of every
 -- entry after it (renaming them; those are the charges made since, usually few), so that the
--- sums stay exact. An entry already gone expired: nothing to give back.
+-- sums stay exact. A refund of less than the entry's cost (a settle's) renames it with the rest. An entry already gone expired: nothing to give back.
 -- Commands: ZRANGE (+ ZRANGEBYSCORE when the window is not empty), and on commit
 -- ZREMRANGEBYSCORE, ZADD, PEXPIRE; a denial adds a binary search (ZCARD, ZCOUNT, ZRANGE)
 -- unless the oldest live entry already holds the unit.
@@ -202,12 +202,12 @@ if NEED_1 == '4' or NEED and NEED['4'] then
     end
     local k = count + cost - L
     if k > count then
-      return false, count, nonneg(L - count), reset, reset - t
+      return false, count, nonneg(L - count), reset, reset - t, nil, nil, t, id, cum
     end
     if k <= ocost then
-      return false, count, nonneg(L - count), reset, oscore + W - t
+      return false, count, nonneg(L - count), reset, oscore + W - t, nil, nil, t, id, cum
     end
-    return false, count, nonneg(L - count), reset, unit(key, lo_s, ocum - ocost, k) + W - t
+    return false, count, nonneg(L - count), reset, unit(key, lo_s, ocum - ocost, k) + W - t, nil, nil, t, id, cum
   end
 
   if MODE ~= '1' then
@@ -220,7 +220,7 @@ if NEED_1 == '4' or NEED and NEED['4'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function swl_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local colon = sfind(token, ':', 1, true)
       if not colon then
@@ -242,11 +242,20 @@ if NEED_1 == '4' or NEED and NEED['4'] then
         return
       end
       local m = at(key, a)
-      local i, c = parse(m)
+      local i, c, ecum0 = parse(m)
       if i ~= id then
         return -- expired and trimmed: nothing counts it any more
       end
       redis.call('ZREM', key, m)
+      -- A refund of part of the entry (a settle below its reservation's estimate) keeps the
+      -- rest under the same id and score, so at the same rank.
+      local r = c
+      if cost < c then
+        r = cost
+        redis.call('ZADD', key, ts, name(i, c - r, (ecum0 - r) % M))
+        a = a + 1
+      end
+      c = r
       local after = redis.call('ZRANGE', key, us(a), '-1', 'WITHSCORES')
       local old, args = {}, {}
       for j = 1, #after, 2 do

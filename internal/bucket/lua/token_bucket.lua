@@ -71,7 +71,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
   end
 
   -- eval: s1 = t, s2 = tokens after consumption, s3 = what holds the state (load's third
-  -- result).
+  -- result). A denial returns them too (tokens below 0): a settle forces its charge (call.lua).
   function tb_eval(key, L, W, B, now, cost, Bs)
     local tk, t, held = load(key, L, W, B, Bs, now)
     local rem = floor_nn(tk)
@@ -82,7 +82,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
       local arem = floor_nn(after)
       return true, B - rem, rem, reset, B - arem, arem, t + (B - after) * W / L, t, after, held
     end
-    return false, B - rem, rem, reset, ceil_us((cost - tk) * W / L)
+    return false, B - rem, rem, reset, ceil_us((cost - tk) * W / L), nil, nil, t, tk - cost, held
   end
 
   -- commit writes tk tokens at t (previous layout: cap too unless the hash has it); refund
@@ -109,7 +109,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     end
   end
 
-  if MODE == '2' then
+  if REFUNDS then
     function tb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       if redis.call('EXISTS', key) == 0 then
         return

@@ -1,0 +1,230 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A reservation is a charge whose cost is settled later: Check charges an estimate, Mark
+// records what it charged, and Settle charges or refunds the difference to the actual cost.
+// Its record is one Redis key per request (per slot, so that a settle of one slot is one
+// atomic script call, on a cluster too), holding
+//
+//	open <charge now_us> <estimate>
+//	<code> <limit> <window> <burst> <refund token or -> <key>    (one line per limit)
+//
+// which Settle reads back and sends to the check script (lua/call.lua, mode settle), which
+// applies it only while the record still holds it and then turns it into "done <difference>":
+// a settle sent twice never charges twice. The limits come from the record, never from the
+// caller, so that no settle can touch a bucket its reservation did not charge.
+
+// The outcomes of Settle that are the caller's, not the store's.
+var (
+	// ErrUnknownReservation is a reservation of which no record is left: never made (its
+	// records never written), or expired (its estimate stands).
+	ErrUnknownReservation = errors.New("bucket: unknown reservation (never made, or expired)")
+	// ErrSettled is a reservation settled (or cancelled) before: nothing changes.
+	ErrSettled = errors.New("bucket: reservation already settled")
+)
+
+// SettledTTL is how long a settled reservation's record stays, so that a retried settle is told
+// ErrSettled rather than ErrUnknownReservation.
+const SettledTTL = 10 * time.Minute
+
+// Mark is one request's part of a reservation: Key is its record's key, in the slot of the
+// request's limits; Request and Result are its charge (allowed, not refunded).
+type Mark struct {
+	Key     string
+	Request *Request
+	Result  *Result
+}
+
+// Marked reports whether a request has a part in a reservation: whether it has a limit other
+// than a concurrency one (a place in flight does not depend on cost, so a settle leaves it).
+func Marked(r *Request) bool {
+	for i := range r.Limits {
+		if !r.Limits[i].Algorithm.Holds() {
+			return true
+		}
+	}
+	return false
+}
+
+// Mark writes the records of a reservation's parts, each expiring after ttl, in one pipeline.
+// An error leaves the charges in place: the reservation is then settled at its estimate when
+// its records are not all there, which errs towards denying.
+func (s *Store) Mark(ctx context.Context, ttl time.Duration, marks []Mark) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("bucket: mark: %w: TTL must be at least 1ms, got %v", ErrInvalidRequest, ttl)
+	}
+	pipe := s.rdb.Pipeline()
+	for _, m := range marks {
+		if m.Key == "" || m.Request == nil || m.Result == nil || len(m.Result.Limits) != len(m.Request.Limits) {
+			return fmt.Errorf("bucket: mark: %w: a key, a request and its result", ErrInvalidRequest)
+		}
+		if rec := record(m.Request, m.Result); rec != "" {
+			pipe.Set(ctx, m.Key, rec, ttl)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("bucket: mark: %w", err)
+	}
+	return nil
+}
+
+// record is the record of one request's charge, "" when it has no limit a settle changes.
+func record(r *Request, res *Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "open %d %d\n", res.Now.UnixMicro(), r.Cost)
+	n := 0
+	for i := range r.Limits {
+		l := &r.Limits[i]
+		if l.Algorithm.Holds() {
+			continue
+		}
+		token := "-"
+		if i < len(res.refund) && res.refund[i] != "" {
+			token = res.refund[i]
+		}
+		w, bu := l.scriptArgs()
+		fmt.Fprintf(&b, "%d %d %d %d %s %s\n", l.Algorithm, l.Limit, w, bu, token, l.Key)
+		n++
+	}
+	if n == 0 {
+		return ""
+	}
+	return b.String()
+}
+
+// Settled is what Settle did.
+type Settled struct {
+	// Estimate is what the reservation charged.
+	Estimate int64
+	// Now is Redis's time of the settle (of its last part).
+	Now time.Time
+	// Over is set when actual exceeded the estimate and the difference did not fit a limit: it
+	// was charged all the same (the work is done), past that limit.
+	Over bool
+	// Keys and Limits are every settled limit's bucket key and state after the settle (as a
+	// peek reports it), in the records' order; Limits[i].Allowed is false where the
+	// difference did not fit.
+	Keys   []string
+	Limits []LimitResult
+	// Parts counts the records settled now; Done those settled before (a settle retried after
+	// a failure settles what is left). A reservation settled before in every part is
+	// ErrSettled.
+	Parts, Done int
+}
+
+// Settle settles the reservation whose records are keys (Mark's) at actual: each limit it
+// charged is charged actual - estimate more, or refunded estimate - actual, in one atomic
+// script call per record. A refund gives back what the algorithm's refund of a charge gives
+// (for window algorithms, nothing once the charge's window has passed). An actual above the
+// estimate is charged even past a limit, reported Over. A cancel is a settle at 0.
+//
+// Errors: ErrUnknownReservation when no record is left, ErrSettled when every record left was
+// settled before, ErrInvalidRequest for bad arguments; anything else means the outcome is
+// unknown (a retry then settles what is left, never twice).
+func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settled, error) {
+	var out Settled
+	if len(keys) == 0 || actual < 0 || actual > maxValue {
+		return out, fmt.Errorf("bucket: settle: %w: at least one record and an actual cost in [0, %d]", ErrInvalidRequest, int64(maxValue))
+	}
+	pipe := s.rdb.Pipeline()
+	gets := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return out, fmt.Errorf("bucket: settle: read records: %w", err)
+	}
+	unknown := 0
+	for i, g := range gets {
+		rec, err := g.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			unknown++
+			continue
+		case strings.HasPrefix(rec, "done "):
+			out.Done++
+			continue
+		}
+		if err := s.settlePart(ctx, keys[i], rec, actual, &out); err != nil {
+			return out, err
+		}
+	}
+	switch {
+	case out.Parts > 0:
+		return out, nil
+	case out.Done > 0:
+		return out, ErrSettled
+	}
+	return out, ErrUnknownReservation
+}
+
+// settlePart settles one record, rec as read from key.
+func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, out *Settled) error {
+	lines := strings.Split(strings.TrimSuffix(rec, "\n"), "\n")
+	var now, estimate int64
+	if _, err := fmt.Sscanf(lines[0], "open %d %d", &now, &estimate); err != nil || len(lines) < 2 {
+		return fmt.Errorf("bucket: settle %q: %w: malformed record", key, ErrMalformedReply)
+	}
+	n := len(lines) - 1
+	args := make([]any, 0, 4+n+1+5+5*n)
+	args = append(args, "evalsha", s.script.Hash(), n+1)
+	limits := make([][]string, n)
+	for i, line := range lines[1:] {
+		f := strings.Fields(line)
+		if len(f) != 6 {
+			return fmt.Errorf("bucket: settle %q: %w: malformed record", key, ErrMalformedReply)
+		}
+		limits[i] = f
+		args = append(args, f[5])
+	}
+	args = append(args, key, strconv.Itoa(n), strconv.FormatInt(actual-estimate, 10), "5",
+		strconv.FormatInt(SettledTTL.Milliseconds(), 10), rec)
+	for _, f := range limits {
+		token := f[4]
+		if token == "-" {
+			token = ""
+		}
+		args = append(args, f[0], f[1], f[2], f[3], token)
+	}
+	// Not retried by go-redis (scriptCmd): a retry would be told ErrSettled by its own first
+	// attempt; the caller must learn that the outcome is unknown instead.
+	cmd := newScriptCmd(ctx, args, n+1)
+	_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	if isNoScript(cmd.Err()) {
+		args[0], args[1] = "eval", s.script.src
+		cmd = newScriptCmd(ctx, args, n+1)
+		_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	}
+	if err := cmd.Err(); err != nil {
+		var rerr redis.Error
+		switch {
+		case errors.As(err, &rerr) && rerr.Error() == "RESERVATION_UNKNOWN":
+			return nil // expired since it was read: its estimate stands
+		case errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "RESERVATION_SETTLED "):
+			out.Done++ // settled by a concurrent settle since it was read
+			return nil
+		}
+		return fmt.Errorf("bucket: settle %q: %w", key, err)
+	}
+	res := Result{Limits: make([]LimitResult, n)}
+	if err := parseReply(cmd, &res); err != nil {
+		return fmt.Errorf("bucket: settle %q: %w", key, err)
+	}
+	out.Estimate, out.Now, out.Parts = estimate, res.Now, out.Parts+1
+	out.Over = out.Over || !res.Allowed
+	for i, f := range limits {
+		out.Keys = append(out.Keys, f[5])
+		out.Limits = append(out.Limits, res.Limits[i])
+	}
+	return nil
+}

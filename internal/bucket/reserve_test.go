@@ -1,0 +1,201 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/calendar"
+)
+
+// reserveLimits is one limit of every algorithm a reservation settles: the counting ones and
+// a calendar month.
+func reserveLimits(t *testing.T, limit int64) []Limit {
+	var ls []Limit
+	for _, a := range allAlgorithms {
+		ls = append(ls, lim(key(t, a.String()), a, limit, long, 0))
+	}
+	return append(ls, calLimit(key(t, "cw"), limit, calendar.Period{Unit: calendar.Month}.Around(time.Now())))
+}
+
+// reserve charges cost to l and writes the reservation's record; it returns the record's key
+// and whether the charge was allowed.
+func reserve(t *testing.T, s *Store, rec string, l Limit, cost int64) bool {
+	t.Helper()
+	req := one(l, cost)
+	res := check(t, s, req)
+	if !res.Allowed {
+		return false
+	}
+	if err := s.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res}}); err != nil {
+		t.Fatalf("Mark: %v", err)
+	}
+	return true
+}
+
+func remaining(t *testing.T, s *Store, l Limit) int64 {
+	t.Helper()
+	return check(t, s, peekReq(l)).Limits[0].Remaining
+}
+
+// TestSettle: a reservation of 4 of 10 settled at 1 leaves 9; at 4, 6; cancelled, 10; at 15,
+// nothing, charged past the limit and reported Over. A second settle changes nothing.
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	tests := []struct {
+		name          string
+		actual        int64
+		wantRemaining int64
+		wantOver      bool
+	}{
+		{"below", 1, 9, false},
+		{"equal", 4, 6, false},
+		{"cancel", 0, 10, false},
+		{"above", 9, 1, false},
+		{"over", 15, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			for _, l := range reserveLimits(t, 10) {
+				rec := l.Key + ":rsv"
+				if !reserve(t, s, rec, l, 4) {
+					t.Fatalf("%v: reserve of 4 of 10 denied", l.Algorithm)
+				}
+				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+				if err != nil {
+					t.Fatalf("%v: Settle: %v", l.Algorithm, err)
+				}
+				if got.Estimate != 4 || got.Parts != 1 || got.Over != tt.wantOver || len(got.Limits) != 1 || got.Keys[0] != l.Key {
+					t.Errorf("%v: got %+v, want estimate 4, 1 part, over %v, the limit's key", l.Algorithm, got, tt.wantOver)
+				}
+				if r := remaining(t, s, l); r != tt.wantRemaining || got.Limits[0].Remaining != r {
+					t.Errorf("%v: remaining %d (settle said %d), want %d", l.Algorithm, r, got.Limits[0].Remaining, tt.wantRemaining)
+				}
+				if _, err := s.Settle(ctxT(t), []string{rec}, tt.actual); !errors.Is(err, ErrSettled) {
+					t.Errorf("%v: second settle: got %v, want ErrSettled", l.Algorithm, err)
+				}
+				if r := remaining(t, s, l); r != tt.wantRemaining {
+					t.Errorf("%v: remaining after a second settle %d, want %d", l.Algorithm, r, tt.wantRemaining)
+				}
+			}
+		})
+	}
+}
+
+func TestSettleErrors(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	if _, err := s.Settle(ctx, []string{key(t, "never")}, 1); !errors.Is(err, ErrUnknownReservation) {
+		t.Errorf("unknown: got %v, want ErrUnknownReservation", err)
+	}
+	for _, tc := range []struct {
+		keys   []string
+		actual int64
+	}{{nil, 1}, {[]string{key(t, "x")}, -1}} {
+		if _, err := s.Settle(ctx, tc.keys, tc.actual); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("Settle(%v, %d): got %v, want ErrInvalidRequest", tc.keys, tc.actual, err)
+		}
+	}
+	// An expired reservation keeps its estimate.
+	l := lim(key(t, "fw"), FixedWindow, 10, long, 0)
+	req := one(l, 4)
+	res := check(t, s, req)
+	if err := s.Mark(ctx, 50*time.Millisecond, []Mark{{Key: l.Key + ":rsv", Request: &req, Result: &res}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := s.Settle(ctx, []string{l.Key + ":rsv"}, 0); !errors.Is(err, ErrUnknownReservation) {
+		t.Errorf("expired: got %v, want ErrUnknownReservation", err)
+	}
+	if r := remaining(t, s, l); r != 6 {
+		t.Errorf("expired: remaining %d, want 6 (the estimate stands)", r)
+	}
+}
+
+// TestSettleSlidingLogPartial: a partial refund keeps the entry's rest, and later entries'
+// sums stay exact: after it, exactly the units left fit.
+func TestSettleSlidingLogPartial(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	l := lim(key(t, "swl"), SlidingWindowLog, 20, long, 0)
+	rec := l.Key + ":rsv"
+	if !reserve(t, s, rec, l, 8) {
+		t.Fatal("reserve denied")
+	}
+	check(t, s, one(l, 5)) // an entry after the reservation's
+	if _, err := s.Settle(ctxT(t), []string{rec}, 3); err != nil {
+		t.Fatal(err)
+	}
+	if r := remaining(t, s, l); r != 12 {
+		t.Fatalf("remaining %d, want 12 (3 + 5 of 20)", r)
+	}
+	if res := check(t, s, one(l, 12)); !res.Allowed {
+		t.Fatal("12 denied, want allowed")
+	}
+	if res := check(t, s, one(l, 1)); res.Allowed {
+		t.Fatal("a 21st unit allowed")
+	}
+}
+
+// TestReserveExactUnderConcurrency: concurrent reserves of 3 against 100 never exceed it, and
+// concurrent settles of each, some retried, refund exactly once.
+func TestReserveExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	const L, est, actual, n = 100, 3, 1, 60
+	for _, l := range reserveLimits(t, L) {
+		t.Run(l.Algorithm.String(), func(t *testing.T) {
+			s, _ := newStore(t)
+			var allowed atomic.Int64
+			var recs sync.Map
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					req := one(l, est)
+					res, err := s.Check(context.Background(), []Request{req})
+					if err != nil || !res[0].Allowed {
+						return
+					}
+					allowed.Add(1)
+					rec := fmt.Sprintf("%s:rsv%d", l.Key, i)
+					if err := s.Mark(context.Background(), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res[0]}}); err != nil {
+						t.Errorf("Mark: %v", err)
+					}
+					recs.Store(rec, true)
+				})
+			}
+			wg.Wait()
+			if got := allowed.Load(); got != L/est {
+				t.Fatalf("%d reserves of %d allowed, want exactly %d", got, est, L/est)
+			}
+			var applied atomic.Int64
+			recs.Range(func(k, _ any) bool {
+				for range 3 { // each settle sent three times at once
+					wg.Go(func() {
+						got, err := s.Settle(context.Background(), []string{k.(string)}, actual)
+						switch {
+						case err == nil:
+							applied.Add(int64(got.Parts))
+						case !errors.Is(err, ErrSettled):
+							t.Errorf("Settle: %v", err)
+						}
+					})
+				}
+				return true
+			})
+			wg.Wait()
+			if got := applied.Load(); got != L/est {
+				t.Errorf("%d settles applied, want %d (one per reservation)", got, L/est)
+			}
+			if r := remaining(t, s, l); r != L-L/est*actual {
+				t.Errorf("remaining %d, want %d", r, L-L/est*actual)
+			}
+		})
+	}
+}
