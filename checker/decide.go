@@ -77,7 +77,8 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	}
 	// Leased limits are decided from this process's slices; the rest goes to the store.
 	var lz leasedPart
-	if e.leases != nil && !peek && q.IdempotencyKey == "" {
+	// A reservation's charge goes to Redis, where its settle finds it.
+	if e.leases != nil && !peek && q.IdempotencyKey == "" && q.Reserve == 0 {
 		if pl, lz = e.decideLeased(ctx, pl, out, q.Cost); lz.decided > 0 {
 			e.tel.leased.Add(ctx, 1)
 		}
@@ -125,6 +126,11 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	out.summarize()
 	if out.Allowed && len(places) > 0 {
 		out.Hold = &Hold{ID: holdID(holder, places), ExpiresAt: out.Now.Add(minTTL(places))}
+	}
+	if out.Allowed && q.Reserve > 0 && !peek && !degraded {
+		if err := e.reserve(ctx, q, pl, results, out); err != nil {
+			return nil, err
+		}
 	}
 	return e.record(ctx, q, out, peek, start), nil
 }

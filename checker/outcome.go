@@ -32,6 +32,12 @@ type Outcome struct {
 	// Hold is, for an allowed check of concurrency rules, the places it holds in flight until
 	// Engine.Release; nil otherwise (a peek, a denial, a replay, a fail mode's decision).
 	Hold *Hold
+	// Reservation is, for an allowed check with Query.Reserve, the charge kept for its settle;
+	// nil otherwise (a denial, a fail mode's decision, no limit to settle).
+	Reservation *Reservation
+	// Settlement is set, alone, on the outcome a settle or cancel publishes (Engine.Settle):
+	// the DecisionSink renders it as that event.
+	Settlement *Settlement
 }
 
 // LimitOutcome is one rule applied to one subject.

@@ -84,6 +84,10 @@ type Query struct {
 	// SkipOrg leaves the org rules out: a query of an incoming request whose org an earlier
 	// query of it counted against already (Envoy's descriptors naming the same user and key).
 	SkipOrg bool
+	// Reserve makes the check a reservation: Cost is an estimate, charged now and settled
+	// later at the actual cost (Engine.Settle), or standing once Reserve (the reservation's
+	// TTL, up to MaxReservationTTL) has passed. 0 is a plain check.
+	Reserve time.Duration
 }
 
 // normalQuery validates q and returns it in normal form: its endpoint normalized, a cost of 0
@@ -112,6 +116,14 @@ func normalQuery(q *Query) (*Query, error) {
 	if q.IdempotencyKey != "" {
 		if err := field.Text(q.IdempotencyKey, MaxIdempotentLen); err != nil {
 			return nil, fieldError("idempotency_key", err)
+		}
+	}
+	if q.Reserve != 0 {
+		if q.Reserve < time.Millisecond || q.Reserve > MaxReservationTTL {
+			return nil, fieldErrorf("ttl_ms", "%d is no reservation TTL: want 1 to %d ms", q.Reserve.Milliseconds(), MaxReservationTTL.Milliseconds())
+		}
+		if q.IdempotencyKey != "" {
+			return nil, fieldErrorf("idempotency_key", "a reservation cannot carry one: its id already makes its settle happen once")
 		}
 	}
 	if ep == q.Endpoint && cost == q.Cost {

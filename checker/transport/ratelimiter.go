@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/outcomepb"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
@@ -51,9 +52,15 @@ func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequ
 	if err != nil {
 		return nil, s.rpcError(err)
 	}
+	resp, _, err := s.answer(ctx, q)
+	return resp, err
+}
+
+// answer decides q, validated, and renders the answer.
+func (s *Server) answer(ctx context.Context, q *checker.Query) (*quotaflowv1.CheckRateLimitResponse, *checker.Outcome, error) {
 	out, err := s.engine.Check(ctx, q)
 	if err != nil {
-		return nil, s.rpcError(err)
+		return nil, nil, s.rpcError(err)
 	}
 	resp := &quotaflowv1.CheckRateLimitResponse{
 		Allowed:    out.Allowed,
@@ -75,7 +82,7 @@ func (s *Server) decide(ctx context.Context, req *quotaflowv1.CheckRateLimitRequ
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ratelimitheader.CeilSeconds(d.RetryAfterMs)
 	}
-	return resp, nil
+	return resp, out, nil
 }
 
 func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {

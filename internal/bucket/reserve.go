@@ -116,10 +116,9 @@ type Settled struct {
 	// difference did not fit.
 	Keys   []string
 	Limits []LimitResult
-	// Parts counts the records settled now; Done those settled before (a settle retried after
-	// a failure settles what is left). A reservation settled before in every part is
-	// ErrSettled.
-	Parts, Done int
+	// Parts counts the records settled now: all of them, but for a settle that finishes one a
+	// failure interrupted.
+	Parts int
 }
 
 // Settle settles the reservation whose records are keys (Mark's) at actual: each limit it
@@ -128,9 +127,13 @@ type Settled struct {
 // (for window algorithms, nothing once the charge's window has passed). An actual above the
 // estimate is charged even past a limit, reported Over. A cancel is a settle at 0.
 //
-// Errors: ErrUnknownReservation when no record is left, ErrSettled when every record left was
-// settled before, ErrInvalidRequest for bad arguments; anything else means the outcome is
-// unknown (a retry then settles what is left, never twice).
+// The first record decides the outcome: it is settled last, so that once it is, every record
+// is; of concurrent settles of one reservation exactly one succeeds, and a settle retried
+// after a failure settles what is left.
+//
+// Errors: ErrUnknownReservation when the first record is gone, ErrSettled when it was settled
+// before, ErrInvalidRequest for bad arguments; anything else means the outcome is unknown (a
+// retry then settles what is left, never twice).
 func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settled, error) {
 	var out Settled
 	if len(keys) == 0 || actual < 0 || actual > maxValue {
@@ -144,28 +147,39 @@ func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settle
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return out, fmt.Errorf("bucket: settle: read records: %w", err)
 	}
-	unknown := 0
+	recs := make([]string, len(keys))
 	for i, g := range gets {
 		rec, err := g.Result()
 		switch {
-		case errors.Is(err, redis.Nil):
-			unknown++
-			continue
-		case strings.HasPrefix(rec, "done "):
-			out.Done++
-			continue
+		case errors.Is(err, redis.Nil) && i == 0:
+			return out, ErrUnknownReservation
+		case err == nil && strings.HasPrefix(rec, "done ") && i == 0:
+			return out, ErrSettled
+		case err == nil && !strings.HasPrefix(rec, "done "):
+			recs[i] = rec
 		}
-		if err := s.settlePart(ctx, keys[i], rec, actual, &out); err != nil {
+	}
+	for _, i := range append(seq(1, len(keys)), 0) {
+		if recs[i] == "" {
+			continue // gone or settled: a settle before this one failed after it
+		}
+		err := s.settlePart(ctx, keys[i], recs[i], actual, &out)
+		switch {
+		case i > 0 && (errors.Is(err, ErrUnknownReservation) || errors.Is(err, ErrSettled)):
+		case err != nil:
 			return out, err
 		}
 	}
-	switch {
-	case out.Parts > 0:
-		return out, nil
-	case out.Done > 0:
-		return out, ErrSettled
+	return out, nil
+}
+
+// seq returns the integers in [from, to).
+func seq(from, to int) []int {
+	s := make([]int, 0, max(to-from, 0)+1)
+	for i := from; i < to; i++ {
+		s = append(s, i)
 	}
-	return out, ErrUnknownReservation
+	return s
 }
 
 // settlePart settles one record, rec as read from key.
@@ -209,10 +223,9 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		var rerr redis.Error
 		switch {
 		case errors.As(err, &rerr) && rerr.Error() == "RESERVATION_UNKNOWN":
-			return nil // expired since it was read: its estimate stands
+			return ErrUnknownReservation // expired since it was read: its estimate stands
 		case errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "RESERVATION_SETTLED "):
-			out.Done++ // settled by a concurrent settle since it was read
-			return nil
+			return ErrSettled // by a concurrent settle since it was read
 		}
 		return fmt.Errorf("bucket: settle %q: %w", key, err)
 	}

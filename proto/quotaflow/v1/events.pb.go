@@ -21,6 +21,73 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Kind is what a Decision event records.
+type Kind int32
+
+const (
+	// KIND_UNSPECIFIED is a check (CheckRateLimit, Envoy RLS, forward-auth): every event of a
+	// checker older than kinds, and every check since.
+	Kind_KIND_UNSPECIFIED Kind = 0
+	// KIND_RESERVE is a Reserve: a check whose cost is the estimate.
+	Kind_KIND_RESERVE Kind = 1
+	// KIND_SETTLE is a Settle of a reservation.
+	Kind_KIND_SETTLE Kind = 2
+	// KIND_CANCEL is a Cancel of a reservation.
+	Kind_KIND_CANCEL Kind = 3
+	// KIND_LEASE_RELEASE is a lease released by its holder.
+	Kind_KIND_LEASE_RELEASE Kind = 4
+	// KIND_LEASE_EXPIRED is a lease found expired when its holder released or renewed it: its
+	// places had freed themselves.
+	Kind_KIND_LEASE_EXPIRED Kind = 5
+)
+
+// Enum value maps for Kind.
+var (
+	Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_RESERVE",
+		2: "KIND_SETTLE",
+		3: "KIND_CANCEL",
+		4: "KIND_LEASE_RELEASE",
+		5: "KIND_LEASE_EXPIRED",
+	}
+	Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED":   0,
+		"KIND_RESERVE":       1,
+		"KIND_SETTLE":        2,
+		"KIND_CANCEL":        3,
+		"KIND_LEASE_RELEASE": 4,
+		"KIND_LEASE_EXPIRED": 5,
+	}
+)
+
+func (x Kind) Enum() *Kind {
+	p := new(Kind)
+	*p = x
+	return p
+}
+
+func (x Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_quotaflow_v1_events_proto_enumTypes[0].Descriptor()
+}
+
+func (Kind) Type() protoreflect.EnumType {
+	return &file_quotaflow_v1_events_proto_enumTypes[0]
+}
+
+func (x Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Kind.Descriptor instead.
+func (Kind) EnumDescriptor() ([]byte, []int) {
+	return file_quotaflow_v1_events_proto_rawDescGZIP(), []int{0}
+}
+
 // Decision is one answered check, as published on NATS JetStream (stream QUOTAFLOW_DECISIONS,
 // subjects quotaflow.decisions.<partition>) inside a DecisionBatch. Every CheckRateLimit and
 // forward-auth check makes exactly one Decision: allowed, denied, shadow or degraded.
@@ -67,7 +134,21 @@ type Decision struct {
 	// clock_skew_ms is the client's timestamp minus the decision time (0 without a timestamp).
 	ClockSkewMs int64 `protobuf:"varint,23,opt,name=clock_skew_ms,json=clockSkewMs,proto3" json:"clock_skew_ms,omitempty"`
 	// limits has one entry per evaluated limit, as in the check's response.
-	Limits        []*LimitStatus `protobuf:"bytes,24,rep,name=limits,proto3" json:"limits,omitempty"`
+	Limits []*LimitStatus `protobuf:"bytes,24,rep,name=limits,proto3" json:"limits,omitempty"`
+	// kind is what the event records: a check, or an operation on a reservation or a lease.
+	Kind Kind `protobuf:"varint,25,opt,name=kind,proto3,enum=quotaflow.v1.Kind" json:"kind,omitempty"`
+	// reservation_id is an allowed reserve's reservation, or the one a settle or cancel settled.
+	ReservationId string `protobuf:"bytes,26,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// estimated_cost is a reserve's estimate (its cost), or a settled reservation's.
+	EstimatedCost int64 `protobuf:"varint,27,opt,name=estimated_cost,json=estimatedCost,proto3" json:"estimated_cost,omitempty"`
+	// actual_cost is a settle's actual cost (0 for a cancel); cost is then actual - estimate,
+	// what the settle charged (below 0: refunded).
+	ActualCost int64 `protobuf:"varint,28,opt,name=actual_cost,json=actualCost,proto3" json:"actual_cost,omitempty"`
+	// overage is set on a settle whose actual exceeded the estimate by more than a limit had
+	// left: charged all the same, past the limit.
+	Overage bool `protobuf:"varint,29,opt,name=overage,proto3" json:"overage,omitempty"`
+	// lease_id is an allowed check's concurrency lease, or the one a release or renewal names.
+	LeaseId       string `protobuf:"bytes,30,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -270,6 +351,48 @@ func (x *Decision) GetLimits() []*LimitStatus {
 	return nil
 }
 
+func (x *Decision) GetKind() Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Kind_KIND_UNSPECIFIED
+}
+
+func (x *Decision) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *Decision) GetEstimatedCost() int64 {
+	if x != nil {
+		return x.EstimatedCost
+	}
+	return 0
+}
+
+func (x *Decision) GetActualCost() int64 {
+	if x != nil {
+		return x.ActualCost
+	}
+	return 0
+}
+
+func (x *Decision) GetOverage() bool {
+	if x != nil {
+		return x.Overage
+	}
+	return false
+}
+
+func (x *Decision) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // DecisionBatch is the payload of one JetStream message: the decisions of one partition from
 // one checker, in the order they were made. The message's Nats-Msg-Id header
 // ("<checker_id>.<partition>.<batch sequence>") lets the stream drop a re-published batch.
@@ -321,7 +444,7 @@ var File_quotaflow_v1_events_proto protoreflect.FileDescriptor
 
 const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xf1\x05\n" +
+	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xbd\a\n" +
 	"\bDecision\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -348,9 +471,23 @@ const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\x05state\x18\x15 \x01(\x0e2\x13.quotaflow.v1.StateR\x05state\x12\x1a\n" +
 	"\breplayed\x18\x16 \x01(\bR\breplayed\x12\"\n" +
 	"\rclock_skew_ms\x18\x17 \x01(\x03R\vclockSkewMs\x121\n" +
-	"\x06limits\x18\x18 \x03(\v2\x19.quotaflow.v1.LimitStatusR\x06limits\"E\n" +
+	"\x06limits\x18\x18 \x03(\v2\x19.quotaflow.v1.LimitStatusR\x06limits\x12&\n" +
+	"\x04kind\x18\x19 \x01(\x0e2\x12.quotaflow.v1.KindR\x04kind\x12%\n" +
+	"\x0ereservation_id\x18\x1a \x01(\tR\rreservationId\x12%\n" +
+	"\x0eestimated_cost\x18\x1b \x01(\x03R\restimatedCost\x12\x1f\n" +
+	"\vactual_cost\x18\x1c \x01(\x03R\n" +
+	"actualCost\x12\x18\n" +
+	"\aoverage\x18\x1d \x01(\bR\aoverage\x12\x19\n" +
+	"\blease_id\x18\x1e \x01(\tR\aleaseId\"E\n" +
 	"\rDecisionBatch\x124\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisionsB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x80\x01\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fKIND_RESERVE\x10\x01\x12\x0f\n" +
+	"\vKIND_SETTLE\x10\x02\x12\x0f\n" +
+	"\vKIND_CANCEL\x10\x03\x12\x16\n" +
+	"\x12KIND_LEASE_RELEASE\x10\x04\x12\x16\n" +
+	"\x12KIND_LEASE_EXPIRED\x10\x05B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_events_proto_rawDescOnce sync.Once
@@ -364,25 +501,28 @@ func file_quotaflow_v1_events_proto_rawDescGZIP() []byte {
 	return file_quotaflow_v1_events_proto_rawDescData
 }
 
+var file_quotaflow_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_quotaflow_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_quotaflow_v1_events_proto_goTypes = []any{
-	(*Decision)(nil),      // 0: quotaflow.v1.Decision
-	(*DecisionBatch)(nil), // 1: quotaflow.v1.DecisionBatch
-	(*Subject)(nil),       // 2: quotaflow.v1.Subject
-	(State)(0),            // 3: quotaflow.v1.State
-	(*LimitStatus)(nil),   // 4: quotaflow.v1.LimitStatus
+	(Kind)(0),             // 0: quotaflow.v1.Kind
+	(*Decision)(nil),      // 1: quotaflow.v1.Decision
+	(*DecisionBatch)(nil), // 2: quotaflow.v1.DecisionBatch
+	(*Subject)(nil),       // 3: quotaflow.v1.Subject
+	(State)(0),            // 4: quotaflow.v1.State
+	(*LimitStatus)(nil),   // 5: quotaflow.v1.LimitStatus
 }
 var file_quotaflow_v1_events_proto_depIdxs = []int32{
-	2, // 0: quotaflow.v1.Decision.subject:type_name -> quotaflow.v1.Subject
-	2, // 1: quotaflow.v1.Decision.subjects:type_name -> quotaflow.v1.Subject
-	3, // 2: quotaflow.v1.Decision.state:type_name -> quotaflow.v1.State
-	4, // 3: quotaflow.v1.Decision.limits:type_name -> quotaflow.v1.LimitStatus
-	0, // 4: quotaflow.v1.DecisionBatch.decisions:type_name -> quotaflow.v1.Decision
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 0: quotaflow.v1.Decision.subject:type_name -> quotaflow.v1.Subject
+	3, // 1: quotaflow.v1.Decision.subjects:type_name -> quotaflow.v1.Subject
+	4, // 2: quotaflow.v1.Decision.state:type_name -> quotaflow.v1.State
+	5, // 3: quotaflow.v1.Decision.limits:type_name -> quotaflow.v1.LimitStatus
+	0, // 4: quotaflow.v1.Decision.kind:type_name -> quotaflow.v1.Kind
+	1, // 5: quotaflow.v1.DecisionBatch.decisions:type_name -> quotaflow.v1.Decision
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_events_proto_init() }
@@ -396,13 +536,14 @@ func file_quotaflow_v1_events_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_events_proto_rawDesc), len(file_quotaflow_v1_events_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_quotaflow_v1_events_proto_goTypes,
 		DependencyIndexes: file_quotaflow_v1_events_proto_depIdxs,
+		EnumInfos:         file_quotaflow_v1_events_proto_enumTypes,
 		MessageInfos:      file_quotaflow_v1_events_proto_msgTypes,
 	}.Build()
 	File_quotaflow_v1_events_proto = out.File

@@ -842,6 +842,374 @@ func (x *RenewLeaseResponse) GetExpiresAtMs() int64 {
 	return 0
 }
 
+type ReserveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// check is the check, whose cost must be left unset: the estimate is its cost.
+	Check *CheckRateLimitRequest `protobuf:"bytes,1,opt,name=check,proto3" json:"check,omitempty"`
+	// estimate is the cost charged now, 1 or more.
+	Estimate int64 `protobuf:"varint,2,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// ttl_ms is how long the reservation waits for its settle: 1 to 86400000 (a day); 0 means
+	// 300000 (5 minutes).
+	TtlMs         int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReserveRequest) GetCheck() *CheckRateLimitRequest {
+	if x != nil {
+		return x.Check
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type ReserveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// result is the check's answer, as CheckRateLimit gives it.
+	Result *CheckRateLimitResponse `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	// reservation_id names the reservation for Settle and Cancel; empty when denied, or when a
+	// fail mode decided (nothing was charged in Redis, so nothing is to settle).
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// expires_at_ms is when an unsettled reservation is settled at its estimate, unix ms.
+	ExpiresAtMs   int64 `protobuf:"varint,3,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveResponse) Reset() {
+	*x = ReserveResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResponse) ProtoMessage() {}
+
+func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
+func (*ReserveResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReserveResponse) GetResult() *CheckRateLimitResponse {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
+}
+
+type SettleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// actual is the cost the work took, 0 or more.
+	Actual        int64 `protobuf:"varint,2,opt,name=actual,proto3" json:"actual,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SettleRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetActual() int64 {
+	if x != nil {
+		return x.Actual
+	}
+	return 0
+}
+
+type CancelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRequest) Reset() {
+	*x = CancelRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRequest) ProtoMessage() {}
+
+func (x *CancelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
+func (*CancelRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CancelRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+type SettleResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Estimate int64                  `protobuf:"varint,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Actual   int64                  `protobuf:"varint,2,opt,name=actual,proto3" json:"actual,omitempty"`
+	// overage is set when actual exceeded the estimate by more than a limit had left: it was
+	// charged all the same, past the limit.
+	Overage bool `protobuf:"varint,4,opt,name=overage,proto3" json:"overage,omitempty"`
+	// remaining is the least any of the reservation's limits has left after the settle.
+	Remaining int64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// decision_id identifies the settle in the decision stream and the audit.
+	DecisionId    string `protobuf:"bytes,6,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SettleResponse) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetActual() int64 {
+	if x != nil {
+		return x.Actual
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetOverage() bool {
+	if x != nil {
+		return x.Overage
+	}
+	return false
+}
+
+func (x *SettleResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
+type CancelResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// estimate is what was refunded.
+	Estimate int64 `protobuf:"varint,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// remaining is the least any of the reservation's limits has left after the refund.
+	Remaining int64 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// decision_id identifies the cancel in the decision stream and the audit.
+	DecisionId    string `protobuf:"bytes,3,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelResponse) Reset() {
+	*x = CancelResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelResponse) ProtoMessage() {}
+
+func (x *CancelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
+func (*CancelResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CancelResponse) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *CancelResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *CancelResponse) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
 type CheckRateLimitsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// checks are decided independently, at most 1000 per call (more is refused with
@@ -853,7 +1221,7 @@ type CheckRateLimitsRequest struct {
 
 func (x *CheckRateLimitsRequest) Reset() {
 	*x = CheckRateLimitsRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1233,7 @@ func (x *CheckRateLimitsRequest) String() string {
 func (*CheckRateLimitsRequest) ProtoMessage() {}
 
 func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1246,7 @@ func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsRequest.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckRateLimitsRequest) GetChecks() []*CheckRateLimitRequest {
@@ -898,7 +1266,7 @@ type CheckRateLimitsResponse struct {
 
 func (x *CheckRateLimitsResponse) Reset() {
 	*x = CheckRateLimitsResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1278,7 @@ func (x *CheckRateLimitsResponse) String() string {
 func (*CheckRateLimitsResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1291,7 @@ func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckRateLimitsResponse) GetResults() []*CheckRateLimitsResult {
@@ -948,7 +1316,7 @@ type CheckRateLimitsResult struct {
 
 func (x *CheckRateLimitsResult) Reset() {
 	*x = CheckRateLimitsResult{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1328,7 @@ func (x *CheckRateLimitsResult) String() string {
 func (*CheckRateLimitsResult) ProtoMessage() {}
 
 func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1341,7 @@ func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResult.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResult) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckRateLimitsResult) GetResult() isCheckRateLimitsResult_Result {
@@ -1033,7 +1401,7 @@ type CheckError struct {
 
 func (x *CheckError) Reset() {
 	*x = CheckError{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1413,7 @@ func (x *CheckError) String() string {
 func (*CheckError) ProtoMessage() {}
 
 func (x *CheckError) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1426,7 @@ func (x *CheckError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckError.ProtoReflect.Descriptor instead.
 func (*CheckError) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckError) GetCode() int32 {
@@ -1097,7 +1465,7 @@ type GetRemainingQuotaRequest struct {
 
 func (x *GetRemainingQuotaRequest) Reset() {
 	*x = GetRemainingQuotaRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1477,7 @@ func (x *GetRemainingQuotaRequest) String() string {
 func (*GetRemainingQuotaRequest) ProtoMessage() {}
 
 func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1490,7 @@ func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetRemainingQuotaRequest) GetIdentifier() string {
@@ -1190,7 +1558,7 @@ type GetRemainingQuotaResponse struct {
 
 func (x *GetRemainingQuotaResponse) Reset() {
 	*x = GetRemainingQuotaResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1570,7 @@ func (x *GetRemainingQuotaResponse) String() string {
 func (*GetRemainingQuotaResponse) ProtoMessage() {}
 
 func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1583,7 @@ func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetRemainingQuotaResponse) GetAllowed() bool {
@@ -1316,7 +1684,7 @@ type ResetLimitRequest struct {
 
 func (x *ResetLimitRequest) Reset() {
 	*x = ResetLimitRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1696,7 @@ func (x *ResetLimitRequest) String() string {
 func (*ResetLimitRequest) ProtoMessage() {}
 
 func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1709,7 @@ func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitRequest.ProtoReflect.Descriptor instead.
 func (*ResetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResetLimitRequest) GetIdentifier() string {
@@ -1384,7 +1752,7 @@ type ResetLimitResponse struct {
 
 func (x *ResetLimitResponse) Reset() {
 	*x = ResetLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1764,7 @@ func (x *ResetLimitResponse) String() string {
 func (*ResetLimitResponse) ProtoMessage() {}
 
 func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1777,7 @@ func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitResponse.ProtoReflect.Descriptor instead.
 func (*ResetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResetLimitResponse) GetResetCount() int64 {
@@ -1495,7 +1863,32 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11RenewLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"8\n" +
 	"\x12RenewLeaseResponse\x12\"\n" +
-	"\rexpires_at_ms\x18\x01 \x01(\x03R\vexpiresAtMs\"U\n" +
+	"\rexpires_at_ms\x18\x01 \x01(\x03R\vexpiresAtMs\"~\n" +
+	"\x0eReserveRequest\x129\n" +
+	"\x05check\x18\x01 \x01(\v2#.quotaflow.v1.CheckRateLimitRequestR\x05check\x12\x1a\n" +
+	"\bestimate\x18\x02 \x01(\x03R\bestimate\x12\x15\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"\x9a\x01\n" +
+	"\x0fReserveResponse\x12<\n" +
+	"\x06result\x18\x01 \x01(\v2$.quotaflow.v1.CheckRateLimitResponseR\x06result\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\"\n" +
+	"\rexpires_at_ms\x18\x03 \x01(\x03R\vexpiresAtMs\"N\n" +
+	"\rSettleRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06actual\x18\x02 \x01(\x03R\x06actual\"6\n" +
+	"\rCancelRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\"\x9d\x01\n" +
+	"\x0eSettleResponse\x12\x1a\n" +
+	"\bestimate\x18\x01 \x01(\x03R\bestimate\x12\x16\n" +
+	"\x06actual\x18\x02 \x01(\x03R\x06actual\x12\x18\n" +
+	"\aoverage\x18\x04 \x01(\bR\aoverage\x12\x1c\n" +
+	"\tremaining\x18\x05 \x01(\x03R\tremaining\x12\x1f\n" +
+	"\vdecision_id\x18\x06 \x01(\tR\n" +
+	"decisionId\"k\n" +
+	"\x0eCancelResponse\x12\x1a\n" +
+	"\bestimate\x18\x01 \x01(\x03R\bestimate\x12\x1c\n" +
+	"\tremaining\x18\x02 \x01(\x03R\tremaining\x12\x1f\n" +
+	"\vdecision_id\x18\x03 \x01(\tR\n" +
+	"decisionId\"U\n" +
 	"\x16CheckRateLimitsRequest\x12;\n" +
 	"\x06checks\x18\x01 \x03(\v2#.quotaflow.v1.CheckRateLimitRequestR\x06checks\"X\n" +
 	"\x17CheckRateLimitsResponse\x12=\n" +
@@ -1555,7 +1948,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
 	"\rSTATE_WARNING\x10\x02\x12\x13\n" +
-	"\x0fSTATE_THROTTLED\x10\x032\xae\x04\n" +
+	"\x0fSTATE_THROTTLED\x10\x032\x80\x06\n" +
 	"\vRateLimiter\x12[\n" +
 	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12^\n" +
 	"\x0fCheckRateLimits\x12$.quotaflow.v1.CheckRateLimitsRequest\x1a%.quotaflow.v1.CheckRateLimitsResponse\x12i\n" +
@@ -1564,7 +1957,10 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"ResetLimit\x12\x1f.quotaflow.v1.ResetLimitRequest\x1a .quotaflow.v1.ResetLimitResponse\x12U\n" +
 	"\fReleaseLease\x12!.quotaflow.v1.ReleaseLeaseRequest\x1a\".quotaflow.v1.ReleaseLeaseResponse\x12O\n" +
 	"\n" +
-	"RenewLease\x12\x1f.quotaflow.v1.RenewLeaseRequest\x1a .quotaflow.v1.RenewLeaseResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"RenewLease\x12\x1f.quotaflow.v1.RenewLeaseRequest\x1a .quotaflow.v1.RenewLeaseResponse\x12F\n" +
+	"\aReserve\x12\x1c.quotaflow.v1.ReserveRequest\x1a\x1d.quotaflow.v1.ReserveResponse\x12C\n" +
+	"\x06Settle\x12\x1b.quotaflow.v1.SettleRequest\x1a\x1c.quotaflow.v1.SettleResponse\x12C\n" +
+	"\x06Cancel\x12\x1b.quotaflow.v1.CancelRequest\x1a\x1c.quotaflow.v1.CancelResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_ratelimit_proto_rawDescOnce sync.Once
@@ -1579,7 +1975,7 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
@@ -1591,14 +1987,20 @@ var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(*ReleaseLeaseResponse)(nil),      // 7: quotaflow.v1.ReleaseLeaseResponse
 	(*RenewLeaseRequest)(nil),         // 8: quotaflow.v1.RenewLeaseRequest
 	(*RenewLeaseResponse)(nil),        // 9: quotaflow.v1.RenewLeaseResponse
-	(*CheckRateLimitsRequest)(nil),    // 10: quotaflow.v1.CheckRateLimitsRequest
-	(*CheckRateLimitsResponse)(nil),   // 11: quotaflow.v1.CheckRateLimitsResponse
-	(*CheckRateLimitsResult)(nil),     // 12: quotaflow.v1.CheckRateLimitsResult
-	(*CheckError)(nil),                // 13: quotaflow.v1.CheckError
-	(*GetRemainingQuotaRequest)(nil),  // 14: quotaflow.v1.GetRemainingQuotaRequest
-	(*GetRemainingQuotaResponse)(nil), // 15: quotaflow.v1.GetRemainingQuotaResponse
-	(*ResetLimitRequest)(nil),         // 16: quotaflow.v1.ResetLimitRequest
-	(*ResetLimitResponse)(nil),        // 17: quotaflow.v1.ResetLimitResponse
+	(*ReserveRequest)(nil),            // 10: quotaflow.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 11: quotaflow.v1.ReserveResponse
+	(*SettleRequest)(nil),             // 12: quotaflow.v1.SettleRequest
+	(*CancelRequest)(nil),             // 13: quotaflow.v1.CancelRequest
+	(*SettleResponse)(nil),            // 14: quotaflow.v1.SettleResponse
+	(*CancelResponse)(nil),            // 15: quotaflow.v1.CancelResponse
+	(*CheckRateLimitsRequest)(nil),    // 16: quotaflow.v1.CheckRateLimitsRequest
+	(*CheckRateLimitsResponse)(nil),   // 17: quotaflow.v1.CheckRateLimitsResponse
+	(*CheckRateLimitsResult)(nil),     // 18: quotaflow.v1.CheckRateLimitsResult
+	(*CheckError)(nil),                // 19: quotaflow.v1.CheckError
+	(*GetRemainingQuotaRequest)(nil),  // 20: quotaflow.v1.GetRemainingQuotaRequest
+	(*GetRemainingQuotaResponse)(nil), // 21: quotaflow.v1.GetRemainingQuotaResponse
+	(*ResetLimitRequest)(nil),         // 22: quotaflow.v1.ResetLimitRequest
+	(*ResetLimitResponse)(nil),        // 23: quotaflow.v1.ResetLimitResponse
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -1608,32 +2010,40 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 4: quotaflow.v1.LimitStatus.state:type_name -> quotaflow.v1.State
 	1,  // 5: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
 	4,  // 6: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	3,  // 7: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
-	12, // 8: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
-	5,  // 9: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
-	13, // 10: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
-	0,  // 11: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
-	2,  // 12: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
-	1,  // 13: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
-	4,  // 14: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	0,  // 15: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	3,  // 16: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	10, // 17: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	14, // 18: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	16, // 19: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	6,  // 20: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
-	8,  // 21: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
-	5,  // 22: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	11, // 23: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	15, // 24: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	17, // 25: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	7,  // 26: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
-	9,  // 27: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 7: quotaflow.v1.ReserveRequest.check:type_name -> quotaflow.v1.CheckRateLimitRequest
+	5,  // 8: quotaflow.v1.ReserveResponse.result:type_name -> quotaflow.v1.CheckRateLimitResponse
+	3,  // 9: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
+	18, // 10: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
+	5,  // 11: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
+	19, // 12: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
+	0,  // 13: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
+	2,  // 14: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
+	1,  // 15: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
+	4,  // 16: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	0,  // 17: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
+	3,  // 18: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	16, // 19: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	20, // 20: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	22, // 21: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	6,  // 22: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	8,  // 23: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	10, // 24: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
+	12, // 25: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
+	13, // 26: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
+	5,  // 27: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	17, // 28: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	21, // 29: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	23, // 30: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	7,  // 31: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	9,  // 32: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	11, // 33: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
+	14, // 34: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
+	15, // 35: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
+	27, // [27:36] is the sub-list for method output_type
+	18, // [18:27] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -1641,7 +2051,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 	if File_quotaflow_v1_ratelimit_proto != nil {
 		return
 	}
-	file_quotaflow_v1_ratelimit_proto_msgTypes[10].OneofWrappers = []any{
+	file_quotaflow_v1_ratelimit_proto_msgTypes[16].OneofWrappers = []any{
 		(*CheckRateLimitsResult_Response)(nil),
 		(*CheckRateLimitsResult_Error)(nil),
 	}
@@ -1651,7 +2061,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,9 @@ const (
 	RateLimiter_ResetLimit_FullMethodName        = "/quotaflow.v1.RateLimiter/ResetLimit"
 	RateLimiter_ReleaseLease_FullMethodName      = "/quotaflow.v1.RateLimiter/ReleaseLease"
 	RateLimiter_RenewLease_FullMethodName        = "/quotaflow.v1.RateLimiter/RenewLease"
+	RateLimiter_Reserve_FullMethodName           = "/quotaflow.v1.RateLimiter/Reserve"
+	RateLimiter_Settle_FullMethodName            = "/quotaflow.v1.RateLimiter/Settle"
+	RateLimiter_Cancel_FullMethodName            = "/quotaflow.v1.RateLimiter/Cancel"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -59,6 +62,19 @@ type RateLimiterClient interface {
 	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
 	// errors as ReleaseLease's.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
+	// Reserve decides a check whose cost is known only afterwards: it charges `estimate` to every
+	// limit, all-or-nothing like CheckRateLimit, and when allowed keeps the charge as a
+	// reservation until Settle or Cancel, or until expires_at_ms, after which the estimate
+	// stands. A denial is a normal response (result.allowed false, no reservation).
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
+	// Settle charges (or refunds) the difference between the actual cost and the estimate to
+	// every limit the reservation charged; an actual above the estimate is charged even past a
+	// limit (the work is done) and flagged as overage. At most once per reservation: a settle of
+	// a settled one is FailedPrecondition and changes nothing; an unknown or expired one is
+	// NotFound.
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
+	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -129,6 +145,36 @@ func (c *rateLimiterClient) RenewLease(ctx context.Context, in *RenewLeaseReques
 	return out, nil
 }
 
+func (c *rateLimiterClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Cancel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -158,6 +204,19 @@ type RateLimiterServer interface {
 	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
 	// errors as ReleaseLease's.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
+	// Reserve decides a check whose cost is known only afterwards: it charges `estimate` to every
+	// limit, all-or-nothing like CheckRateLimit, and when allowed keeps the charge as a
+	// reservation until Settle or Cancel, or until expires_at_ms, after which the estimate
+	// stands. A denial is a normal response (result.allowed false, no reservation).
+	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
+	// Settle charges (or refunds) the difference between the actual cost and the estimate to
+	// every limit the reservation charged; an actual above the estimate is charged even past a
+	// limit (the work is done) and flagged as overage. At most once per reservation: a settle of
+	// a settled one is FailedPrecondition and changes nothing; an unknown or expired one is
+	// NotFound.
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
+	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
+	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -185,6 +244,15 @@ func (UnimplementedRateLimiterServer) ReleaseLease(context.Context, *ReleaseLeas
 }
 func (UnimplementedRateLimiterServer) RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RenewLease not implemented")
+}
+func (UnimplementedRateLimiterServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedRateLimiterServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedRateLimiterServer) Cancel(context.Context, *CancelRequest) (*CancelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -315,6 +383,60 @@ func _RateLimiter_RenewLease_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Cancel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Cancel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Cancel_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Cancel(ctx, req.(*CancelRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -345,6 +467,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RenewLease",
 			Handler:    _RateLimiter_RenewLease_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _RateLimiter_Reserve_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _RateLimiter_Settle_Handler,
+		},
+		{
+			MethodName: "Cancel",
+			Handler:    _RateLimiter_Cancel_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -51,6 +51,12 @@ const (
 	RateLimiterReleaseLeaseProcedure = "/quotaflow.v1.RateLimiter/ReleaseLease"
 	// RateLimiterRenewLeaseProcedure is the fully-qualified name of the RateLimiter's RenewLease RPC.
 	RateLimiterRenewLeaseProcedure = "/quotaflow.v1.RateLimiter/RenewLease"
+	// RateLimiterReserveProcedure is the fully-qualified name of the RateLimiter's Reserve RPC.
+	RateLimiterReserveProcedure = "/quotaflow.v1.RateLimiter/Reserve"
+	// RateLimiterSettleProcedure is the fully-qualified name of the RateLimiter's Settle RPC.
+	RateLimiterSettleProcedure = "/quotaflow.v1.RateLimiter/Settle"
+	// RateLimiterCancelProcedure is the fully-qualified name of the RateLimiter's Cancel RPC.
+	RateLimiterCancelProcedure = "/quotaflow.v1.RateLimiter/Cancel"
 )
 
 // RateLimiterClient is a client for the quotaflow.v1.RateLimiter service.
@@ -76,6 +82,19 @@ type RateLimiterClient interface {
 	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
 	// errors as ReleaseLease's.
 	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
+	// Reserve decides a check whose cost is known only afterwards: it charges `estimate` to every
+	// limit, all-or-nothing like CheckRateLimit, and when allowed keeps the charge as a
+	// reservation until Settle or Cancel, or until expires_at_ms, after which the estimate
+	// stands. A denial is a normal response (result.allowed false, no reservation).
+	Reserve(context.Context, *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error)
+	// Settle charges (or refunds) the difference between the actual cost and the estimate to
+	// every limit the reservation charged; an actual above the estimate is charged even past a
+	// limit (the work is done) and flagged as overage. At most once per reservation: a settle of
+	// a settled one is FailedPrecondition and changes nothing; an unknown or expired one is
+	// NotFound.
+	Settle(context.Context, *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error)
+	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
+	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
 }
 
 // NewRateLimiterClient constructs a client for the quotaflow.v1.RateLimiter service. By default, it
@@ -126,6 +145,24 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(rateLimiterMethods.ByName("RenewLease")),
 			connect.WithClientOptions(opts...),
 		),
+		reserve: connect.NewClient[v1.ReserveRequest, v1.ReserveResponse](
+			httpClient,
+			baseURL+RateLimiterReserveProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("Reserve")),
+			connect.WithClientOptions(opts...),
+		),
+		settle: connect.NewClient[v1.SettleRequest, v1.SettleResponse](
+			httpClient,
+			baseURL+RateLimiterSettleProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("Settle")),
+			connect.WithClientOptions(opts...),
+		),
+		cancel: connect.NewClient[v1.CancelRequest, v1.CancelResponse](
+			httpClient,
+			baseURL+RateLimiterCancelProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("Cancel")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -137,6 +174,9 @@ type rateLimiterClient struct {
 	resetLimit        *connect.Client[v1.ResetLimitRequest, v1.ResetLimitResponse]
 	releaseLease      *connect.Client[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse]
 	renewLease        *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
+	reserve           *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
+	settle            *connect.Client[v1.SettleRequest, v1.SettleResponse]
+	cancel            *connect.Client[v1.CancelRequest, v1.CancelResponse]
 }
 
 // CheckRateLimit calls quotaflow.v1.RateLimiter.CheckRateLimit.
@@ -169,6 +209,21 @@ func (c *rateLimiterClient) RenewLease(ctx context.Context, req *connect.Request
 	return c.renewLease.CallUnary(ctx, req)
 }
 
+// Reserve calls quotaflow.v1.RateLimiter.Reserve.
+func (c *rateLimiterClient) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
+	return c.reserve.CallUnary(ctx, req)
+}
+
+// Settle calls quotaflow.v1.RateLimiter.Settle.
+func (c *rateLimiterClient) Settle(ctx context.Context, req *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error) {
+	return c.settle.CallUnary(ctx, req)
+}
+
+// Cancel calls quotaflow.v1.RateLimiter.Cancel.
+func (c *rateLimiterClient) Cancel(ctx context.Context, req *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error) {
+	return c.cancel.CallUnary(ctx, req)
+}
+
 // RateLimiterHandler is an implementation of the quotaflow.v1.RateLimiter service.
 type RateLimiterHandler interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
@@ -192,6 +247,19 @@ type RateLimiterHandler interface {
 	// RenewLease holds the places for their rules' windows from now, and answers the new expiry;
 	// errors as ReleaseLease's.
 	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
+	// Reserve decides a check whose cost is known only afterwards: it charges `estimate` to every
+	// limit, all-or-nothing like CheckRateLimit, and when allowed keeps the charge as a
+	// reservation until Settle or Cancel, or until expires_at_ms, after which the estimate
+	// stands. A denial is a normal response (result.allowed false, no reservation).
+	Reserve(context.Context, *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error)
+	// Settle charges (or refunds) the difference between the actual cost and the estimate to
+	// every limit the reservation charged; an actual above the estimate is charged even past a
+	// limit (the work is done) and flagged as overage. At most once per reservation: a settle of
+	// a settled one is FailedPrecondition and changes nothing; an unknown or expired one is
+	// NotFound.
+	Settle(context.Context, *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error)
+	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
+	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
 }
 
 // NewRateLimiterHandler builds an HTTP handler from the service implementation. It returns the path
@@ -238,6 +306,24 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		connect.WithSchema(rateLimiterMethods.ByName("RenewLease")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rateLimiterReserveHandler := connect.NewUnaryHandler(
+		RateLimiterReserveProcedure,
+		svc.Reserve,
+		connect.WithSchema(rateLimiterMethods.ByName("Reserve")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rateLimiterSettleHandler := connect.NewUnaryHandler(
+		RateLimiterSettleProcedure,
+		svc.Settle,
+		connect.WithSchema(rateLimiterMethods.ByName("Settle")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rateLimiterCancelHandler := connect.NewUnaryHandler(
+		RateLimiterCancelProcedure,
+		svc.Cancel,
+		connect.WithSchema(rateLimiterMethods.ByName("Cancel")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/quotaflow.v1.RateLimiter/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RateLimiterCheckRateLimitProcedure:
@@ -252,6 +338,12 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 			rateLimiterReleaseLeaseHandler.ServeHTTP(w, r)
 		case RateLimiterRenewLeaseProcedure:
 			rateLimiterRenewLeaseHandler.ServeHTTP(w, r)
+		case RateLimiterReserveProcedure:
+			rateLimiterReserveHandler.ServeHTTP(w, r)
+		case RateLimiterSettleProcedure:
+			rateLimiterSettleHandler.ServeHTTP(w, r)
+		case RateLimiterCancelProcedure:
+			rateLimiterCancelHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -283,4 +375,16 @@ func (UnimplementedRateLimiterHandler) ReleaseLease(context.Context, *connect.Re
 
 func (UnimplementedRateLimiterHandler) RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.RenewLease is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) Reserve(context.Context, *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.Reserve is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) Settle(context.Context, *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.Settle is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.Cancel is not implemented"))
 }

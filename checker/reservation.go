@@ -1,0 +1,258 @@
+package checker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// reservationStore is what reservations need of the store: *bucket.Store's records of
+// charges settled later.
+type reservationStore interface {
+	Mark(ctx context.Context, ttl time.Duration, marks []bucket.Mark) error
+	Settle(ctx context.Context, keys []string, actual int64) (bucket.Settled, error)
+}
+
+var _ reservationStore = (*bucket.Store)(nil)
+
+// Reservation bounds.
+const (
+	// DefaultReservationTTL is how long a reservation waits for its settle when the query
+	// names no TTL.
+	DefaultReservationTTL = 5 * time.Minute
+	// MaxReservationTTL bounds a reservation's TTL: its estimate holds the quota meanwhile.
+	MaxReservationTTL = 24 * time.Hour
+	// maxReservationParts bounds the slots an ID names (one per subject of the check with
+	// limits): each costs Settle a Redis call, so a forged ID must not name many.
+	maxReservationParts = 16
+	// maxReservationID bounds an ID, so that a forged one costs no more to refuse.
+	maxReservationID = 4096
+)
+
+// Reservation is what an allowed check with Query.Reserve holds: its cost (the estimate)
+// charged to every limit until Settle or Cancel charges or refunds the difference to the
+// actual cost, or until ExpiresAt, after which the estimate stands (an expired reservation is
+// settled at its estimate). Concurrency limits have no part in it: their place is a Hold.
+type Reservation struct {
+	// ID names the reservation for Settle and Cancel: a random name (which only the check's
+	// caller learns) and the slots of its records.
+	ID        string
+	ExpiresAt time.Time
+	Estimate  int64
+}
+
+// Settlement is what Settle or Cancel did.
+type Settlement struct {
+	// ID is the settle's decision id in the decision stream.
+	ID string
+	// ReservationID is the settled reservation's.
+	ReservationID string
+	Estimate      int64
+	Actual        int64
+	// Cancelled is set for Cancel (a settle at 0).
+	Cancelled bool
+	// Overage is set when Actual exceeded Estimate and the difference did not fit a limit: it
+	// was charged all the same (the work is done), past that limit.
+	Overage bool
+	// Remaining is the least any settled limit has left after the settle.
+	Remaining int64
+	// Now is the store's clock at the settle.
+	Now time.Time
+}
+
+// The outcomes of Settle and Cancel that are the caller's, not the store's.
+var (
+	// ErrReservationUnknown is an ID with no reservation left: never made, or expired, when its
+	// estimate stands.
+	ErrReservationUnknown = errors.New("reservation unknown: never made, or expired (its estimate stands)")
+	// ErrReservationSettled is a reservation settled or cancelled before: nothing changes, so a
+	// retried settle never charges twice.
+	ErrReservationSettled = errors.New("reservation already settled or cancelled")
+)
+
+// reservationName draws a reservation's name: 128 random bits, base64url.
+func reservationName() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// reservationKey is the key of a reservation's record in the slot of tag: "rl:{tag}:rsv:name".
+// No bucket key has "rsv" for an algorithm code.
+func reservationKey(tag, name string) string {
+	return "rl:" + tag + ":rsv:" + name
+}
+
+// keyTag returns the hash tag "{…}" of a bucket key "rl:{…}:…" (subjectTag escapes every "}"
+// of an identifier, so the first one ends it), "" for any other.
+func keyTag(key string) string {
+	rest, ok := strings.CutPrefix(key, "rl:")
+	if !ok || !strings.HasPrefix(rest, "{") {
+		return ""
+	}
+	i := strings.IndexByte(rest, '}')
+	if i < 0 {
+		return ""
+	}
+	return rest[:i+1]
+}
+
+// reservationID encodes a name, the expiry and the tags of the records: "<name>.<expiry unix
+// ms>.<base64url of the tags, one per line>".
+func reservationID(name string, expires time.Time, tags []string) string {
+	return name + "." + strconv.FormatInt(expires.UnixMilli(), 10) + "." +
+		base64.RawURLEncoding.EncodeToString([]byte(strings.Join(tags, "\n")))
+}
+
+// parseReservationID decodes an ID into its records' keys and expiry. A forged one reaches only
+// records named by its random name, which a settle reads before it touches anything.
+func parseReservationID(id string) (keys []string, expires time.Time, err error) {
+	bad := func(why string) error { return fieldErrorf("reservation_id", "not a reservation id: %s", why) }
+	if id == "" {
+		return nil, time.Time{}, fieldErrorf("reservation_id", "required")
+	}
+	if len(id) > maxReservationID {
+		return nil, time.Time{}, bad(fmt.Sprintf("longer than %d bytes", maxReservationID))
+	}
+	f := strings.Split(id, ".")
+	if len(f) != 3 || f[0] == "" {
+		return nil, time.Time{}, bad("want name.expiry.slots")
+	}
+	ms, perr := strconv.ParseInt(f[1], 10, 64)
+	raw, derr := base64.RawURLEncoding.DecodeString(f[2])
+	if perr != nil || derr != nil || len(raw) == 0 {
+		return nil, time.Time{}, bad("malformed expiry or slots")
+	}
+	for tag := range strings.SplitSeq(string(raw), "\n") {
+		if len(tag) < 3 || tag[0] != '{' || strings.IndexByte(tag, '}') != len(tag)-1 {
+			return nil, time.Time{}, bad("a slot that is no subject's")
+		}
+		if len(keys) == maxReservationParts {
+			return nil, time.Time{}, bad(fmt.Sprintf("more than %d slots", maxReservationParts))
+		}
+		keys = append(keys, reservationKey(tag, f[0]))
+	}
+	return keys, time.UnixMilli(ms), nil
+}
+
+// reserve records the charges of an allowed check with Query.Reserve (decide's results): one
+// record per request that charged a limit a settle changes. A failure to record is
+// ErrUnavailable: the estimate stays charged, and with no reservation it is never settled.
+func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucket.Result, out *Outcome) error {
+	rs, ok := e.store.store.(reservationStore)
+	if !ok {
+		return fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
+	}
+	name := reservationName()
+	var marks []bucket.Mark
+	var tags []string
+	for i := range pl.reqs {
+		req, res := &pl.reqs[i], &results[i]
+		if req.Peek || !res.Allowed || res.Refunded || !bucket.Marked(req) {
+			continue
+		}
+		tag := keyTag(req.Limits[0].Key)
+		marks = append(marks, bucket.Mark{Key: reservationKey(tag, name), Request: req, Result: res})
+		tags = append(tags, tag)
+	}
+	if len(marks) == 0 {
+		return nil // nothing to settle: no limit, or only concurrency ones
+	}
+	if err := rs.Mark(ctx, q.Reserve, marks); err != nil {
+		return fmt.Errorf("%w: record the reservation: %w", ErrUnavailable, err)
+	}
+	expires := out.Now.Add(q.Reserve)
+	out.Reservation = &Reservation{ID: reservationID(name, expires, tags), ExpiresAt: expires, Estimate: q.Cost}
+	return nil
+}
+
+// Settle settles a reservation (Reservation.ID) at its actual cost: every limit it charged is
+// charged actual - estimate more (past the limit if need be: the work is done; the Settlement
+// says Overage), or refunded estimate - actual, each slot atomically and at most once. The
+// settle is published as a decision. Errors: a FieldError naming reservation_id or actual,
+// ErrReservationUnknown (never made, or expired: its estimate stands), ErrReservationSettled
+// (settled or cancelled before: nothing changes), ErrUnavailable (the store could not answer:
+// the outcome is unknown, and a retry settles what is left, never twice).
+func (e *Engine) Settle(ctx context.Context, id string, actual int64) (*Settlement, error) {
+	if actual < 0 || actual > MaxCost {
+		return nil, fieldErrorf("actual", "%d is not a cost: want 0 to %d", actual, int64(MaxCost))
+	}
+	return e.settle(ctx, id, actual, false)
+}
+
+// Cancel refunds a reservation's whole estimate: a settle at 0, with Settle's errors.
+func (e *Engine) Cancel(ctx context.Context, id string) (*Settlement, error) {
+	return e.settle(ctx, id, 0, true)
+}
+
+func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel bool) (*Settlement, error) {
+	keys, expires, err := parseReservationID(id)
+	if err != nil {
+		return nil, err
+	}
+	rs, ok := e.store.store.(reservationStore)
+	if !ok {
+		return nil, fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
+	}
+	got, err := rs.Settle(ctx, keys, actual)
+	switch {
+	case errors.Is(err, bucket.ErrUnknownReservation):
+		if time.Now().After(expires) {
+			return nil, fmt.Errorf("%w: it expired at %s", ErrReservationUnknown, expires.UTC().Format(time.RFC3339))
+		}
+		return nil, ErrReservationUnknown
+	case errors.Is(err, bucket.ErrSettled):
+		return nil, ErrReservationSettled
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s := &Settlement{ReservationID: id, Estimate: got.Estimate, Actual: actual, Cancelled: cancel,
+		Overage: got.Over, Now: got.Now, Remaining: -1}
+	for _, l := range got.Limits {
+		if s.Remaining < 0 || l.Remaining < s.Remaining {
+			s.Remaining = l.Remaining
+		}
+	}
+	s.ID = e.nextDecisionID()
+	e.publishSettlement(ctx, s, tagSubject(keyTag(keys[0])))
+	return s, nil
+}
+
+// tagSubject is the subject of a hash tag "{dim:id}" (the identifier as escaped in keys), for
+// the events of a settle, which knows its reservation by its slots only.
+func tagSubject(tag string) Subject {
+	dim, id, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(tag, "{"), "}"), ":")
+	d, err := rules.ParseDimension(dim)
+	if err != nil {
+		return Subject{}
+	}
+	if d == rules.DimensionGlobal {
+		return globalSubject
+	}
+	return Subject{Dimension: d, ID: id}
+}
+
+// publishSettlement hands a settle or cancel to the sink as an event of its own: an outcome
+// with only the Settlement, of the reservation's first subject, whose cost is what the settle
+// charged (actual - estimate; below 0 a refund).
+func (e *Engine) publishSettlement(ctx context.Context, s *Settlement, sub Subject) {
+	out := &Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Settlement: s}
+	q := &Query{Cost: s.Actual - s.Estimate}
+	if sub.Dimension.Valid() {
+		q.Subjects = []Subject{sub}
+	}
+	switch {
+	case e.durable != nil:
+		e.durable.PublishDurable(ctx, e.instanceID, q, out)
+	case e.sink != nil:
+		e.sink.Publish(e.instanceID, q, out)
+	}
+}

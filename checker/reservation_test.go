@@ -1,0 +1,202 @@
+package checker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+)
+
+const reserveRules = `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: tokens, dimension: user, endpoint: /llm, algorithm: token_bucket, limit: 100, window: 24h}
+  - {id: monthly, dimension: user, endpoint: /llm, algorithm: fixed_window, limit: 1000, window: 1mo, timezone: Europe/Berlin}
+  - {id: inflight, dimension: user, endpoint: /llm, algorithm: concurrency, limit: 50, window: 1m}
+  - {id: all, dimension: global, endpoint: /llm, algorithm: sliding_window_log, limit: 1000000, window: 1h}
+`
+
+// settleSink keeps the settles the engine publishes.
+type settleSink struct {
+	mu  sync.Mutex
+	got []Settlement
+}
+
+func (s *settleSink) Publish(_ string, q *Query, out *Outcome) {
+	if st := out.Settlement; st != nil {
+		s.mu.Lock()
+		s.got = append(s.got, *st)
+		s.mu.Unlock()
+		if q.Cost != st.Actual-st.Estimate {
+			panic("a settle's event has another cost than actual - estimate")
+		}
+	}
+}
+
+func reserveQuery(user string, estimate int64) *Query {
+	return &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/llm", Cost: estimate, Reserve: time.Minute}
+}
+
+// left is what the user's token bucket and monthly window have left (a peek).
+func left(t *testing.T, e *Engine, user string) (tokens, monthly int64) {
+	t.Helper()
+	out, err := e.Peek(context.Background(), &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/llm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range out.Limits {
+		switch l.Rule.ID {
+		case "tokens":
+			tokens = l.Result.Remaining
+		case "monthly":
+			monthly = l.Result.Remaining
+		}
+	}
+	return tokens, monthly
+}
+
+// TestReservations: a reserve charges its estimate to every limit of the check (user and
+// global slots); a settle charges or refunds the difference, once; a cancel refunds it all;
+// an actual past the limits is charged and flagged; bad ids and amounts name their field.
+func TestReservations(t *testing.T) {
+	t.Parallel()
+	sink := &settleSink{}
+	e := newEngine(t, Config{Rules: mustRules(t, reserveRules), DisableOverLimitCache: true, Decisions: sink})
+	ctx := context.Background()
+	user := checkertest.ID(t, "u")
+
+	out, err := e.Check(ctx, reserveQuery(user, 40))
+	if err != nil || !out.Allowed || out.Reservation == nil || out.Hold == nil {
+		t.Fatalf("reserve of 40: %+v, %v; want allowed with a reservation and a lease", out, err)
+	}
+	r := out.Reservation
+	if r.Estimate != 40 || time.Until(r.ExpiresAt) < 50*time.Second {
+		t.Errorf("reservation %+v: want estimate 40, expiring in a minute", r)
+	}
+	if tk, mo := left(t, e, user); tk != 60 || mo != 960 {
+		t.Fatalf("after reserving 40: %d and %d left, want 60 and 960", tk, mo)
+	}
+	st, err := e.Settle(ctx, r.ID, 10)
+	if err != nil || st.Estimate != 40 || st.Actual != 10 || st.Overage || st.Remaining != 90 {
+		t.Fatalf("settle at 10: %+v, %v; want estimate 40, no overage, 90 left", st, err)
+	}
+	if tk, mo := left(t, e, user); tk != 90 || mo != 990 {
+		t.Errorf("after settling at 10: %d and %d left, want 90 and 990", tk, mo)
+	}
+	for _, again := range []func() error{
+		func() error { _, err := e.Settle(ctx, r.ID, 10); return err },
+		func() error { _, err := e.Cancel(ctx, r.ID); return err },
+	} {
+		if err := again(); !errors.Is(err, ErrReservationSettled) {
+			t.Errorf("settle or cancel of a settled reservation: %v, want ErrReservationSettled", err)
+		}
+	}
+	if tk, _ := left(t, e, user); tk != 90 {
+		t.Errorf("after a second settle: %d left, want 90 still", tk)
+	}
+
+	out, _ = e.Check(ctx, reserveQuery(user, 30))
+	if _, err := e.Cancel(ctx, out.Reservation.ID); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	if tk, _ := left(t, e, user); tk != 90 {
+		t.Errorf("after a cancel: %d left, want 90", tk)
+	}
+
+	out, _ = e.Check(ctx, reserveQuery(user, 50))
+	st, err = e.Settle(ctx, out.Reservation.ID, 130)
+	if err != nil || !st.Overage || st.Remaining != 0 {
+		t.Fatalf("settle at 130 of 90 left: %+v, %v; want an overage, 0 left", st, err)
+	}
+	if out, _ := e.Check(ctx, reserveQuery(user, 1)); out.Allowed {
+		t.Error("a reserve after an overage: allowed, want denied (the bucket is in debt)")
+	}
+	sink.mu.Lock()
+	if n := len(sink.got); n != 3 {
+		t.Errorf("%d settles published, want 3", n)
+	}
+	sink.mu.Unlock()
+
+	for _, tc := range []struct {
+		name, id, field string
+		actual          int64
+	}{
+		{"empty id", "", "reservation_id", 1},
+		{"malformed id", "abc", "reservation_id", 1},
+		{"negative actual", r.ID, "actual", -1},
+	} {
+		var fe *FieldError
+		if _, err := e.Settle(ctx, tc.id, tc.actual); !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: %v, want a FieldError naming %s", tc.name, err, tc.field)
+		}
+	}
+	forged := reservationName() + r.ID[len(reservationName()):]
+	if _, err := e.Settle(ctx, forged, 1); !errors.Is(err, ErrReservationUnknown) {
+		t.Errorf("forged id: %v, want ErrReservationUnknown", err)
+	}
+	for _, q := range []*Query{
+		{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/llm", Reserve: 25 * time.Hour},
+		{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/llm", Reserve: time.Minute, IdempotencyKey: "k"},
+	} {
+		var fe *FieldError
+		if _, err := e.Check(ctx, q); !errors.As(err, &fe) {
+			t.Errorf("reserve %+v: %v, want a FieldError", q, err)
+		}
+	}
+}
+
+// TestReservationsExactUnderConcurrency: concurrent reserves of 30 against 100 admit exactly 3,
+// and concurrent settles (each sent twice) apply once each.
+func TestReservationsExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, reserveRules), DisableOverLimitCache: true})
+	user := checkertest.ID(t, "u")
+	var mu sync.Mutex
+	var ids []string
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Go(func() {
+			out, err := e.Check(context.Background(), reserveQuery(user, 30))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if out.Allowed {
+				mu.Lock()
+				ids = append(ids, out.Reservation.ID)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(ids) != 3 {
+		t.Fatalf("12 concurrent reserves of 30 against 100: %d allowed, want exactly 3", len(ids))
+	}
+	var applied atomic.Int64
+	for _, id := range ids {
+		for range 2 {
+			wg.Go(func() {
+				_, err := e.Settle(context.Background(), id, 5)
+				switch {
+				case err == nil:
+					applied.Add(1)
+				case !errors.Is(err, ErrReservationSettled):
+					t.Error(err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if applied.Load() != 3 {
+		t.Errorf("%d settles applied, want 3", applied.Load())
+	}
+	if tk, _ := left(t, e, user); tk != 85 {
+		t.Errorf("%d left, want 85 (3 settled at 5)", tk)
+	}
+}
