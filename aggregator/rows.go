@@ -78,6 +78,21 @@ func dimension(d quotaflowv1.Dimension) string {
 	return "unspecified"
 }
 
+// algorithm is a row's algorithm column: the deciding limit's algorithm, or for a settle or a
+// cancel of a reservation (which decides nothing, and has no limit) the operation, "settle" or
+// "cancel": the audit has no column of its own for it (one needs an ALTER, which ClickHouse
+// 18.16 cannot make safe to run twice), and its cost is what it charged, actual - estimate,
+// so that sum(cost) over a reservation's rows is its settled cost.
+func algorithm(d *quotaflowv1.Decision) string {
+	switch d.Kind {
+	case quotaflowv1.Kind_KIND_SETTLE:
+		return "settle"
+	case quotaflowv1.Kind_KIND_CANCEL:
+		return "cancel"
+	}
+	return d.Algorithm
+}
+
 func state(s quotaflowv1.State) string {
 	switch s {
 	case quotaflowv1.State_STATE_NORMAL:
@@ -124,7 +139,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 			ss[j] = dimension(s.Dimension) + ":" + s.Identifier
 		}
 		subjects[i] = ss
-		tiers[i], endpoints[i], rules[i], algos[i] = d.Tier, d.Endpoint, d.RuleId, d.Algorithm
+		tiers[i], endpoints[i], rules[i], algos[i] = d.Tier, d.Endpoint, d.RuleId, algorithm(d)
 		costs[i], allowed[i], shadow[i], degraded[i] = d.Cost, b2u(d.Allowed), b2u(d.Shadow), b2u(d.Degraded)
 		failModes[i], limits[i], remaining[i], counts[i], windows[i] = d.FailMode, d.Limit, d.Remaining, d.CurrentCount, d.WindowMs
 		resets[i], retries[i], states[i] = time.Unix(d.ResetAt, 0).UTC(), d.RetryAfterMs, state(d.State)

@@ -204,7 +204,11 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 				}
 				lim.Holder = holder
 			} else if q.Cost > lim.Capacity() {
-				return fieldErrorf("cost", "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
+				name := "cost"
+				if q.Reserve > 0 {
+					name = "estimate" // a reservation's cost
+				}
+				return fieldErrorf(name, "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
 			}
 			req.Limits = append(req.Limits, lim)
 			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: effectiveLimit(&lim), thresholds: set.Thresholds(r.ID)})

@@ -16,8 +16,10 @@ import (
 // this process's monotonic clock at the moment the Redis call was sent, which is no later than
 // Redis's t, so latency can only shorten a cached denial, never stretch it. Capacity comes back
 // early only through ResetLimit (cleared here at once; through another checker process, seen
-// when the entry expires), a rule change (SetRules clears the cache), or a refund racing the
-// denial (a multi-subject check denied in the same instant). A concurrency rule's capacity comes
+// when the entry expires), a settle or cancel that refunds part of a reservation (likewise), a
+// rule change (SetRules clears the cache), or a refund racing the denial (a multi-subject check
+// denied in the same instant). Each of those only makes a cached denial stale: it under-admits
+// until it expires, never over-admits. A concurrency rule's capacity comes
 // back whenever a holder releases its place, so its denials are never cached (cacheDenials).
 type overLimitCache struct {
 	seed   maphash.Seed
@@ -97,7 +99,7 @@ func (c *overLimitCache) deny(key string, cost, sentAt int64, res bucket.LimitRe
 	sh.m[key] = overLimitEntry{until: until, cost: cost, res: res}
 }
 
-// forget drops keys (after a reset).
+// forget drops keys (after a reset, or a settle's refund).
 func (c *overLimitCache) forget(keys []string) {
 	for _, k := range keys {
 		sh := c.shard(k)

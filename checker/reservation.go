@@ -214,6 +214,9 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	if e.olc != nil && actual < got.Estimate {
+		e.olc.forget(got.Keys) // capacity came back: a cached denial may no longer hold
+	}
 	s := &Settlement{ReservationID: id, Estimate: got.Estimate, Actual: actual, Cancelled: cancel,
 		Overage: got.Over, Now: got.Now, Remaining: -1}
 	for _, l := range got.Limits {

@@ -47,6 +47,23 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 			d.Shadow = true
 		}
 	}
+	if h := out.Hold; h != nil {
+		d.LeaseId = h.ID
+	}
+	if q.Reserve > 0 {
+		d.Kind, d.EstimatedCost = quotaflowv1.Kind_KIND_RESERVE, q.Cost
+		if r := out.Reservation; r != nil {
+			d.ReservationId = r.ID
+		}
+	}
+	if st := out.Settlement; st != nil {
+		d.Kind = quotaflowv1.Kind_KIND_SETTLE
+		if st.Cancelled {
+			d.Kind = quotaflowv1.Kind_KIND_CANCEL
+		}
+		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = st.ReservationID, st.Estimate, st.Actual, st.Overage
+		d.Remaining = st.Remaining
+	}
 	if l := outcomepb.Deciding(out, d.Limits); l != nil {
 		d.RuleId, d.Algorithm, d.Limit, d.Remaining, d.CurrentCount = l.RuleId, l.Algorithm, l.Burst, l.Remaining, l.CurrentCount
 		d.WindowMs, d.ResetAt, d.RetryAfterMs, d.FailMode = l.WindowMs, l.ResetAt, l.RetryAfterMs, l.FailMode

@@ -92,6 +92,17 @@ func Describe(d *quotaflowv1.Decision) string {
 	if !d.Allowed {
 		flags = append(flags, fmt.Sprintf("retry=%dms", d.RetryAfterMs))
 	}
+	switch d.Kind {
+	case quotaflowv1.Kind_KIND_UNSPECIFIED:
+	case quotaflowv1.Kind_KIND_RESERVE:
+		flags = append(flags, fmt.Sprintf("reserve=%d", d.EstimatedCost))
+	default:
+		verdict = strings.TrimPrefix(d.Kind.String(), "KIND_")
+		flags = append(flags, fmt.Sprintf("estimate=%d actual=%d", d.EstimatedCost, d.ActualCost))
+		if d.Overage {
+			flags = append(flags, "overage")
+		}
+	}
 	return fmt.Sprintf("%s %s %-24s %-24s %-28s %-8s tier=%s id=%s %s",
 		time.UnixMicro(d.TimeUs).UTC().Format("15:04:05.000000"), verdict, subject, d.Endpoint, rule,
 		strings.ToLower(strings.TrimPrefix(d.State.String(), "STATE_")), d.Tier, d.Id, strings.Join(flags, " "))

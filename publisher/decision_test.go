@@ -1,0 +1,47 @@
+package publisher_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/publisher"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// TestDecisionKinds: a reserve, a settle, a cancel and a lease's check render as the events
+// the stream documents (events.proto: kind and its fields).
+func TestDecisionKinds(t *testing.T) {
+	t.Parallel()
+	sub := []checker.Subject{{Dimension: rules.DimensionUser, ID: "alice"}}
+	now := time.Now()
+	tests := []struct {
+		name string
+		q    *checker.Query
+		out  *checker.Outcome
+		want *quotaflowv1.Decision
+	}{
+		{"check", &checker.Query{Subjects: sub, Cost: 2}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Hold: &checker.Hold{ID: "h.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_UNSPECIFIED, Cost: 2, LeaseId: "h.x"}},
+		{"reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Reservation: &checker.Reservation{ID: "r.1.x", Estimate: 40}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40, ReservationId: "r.1.x"}},
+		{"denied reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Now: now, Decider: -1},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40}},
+		{"settle", &checker.Query{Subjects: sub, Cost: 90}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Actual: 130, Overage: true}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: "r.1.x"}},
+		{"cancel", &checker.Query{Subjects: sub, Cost: -40}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Cancelled: true}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL, Cost: -40, EstimatedCost: 40, ReservationId: "r.1.x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d := publisher.Decision("c1", tt.q, tt.out)
+			if d.Kind != tt.want.Kind || d.Cost != tt.want.Cost || d.EstimatedCost != tt.want.EstimatedCost || d.ActualCost != tt.want.ActualCost ||
+				d.Overage != tt.want.Overage || d.ReservationId != tt.want.ReservationId || d.LeaseId != tt.want.LeaseId {
+				t.Errorf("got kind %v cost %d estimate %d actual %d overage %v reservation %q lease %q, want %v",
+					d.Kind, d.Cost, d.EstimatedCost, d.ActualCost, d.Overage, d.ReservationId, d.LeaseId, tt.want)
+			}
+		})
+	}
+}
