@@ -6,8 +6,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/publisher"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/publisher"
 )
 
 // TestDecisionKinds: a reserve, a settle, a cancel and a lease's check render as the events
