@@ -2,7 +2,6 @@ package checker
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -78,12 +77,9 @@ var (
 	ErrReservationSettled = errors.New("reservation already settled or cancelled")
 )
 
-// reservationName draws a reservation's name: 128 random bits, base64url.
-func reservationName() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
+// reservationName draws a reservation's name as a holder's is drawn: 128 random bits, which
+// only the reserving caller learns.
+func reservationName() string { return newHolder() }
 
 // reservationKey is the key of a reservation's record in the slot of tag: "rl:{tag}:rsv:name".
 // No bucket key has "rsv" for an algorithm code.
