@@ -144,7 +144,17 @@ func TestReplicated(t *testing.T) {
 	mctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	start := time.Now()
+	// Retried as the aggregator retries it (Aggregator.migrate): a just-started 18.16 server
+	// sometimes drops the connection of the first ON CLUSTER statement (EOF), and Migrate is
+	// safe to run again.
 	d, applied, err := layout.Migrate(mctx, rc.get(0), db)
+	for attempt := 1; err != nil && attempt < 4 && mctx.Err() == nil; attempt++ {
+		t.Logf("migrate, attempt %d: %v; retrying", attempt, err)
+		time.Sleep(time.Second)
+		var more []string
+		d, more, err = layout.Migrate(mctx, rc.get(0), db)
+		applied = append(applied, more...)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
