@@ -22,6 +22,7 @@ var columnList = strings.Join([]string{
 	"limits.current_count", "limits.remaining", "limits.reset_at", "limits.retry_after_ms",
 	"limits.shadow", "limits.state", "limits.degraded", "limits.fail_mode", "limits.burst",
 	"partition", "stream_seq", "batch_id", "ingested_at",
+	"kind", "reservation_id", "estimated_cost", "actual_cost", "overage", "lease_id",
 }, ", ")
 
 // row is one decision with where it came from in the stream.
@@ -78,19 +79,21 @@ func dimension(d quotaflowv1.Dimension) string {
 	return "unspecified"
 }
 
-// algorithm is a row's algorithm column: the deciding limit's algorithm, or for a settle or a
-// cancel of a reservation (which decides nothing, and has no limit) the operation, "settle" or
-// "cancel": the audit has no column of its own for it (one needs an ALTER, which ClickHouse
-// 18.16 cannot make safe to run twice), and its cost is what it charged, actual - estimate,
-// so that sum(cost) over a reservation's rows is its settled cost.
-func algorithm(d *quotaflowv1.Decision) string {
-	switch d.Kind {
+// kind is a row's kind column (schema migration 0007): ” for a check.
+func kind(k quotaflowv1.Kind) string {
+	switch k {
+	case quotaflowv1.Kind_KIND_RESERVE:
+		return "reserve"
 	case quotaflowv1.Kind_KIND_SETTLE:
 		return "settle"
 	case quotaflowv1.Kind_KIND_CANCEL:
 		return "cancel"
+	case quotaflowv1.Kind_KIND_LEASE_RELEASE:
+		return "lease_release"
+	case quotaflowv1.Kind_KIND_LEASE_EXPIRED:
+		return "lease_expired"
 	}
-	return d.Algorithm
+	return ""
 }
 
 func state(s quotaflowv1.State) string {
@@ -117,6 +120,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 	n := len(c.rows)
 	var (
 		ids, checkers, dims, subjectIDs, tiers, endpoints, rules, algos, failModes, states, batchIDs = mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n)
+		kinds, reservations, leases, estimates, actuals, overages                                    = mk[string](n), mk[string](n), mk[string](n), mk[int64](n), mk[int64](n), mk[uint8](n)
 		times, resets, ingested                                                                      = mk[time.Time](n), mk[time.Time](n), mk[time.Time](n)
 		timeUS, costs, limits, remaining, counts, windows, retries, skews                            = mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n)
 		allowed, shadow, degraded, replayed                                                          = mk[uint8](n), mk[uint8](n), mk[uint8](n), mk[uint8](n)
@@ -139,7 +143,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 			ss[j] = dimension(s.Dimension) + ":" + s.Identifier
 		}
 		subjects[i] = ss
-		tiers[i], endpoints[i], rules[i], algos[i] = d.Tier, d.Endpoint, d.RuleId, algorithm(d)
+		tiers[i], endpoints[i], rules[i], algos[i] = d.Tier, d.Endpoint, d.RuleId, d.Algorithm
 		costs[i], allowed[i], shadow[i], degraded[i] = d.Cost, b2u(d.Allowed), b2u(d.Shadow), b2u(d.Degraded)
 		failModes[i], limits[i], remaining[i], counts[i], windows[i] = d.FailMode, d.Limit, d.Remaining, d.CurrentCount, d.WindowMs
 		resets[i], retries[i], states[i] = time.Unix(d.ResetAt, 0).UTC(), d.RetryAfterMs, state(d.State)
@@ -155,6 +159,8 @@ func (c *columns) appendTo(b driver.Batch) error {
 			lDegraded[i][j], lFail[i][j], lBurst[i][j] = b2u(l.Degraded), l.FailMode, l.Burst
 		}
 		partitions[i], seqs[i], batchIDs[i], ingested[i] = uint16(r.p), r.seq, r.batchID, now
+		kinds[i], reservations[i], leases[i] = kind(d.Kind), d.ReservationId, d.LeaseId
+		estimates[i], actuals[i], overages[i] = d.EstimatedCost, d.ActualCost, b2u(d.Overage)
 	}
 	cols := []any{
 		ids, checkers, times, timeUS, dims, subjectIDs, subjects, tiers, endpoints, rules, algos,
@@ -163,6 +169,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lRule, lDim, lID, lEndpoint, lAlgo, lLimit, lWindow, lAllowed, lCount, lRemaining, lReset,
 		lRetry, lShadow, lState, lDegraded, lFail, lBurst,
 		partitions, seqs, batchIDs, ingested,
+		kinds, reservations, estimates, actuals, overages, leases,
 	}
 	for i, col := range cols {
 		if err := b.Column(i).Append(col); err != nil {

@@ -6,21 +6,22 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// TestAlgorithmColumn: a settle or cancel is audited under its operation's name, every other
-// event under its deciding limit's algorithm.
-func TestAlgorithmColumn(t *testing.T) {
+// TestKindColumn: every kind of event has its name in the audit, a check none.
+func TestKindColumn(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
-		d    *quotaflowv1.Decision
+		k    quotaflowv1.Kind
 		want string
 	}{
-		{&quotaflowv1.Decision{Algorithm: "gcra"}, "gcra"},
-		{&quotaflowv1.Decision{Algorithm: "fixed_window", Kind: quotaflowv1.Kind_KIND_RESERVE}, "fixed_window"},
-		{&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE}, "settle"},
-		{&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL}, "cancel"},
+		{quotaflowv1.Kind_KIND_UNSPECIFIED, ""},
+		{quotaflowv1.Kind_KIND_RESERVE, "reserve"},
+		{quotaflowv1.Kind_KIND_SETTLE, "settle"},
+		{quotaflowv1.Kind_KIND_CANCEL, "cancel"},
+		{quotaflowv1.Kind_KIND_LEASE_RELEASE, "lease_release"},
+		{quotaflowv1.Kind_KIND_LEASE_EXPIRED, "lease_expired"},
 	} {
-		if got := algorithm(tt.d); got != tt.want {
-			t.Errorf("algorithm(%v) = %q, want %q", tt.d, got, tt.want)
+		if got := kind(tt.k); got != tt.want {
+			t.Errorf("kind(%v) = %q, want %q", tt.k, got, tt.want)
 		}
 	}
 }

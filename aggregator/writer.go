@@ -2,6 +2,8 @@ package aggregator
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -26,6 +28,9 @@ type pending struct {
 	// unsure is set when an insert attempt failed: the server may have committed it all the
 	// same, so no attempt follows before a recheck has dropped what is stored.
 	unsure bool
+	// queryID is the id of the last insert attempt: after a failed one, the server may still
+	// be running it, and a recheck must wait until it no longer is (insertGone).
+	queryID string
 	// recent holds, per partition, the sequences of the committed inserts that a fetcher's
 	// lookup may not have seen. A message whose ack wait expires while its first copy waits
 	// in a batch is redelivered and looked up again; if that lookup ran before the batch's
@@ -157,9 +162,15 @@ func (a *Aggregator) flush(ctx context.Context, b *pending) error {
 func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
 	if b.unsure {
 		// The failed attempt may have been stored all the same (a timeout after the server
-		// committed). Before 22.2 no deduplication token drops a second copy, so only a
-		// successful recheck may let the same rows be sent again.
-		if err := a.recheck(ctx, b); err != nil {
+		// committed), or may still be stored: the server goes on with an insert whose client
+		// gave up, so the recheck waits for it to end first. Before 22.2 no deduplication
+		// token drops a second copy, so only a successful recheck may let the same rows be
+		// sent again.
+		err := a.insertGone(ctx, b.queryID)
+		if err == nil {
+			err = a.recheck(ctx, b)
+		}
+		if err != nil {
 			a.clickhouseErrors.Add(1)
 			a.m.clickhouseErrors.Add(context.Background(), 1)
 			return fmt.Errorf("recheck after a failed insert: %w", err)
@@ -208,10 +219,13 @@ func (a *Aggregator) flushOnce(ctx context.Context, b *pending) error {
 func (a *Aggregator) insert(ctx context.Context, b *pending) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
 	defer cancel()
+	b.queryID = queryID()
+	opts := []clickhouse.QueryOption{clickhouse.WithQueryID(b.queryID)}
 	if a.dialect.Modern {
 		// Same token for the same rows: a retry the server already stored is dropped by it too.
-		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_deduplication_token": b.token()}))
+		opts = append(opts, clickhouse.WithSettings(clickhouse.Settings{"insert_deduplication_token": b.token()}))
 	}
+	ctx = clickhouse.Context(ctx, opts...)
 	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+a.layout().Storage(schema.Decisions)+" ("+columnList+")")
 	if err != nil {
 		return fmt.Errorf("prepare insert: %w", err)
@@ -224,6 +238,39 @@ func (a *Aggregator) insert(ctx context.Context, b *pending) error {
 		return fmt.Errorf("insert %d decisions: %w", b.rows.len(), err)
 	}
 	return nil
+}
+
+// queryID draws an insert's query id: 64 random bits, so that no two attempts share one.
+func queryID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return "qf-insert-" + hex.EncodeToString(b[:])
+}
+
+// insertGone waits, up to the insert timeout, until the server runs no query of id: an insert
+// whose attempt failed on this side (a timeout while the server was still at it) may still
+// commit, and a recheck before it does would find nothing and send the rows again. An error
+// means it could not tell, or the insert still runs: the caller tries again later.
+func (a *Aggregator) insertGone(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
+	defer cancel()
+	for {
+		var n uint64
+		if err := a.ch.QueryRow(ctx, "SELECT count() FROM system.processes WHERE query_id = ?", id).Scan(&n); err != nil {
+			return fmt.Errorf("look up the failed insert %s: %w", id, err)
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the failed insert %s still runs: %w", id, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // storedSince reports whether an insert numbered above commits stored partition p's seq.

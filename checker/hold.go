@@ -181,11 +181,25 @@ func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, er
 			}
 		}
 	}
+	sub := tagSubject(keyTag(places[0].key))
 	switch {
 	case held == 0 && expired > 0:
+		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id, Expired: true}}, sub, 0)
 		return time.Time{}, ErrHoldExpired
 	case held == 0:
 		return time.Time{}, ErrHoldNotHeld
+	case !renew:
+		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id}}, sub, 0)
 	}
 	return first, nil
+}
+
+// Released is a lease's release, or its expiry found by a release or renewal, as the decision
+// stream records it.
+type Released struct {
+	LeaseID string
+	// Expired is set when its places had freed themselves at their expiry.
+	Expired bool
 }

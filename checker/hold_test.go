@@ -111,3 +111,66 @@ func TestHoldIDRefused(t *testing.T) {
 		}
 	}
 }
+
+// leaseSink keeps the lease events the engine publishes.
+type leaseSink struct {
+	mu  sync.Mutex
+	got []Released
+	sub []Subject
+}
+
+func (s *leaseSink) Publish(_ string, q *Query, out *Outcome) {
+	if r := out.Released; r != nil {
+		s.mu.Lock()
+		s.got, s.sub = append(s.got, *r), append(s.sub, q.Subjects...)
+		s.mu.Unlock()
+	}
+}
+
+// TestHoldEvents: a release is published as a lease event of its subject, once (a second
+// release publishes nothing); a release of a lease whose place freed itself (in a bucket a
+// later place keeps) is published as expired.
+func TestHoldEvents(t *testing.T) {
+	t.Parallel()
+	sink := &leaseSink{}
+	e := newEngine(t, Config{DisableOverLimitCache: true, Decisions: sink, Rules: mustRules(t, `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: inflight, dimension: user, endpoint: /gen, algorithm: concurrency, limit: 3, window: 1s}
+`)})
+	ctx := context.Background()
+	user := checkertest.ID(t, "u")
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/gen"}
+	a, err := e.Check(ctx, q)
+	if err != nil || a.Hold == nil {
+		t.Fatalf("check: %v, %v", a, err)
+	}
+	b, _ := e.Check(ctx, q)
+	if err := e.Release(ctx, a.Hold.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, a.Hold.ID); !errors.Is(err, ErrHoldNotHeld) {
+		t.Fatalf("second release: %v", err)
+	}
+	// A later place keeps the bucket (which expires with its last place) past b's expiry.
+	time.Sleep(300 * time.Millisecond)
+	if c, err := e.Check(ctx, q); err != nil || c.Hold == nil {
+		t.Fatalf("third check: %v, %v", c, err)
+	}
+	time.Sleep(time.Until(b.Hold.ExpiresAt.Add(100 * time.Millisecond)))
+	if err := e.Release(ctx, b.Hold.ID); !errors.Is(err, ErrHoldExpired) {
+		t.Fatalf("release after the expiry: %v, want ErrHoldExpired", err)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	want := []Released{{LeaseID: a.Hold.ID}, {LeaseID: b.Hold.ID, Expired: true}}
+	if len(sink.got) != 2 || sink.got[0] != want[0] || sink.got[1] != want[1] {
+		t.Errorf("lease events %+v, want %+v", sink.got, want)
+	}
+	for _, s := range sink.sub {
+		if s != (Subject{Dimension: rules.DimensionUser, ID: user}) {
+			t.Errorf("lease event of %+v, want the user %s", s, user)
+		}
+	}
+}

@@ -38,6 +38,9 @@ type Outcome struct {
 	// Settlement is set, alone, on the outcome a settle or cancel publishes (Engine.Settle):
 	// the DecisionSink renders it as that event.
 	Settlement *Settlement
+	// Released is set, alone, on the outcome a lease's release publishes (Engine.Release), or
+	// a release or renewal that found the lease expired.
+	Released *Released
 }
 
 // LimitOutcome is one rule applied to one subject.

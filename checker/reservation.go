@@ -221,7 +221,9 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 		}
 	}
 	s.ID = e.nextDecisionID()
-	e.publishSettlement(ctx, s, tagSubject(keyTag(keys[0])))
+	// The settle's cost is what it charged: actual - estimate, below 0 a refund.
+	e.publishEvent(ctx, &Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Settlement: s},
+		tagSubject(keyTag(keys[0])), s.Actual-s.Estimate)
 	return s, nil
 }
 
@@ -239,12 +241,11 @@ func tagSubject(tag string) Subject {
 	return Subject{Dimension: d, ID: id}
 }
 
-// publishSettlement hands a settle or cancel to the sink as an event of its own: an outcome
-// with only the Settlement, of the reservation's first subject, whose cost is what the settle
-// charged (actual - estimate; below 0 a refund).
-func (e *Engine) publishSettlement(ctx context.Context, s *Settlement, sub Subject) {
-	out := &Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Settlement: s}
-	q := &Query{Cost: s.Actual - s.Estimate}
+// publishEvent hands the sink an event that decides nothing (a settle, a cancel, a lease's
+// release): out holds only its own field, q its subject (the first of the buckets it touched)
+// and the cost it charged.
+func (e *Engine) publishEvent(ctx context.Context, out *Outcome, sub Subject, cost int64) {
+	q := &Query{Cost: cost}
 	if sub.Dimension.Valid() {
 		q.Subjects = []Subject{sub}
 	}

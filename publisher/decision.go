@@ -64,6 +64,12 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = st.ReservationID, st.Estimate, st.Actual, st.Overage
 		d.Remaining = st.Remaining
 	}
+	if r := out.Released; r != nil {
+		d.Kind, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, r.LeaseID
+		if r.Expired {
+			d.Kind = quotaflowv1.Kind_KIND_LEASE_EXPIRED
+		}
+	}
 	if l := outcomepb.Deciding(out, d.Limits); l != nil {
 		d.RuleId, d.Algorithm, d.Limit, d.Remaining, d.CurrentCount = l.RuleId, l.Algorithm, l.Burst, l.Remaining, l.CurrentCount
 		d.WindowMs, d.ResetAt, d.RetryAfterMs, d.FailMode = l.WindowMs, l.ResetAt, l.RetryAfterMs, l.FailMode

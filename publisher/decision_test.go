@@ -10,7 +10,7 @@ import (
 	"github.com/quotaflow/quotaflow/publisher"
 )
 
-// TestDecisionKinds: a reserve, a settle, a cancel and a lease's check render as the events
+// TestDecisionKinds: a reserve, a settle, a cancel, a lease's check and its release render as the events
 // the stream documents (events.proto: kind and its fields).
 func TestDecisionKinds(t *testing.T) {
 	t.Parallel()
@@ -32,6 +32,10 @@ func TestDecisionKinds(t *testing.T) {
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: "r.1.x"}},
 		{"cancel", &checker.Query{Subjects: sub, Cost: -40}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Cancelled: true}},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL, Cost: -40, EstimatedCost: 40, ReservationId: "r.1.x"}},
+		{"lease release", &checker.Query{Subjects: sub}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Released: &checker.Released{LeaseID: "h.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_RELEASE, LeaseId: "h.x"}},
+		{"lease expired", &checker.Query{Subjects: sub}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Released: &checker.Released{LeaseID: "h.x", Expired: true}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_EXPIRED, LeaseId: "h.x"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -246,6 +246,38 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		t.Fatal(err)
 	}
 
+	// Reservations (migration 0007's columns): dave's r1 reserves 4000 and settles at 1250, r2
+	// reserves 1000 and settles at 1500 past the limit, r3 reserves 300 and is never settled
+	// (its estimate stands); a release of a lease is no request.
+	type qkind struct {
+		kind, rid, lease       string
+		cost, estimate, actual int64
+		overage                uint8
+	}
+	kinds := []qkind{
+		{kind: "reserve", rid: "r1", cost: 4000, estimate: 4000},
+		{kind: "settle", rid: "r1", cost: -2750, estimate: 4000, actual: 1250},
+		{kind: "reserve", rid: "r2", cost: 1000, estimate: 1000},
+		{kind: "settle", rid: "r2", cost: 500, estimate: 1000, actual: 1500, overage: 1},
+		{kind: "reserve", rid: "r3", cost: 300, estimate: 300},
+		{kind: "lease_release", lease: "h.x"},
+	}
+	kb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.Decisions)+" (id, checker_id, time, time_us, subject_dimension, subject_id, tier, endpoint, rule_id, cost, allowed, kind, reservation_id, estimated_cost, actual_cost, overage, lease_id, partition, stream_seq, batch_id, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range kinds {
+		at := now.Add(-time.Duration(len(kinds)-i) * time.Minute)
+		if err := kb.Append(fmt.Sprintf("checker-b-%d", i+1), "checker-b", at, at.UnixMicro(), "user", "dave", "pro", "/v1/generate", "pro-tokens",
+			k.cost, uint8(1), k.kind, k.rid, k.estimate, k.actual, k.overage, k.lease, uint16(5), uint64(i+1), "batch-2", now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	reserves := int64(3) // the rows of kinds that are requests
+
 	// The configuration changes: three today, one two days ago (outside the last day).
 	type qchange struct {
 		age                         time.Duration
@@ -275,7 +307,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		query string
 		want  uint64
 	}{
-		{"SELECT count() FROM " + db + ".decisions", uint64(total)},
+		{"SELECT count() FROM " + db + ".decisions", uint64(total) + uint64(len(kinds))},
 		{"SELECT count() FROM " + db + ".config_changes", uint64(len(changes))},
 	} {
 		eventually(t, 10*time.Second, "the fixture readable", func() error {
@@ -288,8 +320,8 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 	}
 	checks := map[string]func(t *testing.T, s string, r result){
 		"Usage per tier per hour": func(t *testing.T, s string, r result) {
-			if got := r.sumInt(t, s, "total_requests"); got != total {
-				t.Errorf("%s: requests add up to %d, want %d", s, got, total)
+			if got := r.sumInt(t, s, "total_requests"); got != total+reserves {
+				t.Errorf("%s: requests add up to %d, want %d (settles and lease events are none)", s, got, total+reserves)
 			}
 			if got := r.sumInt(t, s, "denied"); got != denied {
 				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
@@ -351,8 +383,23 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			}
 		},
 		"Endpoint usage per minute": func(t *testing.T, s string, r result) {
-			if got := r.sumInt(t, s, "total_requests"); got != total {
-				t.Errorf("%s: requests add up to %d, want %d", s, got, total)
+			if got := r.sumInt(t, s, "total_requests"); got != total+reserves {
+				t.Errorf("%s: requests add up to %d, want %d", s, got, total+reserves)
+			}
+			// Each of the fixture's checks costs 1; the reservations cost what they settled.
+			if got := r.sumInt(t, s, "cost"); got != total+1250+1500+300 {
+				t.Errorf("%s: cost adds up to %d, want %d (reservations at their settled cost)", s, got, total+1250+1500+300)
+			}
+		},
+		"Reservations: estimated and settled cost": func(t *testing.T, s string, r result) {
+			var got []string
+			for i, id := range r.col(t, s, "reservation_id") {
+				got = append(got, fmt.Sprintf("%v %v %v %v %v", id, toInt(t, r.col(t, s, "estimated")[i]),
+					toInt(t, r.col(t, s, "settled")[i]), toInt(t, r.col(t, s, "overage")[i]), toInt(t, r.col(t, s, "settles")[i])))
+			}
+			want := []string{"r1 4000 1250 0 1", "r2 1000 1500 1 1", "r3 300 300 0 0"}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %q, want %q", s, got, want)
 			}
 		},
 	}

@@ -191,7 +191,8 @@ func stripComments(s string) string {
 
 // Migrate creates the database and applies the migrations not yet recorded in
 // <db>.schema_migrations, in order, on one server. It is safe to run again and from several
-// processes at once: every statement is IF NOT EXISTS. It returns the names of the migrations
+// processes at once: every statement is IF NOT EXISTS (or, for a column the legacy dialect
+// cannot add so, takes the column's existence for done). It returns the names of the migrations
 // it applied.
 func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
 	return Layout{}.Migrate(ctx, conn, db)
@@ -262,7 +263,7 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 			return d, applied, err
 		}
 		for _, s := range stmts {
-			if err := conn.Exec(l.ddlContext(ctx), s); err != nil {
+			if err := conn.Exec(l.ddlContext(ctx), s); err != nil && !columnExisted(d, s, err) {
 				return d, applied, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
 			}
 		}
@@ -280,6 +281,14 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 		applied = append(applied, fmt.Sprintf("%04d_%s", m.Version, m.Name))
 	}
 	return d, applied, nil
+}
+
+// columnExisted reports whether err is the legacy dialect's refusal of an ADD COLUMN statement
+// because the column exists: 18.16 has no ADD COLUMN IF NOT EXISTS, so a migration that adds
+// columns (one per statement) takes this for done, and stays safe to run again and from
+// several processes at once, as every other statement is.
+func columnExisted(d Dialect, stmt string, err error) bool {
+	return !d.Modern && strings.Contains(stmt, " ADD COLUMN ") && strings.Contains(err.Error(), "already exists")
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

@@ -260,3 +260,74 @@ SETTINGS ttl_only_drop_parts = 1;
 CREATE TABLE IF NOT EXISTS quotaflow.config_changes ON CLUSTER 'qf' AS quotaflow.config_changes_local
 ENGINE = Distributed('qf', 'quotaflow', 'config_changes_local', rand());
 
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS kind LowCardinality(String) DEFAULT '';
+
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS reservation_id String DEFAULT '';
+
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS estimated_cost Int64 DEFAULT 0;
+
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS actual_cost Int64 DEFAULT 0;
+
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS overage UInt8 DEFAULT 0;
+
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS lease_id String DEFAULT '';
+
+DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
+ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+
+DROP TABLE IF EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf' TO quotaflow.usage_minute_local AS
+SELECT
+    toStartOfMinute(time) AS minute,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY minute, tier, dimension, endpoint, rule_id;
+
+DROP TABLE IF EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf' TO quotaflow.usage_hour_local AS
+SELECT
+    toStartOfHour(time) AS hour,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY hour, tier, dimension, endpoint, rule_id;
+
+DROP TABLE IF EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf' TO quotaflow.usage_day_local AS
+SELECT
+    toDate(time) AS day,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost
+FROM quotaflow.decisions_local
+GROUP BY day, tier, dimension, endpoint, rule_id;
+

@@ -34,6 +34,11 @@ const (
 	Kind_KIND_SETTLE Kind = 2
 	// KIND_CANCEL is a Cancel of a reservation.
 	Kind_KIND_CANCEL Kind = 3
+	// KIND_LEASE_RELEASE is a concurrency lease released by its holder (lease_id).
+	Kind_KIND_LEASE_RELEASE Kind = 4
+	// KIND_LEASE_EXPIRED is a lease found expired when its holder released or renewed it: its
+	// places had freed themselves.
+	Kind_KIND_LEASE_EXPIRED Kind = 5
 )
 
 // Enum value maps for Kind.
@@ -43,12 +48,16 @@ var (
 		1: "KIND_RESERVE",
 		2: "KIND_SETTLE",
 		3: "KIND_CANCEL",
+		4: "KIND_LEASE_RELEASE",
+		5: "KIND_LEASE_EXPIRED",
 	}
 	Kind_value = map[string]int32{
-		"KIND_UNSPECIFIED": 0,
-		"KIND_RESERVE":     1,
-		"KIND_SETTLE":      2,
-		"KIND_CANCEL":      3,
+		"KIND_UNSPECIFIED":   0,
+		"KIND_RESERVE":       1,
+		"KIND_SETTLE":        2,
+		"KIND_CANCEL":        3,
+		"KIND_LEASE_RELEASE": 4,
+		"KIND_LEASE_EXPIRED": 5,
 	}
 )
 
@@ -126,7 +135,7 @@ type Decision struct {
 	ClockSkewMs int64 `protobuf:"varint,23,opt,name=clock_skew_ms,json=clockSkewMs,proto3" json:"clock_skew_ms,omitempty"`
 	// limits has one entry per evaluated limit, as in the check's response.
 	Limits []*LimitStatus `protobuf:"bytes,24,rep,name=limits,proto3" json:"limits,omitempty"`
-	// kind is what the event records: a check, or an operation on a reservation.
+	// kind is what the event records: a check, or an operation on a reservation or a lease.
 	Kind Kind `protobuf:"varint,25,opt,name=kind,proto3,enum=quotaflow.v1.Kind" json:"kind,omitempty"`
 	// reservation_id is an allowed reserve's reservation, or the one a settle or cancel settled.
 	ReservationId string `protobuf:"bytes,26,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
@@ -138,7 +147,7 @@ type Decision struct {
 	// overage is set on a settle whose actual exceeded the estimate by more than a limit had
 	// left: charged all the same, past the limit.
 	Overage bool `protobuf:"varint,29,opt,name=overage,proto3" json:"overage,omitempty"`
-	// lease_id is an allowed check's concurrency lease.
+	// lease_id is an allowed check's concurrency lease, or the one a lease event is of.
 	LeaseId       string `protobuf:"bytes,30,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -471,12 +480,14 @@ const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\aoverage\x18\x1d \x01(\bR\aoverage\x12\x19\n" +
 	"\blease_id\x18\x1e \x01(\tR\aleaseId\"E\n" +
 	"\rDecisionBatch\x124\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*P\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x80\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_RESERVE\x10\x01\x12\x0f\n" +
 	"\vKIND_SETTLE\x10\x02\x12\x0f\n" +
-	"\vKIND_CANCEL\x10\x03B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"\vKIND_CANCEL\x10\x03\x12\x16\n" +
+	"\x12KIND_LEASE_RELEASE\x10\x04\x12\x16\n" +
+	"\x12KIND_LEASE_EXPIRED\x10\x05B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_events_proto_rawDescOnce sync.Once
