@@ -30,27 +30,25 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 	fs := newFlagSet("check", `Asks a checker whether a request may go ahead, and prints the decision and every evaluated
 limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allowed, 3 denied,
 1 on an error, 2 on a bad command line.`, stderr)
+	var rf rpcFlags
+	rf.register(fs)
 	var (
-		target, protocol, user, ip, apiKey, endpoint, tier, idem, token string
-		cost                                                            int64
-		peek, asJSON                                                    bool
-		timeout                                                         time.Duration
+		user, ip, apiKey, endpoint, tier, idem string
+		cost, estimate                         int64
+		peek, asJSON                           bool
+		reserveTTL                             time.Duration
 	)
-	fs.StringVar(&target, "target", "http://127.0.0.1:8080", "checker base `URL`")
-	fs.fromEnv("target")
-	fs.StringVar(&protocol, "protocol", "connect", "wire protocol: connect, grpc or grpcweb")
 	fs.StringVar(&user, "user", "", "user id subject")
 	fs.StringVar(&ip, "ip", "", "client IP subject")
 	fs.StringVar(&apiKey, "api-key", "", "API key subject")
 	fs.StringVar(&endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
 	fs.Int64Var(&cost, "cost", 1, "units the call consumes")
 	fs.StringVar(&tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
-	fs.StringVar(&token, "token", "", "bearer `token` of a caller of the check API (--callers-file), or an admin write token")
-	fs.fromEnvAs("token", "QUOTAFLOW_CALLER_TOKEN")
 	fs.StringVar(&idem, "idempotency-key", "", "makes a retry of an allowed check replay it, uncharged, for 5 minutes (a denied check is decided afresh)")
 	fs.BoolVar(&peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
+	fs.Int64Var(&estimate, "estimate", 0, "reserve this many units instead of --cost, settled later with quotaflow settle (Reserve)")
+	fs.DurationVar(&reserveTTL, "reserve-ttl", 0, "how long a reservation waits for its settle before its estimate stands (0: the checker's 5m)")
 	fs.BoolVar(&asJSON, "json", false, "print the response as JSON")
-	fs.DurationVar(&timeout, "timeout", 5*time.Second, "deadline of the call")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
@@ -69,24 +67,40 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	if endpoint == "" {
 		return usageError{errors.New("--endpoint is required")}
 	}
-	rpc, err := newClient(target, protocol, token)
+	if estimate != 0 && (cost != 1 || peek || idem != "") {
+		return usageError{errors.New("--estimate: a reservation's cost is its estimate; leave out --cost, --peek and --idempotency-key")}
+	}
+	if reserveTTL != 0 && estimate == 0 {
+		return usageError{errors.New("--reserve-ttl: only with --estimate")}
+	}
+	rpc, err := rf.client()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, rf.timeout)
 	defer cancel()
 	var (
 		msg     proto.Message
 		summary report.Decision
 	)
-	if peek {
+	switch {
+	case estimate != 0:
+		resp, err := rpc.Reserve(ctx, connect.NewRequest(&quotaflowv1.ReserveRequest{
+			Check: &quotaflowv1.CheckRateLimitRequest{Subjects: subjects, Endpoint: endpoint, Tier: tier,
+				Timestamp: time.Now().UnixMilli()},
+			Estimate: estimate, TtlMs: reserveTTL.Milliseconds()}))
+		if err != nil {
+			return fmt.Errorf("Reserve: %w", err)
+		}
+		msg, summary = resp.Msg, report.ReserveDecision(resp.Msg)
+	case peek:
 		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
 			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier}))
 		if err != nil {
 			return fmt.Errorf("GetRemainingQuota: %w", err)
 		}
 		msg, summary = resp.Msg, report.QuotaDecision(resp.Msg)
-	} else {
+	default:
 		resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
 			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier, IdempotencyKey: idem,
 			Timestamp: time.Now().UnixMilli()}))

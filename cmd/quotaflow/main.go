@@ -39,6 +39,8 @@ func commands() []command {
 		{"aggregator", "consume the decision stream into ClickHouse (audit and usage rollups), exactly once", runAggregator},
 		{"migrate", "apply the ClickHouse schema migrations", runMigrate},
 		{"check", "ask a checker whether a request may go ahead", runCheck},
+		{"settle", "settle or cancel a reservation made with quotaflow check --estimate", runSettle},
+		{"release", "release (or renew) a concurrency lease an allowed check printed", runRelease},
 		{"watch", "print a live stream: quotaflow watch decisions|warnings|overrides|config", runWatch},
 		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},
 		{"rules", "list, get, apply -f or delete the rules of the rule store (admin API)", runRules},

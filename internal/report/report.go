@@ -33,17 +33,28 @@ type Decision struct {
 	// places (empty for none): printed, so that the caller can release it.
 	LeaseID          string
 	LeaseExpiresAtMs int64
+	// ReservationID and ReservationExpiresAtMs are an allowed Reserve's reservation (empty for
+	// none): printed, so that the caller can settle it.
+	ReservationID          string
+	ReservationExpiresAtMs int64
+}
+
+// ReserveDecision is the decision of a Reserve response: its check's, and its reservation.
+func ReserveDecision(m *quotaflowv1.ReserveResponse) Decision {
+	d := CheckDecision(m.GetResult())
+	d.ReservationID, d.ReservationExpiresAtMs = m.ReservationId, m.ExpiresAtMs
+	return d
 }
 
 // CheckDecision is the decision of a CheckRateLimit response.
 func CheckDecision(m *quotaflowv1.CheckRateLimitResponse) Decision {
 	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits,
-		m.LeaseId, m.LeaseExpiresAtMs}
+		m.LeaseId, m.LeaseExpiresAtMs, "", 0}
 }
 
 // QuotaDecision is the decision of a GetRemainingQuota response.
 func QuotaDecision(m *quotaflowv1.GetRemainingQuotaResponse) Decision {
-	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits, "", 0}
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits, "", 0, "", 0}
 }
 
 // Write prints the verdict on one line, then a table of every limit evaluated.
@@ -67,6 +78,10 @@ func (s Decision) Write(w io.Writer) error {
 	if s.LeaseID != "" {
 		fmt.Fprintf(w, "lease %s until %s (ReleaseLease frees its places)\n", s.LeaseID,
 			time.UnixMilli(s.LeaseExpiresAtMs).UTC().Format(time.RFC3339))
+	}
+	if s.ReservationID != "" {
+		fmt.Fprintf(w, "reservation %s until %s (quotaflow settle --id … --actual N)\n", s.ReservationID,
+			time.UnixMilli(s.ReservationExpiresAtMs).UTC().Format(time.RFC3339))
 	}
 	if len(s.Limits) == 0 {
 		_, err := fmt.Fprintln(w, "no rule matched")

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"connectrpc.com/connect"
+
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+// rpcFlags are the flags of the commands that call the check API once: where, how, as whom.
+type rpcFlags struct {
+	target, protocol, token string
+	timeout                 time.Duration
+}
+
+func (f *rpcFlags) register(fs *flagSet) {
+	fs.StringVar(&f.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
+	fs.fromEnv("target")
+	fs.StringVar(&f.protocol, "protocol", "connect", "wire protocol: connect, grpc or grpcweb")
+	fs.StringVar(&f.token, "token", "", "bearer `token` of a caller of the check API (--callers-file), or an admin write token")
+	fs.fromEnvAs("token", "QUOTAFLOW_CALLER_TOKEN")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "deadline of the call")
+}
+
+func (f *rpcFlags) client() (quotaflowv1connect.RateLimiterClient, error) {
+	return newClient(f.target, f.protocol, f.token)
+}
+
+func runSettle(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("settle", `Settles a reservation (quotaflow check --estimate printed its id) at the units the work
+actually took: the difference to the estimate is charged, even past a limit (an overage), or
+refunded. With --cancel the whole estimate is refunded. A reservation settles once: a second
+settle changes nothing and fails.`, stderr)
+	var rf rpcFlags
+	rf.register(fs)
+	var (
+		id     string
+		actual int64
+		cancel bool
+	)
+	fs.StringVar(&id, "id", "", "the reservation's id (required)")
+	fs.Int64Var(&actual, "actual", -1, "units the work took, 0 or more (required unless --cancel)")
+	fs.BoolVar(&cancel, "cancel", false, "refund the whole estimate instead")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	switch {
+	case id == "":
+		return usageError{errors.New("--id is required")}
+	case cancel && actual != -1:
+		return usageError{errors.New("--cancel refunds the whole estimate: leave out --actual")}
+	case !cancel && actual < 0:
+		return usageError{errors.New("--actual: want the units the work took, 0 or more (or --cancel)")}
+	}
+	rpc, err := rf.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := context.WithTimeout(ctx, rf.timeout)
+	defer stop()
+	if cancel {
+		resp, err := rpc.Cancel(ctx, connect.NewRequest(&quotaflowv1.CancelRequest{ReservationId: id}))
+		if err != nil {
+			return fmt.Errorf("Cancel: %w", err)
+		}
+		fmt.Fprintf(stdout, "cancelled: %d refunded, %d left (decision %s)\n", resp.Msg.Estimate, resp.Msg.Remaining, resp.Msg.DecisionId)
+		return nil
+	}
+	resp, err := rpc.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: id, Actual: actual}))
+	if err != nil {
+		return fmt.Errorf("Settle: %w", err)
+	}
+	m := resp.Msg
+	over := ""
+	if m.Overage {
+		over = "  OVERAGE (charged past the limit)"
+	}
+	fmt.Fprintf(stdout, "settled: estimate %d, actual %d, %d left%s (decision %s)\n", m.Estimate, m.Actual, m.Remaining, over, m.DecisionId)
+	return nil
+}
+
+func runRelease(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("release", `Releases the places in flight of a concurrency lease (an allowed check printed its id), or
+with --renew holds them for their rules' windows from now. Only the lease's holder knows its id;
+a second release fails.`, stderr)
+	var rf rpcFlags
+	rf.register(fs)
+	var (
+		id    string
+		renew bool
+	)
+	fs.StringVar(&id, "lease", "", "the lease's id (required)")
+	fs.BoolVar(&renew, "renew", false, "extend the lease instead of releasing it")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if id == "" {
+		return usageError{errors.New("--lease is required")}
+	}
+	rpc, err := rf.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := context.WithTimeout(ctx, rf.timeout)
+	defer stop()
+	if renew {
+		resp, err := rpc.RenewLease(ctx, connect.NewRequest(&quotaflowv1.RenewLeaseRequest{LeaseId: id}))
+		if err != nil {
+			return fmt.Errorf("RenewLease: %w", err)
+		}
+		fmt.Fprintf(stdout, "renewed until %s\n", time.UnixMilli(resp.Msg.ExpiresAtMs).UTC().Format(time.RFC3339))
+		return nil
+	}
+	if _, err := rpc.ReleaseLease(ctx, connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: id})); err != nil {
+		return fmt.Errorf("ReleaseLease: %w", err)
+	}
+	fmt.Fprintln(stdout, "released")
+	return nil
+}
