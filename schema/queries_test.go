@@ -391,6 +391,16 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 				t.Errorf("%s: cost adds up to %d, want %d (reservations at their settled cost)", s, got, total+1250+1500+300)
 			}
 		},
+		"Reservations and leases per tier per day": func(t *testing.T, s string, r result) {
+			for _, c := range []struct {
+				col  string
+				want int64
+			}{{"reserved", 5300}, {"settled", 3050}, {"settle_count", 2}, {"overage_count", 1}, {"released", 1}} {
+				if got := r.sumInt(t, s, c.col); got != c.want {
+					t.Errorf("%s: %s adds up to %d, want %d", s, c.col, got, c.want)
+				}
+			}
+		},
 		"Reservations: estimated and settled cost": func(t *testing.T, s string, r result) {
 			var got []string
 			for i, id := range r.col(t, s, "reservation_id") {

@@ -284,8 +284,8 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 }
 
 // columnExisted reports whether err is the legacy dialect's refusal of an ADD COLUMN statement
-// because the column exists: 18.16 has no ADD COLUMN IF NOT EXISTS, so a migration that adds
-// columns (one per statement) takes this for done, and stays safe to run again and from
+// because a column exists: 18.16 has no ADD COLUMN IF NOT EXISTS, so a migration that adds
+// columns (all of a table's in one atomic statement) takes this for done, and stays safe to run again and from
 // several processes at once, as every other statement is.
 func columnExisted(d Dialect, stmt string, err error) bool {
 	return !d.Modern && strings.Contains(stmt, " ADD COLUMN ") && strings.Contains(err.Error(), "already exists")

@@ -260,22 +260,30 @@ SETTINGS ttl_only_drop_parts = 1;
 CREATE TABLE IF NOT EXISTS quotaflow.config_changes ON CLUSTER 'qf' AS quotaflow.config_changes_local
 ENGINE = Distributed('qf', 'quotaflow', 'config_changes_local', rand());
 
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS kind LowCardinality(String) DEFAULT '';
-
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS reservation_id String DEFAULT '';
-
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS estimated_cost Int64 DEFAULT 0;
-
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS actual_cost Int64 DEFAULT 0;
-
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS overage UInt8 DEFAULT 0;
-
-ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS lease_id String DEFAULT '';
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS kind LowCardinality(String) DEFAULT '',
+    ADD COLUMN IF NOT EXISTS reservation_id String DEFAULT '',
+    ADD COLUMN IF NOT EXISTS estimated_cost Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS actual_cost Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS overage UInt8 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS lease_id String DEFAULT '';
 
 DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
 
 CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
 ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+
+ALTER TABLE quotaflow.usage_minute_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS reserved_cost Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settle_delta Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settles UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS overages UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_acquired UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_released UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_expired UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_minute ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_minute ON CLUSTER 'qf' AS quotaflow.usage_minute_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_minute_local', rand());
 
 DROP TABLE IF EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf';
 
@@ -291,9 +299,29 @@ SELECT
     countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
     sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
     sum(cost) AS cost_total,
-    sum(cost * allowed) AS allowed_cost
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired
 FROM quotaflow.decisions_local
 GROUP BY minute, tier, dimension, endpoint, rule_id;
+
+ALTER TABLE quotaflow.usage_hour_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS reserved_cost Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settle_delta Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settles UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS overages UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_acquired UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_released UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_expired UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_hour ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_hour ON CLUSTER 'qf' AS quotaflow.usage_hour_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_hour_local', rand());
 
 DROP TABLE IF EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf';
 
@@ -309,9 +337,29 @@ SELECT
     countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
     sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
     sum(cost) AS cost_total,
-    sum(cost * allowed) AS allowed_cost
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired
 FROM quotaflow.decisions_local
 GROUP BY hour, tier, dimension, endpoint, rule_id;
+
+ALTER TABLE quotaflow.usage_day_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS reserved_cost Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settle_delta Int64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS settles UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS overages UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_acquired UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_released UInt64 DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS leases_expired UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_day ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_day ON CLUSTER 'qf' AS quotaflow.usage_day_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_day_local', rand());
 
 DROP TABLE IF EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf';
 
@@ -327,7 +375,14 @@ SELECT
     countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
     sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
     sum(cost) AS cost_total,
-    sum(cost * allowed) AS allowed_cost
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired
 FROM quotaflow.decisions_local
 GROUP BY day, tier, dimension, endpoint, rule_id;
 
