@@ -135,10 +135,10 @@ func isConcurrencyKey(key string) bool {
 }
 
 // Release frees the places a check's hold has (Hold.ID), so that other checks may take them at
-// once. A malformed ID is a FieldError naming lease_id; one that holds nothing is
-// ErrHoldNotHeld (a second release of one ID too: never a second free); one whose places had
-// freed themselves is ErrHoldExpired; with the store unreachable, ErrUnavailable: the places
-// then free themselves at their expiry.
+// once. A malformed ID is a FieldError naming lease_id; one that holds nothing is an error
+// wrapping ErrHoldNotHeld (a second release of one ID too: never a second free), one whose
+// places had freed themselves ErrHoldExpired, both naming lease_id; with the store
+// unreachable, ErrUnavailable: the places then free themselves at their expiry.
 func (e *Engine) Release(ctx context.Context, id string) error {
 	_, err := e.hold(ctx, id, false)
 	return err
@@ -186,9 +186,9 @@ func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, er
 	case held == 0 && expired > 0:
 		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
 			Released: &Released{LeaseID: id, Expired: true}}, sub, 0)
-		return time.Time{}, ErrHoldExpired
+		return time.Time{}, fmt.Errorf("lease_id: %w", ErrHoldExpired)
 	case held == 0:
-		return time.Time{}, ErrHoldNotHeld
+		return time.Time{}, fmt.Errorf("lease_id: %w", ErrHoldNotHeld)
 	case !renew:
 		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
 			Released: &Released{LeaseID: id}}, sub, 0)

@@ -173,9 +173,10 @@ func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucke
 // Settle settles a reservation (Reservation.ID) at its actual cost: every limit it charged is
 // charged actual - estimate more (past the limit if need be: the work is done; the Settlement
 // says Overage), or refunded estimate - actual, each slot atomically and at most once. The
-// settle is published as a decision. Errors: a FieldError naming reservation_id or actual,
-// ErrReservationUnknown (never made, or expired: its estimate stands), ErrReservationSettled
-// (settled or cancelled before: nothing changes), ErrUnavailable (the store could not answer:
+// settle is published as a decision. Errors: a FieldError naming reservation_id or actual;
+// errors naming reservation_id and wrapping ErrReservationUnknown (never made, or expired: its
+// estimate stands) or ErrReservationSettled (settled or cancelled before: nothing changes);
+// ErrUnavailable (the store could not answer:
 // the outcome is unknown, and a retry settles what is left, never twice).
 func (e *Engine) Settle(ctx context.Context, id string, actual int64) (*Settlement, error) {
 	if actual < 0 || actual > MaxCost {
@@ -202,11 +203,11 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	switch {
 	case errors.Is(err, bucket.ErrUnknownReservation):
 		if time.Now().After(expires) {
-			return nil, fmt.Errorf("%w: it expired at %s", ErrReservationUnknown, expires.UTC().Format(time.RFC3339))
+			return nil, fmt.Errorf("reservation_id: %w: it expired at %s", ErrReservationUnknown, expires.UTC().Format(time.RFC3339))
 		}
-		return nil, ErrReservationUnknown
+		return nil, fmt.Errorf("reservation_id: %w", ErrReservationUnknown)
 	case errors.Is(err, bucket.ErrSettled):
-		return nil, ErrReservationSettled
+		return nil, fmt.Errorf("reservation_id: %w", ErrReservationSettled)
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

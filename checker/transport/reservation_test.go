@@ -62,8 +62,8 @@ func TestReservationRPCs(t *testing.T) {
 			}
 			forged := "AAAAAAAAAAAAAAAAAAAAAA" + r.ReservationId[22:]
 			_, err = c.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: forged, Actual: 1}))
-			if connect.CodeOf(err) != connect.CodeNotFound {
-				t.Errorf("Settle of a forged id: %v, want NotFound", err)
+			if ce := new(connect.Error); !errors.As(err, &ce) || ce.Code() != connect.CodeNotFound || !strings.HasPrefix(ce.Message(), "reservation_id: ") {
+				t.Errorf("Settle of a forged id: %v, want NotFound naming reservation_id", err)
 			}
 			for _, tc := range []struct {
 				name, field string
