@@ -283,6 +283,11 @@ func TestEventsStored(t *testing.T) {
 				Reason: "launch day", Creator: "ops@example.com", Source: "admin", CreatedAt: now, ExpiresAt: now.Add(time.Hour)},
 		})
 	}
+	// The stream as the aggregator makes it (create or update): its start may not have made it
+	// yet, its migration first (on a loaded run the publish found no stream).
+	if _, err := events.EnsureStream(ctx, e.js, 1); err != nil {
+		t.Fatal(err)
+	}
 	for _, ev := range evs {
 		if err := events.Publish(ctx, e.js, ev.NATSSubject(), ev.ID, ev); err != nil {
 			t.Fatal(err)

@@ -191,8 +191,9 @@ func stripComments(s string) string {
 
 // Migrate creates the database and applies the migrations not yet recorded in
 // <db>.schema_migrations, in order, on one server. It is safe to run again and from several
-// processes at once: every statement is IF NOT EXISTS (or, for a column the legacy dialect
-// cannot add so, takes the column's existence for done). It returns the names of the migrations
+// processes at once: they take turns (a lock table, lock.go), and every statement is IF NOT
+// EXISTS (or, for a column the legacy dialect cannot add so, takes the column's existence for
+// done), so that one interrupted is finished by the next. It returns the names of the migrations
 // it applied.
 func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
 	return Layout{}.Migrate(ctx, conn, db)
@@ -236,22 +237,21 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 			}
 		}
 	}
-	done := map[uint32]bool{}
-	rows, err := conn.Query(ctx, "SELECT DISTINCT version FROM "+db+".schema_migrations")
+	done, err := readDone(ctx, conn, db)
 	if err != nil {
-		return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+		return d, nil, err
 	}
-	for rows.Next() {
-		var v uint32
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+	if len(done) < len(ms) {
+		// Migrators take turns (lock.go): a migration that re-creates a view must not drop
+		// the one another migrator made, while that one's aggregator already inserts.
+		unlock, err := l.lock(ctx, conn, db)
+		if err != nil {
+			return d, nil, err
 		}
-		done[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return d, nil, fmt.Errorf("read schema_migrations: %w", err)
+		defer unlock()
+		if done, err = readDone(ctx, conn, db); err != nil {
+			return d, nil, err
+		}
 	}
 	var applied []string
 	for _, m := range ms {
@@ -281,6 +281,27 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 		applied = append(applied, fmt.Sprintf("%04d_%s", m.Version, m.Name))
 	}
 	return d, applied, nil
+}
+
+// readDone returns the versions recorded in db.schema_migrations.
+func readDone(ctx context.Context, conn driver.Conn, db string) (map[uint32]bool, error) {
+	done := map[uint32]bool{}
+	rows, err := conn.Query(ctx, "SELECT DISTINCT version FROM "+db+".schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("read schema_migrations: %w", err)
+		}
+		done[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	return done, nil
 }
 
 // columnExisted reports whether err is the legacy dialect's refusal of an ADD COLUMN statement
