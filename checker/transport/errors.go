@@ -54,3 +54,27 @@ func httpStatus(err error) (int, string) {
 	}
 	return http.StatusServiceUnavailable, "unavailable"
 }
+
+// leaseError maps the outcomes of a lease's release or renewal: one that holds nothing is
+// NotFound, an expired one FailedPrecondition, the rest as a check's errors.
+func (s *Server) leaseError(err error) error {
+	switch {
+	case errors.Is(err, checker.ErrHoldNotHeld):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, checker.ErrHoldExpired):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return s.rpcError(err)
+}
+
+// reservationError maps the outcomes of a settle or cancel: an unknown or expired reservation
+// is NotFound, a settled one FailedPrecondition, the rest as a check's errors.
+func (s *Server) reservationError(err error) error {
+	switch {
+	case errors.Is(err, checker.ErrReservationUnknown):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, checker.ErrReservationSettled):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return s.rpcError(err)
+}

@@ -2,11 +2,9 @@ package transport
 
 import (
 	"context"
-	"errors"
 
 	"connectrpc.com/connect"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -44,18 +42,6 @@ func (s *Server) renewLease(ctx context.Context, req *quotaflowv1.RenewLeaseRequ
 		return nil, s.leaseError(err)
 	}
 	return &quotaflowv1.RenewLeaseResponse{ExpiresAtMs: at.UnixMilli()}, nil
-}
-
-// leaseError maps the outcomes of a lease's release or renewal: one that holds nothing is
-// NotFound, an expired one FailedPrecondition, the rest as a check's errors.
-func (s *Server) leaseError(err error) error {
-	switch {
-	case errors.Is(err, checker.ErrHoldNotHeld):
-		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, checker.ErrHoldExpired):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
-	}
-	return s.rpcError(err)
 }
 
 func (g grpcRateLimiter) ReleaseLease(ctx context.Context, req *quotaflowv1.ReleaseLeaseRequest) (*quotaflowv1.ReleaseLeaseResponse, error) {

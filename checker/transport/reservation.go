@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"connectrpc.com/connect"
@@ -98,18 +97,6 @@ func (s *Server) cancel(ctx context.Context, req *quotaflowv1.CancelRequest) (*q
 		return nil, s.reservationError(err)
 	}
 	return &quotaflowv1.CancelResponse{Estimate: st.Estimate, Remaining: st.Remaining, DecisionId: st.ID}, nil
-}
-
-// reservationError maps the outcomes of a settle or cancel: an unknown or expired reservation
-// is NotFound, a settled one FailedPrecondition, the rest as a check's errors.
-func (s *Server) reservationError(err error) error {
-	switch {
-	case errors.Is(err, checker.ErrReservationUnknown):
-		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, checker.ErrReservationSettled):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
-	}
-	return s.rpcError(err)
 }
 
 func (g grpcRateLimiter) Reserve(ctx context.Context, req *quotaflowv1.ReserveRequest) (*quotaflowv1.ReserveResponse, error) {
