@@ -184,14 +184,14 @@ func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, er
 	sub := tagSubject(keyTag(places[0].key))
 	switch {
 	case held == 0 && expired > 0:
-		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
-			Released: &Released{LeaseID: id, Expired: true}}, sub, 0)
+		e.publishEvent(ctx, &Query{}, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id, Expired: true}}, sub)
 		return time.Time{}, fmt.Errorf("lease_id: %w", ErrHoldExpired)
 	case held == 0:
 		return time.Time{}, fmt.Errorf("lease_id: %w", ErrHoldNotHeld)
 	case !renew:
-		e.publishEvent(ctx, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
-			Released: &Released{LeaseID: id}}, sub, 0)
+		e.publishEvent(ctx, &Query{}, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id}}, sub)
 	}
 	return first, nil
 }

@@ -65,6 +65,32 @@ type Settlement struct {
 	Remaining int64
 	// Now is the store's clock at the settle.
 	Now time.Time
+	// Tier, Endpoint and RuleID are the reservation's check's (its tier, endpoint and deciding
+	// rule), so that the settle's event is counted with it in the rollups.
+	Tier, Endpoint, RuleID string
+}
+
+// reservationLabel is what a reservation's records keep of its check for the settle's event:
+// its tier, endpoint and deciding rule, base64url (bucket.Mark's label), at most 512 bytes.
+func reservationLabel(tier, endpoint, rule string) string {
+	l := base64.RawURLEncoding.EncodeToString([]byte(tier + "\n" + endpoint + "\n" + rule))
+	if len(l) > 512 {
+		return "" // an endpoint too long to keep: the settle's event goes without
+	}
+	return l
+}
+
+// parseReservationLabel decodes reservationLabel's; empty strings for a label it did not make.
+func parseReservationLabel(l string) (tier, endpoint, rule string) {
+	raw, err := base64.RawURLEncoding.DecodeString(l)
+	if err != nil {
+		return "", "", ""
+	}
+	f := strings.SplitN(string(raw), "\n", 3)
+	if len(f) != 3 {
+		return "", "", ""
+	}
+	return f[0], f[1], f[2]
 }
 
 // The outcomes of Settle and Cancel that are the caller's, not the store's.
@@ -148,6 +174,11 @@ func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucke
 		return fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
 	}
 	name := reservationName()
+	var rule string
+	if d := out.DecidingLimit(); d != nil {
+		rule = d.Rule.ID
+	}
+	label := reservationLabel(out.Tier, q.Endpoint, rule)
 	var marks []bucket.Mark
 	var tags []string
 	for i := range pl.reqs {
@@ -156,7 +187,7 @@ func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucke
 			continue
 		}
 		tag := keyTag(req.Limits[0].Key)
-		marks = append(marks, bucket.Mark{Key: reservationKey(tag, name), Request: req, Result: res})
+		marks = append(marks, bucket.Mark{Key: reservationKey(tag, name), Request: req, Result: res, Label: label})
 		tags = append(tags, tag)
 	}
 	if len(marks) == 0 {
@@ -216,6 +247,7 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	}
 	s := &Settlement{ReservationID: id, Estimate: got.Estimate, Actual: actual, Cancelled: cancel,
 		Overage: got.Over, Now: got.Now, Remaining: -1}
+	s.Tier, s.Endpoint, s.RuleID = parseReservationLabel(got.Label)
 	for _, l := range got.Limits {
 		if s.Remaining < 0 || l.Remaining < s.Remaining {
 			s.Remaining = l.Remaining
@@ -223,8 +255,8 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	}
 	s.ID = e.nextDecisionID()
 	// The settle's cost is what it charged: actual - estimate, below 0 a refund.
-	e.publishEvent(ctx, &Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Settlement: s},
-		tagSubject(keyTag(keys[0])), s.Actual-s.Estimate)
+	e.publishEvent(ctx, &Query{Endpoint: s.Endpoint, Cost: s.Actual - s.Estimate},
+		&Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Tier: s.Tier, Settlement: s}, tagSubject(keyTag(keys[0])))
 	return s, nil
 }
 
@@ -243,10 +275,9 @@ func tagSubject(tag string) Subject {
 }
 
 // publishEvent hands the sink an event that decides nothing (a settle, a cancel, a lease's
-// release): out holds only its own field, q its subject (the first of the buckets it touched)
-// and the cost it charged.
-func (e *Engine) publishEvent(ctx context.Context, out *Outcome, sub Subject, cost int64) {
-	q := &Query{Cost: cost}
+// release): out holds its own field, q what the event charged (and where), to which publishEvent
+// adds its subject (the first of the buckets it touched).
+func (e *Engine) publishEvent(ctx context.Context, q *Query, out *Outcome, sub Subject) {
 	if sub.Dimension.Valid() {
 		q.Subjects = []Subject{sub}
 	}

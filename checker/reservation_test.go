@@ -86,6 +86,9 @@ func TestReservations(t *testing.T) {
 	if err != nil || st.Estimate != 40 || st.Actual != 10 || st.Overage || st.Remaining != 90 {
 		t.Fatalf("settle at 10: %+v, %v; want estimate 40, no overage, 90 left", st, err)
 	}
+	if st.Tier != "free" || st.Endpoint != "/llm" || st.RuleID != "tokens" {
+		t.Errorf("settle of tier %q, endpoint %q, rule %q; want the reserve's: free, /llm, tokens", st.Tier, st.Endpoint, st.RuleID)
+	}
 	if tk, mo := left(t, e, user); tk != 90 || mo != 990 {
 		t.Errorf("after settling at 10: %d and %d left, want 90 and 990", tk, mo)
 	}

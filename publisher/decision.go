@@ -62,7 +62,7 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 			d.Kind = quotaflowv1.Kind_KIND_CANCEL
 		}
 		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = st.ReservationID, st.Estimate, st.Actual, st.Overage
-		d.Remaining = st.Remaining
+		d.Remaining, d.RuleId = st.Remaining, st.RuleID
 	}
 	if r := out.Released; r != nil {
 		d.Kind, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, r.LeaseID

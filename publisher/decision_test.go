@@ -28,8 +28,10 @@ func TestDecisionKinds(t *testing.T) {
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40, ReservationId: "r.1.x"}},
 		{"denied reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Now: now, Decider: -1},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40}},
-		{"settle", &checker.Query{Subjects: sub, Cost: 90}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Actual: 130, Overage: true}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: "r.1.x"}},
+		{"settle", &checker.Query{Subjects: sub, Cost: 90, Endpoint: "/llm"}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Tier: "free",
+			Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Actual: 130, Overage: true, Tier: "free", Endpoint: "/llm", RuleID: "tokens"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: "r.1.x",
+				Tier: "free", Endpoint: "/llm", RuleId: "tokens"}},
 		{"cancel", &checker.Query{Subjects: sub, Cost: -40}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Cancelled: true}},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL, Cost: -40, EstimatedCost: 40, ReservationId: "r.1.x"}},
 		{"lease release", &checker.Query{Subjects: sub}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Released: &checker.Released{LeaseID: "h.x"}},
@@ -45,6 +47,9 @@ func TestDecisionKinds(t *testing.T) {
 				d.Overage != tt.want.Overage || d.ReservationId != tt.want.ReservationId || d.LeaseId != tt.want.LeaseId {
 				t.Errorf("got kind %v cost %d estimate %d actual %d overage %v reservation %q lease %q, want %v",
 					d.Kind, d.Cost, d.EstimatedCost, d.ActualCost, d.Overage, d.ReservationId, d.LeaseId, tt.want)
+			}
+			if tt.want.Tier != "" && (d.Tier != tt.want.Tier || d.Endpoint != tt.want.Endpoint || d.RuleId != tt.want.RuleId) {
+				t.Errorf("got tier %q endpoint %q rule %q, want %q %q %q", d.Tier, d.Endpoint, d.RuleId, tt.want.Tier, tt.want.Endpoint, tt.want.RuleId)
 			}
 		})
 	}

@@ -16,7 +16,7 @@ import (
 // Its record is one Redis key per request (per slot, so that a settle of one slot is one
 // atomic script call, on a cluster too), holding
 //
-//	open <charge now_us> <estimate>
+//	open <charge now_us> <estimate> <label>
 //	<code> <limit> <window> <burst> <refund token or -> <key>    (one line per limit)
 //
 // which Settle reads back and sends to the check script (lua/call.lua, mode settle), which
@@ -38,11 +38,14 @@ var (
 const SettledTTL = 10 * time.Minute
 
 // Mark is one request's part of a reservation: Key is its record's key, in the slot of the
-// request's limits; Request and Result are its charge (allowed, not refunded).
+// request's limits; Request and Result are its charge (allowed, not refunded). Label is the
+// caller's, kept in the record and given back by Settle (Settled.Label): 0 to 512 bytes of
+// base64url, so that it stays one field of the record's first line.
 type Mark struct {
 	Key     string
 	Request *Request
 	Result  *Result
+	Label   string
 }
 
 // Marked reports whether a request has a part in a reservation: whether it has a limit other
@@ -65,10 +68,10 @@ func (s *Store) Mark(ctx context.Context, ttl time.Duration, marks []Mark) error
 	}
 	pipe := s.rdb.Pipeline()
 	for _, m := range marks {
-		if m.Key == "" || m.Request == nil || m.Result == nil || len(m.Result.Limits) != len(m.Request.Limits) {
-			return fmt.Errorf("bucket: mark: %w: a key, a request and its result", ErrInvalidRequest)
+		if m.Key == "" || m.Request == nil || m.Result == nil || len(m.Result.Limits) != len(m.Request.Limits) || !validLabel(m.Label) {
+			return fmt.Errorf("bucket: mark: %w: a key, a request and its result, a label of at most 512 base64url bytes", ErrInvalidRequest)
 		}
-		if rec := record(m.Request, m.Result); rec != "" {
+		if rec := record(m.Request, m.Result, m.Label); rec != "" {
 			pipe.Set(ctx, m.Key, rec, ttl)
 		}
 	}
@@ -78,10 +81,24 @@ func (s *Store) Mark(ctx context.Context, ttl time.Duration, marks []Mark) error
 	return nil
 }
 
+// validLabel reports whether a label is at most 512 bytes of base64url.
+func validLabel(l string) bool {
+	if len(l) > 512 {
+		return false
+	}
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // record is the record of one request's charge, "" when it has no limit a settle changes.
-func record(r *Request, res *Result) string {
+func record(r *Request, res *Result, label string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "open %d %d\n", res.Now.UnixMicro(), r.Cost)
+	fmt.Fprintf(&b, "open %d %d %s\n", res.Now.UnixMicro(), r.Cost, label)
 	n := 0
 	for i := range r.Limits {
 		l := &r.Limits[i]
@@ -106,6 +123,8 @@ func record(r *Request, res *Result) string {
 type Settled struct {
 	// Estimate is what the reservation charged.
 	Estimate int64
+	// Label is the one Mark was given.
+	Label string
 	// Now is Redis's time of the settle (of its last part).
 	Now time.Time
 	// Over is set when actual exceeded the estimate and the difference did not fit a limit: it
@@ -185,9 +204,16 @@ func seq(from, to int) []int {
 // settlePart settles one record, rec as read from key.
 func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, out *Settled) error {
 	lines := strings.Split(strings.TrimSuffix(rec, "\n"), "\n")
-	var now, estimate int64
-	if _, err := fmt.Sscanf(lines[0], "open %d %d", &now, &estimate); err != nil || len(lines) < 2 {
+	head := strings.Fields(lines[0])
+	if len(head) < 3 || head[0] != "open" || len(lines) < 2 {
 		return fmt.Errorf("bucket: settle %q: %w: malformed record", key, ErrMalformedReply)
+	}
+	estimate, err := strconv.ParseInt(head[2], 10, 64)
+	if err != nil {
+		return fmt.Errorf("bucket: settle %q: %w: malformed record", key, ErrMalformedReply)
+	}
+	if len(head) > 3 {
+		out.Label = head[3]
 	}
 	n := len(lines) - 1
 	args := make([]any, 0, 4+n+1+5+5*n)

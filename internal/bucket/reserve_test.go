@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +32,7 @@ func reserve(t *testing.T, s *Store, rec string, l Limit, cost int64) bool {
 	if !res.Allowed {
 		return false
 	}
-	if err := s.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res}}); err != nil {
+	if err := s.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res, Label: "dGllcg"}}); err != nil {
 		t.Fatalf("Mark: %v", err)
 	}
 	return true
@@ -71,8 +72,8 @@ func TestSettle(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%v: Settle: %v", l.Algorithm, err)
 				}
-				if got.Estimate != 4 || got.Parts != 1 || got.Over != tt.wantOver || len(got.Limits) != 1 || got.Keys[0] != l.Key {
-					t.Errorf("%v: got %+v, want estimate 4, 1 part, over %v, the limit's key", l.Algorithm, got, tt.wantOver)
+				if got.Estimate != 4 || got.Parts != 1 || got.Over != tt.wantOver || len(got.Limits) != 1 || got.Keys[0] != l.Key || got.Label != "dGllcg" {
+					t.Errorf("%v: got %+v, want estimate 4, 1 part, over %v, the limit's key, the label", l.Algorithm, got, tt.wantOver)
 				}
 				if r := remaining(t, s, l); r != tt.wantRemaining || got.Limits[0].Remaining != r {
 					t.Errorf("%v: remaining %d (settle said %d), want %d", l.Algorithm, r, got.Limits[0].Remaining, tt.wantRemaining)
@@ -101,6 +102,14 @@ func TestSettleErrors(t *testing.T) {
 	}{{nil, 1}, {[]string{key(t, "x")}, -1}} {
 		if _, err := s.Settle(ctx, tc.keys, tc.actual); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("Settle(%v, %d): got %v, want ErrInvalidRequest", tc.keys, tc.actual, err)
+		}
+	}
+	// A label that would not stay one field of the record is refused.
+	lr := one(lim(key(t, "lb"), FixedWindow, 10, long, 0), 1)
+	lres := check(t, s, lr)
+	for _, bad := range []string{"two words", "line\nbreak", strings.Repeat("a", 513)} {
+		if err := s.Mark(ctx, time.Minute, []Mark{{Key: key(t, "lb") + ":rsv", Request: &lr, Result: &lres, Label: bad}}); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("Mark with label %.20q: %v, want ErrInvalidRequest", bad, err)
 		}
 	}
 	// An expired reservation keeps its estimate.
