@@ -3,6 +3,7 @@ package checker
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,6 +134,7 @@ func TestReservations(t *testing.T) {
 		{"empty id", "", "reservation_id", 1},
 		{"malformed id", "abc", "reservation_id", 1},
 		{"negative actual", r.ID, "actual", -1},
+		{"an actual past any cost", r.ID, "actual", MaxCost + 1},
 	} {
 		var fe *FieldError
 		if _, err := e.Settle(ctx, tc.id, tc.actual); !errors.As(err, &fe) || fe.Field != tc.field {
@@ -201,5 +203,38 @@ func TestReservationsExactUnderConcurrency(t *testing.T) {
 	}
 	if tk, _ := left(t, e, user); tk != 85 {
 		t.Errorf("%d left, want 85 (3 settled at 5)", tk)
+	}
+}
+
+// TestReservationIDRefused: hostile ids are refused before any store call, naming
+// reservation_id: too long, too many slots, a slot that is no subject's, no expiry.
+func TestReservationIDRefused(t *testing.T) {
+	t.Parallel()
+	name := reservationName()
+	slots := func(tags ...string) string { return reservationID(name, time.Now(), tags) }
+	many := make([]string, maxReservationParts+1)
+	for i := range many {
+		many[i] = "{user:u" + string(rune('a'+i)) + "}"
+	}
+	tests := []struct{ name, id string }{
+		{"too long", name + "." + strings.Repeat("1", maxReservationID)},
+		{"too many slots", slots(many...)},
+		{"a slot that is no subject's", slots("user:alice")},
+		{"a slot with a second brace", slots("{user:a}b}")},
+		{"no expiry", name + "..e3VzZXI6YX0"},
+		{"no slots", name + ".1."},
+		{"two parts", name + ".1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var fe *FieldError
+			if _, _, err := parseReservationID(tt.id); !errors.As(err, &fe) || fe.Field != "reservation_id" {
+				t.Errorf("parseReservationID(%.60q): %v, want a FieldError naming reservation_id", tt.id, err)
+			}
+		})
+	}
+	if keys, _, err := parseReservationID(slots("{user:a}", "{global}")); err != nil || len(keys) != 2 || keys[1] != "rl:{global}:rsv:"+name {
+		t.Errorf("a well-formed id: %v, %v", keys, err)
 	}
 }
