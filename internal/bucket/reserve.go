@@ -172,13 +172,18 @@ func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settle
 		switch {
 		case errors.Is(err, redis.Nil) && i == 0:
 			return out, ErrUnknownReservation
-		case err == nil && strings.HasPrefix(rec, "done ") && i == 0:
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return out, fmt.Errorf("bucket: settle: read record %q: %w", keys[i], err)
+		case strings.HasPrefix(rec, "done ") && i == 0:
 			return out, ErrSettled
-		case err == nil && !strings.HasPrefix(rec, "done "):
+		case !strings.HasPrefix(rec, "done "):
 			recs[i] = rec
 		}
 	}
-	for _, i := range append(seq(1, len(keys)), 0) {
+	// The others first, then the first: k % n runs 1, 2, …, n-1, 0.
+	for k := 1; k <= len(keys); k++ {
+		i := k % len(keys)
 		if recs[i] == "" {
 			continue // gone or settled: a settle before this one failed after it
 		}
@@ -190,15 +195,6 @@ func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settle
 		}
 	}
 	return out, nil
-}
-
-// seq returns the integers in [from, to).
-func seq(from, to int) []int {
-	s := make([]int, 0, max(to-from, 0)+1)
-	for i := from; i < to; i++ {
-		s = append(s, i)
-	}
-	return s
 }
 
 // settlePart settles one record, rec as read from key.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
@@ -103,6 +105,14 @@ func TestSettleErrors(t *testing.T) {
 		if _, err := s.Settle(ctx, tc.keys, tc.actual); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("Settle(%v, %d): got %v, want ErrInvalidRequest", tc.keys, tc.actual, err)
 		}
+	}
+	// Redis unreachable: the outcome is unknown, never "unknown reservation" or a success.
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
+	defer down.Close()
+	ds := NewStore(down)
+	defer ds.Close()
+	if _, err := ds.Settle(ctx, []string{key(t, "r1"), key(t, "r2")}, 1); err == nil || errors.Is(err, ErrUnknownReservation) || !Unavailable(err) {
+		t.Errorf("Settle with Redis down: %v, want an unavailable error", err)
 	}
 	// A label that would not stay one field of the record is refused.
 	lr := one(lim(key(t, "lb"), FixedWindow, 10, long, 0), 1)
