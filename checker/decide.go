@@ -128,8 +128,11 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		out.Hold = &Hold{ID: holdID(holder, places), ExpiresAt: out.Now.Add(minTTL(places))}
 	}
 	if out.Allowed && q.Reserve > 0 && !peek && !degraded {
+		// The check is decided and charged: a reservation that cannot be recorded leaves the
+		// answer allowed with none (as a fail mode's admission has none), its estimate
+		// standing, and the decision recorded like any other.
 		if err := e.reserve(ctx, q, pl, results, out); err != nil {
-			return nil, err
+			e.log.Warn("reservation not recorded: its estimate stands", "err", err)
 		}
 	}
 	return e.record(ctx, q, out, peek, start), nil

@@ -166,8 +166,8 @@ func parseReservationID(id string) (keys []string, expires time.Time, err error)
 }
 
 // reserve records the charges of an allowed check with Query.Reserve (decide's results): one
-// record per request that charged a limit a settle changes. A failure to record is
-// ErrUnavailable: the estimate stays charged, and with no reservation it is never settled.
+// record per request that charged a limit a settle changes, and sets out.Reservation. A failure
+// to record is ErrUnavailable and sets none: the estimate stays charged, never settled.
 func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucket.Result, out *Outcome) error {
 	rs, ok := e.store.store.(reservationStore)
 	if !ok {

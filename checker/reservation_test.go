@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/checkertest"
 )
 
@@ -236,5 +237,41 @@ func TestReservationIDRefused(t *testing.T) {
 	}
 	if keys, _, err := parseReservationID(slots("{user:a}", "{global}")); err != nil || len(keys) != 2 || keys[1] != "rl:{global}:rsv:"+name {
 		t.Errorf("a well-formed id: %v, %v", keys, err)
+	}
+}
+
+// markFailStore is the real store whose records of reservations cannot be written.
+type markFailStore struct{ *bucket.Store }
+
+func (markFailStore) Mark(context.Context, time.Duration, []bucket.Mark) error {
+	return errors.New("test: the record's write failed")
+}
+
+// decisionCount counts the decisions published.
+type decisionCount struct{ n atomic.Int64 }
+
+func (c *decisionCount) Publish(string, *Query, *Outcome) { c.n.Add(1) }
+
+// TestReservationNotRecorded: when a reservation's record cannot be written, the check it
+// charged is still answered allowed (with no reservation: nothing can settle it, its estimate
+// stands) and recorded as a decision, never an error after a charge.
+func TestReservationNotRecorded(t *testing.T) {
+	t.Parallel()
+	rdb := redisSrv.UniversalClient()
+	t.Cleanup(func() { rdb.Close() })
+	store := bucket.NewStore(rdb)
+	t.Cleanup(func() { store.Close() })
+	sink := &decisionCount{}
+	e := newEngine(t, Config{store: markFailStore{store}, Decisions: sink, Rules: mustRules(t, reserveRules), DisableOverLimitCache: true})
+	user := checkertest.ID(t, "u")
+	out, err := e.Check(context.Background(), reserveQuery(user, 30))
+	if err != nil || !out.Allowed || out.Reservation != nil {
+		t.Fatalf("reserve whose record fails: %+v, %v; want allowed with no reservation", out, err)
+	}
+	if n := sink.n.Load(); n != 1 {
+		t.Errorf("%d decisions published, want the reserve's", n)
+	}
+	if tk, _ := left(t, e, user); tk != 70 {
+		t.Errorf("%d left, want 70: the estimate stands", tk)
 	}
 }
