@@ -123,15 +123,10 @@ func parseHoldID(id string) (holder string, places []holdPlace, err error) {
 	return holder, places, nil
 }
 
-// isConcurrencyKey reports whether key is a concurrency bucket's, "rl:{tag}:cc:…": the tag's
-// identifier has every "}" and ":" escaped (subjectTag), so its first "}" ends it.
+// isConcurrencyKey reports whether key is a concurrency bucket's, "rl:{tag}:cc:…" (keyTag).
 func isConcurrencyKey(key string) bool {
-	rest, ok := strings.CutPrefix(key, "rl:{")
-	if !ok {
-		return false
-	}
-	i := strings.IndexByte(rest, '}')
-	return i >= 0 && strings.HasPrefix(rest[i+1:], ":"+bucket.Concurrency.Code()+":")
+	tag := keyTag(key)
+	return tag != "" && strings.HasPrefix(key[len("rl:")+len(tag):], ":"+bucket.Concurrency.Code()+":")
 }
 
 // Release frees the places a check's hold has (Hold.ID), so that other checks may take them at
