@@ -75,6 +75,8 @@ func dimension(d quotaflowv1.Dimension) string {
 		return "global"
 	case quotaflowv1.Dimension_DIMENSION_ORG:
 		return "org"
+	case quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
+		return "descriptor"
 	}
 	return "unspecified"
 }

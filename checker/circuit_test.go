@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -231,7 +232,7 @@ rules:
 `, id))})
 	q := &Query{Subjects: append(make([]Subject, 0, 3), Subject{Dimension: rules.DimensionUser, ID: id}), Endpoint: "/api/v1/search/" + id}
 	allowed := checkConcurrently(t, e, q, 16)
-	if got := q.Subjects[:cap(q.Subjects)][1]; allowed != 8 || len(q.Subjects) != 1 || got != (Subject{}) {
+	if got := q.Subjects[:cap(q.Subjects)][1]; allowed != 8 || len(q.Subjects) != 1 || !reflect.DeepEqual(got, Subject{}) {
 		t.Errorf("16 checks: %d allowed, query's subjects %v, spare slot %v; want 8 (the global rule's limit), one subject, the zero Subject",
 			allowed, q.Subjects, got)
 	}

@@ -206,7 +206,8 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 					holder = newHolder()
 				}
 				lim.Holder = holder
-			} else if q.Cost > lim.Capacity() {
+			} else if q.Cost > lim.Capacity() && !r.CountDenied && lim.Limit > 0 {
+				// (A counted or zero limit denies such a cost: Envoy's semantics, and a ban's.)
 				name := "cost"
 				if q.Reserve > 0 {
 					name = "estimate" // a reservation's cost
@@ -214,6 +215,7 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 				return fieldErrorf(name, "%d is more than rule %q can ever allow at once (%d)", q.Cost, r.ID, lim.Capacity())
 			}
 			req.Limits = append(req.Limits, lim)
+			req.Count = req.Count || r.CountDenied
 			out.Limits = append(out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: effectiveLimit(&lim), thresholds: set.Thresholds(r.ID)})
 		}
 		if len(req.Limits) == 0 {
@@ -239,7 +241,16 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	}
 	// addSubject plans every limit of sub's matching rules.
 	addSubject := func(sub Subject) error {
-		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
+		var rs []*rules.Rule
+		if sub.Dimension == rules.DimensionDescriptor {
+			// One rule applies to a descriptor, the one its entries reach; an unlimited rule
+			// takes it out of every limit.
+			if r := set.MatchDescriptor(out.Tier, q.Endpoint, sub.Entries); r != nil && !r.Unlimited {
+				rs = []*rules.Rule{r}
+			}
+		} else {
+			rs = set.Match(sub.Dimension, out.Tier, q.Endpoint)
+		}
 		if len(rs) == 0 {
 			return nil
 		}
@@ -274,6 +285,11 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 	}
 	if q.IdempotencyKey != "" && !peek && len(pl.reqs) > 0 {
 		a := pl.anchor(out)
+		if pl.reqs[a].Count {
+			// Every request counts its hits (Envoy's semantics): a retry is another hit, as
+			// it is to the reference service, and there is no record to replay.
+			return pl, nil
+		}
 		name, fp := idempotency(q)
 		sub := out.Limits[pl.first[a]].Subject
 		pl.reqs[a].IdempotencyKey = recordKey(subjectTag(sub.Dimension, sub.ID), name)
@@ -293,7 +309,13 @@ func (pl *plan) anchor(out *Outcome) int {
 	best := 0
 	for i := 1; i < len(pl.reqs); i++ {
 		a, b := out.Limits[pl.first[i]].Subject.Dimension, out.Limits[pl.first[best]].Subject.Dimension
-		if a < b || a == b && !pl.reqs[i].Shadow && pl.reqs[best].Shadow {
+		switch ci, cb := pl.reqs[i].Count, pl.reqs[best].Count; {
+		case ci != cb:
+			// A counted request carries no record: any other goes first.
+			if !ci {
+				best = i
+			}
+		case a < b || a == b && !pl.reqs[i].Shadow && pl.reqs[best].Shadow:
 			best = i
 		}
 	}

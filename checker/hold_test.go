@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -169,7 +170,7 @@ rules:
 		t.Errorf("lease events %+v, want %+v", sink.got, want)
 	}
 	for _, s := range sink.sub {
-		if s != (Subject{Dimension: rules.DimensionUser, ID: user}) {
+		if !reflect.DeepEqual(s, Subject{Dimension: rules.DimensionUser, ID: user}) {
 			t.Errorf("lease event of %+v, want the user %s", s, user)
 		}
 	}

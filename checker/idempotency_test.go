@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -59,7 +60,7 @@ func TestIdempotencyDigests(t *testing.T) {
 			}
 		})
 	}
-	if base.Subjects[0] != user {
+	if !reflect.DeepEqual(base.Subjects[0], user) {
 		t.Error("idempotency reordered the query's subjects")
 	}
 }

@@ -1,6 +1,8 @@
 package checker
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +25,17 @@ import (
 // Identifiers are escaped so that none can leave its namespace: every byte outside a small safe
 // set ("{", "}", ":", "%", white space, control and non-ASCII bytes among them) becomes %XX.
 
+// maxTagID bounds the escaped identifier a tag writes out: a longer descriptor (up to 16
+// entries of 256 bytes each) is named by its SHA-256 instead, "{descriptor#<base64url>}", which
+// no escaped identifier can spell ("#" is escaped) and no two descriptors share.
+const maxTagID = 256
+
 // subjectTag returns "{dim:escaped-id}".
 func subjectTag(dim rules.Dimension, id string) string {
+	if dim == rules.DimensionDescriptor && len(id) > maxTagID {
+		sum := sha256.Sum256([]byte(id))
+		return "{" + dim.String() + "#" + base64.RawURLEncoding.EncodeToString(sum[:]) + "}"
+	}
 	var b strings.Builder
 	b.Grow(len(id) + 10)
 	b.WriteByte('{')

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -49,10 +50,45 @@ func fieldError(name string, err error) *FieldError {
 	return &FieldError{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
 }
 
-// Subject is who a check counts against: a user, an IP, an API key, or the global subject.
+// Subject is who a check counts against: a user, an IP, an API key, the global subject, or a
+// descriptor (DescriptorSubject).
 type Subject struct {
 	Dimension rules.Dimension
-	ID        string
+	// ID identifies the subject in its dimension; a descriptor's is its entries written out
+	// (DescriptorSubject), which decisions report.
+	ID string
+	// Entries are a descriptor subject's entries, which rules match (rules.DimensionDescriptor).
+	Entries []rules.Entry
+}
+
+// DescriptorSubject returns the subject of a descriptor, a custom dimension's value
+// ({"tenant", "acme"}) or an Envoy descriptor's entries. Its ID writes the entries as
+// key=value, joined by ",", with "%", "," and "=" escaped (%XX) in keys and values, so that
+// two descriptors never share one.
+func DescriptorSubject(entries []rules.Entry) Subject {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		escapeEntry(&b, e.Key)
+		b.WriteByte('=')
+		escapeEntry(&b, e.Value)
+	}
+	return Subject{Dimension: rules.DimensionDescriptor, ID: b.String(), Entries: entries}
+}
+
+func escapeEntry(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', ',', '=':
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		default:
+			b.WriteByte(c)
+		}
+	}
 }
 
 var globalSubject = Subject{Dimension: rules.DimensionGlobal, ID: "global"}
@@ -138,6 +174,8 @@ func normalQuery(q *Query) (*Query, error) {
 func checkSubject(s Subject, i int) error {
 	switch s.Dimension {
 	case rules.DimensionUser, rules.DimensionIP, rules.DimensionAPIKey:
+	case rules.DimensionDescriptor:
+		return checkDescriptor(s, i)
 	case rules.DimensionGlobal:
 		return fieldErrorf(subjectField(i, "dimension"), "the global subject cannot be named: global rules apply to every request")
 	case rules.DimensionOrg:
@@ -145,10 +183,32 @@ func checkSubject(s Subject, i int) error {
 			return fieldErrorf(subjectField(i, "dimension"), "an org cannot be named in a check: a check counts against its user's (else its API key's) org")
 		}
 	default:
-		return fieldErrorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip or apikey", s.Dimension)
+		return fieldErrorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip, apikey or descriptor", s.Dimension)
 	}
 	if err := field.Text(s.ID, MaxIdentifierLen); err != nil {
 		return fieldError(subjectField(i, "identifier"), err)
+	}
+	return nil
+}
+
+// checkDescriptor validates the descriptor subject at index i of a query's subjects.
+func checkDescriptor(s Subject, i int) error {
+	if len(s.Entries) == 0 || len(s.Entries) > rules.MaxDescriptorEntries {
+		return fieldErrorf(subjectField(i, "entries"), "want 1 to %d entries, got %d", rules.MaxDescriptorEntries, len(s.Entries))
+	}
+	for j, e := range s.Entries {
+		if err := field.Text(e.Key, MaxIdentifierLen); err != nil {
+			return fieldError(subjectField(i, fmt.Sprintf("entries[%d].key", j)), err)
+		}
+		// A value may be empty (Envoy sends what its actions produce), never invalid text.
+		if e.Value != "" {
+			if err := field.Text(e.Value, MaxIdentifierLen); err != nil {
+				return fieldError(subjectField(i, fmt.Sprintf("entries[%d].value", j)), err)
+			}
+		}
+	}
+	if want := DescriptorSubject(s.Entries).ID; s.ID != want {
+		return fieldErrorf(subjectField(i, "identifier"), "a descriptor's identifier is its entries written out (DescriptorSubject): want %q", want)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func TestQueryValidation(t *testing.T) {
 		want string
 	}{
 		{"no dimension", Query{Subjects: []Subject{{ID: "u"}}, Endpoint: "/api/x", Cost: 1},
-			"subjects[0].dimension: unknown dimension 0: want user, ip or apikey"},
+			"subjects[0].dimension: unknown dimension 0: want user, ip, apikey or descriptor"},
 		{"the global subject", Query{Subjects: []Subject{user("u"), {Dimension: rules.DimensionGlobal, ID: "global"}}, Endpoint: "/api/x", Cost: 1},
 			"subjects[1].dimension: the global subject cannot be named: global rules apply to every request"},
 		{"two users", Query{Subjects: []Subject{user("u"), user("v")}, Endpoint: "/api/x", Cost: 1},
@@ -87,7 +87,7 @@ func TestResetValidation(t *testing.T) {
 		r    ResetRequest
 		want string
 	}{
-		{"no dimension", ResetRequest{Subject: Subject{ID: "u"}}, "dimension: unknown dimension 0: want user, ip or apikey"},
+		{"no dimension", ResetRequest{Subject: Subject{ID: "u"}}, "dimension: unknown dimension 0: want user, ip, apikey or descriptor"},
 		{"empty identifier", ResetRequest{Subject: Subject{Dimension: rules.DimensionUser}}, "identifier: required"},
 		{"bad endpoint", ResetRequest{Subject: Subject{Dimension: rules.DimensionUser, ID: "u"}, Endpoint: "api"}, `endpoint: "api" must be an absolute path, starting with "/"`},
 		{"unknown rule", ResetRequest{Subject: Subject{Dimension: rules.DimensionUser, ID: "u"}, RuleID: "nope"}, `rule_id: no rule has id "nope"`},

@@ -79,6 +79,15 @@ type DocRule struct {
 	// the periods of a calendar window (1d, 1w, 1mo, 1y).
 	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
 	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
+	// Descriptor is the descriptor a rule of dimension descriptor matches (Rule.Descriptor);
+	// a custom dimension (dimension: tenant) is the descriptor of its one key.
+	Descriptor []DocEntry `yaml:"descriptor,omitempty" json:"descriptor,omitempty"`
+	// Name, Replaces, Unlimited and CountDenied are a descriptor rule's (Rule's), as Envoy's
+	// reference service configures them.
+	Name        string   `yaml:"name,omitempty" json:"name,omitempty"`
+	Replaces    []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
+	Unlimited   Scalar   `yaml:"unlimited,omitempty" json:"unlimited,omitempty"`
+	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
 }
 
 // DocLease is a rule's lease: how many units a checker takes from Redis at a time.

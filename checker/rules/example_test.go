@@ -43,5 +43,5 @@ rules:
 	// Output:
 	// 2 problems:
 	//   line 3: rule "orders" (rules[0]): endpoint: "orders" must start with "/" (or be "*")
-	//   line 3: rule "orders" (rules[0]): limit: want a whole number from 1 to 1000000000, got "0"
+	//   line 3: rule "orders" (rules[0]): limit: want a whole number from 1 to 1000000000, got "0" (0 only for a fixed_window)
 }

@@ -248,11 +248,25 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		p.add(where, "id: required, and must match %s", nameRE)
 	}
 	var err error
-	if fr.Dimension == "" {
-		p.add(where, "dimension: required (user, ip, apikey, global or org)")
-	} else if r.Dimension, err = ParseDimension(fr.Dimension); err != nil {
-		p.add(where, "dimension: %v", err)
+	switch {
+	case fr.Dimension == "":
+		p.add(where, "dimension: required (user, ip, apikey, global, org, descriptor, or a custom dimension's name)")
+	case customDimension(fr.Dimension):
+		// A custom dimension counts per value of its one key: the descriptor of that key.
+		r.Dimension, r.Descriptor = DimensionDescriptor, []Entry{{Key: fr.Dimension}}
+		if len(fr.Descriptor) > 0 {
+			p.add(where, "descriptor: a custom dimension (%s) is a descriptor of its one key; write dimension: descriptor to match several entries", fr.Dimension)
+		}
+	default:
+		if r.Dimension, err = ParseDimension(fr.Dimension); err != nil {
+			p.add(where, "dimension: %v, or a custom dimension's name (matching %s, and no near spelling of those)", err, nameRE)
+		} else if r.Dimension == DimensionDescriptor {
+			r.Descriptor = descriptorOf(p, where, fr.Descriptor)
+		} else if len(fr.Descriptor) > 0 {
+			p.add(where, "descriptor: only descriptor rules (dimension: descriptor) match a descriptor; this rule counts per %s", r.Dimension)
+		}
 	}
+	descriptorFields(p, where, fr, &r)
 	if err := ValidatePattern(fr.Endpoint); err != nil {
 		p.add(where, "endpoint: %v", err)
 	}
@@ -261,15 +275,23 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 			p.add(where, "tier: %q is not declared under tiers:", fr.Tier)
 		}
 	}
+	if r.Unlimited {
+		return r, len(p.list) == n
+	}
 	if fr.Algorithm == "" {
 		p.add(where, "algorithm: required")
 	} else if r.Algorithm, err = bucket.ParseAlgorithm(fr.Algorithm); err != nil {
 		p.add(where, "algorithm: %v", err)
 	}
-	if fr.Limit == "" {
+	switch {
+	case fr.Limit == "":
 		p.add(where, "limit: required")
-	} else if r.Limit, err = parseCount(string(fr.Limit)); err != nil {
-		p.add(where, "limit: %v", err)
+	case strings.TrimSpace(string(fr.Limit)) == "0" && r.Algorithm == bucket.FixedWindow:
+		// A fixed window of 0 denies every check (Envoy's "banned" limits).
+	default:
+		if r.Limit, err = parseCount(string(fr.Limit)); err != nil {
+			p.add(where, "limit: %v (0 only for a fixed_window)", err)
+		}
 	}
 	if fr.Window == "" {
 		p.add(where, "window: required (a Go duration: 1s, 1m, 1h, 24h; or a calendar period: 1d, 1w, 1mo, 1y)")
@@ -311,7 +333,60 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if fr.Lease != nil {
 		r.Lease = leaseSlice(p, where, fr.Lease, &r)
 	}
+	if r.CountDenied && (r.Algorithm != bucket.FixedWindow || r.Calendar.Unit.Valid()) {
+		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())
+	}
 	return r, len(p.list) == n
+}
+
+// descriptorFields validates a rule's name, replaces, unlimited and count_denied, which only
+// descriptor rules take.
+func descriptorFields(p *problems, where string, fr *DocRule, r *Rule) {
+	var err error
+	if fr.Unlimited != "" {
+		if r.Unlimited, err = strconv.ParseBool(string(fr.Unlimited)); err != nil {
+			p.add(where, "unlimited: want true or false, got %q", fr.Unlimited)
+		}
+	}
+	if fr.CountDenied != "" {
+		if r.CountDenied, err = strconv.ParseBool(string(fr.CountDenied)); err != nil {
+			p.add(where, "count_denied: want true or false, got %q", fr.CountDenied)
+		}
+	}
+	r.Name, r.Replaces = fr.Name, fr.Replaces
+	if r.Dimension != DimensionDescriptor {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"name", fr.Name != ""}, {"replaces", len(fr.Replaces) > 0}, {"unlimited", r.Unlimited}} {
+			if f.set {
+				p.add(where, "%s: only descriptor rules take one (dimension: descriptor or a custom dimension)", f.name)
+			}
+		}
+	}
+	if len(fr.Name) > MaxIdentifierLen {
+		p.add(where, "name: at most %d bytes", MaxIdentifierLen)
+	}
+	for i, name := range fr.Replaces {
+		switch {
+		case name == "":
+			p.add(where, "replaces[%d]: empty: name the rule (its name:) this one replaces", i)
+		case name == fr.Name:
+			p.add(where, "replaces[%d]: %q is this rule's own name", i, name)
+		}
+	}
+	if !r.Unlimited {
+		return
+	}
+	// An unlimited rule limits nothing: it has no bucket to describe.
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"algorithm", fr.Algorithm != ""}, {"limit", fr.Limit != ""}, {"window", fr.Window != ""}, {"burst", fr.Burst != ""}, {"count_denied", r.CountDenied}, {"lease", fr.Lease != nil}} {
+		if f.set {
+			p.add(where, "%s: an unlimited rule has none", f.name)
+		}
+	}
 }
 
 // ruleCalendar validates a rule's time zone and anchor day, which only calendar windows take,

@@ -24,16 +24,20 @@ const (
 	DimensionAPIKey
 	DimensionGlobal
 	DimensionOrg
+	// DimensionDescriptor counts per descriptor (descriptor.go): custom dimensions
+	// (dimension: tenant) and Envoy descriptors, an ordered list of key and value entries.
+	DimensionDescriptor
 
-	lastDimension = DimensionOrg
+	lastDimension = DimensionDescriptor
 )
 
 var dimensionNames = [...]string{
-	DimensionUser:   "user",
-	DimensionIP:     "ip",
-	DimensionAPIKey: "apikey",
-	DimensionGlobal: "global",
-	DimensionOrg:    "org",
+	DimensionUser:       "user",
+	DimensionIP:         "ip",
+	DimensionAPIKey:     "apikey",
+	DimensionGlobal:     "global",
+	DimensionOrg:        "org",
+	DimensionDescriptor: "descriptor",
 }
 
 // String returns the dimension's name as written in rules files ("apikey").
@@ -54,7 +58,7 @@ func ParseDimension(s string) (Dimension, error) {
 			return d, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown dimension %q (want user, ip, apikey, global or org)", s)
+	return 0, fmt.Errorf("unknown dimension %q (want user, ip, apikey, global, org or descriptor)", s)
 }
 
 // FailMode decides a rule's answer while Redis cannot be reached.
@@ -121,6 +125,21 @@ type Rule struct {
 	// length. A subject's tier or user may carry its own time zone and anchor day
 	// (Set.Effective). Only fixed_window rules have one.
 	Calendar calendar.Period
+	// Descriptor is what a rule of DimensionDescriptor matches (descriptor.go).
+	Descriptor []Entry
+	// Name is the name Replaces of other rules refer to (Envoy's rate_limit.name), reported
+	// to Envoy as the limit's name; empty for none.
+	Name string
+	// Replaces names the rules (by Name) this one replaces: a request of several descriptors
+	// whose descriptors match this rule and a replaced one is not checked against the
+	// replaced one (Envoy's replaces).
+	Replaces []string
+	// Unlimited is a descriptor rule that matches and never limits: the descriptor is
+	// answered with no limit, and no other rule applies to it.
+	Unlimited bool
+	// CountDenied counts every hit, allowed or not (bucket.Request.Count): the reference
+	// service's fixed window, whose count goes on past the limit. fixed_window only.
+	CountDenied bool
 }
 
 // WindowName is the window as a rules file writes it: a calendar unit (1mo), else a duration.

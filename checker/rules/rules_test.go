@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -92,7 +93,7 @@ func TestParseValues(t *testing.T) {
 	}
 	want := Rule{ID: "user-api", Dimension: DimensionUser, Endpoint: "/api/*", Algorithm: bucket.TokenBucket,
 		Limit: 100, Window: time.Minute, Burst: 20, FailMode: FailOpen}
-	if *r != want {
+	if !reflect.DeepEqual(*r, want) {
 		t.Errorf("user-api = %+v, want %+v", *r, want)
 	}
 	if r, _ := s.Rule("user-all"); r.Burst != 1000 {
@@ -204,7 +205,7 @@ func TestParseErrors(t *testing.T) {
 		{"lease slice zero", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 0}}", []string{`lease: slice: want a whole number from 1`}},
 		{"lease slice above limit", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 6}}", []string{`rule "a" (rules[0]): lease: slice: 6 is more than the limit (5)`}},
 		{"lease unknown field", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slices: 2}}", []string{"slices"}},
-		{"all problems at once", "rules:\n- {id: a, dimension: nope, endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
+		{"all problems at once", "rules:\n- {id: a, dimension: 'no pe', endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

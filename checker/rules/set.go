@@ -24,9 +24,10 @@ type Set struct {
 	warnings     Thresholds
 	ruleWarnings map[string]Thresholds
 	policies     Policies
-	ovr          *overrideIndex // nil: no overrides
-	calendar     bool           // a rule has a calendar window
-	orgRules     bool           // a rule counts per org
+	ovr          *overrideIndex  // nil: no overrides
+	calendar     bool            // a rule has a calendar window
+	orgRules     bool            // a rule counts per org
+	domains      map[string]bool // the endpoints descriptor rules name exactly
 }
 
 // HasCalendar reports whether a rule of the set has a calendar window: its checks need the
@@ -55,6 +56,12 @@ func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier strin
 		s.byID[s.rules[i].ID] = &s.rules[i]
 		s.calendar = s.calendar || s.rules[i].Calendar.Unit.Valid()
 		s.orgRules = s.orgRules || s.rules[i].Dimension == DimensionOrg
+		if r := &s.rules[i]; r.Dimension == DimensionDescriptor && r.Endpoint != "*" && !strings.HasSuffix(r.Endpoint, "/*") {
+			if s.domains == nil {
+				s.domains = make(map[string]bool)
+			}
+			s.domains[r.Endpoint] = true
+		}
 	}
 	dups := sharedBuckets{}
 	for dim := DimensionUser; dim <= lastDimension; dim++ {
@@ -66,6 +73,9 @@ func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier strin
 				}
 			}
 			m.finish(dups, tier)
+			if dim == DimensionDescriptor {
+				m.plant()
+			}
 			if !m.empty() {
 				s.matchers[matcherKey{dim, tier}] = m
 			}
@@ -187,6 +197,9 @@ type matcher struct {
 	exact map[string][]*Rule
 	root  *node // prefix rules, one tree level per path segment
 	all   []*Rule
+	// trees are the descriptor trees of a descriptor matcher's rule lists, by their first
+	// rule (plant).
+	trees map[*Rule]*descNode
 }
 
 type node struct {
@@ -219,6 +232,28 @@ func (m *matcher) add(r *Rule) {
 	default:
 		m.exact[p] = append(m.exact[p], r)
 	}
+}
+
+// plant builds the descriptor tree of every rule list of m.
+func (m *matcher) plant() {
+	m.trees = make(map[*Rule]*descNode)
+	add := func(rs []*Rule) {
+		if len(rs) > 0 {
+			m.trees[rs[0]] = descTree(rs)
+		}
+	}
+	add(m.all)
+	for _, rs := range m.exact {
+		add(rs)
+	}
+	var walk func(n *node)
+	walk = func(n *node) {
+		add(n.rules)
+		for _, c := range n.children {
+			walk(c)
+		}
+	}
+	walk(m.root)
 }
 
 func (m *matcher) empty() bool {
@@ -277,6 +312,11 @@ func preferTier(p sharedBuckets, tier string, rs []*Rule) []*Rule {
 	seen := make(map[string]*Rule, len(rs))
 	for _, r := range rs {
 		k := fmt.Sprintf("%s/%s", r.Algorithm, r.WindowName())
+		if r.Dimension == DimensionDescriptor {
+			// A descriptor rule's bucket is its descriptor's: rules of other patterns never
+			// meet in one.
+			k += "/" + descriptorPattern(r.Descriptor)
+		}
 		keys := []string{k}
 		if r.Dimension == DimensionIP {
 			// ip rules share a bucket only where they group an address family alike.

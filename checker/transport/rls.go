@@ -38,8 +38,9 @@ const (
 	MaxRLSEntries     = 64
 )
 
-// The descriptor entry keys quotaflow reads. Every other key is ignored, so the descriptors of
-// an existing Envoy configuration may carry entries meant for other services.
+// The descriptor entry keys quotaflow reads as its own. Every other key is an entry of the
+// descriptor's custom dimensions, which only descriptor rules match, so the descriptors of an
+// existing Envoy configuration may carry entries meant for other services.
 var rlsKeys = map[string]rlsKey{
 	"user_id":        rlsUser,
 	"user":           rlsUser,
@@ -77,7 +78,10 @@ const (
 //     the domain is empty), so that rules can tell descriptors of different domains apart.
 //   - tier overrides the subjects' configured tier, as the tier field of CheckRateLimit does,
 //     and only from a caller with the assert-tier permission.
-//   - every other key is ignored.
+//   - the entries of every other key, in order, are the descriptor's custom dimensions: a
+//     descriptor subject (checker.DescriptorSubject), which descriptor rules match
+//     (dimension: tenant; dimension: descriptor with a descriptor path). A descriptor naming
+//     only such entries is checked against them alone.
 //   - the cost is the descriptor's hits_addend when set, else the request's hits_addend;
 //     0 means 1. is_negative_hits is refused (quotaflow does not refill buckets on request), and
 //     a descriptor's limit override is ignored: quotaflow's rules decide.
@@ -166,6 +170,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *connect.Request[ratel
 func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest) (*ratelimitv3.RateLimitResponse, error) {
 	if err := s.authorize(ctx, auth.Check, "ShouldRateLimit"); err != nil {
 		return nil, err
+	}
+	if set := s.engine.Rules(); set != nil && req.GetDomain() != "" && len(req.GetDescriptors()) > 0 && len(req.GetDescriptors()) <= MaxRLSDescriptors {
+		if ep, err := field.Endpoint("/"+req.GetDomain(), checker.MaxEndpointLen); err == nil && set.DescriptorDomain(ep) {
+			return s.envoyRateLimit(ctx, req, set, ep)
+		}
 	}
 	qs, err := rlsQueries(req)
 	if be := (*badEndpoint)(nil); errors.As(err, &be) {
@@ -362,9 +371,13 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	}
 	q.Subjects = make([]checker.Subject, 0, 3)
 	endpointSet := false
+	var custom []rules.Entry // the entries of other keys: the descriptor's custom dimensions
 	for j, e := range entries {
 		kind, ok := rlsKeys[e.GetKey()]
 		if !ok {
+			if err := rlsCustom(&custom, q, j, e); err != nil {
+				return err
+			}
 			continue
 		}
 		entryErr := func(suffix, format string, args ...any) error {
@@ -407,8 +420,11 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			q.Subjects = append(q.Subjects, checker.Subject{Dimension: dim, ID: v})
 		}
 	}
+	if custom != nil {
+		q.Subjects = append(q.Subjects, checker.DescriptorSubject(custom))
+	}
 	if len(q.Subjects) == 0 {
-		return fieldErrorf(q.field(".entries"), "no subject (user_id, remote_address or api_key)")
+		return fieldErrorf(q.field(".entries"), "no subject (user_id, remote_address, api_key, or another key: a custom dimension)")
 	}
 	if !endpointSet {
 		// The domain names the endpoint: "/" + domain, in normal form like any other.
@@ -430,6 +446,24 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	if q.Cost, err = field.Cost(int64(min(cost, math.MaxInt64)), checker.MaxCost); err != nil {
 		return fieldError(q.costField(), err)
 	}
+	return nil
+}
+
+// rlsCustom adds entry j, of a key quotaflow does not read itself, to the descriptor's custom
+// dimensions: descriptor rules match them (dimension: tenant, or a descriptor's path).
+func rlsCustom(custom *[]rules.Entry, q *rlsQuery, j int, e *rlcommonv3.RateLimitDescriptor_Entry) error {
+	if len(*custom) == rules.MaxDescriptorEntries {
+		return fieldErrorf(q.field(".entries"), "at most %d entries of custom dimensions (keys other than quotaflow's own)", rules.MaxDescriptorEntries)
+	}
+	if err := field.Text(e.GetKey(), checker.MaxIdentifierLen); err != nil {
+		return fieldError(q.field(fmt.Sprintf(".entries[%d].key", j)), err)
+	}
+	if v := e.GetValue(); v != "" {
+		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
+			return fieldError(q.field(fmt.Sprintf(".entries[%d].value", j)), err)
+		}
+	}
+	*custom = append(*custom, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 	return nil
 }
 

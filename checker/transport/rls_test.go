@@ -337,8 +337,8 @@ func TestRLSInvalid(t *testing.T) {
 	}{
 		{"no descriptors", rlsReq(), "descriptors: required"},
 		{"no entries", rlsReq(desc()), "descriptors[0].entries: required"},
-		{"no subject", rlsReq(desc("user_id", user, "path", "/rls/x"), desc("path", "/rls/x", "generic_key", "g")),
-			"descriptors[1].entries: no subject (user_id, remote_address or api_key)"},
+		{"no subject", rlsReq(desc("user_id", user, "path", "/rls/x"), desc("path", "/rls/x")),
+			"descriptors[1].entries: no subject (user_id, remote_address, api_key, or another key: a custom dimension)"},
 		{"empty value", rlsReq(desc("remote_address", "")), "descriptors[0].entries[0].value: required"},
 		{"long subject", rlsReq(desc("user_id", user, "api_key", long)), "descriptors[0].entries[1].value: must be at most 256 bytes, got 257"},
 		{"two users", rlsReq(desc("user_id", user, "user", "other")), "descriptors[0].entries[1].key: a second user subject"},

@@ -82,8 +82,8 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 // check adds a check of the parsed values that parse runs; its error is a usage error.
 func (fs *flagSet) check(f func() error) { fs.after = append(fs.after, f) }
 
-// parseArgs is parse for commands that take n arguments, which may come before, between or
-// after the flags (quotaflow rules get ID --json).
+// parseArgs is parse for commands that take n arguments (n < 0: one or more), which may come
+// before, between or after the flags (quotaflow rules get ID --json).
 func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, names string) ([]string, error) {
 	var pos []string
 	for {
@@ -96,7 +96,7 @@ func (fs *flagSet) parseArgs(args []string, getenv func(string) string, n int, n
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
-	if len(pos) != n {
+	if n >= 0 && len(pos) != n || n < 0 && len(pos) == 0 {
 		return nil, usageError{fmt.Errorf("%s: want %s, got %d argument(s)", fs.Name(), names, len(pos))}
 	}
 	return pos, fs.fillEnv(getenv)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -21,11 +22,14 @@ const rulesHelp = `  quotaflow rules list              the rules of the rule sto
   quotaflow rules get ID            one rule, as YAML
   quotaflow rules apply -f FILE     replace rules, tiers, users and policies with a rules file
   quotaflow rules delete ID         remove a rule (refused while a user's limit names it)
+  quotaflow rules import-envoy PATH...
+                                    envoyproxy/ratelimit configuration as a rules file
 `
 
 func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "rules", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
 		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": rulesDelete,
+		"import-envoy": rulesImportEnvoy,
 	}, rulesHelp, args, getenv, stdout, stderr)
 }
 
@@ -125,5 +129,47 @@ func rulesDelete(ctx context.Context, args []string, getenv func(string) string,
 		return err
 	}
 	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
+	return nil
+}
+
+func rulesImportEnvoy(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules import-envoy", `Converts envoyproxy/ratelimit configuration files (each PATH a file, or a directory whose
+*.yaml and *.yml files are read) into a quotaflow rules file, printed or written to --out,
+which a checker loads with --rules (or quotaflow rules apply -f). Envoy's descriptors to
+quotaflow then get the reference service's answers (docs/envoy.md).`, stderr)
+	out := fs.String("out", "", "write the rules `file` here instead of standard output")
+	paths, err := fs.parseArgs(args, getenv, -1, "one or more configuration files or directories")
+	if err != nil {
+		return err
+	}
+	doc, err := rules.ImportEnvoy(paths...)
+	if err != nil {
+		return err
+	}
+	if _, err := doc.Compile(); err != nil {
+		return fmt.Errorf("rules import-envoy: the converted rules are refused: %w", err)
+	}
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("encode rules: %w", err)
+	}
+	var n yaml.Node
+	if err := yaml.Unmarshal(raw, &n); err != nil {
+		return fmt.Errorf("encode rules: %w", err)
+	}
+	plainStyle(&n)
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Converted by quotaflow rules import-envoy from %s.\n", strings.Join(paths, ", "))
+	if err := yaml.NewEncoder(&b).Encode(&n); err != nil {
+		return fmt.Errorf("encode rules: %w", err)
+	}
+	if *out == "" {
+		_, err := stdout.Write(b.Bytes())
+		return err
+	}
+	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("rules import-envoy: %w", err)
+	}
+	fmt.Fprintf(stdout, "wrote %s: %d rules\n", *out, len(doc.Rules))
 	return nil
 }

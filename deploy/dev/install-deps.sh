@@ -15,6 +15,15 @@ if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
   go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 fi
 
+# envoyproxy/ratelimit, the reference service the differential test compares with
+# (TestEnvoyReferenceAgreement): its binary, and its example configuration in the module cache.
+# The version is the test's envoyRatelimitVersion.
+ratelimit_version=v1.4.1-0.20260122083618-3fb702589d36
+if [ ! -x "$gobin/service_cmd" ] || [ ! -d "$(go env GOMODCACHE)/github.com/envoyproxy/ratelimit@$ratelimit_version/examples" ]; then
+  echo "install-deps: installing envoyproxy/ratelimit $ratelimit_version into $gobin (go install)"
+  go install "github.com/envoyproxy/ratelimit/src/service_cmd@$ratelimit_version"
+fi
+
 missing=()
 # redis-server also runs the Sentinel tests in its sentinel mode (redis-server --sentinel), so no
 # redis-sentinel binary is needed; --redis-sentinel is only the checker's flag naming the sentinels.

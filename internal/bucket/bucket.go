@@ -68,6 +68,11 @@ type Request struct {
 	// uncharged. It is stored as given: a short one (checker's is 16 bytes) keeps the record
 	// small. Ignored without IdempotencyKey.
 	Fingerprint string
+	// Count charges every limit whether it allows or not, as Envoy's reference service
+	// counts the hits over a limit (its INCRBY comes before the comparison): a denied Count
+	// request stays charged, and the next check sees the count past the limit. Only fixed
+	// window limits may be counted, and a counted request carries no idempotency record.
+	Count bool
 }
 
 // IdempotencyTTL is how long an idempotency record is kept.

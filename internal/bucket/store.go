@@ -69,11 +69,12 @@ const (
 	modeRefund            // give a charge back; with a record: delete it
 	modeRecord            // write the record alone
 	modeChargeOnly        // charge; with a record: replay, never write it
+	modeCount             // charge allowed or not (Request.Count); never a record
 )
 
 // Pre-boxed constant arguments: boxing a string into an interface allocates, these do not.
 var (
-	argModes       = [...]any{modeCharge: "0", modePeek: "1", modeRefund: "2", modeRecord: "3", modeChargeOnly: "4"}
+	argModes       = [...]any{modeCharge: "0", modePeek: "1", modeRefund: "2", modeRecord: "3", modeChargeOnly: "4", modeCount: "6"}
 	argZero    any = "0"
 	argOne     any = "1"
 	argEmpty   any = ""
@@ -168,6 +169,8 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 			mode = modePeek
 		case i == rec:
 			mode = recMode
+		case reqs[i].Count:
+			mode = modeCount
 		}
 		j.addCall(&reqs[i], mode, i == rec, "", nil)
 	}

@@ -17,6 +17,10 @@ var ErrInvalidRequest = errors.New("invalid bucket request")
 var (
 	errNoLimits  = errors.New("no limits")
 	errCostRange = fmt.Errorf("cost must be between 1 and %d", int64(maxValue))
+	// A counted request is denied and charged alike: a retry of one is another hit, as it
+	// is to the reference service.
+	errCountRecord    = errors.New("a counted request cannot carry an idempotency record")
+	errCountAlgorithm = errors.New("only fixed window limits can be counted")
 )
 
 // Validate reports the first reason r cannot be checked, or nil; the error wraps
@@ -35,7 +39,13 @@ func (r *Request) validate() error {
 	if len(r.Limits) == 0 {
 		return errNoLimits
 	}
+	if r.Count && r.IdempotencyKey != "" {
+		return errCountRecord
+	}
 	for i := range r.Limits {
+		if r.Count && r.Limits[i].Algorithm != FixedWindow {
+			return fmt.Errorf("limit %d (%q): %w", i, r.Limits[i].Key, errCountAlgorithm)
+		}
 		if err := r.Limits[i].validate(); err != nil {
 			return fmt.Errorf("limit %d (%q): %w", i, r.Limits[i].Key, err)
 		}
@@ -56,8 +66,10 @@ func (l *Limit) validate() error {
 		return errors.New("empty key")
 	case !l.Algorithm.Valid():
 		return fmt.Errorf("invalid algorithm %d", uint8(l.Algorithm))
+	case l.Limit == 0 && l.Algorithm == FixedWindow:
+		// A fixed window of 0 denies every charge: Envoy's "banned" limits.
 	case l.Limit < 1 || l.Limit > maxValue:
-		return fmt.Errorf("limit must be between 1 and %d, got %d", int64(maxValue), l.Limit)
+		return fmt.Errorf("limit must be between 1 and %d (0 for a fixed window), got %d", int64(maxValue), l.Limit)
 	case l.Window < time.Microsecond || l.Window.Microseconds() > maxValue:
 		return fmt.Errorf("window must be between 1µs and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.Window)
 	case l.Burst < 0 || l.Burst > maxValue:
@@ -99,5 +111,6 @@ func (l *Limit) scriptArgs() (w, b int64) {
 		p := l.Periods
 		return p.Start.Unix(), int64(p.First/time.Second)<<25 | int64(p.Second/time.Second)
 	}
-	return l.windowUS(), l.Capacity()
+	// A fixed window ignores its burst; the script wants one of at least 1.
+	return l.windowUS(), max(l.Capacity(), 1)
 }

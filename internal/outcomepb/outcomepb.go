@@ -85,6 +85,8 @@ func Dimension(d rules.Dimension) quotaflowv1.Dimension {
 		return quotaflowv1.Dimension_DIMENSION_GLOBAL
 	case rules.DimensionOrg:
 		return quotaflowv1.Dimension_DIMENSION_ORG
+	case rules.DimensionDescriptor:
+		return quotaflowv1.Dimension_DIMENSION_DESCRIPTOR
 	}
 	return quotaflowv1.Dimension_DIMENSION_UNSPECIFIED
 }

@@ -11,7 +11,9 @@
 -- ARGV[1]      n, the number of limits (>= 1; 0 in mode "3")
 -- ARGV[2]      cost (>= 1)
 -- ARGV[3]      mode: "0" charge, "1" peek, "2" refund, "3" record, "4" charge without
---              writing the record, "5" settle a reservation (settle, below; not in a batch)
+--              writing the record, "5" settle a reservation (settle, below; not in a batch),
+--              "6" count: charge every limit whether it allows or not (Envoy's reference
+--              service counts hits over the limit too; no idempotency record)
 -- ARGV[4]      idempotency TTL in ms; "0" = no idempotency record
 -- ARGV[5]      charge and record: the request's fingerprint, bound to the record ("" for none;
 --              ignored without a record); refund: now_us of the charge being refunded;
@@ -20,7 +22,8 @@
 --              algorithm code (the bucket.Algorithm value: 1 token_bucket, 2 leaky_bucket,
 --              3 fixed_window, 4 sliding_window_log, 5 sliding_window_counter, 6 gcra,
 --              7 calendar_window, 8 concurrency), limit, window_us, burst (capacity, already resolved,
---              >= 1), all decimal integers (calendar_window sends its periods in the places
+--              >= 1), all decimal integers (a fixed window's limit may be 0: it denies
+--              every charge) (calendar_window sends its periods in the places
 --              of the window and the burst: lua/calendar_window.lua),
 --              refund token (refund; a charge's of concurrency: the lease's id; else "")
 --
@@ -109,14 +112,18 @@ end
 
 -- fields returns the six reply fields of one limit from the results of its eval, after
 -- committing it when charged.
-local function fields(charged, commit, key, L, W, B, Bs, now, now_s, cost,
+-- count (mode "6") commits a denied limit's as-if-charged state too.
+local function fields(charged, count, commit, key, L, W, B, Bs, now, now_s, cost,
                       ok, used, rem, reset, a1, a2, a3, s1, s2, s3, tok)
-  if charged then
+  if charged and ok then
     local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, tok)
     return 1, a1, a2, us(ceil_us(a3)), '0', token
   end
   if ok then
     return 1, used, rem, us(ceil_us(reset)), '0', ''
+  end
+  if count then
+    commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, tok)
   end
   local retry = a1
   if cost > B and retry < W then retry = W end
@@ -128,11 +135,11 @@ end
 -- locals, which saves the tables of the general case. mode, cost and idem are validated.
 local function one(KEYS, ARGV, mode, cost, idem)
   -- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
-  local charge = mode == '0' or mode == '4'
+  local charge = mode == '0' or mode == '4' or mode == '6'
   local replayed = 0
   local ev, cm, rf = modules(ARGV[6])
   local L, W, B, Bs = int(ARGV[7]), int(ARGV[8]), int(ARGV[9]), ARGV[9]
-  if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+  if not ev or not L or L < 0 or L == 0 and ARGV[6] ~= '3' or not W or W < 1 or not B or B < 1 then
     return redis.error_reply('ERR bucket: malformed limit 1')
   end
 
@@ -155,7 +162,7 @@ local function one(KEYS, ARGV, mode, cost, idem)
   end
 
   local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
-  local f1, f2, f3, f4, f5, f6 = fields(charge and ok, cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
+  local f1, f2, f3, f4, f5, f6 = fields(charge, mode == '6', cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
     ok, used, rem, reset, a1, a2, a3, s1, s2, s3, ARGV[10])
   if charge and ok and idem and mode == '0' then
     redis.call('SET', idem, ARGV[5], 'PX', ARGV[4])
@@ -170,7 +177,7 @@ local many
 if NEED then
   many = function(KEYS, ARGV, n, mode, cost, idem)
     -- charge is whether this call may consume (a replay turns it off); replayed goes in the reply.
-    local charge = mode == '0' or mode == '4'
+    local charge = mode == '0' or mode == '4' or mode == '6'
     local replayed = 0
     -- P holds S entries per limit i, from j = S*(i-1): the module's eval, commit and refund at
     -- j+1..j+3, L, W, B at j+4..j+6, and eval's ten results at j+7..j+16: one flat table, built
@@ -181,7 +188,7 @@ if NEED then
       local b = 5 + (i - 1) * 5
       local ev, cm, rf = modules(ARGV[b + 1])
       local L, W, B = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4])
-      if not ev or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+      if not ev or not L or L < 0 or L == 0 and ARGV[b + 1] ~= '3' or not W or W < 1 or not B or B < 1 then
         return redis.error_reply('ERR bucket: malformed limit ' .. i)
       end
       local j = (i - 1) * S
@@ -217,14 +224,14 @@ if NEED then
       if not P[j + 7] then all = false end
     end
 
-    local charged = charge and all
+    local charged = charge and (all or mode == '6')
     local reply = sized(3 + 6 * n)
     reply[1], reply[2], reply[3] = all and 1 or 0, now_s, replayed
     local k = 3
     for i = 1, n do
       local j = (i - 1) * S
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
-        fields(charged, P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
+        fields(charged, charged and mode == '6', P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
           P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16],
           ARGV[5 + (i - 1) * 5 + 5])
       k = k + 6
@@ -312,7 +319,8 @@ local function check(KEYS, ARGV)
   local cost = ARGV[2] == '1' and 1 or int(ARGV[2])
   local idem_ttl = ARGV[4] == '0' and 0 or tonumber(ARGV[4])
   if not n or n < 1 or #ARGV ~= 5 + 5 * n or not cost or cost < 1 or not idem_ttl
-      or (mode ~= '0' and mode ~= '1' and mode ~= '2' and mode ~= '4') then
+      or (mode ~= '0' and mode ~= '1' and mode ~= '2' and mode ~= '4' and mode ~= '6')
+      or (mode == '6' and idem_ttl > 0) then
     return redis.error_reply('ERR bucket: malformed arguments')
   end
   local idem

@@ -39,6 +39,10 @@ const (
 	// its API key's) org, never one it names. It appears in responses and may be named by
 	// ResetLimit.
 	Dimension_DIMENSION_ORG Dimension = 5
+	// DIMENSION_DESCRIPTOR is a descriptor: a custom dimension's value (tenant=acme) or an Envoy
+	// descriptor's entries. Its identifier writes the entries out as key=value joined by ",",
+	// with "%", "," and "=" escaped as %XX.
+	Dimension_DIMENSION_DESCRIPTOR Dimension = 6
 )
 
 // Enum value maps for Dimension.
@@ -50,6 +54,7 @@ var (
 		3: "DIMENSION_API_KEY",
 		4: "DIMENSION_GLOBAL",
 		5: "DIMENSION_ORG",
+		6: "DIMENSION_DESCRIPTOR",
 	}
 	Dimension_value = map[string]int32{
 		"DIMENSION_UNSPECIFIED": 0,
@@ -58,6 +63,7 @@ var (
 		"DIMENSION_API_KEY":     3,
 		"DIMENSION_GLOBAL":      4,
 		"DIMENSION_ORG":         5,
+		"DIMENSION_DESCRIPTOR":  6,
 	}
 )
 
@@ -1936,14 +1942,15 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x12ResetLimitResponse\x12\x1f\n" +
 	"\vreset_count\x18\x01 \x01(\x03R\n" +
 	"resetCount\x12\x19\n" +
-	"\brule_ids\x18\x02 \x03(\tR\aruleIds*\x8c\x01\n" +
+	"\brule_ids\x18\x02 \x03(\tR\aruleIds*\xa6\x01\n" +
 	"\tDimension\x12\x19\n" +
 	"\x15DIMENSION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIMENSION_USER\x10\x01\x12\x10\n" +
 	"\fDIMENSION_IP\x10\x02\x12\x15\n" +
 	"\x11DIMENSION_API_KEY\x10\x03\x12\x14\n" +
 	"\x10DIMENSION_GLOBAL\x10\x04\x12\x11\n" +
-	"\rDIMENSION_ORG\x10\x05*X\n" +
+	"\rDIMENSION_ORG\x10\x05\x12\x18\n" +
+	"\x14DIMENSION_DESCRIPTOR\x10\x06*X\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +

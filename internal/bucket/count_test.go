@@ -1,0 +1,73 @@
+package bucket
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestStoreCount runs counted requests (Request.Count), Envoy's reference semantics: every hit
+// is counted, allowed or not, and a check is over the limit when the count after it is past
+// the limit; a limit of 0 denies every hit. Both layouts, on every Redis the suite runs on.
+func TestStoreCount(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	tests := []struct {
+		name  string
+		limit int64
+		costs []int64
+		want  []bool  // allowed, per check
+		used  []int64 // the count the reply reports: after an allowed check, before a denied one
+	}{
+		{"under then over", 2, []int64{1, 1, 1, 1}, []bool{true, true, false, false}, []int64{1, 2, 2, 3}},
+		// A denied hit of 3 is counted: the next hit of 1 is over too, where an uncounted
+		// window would still allow it.
+		{"big hit counted", 5, []int64{4, 3, 1}, []bool{true, false, false}, []int64{4, 4, 7}},
+		{"zero limit", 0, []int64{1, 1}, []bool{false, false}, []int64{0, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := lim(key(t, "c"), FixedWindow, tt.limit, time.Hour, 0)
+			for i, cost := range tt.costs {
+				req := one(l, cost)
+				req.Count = true
+				res := check(t, s, req)
+				if res.Allowed != tt.want[i] || res.Limits[0].Used != tt.used[i] {
+					t.Errorf("check %d (cost %d): got allowed %v used %d, want %v %d", i, cost, res.Allowed, res.Limits[0].Used, tt.want[i], tt.used[i])
+				}
+			}
+			var sum int64
+			for _, c := range tt.costs {
+				sum += c
+			}
+			res := check(t, s, peekReq(l))
+			if res.Limits[0].Used != sum {
+				t.Errorf("after the checks: got used %d, want every hit counted, %d", res.Limits[0].Used, sum)
+			}
+		})
+	}
+}
+
+// TestCountRefused: a counted request of another algorithm or with an idempotency record is
+// refused before anything is sent; a zero limit is a fixed window's alone.
+func TestCountRefused(t *testing.T) {
+	t.Parallel()
+	k := "rl:{user:count}:x"
+	tests := []struct {
+		name string
+		req  Request
+	}{
+		{"token bucket counted", Request{Cost: 1, Count: true, Limits: []Limit{lim(k, TokenBucket, 5, time.Second, 5)}}},
+		{"counted with a record", Request{Cost: 1, Count: true, IdempotencyKey: k + ":i", Limits: []Limit{lim(k, FixedWindow, 5, time.Second, 0)}}},
+		{"zero token bucket", Request{Cost: 1, Limits: []Limit{lim(k, TokenBucket, 0, time.Second, 0)}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if err := tt.req.Validate(); !errors.Is(err, ErrInvalidRequest) {
+				t.Errorf("got %v, want ErrInvalidRequest", err)
+			}
+		})
+	}
+}
