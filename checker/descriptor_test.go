@@ -1,0 +1,80 @@
+package checker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/checkertest"
+)
+
+// TestDescriptorSubjectsApart checks descriptors whose entries hold the bytes keys are made
+// of ("{", "}", ":", "=", ",", "%") and values long enough to be hashed: each must count in a
+// bucket of its own, on whatever Redis the suite runs on (QUOTAFLOW_TEST_REDIS=cluster: one
+// slot per descriptor's hash tag).
+func TestDescriptorSubjectsApart(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, `
+rules:
+  - {id: tenant, dimension: tenant, endpoint: "*", algorithm: fixed_window, limit: 1, window: 1h}
+  - {id: pair, dimension: descriptor, endpoint: "*", algorithm: fixed_window, limit: 1, window: 1h, descriptor: [{key: a}, {key: b}]}
+`)})
+	run := checkertest.ID(t, "d")
+	long := strings.Repeat("x", 200)
+	descriptors := [][]rules.Entry{
+		{{Key: "tenant", Value: run + "{a}:b"}},
+		{{Key: "tenant", Value: run + "{a}"}},
+		{{Key: "tenant", Value: run + "a=b,c"}},
+		{{Key: "tenant", Value: run + "a%3Db%2Cc"}},
+		{{Key: "tenant", Value: run + long + "1"}},
+		{{Key: "tenant", Value: run + long + "2"}},
+		{{Key: "a", Value: run + "x,b=y"}, {Key: "b", Value: "z"}},
+		{{Key: "a", Value: run + "x"}, {Key: "b", Value: "y,b=z"}},
+		{{Key: "a", Value: run + long}, {Key: "b", Value: long + "1"}},
+		{{Key: "a", Value: run + long}, {Key: "b", Value: long + "2"}},
+	}
+	ids := map[string]bool{}
+	for i, es := range descriptors {
+		sub := DescriptorSubject(es)
+		if ids[sub.ID] {
+			t.Fatalf("descriptor %d: identifier %q is another's", i, sub.ID)
+		}
+		ids[sub.ID] = true
+		q := &Query{Subjects: []Subject{sub}, Endpoint: "/x", Cost: 1}
+		for j, want := range []bool{true, false} {
+			out, err := e.Check(t.Context(), q)
+			if err != nil {
+				t.Fatalf("descriptor %d check %d: %v", i, j, err)
+			}
+			if out.Allowed != want || len(out.Limits) != 1 {
+				t.Fatalf("descriptor %d (%v) check %d: allowed %v with %d limits, want %v with 1 (a bucket of its own, limit 1)", i, es, j, out.Allowed, len(out.Limits), want)
+			}
+			if k := limitKey(subjectTag(sub.Dimension, sub.ID), out.Limits[0].Rule); len(k) > maxTagID+64 {
+				t.Errorf("descriptor %d: key of %d bytes, want long descriptors hashed", i, len(k))
+			}
+		}
+	}
+}
+
+func TestDescriptorSubjectInvalid(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{})
+	tests := []struct {
+		name string
+		sub  Subject
+		want string
+	}{
+		{"no entries", Subject{Dimension: rules.DimensionDescriptor}, "subjects[0].entries: want 1 to 16 entries, got 0"},
+		{"empty key", DescriptorSubject([]rules.Entry{{Key: "", Value: "v"}}), "subjects[0].entries[0].key"},
+		{"identifier not the entries", Subject{Dimension: rules.DimensionDescriptor, ID: "x", Entries: []rules.Entry{{Key: "k", Value: "v"}}}, `subjects[0].identifier: a descriptor's identifier is its entries written out (DescriptorSubject): want "k=v"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := e.Check(t.Context(), &Query{Subjects: []Subject{tt.sub}, Endpoint: "/x"})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want a FieldError containing %q", err, tt.want)
+			}
+		})
+	}
+}
