@@ -78,7 +78,7 @@ func ImportEnvoy(paths ...string) (*Document, error) {
 		return nil, err
 	}
 	doc := &Document{}
-	domains := map[string]string{} // domain → the file that declared it
+	domains := map[string]string{} // a domain's endpoint → the file that declared it
 	ids := map[string]bool{}
 	var problems []string
 	for _, name := range files {
@@ -96,15 +96,19 @@ func ImportEnvoy(paths ...string) (*Document, error) {
 		switch {
 		case f.Domain == "":
 			im.add("domain", "required: a configuration cannot have an empty domain")
-		case domains[f.Domain] != "":
-			im.add("domain", "%q is declared by %s too (the reference refuses a domain declared twice)", f.Domain, domains[f.Domain])
 		default:
-			domains[f.Domain] = name
-			im.endpoint = "/" + f.Domain
-			if ep, err := urlpath.Normalize(im.endpoint); err != nil || ep != im.endpoint {
-				im.add("domain", "%q cannot name an endpoint (want letters, digits and _ . - ~)", f.Domain)
+			// The endpoint the RLS transport checks the domain's descriptors at: "/" + domain
+			// in normal form (letters folded to lower case, so "Shop" and "shop" are one).
+			ep, err := urlpath.Normalize("/" + f.Domain)
+			switch {
+			case err != nil:
+				im.add("domain", "%q cannot name an endpoint: %v", f.Domain, err)
+			case domains[ep] != "":
+				im.add("domain", "%q is declared by %s too (the reference refuses a domain declared twice; quotaflow folds case)", f.Domain, domains[ep])
+			default:
+				domains[ep], im.endpoint = name, ep
+				im.descriptors(doc, f.Domain, "descriptors", nil, f.Descriptors)
 			}
-			im.descriptors(doc, f.Domain, "descriptors", nil, f.Descriptors)
 		}
 		problems = append(problems, im.problems...)
 	}
