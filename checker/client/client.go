@@ -114,7 +114,13 @@ const (
 type Subject struct {
 	Dimension Dimension
 	ID        string
+	// CustomDimension names a custom dimension (Custom); Dimension is then unset.
+	CustomDimension string
 }
+
+// Custom is the subject of custom dimension name ("tenant") with value ("acme"): rules of
+// dimension: tenant count it. A request's custom subjects form one descriptor, in order.
+func Custom(name, value string) Subject { return Subject{CustomDimension: name, ID: value} }
 
 // Request is one check.
 type Request struct {
@@ -400,11 +406,11 @@ func (r Request) proto() *quotaflowv1.CheckRateLimitRequest {
 		m.IdempotencyKey = newKey()
 	}
 	for i, s := range r.Subjects {
-		if i == 0 {
+		if i == 0 && s.CustomDimension == "" {
 			m.Identifier, m.Dimension = s.ID, quotaflowv1.Dimension(s.Dimension)
 			continue
 		}
-		m.Subjects = append(m.Subjects, &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension(s.Dimension), Identifier: s.ID})
+		m.Subjects = append(m.Subjects, &quotaflowv1.Subject{Dimension: quotaflowv1.Dimension(s.Dimension), Identifier: s.ID, CustomDimension: s.CustomDimension})
 	}
 	return m
 }

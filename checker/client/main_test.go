@@ -36,6 +36,7 @@ rules:
   - {id: fm-closed, dimension: user, endpoint: /fm/closed, algorithm: fixed_window, limit: 1, window: 1h, fail_mode: closed}
   - {id: user-search, dimension: user, endpoint: /api/v1/search, algorithm: sliding_window_log, limit: 100, window: 1h}
   - {id: user-inflight, dimension: user, endpoint: /stream, algorithm: concurrency, limit: 2, window: 1m}
+  - {id: tenant-reports, dimension: tenant, endpoint: /reports, algorithm: fixed_window, limit: 2, window: 1h}
 `
 
 // testTimeout is the clients' deadline per attempt in tests that assert the checker's

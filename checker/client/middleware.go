@@ -31,6 +31,15 @@ type HTTPConfig struct {
 	Endpoint func(*http.Request) string
 	// Cost returns the request's cost; nil means 1.
 	Cost func(*http.Request) int64
+	// DimensionHeaders name the headers of custom dimensions ({"tenant", "X-Tenant-Id"}): a
+	// header present makes a Custom subject of its value, in this order.
+	DimensionHeaders []DimensionHeader
+}
+
+// DimensionHeader is a custom dimension read from a request header.
+type DimensionHeader struct {
+	Dimension string // the custom dimension's name, as rules name it (dimension: tenant)
+	Header    string
 }
 
 // Middleware checks each request before next serves it. A denied request is answered 429 with
@@ -98,6 +107,11 @@ func (cfg HTTPConfig) request(r *http.Request) Request {
 	}
 	if cfg.APIKeyHeader != "" {
 		add(APIKey, r.Header.Get(cfg.APIKeyHeader))
+	}
+	for _, d := range cfg.DimensionHeaders {
+		if v := r.Header.Get(d.Header); v != "" {
+			req.Subjects = append(req.Subjects, Custom(d.Dimension, v))
+		}
 	}
 	return req
 }

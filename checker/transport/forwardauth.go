@@ -179,6 +179,16 @@ type ForwardAuthConfig struct {
 	// means none. A key replays an allowed request for 5 minutes, so only a header
 	// that the gateway sets (and strips from clients) may carry it.
 	IdempotencyHeader string
+	// DimensionHeaders name the headers of custom dimensions: a header present is an entry
+	// of the check's descriptor (dimension name = header value), in this order. Only a
+	// gateway should set them (and strip them from clients), as the user header.
+	DimensionHeaders []DimensionHeader
+}
+
+// DimensionHeader is a custom dimension forward-auth reads from a gateway's header.
+type DimensionHeader struct {
+	Dimension string // as rules name it (dimension: tenant)
+	Header    string
 }
 
 // forwardAuth is the resolved ForwardAuthConfig.
@@ -239,6 +249,20 @@ func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
 			return nil, fieldError(s.header, err)
 		}
 		q.Subjects = append(q.Subjects, checker.Subject{Dimension: s.dim, ID: s.value})
+	}
+	var custom []rules.Entry
+	for _, d := range fa.DimensionHeaders {
+		v := h.Get(d.Header)
+		if v == "" {
+			continue
+		}
+		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
+			return nil, fieldError(d.Header, err)
+		}
+		custom = append(custom, rules.Entry{Key: d.Dimension, Value: v})
+	}
+	if custom != nil {
+		q.Subjects = append(q.Subjects, checker.DescriptorSubject(custom))
 	}
 	name, ep := fa.EndpointHeader, h.Get(fa.EndpointHeader)
 	if ep == "" && fa.endpointFallback {

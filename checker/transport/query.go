@@ -105,12 +105,45 @@ func parseSubjects(f subjectFields, dst []checker.Subject) ([]checker.Subject, e
 			return nil, err
 		}
 	}
+	var custom []rules.Entry
 	for i, s := range f.subjects {
-		if err := add(fmt.Sprintf("subjects[%d].", i), s.GetDimension(), s.GetIdentifier()); err != nil {
+		prefix := fmt.Sprintf("subjects[%d].", i)
+		if s.GetCustomDimension() != "" {
+			e, err := customEntry(prefix, s)
+			if err != nil {
+				return nil, err
+			}
+			if len(custom) == rules.MaxDescriptorEntries {
+				return nil, fieldErrorf(prefix+"custom_dimension", "at most %d custom dimensions in one request", rules.MaxDescriptorEntries)
+			}
+			custom = append(custom, e)
+			continue
+		}
+		if err := add(prefix, s.GetDimension(), s.GetIdentifier()); err != nil {
 			return nil, err
 		}
 	}
+	if custom != nil {
+		dst = append(dst, checker.DescriptorSubject(custom))
+	}
 	return dst, nil
+}
+
+// customEntry validates a subject naming a custom dimension: its entry of the request's
+// descriptor.
+func customEntry(prefix string, s *quotaflowv1.Subject) (rules.Entry, error) {
+	switch d := s.GetDimension(); d {
+	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED, quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
+	default:
+		return rules.Entry{}, fieldErrorf(prefix+"dimension", "%s with a custom_dimension: leave dimension unset", d)
+	}
+	if err := field.Text(s.GetCustomDimension(), checker.MaxIdentifierLen); err != nil {
+		return rules.Entry{}, fieldError(prefix+"custom_dimension", err)
+	}
+	if err := field.Text(s.GetIdentifier(), checker.MaxIdentifierLen); err != nil {
+		return rules.Entry{}, fieldError(prefix+"identifier", err)
+	}
+	return rules.Entry{Key: s.GetCustomDimension(), Value: s.GetIdentifier()}, nil
 }
 
 func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Dimension, error) {
@@ -130,6 +163,8 @@ func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Di
 		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
 	case quotaflowv1.Dimension_DIMENSION_ORG:
 		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_ORG cannot be named in a check: a check counts against its user's (else its API key's) org")
+	case quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
+		return 0, fieldErrorf(prefix+"custom_dimension", "required with DIMENSION_DESCRIPTOR: name the custom dimension (tenant) in subjects")
 	}
 	return 0, fieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
 }

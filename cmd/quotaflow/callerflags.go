@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
 )
@@ -14,6 +16,7 @@ import (
 type callerFlags struct {
 	callersFile    string
 	trustedProxies string
+	dimensions     string
 	fa             transport.ForwardAuthConfig
 	callers        *auth.Registry // loaded by validate
 }
@@ -25,8 +28,9 @@ func (c *callerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.fa.APIKeyHeader, "forward-auth-api-key-header", "X-Api-Key", "forward-auth `header` naming the API key")
 	fs.StringVar(&c.fa.EndpointHeader, "forward-auth-endpoint-header", "", "forward-auth `header` naming the endpoint (default X-Forwarded-Uri, then X-Original-URI, then ?endpoint=)")
 	fs.StringVar(&c.fa.IdempotencyHeader, "forward-auth-idempotency-header", "", "forward-auth `header` carrying an idempotency key, set by the gateway and stripped from clients (default: none, idempotency off)")
+	fs.StringVar(&c.dimensions, "forward-auth-dimension-headers", "", "forward-auth custom dimensions, comma-separated `name=header` pairs (tenant=X-Tenant-Id): a header present is that dimension's value; set by the gateway and stripped from clients")
 	fs.fromEnv("callers-file", "trusted-proxies", "forward-auth-user-header", "forward-auth-api-key-header",
-		"forward-auth-endpoint-header", "forward-auth-idempotency-header")
+		"forward-auth-endpoint-header", "forward-auth-idempotency-header", "forward-auth-dimension-headers")
 }
 
 // validate parses the proxies and loads the callers file.
@@ -44,6 +48,17 @@ func (c *callerFlags) validate() error {
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
 		c.fa.TrustedProxies = append(c.fa.TrustedProxies, p.Masked())
+	}
+	for _, pair := range strings.Split(c.dimensions, ",") {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		name, header, ok := strings.Cut(pair, "=")
+		name, header = strings.TrimSpace(name), strings.TrimSpace(header)
+		if !ok || name == "" || header == "" || !httpguts.ValidHeaderFieldName(header) {
+			return fmt.Errorf("--forward-auth-dimension-headers: %q is not name=header (tenant=X-Tenant-Id)", pair)
+		}
+		c.fa.DimensionHeaders = append(c.fa.DimensionHeaders, transport.DimensionHeader{Dimension: name, Header: header})
 	}
 	c.callers = new(auth.Registry)
 	if c.callersFile != "" {

@@ -138,6 +138,8 @@ func TestTLSFlags(t *testing.T) {
 		{"cert without key", []string{"--tls-cert", rules}, "--tls-cert and --tls-key: want both"},
 		{"redis TLS files with redis://", []string{"--redis-url", "redis://127.0.0.1:1/0", "--redis-ca-file", rules}, "need a rediss:// --redis-url"},
 		{"bad trusted proxy", []string{"--trusted-proxies", "10.0.0.0/8,banana"}, `"banana" is neither a CIDR nor an address`},
+		{"dimension header without a name", []string{"--forward-auth-dimension-headers", "tenant=X-Tenant,X-Class"}, `--forward-auth-dimension-headers: "X-Class" is not name=header`},
+		{"dimension header not a header", []string{"--forward-auth-dimension-headers", "tenant=X Tenant"}, `"tenant=X Tenant" is not name=header`},
 	} {
 		_, stderr, code := runCmd(context.Background(), append([]string{"checker", "--rules", rules, "--listen", "127.0.0.1:0"}, tt.args...), nil)
 		if code != 2 || !strings.Contains(stderr, tt.want) {

@@ -154,10 +154,18 @@ func (State) EnumDescriptor() ([]byte, []int) {
 type Subject struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Dimension Dimension              `protobuf:"varint,1,opt,name=dimension,proto3,enum=quotaflow.v1.Dimension" json:"dimension,omitempty"`
-	// identifier is the user id, IP address or API key: 1 to 256 bytes of valid UTF-8.
-	Identifier    string `protobuf:"bytes,2,opt,name=identifier,proto3" json:"identifier,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// identifier is the user id, IP address or API key, or the custom dimension's value: 1 to
+	// 256 bytes of valid UTF-8.
+	Identifier string `protobuf:"bytes,2,opt,name=identifier,proto3" json:"identifier,omitempty"`
+	// custom_dimension names a custom dimension ("tenant"; rules with dimension: tenant count per
+	// its value), leaving dimension unset (or DIMENSION_DESCRIPTOR). A request's custom
+	// dimensions, at most 16, form one descriptor in the order given: {"custom_dimension":
+	// "tenant", "identifier": "acme"} is the entry tenant=acme, which rules match
+	// (README, "Custom dimensions and descriptors"); responses report it as a
+	// DIMENSION_DESCRIPTOR subject.
+	CustomDimension string `protobuf:"bytes,3,opt,name=custom_dimension,json=customDimension,proto3" json:"custom_dimension,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Subject) Reset() {
@@ -200,6 +208,13 @@ func (x *Subject) GetDimension() Dimension {
 func (x *Subject) GetIdentifier() string {
 	if x != nil {
 		return x.Identifier
+	}
+	return ""
+}
+
+func (x *Subject) GetCustomDimension() string {
+	if x != nil {
+		return x.CustomDimension
 	}
 	return ""
 }
@@ -1804,12 +1819,13 @@ var File_quotaflow_v1_ratelimit_proto protoreflect.FileDescriptor
 
 const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\n" +
-	"\x1cquotaflow/v1/ratelimit.proto\x12\fquotaflow.v1\"`\n" +
+	"\x1cquotaflow/v1/ratelimit.proto\x12\fquotaflow.v1\"\x8b\x01\n" +
 	"\aSubject\x125\n" +
 	"\tdimension\x18\x01 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x02 \x01(\tR\n" +
-	"identifier\"\xac\x02\n" +
+	"identifier\x12)\n" +
+	"\x10custom_dimension\x18\x03 \x01(\tR\x0fcustomDimension\"\xac\x02\n" +
 	"\x15CheckRateLimitRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +
