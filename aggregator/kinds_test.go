@@ -9,8 +9,8 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// TestKindsStored: a reserve, its settle and a lease's release reach the audit with their
-// kinds and fields, and the rollups count the reserve as the one request, at its settled cost.
+// TestKindsStored: a reserve (of an exempt check), its settle and a lease's release reach the
+// audit with their kinds and fields, and the rollups count the reserve as the one request, at its settled cost.
 func TestKindsStored(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -30,6 +30,9 @@ func TestKindsStored(t *testing.T) {
 			d.Kind, d.Cost, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, 0, "h.1"
 			d.Limits, d.RuleId = nil, ""
 		}
+		if n == 1 {
+			d.Exemption = "office" // an exempt check's flag (migration 0008)
+		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for e.count("SELECT count() FROM %s.decisions") != 3 {
@@ -38,21 +41,21 @@ func TestKindsStored(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	rows, err := e.ch.Query(context.Background(), fmt.Sprintf("SELECT kind, reservation_id, estimated_cost, actual_cost, lease_id, cost FROM %s.decisions ORDER BY time_us, id", e.db))
+	rows, err := e.ch.Query(context.Background(), fmt.Sprintf("SELECT kind, reservation_id, estimated_cost, actual_cost, lease_id, cost, exemption FROM %s.decisions ORDER BY time_us, id", e.db))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for rows.Next() {
-		var kind, rid, lease string
+		var kind, rid, lease, exemption string
 		var est, act, cost int64
-		if err := rows.Scan(&kind, &rid, &est, &act, &lease, &cost); err != nil {
+		if err := rows.Scan(&kind, &rid, &est, &act, &lease, &cost, &exemption); err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, fmt.Sprintf("%s %s %d %d %s %d", kind, rid, est, act, lease, cost))
+		got = append(got, fmt.Sprintf("%s %s %d %d %s %d %s", kind, rid, est, act, lease, cost, exemption))
 	}
 	rows.Close()
-	want := fmt.Sprint([]string{"reserve r1 40 0 h.1 40", "settle r1 40 10  -30", "lease_release  0 0 h.1 0"})
+	want := fmt.Sprint([]string{"reserve r1 40 0 h.1 40 office", "settle r1 40 10  -30 ", "lease_release  0 0 h.1 0 "})
 	if fmt.Sprint(got) != want {
 		t.Errorf("audit rows %q, want %s", got, want)
 	}

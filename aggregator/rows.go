@@ -23,6 +23,7 @@ var columnList = strings.Join([]string{
 	"limits.shadow", "limits.state", "limits.degraded", "limits.fail_mode", "limits.burst",
 	"partition", "stream_seq", "batch_id", "ingested_at",
 	"kind", "reservation_id", "estimated_cost", "actual_cost", "overage", "lease_id",
+	"exemption",
 }, ", ")
 
 // row is one decision with where it came from in the stream.
@@ -123,6 +124,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 	var (
 		ids, checkers, dims, subjectIDs, tiers, endpoints, rules, algos, failModes, states, batchIDs = mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n)
 		kinds, reservations, leases, estimates, actuals, overages                                    = mk[string](n), mk[string](n), mk[string](n), mk[int64](n), mk[int64](n), mk[uint8](n)
+		exemptions                                                                                   = mk[string](n)
 		times, resets, ingested                                                                      = mk[time.Time](n), mk[time.Time](n), mk[time.Time](n)
 		timeUS, costs, limits, remaining, counts, windows, retries, skews                            = mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n)
 		allowed, shadow, degraded, replayed                                                          = mk[uint8](n), mk[uint8](n), mk[uint8](n), mk[uint8](n)
@@ -163,6 +165,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		partitions[i], seqs[i], batchIDs[i], ingested[i] = uint16(r.p), r.seq, r.batchID, now
 		kinds[i], reservations[i], leases[i] = kind(d.Kind), d.ReservationId, d.LeaseId
 		estimates[i], actuals[i], overages[i] = d.EstimatedCost, d.ActualCost, b2u(d.Overage)
+		exemptions[i] = d.Exemption
 	}
 	cols := []any{
 		ids, checkers, times, timeUS, dims, subjectIDs, subjects, tiers, endpoints, rules, algos,
@@ -172,6 +175,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lRetry, lShadow, lState, lDegraded, lFail, lBurst,
 		partitions, seqs, batchIDs, ingested,
 		kinds, reservations, estimates, actuals, overages, leases,
+		exemptions,
 	}
 	for i, col := range cols {
 		if err := b.Column(i).Append(col); err != nil {

@@ -3,6 +3,7 @@ package checker
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -156,6 +157,24 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 	return out
 }
 
+// exemption is the exemption of q's subjects, nil for none (rules.Set.Exemption).
+func exemption(set *rules.Set, q *Query) *rules.Exemption {
+	if !set.HasExemptions() {
+		return nil
+	}
+	var ip netip.Addr
+	var entries []rules.Entry
+	for _, sub := range q.Subjects {
+		switch sub.Dimension {
+		case rules.DimensionIP:
+			ip, _ = subjectIP(sub.ID)
+		case rules.DimensionDescriptor:
+			entries = sub.Entries
+		}
+	}
+	return set.Exemption(subjectOf(q, rules.DimensionUser), subjectOf(q, rules.DimensionAPIKey), ip, entries)
+}
+
 // subjectOf is the identifier of q's subject of dimension d, empty when it has none.
 func subjectOf(q *Query, d rules.Dimension) string {
 	for _, sub := range q.Subjects {
@@ -192,11 +211,16 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 		now = e.clock()
 	}
 	var holder string // the holder of the places this check takes in flight, drawn when it takes one
+	ex := exemption(set, q)
 	add := func(sub Subject, tag string, rs []*rules.Rule, shadow bool, custom map[string]int64) error {
 		var req bucket.Request
 		first := len(out.Limits)
 		for _, r := range rs {
 			if r.Shadow != shadow {
+				continue
+			}
+			if ex != nil && ex.Exempts(r.ID) {
+				out.Exemption = ex.ID
 				continue
 			}
 			lim := set.Effective(r, limitKey(tag, r), sub.Dimension, sub.ID, out.Tier, custom[r.ID], now)

@@ -29,6 +29,9 @@ type Outcome struct {
 	// wait, or when allowed the one with the largest share of its capacity used; -1 when no
 	// rule matched.
 	Decider int
+	// Exemption is the id of the exemption that let the check past one or more matching rules
+	// (rules.Exemption): the check was decided by the others; empty for none.
+	Exemption string
 	// Hold is, for an allowed check of concurrency rules, the places it holds in flight until
 	// Engine.Release; nil otherwise (a peek, a denial, a replay, a fail mode's decision).
 	Hold *Hold

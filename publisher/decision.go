@@ -32,6 +32,7 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		Replayed:  out.Replayed,
 		Limits:    outcomepb.Statuses(out),
 		State:     outcomepb.State(out.State()),
+		Exemption: out.Exemption,
 	}
 	for i, sub := range q.Subjects {
 		d.Subjects[i] = &quotaflowv1.Subject{Dimension: outcomepb.Dimension(sub.Dimension), Identifier: sub.ID}

@@ -153,3 +153,31 @@ func TestImportEnvoyErrors(t *testing.T) {
 		t.Errorf("unknown field: got %v, want it named with its file", err)
 	}
 }
+
+func TestExemptionErrors(t *testing.T) {
+	t.Parallel()
+	const rule = "rules:\n- {id: r, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1m}\nexemptions:\n- "
+	tests := []struct {
+		name, exemption, want string
+	}{
+		{"no dimension", "{id: a, value: v}", "exemptions[0]: dimension: required"},
+		{"global", "{id: a, dimension: global, value: v}", "exemptions[0]: dimension: global subjects cannot be exempt"},
+		{"bad network", "{id: a, dimension: ip, value: 10.0.0.0/33}", `exemptions[0]: value: "10.0.0.0/33" is neither an address nor a CIDR`},
+		{"unknown rule", "{id: a, dimension: user, value: u, rules: [nope]}", `exemptions[0]: rules[0]: no rule has id "nope"`},
+		{"no value", "{id: a, dimension: apikey}", "exemptions[0]: value: required"},
+		{"bad id", "{id: 'a b', dimension: user, value: u}", "exemptions[0]: id: required, and must match"},
+		{"typo of a dimension", "{id: a, dimension: users, value: u}", `exemptions[0]: dimension: unknown dimension "users"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse([]byte(rule + tt.exemption))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := Parse([]byte(rule + "{id: a, dimension: user, value: u}\n- {id: a, dimension: ip, value: 10.0.0.1}")); err == nil || !strings.Contains(err.Error(), `id: "a" is used by more than one exemption`) {
+		t.Errorf("duplicate id: got %v", err)
+	}
+}

@@ -21,6 +21,8 @@ type Document struct {
 	Warnings    *DocWarnings       `yaml:"warnings,omitempty" json:"warnings,omitempty"`
 	Policies    *DocPolicies       `yaml:"policies,omitempty" json:"policies,omitempty"`
 	Rules       []DocRule          `yaml:"rules" json:"rules"`
+	// Exemptions let trusted subjects' checks past chosen rules (exemption.go).
+	Exemptions []DocExemption `yaml:"exemptions,omitempty" json:"exemptions,omitempty"`
 
 	// lines are where the parts of a document read from YAML (or JSON) text were written:
 	// "rules[0]", `users["42"]`, "policies.tier_protection[1]", `rule "orders"`, … to their

@@ -115,6 +115,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 		}
 	}
 	pol := d.Policies.policies(&p, tiers)
+	ex := exemptionsOf(&p, d.Exemptions, declared)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
@@ -123,6 +124,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 		return nil, err
 	}
 	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers, s.keyOrgs = d.WithoutUsers(), warn, ruleWarn, pol, keys, keyOrgs
+	s.exempt = ex
 	return s, nil
 }
 

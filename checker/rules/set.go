@@ -28,6 +28,7 @@ type Set struct {
 	calendar     bool            // a rule has a calendar window
 	orgRules     bool            // a rule counts per org
 	domains      map[string]bool // the endpoints descriptor rules name exactly
+	exempt       *exemptions     // nil: none
 }
 
 // HasCalendar reports whether a rule of the set has a calendar window: its checks need the

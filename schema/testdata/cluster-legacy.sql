@@ -371,3 +371,10 @@ SELECT
 FROM quotaflow.decisions_local
 GROUP BY day, tier, dimension, endpoint, rule_id;
 
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN exemption String DEFAULT '';
+
+DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
+ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+

@@ -148,7 +148,11 @@ type Decision struct {
 	// left: charged all the same, past the limit.
 	Overage bool `protobuf:"varint,29,opt,name=overage,proto3" json:"overage,omitempty"`
 	// lease_id is an allowed check's concurrency lease, or the one a lease event is of.
-	LeaseId       string `protobuf:"bytes,30,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,30,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// exemption is the id of the exemption (rules file, exemptions:) that let this check past one
+	// or more rules: decided by the others only, and recorded so that exempt usage stays
+	// visible; empty for none.
+	Exemption     string `protobuf:"bytes,31,opt,name=exemption,proto3" json:"exemption,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -393,6 +397,13 @@ func (x *Decision) GetLeaseId() string {
 	return ""
 }
 
+func (x *Decision) GetExemption() string {
+	if x != nil {
+		return x.Exemption
+	}
+	return ""
+}
+
 // DecisionBatch is the payload of one JetStream message: the decisions of one partition from
 // one checker, in the order they were made. The message's Nats-Msg-Id header
 // ("<checker_id>.<partition>.<batch sequence>") lets the stream drop a re-published batch.
@@ -444,7 +455,7 @@ var File_quotaflow_v1_events_proto protoreflect.FileDescriptor
 
 const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xbd\a\n" +
+	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xdb\a\n" +
 	"\bDecision\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -478,7 +489,8 @@ const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\vactual_cost\x18\x1c \x01(\x03R\n" +
 	"actualCost\x12\x18\n" +
 	"\aoverage\x18\x1d \x01(\bR\aoverage\x12\x19\n" +
-	"\blease_id\x18\x1e \x01(\tR\aleaseId\"E\n" +
+	"\blease_id\x18\x1e \x01(\tR\aleaseId\x12\x1c\n" +
+	"\texemption\x18\x1f \x01(\tR\texemption\"E\n" +
 	"\rDecisionBatch\x124\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x80\x01\n" +
 	"\x04Kind\x12\x14\n" +
