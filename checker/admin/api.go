@@ -42,6 +42,8 @@ type Store interface {
 	PutOverride(ctx context.Context, o rules.Override) error
 	DeleteOverride(ctx context.Context, id, actor string) error
 	Overrides(ctx context.Context) ([]rules.Override, error)
+	PutExemption(ctx context.Context, e rules.DocExemption, actor string) (created bool, err error)
+	DeleteExemption(ctx context.Context, id, actor string) error
 }
 
 // Admin token roles.
@@ -155,6 +157,9 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/overrides", RoleRead, a.listOverrides)
 	route("POST /api/v1/overrides", RoleWrite, a.createOverride)
 	route("DELETE /api/v1/overrides/{id}", RoleWrite, a.deleteOverride)
+	route("GET /api/v1/exemptions", RoleRead, a.listExemptions)
+	route("PUT /api/v1/exemptions/{id}", RoleWrite, a.putExemption)
+	route("DELETE /api/v1/exemptions/{id}", RoleWrite, a.deleteExemption)
 	mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, &Error{Status: http.StatusNotFound, Code: "not_found",
 			Message: fmt.Sprintf("no admin endpoint %s %s", r.Method, r.URL.Path)})

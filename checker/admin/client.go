@@ -129,3 +129,19 @@ func (c *Client) SetUserZone(ctx context.Context, user, timezone string, anchorD
 	return c.Do(ctx, http.MethodPut, "/api/v1/users/"+url.PathEscape(user)+"/timezone",
 		map[string]any{"timezone": timezone, "anchor_day": anchorDay}, nil)
 }
+
+// Exemptions lists the exemptions of the rules document.
+func (c *Client) Exemptions(ctx context.Context) ([]rules.DocExemption, error) {
+	var out struct{ Exemptions []rules.DocExemption }
+	return out.Exemptions, c.Do(ctx, http.MethodGet, "/api/v1/exemptions", nil, &out)
+}
+
+// PutExemption creates or replaces the exemption with e's id.
+func (c *Client) PutExemption(ctx context.Context, e rules.DocExemption) error {
+	return c.Do(ctx, http.MethodPut, "/api/v1/exemptions/"+url.PathEscape(e.ID), e, nil)
+}
+
+// DeleteExemption removes an exemption.
+func (c *Client) DeleteExemption(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/api/v1/exemptions/"+url.PathEscape(id), nil, nil)
+}

@@ -374,3 +374,51 @@ func applyingOverrides(set *rules.Set, rule *rules.Rule, id, tier string, now ti
 	}
 	return out
 }
+
+// listExemptions lists the exemptions of the rules document.
+func (a *API) listExemptions(r *http.Request, _ caller) (int, any, error) {
+	set, err := a.store.Current(r.Context())
+	if err != nil {
+		return 0, nil, err
+	}
+	ex := set.Document().Exemptions
+	if ex == nil {
+		ex = []rules.DocExemption{}
+	}
+	return http.StatusOK, map[string]any{"exemptions": ex}, nil
+}
+
+// putExemption creates or replaces an exemption (the path names its id).
+func (a *API) putExemption(r *http.Request, c caller) (int, any, error) {
+	var e rules.DocExemption
+	if err := decodeBody(r, &e); err != nil {
+		return 0, nil, err
+	}
+	id := r.PathValue("id")
+	switch e.ID {
+	case "":
+		e.ID = id
+	case id:
+	default:
+		return 0, nil, badField("id", "%q differs from the id in the path (%q)", e.ID, id)
+	}
+	created, err := a.store.PutExemption(r.Context(), e, c.Name)
+	if err != nil {
+		return 0, nil, err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	a.log.Info("admin: exemption set", "token", c.Name, "exemption", e.ID, "dimension", e.Dimension, "value", e.Value, "rules", e.Rules)
+	return status, e, nil
+}
+
+func (a *API) deleteExemption(r *http.Request, c caller) (int, any, error) {
+	id := r.PathValue("id")
+	if err := a.store.DeleteExemption(r.Context(), id, c.Name); err != nil {
+		return 0, nil, err
+	}
+	a.log.Info("admin: exemption deleted", "token", c.Name, "exemption", id)
+	return http.StatusNoContent, nil, nil
+}

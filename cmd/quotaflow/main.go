@@ -45,6 +45,7 @@ func commands() []command {
 		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},
 		{"rules", "list, get, apply -f or delete the rules of the rule store (admin API)", runRules},
 		{"override", "set, list or delete temporary limit overrides (admin API)", runOverride},
+		{"exemption", "set, list or delete exemptions of trusted subjects from rules (admin API)", runExemption},
 		{"tier", "set a user's tier: quotaflow tier set USER TIER (admin API)", runTier},
 		{"version", "print quotaflow's version (also quotaflow --version)", runVersion},
 	}

@@ -126,6 +126,10 @@ const (
 	ConfigUserTierSet  = "user_tier_set"
 	ConfigUserZoneSet  = "user_zone_set" // a user's time zone and anchor day for calendar quotas
 	ConfigUserOrgSet   = "user_org_set"  // a user's organisation, for org rules
+	// ConfigExemptionSet and ConfigExemptionDeleted are an exemption created or replaced, and
+	// removed (PUT and DELETE /api/v1/exemptions/{id}).
+	ConfigExemptionSet     = "exemption_set"
+	ConfigExemptionDeleted = "exemption_deleted"
 )
 
 // ConfigEvent is a change of the stored configuration — the rules document, a rule, a user's
@@ -141,6 +145,8 @@ type ConfigEvent struct {
 	RuleID string `json:"rule_id,omitempty"`
 	UserID string `json:"user_id,omitempty"`
 	Tier   string `json:"tier,omitempty"`
+	// ExemptionID is the exemption set or deleted.
+	ExemptionID string `json:"exemption_id,omitempty"`
 	// Detail is what was written, as compact JSON: the rule (for a deletion the rule removed),
 	// the user, or the whole document (a summary when the document is too large for an event).
 	Detail json.RawMessage `json:"detail,omitempty"`
@@ -149,11 +155,14 @@ type ConfigEvent struct {
 // NATSSubject is the event's subject: quotaflow.config.<action>.
 func (e *ConfigEvent) NATSSubject() string { return ConfigPrefix + "." + Token(e.Action) }
 
-// Target is what the change is about: the rule's id, the user's id, or "" for the whole
-// document.
+// Target is what the change is about: the rule's id, the user's id, the exemption's id, or ""
+// for the whole document.
 func (e *ConfigEvent) Target() string {
-	if e.RuleID != "" {
+	switch {
+	case e.RuleID != "":
 		return e.RuleID
+	case e.ExemptionID != "":
+		return e.ExemptionID
 	}
 	return e.UserID
 }
@@ -164,6 +173,8 @@ func (e *ConfigEvent) String() string {
 	switch {
 	case e.RuleID != "":
 		target = "rule " + e.RuleID
+	case e.ExemptionID != "":
+		target = "exemption " + e.ExemptionID
 	case e.UserID != "":
 		target = "user " + e.UserID + " tier=" + e.Tier
 	}

@@ -142,6 +142,20 @@ func dash(s string) string {
 	return s
 }
 
+// Exemptions prints a table of exemptions.
+func Exemptions(w io.Writer, ex []rules.DocExemption) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSUBJECT\tRULES\tREASON")
+	for _, e := range ex {
+		rs := "all"
+		if len(e.Rules) > 0 {
+			rs = strings.Join(e.Rules, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s:%s\t%s\t%s\n", e.ID, e.Dimension, e.Value, rs, e.Reason)
+	}
+	return tw.Flush()
+}
+
 // Override is one override on one line: its id, target, change and expiry.
 func Override(o *rules.Override) string {
 	return fmt.Sprintf("override %s: %s %s until %s", o.ID, target(o), change(o), o.ExpiresAt.Local().Format(time.RFC3339))

@@ -156,6 +156,17 @@ func (f *Follower) DeleteRule(ctx context.Context, id, actor string) error {
 	return f.with(func(s *Store) error { return s.DeleteRule(ctx, id, actor) })
 }
 
+// PutExemption is Store.PutExemption.
+func (f *Follower) PutExemption(ctx context.Context, e rules.DocExemption, actor string) (created bool, err error) {
+	err = f.with(func(s *Store) error { created, err = s.PutExemption(ctx, e, actor); return err })
+	return created, err
+}
+
+// DeleteExemption is Store.DeleteExemption.
+func (f *Follower) DeleteExemption(ctx context.Context, id, actor string) error {
+	return f.with(func(s *Store) error { return s.DeleteExemption(ctx, id, actor) })
+}
+
 // SetUserTier is Store.SetUserTier.
 func (f *Follower) SetUserTier(ctx context.Context, user, tier, actor string) error {
 	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier, actor) })

@@ -491,6 +491,47 @@ func (s *Store) DeleteRule(ctx context.Context, id, actor string) error {
 	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRuleDeleted, Actor: actor, RuleID: id}, removed)
 }
 
+// PutExemption adds exemption e, or replaces the exemption with its id; it reports whether e
+// is new. It publishes an "exemption_set" event by actor carrying e. The document with it must
+// compile (a rule it names must exist).
+func (s *Store) PutExemption(ctx context.Context, e rules.DocExemption, actor string) (created bool, err error) {
+	rev, err := s.updateDoc(ctx, func(d *rules.Document) error {
+		created = true
+		for i := range d.Exemptions {
+			if d.Exemptions[i].ID == e.ID {
+				d.Exemptions[i], created = e, false
+				return nil
+			}
+		}
+		d.Exemptions = append(d.Exemptions, e)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return created, s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigExemptionSet, Actor: actor, ExemptionID: e.ID}, e)
+}
+
+// DeleteExemption removes the exemption with the given id (rules.ErrNotFound for none). It
+// publishes an "exemption_deleted" event by actor carrying the exemption removed.
+func (s *Store) DeleteExemption(ctx context.Context, id, actor string) error {
+	var removed rules.DocExemption
+	rev, err := s.updateDoc(ctx, func(d *rules.Document) error {
+		for i := range d.Exemptions {
+			if d.Exemptions[i].ID == id {
+				removed = d.Exemptions[i]
+				d.Exemptions = append(d.Exemptions[:i], d.Exemptions[i+1:]...)
+				return nil
+			}
+		}
+		return fmt.Errorf("exemption %q: %w", id, rules.ErrNotFound)
+	})
+	if err != nil {
+		return err
+	}
+	return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigExemptionDeleted, Actor: actor, ExemptionID: id}, removed)
+}
+
 // SetUserTier sets a user's tier, keeping the user's custom limits. It publishes a
 // "user_tier_set" event by actor carrying the user as stored.
 //
