@@ -238,7 +238,17 @@ func loadAndKill(t *testing.T, p *checkerProcess, users string, answered map[str
 			}
 		})
 	}
+	// Under load 400ms since its start, and at least 50 answers: a loaded CI machine may be
+	// slow to get a new process's first answers out.
 	time.Sleep(400 * time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		n := len(answered)
+		mu.Unlock()
+		if n >= 50 {
+			break
+		}
+	}
 	killedAt = time.Now()
 	p.kill()
 	stop()
