@@ -63,9 +63,9 @@ type DocRule struct {
 	Dimension string       `yaml:"dimension" json:"dimension"`
 	Endpoint  string       `yaml:"endpoint" json:"endpoint"`
 	Tier      string       `yaml:"tier,omitempty" json:"tier,omitempty"`
-	Algorithm string       `yaml:"algorithm" json:"algorithm"`
-	Limit     Scalar       `yaml:"limit" json:"limit"`
-	Window    Scalar       `yaml:"window" json:"window"`
+	Algorithm string       `yaml:"algorithm,omitempty" json:"algorithm,omitempty"` // none for an unlimited rule
+	Limit     Scalar       `yaml:"limit,omitempty" json:"limit,omitempty"`
+	Window    Scalar       `yaml:"window,omitempty" json:"window,omitempty"`
 	Burst     Scalar       `yaml:"burst,omitempty" json:"burst,omitempty"`
 	Shadow    Scalar       `yaml:"shadow,omitempty" json:"shadow,omitempty"`
 	FailMode  string       `yaml:"fail_mode,omitempty" json:"fail_mode,omitempty"`

@@ -28,12 +28,13 @@ func (e deniedError) Error() string {
 
 func runCheck(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("check", `Asks a checker whether a request may go ahead, and prints the decision and every evaluated
-limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allowed, 3 denied,
+limit. Name at least one subject (--user, --ip, --api-key, --custom). Exit status: 0 allowed, 3 denied,
 1 on an error, 2 on a bad command line.`, stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var (
 		user, ip, apiKey, endpoint, tier, idem string
+		custom                                 []string
 		cost, estimate                         int64
 		peek, asJSON                           bool
 		reserveTTL                             time.Duration
@@ -41,6 +42,13 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 	fs.StringVar(&user, "user", "", "user id subject")
 	fs.StringVar(&ip, "ip", "", "client IP subject")
 	fs.StringVar(&apiKey, "api-key", "", "API key subject")
+	fs.Func("custom", "a custom dimension's value, `name=value` (tenant=acme); repeat it for several, in order", func(v string) error {
+		if name, value, ok := strings.Cut(v, "="); !ok || name == "" || value == "" {
+			return fmt.Errorf("want name=value (tenant=acme), got %q", v)
+		}
+		custom = append(custom, v)
+		return nil
+	})
 	fs.StringVar(&endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
 	fs.Int64Var(&cost, "cost", 1, "units the call consumes")
 	fs.StringVar(&tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
@@ -61,8 +69,12 @@ limit. Name at least one subject (--user, --ip, --api-key). Exit status: 0 allow
 			subjects = append(subjects, &quotaflowv1.Subject{Dimension: s.dim, Identifier: s.id})
 		}
 	}
+	for _, c := range custom {
+		name, value, _ := strings.Cut(c, "=")
+		subjects = append(subjects, &quotaflowv1.Subject{CustomDimension: name, Identifier: value})
+	}
 	if len(subjects) == 0 {
-		return usageError{errors.New("name a subject: --user, --ip or --api-key")}
+		return usageError{errors.New("name a subject: --user, --ip, --api-key or --custom")}
 	}
 	if endpoint == "" {
 		return usageError{errors.New("--endpoint is required")}

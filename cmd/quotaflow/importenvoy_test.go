@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,5 +45,28 @@ func TestImportEnvoyCommand(t *testing.T) {
 		if code != tt.code || !strings.Contains(stderr, tt.want) {
 			t.Errorf("quotaflow %v: exit %d, stderr %q; want %d and %q", tt.args, code, stderr, tt.code, tt.want)
 		}
+	}
+}
+
+// TestDevRulesCarryTheEnvoyExample: deploy/dev/rules.yaml carries deploy/envoy/ratelimit's
+// configuration as import-envoy converts it, rule for rule.
+func TestDevRulesCarryTheEnvoyExample(t *testing.T) {
+	t.Parallel()
+	doc, err := rules.ImportEnvoy("../../deploy/envoy/ratelimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _, err := rules.LoadFile("../../deploy/dev/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var carried []rules.DocRule
+	for _, r := range dev.Rules {
+		if r.Endpoint == "/edge" {
+			carried = append(carried, r)
+		}
+	}
+	if got, want := fmt.Sprintf("%+v", carried), fmt.Sprintf("%+v", doc.Rules); got != want {
+		t.Errorf("deploy/dev/rules.yaml's /edge rules:\n%s\nwant import-envoy's:\n%s", got, want)
 	}
 }

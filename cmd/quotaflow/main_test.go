@@ -70,6 +70,7 @@ func TestUsage(t *testing.T) {
 		{"help command", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_REDIS_URL"},
 		{"command help", []string{"check", "--help"}, nil, 0, "Exit status: 0 allowed, 3 denied"},
 		{"unknown command", []string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
+		{"bad custom dimension", []string{"check", "--custom", "tenant", "--endpoint", "/x"}, nil, 2, `want name=value (tenant=acme), got "tenant"`},
 		{"unknown flag", []string{"checker", "--nope"}, nil, 2, "flag provided but not defined: -nope"},
 		{"stray argument", []string{"checker", "extra"}, nil, 2, `unexpected argument "extra"`},
 		{"rules required", []string{"checker"}, nil, 2, "--rules (or QUOTAFLOW_RULES) is required"},
