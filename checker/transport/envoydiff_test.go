@@ -295,7 +295,7 @@ func startEnvoyReference(t *testing.T, bin, root, redisAddr string) ratelimitv3.
 	}
 }
 
-func grpcRLSClient(t *testing.T, addr string) ratelimitv3.RateLimitServiceClient {
+func grpcRLSClient(t testing.TB, addr string) ratelimitv3.RateLimitServiceClient {
 	t.Helper()
 	if u, err := url.Parse("http://" + addr); err == nil {
 		addr = u.Host
