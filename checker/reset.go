@@ -70,7 +70,8 @@ func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, er
 		switch {
 		case rule.Dimension != sub.Dimension,
 			r.RuleID != "" && rule.ID != r.RuleID,
-			ep != "" && !applies[rule]:
+			ep != "" && !applies[rule],
+			sub.Dimension == rules.DimensionDescriptor && !rule.MatchesDescriptor(sub.Entries):
 			continue
 		}
 		ids = append(ids, rule.ID)

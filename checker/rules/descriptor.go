@@ -105,6 +105,12 @@ func (s *Set) MatchDescriptor(tier, endpoint string, entries []Entry) *Rule {
 	return m.trees[rs[0]].match(entries)
 }
 
+// MatchesDescriptor reports whether descriptor rule r matches entries, as it would alone in its
+// tree (MatchDescriptor picks one rule among several).
+func (r *Rule) MatchesDescriptor(entries []Entry) bool {
+	return r.Dimension == DimensionDescriptor && descTree([]*Rule{r}).match(entries) == r
+}
+
 // DescriptorDomain reports whether a descriptor rule names endpoint exactly: Envoy's domain
 // whose configuration was imported ("/" + domain), whose descriptors are then matched whole,
 // every entry an entry, as the reference service matches them.

@@ -149,3 +149,38 @@ func TestCustomDimensionInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestCustomDimensionReset resets a custom dimension's value through ResetLimit.
+func TestCustomDimensionReset(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{Rules: mustRules(t, `
+rules:
+  - {id: per-tenant, dimension: tenant, endpoint: "/t/*", algorithm: fixed_window, limit: 1, window: 1h}
+  - {id: per-region, dimension: region, endpoint: "/t/*", algorithm: fixed_window, limit: 1, window: 1h}
+`)})
+	c := env.client("connect")
+	tenant := id(t, "t")
+	check := func() bool {
+		t.Helper()
+		resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+			Endpoint: "/t/x", Subjects: []*quotaflowv1.Subject{{CustomDimension: "tenant", Identifier: tenant}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Allowed
+	}
+	if !check() || check() {
+		t.Fatal("want the first check allowed and the second denied")
+	}
+	resp, err := c.ResetLimit(context.Background(), connect.NewRequest(&quotaflowv1.ResetLimitRequest{CustomDimension: "tenant", Identifier: tenant}))
+	if err != nil || resp.Msg.ResetCount != 1 || len(resp.Msg.RuleIds) != 1 || resp.Msg.RuleIds[0] != "per-tenant" {
+		t.Fatalf("reset: %v, %v; want 1 bucket of per-tenant", resp, err)
+	}
+	if !check() {
+		t.Error("after the reset: denied, want allowed")
+	}
+	_, err = c.ResetLimit(context.Background(), connect.NewRequest(&quotaflowv1.ResetLimitRequest{CustomDimension: "tenant", Dimension: quotaflowv1.Dimension_DIMENSION_IP, Identifier: tenant}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "dimension: DIMENSION_IP with a custom_dimension") {
+		t.Errorf("reset with a dimension and a custom_dimension: %v, want InvalidArgument naming dimension", err)
+	}
+}

@@ -58,6 +58,14 @@ func quotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*checker.Query, error)
 // whatever the identifier.
 func resetRequest(r *quotaflowv1.ResetLimitRequest) (checker.ResetRequest, error) {
 	rr := checker.ResetRequest{Endpoint: r.GetEndpoint(), RuleID: r.GetRuleId()}
+	if r.GetCustomDimension() != "" {
+		e, err := customEntry("", &quotaflowv1.Subject{Dimension: r.GetDimension(), Identifier: r.GetIdentifier(), CustomDimension: r.GetCustomDimension()})
+		if err != nil {
+			return rr, err
+		}
+		rr.Subject = checker.DescriptorSubject([]rules.Entry{e})
+		return rr, nil
+	}
 	switch r.GetDimension() {
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
 		rr.Subject.Dimension = rules.DimensionGlobal

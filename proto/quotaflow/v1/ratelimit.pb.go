@@ -1698,9 +1698,12 @@ type ResetLimitRequest struct {
 	// endpoint, when set, resets only the limits that apply to this endpoint.
 	Endpoint string `protobuf:"bytes,3,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// rule_id, when set, resets only this rule's limit.
-	RuleId        string `protobuf:"bytes,4,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RuleId string `protobuf:"bytes,4,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// custom_dimension names a custom dimension (tenant), whose value identifier is: the
+	// descriptor of that one entry is reset (dimension unset, or DIMENSION_DESCRIPTOR).
+	CustomDimension string `protobuf:"bytes,5,opt,name=custom_dimension,json=customDimension,proto3" json:"custom_dimension,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ResetLimitRequest) Reset() {
@@ -1757,6 +1760,13 @@ func (x *ResetLimitRequest) GetEndpoint() string {
 func (x *ResetLimitRequest) GetRuleId() string {
 	if x != nil {
 		return x.RuleId
+	}
+	return ""
+}
+
+func (x *ResetLimitRequest) GetCustomDimension() string {
+	if x != nil {
+		return x.CustomDimension
 	}
 	return ""
 }
@@ -1947,14 +1957,15 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x06limits\x18\n" +
 	" \x03(\v2\x19.quotaflow.v1.LimitStatusR\x06limits\x12\x1a\n" +
 	"\bdegraded\x18\v \x01(\bR\bdegraded\x12\x12\n" +
-	"\x04tier\x18\f \x01(\tR\x04tier\"\x9f\x01\n" +
+	"\x04tier\x18\f \x01(\tR\x04tier\"\xca\x01\n" +
 	"\x11ResetLimitRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +
 	"identifier\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1a\n" +
 	"\bendpoint\x18\x03 \x01(\tR\bendpoint\x12\x17\n" +
-	"\arule_id\x18\x04 \x01(\tR\x06ruleId\"P\n" +
+	"\arule_id\x18\x04 \x01(\tR\x06ruleId\x12)\n" +
+	"\x10custom_dimension\x18\x05 \x01(\tR\x0fcustomDimension\"P\n" +
 	"\x12ResetLimitResponse\x12\x1f\n" +
 	"\vreset_count\x18\x01 \x01(\x03R\n" +
 	"resetCount\x12\x19\n" +
