@@ -4,6 +4,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strconv"
@@ -129,8 +130,24 @@ func Rules(w io.Writer, doc *rules.Document) error {
 		if r.FailMode != "" {
 			flags = append(flags, "fail_mode="+r.FailMode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Dimension, r.Endpoint, dash(r.Tier), r.Algorithm,
-			r.Limit, r.Window, dash(string(r.Burst)), dash(strings.Join(flags, ",")))
+		for _, f := range []struct {
+			set  bool
+			flag string
+		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}} {
+			if f.set {
+				flags = append(flags, f.flag)
+			}
+		}
+		dim := r.Dimension
+		if len(r.Descriptor) > 0 { // the path a descriptor rule matches: key=value, key=*
+			parts := make([]string, len(r.Descriptor))
+			for i, e := range r.Descriptor {
+				parts[i] = e.Key + "=" + cmp.Or(e.Value, "*")
+			}
+			dim += ":" + strings.Join(parts, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, dim, r.Endpoint, dash(r.Tier), dash(r.Algorithm),
+			dash(string(r.Limit)), dash(string(r.Window)), dash(string(r.Burst)), dash(strings.Join(flags, ",")))
 	}
 	return tw.Flush()
 }

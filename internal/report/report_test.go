@@ -60,3 +60,26 @@ func TestDecisionWrite(t *testing.T) {
 		t.Errorf("a decision without limits printed %q, want ALLOWED and no rule matched", none.String())
 	}
 }
+
+// TestRulesDescriptors: a rules table shows what a descriptor rule matches and its Envoy
+// fields, and an unlimited rule's missing algorithm, limit and window as dashes.
+func TestRulesDescriptors(t *testing.T) {
+	t.Parallel()
+	doc := &rules.Document{Rules: []rules.DocRule{
+		{ID: "pair", Dimension: "descriptor", Endpoint: "/rl", Algorithm: "fixed_window", Limit: "2", Window: "1m", CountDenied: "true",
+			Name: "bk", Replaces: []string{"a", "b"}, Descriptor: []rules.DocEntry{{Key: "src", Value: "proxy"}, {Key: "dst"}}},
+		{ID: "free", Dimension: "descriptor", Endpoint: "/rl", Unlimited: "true", Descriptor: []rules.DocEntry{{Key: "health"}}},
+	}}
+	var b bytes.Buffer
+	if err := report.Rules(&b, doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"descriptor:src=proxy,dst=*", "count_denied,name=bk,replaces=a+b",
+		"free  descriptor:health=*         /rl       -     -             -      -       -      unlimited",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table\n%s\nlacks %q", b.String(), want)
+		}
+	}
+}
