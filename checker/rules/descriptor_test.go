@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,5 +180,40 @@ func TestExemptionErrors(t *testing.T) {
 	}
 	if _, err := Parse([]byte(rule + "{id: a, dimension: user, value: u}\n- {id: a, dimension: ip, value: 10.0.0.1}")); err == nil || !strings.Contains(err.Error(), `id: "a" is used by more than one exemption`) {
 		t.Errorf("duplicate id: got %v", err)
+	}
+}
+
+// TestExemptionOrder: of several exemptions matching one check, the first in the document
+// applies, whatever kinds of subject they name.
+func TestExemptionOrder(t *testing.T) {
+	t.Parallel()
+	s := mustParse(t, `
+rules:
+- {id: r, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1m}
+exemptions:
+- {id: tenant-first, dimension: tenant, value: acme, rules: [r]}
+- {id: net, dimension: ip, value: 10.0.0.0/8}
+- {id: bob, dimension: user, value: bob}
+`)
+	ip := netip.MustParseAddr("10.1.2.3")
+	acme := []Entry{{Key: "tenant", Value: "acme"}}
+	for _, tt := range []struct {
+		user    string
+		ip      netip.Addr
+		entries []Entry
+		want    string
+	}{
+		{"bob", ip, acme, "tenant-first"},
+		{"bob", ip, nil, "net"},
+		{"bob", netip.Addr{}, nil, "bob"},
+		{"alice", netip.MustParseAddr("192.0.2.1"), []Entry{{Key: "tenant", Value: "other"}}, ""},
+	} {
+		got := ""
+		if e := s.Exemption(tt.user, "", tt.ip, tt.entries); e != nil {
+			got = e.ID
+		}
+		if got != tt.want {
+			t.Errorf("Exemption(%s, %v, %v) = %q, want %q", tt.user, tt.ip, tt.entries, got, tt.want)
+		}
 	}
 }

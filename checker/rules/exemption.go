@@ -27,6 +27,8 @@ type Exemption struct {
 	// Rules are the ids of the rules the subject's checks are exempt from; empty means all.
 	Rules  []string
 	Reason string
+
+	order int // the place in the document: of several that match a check, the first applies
 }
 
 // Exempts reports whether e exempts checks from rule id.
@@ -73,6 +75,7 @@ func exemptionsOf(p *problems, docs []DocExemption, ruleIDs map[string]bool) *ex
 	}
 	for i := range ex.list {
 		e := &ex.list[i]
+		e.order = i
 		if e.Dimension == DimensionIP {
 			ex.ranges = append(ex.ranges, e)
 			continue
@@ -148,7 +151,7 @@ func (s *Set) Exemption(user, apiKey string, ip netip.Addr, entries []Entry) *Ex
 	}
 	var best *Exemption
 	pick := func(e *Exemption) {
-		if e != nil && (best == nil || e.index(ex) < best.index(ex)) {
+		if e != nil && (best == nil || e.order < best.order) {
 			best = e
 		}
 	}
@@ -170,16 +173,6 @@ func (s *Set) Exemption(user, apiKey string, ip netip.Addr, entries []Entry) *Ex
 		}
 	}
 	return best
-}
-
-// index is e's place in the document.
-func (e *Exemption) index(ex *exemptions) int {
-	for i := range ex.list {
-		if &ex.list[i] == e {
-			return i
-		}
-	}
-	return len(ex.list)
 }
 
 // Exemptions returns the set's exemptions in document order. Do not modify them.

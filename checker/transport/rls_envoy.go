@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -215,7 +216,7 @@ func envoyDescriptors(req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoin
 
 // renameField puts a check's FieldError under the descriptor it came from.
 func renameField(err error, prefix string) error {
-	if fe, ok := err.(*checker.FieldError); ok {
+	if fe := (*checker.FieldError)(nil); errors.As(err, &fe) {
 		return &checker.FieldError{Field: prefix + "." + fe.Field, Msg: fe.Msg, Err: fe.Err}
 	}
 	return err
