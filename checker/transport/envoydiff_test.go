@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,26 +36,36 @@ const (
 	envoyRatelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
 )
 
-// TestEnvoyReferenceAgreement feeds envoyproxy/ratelimit and quotaflow the reference's own
-// example configuration (quotaflow through rules import-envoy's conversion), both on real
-// Redis, and the same generated sequence of ShouldRateLimit requests, and requires the same
-// answer to every one: overall code, and per descriptor the code, the limit (requests, unit,
-// name), the remaining count and the seconds until reset, and the response headers. The
-// sequence is random (its seed is logged; QUOTAFLOW_ENVOY_SEED replays one) over the
-// configuration's keys and values, with several descriptors per request, hits_addend of 0 to
-// 3 per request and per descriptor, value-less keys, replaces, unlimited, shadow mode and a
-// ban (0 per minute) among what it reaches.
+// TestEnvoyReferenceAgreement feeds envoyproxy/ratelimit and quotaflow a configuration
+// (quotaflow through rules import-envoy's conversion), both on real Redis, and the same
+// generated sequence of ShouldRateLimit requests, and requires the same answer to every one:
+// overall code, and per descriptor the code, the limit (requests, unit, name), the remaining
+// count and the seconds until reset, and the response headers. The configurations are the
+// reference's own example (value-less keys, replaces, unlimited, shadow mode, a ban) and
+// testdata/envoy's (wildcards, hours and days, value-less keys under values). The sequence is
+// random (its seed is logged; QUOTAFLOW_ENVOY_SEED replays one) over each configuration's own
+// paths (envoyGen), with several descriptors per request and hits_addend of 0 to 3 per
+// request and per descriptor.
 func TestEnvoyReferenceAgreement(t *testing.T) {
-	bin, configDir := envoyReference(t)
+	bin, example := envoyReference(t)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("QUOTAFLOW_ENVOY_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
 	t.Logf("seed %d (QUOTAFLOW_ENVOY_SEED replays it)", seed)
-	gen := envoyGen{rnd: rand.New(rand.NewPCG(seed, 1)), run: id(t, "e")}
+	for _, tc := range []struct{ name, dir string }{{"example", example}, {"wildcards", "testdata/envoy"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			agreeWithReference(t, bin, tc.dir, seed)
+		})
+	}
+}
+
+func agreeWithReference(t *testing.T, bin, configDir string, seed uint64) {
+	run := strings.ToLower(id(t, "e")) // domains are matched in normal form: lower case
 	// The configuration as it is, but for its domains, which are this run's: quotaflow counts
 	// on the package's Redis (a cluster under make test-cluster), which other runs share.
-	root := envoyRuntime(t, configDir, gen.run)
+	root := envoyRuntime(t, configDir, run)
 	doc, err := rules.ImportEnvoy(filepath.Join(root, "ratelimit", "config"))
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +74,7 @@ func TestEnvoyReferenceAgreement(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the converted configuration: %v", err)
 	}
+	gen := newEnvoyGen(seed, run, doc)
 	env := newEnv(t, checker.Config{Rules: set})
 	refRedis, _ := ownRedis(t)
 	ref := startEnvoyReference(t, bin, root, refRedis.Addr)
@@ -147,10 +159,28 @@ func normalRLS(r *ratelimitv3.RateLimitResponse) *ratelimitv3.RateLimitResponse 
 	return c
 }
 
-// envoyGen generates requests over the reference's example configuration.
+// envoyGen generates requests from a configuration's own rules (rules.ImportEnvoy's): each
+// descriptor follows one rule's path, its entries' values the rule's (exact, or a wildcard's
+// prefix and more), another value (a miss), or one of a few per value-less key; some are cut
+// short, some go deeper than the tree, some have keys no rule names.
 type envoyGen struct {
-	rnd *rand.Rand
-	run string // makes the value-less keys' values this run's
+	rnd     *rand.Rand
+	run     string // makes the value-less keys' values this run's
+	paths   map[string][][]rules.DocEntry
+	domains []string
+}
+
+func newEnvoyGen(seed uint64, run string, doc *rules.Document) *envoyGen {
+	g := &envoyGen{rnd: rand.New(rand.NewPCG(seed, 1)), run: run, paths: map[string][][]rules.DocEntry{}}
+	for _, r := range doc.Rules {
+		d := strings.TrimPrefix(r.Endpoint, "/")
+		if g.paths[d] == nil {
+			g.domains = append(g.domains, d)
+		}
+		g.paths[d] = append(g.paths[d], r.Descriptor)
+	}
+	slices.Sort(g.domains)
+	return g
 }
 
 func (g *envoyGen) pick(vs ...string) string { return vs[g.rnd.IntN(len(vs))] }
@@ -173,30 +203,28 @@ func entries(kv ...string) []*rlcommonv3.RateLimitDescriptor_Entry {
 }
 
 func (g *envoyGen) descriptor(domain string) *rlcommonv3.RateLimitDescriptor {
-	var es []*rlcommonv3.RateLimitDescriptor_Entry
-	if strings.HasPrefix(domain, "mongo_cps") {
-		es = entries("database", g.pick("users", "default", "other"))
-	} else {
-		switch g.rnd.IntN(10) {
-		case 0:
-			es = entries("category", g.pick("account", "account", "other"))
-		case 1, 2:
-			es = entries("source_cluster", g.pick("proxy", "proxy", "other"), "destination_cluster", g.pick("bkthomps", "mock", "override", "fake", "other"))
-		case 3:
-			es = entries("foo", g.value())
-		case 4, 5:
-			es = entries("foo", g.value(), "bar", g.pick("bkthomps", "banned", g.value()))
-		case 6:
-			es = entries("foo", g.value(), "baz", g.pick("not-so-shady", "shady", "shady", g.value()))
-		case 7:
-			es = entries("foo", g.value(), "bay", g.value())
-		case 8:
-			es = entries(g.pick("unspec", "qux", "source_cluster", "unknown"), g.value())
-		default:
-			es = entries("foo", g.value(), "bar", g.value(), "extra", g.value()) // deeper than the tree
+	paths := g.paths[domain]
+	path := paths[g.rnd.IntN(len(paths))]
+	var kv []string
+	for _, e := range path {
+		v := e.Value
+		switch {
+		case v == "" || g.rnd.IntN(8) == 0:
+			v = g.value() // a value-less key's value, or a miss
+		case strings.HasSuffix(v, "*"):
+			v = strings.TrimSuffix(v, "*") + g.pick("", "x", g.run) // the wildcard's prefix and more
 		}
+		kv = append(kv, e.Key, v)
 	}
-	d := &rlcommonv3.RateLimitDescriptor{Entries: es}
+	switch g.rnd.IntN(12) {
+	case 0:
+		kv = kv[:max(2, len(kv)-2)] // cut short
+	case 1:
+		kv = append(kv, "extra", g.value()) // deeper than the tree
+	case 2:
+		kv = []string{"unknown", g.value()} // a key no rule names
+	}
+	d := &rlcommonv3.RateLimitDescriptor{Entries: entries(kv...)}
 	if g.rnd.IntN(4) == 0 {
 		d.HitsAddend = wrapperspb.UInt64(uint64(g.rnd.IntN(4)))
 	}
@@ -204,10 +232,7 @@ func (g *envoyGen) descriptor(domain string) *rlcommonv3.RateLimitDescriptor {
 }
 
 func (g *envoyGen) request() *ratelimitv3.RateLimitRequest {
-	domain := "rl-" + g.run
-	if g.rnd.IntN(8) == 0 {
-		domain = "mongo_cps-" + g.run
-	}
+	domain := g.domains[g.rnd.IntN(len(g.domains))]
 	r := &ratelimitv3.RateLimitRequest{Domain: domain, HitsAddend: uint32(g.pick("0", "0", "0", "1", "2")[0] - '0')}
 	for range 1 + g.rnd.IntN(3) {
 		r.Descriptors = append(r.Descriptors, g.descriptor(domain))
