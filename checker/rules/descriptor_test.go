@@ -85,6 +85,7 @@ func TestDescriptorRuleErrors(t *testing.T) {
 		{"replaces itself", "{id: a, dimension: tenant, endpoint: /x, " + fw + ", name: n, replaces: [n]}", `replaces[0]: "n" is this rule's own name`},
 		{"count_denied on gcra", "{id: a, dimension: tenant, endpoint: /x, algorithm: gcra, limit: 5, window: 1m, count_denied: true}", "count_denied: only a fixed_window"},
 		{"zero gcra", "{id: a, dimension: tenant, endpoint: /x, algorithm: gcra, limit: 0, window: 1m}", "limit: want a whole number from 1"},
+		{"quota mode on a user rule", "{id: a, dimension: user, endpoint: /x, " + fw + ", quota_mode: true}", "quota_mode: only descriptor rules take one"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,6 +111,10 @@ descriptors:
         value: free
         shadow_mode: true
         rate_limit: {unit: hour, requests_per_unit: 0, unit_multiplier: 2, replaces: [{name: per-tenant}]}
+      - key: plan
+        value: trial
+        quota_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
   - key: health
     rate_limit: {unlimited: true}
 `
@@ -130,6 +135,9 @@ descriptors:
 	}
 	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}}); r == nil || r.ID != "per-tenant" || r.Limit != 5 {
 		t.Errorf("tenant rule = %+v, want per-tenant, 5 per minute", r)
+	}
+	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}, {"plan", "trial"}}); r == nil || !r.QuotaMode || !r.Shadow {
+		t.Errorf("tenant/trial rule = %+v, want quota mode, which never denies", r)
 	}
 	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"health", "x"}}); r == nil || !r.Unlimited {
 		t.Errorf("health rule = %+v, want unlimited", r)

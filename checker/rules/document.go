@@ -84,12 +84,14 @@ type DocRule struct {
 	// Descriptor is the descriptor a rule of dimension descriptor matches (Rule.Descriptor);
 	// a custom dimension (dimension: tenant) is the descriptor of its one key.
 	Descriptor []DocEntry `yaml:"descriptor,omitempty" json:"descriptor,omitempty"`
-	// Name, Replaces, Unlimited and CountDenied are a descriptor rule's (Rule's), as Envoy's
+	// Name, Replaces, Unlimited, CountDenied and QuotaMode are a descriptor rule's (Rule's), as Envoy's
 	// reference service configures them.
 	Name        string   `yaml:"name,omitempty" json:"name,omitempty"`
 	Replaces    []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
 	Unlimited   Scalar   `yaml:"unlimited,omitempty" json:"unlimited,omitempty"`
 	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
+	// QuotaMode is Envoy's quota_mode (Rule.QuotaMode).
+	QuotaMode Scalar `yaml:"quota_mode,omitempty" json:"quota_mode,omitempty"`
 }
 
 // DocLease is a rule's lease: how many units a checker takes from Redis at a time.

@@ -193,7 +193,7 @@ func (im *envoyImport) descriptors(doc *Document, domain, path string, parent []
 		for _, f := range []struct {
 			name string
 			v    Scalar
-		}{{"quota_mode", d.QuotaMode}, {"share_threshold", d.ShareThreshold}} {
+		}{{"share_threshold", d.ShareThreshold}} {
 			if b, _ := strconv.ParseBool(string(f.v)); b {
 				im.add(at+"."+f.name, "not supported by quotaflow (docs/envoy.md, differences)")
 			}
@@ -213,6 +213,10 @@ func (im *envoyImport) rule(domain, at string, entries []DocEntry, d *envoyDescr
 	n := len(im.problems)
 	r := DocRule{ID: im.id(domain, entries, rl.Name), Dimension: DimensionDescriptor.String(), Endpoint: im.endpoint,
 		Descriptor: entries, Name: rl.Name, Shadow: d.ShadowMode}
+	if b, _ := strconv.ParseBool(string(d.QuotaMode)); b && string(d.ShadowMode) != "true" {
+		// (With shadow_mode too, the reference answers as shadow mode: its shadow comes first.)
+		r.QuotaMode = "true"
+	}
 	unlimited, err := strconv.ParseBool(string(rl.Unlimited))
 	if rl.Unlimited != "" && err != nil {
 		im.add(at+".rate_limit.unlimited", "want true or false, got %q", rl.Unlimited)

@@ -335,6 +335,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if fr.Lease != nil {
 		r.Lease = leaseSlice(p, where, fr.Lease, &r)
 	}
+	r.Shadow = r.Shadow || r.QuotaMode // a rule in quota mode never denies
 	if r.CountDenied && (r.Algorithm != bucket.FixedWindow || r.Calendar.Unit.Valid()) {
 		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())
 	}
@@ -355,12 +356,17 @@ func descriptorFields(p *problems, where string, fr *DocRule, r *Rule) {
 			p.add(where, "count_denied: want true or false, got %q", fr.CountDenied)
 		}
 	}
+	if fr.QuotaMode != "" {
+		if r.QuotaMode, err = strconv.ParseBool(string(fr.QuotaMode)); err != nil {
+			p.add(where, "quota_mode: want true or false, got %q", fr.QuotaMode)
+		}
+	}
 	r.Name, r.Replaces = fr.Name, fr.Replaces
 	if r.Dimension != DimensionDescriptor {
 		for _, f := range []struct {
 			name string
 			set  bool
-		}{{"name", fr.Name != ""}, {"replaces", len(fr.Replaces) > 0}, {"unlimited", r.Unlimited}} {
+		}{{"name", fr.Name != ""}, {"replaces", len(fr.Replaces) > 0}, {"unlimited", r.Unlimited}, {"quota_mode", r.QuotaMode}} {
 			if f.set {
 				p.add(where, "%s: only descriptor rules take one (dimension: descriptor or a custom dimension)", f.name)
 			}

@@ -140,6 +140,10 @@ type Rule struct {
 	// CountDenied counts every hit, allowed or not (bucket.Request.Count): the reference
 	// service's fixed window, whose count goes on past the limit. fixed_window only.
 	CountDenied bool
+	// QuotaMode is a descriptor rule in Envoy's quota mode: like a shadow rule it never denies
+	// (Shadow is set with it), and the RLS transport answers its over-the-limit descriptor OK
+	// with its limit and nothing remaining, as the reference does.
+	QuotaMode bool
 }
 
 // WindowName is the window as a rules file writes it: a calendar unit (1mo), else a duration.

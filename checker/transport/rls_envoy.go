@@ -73,13 +73,13 @@ func (s *Server) envoyRateLimit(ctx context.Context, req *ratelimitv3.RateLimitR
 			resp.Statuses[i] = &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 			continue
 		}
-		st, over, err := s.envoyCheck(ctx, d, endpoint)
+		st, hdr, over, err := s.envoyCheck(ctx, d, endpoint)
 		if err != nil {
 			return nil, s.rpcError(renameField(err, fmt.Sprintf("descriptors[%d]", i)))
 		}
 		resp.Statuses[i] = st
-		if st.CurrentLimit != nil && st.LimitRemaining < minRemaining {
-			headers, minRemaining = st, st.LimitRemaining
+		if hdr.CurrentLimit != nil && hdr.LimitRemaining < minRemaining {
+			headers, minRemaining = hdr, hdr.LimitRemaining
 		}
 		if over {
 			resp.OverallCode, headers, minRemaining = ratelimitv3.RateLimitResponse_OVER_LIMIT, st, 0
@@ -95,9 +95,10 @@ func (s *Server) envoyRateLimit(ctx context.Context, req *ratelimitv3.RateLimitR
 	return resp, nil
 }
 
-// envoyCheck checks one descriptor against its rule and reports its status, and whether it is
-// over the limit (and not in shadow mode).
-func (s *Server) envoyCheck(ctx context.Context, d *envoyDescriptor, endpoint string) (*ratelimitv3.RateLimitResponse_DescriptorStatus, bool, error) {
+// envoyCheck checks one descriptor against its rule and reports its status, the status the
+// response's headers consider (the same but in quota mode, whose status drops its reset), and
+// whether it is over the limit (and not in shadow or quota mode).
+func (s *Server) envoyCheck(ctx context.Context, d *envoyDescriptor, endpoint string) (st, hdr *ratelimitv3.RateLimitResponse_DescriptorStatus, over bool, err error) {
 	q := checker.Query{Subjects: []checker.Subject{d.sub}, Endpoint: endpoint, Cost: int64(d.hits), SkipGlobal: true, SkipOrg: true}
 	check := s.engine.Check
 	if d.hits == 0 {
@@ -106,9 +107,9 @@ func (s *Server) envoyCheck(ctx context.Context, d *envoyDescriptor, endpoint st
 	}
 	out, err := check(ctx, &q)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	st := &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
+	st = &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
 	var l *checker.LimitOutcome
 	for j := range out.Limits {
 		if out.Limits[j].Rule == d.rule {
@@ -116,23 +117,27 @@ func (s *Server) envoyCheck(ctx context.Context, d *envoyDescriptor, endpoint st
 		}
 	}
 	if l == nil {
-		return st, false, nil // the rules changed under the request: it matched none
+		return st, st, false, nil // the rules changed under the request: it matched none
 	}
-	over := !l.Result.Allowed
+	over = !l.Result.Allowed
 	if d.hits == 0 {
 		over = l.Result.Used > l.Limit.Limit
 	}
 	st.CurrentLimit = envoyRate(l)
 	st.DurationUntilReset = envoyReset(l, out.Now)
-	if !over {
+	switch {
+	case !over:
 		st.LimitRemaining = clampUint32(l.Result.Remaining)
-		return st, false, nil
-	}
-	if l.Rule.Shadow {
-		return st, false, nil // the reference's shadow mode: OK, none remaining
+		return st, st, false, nil
+	case l.Rule.QuotaMode:
+		// The reference's quota mode: OK with the limit, none remaining and no reset; its
+		// headers see the status before that.
+		return &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: st.Code, CurrentLimit: st.CurrentLimit}, st, false, nil
+	case l.Rule.Shadow:
+		return st, st, false, nil // the reference's shadow mode: OK, none remaining
 	}
 	st.Code = ratelimitv3.RateLimitResponse_OVER_LIMIT
-	return st, true, nil
+	return st, st, true, nil
 }
 
 // envoyRate is a limit as the reference service states it: named by the rule's name (none when
