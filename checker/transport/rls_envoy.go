@@ -49,8 +49,9 @@ type envoyDescriptor struct {
 // imported envoyproxy/ratelimit configuration) as the reference service does: every entry of
 // a descriptor is an entry (none names a user or a path), the descriptor matches one rule or
 // none, rules that other matched rules replace are not checked, an unlimited rule answers OK
-// with no limit, a shadow rule's denial answers OK, a hits_addend of 0 checks without
-// counting, and a counted rule (count_denied) counts every hit. Only the descriptor rules
+// with no limit, a shadow rule's denial answers OK (a quota mode rule's too, without its reset),
+// a hits_addend of 0 checks without counting, and a counted rule (count_denied) counts every
+// hit. Only the descriptor rules
 // apply: global and org rules do not count these checks.
 func (s *Server) envoyRateLimit(ctx context.Context, req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoint string) (*ratelimitv3.RateLimitResponse, error) {
 	ds, err := envoyDescriptors(req, set, endpoint)
