@@ -269,9 +269,16 @@ func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, 
 		if sub.Dimension == rules.DimensionDescriptor {
 			// One rule applies to a descriptor, the one its entries reach; an unlimited rule
 			// takes it out of every limit.
-			if r := set.MatchDescriptor(out.Tier, q.Endpoint, sub.Entries); r != nil && !r.Unlimited {
-				rs = []*rules.Rule{r}
+			r, bucket := set.MatchDescriptor(out.Tier, q.Endpoint, sub.Entries)
+			if r == nil || r.Unlimited {
+				return nil
 			}
+			if &bucket[0] != &sub.Entries[0] {
+				// Counted under the shared wildcard's pattern (Rule.Shared), with every value
+				// it matches.
+				sub = DescriptorSubject(bucket)
+			}
+			rs = []*rules.Rule{r}
 		} else {
 			rs = set.Match(sub.Dimension, out.Tier, q.Endpoint)
 		}

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,6 +34,9 @@ type descNode struct {
 	children  map[Entry]*descNode // by exact entry; a key-only pattern has Value ""
 	wildcards []Entry             // children whose value ends in "*", in rule order
 	rule      *Rule
+	// shared is a wildcard node whose values share one bucket (Rule.Shared): a descriptor
+	// reaching a rule through it is counted under the pattern, not its own value.
+	shared bool
 }
 
 // descTree builds the tree of rules rs (all of DimensionDescriptor). Two rules of one pattern
@@ -41,7 +45,7 @@ func descTree(rs []*Rule) *descNode {
 	root := &descNode{}
 	for _, r := range rs {
 		n := root
-		for _, e := range r.Descriptor {
+		for i, e := range r.Descriptor {
 			child := n.children[e]
 			if child == nil {
 				if n.children == nil {
@@ -53,6 +57,7 @@ func descTree(rs []*Rule) *descNode {
 					n.wildcards = append(n.wildcards, e)
 				}
 			}
+			child.shared = child.shared || i < len(r.Shared) && r.Shared[i]
 			n = child
 		}
 		if n.rule == nil {
@@ -63,15 +68,23 @@ func descTree(rs []*Rule) *descNode {
 }
 
 // match walks the tree as the reference service walks its configuration (GetLimit): the rule
-// at the node the last entry reaches, nil when an entry finds no node before that.
-func (root *descNode) match(entries []Entry) *Rule {
+// at the node the last entry reaches, nil when an entry finds no node before that; and the
+// entries that name its bucket: entries itself, or, when the walk went through shared
+// wildcard nodes, a copy with their patterns in place of those entries' values.
+func (root *descNode) match(entries []Entry) (*Rule, []Entry) {
 	n := root
+	bucket := entries
 	for i, e := range entries {
 		next := n.children[e]
 		if next == nil {
 			for _, w := range n.wildcards {
 				if w.Key == e.Key && strings.HasPrefix(e.Value, w.Value[:len(w.Value)-1]) {
-					next = n.children[w]
+					if next = n.children[w]; next.shared {
+						if &bucket[0] == &entries[0] {
+							bucket = slices.Clone(entries)
+						}
+						bucket[i].Value = w.Value
+					}
 					break
 				}
 			}
@@ -80,27 +93,31 @@ func (root *descNode) match(entries []Entry) *Rule {
 			next = n.children[Entry{Key: e.Key}]
 		}
 		if next == nil {
-			return nil
+			return nil, nil
 		}
 		if i == len(entries)-1 {
-			return next.rule
+			if next.rule == nil {
+				return nil, nil
+			}
+			return next.rule, bucket
 		}
 		n = next
 	}
-	return nil
+	return nil, nil
 }
 
 // MatchDescriptor returns the descriptor rule that applies to entries at endpoint for tier (nil
 // for none): among the rules of the most specific endpoint pattern (Match), the one the
-// descriptor reaches.
-func (s *Set) MatchDescriptor(tier, endpoint string, entries []Entry) *Rule {
+// descriptor reaches; and the entries that name its bucket (entries, but for the values of
+// entries matched by a shared wildcard, which are the wildcard: Rule.Shared).
+func (s *Set) MatchDescriptor(tier, endpoint string, entries []Entry) (*Rule, []Entry) {
 	m := s.matchers[matcherKey{DimensionDescriptor, tier}]
 	if m == nil || len(entries) == 0 {
-		return nil
+		return nil, nil
 	}
 	rs := m.match(endpoint)
 	if len(rs) == 0 {
-		return nil
+		return nil, nil
 	}
 	return m.trees[rs[0]].match(entries)
 }
@@ -108,7 +125,8 @@ func (s *Set) MatchDescriptor(tier, endpoint string, entries []Entry) *Rule {
 // MatchesDescriptor reports whether descriptor rule r matches entries, as it would alone in its
 // tree (MatchDescriptor picks one rule among several).
 func (r *Rule) MatchesDescriptor(entries []Entry) bool {
-	return r.Dimension == DimensionDescriptor && descTree([]*Rule{r}).match(entries) == r
+	got, _ := descTree([]*Rule{r}).match(entries)
+	return r.Dimension == DimensionDescriptor && got == r
 }
 
 // DescriptorDomain reports whether a descriptor rule names endpoint exactly: Envoy's domain
@@ -132,6 +150,8 @@ func descriptorPattern(es []Entry) string {
 type DocEntry struct {
 	Key   string `yaml:"key" json:"key"`
 	Value string `yaml:"value,omitempty" json:"value,omitempty"`
+	// Shared makes every value a wildcard value matches count in one bucket (Rule.Shared).
+	Shared Scalar `yaml:"shared,omitempty" json:"shared,omitempty"`
 }
 
 // descriptorOf validates a descriptor rule's entries.
@@ -148,9 +168,32 @@ func descriptorOf(p *problems, where string, des []DocEntry) []Entry {
 		case len(de.Value) > MaxIdentifierLen:
 			p.add(where, "descriptor[%d].value: at most %d bytes", i, MaxIdentifierLen)
 		}
-		es[i] = Entry(de)
+		es[i] = Entry{Key: de.Key, Value: de.Value}
 	}
 	return es
+}
+
+// sharedOf validates a descriptor rule's shared entries: only wildcard values share.
+func sharedOf(p *problems, where string, des []DocEntry) []bool {
+	var shared []bool
+	for i, de := range des {
+		if de.Shared == "" {
+			continue
+		}
+		b, err := strconv.ParseBool(string(de.Shared))
+		switch {
+		case err != nil:
+			p.add(where, "descriptor[%d].shared: want true or false, got %q", i, de.Shared)
+		case b && !strings.HasSuffix(de.Value, "*"):
+			p.add(where, "descriptor[%d].shared: only a wildcard value (ending in *) shares its bucket, got %q", i, de.Value)
+		case b:
+			if shared == nil {
+				shared = make([]bool, len(des))
+			}
+			shared[i] = true
+		}
+	}
+	return shared
 }
 
 // customDimension reports whether name is a custom dimension (dimension: tenant): a name of a

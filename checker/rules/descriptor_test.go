@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +22,8 @@ rules:
   - {id: free, dimension: descriptor, endpoint: /rl, unlimited: true, descriptor: [{key: foo}, {key: bay}]}
   - {id: banned, dimension: descriptor, endpoint: /rl, algorithm: fixed_window, limit: 0, window: 1m, name: ban,
      descriptor: [{key: foo}, {key: bar, value: banned}]}
+  - {id: logs, dimension: descriptor, endpoint: /rl, algorithm: fixed_window, limit: 3, window: 1m,
+     descriptor: [{key: bucket, value: "logs-*", shared: true}, {key: op}]}
 `
 
 // TestMatchDescriptor matches descriptors as envoyproxy/ratelimit walks its configuration: the
@@ -53,13 +56,21 @@ func TestMatchDescriptor(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			got := ""
-			if r := s.MatchDescriptor(s.DefaultTier(), tt.endpoint, tt.entries); r != nil {
+			if r, _ := s.MatchDescriptor(s.DefaultTier(), tt.endpoint, tt.entries); r != nil {
 				got = r.ID
 			}
 			if got != tt.want {
 				t.Errorf("MatchDescriptor(%s, %v) = %q, want %q", tt.endpoint, tt.entries, got, tt.want)
 			}
 		})
+	}
+	// A shared wildcard names the bucket by its pattern; the other entries keep their values.
+	r, bucket := s.MatchDescriptor(s.DefaultTier(), "/rl", []Entry{{"bucket", "logs-eu"}, {"op", "put"}})
+	if r == nil || r.ID != "logs" || fmt.Sprint(bucket) != "[bucket=logs-* op=put]" {
+		t.Errorf("shared wildcard: rule %v, bucket entries %v; want logs, [bucket=logs-* op=put]", r, bucket)
+	}
+	if _, bucket := s.MatchDescriptor(s.DefaultTier(), "/rl", []Entry{{"path", "/files/a"}}); fmt.Sprint(bucket) != "[path=/files/a]" {
+		t.Errorf("a wildcard that does not share: bucket entries %v, want the descriptor's own", bucket)
 	}
 	if !s.DescriptorDomain("/rl") || s.DescriptorDomain("/api/*") || s.DescriptorDomain("/api/v1/x") {
 		t.Error("DescriptorDomain: want /rl only (a descriptor rule's exact endpoint)")
@@ -85,6 +96,7 @@ func TestDescriptorRuleErrors(t *testing.T) {
 		{"replaces itself", "{id: a, dimension: tenant, endpoint: /x, " + fw + ", name: n, replaces: [n]}", `replaces[0]: "n" is this rule's own name`},
 		{"count_denied on gcra", "{id: a, dimension: tenant, endpoint: /x, algorithm: gcra, limit: 5, window: 1m, count_denied: true}", "count_denied: only a fixed_window"},
 		{"zero gcra", "{id: a, dimension: tenant, endpoint: /x, algorithm: gcra, limit: 0, window: 1m}", "limit: want a whole number from 1"},
+		{"shared without a wildcard", "{id: a, dimension: descriptor, endpoint: /x, " + fw + ", descriptor: [{key: k, value: v, shared: true}]}", "descriptor[0].shared: only a wildcard value"},
 		{"quota mode on a user rule", "{id: a, dimension: user, endpoint: /x, " + fw + ", quota_mode: true}", "quota_mode: only descriptor rules take one"},
 	}
 	for _, tt := range tests {
@@ -129,17 +141,17 @@ descriptors:
 	if err != nil {
 		t.Fatalf("compiling the converted rules: %v", err)
 	}
-	r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}, {"plan", "free"}})
+	r, _ := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}, {"plan", "free"}})
 	if r == nil || r.Limit != 0 || r.Window.Hours() != 2 || !r.Shadow || !r.CountDenied || len(r.Replaces) != 1 || r.Replaces[0] != "per-tenant" {
 		t.Errorf("tenant/plan rule = %+v, want 0 per 2h, shadow, counted, replacing per-tenant", r)
 	}
-	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}}); r == nil || r.ID != "per-tenant" || r.Limit != 5 {
+	if r, _ := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}}); r == nil || r.ID != "per-tenant" || r.Limit != 5 {
 		t.Errorf("tenant rule = %+v, want per-tenant, 5 per minute", r)
 	}
-	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}, {"plan", "trial"}}); r == nil || !r.QuotaMode || !r.Shadow {
+	if r, _ := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"tenant", "acme"}, {"plan", "trial"}}); r == nil || !r.QuotaMode || !r.Shadow {
 		t.Errorf("tenant/trial rule = %+v, want quota mode, which never denies", r)
 	}
-	if r := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"health", "x"}}); r == nil || !r.Unlimited {
+	if r, _ := s.MatchDescriptor(s.DefaultTier(), "/shop", []Entry{{"health", "x"}}); r == nil || !r.Unlimited {
 		t.Errorf("health rule = %+v, want unlimited", r)
 	}
 }

@@ -172,7 +172,7 @@ func (im *envoyImport) add(path, format string, args ...any) {
 
 // descriptors imports the descriptors at path (under the entries of parent) into doc.
 func (im *envoyImport) descriptors(doc *Document, domain, path string, parent []DocEntry, ds []envoyDescriptor) {
-	seen := map[DocEntry]bool{}
+	seen := map[Entry]bool{}
 	for i, d := range ds {
 		at := fmt.Sprintf("%s[%d]", path, i)
 		if d.Key == "" {
@@ -180,23 +180,21 @@ func (im *envoyImport) descriptors(doc *Document, domain, path string, parent []
 			continue
 		}
 		e := DocEntry{Key: d.Key, Value: d.Value}
-		if seen[e] {
-			im.add(at, "duplicate descriptor %s under the same parent", Entry(e))
+		if seen[Entry{d.Key, d.Value}] {
+			im.add(at, "duplicate descriptor %s under the same parent", Entry{d.Key, d.Value})
 			continue
 		}
-		seen[e] = true
+		seen[Entry{d.Key, d.Value}] = true
+		if b, _ := strconv.ParseBool(string(d.ShareThreshold)); b {
+			if !strings.HasSuffix(d.Value, "*") {
+				im.add(at+".share_threshold", "can only be used with wildcard values (ending with '*'), got %q", d.Value)
+			}
+			e.Shared = "true"
+		}
 		entries := append(slices.Clip(parent), e)
 		if len(entries) > MaxDescriptorEntries {
 			im.add(at, "deeper than %d entries", MaxDescriptorEntries)
 			continue
-		}
-		for _, f := range []struct {
-			name string
-			v    Scalar
-		}{{"share_threshold", d.ShareThreshold}} {
-			if b, _ := strconv.ParseBool(string(f.v)); b {
-				im.add(at+"."+f.name, "not supported by quotaflow (docs/envoy.md, differences)")
-			}
 		}
 		if d.RateLimit != nil {
 			if r, ok := im.rule(domain, at, entries, &d); ok {

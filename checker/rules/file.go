@@ -263,7 +263,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		if r.Dimension, err = ParseDimension(fr.Dimension); err != nil {
 			p.add(where, "dimension: %v, or a custom dimension's name (matching %s, and no near spelling of those)", err, nameRE)
 		} else if r.Dimension == DimensionDescriptor {
-			r.Descriptor = descriptorOf(p, where, fr.Descriptor)
+			r.Descriptor, r.Shared = descriptorOf(p, where, fr.Descriptor), sharedOf(p, where, fr.Descriptor)
 		} else if len(fr.Descriptor) > 0 {
 			p.add(where, "descriptor: only descriptor rules (dimension: descriptor) match a descriptor; this rule counts per %s", r.Dimension)
 		}

@@ -127,6 +127,10 @@ type Rule struct {
 	Calendar calendar.Period
 	// Descriptor is what a rule of DimensionDescriptor matches (descriptor.go).
 	Descriptor []Entry
+	// Shared marks the entries of Descriptor, wildcard values, whose matching values share one
+	// bucket: the descriptor is counted under the wildcard (Envoy's share_threshold); nil for
+	// none.
+	Shared []bool
 	// Name is the name Replaces of other rules refer to (Envoy's rate_limit.name), reported
 	// to Envoy as the limit's name; empty for none.
 	Name string

@@ -205,7 +205,7 @@ func envoyDescriptors(req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoin
 			continue // no entry reaches a rule
 		}
 		ds[i].sub = checker.DescriptorSubject(entries)
-		if r := set.MatchDescriptor(tier, endpoint, entries); r != nil {
+		if r, _ := set.MatchDescriptor(tier, endpoint, entries); r != nil {
 			ds[i].rule = r
 			for _, name := range r.Replaces {
 				replaced[name] = true

@@ -27,7 +27,7 @@ func TestImportEnvoyCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("loading the converted rules: %v", err)
 	}
-	if r := set.MatchDescriptor(set.DefaultTier(), "/edge", []rules.Entry{{Key: "remote_address", Value: "192.0.2.1"}}); r == nil || r.Limit != 10 || !r.CountDenied {
+	if r, _ := set.MatchDescriptor(set.DefaultTier(), "/edge", []rules.Entry{{Key: "remote_address", Value: "192.0.2.1"}}); r == nil || r.Limit != 10 || !r.CountDenied {
 		t.Errorf("converted rule %+v, want 10 per second, counted", r)
 	}
 	bad := filepath.Join(dir, "bad.yaml")
