@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -138,6 +139,8 @@ func TestCustomDimensionInvalid(t *testing.T) {
 		{"descriptor without a name", []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_DESCRIPTOR, Identifier: "a"}}, "subjects[0].custom_dimension: required with DIMENSION_DESCRIPTOR"},
 		{"no value", []*quotaflowv1.Subject{{CustomDimension: "tenant"}}, "subjects[0].identifier"},
 		{"long name", []*quotaflowv1.Subject{{CustomDimension: long, Identifier: "a"}}, "subjects[0].custom_dimension: must be at most 256 bytes"},
+		{"long value", []*quotaflowv1.Subject{{CustomDimension: "tenant", Identifier: long}}, "subjects[0].identifier: must be at most 256 bytes"},
+		{"too many", manyCustom(17), "subjects[16].custom_dimension: at most 16 custom dimensions"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,5 +185,26 @@ rules:
 	_, err = c.ResetLimit(context.Background(), connect.NewRequest(&quotaflowv1.ResetLimitRequest{CustomDimension: "tenant", Dimension: quotaflowv1.Dimension_DIMENSION_IP, Identifier: tenant}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "dimension: DIMENSION_IP with a custom_dimension") {
 		t.Errorf("reset with a dimension and a custom_dimension: %v, want InvalidArgument naming dimension", err)
+	}
+}
+
+// manyCustom is n subjects of n custom dimensions.
+func manyCustom(n int) []*quotaflowv1.Subject {
+	subs := make([]*quotaflowv1.Subject, n)
+	for i := range subs {
+		subs[i] = &quotaflowv1.Subject{CustomDimension: fmt.Sprintf("d%d", i), Identifier: "v"}
+	}
+	return subs
+}
+
+// TestForwardAuthCustomDimensionInvalid: a custom dimension's header past the identifier bound
+// is a 400 naming the header, not a check of a truncated or other value.
+func TestForwardAuthCustomDimensionInvalid(t *testing.T) {
+	t.Parallel()
+	env := newEnvWith(t, checker.Config{}, Config{ForwardAuth: ForwardAuthConfig{
+		DimensionHeaders: []DimensionHeader{{Dimension: "tenant", Header: "X-Tenant-Id"}}}})
+	resp, body := getForwardAuth(t, env, map[string]string{"X-Tenant-Id": strings.Repeat("t", 257), "X-Forwarded-Uri": "/t/x"}, "")
+	if msg, _ := body["message"].(string); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, "X-Tenant-Id: must be at most 256 bytes") {
+		t.Errorf("got %d %v, want 400 naming X-Tenant-Id", resp.StatusCode, body)
 	}
 }
