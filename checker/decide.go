@@ -62,7 +62,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 	if err := resolveTier(set, q, out); err != nil {
 		return nil, err
 	}
-	pl, err := e.plan(set, q, peek, out)
+	pl, err := planQuery(set, q, peek, out, e.clock)
 	if err != nil {
 		return nil, err
 	}
@@ -200,15 +200,15 @@ func resolveTier(set *rules.Set, q *Query, out *Outcome) error {
 	return nil
 }
 
-// plan turns the matching rules into bucket requests: per subject one request for its enforced
-// limits and one for its shadow limits, so that a shadow denial never blocks a charge.
-func (e *Engine) plan(set *rules.Set, q *Query, peek bool, out *Outcome) (plan, error) {
+// planQuery turns the matching rules into bucket requests: per subject one request for its
+// enforced limits and one for its shadow limits, so that a shadow denial never blocks a charge.
+func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() time.Time) (plan, error) {
 	var pl plan
 	// Overrides expire by the clock, and calendar periods are found around it: read it once
 	// per check, and only when there are any.
 	var now time.Time
 	if set.HasOverrides() || set.HasCalendar() {
-		now = e.clock()
+		now = clock()
 	}
 	var holder string // the holder of the places this check takes in flight, drawn when it takes one
 	ex := exemption(set, q)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/backtest"
 	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/internal/zookeepertest"
 	"github.com/quotaflow/quotaflow/schema"
@@ -272,6 +274,27 @@ func TestReplicated(t *testing.T) {
 					t.Errorf("replica %d: %s = %d, %v; want %d (the block once)", i+1, q.query, got, err, q.want)
 				}
 			}
+		}
+	})
+
+	// A backtest reads the audit through the Distributed table: every row of both servers'
+	// inserts, through replica 2.
+	t.Run("backtest", func(t *testing.T) {
+		set, err := rules.Parse([]byte("rules:\n  - {id: all, dimension: global, endpoint: \"*\", algorithm: fixed_window, limit: 1000000, window: 1h}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The first batches' rows (the dedup block's lie ahead of now, past any backtest).
+		to := base.Add(first * rowsPerBatch * 5 * time.Millisecond)
+		denied, _ := count(ctx, rc.get(1), fmt.Sprintf("SELECT count() FROM %s.decisions WHERE allowed = 0 AND time_us < %d", db, to.UnixMicro()))
+		rep, err := backtest.New(backtest.Config{Conn: rc.get(1), Database: db}).Run(ctx,
+			backtest.Request{Rules: set, From: base.Add(-time.Minute), To: to, Warmup: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := int64(first * rowsPerBatch); rep.Records != n || rep.Checks != n || rep.NewlyAllowed != int64(denied) || rep.NewlyDenied != 0 {
+			t.Errorf("backtest through replica 2: %d rows read, %d checks, %d newly allowed, %d newly denied; want %d, %d, %d (the denied), 0",
+				rep.Records, rep.Checks, rep.NewlyAllowed, rep.NewlyDenied, n, n, denied)
 		}
 	})
 

@@ -68,7 +68,7 @@ type outcome struct {
 }
 
 // evaluate mirrors the Lua module's eval of alg; s is nil for a missing bucket. next is
-// filled only when ok.
+// filled when ok, and for the window algorithms also when not (a counted denial commits it).
 func evaluate(alg Algorithm, s *state, p params, now, cost float64) outcome {
 	return algorithms[alg].eval(s, p, now, cost)
 }
@@ -138,14 +138,15 @@ func evalFixedWindow(s *state, p params, now, cost float64) outcome {
 // n and ends at reset; a denial waits from t until reset.
 func windowed(alg Algorithm, wid, reset, t, n float64, p params, cost float64) outcome {
 	o := outcome{used: n, rem: nonneg(p.limit - n), reset: reset}
-	if n+cost > p.limit {
+	after := n + cost
+	// A denial's next is the as-if-charged state, which a counted request commits (Count).
+	o.next = state{alg: alg, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
+	if after > p.limit {
 		o.retry = reset - t
 		return o
 	}
-	after := n + cost
 	o.ok = true
 	o.aused, o.arem, o.areset = after, nonneg(p.limit-after), reset
-	o.next = state{alg: alg, t: wid, n: after, expires: math.Ceil(reset/1000) * 1000}
 	return o
 }
 

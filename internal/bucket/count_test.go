@@ -8,10 +8,20 @@ import (
 
 // TestStoreCount runs counted requests (Request.Count), Envoy's reference semantics: every hit
 // is counted, allowed or not, and a check is over the limit when the count after it is past
-// the limit; a limit of 0 denies every hit. Both layouts, on every Redis the suite runs on.
+// the limit; a limit of 0 denies every hit. Both layouts, on every Redis the suite runs on, and
+// Local, the scripts' twin, which backtests replay counted rules with.
 func TestStoreCount(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
+	local := NewLocal(0)
+	at := time.Now()
+	checkers := []struct {
+		name  string
+		check func(Request) Result
+	}{
+		{"store", func(req Request) Result { return check(t, s, req) }},
+		{"local", func(req Request) Result { at = at.Add(time.Microsecond); return local.Check(at, req) }},
+	}
 	tests := []struct {
 		name  string
 		limit int64
@@ -25,27 +35,32 @@ func TestStoreCount(t *testing.T) {
 		{"big hit counted", 5, []int64{4, 3, 1}, []bool{true, false, false}, []int64{4, 4, 7}},
 		{"zero limit", 0, []int64{1, 1}, []bool{false, false}, []int64{0, 1}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			l := lim(key(t, "c"), FixedWindow, tt.limit, time.Hour, 0)
-			for i, cost := range tt.costs {
-				req := one(l, cost)
-				req.Count = true
-				res := check(t, s, req)
-				if res.Allowed != tt.want[i] || res.Limits[0].Used != tt.used[i] {
-					t.Errorf("check %d (cost %d): got allowed %v used %d, want %v %d", i, cost, res.Allowed, res.Limits[0].Used, tt.want[i], tt.used[i])
-				}
-			}
-			var sum int64
-			for _, c := range tt.costs {
-				sum += c
-			}
-			res := check(t, s, peekReq(l))
-			if res.Limits[0].Used != sum {
-				t.Errorf("after the checks: got used %d, want every hit counted, %d", res.Limits[0].Used, sum)
-			}
-		})
+	for _, c := range checkers {
+		for _, tt := range tests {
+			t.Run(c.name+"/"+tt.name, func(t *testing.T) {
+				testCount(t, c.check, tt.limit, tt.costs, tt.want, tt.used)
+			})
+		}
+	}
+}
+
+// testCount runs counted checks of costs against a fixed window of limit through check: want
+// and used are each check's answer and reported count; every hit ends up counted.
+func testCount(t *testing.T, check func(Request) Result, limit int64, costs []int64, want []bool, used []int64) {
+	t.Helper()
+	l := lim(key(t, "c"), FixedWindow, limit, time.Hour, 0)
+	var sum int64
+	for i, cost := range costs {
+		req := one(l, cost)
+		req.Count = true
+		res := check(req)
+		if res.Allowed != want[i] || res.Limits[0].Used != used[i] {
+			t.Errorf("check %d (cost %d): got allowed %v used %d, want %v %d", i, cost, res.Allowed, res.Limits[0].Used, want[i], used[i])
+		}
+		sum += cost
+	}
+	if res := check(peekReq(l)); res.Limits[0].Used != sum {
+		t.Errorf("after the checks: got used %d, want every hit counted, %d", res.Limits[0].Used, sum)
 	}
 }
 

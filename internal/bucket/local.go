@@ -53,7 +53,7 @@ func NewLocal(maxKeys int) *Local {
 }
 
 // Check evaluates req at now and, unless Peek, charges Cost to every limit if all of them
-// allow. IdempotencyKey is ignored: a process-local retry is not worth the memory. An invalid
+// allow, or to every limit whatever they answer when Count. IdempotencyKey is ignored: a process-local retry is not worth the memory. An invalid
 // request (see Request.Validate) is denied. A now earlier than a bucket's last update counts
 // as that update's time, so a clock stepping back never refills a bucket.
 func (l *Local) Check(now time.Time, req Request) Result {
@@ -101,15 +101,20 @@ func (l *Local) Check(now time.Time, req Request) Result {
 		all = all && outs[i].ok
 	}
 
-	charged := all && !req.Peek
+	// A counted request (Count) commits every limit, a denied one's as if charged, and
+	// reports an allowed one's after values, as call.lua's fields does in mode "6".
+	charged, count := all && !req.Peek, req.Count && !req.Peek
 	for i := range outs {
 		o, p := &outs[i], ps[i]
 		lr := LimitResult{Allowed: o.ok}
 		used, rem, reset, retry := o.used, o.rem, o.reset, 0.0
-		if charged {
+		if charged || count && o.ok {
 			l.shards[shardOf[i]].put(l, req.Limits[i].Key, req.Limits, nowUS).apply(o, p)
 			used, rem, reset = o.aused, o.arem, o.areset
 		} else if !o.ok {
+			if count {
+				l.shards[shardOf[i]].put(l, req.Limits[i].Key, req.Limits, nowUS).apply(o, p)
+			}
 			retry = o.retry
 			if cost > p.burst && retry < p.window {
 				retry = p.window

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/backtest"
+)
+
+func runBacktest(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("backtest", `Replays the checks of the ClickHouse decision audit through a rules file, with the same
+algorithm code as the checkers, and reports which answers would change: per rule and tier,
+the subjects most affected, and per hour. Replaying the rules that decided reproduces the
+recorded answers (every difference left is explained by a reason: a fail mode's answer, an
+override, a lease, a settled reservation). The history before --from (the rules' longest
+window, at most a day) is replayed too, unreported, so that buckets start as Redis had them.
+--from and --to take RFC 3339 times or durations before now (24h).`, stderr)
+	var (
+		c                           clickhouseFlags
+		rulesPath, from, to, format string
+		subject, tier, rule         string
+		top                         int
+		warmup                      time.Duration
+	)
+	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
+	fs.StringVar(&rulesPath, "rules", "", "the rules `file` to replay the history under (required)")
+	fs.StringVar(&from, "from", "1h", "start of the history: an RFC 3339 `time`, or a duration before now")
+	fs.StringVar(&to, "to", "0s", "end of the history (excluded): an RFC 3339 `time`, or a duration before now")
+	fs.StringVar(&subject, "subject", "", "report only this `subject`'s checks, as the audit names it (user:alice, ip:10.0.0.1, api_key:k1)")
+	fs.StringVar(&tier, "tier", "", "report only the checks of this `tier`")
+	fs.StringVar(&rule, "rule", "", "report only the checks this `rule` (an id of the rules file) applied to")
+	fs.IntVar(&top, "top", 10, "how many subjects to list")
+	fs.DurationVar(&warmup, "warmup", 0, "history replayed before --from, unreported (0: the longest window of the rules, at most 24h; negative: none)")
+	fs.StringVar(&format, "format", "table", "output `format`: table, json or csv")
+	if err := fs.parse(args, getenv); err != nil {
+		return err
+	}
+	if format != "table" && format != "json" && format != "csv" {
+		return usageError{fmt.Errorf("--format: %q is not table, json or csv", format)}
+	}
+	if rulesPath == "" {
+		return usageError{errors.New("--rules: required: the rules file to replay the history under")}
+	}
+	set, err := rules.Load(rulesPath)
+	if err != nil {
+		return usageError{fmt.Errorf("--rules: %w", err)}
+	}
+	now := time.Now()
+	req := backtest.Request{Rules: set, Subject: subject, Tier: tier, Rule: rule, Top: top, Warmup: warmup}
+	if req.From, err = parseWhen(from, now); err != nil {
+		return usageError{fmt.Errorf("--from: %w", err)}
+	}
+	if req.To, err = parseWhen(to, now); err != nil {
+		return usageError{fmt.Errorf("--to: %w", err)}
+	}
+	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+		req.Progress = progressLine(stderr)
+	}
+	conn, db, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	rep, err := backtest.New(backtest.Config{Conn: conn, Database: db, Logger: slog.New(slog.DiscardHandler)}).Run(ctx, req)
+	if req.Progress != nil {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
+		return usageError{fmt.Errorf("--%s: %s", fe.Field, fe.Msg)}
+	}
+	if err != nil {
+		return err
+	}
+	switch format {
+	case "json":
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	case "csv":
+		return rep.WriteCSV(stdout)
+	}
+	return rep.WriteTable(stdout)
+}
+
+// parseWhen reads an RFC 3339 time, or a duration before now.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("%q: a duration before now cannot be negative", s)
+		}
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2026-11-27T10:00:00Z) nor a duration before now (24h)", s)
+	}
+	return t, nil
+}
+
+// progressLine shows a backtest's progress on one terminal line, at most 4 times a second.
+func progressLine(w io.Writer) func(backtest.Progress) {
+	var last time.Time
+	return func(p backtest.Progress) {
+		if time.Since(last) < 250*time.Millisecond {
+			return
+		}
+		last = time.Now()
+		at := "warm-up"
+		if !p.At.Before(p.From) {
+			at = fmt.Sprintf("%3.0f%%", 100*p.Fraction())
+		}
+		fmt.Fprintf(w, "\r\033[Kbacktest: %s, %s audit rows, %s", at, strings.TrimSpace(fmt.Sprintf("%9d", p.Records)), p.Elapsed.Round(time.Second))
+	}
+}
+
+// isTerminal reports whether f is a terminal (a character device), where progress is shown.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

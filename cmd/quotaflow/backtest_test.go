@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/backtest"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// backtestRules has a rule of each exact algorithm per user, a global one and a counted custom
+// dimension (Envoy's semantics) under /api/shared, and a daily bucket of its own for the test
+// of a lowered limit. The windows are short, so that the answers depend on Redis's instants.
+const backtestRules = `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: fw, dimension: user, endpoint: /api/*, algorithm: fixed_window, limit: 9, window: 1s}
+  - {id: tb, dimension: user, endpoint: /api/*, algorithm: token_bucket, limit: 10, window: 1s, burst: 6}
+  - {id: gcra, dimension: user, endpoint: /api/*, algorithm: gcra, limit: 12, window: 1s, burst: 5}
+  - {id: log, dimension: user, endpoint: /api/*, algorithm: sliding_window_log, limit: 7, window: 1s}
+  - {id: global, dimension: global, endpoint: /api/shared/*, algorithm: token_bucket, limit: 200, window: 1s}
+  - {id: tenant, dimension: tenant, endpoint: /api/shared/*, algorithm: fixed_window, limit: 150, window: 1s, count_denied: true}
+  - {id: solo-day, dimension: user, endpoint: /solo, algorithm: token_bucket, limit: 10, window: 24h}
+`
+
+// TestBacktest records a history through the real pipeline (checker, NATS, aggregator,
+// ClickHouse) from concurrent clients, so that checks of one bucket meet in one batch script
+// run, then replays it with quotaflow backtest: under the rules that decided, every answer
+// is the recorded one; under a lowered limit, exactly the checks past it are newly denied.
+func TestBacktest(t *testing.T) {
+	t.Parallel()
+	ns := ownNATS(t)
+	db := databaseName("backtest")
+	rulesFile := writeFile(t, "rules.yaml", backtestRules)
+	p := startChecker(t, "bt", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = rulesFile, redisDB(t, 14)
+	})
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	start := time.Now()
+
+	// 8 clients for 1.5 s over 20 users, then 1.5 s more over 3 tenants too: allowed and
+	// denied by every rule. The first phase's checks are one subject's, decided by one script
+	// call each; the second's charge several subjects' buckets, refunded when one denies.
+	var checks, allowed atomic.Int64
+	load := func(endpoint string, until time.Time) {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(w), uint64(until.UnixNano())))
+				for time.Now().Before(until) && ctx.Err() == nil {
+					req := connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: endpoint, Cost: int64(1 + rng.IntN(2)),
+						Subjects: []*quotaflowv1.Subject{
+							{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: fmt.Sprintf("bt-user-%d", rng.IntN(20))},
+							{CustomDimension: "tenant", Identifier: fmt.Sprintf("t,=%d", rng.IntN(3))}}})
+					resp, err := p.client.CheckRateLimit(ctx, req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					checks.Add(1)
+					if resp.Msg.Allowed {
+						allowed.Add(1)
+					}
+					time.Sleep(time.Duration(5+rng.IntN(5)) * time.Millisecond)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	load("/api/items", start.Add(1500*time.Millisecond))
+	single := checks.Load()
+	shared := time.Now()
+	load("/api/shared/items", shared.Add(1500*time.Millisecond))
+	// 15 checks of one user against a daily bucket of 10: 10 allowed.
+	for range 15 {
+		req := connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/solo",
+			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "bt-solo"}}})
+		if _, err := p.client.CheckRateLimit(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		checks.Add(1)
+	}
+	n := checks.Load()
+	t.Logf("%d checks recorded, %d of the concurrent ones allowed", n, allowed.Load())
+	if allowed.Load() == 0 || allowed.Load() == n-15 || single == 0 || single == n-15 {
+		t.Fatalf("%d of %d allowed: want both answers", allowed.Load(), n-15)
+	}
+	waitRows(ctx, t, db, n)
+
+	dsn := chSrv.DSN(db)
+	from := start.Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	run := func(rulesPath string, extra ...string) backtest.Report {
+		t.Helper()
+		args := append([]string{"backtest", "--clickhouse-dsn", dsn, "--rules", rulesPath, "--from", from, "--format", "json"}, extra...)
+		out, stderr, code := runCmd(ctx, args, nil)
+		if code != 0 {
+			t.Fatalf("quotaflow %s: exit %d: %s", strings.Join(args, " "), code, stderr)
+		}
+		var rep backtest.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return rep
+	}
+
+	// One subject's checks: every answer replayed as recorded.
+	rep := run(rulesFile, "--to", shared.UTC().Format(time.RFC3339Nano))
+	if rep.Checks != single || rep.Agreed != single {
+		t.Errorf("one subject's checks, the rules that decided: %d of %d replayed with the recorded answer (reasons %v), want all %d",
+			rep.Agreed, rep.Checks, rep.Reasons, single)
+	}
+	// Every check: an answer that differs comes right after a charge Redis refunded later.
+	rep = run(rulesFile)
+	if rep.Checks != n || rep.Agreed+rep.Reasons[backtest.ReasonRefund] != n || len(rep.Reasons) > 1 {
+		t.Errorf("the rules that decided: %d of %d checks replayed with the recorded answer, reasons %v; want every other one explained by %s",
+			rep.Agreed, rep.Checks, rep.Reasons, backtest.ReasonRefund)
+	}
+	t.Logf("replayed %d checks: %d with the recorded answer, reasons %v", rep.Checks, rep.Agreed, rep.Reasons)
+
+	lowered := writeFile(t, "lowered.yaml", strings.Replace(backtestRules, "limit: 10, window: 24h", "limit: 4, window: 24h", 1))
+	rep = run(lowered, "--subject", "user:bt-solo")
+	want := backtest.RuleRow{Rule: "solo-day", Tier: "free", Checks: 15, DeniedThen: 5, WouldDeny: 11, NewlyDenied: 6}
+	if rep.Checks != 15 || rep.NewlyDenied != 6 || rep.NewlyAllowed != 0 || len(rep.Rules) != 1 || rep.Rules[0] != want {
+		t.Errorf("a limit of 4 instead of 10: %d checks, %d newly denied, %d newly allowed, rules %+v; want 15, 6, 0, %+v",
+			rep.Checks, rep.NewlyDenied, rep.NewlyAllowed, rep.Rules, want)
+	}
+	if len(rep.Subjects) != 1 || rep.Subjects[0].Subject != "user:bt-solo" || len(rep.Hours) == 0 {
+		t.Errorf("subjects %+v, hours %+v; want bt-solo and its hours", rep.Subjects, rep.Hours)
+	}
+
+	// Bad input names the flag.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rules", rulesFile, "--rule", "nope"}, `--rule: no rule "nope"`},
+		{[]string{"--rules", rulesFile, "--from", "2000-01-01T00:00:00Z"}, "--from: 2000-01-01T00:00:00Z is outside the audit's retained history"},
+		{[]string{"--rules", rulesFile, "--from", "yesterday"}, "--from: \"yesterday\" is neither"},
+		{[]string{"--from", "1h"}, "--rules: required"},
+		{[]string{"--rules", rulesFile, "--format", "xml"}, "--format"},
+	} {
+		args := append([]string{"backtest", "--clickhouse-dsn", dsn}, tt.args...)
+		if _, stderr, code := runCmd(ctx, args, nil); code != 2 || !strings.Contains(stderr, tt.want) {
+			t.Errorf("quotaflow %s: exit %d, %q; want 2 and %q", strings.Join(args, " "), code, stderr, tt.want)
+		}
+	}
+}
+
+// waitRows waits until db's audit holds n decisions.
+func waitRows(ctx context.Context, t *testing.T, db string, n int64) {
+	t.Helper()
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var got uint64
+	for ctx.Err() == nil {
+		if c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions", db)).Scan(&got) == nil && int64(got) >= n {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s.decisions holds %d decisions, want %d", db, got, n)
+}

@@ -1,0 +1,462 @@
+package backtest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// Report is what a backtest found. Checks were allowed or denied "then" (recorded) and
+// "now" (replayed under the rules given); newly denied checks were allowed then and would be
+// denied now, newly allowed the reverse.
+type Report struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	// Records is how many audit rows were read, the warm-up's included.
+	Records int64 `json:"records"`
+	// Checks is how many recorded checks of [From, To) were replayed and compared (within the
+	// request's subject, tier and rule); Agreed of them got the recorded answer.
+	Checks    int64   `json:"checks"`
+	Agreed    int64   `json:"agreed"`
+	Agreement float64 `json:"agreement"`
+	// NewlyDenied and NewlyAllowed are the checks whose answer would change.
+	NewlyDenied  int64 `json:"newly_denied"`
+	NewlyAllowed int64 `json:"newly_allowed"`
+	// Refused are the checks the rules would refuse as invalid (a cost above a limit's
+	// capacity), counted among the newly denied when they were allowed.
+	Refused int64 `json:"refused"`
+	// Skipped counts the rows of [From, To) that are not replayed: idempotent replays (they
+	// charged nothing), settles, cancels and lease events.
+	Skipped Skipped `json:"skipped"`
+	// Reasons counts the changed answers by what explains them (Reason*).
+	Reasons map[string]int64 `json:"reasons"`
+	// Rules is per rule and tier; Subjects the subjects with most changed answers; Hours per
+	// hour of [From, To), only those with checks.
+	Rules    []RuleRow    `json:"rules"`
+	Subjects []SubjectRow `json:"subjects"`
+	Hours    []HourRow    `json:"hours"`
+	// Elapsed is how long the replay took.
+	Elapsed time.Duration `json:"elapsed_ns"`
+
+	req      Request
+	subject  *checker.Subject
+	ruleRows map[ruleKey]*RuleRow
+	hours    map[int64]*HourRow
+	top      *topK
+	tainted  map[string]bool // buckets (rule|identifier) a settle or lease event changed
+	// refunds holds when (µs) a bucket (rule|identifier) was last charged by a check that
+	// another of its limits denied, a charge Redis refunded a round trip later.
+	refunds map[string]int64
+}
+
+// refundWindow is how long after its charge Redis may refund it: a refund is sent within the
+// store's batch timeout (a second at least).
+const refundWindow = time.Second
+
+// Skipped counts rows that are not replayed.
+type Skipped struct {
+	Replays int64 `json:"replays"`
+	Settles int64 `json:"settles"`
+	Leases  int64 `json:"leases"`
+}
+
+// RuleRow is one rule under one tier. Checks counts the checks the rule applied to, then or
+// now; DeniedThen and WouldDeny those it denied (a shadow rule's would-be denials included);
+// NewlyDenied the checks it would deny that were allowed, NewlyAllowed those it denied that
+// would be allowed.
+type RuleRow struct {
+	Rule         string `json:"rule"`
+	Tier         string `json:"tier"`
+	Checks       int64  `json:"checks"`
+	DeniedThen   int64  `json:"denied_then"`
+	WouldDeny    int64  `json:"would_deny"`
+	NewlyDenied  int64  `json:"newly_denied"`
+	NewlyAllowed int64  `json:"newly_allowed"`
+}
+
+// SubjectRow is a subject's changed answers.
+type SubjectRow struct {
+	Subject      string `json:"subject"`
+	NewlyDenied  int64  `json:"newly_denied"`
+	NewlyAllowed int64  `json:"newly_allowed"`
+}
+
+// HourRow is one hour's checks and changed answers.
+type HourRow struct {
+	Hour         time.Time `json:"hour"`
+	Checks       int64     `json:"checks"`
+	NewlyDenied  int64     `json:"newly_denied"`
+	NewlyAllowed int64     `json:"newly_allowed"`
+}
+
+// The reasons a replayed answer differs from the recorded one, the first that applies.
+const (
+	// ReasonFailMode: the recorded answer was a fail mode's, Redis unreachable.
+	ReasonFailMode = "fail_mode"
+	// ReasonLeased: a leased rule applied, decided from a checker's slice of its budget.
+	ReasonLeased = "leased"
+	// ReasonConcurrency: a concurrency rule applied, whose places the replay never releases.
+	ReasonConcurrency = "concurrency"
+	// ReasonSettled: a bucket of the check had been changed by a reservation's settle or a
+	// lease event, which the replay does not apply.
+	ReasonSettled = "settled"
+	// ReasonRefund: a bucket of the check had just been charged by a check that another of
+	// its limits denied; Redis refunds such a charge a round trip later, and this check came
+	// in between, while the replay refunds at once.
+	ReasonRefund = "refund_window"
+	// ReasonRules: other rules or limits decided then: the rules given differ from those of
+	// the time, or an override applied then.
+	ReasonRules = "rules_differ"
+	// ReasonHistory: none of the above; the buckets' state came from before the replayed
+	// history (a window longer than the warm-up).
+	ReasonHistory = "history"
+)
+
+type ruleKey struct{ rule, tier string }
+
+func newReport(req Request) *Report {
+	top := req.Top
+	if top == 0 {
+		top = 10
+	}
+	req.Top = top
+	r := &Report{From: req.From, To: req.To, Reasons: map[string]int64{}, req: req,
+		ruleRows: map[ruleKey]*RuleRow{}, hours: map[int64]*HourRow{}, top: newTopK(max(64, 10*top)), tainted: map[string]bool{},
+		refunds: map[string]int64{}}
+	if req.Subject != "" {
+		s, _ := parseSubject(req.Subject) // validated
+		r.subject = &s
+	}
+	return r
+}
+
+// replay decides rec again and accounts for it.
+func (r *Report) replay(rp *checker.Replay, rec *Record) {
+	r.Records++
+	at := time.UnixMicro(rec.TimeUS)
+	reported := !at.Before(r.From)
+	switch {
+	case rec.Kind != "" && rec.Kind != "reserve":
+		for _, l := range rec.Limits {
+			r.tainted[l.Rule+"|"+l.Identifier] = true
+		}
+		if reported {
+			if strings.HasPrefix(rec.Kind, "lease") {
+				r.Skipped.Leases++
+			} else {
+				r.Skipped.Settles++
+			}
+		}
+		return
+	case rec.Replayed:
+		if reported {
+			r.Skipped.Replays++
+		}
+		return
+	}
+	q, err := query(rec)
+	var out *checker.Outcome
+	if err == nil {
+		// A fail mode's answer never reached Redis: replayed, it charges nothing either.
+		out, err = rp.Check(at, q, !rec.Degraded)
+	}
+	var fe *checker.FieldError
+	if err != nil && !errors.As(err, &fe) {
+		// A row the replay cannot read as a check (a hand-made one): it is not compared.
+		return
+	}
+	if reported && r.selected(q, rec, out) {
+		r.compare(rec, q, out, at)
+	}
+	r.noteRefunds(out, rec.TimeUS)
+}
+
+// noteRefunds remembers the buckets a denied check charged, which Redis refunded a round trip
+// later: the allowed limits of its other requests (a request is one subject's enforced or shadow
+// limits; a denying request charged nothing).
+func (r *Report) noteRefunds(out *checker.Outcome, us int64) {
+	if out == nil || out.Allowed {
+		return
+	}
+	var denying []string
+	for _, l := range out.Limits {
+		if !l.Result.Allowed && !l.Rule.Shadow {
+			denying = append(denying, l.Subject.ID)
+		}
+	}
+	for _, l := range out.Limits {
+		if l.Result.Allowed && (l.Rule.Shadow || !slices.Contains(denying, l.Subject.ID)) {
+			r.refunds[l.Rule.ID+"|"+l.Subject.ID] = us
+		}
+	}
+	if len(r.refunds) > 1<<16 {
+		for k, t := range r.refunds {
+			if us-t > refundWindow.Microseconds() {
+				delete(r.refunds, k)
+			}
+		}
+	}
+}
+
+// refunded reports whether the bucket rule|id was charged and refunded within refundWindow
+// before us.
+func (r *Report) refunded(key string, us int64) bool {
+	t, ok := r.refunds[key]
+	return ok && us-t <= refundWindow.Microseconds()
+}
+
+// selected reports whether the request's subject, tier and rule filters keep a check.
+func (r *Report) selected(q *checker.Query, rec *Record, out *checker.Outcome) bool {
+	if r.subject != nil {
+		found := false
+		for _, s := range q.Subjects {
+			found = found || s.Dimension == r.subject.Dimension && s.ID == r.subject.ID
+		}
+		if !found {
+			return false
+		}
+	}
+	if r.req.Tier != "" && rec.Tier != r.req.Tier && (out == nil || out.Tier != r.req.Tier) {
+		return false
+	}
+	if id := r.req.Rule; id != "" {
+		for _, l := range rec.Limits {
+			if l.Rule == id {
+				return true
+			}
+		}
+		for _, l := range limitsOf(out) {
+			if l.Rule.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// compare accounts for one replayed check: out is nil when the rules would refuse it.
+func (r *Report) compare(rec *Record, q *checker.Query, out *checker.Outcome, at time.Time) {
+	now := out != nil && out.Allowed
+	if out == nil {
+		r.Refused++
+	}
+	r.Checks++
+	hour := at.Truncate(time.Hour).Unix()
+	h := r.hours[hour]
+	if h == nil {
+		h = &HourRow{Hour: time.Unix(hour, 0).UTC()}
+		r.hours[hour] = h
+	}
+	h.Checks++
+	tier := rec.Tier
+	if out != nil {
+		tier = out.Tier
+	}
+	r.perRule(rec, out, tier)
+	if now == rec.Allowed {
+		r.Agreed++
+		return
+	}
+	subject := ""
+	if len(rec.Subjects) > 0 {
+		subject = rec.Subjects[0]
+	}
+	if now {
+		r.NewlyAllowed++
+		h.NewlyAllowed++
+		r.top.add(subject, 0, 1)
+	} else {
+		r.NewlyDenied++
+		h.NewlyDenied++
+		r.top.add(subject, 1, 0)
+	}
+	r.Reasons[r.reason(rec, out)]++
+}
+
+// perRule accounts for a check under each rule that applied to it, then or now.
+func (r *Report) perRule(rec *Record, out *checker.Outcome, tier string) {
+	var seen []*RuleRow // each row counts the check once
+	row := func(id, t string) *RuleRow {
+		k := ruleKey{id, t}
+		rr := r.ruleRows[k]
+		if rr == nil {
+			rr = &RuleRow{Rule: id, Tier: t}
+			r.ruleRows[k] = rr
+		}
+		for _, s := range seen {
+			if s == rr {
+				return rr
+			}
+		}
+		seen = append(seen, rr)
+		rr.Checks++
+		return rr
+	}
+	for _, l := range rec.Limits {
+		if l.Rule == "" || r.req.Rule != "" && l.Rule != r.req.Rule {
+			continue
+		}
+		rr := row(l.Rule, rec.Tier)
+		if !l.Allowed {
+			rr.DeniedThen++
+			if !l.Shadow && out != nil && out.Allowed {
+				rr.NewlyAllowed++
+			}
+		}
+	}
+	for _, l := range limitsOf(out) {
+		if r.req.Rule != "" && l.Rule.ID != r.req.Rule {
+			continue
+		}
+		rr := row(l.Rule.ID, tier)
+		if !l.Result.Allowed {
+			rr.WouldDeny++
+			if !l.Rule.Shadow && rec.Allowed {
+				rr.NewlyDenied++
+			}
+		}
+	}
+}
+
+// reason explains a changed answer (the Reason constants, the first that applies).
+func (r *Report) reason(rec *Record, out *checker.Outcome) string {
+	if rec.Degraded {
+		return ReasonFailMode
+	}
+	lims := limitsOf(out)
+	for _, l := range lims {
+		if l.Rule.Lease > 0 {
+			return ReasonLeased
+		}
+		if l.Rule.Algorithm == bucket.Concurrency {
+			return ReasonConcurrency
+		}
+	}
+	for _, l := range rec.Limits {
+		if r.tainted[l.Rule+"|"+l.Identifier] {
+			return ReasonSettled
+		}
+	}
+	for _, l := range rec.Limits {
+		if r.refunded(l.Rule+"|"+l.Identifier, rec.TimeUS) {
+			return ReasonRefund
+		}
+	}
+	for _, l := range lims {
+		if r.refunded(l.Rule.ID+"|"+l.Subject.ID, rec.TimeUS) {
+			return ReasonRefund
+		}
+	}
+	if out == nil || !sameLimits(rec.Limits, lims) {
+		return ReasonRules
+	}
+	return ReasonHistory
+}
+
+// sameLimits reports whether every recorded limit was replayed with the same limit, and every
+// replayed limit that denied was recorded (the over-limit cache records only the denying
+// limits it knew of).
+func sameLimits(recorded []RecordedLimit, replayed []checker.LimitOutcome) bool {
+	find := func(rule, id string) *checker.LimitOutcome {
+		for i := range replayed {
+			if replayed[i].Rule.ID == rule && replayed[i].Subject.ID == id {
+				return &replayed[i]
+			}
+		}
+		return nil
+	}
+	for _, l := range recorded {
+		if got := find(l.Rule, l.Identifier); got == nil || got.Limit.Limit != l.Limit {
+			return false
+		}
+	}
+	for _, l := range replayed {
+		if l.Result.Allowed {
+			continue
+		}
+		found := false
+		for _, rl := range recorded {
+			found = found || rl.Rule == l.Rule.ID && rl.Identifier == l.Subject.ID
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func limitsOf(out *checker.Outcome) []checker.LimitOutcome {
+	if out == nil {
+		return nil
+	}
+	return out.Limits
+}
+
+// finish sorts the report's rows.
+func (r *Report) finish(elapsed time.Duration) {
+	r.Elapsed = elapsed
+	if r.Checks > 0 {
+		r.Agreement = float64(r.Agreed) / float64(r.Checks)
+	}
+	for _, rr := range r.ruleRows {
+		r.Rules = append(r.Rules, *rr)
+	}
+	sort.Slice(r.Rules, func(i, j int) bool {
+		a, b := r.Rules[i], r.Rules[j]
+		if ca, cb := a.NewlyDenied+a.NewlyAllowed, b.NewlyDenied+b.NewlyAllowed; ca != cb {
+			return ca > cb
+		}
+		if a.Rule != b.Rule {
+			return a.Rule < b.Rule
+		}
+		return a.Tier < b.Tier
+	})
+	for _, h := range r.hours {
+		r.Hours = append(r.Hours, *h)
+	}
+	sort.Slice(r.Hours, func(i, j int) bool { return r.Hours[i].Hour.Before(r.Hours[j].Hour) })
+	r.Subjects = r.top.rows(r.req.Top)
+}
+
+// query is the check rec recorded.
+func query(rec *Record) (*checker.Query, error) {
+	q := &checker.Query{Endpoint: rec.Endpoint, Cost: rec.Cost, Tier: rec.Tier}
+	q.Subjects = make([]checker.Subject, 0, len(rec.Subjects))
+	for _, s := range rec.Subjects {
+		sub, err := parseSubject(s)
+		if err != nil {
+			return nil, err
+		}
+		q.Subjects = append(q.Subjects, sub)
+	}
+	return q, nil
+}
+
+// auditDimensions maps the audit's dimension names (the aggregator's) to the rules'.
+var auditDimensions = map[string]rules.Dimension{
+	"user": rules.DimensionUser, "ip": rules.DimensionIP, "api_key": rules.DimensionAPIKey, "apikey": rules.DimensionAPIKey,
+	"descriptor": rules.DimensionDescriptor,
+}
+
+// parseSubject reads a subject as the audit writes one, "dimension:identifier".
+func parseSubject(s string) (checker.Subject, error) {
+	dim, id, ok := strings.Cut(s, ":")
+	d, known := auditDimensions[dim]
+	switch {
+	case !ok || id == "":
+		return checker.Subject{}, fmt.Errorf("%q: want dimension:identifier (user:alice)", s)
+	case !known:
+		return checker.Subject{}, fmt.Errorf("%q: unknown dimension %q (want user, ip, api_key or descriptor)", s, dim)
+	case d == rules.DimensionDescriptor:
+		return checker.ParseDescriptorSubject(id)
+	}
+	return checker.Subject{Dimension: d, ID: id}, nil
+}

@@ -1,0 +1,192 @@
+package backtest
+
+import (
+	"bytes"
+	"encoding/csv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
+)
+
+const reportRules = `
+default_tier: free
+tiers: {free: {}, pro: {}}
+rules:
+  - {id: per-user, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 2, window: 1h}
+  - {id: per-conn, dimension: user, endpoint: /conn, algorithm: concurrency, limit: 1, window: 1h}
+`
+
+func mustRules(t *testing.T, doc string) *rules.Set {
+	t.Helper()
+	set, err := rules.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// TestReportReasons feeds recorded checks to a report one by one: every changed answer is
+// explained by the first reason that applies, and the rows count what changed.
+func TestReportReasons(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	lim := func(allowed bool, limit int64) []RecordedLimit {
+		return []RecordedLimit{{Rule: "per-user", Identifier: "alice", Limit: limit, Allowed: allowed}}
+	}
+	rec := func(sec int, user, endpoint string, allowed bool, mod func(*Record)) Record {
+		r := Record{ID: user, TimeUS: base.Add(time.Duration(sec) * time.Second).UnixMicro(), Subjects: []string{"user:" + user},
+			Tier: "free", Endpoint: endpoint, Cost: 1, Allowed: allowed, Limits: lim(allowed, 2)}
+		if mod != nil {
+			mod(&r)
+		}
+		return r
+	}
+	tests := []struct {
+		name    string
+		records []Record
+		// want is the reason of the last record's changed answer, "" for the same answer.
+		want string
+	}{
+		{"same answers", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil), rec(3, "alice", "/a", false, nil)}, ""},
+		{"fail mode", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
+			rec(3, "alice", "/a", true, func(r *Record) { r.Degraded = true })}, ReasonFailMode},
+		{"override then", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
+			rec(3, "alice", "/a", true, func(r *Record) { r.Limits = lim(true, 4) })}, ReasonRules},
+		{"settled before", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
+			rec(2, "alice", "", true, func(r *Record) { r.Kind = "cancel" }),
+			rec(3, "alice", "/a", true, nil)}, ReasonSettled},
+		{"concurrency", []Record{rec(1, "alice", "/conn", true, nil), rec(2, "alice", "/conn", true, nil)}, ReasonConcurrency},
+		{"history before the replay", []Record{rec(1, "alice", "/a", false, nil)}, ReasonHistory},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			set := mustRules(t, reportRules)
+			rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+			rp := checker.NewReplay(set, 0)
+			for i := range tt.records {
+				rep.replay(rp, &tt.records[i])
+			}
+			rep.finish(0)
+			changed := rep.NewlyAllowed + rep.NewlyDenied
+			switch {
+			case tt.want == "" && changed != 0:
+				t.Errorf("got %d changed answers (%v), want none", changed, rep.Reasons)
+			case tt.want != "" && (changed != 1 || rep.Reasons[tt.want] != 1):
+				t.Errorf("got %d changed answers, reasons %v; want one, %s", changed, rep.Reasons, tt.want)
+			}
+		})
+	}
+}
+
+// TestReportRows: a lower limit replayed over a subject's checks reports the newly denied
+// ones under the rule and tier, the subject and the hour, in every format.
+func TestReportRows(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	lower := mustRules(t, strings.Replace(reportRules, "limit: 2, window: 1h}", "limit: 1, window: 1h}", 1))
+	rep := newReport(Request{Rules: lower, From: base, To: base.Add(2 * time.Hour)})
+	rp := checker.NewReplay(lower, 0)
+	for i, user := range []string{"bob", "bob", "bob", "carol"} {
+		r := Record{TimeUS: base.Add(time.Duration(i) * time.Minute).UnixMicro(), Subjects: []string{"user:" + user}, Tier: "free",
+			Endpoint: "/a", Cost: 1, Allowed: i < 2 || user == "carol",
+			Limits: []RecordedLimit{{Rule: "per-user", Identifier: user, Limit: 2, Allowed: i < 2 || user == "carol"}}}
+		rep.replay(rp, &r)
+	}
+	rep.finish(0)
+	if rep.Checks != 4 || rep.NewlyDenied != 1 || rep.NewlyAllowed != 0 || rep.Reasons[ReasonRules] != 1 {
+		t.Fatalf("got checks %d, newly denied %d, allowed %d, reasons %v; want 4, 1, 0, one rules_differ",
+			rep.Checks, rep.NewlyDenied, rep.NewlyAllowed, rep.Reasons)
+	}
+	want := RuleRow{Rule: "per-user", Tier: "free", Checks: 4, DeniedThen: 1, WouldDeny: 2, NewlyDenied: 1}
+	if len(rep.Rules) != 1 || rep.Rules[0] != want {
+		t.Errorf("rules: got %+v, want %+v", rep.Rules, want)
+	}
+	if len(rep.Subjects) != 1 || rep.Subjects[0] != (SubjectRow{Subject: "user:bob", NewlyDenied: 1}) {
+		t.Errorf("subjects: got %+v, want bob with 1 newly denied", rep.Subjects)
+	}
+	if len(rep.Hours) != 1 || rep.Hours[0].Checks != 4 || rep.Hours[0].NewlyDenied != 1 {
+		t.Errorf("hours: got %+v, want one hour of 4 checks, 1 newly denied", rep.Hours)
+	}
+	var table, csvOut bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil || !strings.Contains(strings.Join(strings.Fields(table.String()), " "), "newly denied 1 newly allowed 0") {
+		t.Errorf("table: %v\n%s\nwant newly denied 1", err, table.String())
+	}
+	if err := rep.WriteCSV(&csvOut); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&csvOut).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range rows {
+		found = found || strings.Join(r, ",") == "rule,per-user,free,4,1,2,1,0"
+	}
+	if !found {
+		t.Errorf("csv: %q, want the rule's row", rows)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	set := mustRules(t, reportRules)
+	now := time.Now()
+	tests := []struct {
+		name  string
+		req   Request
+		field string
+	}{
+		{"no rules", Request{From: now.Add(-time.Hour)}, "rules"},
+		{"no from", Request{Rules: set}, "from"},
+		{"to before from", Request{Rules: set, From: now.Add(-time.Hour), To: now.Add(-2 * time.Hour)}, "to"},
+		{"from in the future", Request{Rules: set, From: now.Add(time.Hour), To: now.Add(2 * time.Hour)}, "from"},
+		{"outside the retention", Request{Rules: set, From: now.AddDate(0, 0, -91)}, "from"},
+		{"unknown rule", Request{Rules: set, From: now.Add(-time.Hour), Rule: "nope"}, "rule"},
+		{"unknown tier", Request{Rules: set, From: now.Add(-time.Hour), Tier: "gold"}, "tier"},
+		{"bad subject", Request{Rules: set, From: now.Add(-time.Hour), Subject: "person:x"}, "subject"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := validate(&tt.req, now)
+			fe, ok := err.(*FieldError)
+			if !ok || fe.Field != tt.field {
+				t.Errorf("got %v, want a FieldError about %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestParseSubject(t *testing.T) {
+	t.Parallel()
+	entries := []rules.Entry{{Key: "tenant", Value: "a,b=c%d"}, {Key: "path", Value: ""}}
+	desc := checker.DescriptorSubject(entries)
+	tests := []struct {
+		in      string
+		want    checker.Subject
+		wantErr bool
+	}{
+		{in: "user:alice", want: checker.Subject{Dimension: rules.DimensionUser, ID: "alice"}},
+		{in: "api_key:k:1", want: checker.Subject{Dimension: rules.DimensionAPIKey, ID: "k:1"}},
+		{in: "ip:10.0.0.1", want: checker.Subject{Dimension: rules.DimensionIP, ID: "10.0.0.1"}},
+		{in: "descriptor:" + desc.ID, want: desc},
+		{in: "descriptor:tenant=%zz", wantErr: true},
+		{in: "descriptor:tenant", wantErr: true},
+		{in: "person:x", wantErr: true},
+		{in: "user:", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := parseSubject(tt.in)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("parseSubject(%q): error %v, want error %v", tt.in, err, tt.wantErr)
+			continue
+		}
+		if !tt.wantErr && (got.Dimension != tt.want.Dimension || got.ID != tt.want.ID || len(got.Entries) != len(tt.want.Entries)) {
+			t.Errorf("parseSubject(%q) = %+v, want %+v", tt.in, got, tt.want)
+		}
+	}
+}
