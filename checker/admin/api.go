@@ -77,6 +77,8 @@ type Config struct {
 	// AuthFailuresPerMinute is the limit of the Lockout made when Lockout is nil; 0 means
 	// auth.DefaultFailuresPerMinute.
 	AuthFailuresPerMinute int
+	// Backtester runs POST /api/v1/rules:backtest; nil answers it 503.
+	Backtester Backtester
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
 	Logger *slog.Logger
@@ -94,6 +96,8 @@ type API struct {
 	read   int64
 	write  int64
 	lock   *auth.Lockout
+	// backtester runs backtests (Config.Backtester); nil when the checker has no audit.
+	backtester Backtester
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -104,7 +108,7 @@ func New(engine *checker.Engine, cfg Config) *API {
 		log = slog.Default()
 	}
 	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.Store, tokens: make(map[string]Token, len(cfg.Tokens)),
-		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute)}
+		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute), backtester: cfg.Backtester}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its
 	// prefix through timing, and the hash is also the rate-limit key, so no secret reaches Redis.
 	for tok, who := range cfg.Tokens {
@@ -146,6 +150,7 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/rules", RoleRead, a.getRules)
 	route("PUT /api/v1/rules", RoleWrite, a.applyRules)
 	route("POST /api/v1/rules", RoleWrite, a.createRule)
+	route("POST /api/v1/rules:backtest", RoleRead, a.backtest)
 	route("GET /api/v1/rules/{rule_id}", RoleRead, a.getRule)
 	route("PUT /api/v1/rules/{rule_id}", RoleWrite, a.putRule)
 	route("DELETE /api/v1/rules/{rule_id}", RoleWrite, a.deleteRule)
@@ -207,6 +212,10 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 	}
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
+		return
+	}
+	if b, ok := body.(csvBody); ok {
+		b.writeCSV(w, status)
 		return
 	}
 	writeJSON(w, status, body)

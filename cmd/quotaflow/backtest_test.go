@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/internal/backtest"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
@@ -47,6 +50,8 @@ func TestBacktest(t *testing.T) {
 	rulesFile := writeFile(t, "rules.yaml", backtestRules)
 	p := startChecker(t, "bt", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile, c.Redis = rulesFile, redisDB(t, 14)
+		c.BacktestClickHouseDSN = chSrv.DSN(db)
+		c.Admin.Tokens = map[string]admin.Token{"bt-read": {Name: "analyst", Role: admin.RoleRead}}
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
 		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
@@ -127,6 +132,41 @@ func TestBacktest(t *testing.T) {
 		t.Errorf("one subject's checks, the rules that decided: %d of %d replayed with the recorded answer (reasons %v), want all %d",
 			rep.Agreed, rep.Checks, rep.Reasons, single)
 	}
+	// The admin API replays the rules in force when given none, for a read token.
+	api := func(body, query string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, "POST", p.url+"/api/v1/rules:backtest"+query, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer bt-read")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	window := fmt.Sprintf(`{"from": %q, "to": %q}`, from, shared.UTC().Format(time.RFC3339Nano))
+	code, body := api(window, "")
+	var viaAPI backtest.Report
+	if err := json.Unmarshal([]byte(body), &viaAPI); code != 200 || err != nil || viaAPI.Checks != single || viaAPI.Agreed != single {
+		t.Errorf("POST /api/v1/rules:backtest: %d %s; want %d checks, all with the recorded answer", code, body, single)
+	}
+	if code, body := api(window, "?format=csv"); code != 200 || !strings.HasPrefix(body, "part,name,tier,checks") ||
+		!strings.Contains(body, fmt.Sprintf("summary,all,,%d,", single)) {
+		t.Errorf("POST /api/v1/rules:backtest?format=csv: %d %s; want the report as CSV", code, body)
+	}
+	for _, tt := range []struct{ body, field string }{
+		{`{"to": "2026-01-01T00:00:00Z"}`, "from"},
+		{`{"from": "2001-01-01T00:00:00Z"}`, "from"},
+		{fmt.Sprintf(`{"from": %q, "rule": "nope"}`, from), "rule"},
+		{fmt.Sprintf(`{"from": %q, "warmup": "soon"}`, from), "warmup"},
+	} {
+		var e admin.Error
+		if code, body := api(tt.body, ""); code != 400 || json.Unmarshal([]byte(body), &e) != nil || e.Field != tt.field {
+			t.Errorf("POST %s: %d %s; want 400 naming %s", tt.body, code, body, tt.field)
+		}
+	}
+
 	// Every check: an answer that differs comes right after a charge Redis refunded later.
 	rep = run(rulesFile)
 	if rep.Checks != n || rep.Agreed+rep.Reasons[backtest.ReasonRefund] != n || len(rep.Reasons) > 1 {

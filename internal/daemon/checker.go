@@ -20,6 +20,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/backtest"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
@@ -27,6 +28,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 	"github.com/quotaflow/quotaflow/publisher"
+	"github.com/quotaflow/quotaflow/schema"
 )
 
 // The checker's parts meet here: each implements an interface the package that uses it owns.
@@ -75,6 +77,11 @@ type CheckerConfig struct {
 	// TLS; "" means no publishing, rules from RulesFile only and an admin API answering 503.
 	NATSURL string
 	NATSTLS *tls.Config
+	// BacktestClickHouseDSN names the ClickHouse whose decision audit the admin API's
+	// backtests read (POST /api/v1/rules:backtest), BacktestClickHouseTLS its client TLS;
+	// "" answers them 503. The server is reached when a backtest runs, never at start.
+	BacktestClickHouseDSN string
+	BacktestClickHouseTLS *tls.Config
 	// Publisher configures the decision stream; its Replicas is also the rule store's.
 	// InstanceID, Logger and Meter are set by the checker.
 	Publisher publisher.Config
@@ -277,6 +284,14 @@ func (s *checkerStart) serve() error {
 	acfg.Lockout, acfg.Logger = lockout, log
 	if s.follower != nil { // else nil: the admin API answers 503
 		acfg.Store = s.follower
+	}
+	if cfg.BacktestClickHouseDSN != "" {
+		conn, db, err := schema.Open(cfg.BacktestClickHouseDSN, cfg.BacktestClickHouseTLS)
+		if err != nil {
+			return fmt.Errorf("backtest clickhouse: %w", err)
+		}
+		s.c.onClose(conn.Close)
+		acfg.Backtester = backtest.New(backtest.Config{Conn: conn, Database: db, Logger: log})
 	}
 	mux := http.NewServeMux()
 	if cfg.MetricsListen == "" {

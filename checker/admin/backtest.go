@@ -1,0 +1,90 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/backtest"
+)
+
+// Backtester replays the decision audit through a rule set (backtest.Backtester). Its errors
+// are a *backtest.FieldError for a request it cannot run (answered 400), the context's, or
+// reading the audit's (503).
+type Backtester interface {
+	Run(ctx context.Context, req backtest.Request) (*backtest.Report, error)
+}
+
+var _ Backtester = (*backtest.Backtester)(nil)
+
+// backtestRequest is the body of POST /api/v1/rules:backtest. Rules is a rules document as
+// PUT /api/v1/rules takes it; omitted, the rules in force are replayed (their agreement with
+// the recorded answers). From and To are RFC 3339 times; To omitted means now.
+type backtestRequest struct {
+	Rules   *rules.Document `json:"rules"`
+	From    time.Time       `json:"from"`
+	To      time.Time       `json:"to"`
+	Subject string          `json:"subject"`
+	Tier    string          `json:"tier"`
+	Rule    string          `json:"rule"`
+	Top     int             `json:"top"`
+	// Warmup is a Go duration ("1h"); empty means the rules' longest window, at most a day.
+	Warmup string `json:"warmup"`
+}
+
+// backtest answers POST /api/v1/rules:backtest with the report as JSON, or as CSV with
+// ?format=csv. It needs a read token: it changes nothing.
+func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
+	if a.backtester == nil {
+		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: "backtests read the ClickHouse audit: start the checker with --backtest-clickhouse-dsn"}
+	}
+	format := r.URL.Query().Get("format")
+	if format != "" && format != "json" && format != "csv" {
+		return 0, nil, badField("format", "%q is not json or csv", format)
+	}
+	var body backtestRequest
+	if err := decodeBody(r, &body); err != nil {
+		return 0, nil, err
+	}
+	req := backtest.Request{From: body.From, To: body.To, Subject: body.Subject, Tier: body.Tier, Rule: body.Rule, Top: body.Top}
+	if body.Warmup != "" {
+		d, err := time.ParseDuration(body.Warmup)
+		if err != nil {
+			return 0, nil, badField("warmup", "%q is no duration (1h, 30m)", body.Warmup)
+		}
+		req.Warmup = d
+	}
+	var err error
+	if body.Rules != nil {
+		if req.Rules, err = body.Rules.Compile(); err != nil {
+			return 0, nil, err
+		}
+	} else if req.Rules, err = a.store.Current(r.Context()); err != nil {
+		return 0, nil, err
+	}
+	rep, err := a.backtester.Run(r.Context(), req)
+	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
+		return 0, nil, badField(fe.Field, "%s", fe.Msg)
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("backtest: %w", err)
+	}
+	if format == "csv" {
+		return http.StatusOK, csvBody{rep}, nil
+	}
+	return http.StatusOK, rep, nil
+}
+
+// csvBody is a report the API writes as CSV.
+type csvBody struct{ rep *backtest.Report }
+
+// writeCSV writes b as text/csv.
+func (b csvBody) writeCSV(w http.ResponseWriter, status int) {
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.WriteHeader(status)
+	_ = b.rep.WriteCSV(w) // the status is sent: a failed write is the client gone
+}
