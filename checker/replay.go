@@ -2,8 +2,10 @@ package checker
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -25,12 +27,33 @@ import (
 type Replay struct {
 	set   *rules.Set
 	local *bucket.Local
+	// plans caches the plans of the queries seen, when the rules' plans do not depend on the
+	// clock (no overrides, no calendar windows): one subject's checks repeat, and planning
+	// is half of a replay's work.
+	mu    sync.Mutex
+	plans map[string]*replayPlan
+	key   []byte // the key being looked up, under mu
 }
+
+// replayPlan is a query's plan and the limits of its outcome, which Check copies.
+type replayPlan struct {
+	pl        plan
+	limits    []LimitOutcome
+	tier      string
+	exemption string
+}
+
+// maxReplayPlans bounds Replay's cache of plans: past it, the cache starts again.
+const maxReplayPlans = 1 << 18
 
 // NewReplay returns a Replay of set holding at most about maxKeys buckets (0: 1M), evicting
 // the expired ones first.
 func NewReplay(set *rules.Set, maxKeys int) *Replay {
-	return &Replay{set: set, local: bucket.NewLocal(maxKeys)}
+	r := &Replay{set: set, local: bucket.NewLocal(maxKeys)}
+	if !set.HasOverrides() && !set.HasCalendar() {
+		r.plans = make(map[string]*replayPlan)
+	}
+	return r
 }
 
 // Rules returns the rule set the Replay decides by.
@@ -43,6 +66,37 @@ func (r *Replay) Rules() *rules.Set { return r.set }
 // the rules assign the check's user or API key a tier of their own. Its errors are those of
 // Engine.Check for an invalid query (a FieldError).
 func (r *Replay) Check(at time.Time, q *Query, charge bool) (*Outcome, error) {
+	rp, err := r.plan(at, q, charge)
+	if err != nil {
+		return nil, err
+	}
+	out := &Outcome{Decider: -1, Now: at, Tier: rp.tier, Exemption: rp.exemption, Limits: slices.Clone(rp.limits)}
+	pl := &rp.pl
+	// A check of several requests is decided as the store decides one (bucket.Local.CheckAll):
+	// when an enforced request denies, the others' charges are refunded. The replay refunds at
+	// the charge's instant; Redis refunds a round trip later, and a check of one of the buckets
+	// in between saw the charge (backtest's refund_window reason).
+	results := r.local.CheckAll(at, pl.reqs)
+	for i, res := range results {
+		for j, lr := range res.Limits {
+			out.Limits[pl.at(i, j)].Result = LimitResult(lr)
+		}
+	}
+	out.summarize()
+	return out, nil
+}
+
+// plan returns q's plan, from the cache when the rules allow one.
+func (r *Replay) plan(at time.Time, q *Query, charge bool) (*replayPlan, error) {
+	if r.plans != nil {
+		r.mu.Lock()
+		r.key = planKey(r.key[:0], q, charge)
+		rp := r.plans[string(r.key)] // no string made for a lookup
+		r.mu.Unlock()
+		if rp != nil {
+			return rp, nil
+		}
+	}
 	q, err := normalQuery(q)
 	if err != nil {
 		return nil, err
@@ -53,38 +107,41 @@ func (r *Replay) Check(at time.Time, q *Query, charge bool) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
-	results := make([]bucket.Result, len(pl.reqs))
-	if len(pl.reqs) == 1 {
-		results[0] = r.local.Check(at, pl.reqs[0])
-	} else {
-		r.checkAll(at, pl.reqs, results)
+	rp := &replayPlan{pl: pl, limits: out.Limits, tier: out.Tier, exemption: out.Exemption}
+	if r.plans == nil {
+		return rp, nil
 	}
-	for i, res := range results {
-		for j, lr := range res.Limits {
-			out.Limits[pl.at(i, j)].Result = LimitResult(lr)
+	for i := range pl.reqs {
+		for j := range pl.reqs[i].Limits {
+			if pl.reqs[i].Limits[j].Algorithm.Holds() {
+				return rp, nil // a place in flight is taken by a holder of its own
+			}
 		}
 	}
-	out.summarize()
-	return out, nil
+	r.mu.Lock()
+	if len(r.plans) >= maxReplayPlans {
+		clear(r.plans)
+	}
+	r.plans[string(planKey(nil, q, charge))] = rp
+	r.mu.Unlock()
+	return rp, nil
 }
 
-// checkAll decides a check of several requests as bucket.Store.Check does: each request is
-// charged when it allows, and when an enforced one denies, every allowed request's charge is
-// refunded, so that only a denied counted request stays charged. The replay refunds at the
-// charge's instant; Redis refunds a round trip later, and a check of one of the buckets in
-// between saw the charge (Report's ReasonRefund).
-func (r *Replay) checkAll(at time.Time, reqs []bucket.Request, results []bucket.Result) {
-	denied := false
-	for i, req := range reqs {
-		req.Peek = true
-		results[i] = r.local.Check(at, req)
-		denied = denied || !reqs[i].Shadow && !reqs[i].Peek && !results[i].Allowed
+// planKey appends to b what a query's plan depends on.
+func planKey(b []byte, q *Query, charge bool) []byte {
+	b = append(b, q.Tier...)
+	b = append(b, 0)
+	b = append(b, q.Endpoint...)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, q.Cost, 10)
+	if charge {
+		b = append(b, 'c')
 	}
-	for i := range reqs {
-		if !denied || reqs[i].Count && !results[i].Allowed {
-			results[i] = r.local.Check(at, reqs[i])
-		}
+	for _, s := range q.Subjects {
+		b = append(b, 0, byte(s.Dimension))
+		b = append(b, s.ID...)
 	}
+	return b
 }
 
 // tier is the tier a replayed check is decided under (Check).

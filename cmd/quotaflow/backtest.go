@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -64,6 +65,9 @@ window, at most a day) is replayed too, unreported, so that buckets start as Red
 	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
 		req.Progress = progressLine(stderr)
 	}
+	// The replay's garbage is short-lived and its live heap small (bounded buckets): fewer
+	// collections leave more of a core to the replay (measured: docs/backtest.md).
+	debug.SetGCPercent(400)
 	conn, db, err := c.open()
 	if err != nil {
 		return err

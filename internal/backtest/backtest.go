@@ -28,8 +28,6 @@ type Config struct {
 	Database string
 	// MaxBuckets bounds the buckets a replay holds at once (0: 4M); the expired go first.
 	MaxBuckets int
-	// Chunk is how much history one query reads (0: a minute).
-	Chunk time.Duration
 	// Logger receives each backtest's summary, with "component"="backtest"; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -106,9 +104,6 @@ func New(cfg Config) *Backtester {
 	if cfg.MaxBuckets <= 0 {
 		cfg.MaxBuckets = defaultMaxBuckets
 	}
-	if cfg.Chunk <= 0 {
-		cfg.Chunk = readChunk
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -136,14 +131,18 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 	} else if !first.IsZero() && start.Before(first) {
 		start = first
 	}
+	chunk, _, err := chunkOf(ctx, b.cfg.Conn, b.cfg.Database, start, req.To)
+	if err != nil {
+		return nil, err
+	}
 	began := time.Now()
 	rep := newReport(req)
 	replay := checker.NewReplay(req.Rules, b.cfg.MaxBuckets)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	batches := make(chan []Record, 4)
+	batches := make(chan []Record, 64) // lets the reader run a chunk ahead: ClickHouse sorts the next while the replay runs
 	readErr := make(chan error, 1)
-	go func() { readErr <- read(ctx, b.cfg.Conn, b.cfg.Database, start, req.To, b.cfg.Chunk, batches) }()
+	go func() { readErr <- read(ctx, b.cfg.Conn, b.cfg.Database, start, req.To, chunk, batches) }()
 	for batch := range batches {
 		for i := range batch {
 			rep.replay(replay, &batch[i])

@@ -50,7 +50,7 @@ type Report struct {
 	ruleRows map[ruleKey]*RuleRow
 	hours    map[int64]*HourRow
 	top      *topK
-	tainted  map[string]bool // buckets (rule|identifier) a settle or lease event changed
+	tainted  map[string]bool // subjects whose buckets a settle or lease event changed
 	// refunds holds when (µs) a bucket (rule|identifier) was last charged by a check that
 	// another of its limits denied, a charge Redis refunded a round trip later.
 	refunds map[string]int64
@@ -67,10 +67,10 @@ type Skipped struct {
 	Leases  int64 `json:"leases"`
 }
 
-// RuleRow is one rule under one tier. Checks counts the checks the rule applied to, then or
-// now; DeniedThen and WouldDeny those it denied (a shadow rule's would-be denials included);
-// NewlyDenied the checks it would deny that were allowed, NewlyAllowed those it denied that
-// would be allowed.
+// RuleRow is one rule under one tier. Checks counts the checks the rule applied to now or
+// decided then; DeniedThen and WouldDeny those it decided denied (the deciding limit is the
+// denying one with the longest wait); NewlyDenied the checks it would deny that were allowed,
+// NewlyAllowed those it denied that would be allowed.
 type RuleRow struct {
 	Rule         string `json:"rule"`
 	Tier         string `json:"tier"`
@@ -144,9 +144,7 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 	reported := !at.Before(r.From)
 	switch {
 	case rec.Kind != "" && rec.Kind != "reserve":
-		for _, l := range rec.Limits {
-			r.tainted[l.Rule+"|"+l.Identifier] = true
-		}
+		r.tainted[rec.Subject] = true
 		if reported {
 			if strings.HasPrefix(rec.Kind, "lease") {
 				r.Skipped.Leases++
@@ -227,10 +225,8 @@ func (r *Report) selected(q *checker.Query, rec *Record, out *checker.Outcome) b
 		return false
 	}
 	if id := r.req.Rule; id != "" {
-		for _, l := range rec.Limits {
-			if l.Rule == id {
-				return true
-			}
+		if rec.Rule == id {
+			return true
 		}
 		for _, l := range limitsOf(out) {
 			if l.Rule.ID == id {
@@ -281,7 +277,8 @@ func (r *Report) compare(rec *Record, q *checker.Query, out *checker.Outcome, at
 	r.Reasons[r.reason(rec, out)]++
 }
 
-// perRule accounts for a check under each rule that applied to it, then or now.
+// perRule accounts for a check under each rule that applied to it now, and under the rule
+// that decided it then: a rule's denials, then and now, are the checks it decided denied.
 func (r *Report) perRule(rec *Record, out *checker.Outcome, tier string) {
 	var seen []*RuleRow // each row counts the check once
 	row := func(id, t string) *RuleRow {
@@ -291,39 +288,41 @@ func (r *Report) perRule(rec *Record, out *checker.Outcome, tier string) {
 			rr = &RuleRow{Rule: id, Tier: t}
 			r.ruleRows[k] = rr
 		}
-		for _, s := range seen {
-			if s == rr {
-				return rr
-			}
+		if !slices.Contains(seen, rr) {
+			seen = append(seen, rr)
+			rr.Checks++
 		}
-		seen = append(seen, rr)
-		rr.Checks++
 		return rr
 	}
-	for _, l := range rec.Limits {
-		if l.Rule == "" || r.req.Rule != "" && l.Rule != r.req.Rule {
-			continue
-		}
-		rr := row(l.Rule, rec.Tier)
-		if !l.Allowed {
+	now := out != nil && out.Allowed
+	if rec.Rule != "" && (r.req.Rule == "" || rec.Rule == r.req.Rule) {
+		rr := row(rec.Rule, rec.Tier)
+		if !rec.Allowed {
 			rr.DeniedThen++
-			if !l.Shadow && out != nil && out.Allowed {
+			if now {
 				rr.NewlyAllowed++
 			}
 		}
 	}
 	for _, l := range limitsOf(out) {
-		if r.req.Rule != "" && l.Rule.ID != r.req.Rule {
-			continue
-		}
-		rr := row(l.Rule.ID, tier)
-		if !l.Result.Allowed {
-			rr.WouldDeny++
-			if !l.Rule.Shadow && rec.Allowed {
-				rr.NewlyDenied++
-			}
+		if r.req.Rule == "" || l.Rule.ID == r.req.Rule {
+			row(l.Rule.ID, tier)
 		}
 	}
+	if d := decider(out); d != nil && !out.Allowed && (r.req.Rule == "" || d.Rule.ID == r.req.Rule) {
+		rr := row(d.Rule.ID, tier)
+		rr.WouldDeny++
+		if rec.Allowed {
+			rr.NewlyDenied++
+		}
+	}
+}
+
+func decider(out *checker.Outcome) *checker.LimitOutcome {
+	if out == nil {
+		return nil
+	}
+	return out.DecidingLimit()
 }
 
 // reason explains a changed answer (the Reason constants, the first that applies).
@@ -340,14 +339,9 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 			return ReasonConcurrency
 		}
 	}
-	for _, l := range rec.Limits {
-		if r.tainted[l.Rule+"|"+l.Identifier] {
+	for _, l := range lims {
+		if r.tainted[l.Subject.ID] {
 			return ReasonSettled
-		}
-	}
-	for _, l := range rec.Limits {
-		if r.refunded(l.Rule+"|"+l.Identifier, rec.TimeUS) {
-			return ReasonRefund
 		}
 	}
 	for _, l := range lims {
@@ -355,42 +349,24 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 			return ReasonRefund
 		}
 	}
-	if out == nil || !sameLimits(rec.Limits, lims) {
+	if out == nil || !sameLimit(rec, lims) {
 		return ReasonRules
 	}
 	return ReasonHistory
 }
 
-// sameLimits reports whether every recorded limit was replayed with the same limit, and every
-// replayed limit that denied was recorded (the over-limit cache records only the denying
-// limits it knew of).
-func sameLimits(recorded []RecordedLimit, replayed []checker.LimitOutcome) bool {
-	find := func(rule, id string) *checker.LimitOutcome {
-		for i := range replayed {
-			if replayed[i].Rule.ID == rule && replayed[i].Subject.ID == id {
-				return &replayed[i]
-			}
-		}
-		return nil
-	}
-	for _, l := range recorded {
-		if got := find(l.Rule, l.Identifier); got == nil || got.Limit.Limit != l.Limit {
-			return false
-		}
+// sameLimit reports whether the rule that decided rec then was replayed with the limit it had
+// then (an override, or a rule changed or given another limit, changes it).
+func sameLimit(rec *Record, replayed []checker.LimitOutcome) bool {
+	if rec.Rule == "" {
+		return true
 	}
 	for _, l := range replayed {
-		if l.Result.Allowed {
-			continue
-		}
-		found := false
-		for _, rl := range recorded {
-			found = found || rl.Rule == l.Rule.ID && rl.Identifier == l.Subject.ID
-		}
-		if !found {
-			return false
+		if l.Rule.ID == rec.Rule && l.Limit.Limit == rec.Limit {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 func limitsOf(out *checker.Outcome) []checker.LimitOutcome {

@@ -19,7 +19,7 @@ rules:
   - {id: per-conn, dimension: user, endpoint: /conn, algorithm: concurrency, limit: 1, window: 1h}
 `
 
-func mustRules(t *testing.T, doc string) *rules.Set {
+func mustRules(t testing.TB, doc string) *rules.Set {
 	t.Helper()
 	set, err := rules.Parse([]byte(doc))
 	if err != nil {
@@ -33,12 +33,9 @@ func mustRules(t *testing.T, doc string) *rules.Set {
 func TestReportReasons(t *testing.T) {
 	t.Parallel()
 	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
-	lim := func(allowed bool, limit int64) []RecordedLimit {
-		return []RecordedLimit{{Rule: "per-user", Identifier: "alice", Limit: limit, Allowed: allowed}}
-	}
 	rec := func(sec int, user, endpoint string, allowed bool, mod func(*Record)) Record {
-		r := Record{ID: user, TimeUS: base.Add(time.Duration(sec) * time.Second).UnixMicro(), Subjects: []string{"user:" + user},
-			Tier: "free", Endpoint: endpoint, Cost: 1, Allowed: allowed, Limits: lim(allowed, 2)}
+		r := Record{TimeUS: base.Add(time.Duration(sec) * time.Second).UnixMicro(), Subjects: []string{"user:" + user}, Subject: user,
+			Tier: "free", Endpoint: endpoint, Cost: 1, Allowed: allowed, Rule: "per-user", Limit: 2}
 		if mod != nil {
 			mod(&r)
 		}
@@ -54,7 +51,7 @@ func TestReportReasons(t *testing.T) {
 		{"fail mode", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
 			rec(3, "alice", "/a", true, func(r *Record) { r.Degraded = true })}, ReasonFailMode},
 		{"override then", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
-			rec(3, "alice", "/a", true, func(r *Record) { r.Limits = lim(true, 4) })}, ReasonRules},
+			rec(3, "alice", "/a", true, func(r *Record) { r.Limit = 4 })}, ReasonRules},
 		{"settled before", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
 			rec(2, "alice", "", true, func(r *Record) { r.Kind = "cancel" }),
 			rec(3, "alice", "/a", true, nil)}, ReasonSettled},
@@ -91,9 +88,8 @@ func TestReportRows(t *testing.T) {
 	rep := newReport(Request{Rules: lower, From: base, To: base.Add(2 * time.Hour)})
 	rp := checker.NewReplay(lower, 0)
 	for i, user := range []string{"bob", "bob", "bob", "carol"} {
-		r := Record{TimeUS: base.Add(time.Duration(i) * time.Minute).UnixMicro(), Subjects: []string{"user:" + user}, Tier: "free",
-			Endpoint: "/a", Cost: 1, Allowed: i < 2 || user == "carol",
-			Limits: []RecordedLimit{{Rule: "per-user", Identifier: user, Limit: 2, Allowed: i < 2 || user == "carol"}}}
+		r := Record{TimeUS: base.Add(time.Duration(i) * time.Minute).UnixMicro(), Subjects: []string{"user:" + user}, Subject: user,
+			Tier: "free", Endpoint: "/a", Cost: 1, Allowed: i < 2 || user == "carol", Rule: "per-user", Limit: 2}
 		rep.replay(rp, &r)
 	}
 	rep.finish(0)

@@ -9,12 +9,15 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
-// Record is one row of the decision audit, the fields a replay needs.
+// Record is one row of the decision audit, the fields a replay needs: the check, its answer,
+// and its deciding limit (the audit's per-limit columns are not read: decoding them would
+// cost more than the replay).
 type Record struct {
-	ID     string
 	TimeUS int64
-	// Subjects are the check's subjects as the audit writes them, "dimension:identifier".
+	// Subjects are the check's subjects as the audit writes them, "dimension:identifier";
+	// Subject is the first one's identifier (a settle's or a lease event's subject).
 	Subjects []string
+	Subject  string
 	Tier     string
 	Endpoint string
 	Cost     int64
@@ -23,22 +26,16 @@ type Record struct {
 	Replayed bool
 	// Kind is "" for a check, "reserve", "settle", "cancel", "lease_release" or
 	// "lease_expired".
-	Kind   string
-	Limits []RecordedLimit
+	Kind string
+	// Rule and Limit are the deciding limit's rule and limit ("" when no rule matched).
+	Rule  string
+	Limit int64
 }
 
-// RecordedLimit is one limit a recorded decision evaluated.
-type RecordedLimit struct {
-	Rule       string
-	Identifier string
-	Limit      int64
-	Allowed    bool
-	Shadow     bool
-}
-
-// readChunk is how much history one query reads: ClickHouse sorts a chunk in memory, so the
-// replay's memory and the server's stay bounded by a chunk's rows, not the history's.
-const readChunk = time.Minute
+// chunkRows is about how many decisions one query reads: ClickHouse sorts a chunk in memory
+// (a few hundred MiB at most), and the replay's memory stays bounded by a few chunks' worth of
+// records in flight, not by the history.
+const chunkRows = 1_000_000
 
 // recordBatch is how many records travel to the replay at once.
 const recordBatch = 1024
@@ -50,9 +47,6 @@ const recordBatch = 1024
 // a time; the time column bounds each chunk to its days' partitions.
 func read(ctx context.Context, conn driver.Conn, db string, from, to time.Time, chunk time.Duration, out chan<- []Record) error {
 	defer close(out)
-	if chunk <= 0 {
-		chunk = readChunk
-	}
 	for lo := from; lo.Before(to); lo = lo.Add(chunk) {
 		hi := lo.Add(chunk)
 		if hi.After(to) {
@@ -68,11 +62,10 @@ func read(ctx context.Context, conn driver.Conn, db string, from, to time.Time, 
 func readRange(ctx context.Context, conn driver.Conn, db string, lo, hi time.Time, out chan<- []Record) error {
 	// Integers only are written into the query; 18.16's time column is a DateTime, a current
 	// server's a DateTime64, and both compare with toDateTime.
-	q := fmt.Sprintf(`SELECT id, time_us, subjects, tier, endpoint, cost, allowed, degraded, replayed, kind,
-    limits.rule_id, limits.identifier, limits.limit_value, limits.allowed, limits.shadow
+	q := fmt.Sprintf(`SELECT time_us, subjects, subject_id, tier, endpoint, cost, allowed, degraded, replayed, kind, rule_id, limit_value
 FROM %s.decisions
-WHERE time >= toDateTime(%d) AND time <= toDateTime(%d) AND time_us >= %d AND time_us < %d
-ORDER BY time_us, allowed DESC, id`, db, lo.Unix(), hi.Unix(), lo.UnixMicro(), hi.UnixMicro())
+WHERE %s
+ORDER BY time_us, allowed DESC`, db, within(lo, hi))
 	rows, err := conn.Query(ctx, q)
 	if err != nil {
 		return fmt.Errorf("read the audit: %w", err)
@@ -83,19 +76,12 @@ ORDER BY time_us, allowed DESC, id`, db, lo.Unix(), hi.Unix(), lo.UnixMicro(), h
 		var (
 			r                         Record
 			allowed, degraded, replay uint8
-			lRule, lID                []string
-			lLimit                    []int64
-			lAllowed, lShadow         []uint8
 		)
-		if err := rows.Scan(&r.ID, &r.TimeUS, &r.Subjects, &r.Tier, &r.Endpoint, &r.Cost, &allowed, &degraded, &replay, &r.Kind,
-			&lRule, &lID, &lLimit, &lAllowed, &lShadow); err != nil {
+		if err := rows.Scan(&r.TimeUS, &r.Subjects, &r.Subject, &r.Tier, &r.Endpoint, &r.Cost, &allowed, &degraded, &replay, &r.Kind,
+			&r.Rule, &r.Limit); err != nil {
 			return fmt.Errorf("read the audit: %w", err)
 		}
 		r.Allowed, r.Degraded, r.Replayed = allowed == 1, degraded == 1, replay == 1
-		r.Limits = make([]RecordedLimit, len(lRule))
-		for i := range lRule {
-			r.Limits[i] = RecordedLimit{Rule: lRule[i], Identifier: lID[i], Limit: lLimit[i], Allowed: lAllowed[i] == 1, Shadow: lShadow[i] == 1}
-		}
 		batch = append(batch, r)
 		if len(batch) == recordBatch {
 			select {
@@ -117,6 +103,29 @@ ORDER BY time_us, allowed DESC, id`, db, lo.Unix(), hi.Unix(), lo.UnixMicro(), h
 		}
 	}
 	return nil
+}
+
+// within is the condition of the decisions of [lo, hi): the time column bounds the partitions
+// read, time_us the rows.
+func within(lo, hi time.Time) string {
+	return fmt.Sprintf("time >= toDateTime(%d) AND time <= toDateTime(%d) AND time_us >= %d AND time_us < %d",
+		lo.Unix(), hi.Unix(), lo.UnixMicro(), hi.UnixMicro())
+}
+
+// chunkOf returns how much history one query of [lo, hi) reads: about chunkRows decisions,
+// so that ClickHouse sorts a bounded number of rows per query, and scans the days'
+// partitions (ordered by subject, not time) as few times as that allows. It also returns how
+// many decisions [lo, hi) holds.
+func chunkOf(ctx context.Context, conn driver.Conn, db string, lo, hi time.Time) (time.Duration, uint64, error) {
+	var n uint64
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions WHERE %s", db, within(lo, hi))).Scan(&n); err != nil {
+		return 0, 0, fmt.Errorf("count the audit's decisions: %w", err)
+	}
+	span := hi.Sub(lo)
+	if n <= chunkRows {
+		return span, n, nil
+	}
+	return max(time.Duration(float64(span)*chunkRows/float64(n)), time.Second), n, nil
 }
 
 // oldest returns the time of the audit's oldest decision, zero when it has none.

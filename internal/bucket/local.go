@@ -53,33 +53,47 @@ func NewLocal(maxKeys int) *Local {
 }
 
 // Check evaluates req at now and, unless Peek, charges Cost to every limit if all of them
-// allow, or to every limit whatever they answer when Count. IdempotencyKey is ignored: a process-local retry is not worth the memory. An invalid
-// request (see Request.Validate) is denied. A now earlier than a bucket's last update counts
-// as that update's time, so a clock stepping back never refills a bucket.
+// allow, or to every limit whatever they answer when Count. IdempotencyKey is ignored: a
+// process-local retry is not worth the memory. An invalid request (see Request.Validate) is
+// denied. A now earlier than a bucket's last update counts as that update's time, so a clock
+// stepping back never refills a bucket.
 func (l *Local) Check(now time.Time, req Request) Result {
-	res := Result{Now: now, Limits: make([]LimitResult, len(req.Limits))}
-	if req.Validate() != nil {
-		for i := range res.Limits {
-			res.Limits[i] = LimitResult{ResetAt: now, RetryAfter: max(req.Limits[i].Window, time.Second)}
-		}
-		return res
-	}
-	n := len(req.Limits)
-	nowUS := float64(now.UnixMicro())
-	cost := float64(req.Cost)
+	reqs, res := [1]Request{req}, [1]Result{}
+	l.decide(now, reqs[:], res[:])
+	return res[0]
+}
 
+// CheckAll decides reqs at one instant as one call of Store.Check does, with Check's rules
+// per request: when a request that is neither Peek nor Shadow denies, no request stays
+// charged but a denied counted one (Store refunds the others' charges). Replay decides
+// recorded checks with it.
+func (l *Local) CheckAll(now time.Time, reqs []Request) []Result {
+	res := make([]Result, len(reqs))
+	l.decide(now, reqs, res)
+	return res
+}
+
+// decide is CheckAll into res, under the locks of every key of reqs at once.
+func (l *Local) decide(now time.Time, reqs []Request, res []Result) {
+	nowUS := float64(now.UnixMicro())
+	m := 0
+	for i := range reqs {
+		m += len(reqs[i].Limits)
+	}
 	var shardBuf, lockBuf [8]int
 	var outBuf [4]outcome
 	var parBuf [4]params
 	shardOf, locks := shardBuf[:0], lockBuf[:0]
 	outs, ps := outBuf[:0], parBuf[:0]
-	if n > len(outBuf) {
-		outs, ps = make([]outcome, 0, n), make([]params, 0, n)
+	if m > len(outBuf) {
+		outs, ps = make([]outcome, 0, m), make([]params, 0, m)
 	}
-	for i := range req.Limits {
-		s := int(maphash.String(l.seed, req.Limits[i].Key) % uint64(len(l.shards)))
-		shardOf = append(shardOf, s)
-		locks = insertSorted(locks, s)
+	for i := range reqs {
+		for j := range reqs[i].Limits {
+			s := int(maphash.String(l.seed, reqs[i].Limits[j].Key) % uint64(len(l.shards)))
+			shardOf = append(shardOf, s)
+			locks = insertSorted(locks, s)
+		}
 	}
 	// Locking in ascending shard order lets requests that share shards never deadlock.
 	for _, s := range locks {
@@ -91,43 +105,70 @@ func (l *Local) Check(now time.Time, req Request) Result {
 		}
 	}()
 
-	all := true
-	for i := range req.Limits {
-		lim := &req.Limits[i]
-		p := paramsOf(lim)
-		ps = append(ps, p)
-		st := l.shards[shardOf[i]].lookup(lim.Key, lim.Algorithm, nowUS)
-		outs = append(outs, evaluate(lim.Algorithm, st, p, nowUS, cost))
-		all = all && outs[i].ok
-	}
-
-	// A counted request (Count) commits every limit, a denied one's as if charged, and
-	// reports an allowed one's after values, as call.lua's fields does in mode "6".
-	charged, count := all && !req.Peek, req.Count && !req.Peek
-	for i := range outs {
-		o, p := &outs[i], ps[i]
-		lr := LimitResult{Allowed: o.ok}
-		used, rem, reset, retry := o.used, o.rem, o.reset, 0.0
-		if charged || count && o.ok {
-			l.shards[shardOf[i]].put(l, req.Limits[i].Key, req.Limits, nowUS).apply(o, p)
-			used, rem, reset = o.aused, o.arem, o.areset
-		} else if !o.ok {
-			if count {
-				l.shards[shardOf[i]].put(l, req.Limits[i].Key, req.Limits, nowUS).apply(o, p)
+	var validBuf [4]bool
+	valid := validBuf[:0]
+	denied := false
+	lrs := make([]LimitResult, m) // one allocation for every request's results
+	for i := range reqs {
+		req := &reqs[i]
+		valid = append(valid, req.Validate() == nil)
+		res[i] = Result{Now: now, Allowed: valid[i], Limits: lrs[:len(req.Limits):len(req.Limits)]}
+		lrs = lrs[len(req.Limits):]
+		for j := range req.Limits {
+			lim := &req.Limits[j]
+			p := paramsOf(lim)
+			var o outcome
+			if valid[i] {
+				o = evaluate(lim.Algorithm, l.shards[shardOf[len(outs)]].lookup(lim.Key, lim.Algorithm, nowUS), p, nowUS, float64(req.Cost))
 			}
-			retry = o.retry
-			if cost > p.burst && retry < p.window {
-				retry = p.window
-			}
-			retry = math.Max(retry, 1)
+			outs, ps = append(outs, o), append(ps, p)
+			res[i].Allowed = res[i].Allowed && o.ok
 		}
-		lr.Used, lr.Remaining = int64(used), int64(rem)
-		lr.ResetAt = time.UnixMicro(int64(ceilUS(reset)))
-		lr.RetryAfter = time.Duration(retry) * time.Microsecond
-		res.Limits[i] = lr
+		denied = denied || !req.Peek && !req.Shadow && !res[i].Allowed
 	}
-	res.Allowed = all
-	return res
+	k := 0
+	for i := range reqs {
+		req := &reqs[i]
+		if !valid[i] {
+			for j := range res[i].Limits {
+				res[i].Limits[j] = LimitResult{ResetAt: now, RetryAfter: max(req.Limits[j].Window, time.Second)}
+			}
+			k += len(req.Limits)
+			continue
+		}
+		// A counted request (Count) commits every limit, a denied one's as if charged, and
+		// reports an allowed one's after values, as call.lua's fields does in mode "6"; an
+		// allowed request of a denied call is refunded, so it commits nothing.
+		charged := res[i].Allowed && !req.Peek && !denied
+		count := req.Count && !req.Peek && !res[i].Allowed
+		for j := range req.Limits {
+			res[i].Limits[j] = l.commit(&outs[k], ps[k], &req.Limits[j], shardOf[k], req, float64(req.Cost), nowUS, charged, count)
+			k++
+		}
+	}
+}
+
+// commit applies o, one limit's outcome, when charged (or counted) and returns its result.
+func (l *Local) commit(o *outcome, p params, lim *Limit, shard int, req *Request, cost, nowUS float64, charged, count bool) LimitResult {
+	lr := LimitResult{Allowed: o.ok}
+	used, rem, reset, retry := o.used, o.rem, o.reset, 0.0
+	if charged || count && o.ok {
+		l.shards[shard].put(l, lim.Key, req.Limits, nowUS).apply(o, p)
+		used, rem, reset = o.aused, o.arem, o.areset
+	} else if !o.ok {
+		if count {
+			l.shards[shard].put(l, lim.Key, req.Limits, nowUS).apply(o, p)
+		}
+		retry = o.retry
+		if cost > p.burst && retry < p.window {
+			retry = p.window
+		}
+		retry = math.Max(retry, 1)
+	}
+	lr.Used, lr.Remaining = int64(used), int64(rem)
+	lr.ResetAt = time.UnixMicro(int64(ceilUS(reset)))
+	lr.RetryAfter = time.Duration(retry) * time.Microsecond
+	return lr
 }
 
 // insertSorted adds s to the ascending set locks.
