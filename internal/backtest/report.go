@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,6 +55,8 @@ type Report struct {
 	// refunds holds when (µs) a bucket (rule|identifier) was last charged by a check that
 	// another of its limits denied, a charge Redis refunded a round trip later.
 	refunds map[string]int64
+	queries map[string]*checker.Query // parsed checks, by key
+	key     []byte                    // the key being looked up
 }
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent within the
@@ -129,7 +132,7 @@ func newReport(req Request) *Report {
 	req.Top = top
 	r := &Report{From: req.From, To: req.To, Reasons: map[string]int64{}, req: req,
 		ruleRows: map[ruleKey]*RuleRow{}, hours: map[int64]*HourRow{}, top: newTopK(max(64, 10*top)), tainted: map[string]bool{},
-		refunds: map[string]int64{}}
+		refunds: map[string]int64{}, queries: map[string]*checker.Query{}}
 	if req.Subject != "" {
 		s, _ := parseSubject(req.Subject) // validated
 		r.subject = &s
@@ -159,7 +162,7 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 		}
 		return
 	}
-	q, err := query(rec)
+	q, err := r.query(rec)
 	var out *checker.Outcome
 	if err == nil {
 		// A fail mode's answer never reached Redis: replayed, it charges nothing either.
@@ -400,6 +403,34 @@ func (r *Report) finish(elapsed time.Duration) {
 	}
 	sort.Slice(r.Hours, func(i, j int) bool { return r.Hours[i].Hour.Before(r.Hours[j].Hour) })
 	r.Subjects = r.top.rows(r.req.Top)
+}
+
+// maxQueries bounds the report's cache of parsed queries: past it, the cache starts again.
+const maxQueries = 1 << 18
+
+// query is the check rec recorded, parsed once per distinct check: one subject's checks repeat.
+// The Replay only reads it.
+func (r *Report) query(rec *Record) (*checker.Query, error) {
+	b := append(r.key[:0], rec.Tier...)
+	b = append(b, 0)
+	b = append(b, rec.Endpoint...)
+	b = strconv.AppendInt(append(b, 0), rec.Cost, 10)
+	for _, s := range rec.Subjects {
+		b = append(append(b, 0), s...)
+	}
+	r.key = b
+	if q := r.queries[string(b)]; q != nil { // no string made for a lookup
+		return q, nil
+	}
+	q, err := query(rec)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.queries) >= maxQueries {
+		clear(r.queries)
+	}
+	r.queries[string(b)] = q
+	return q, nil
 }
 
 // query is the check rec recorded.

@@ -33,9 +33,9 @@ type Record struct {
 }
 
 // chunkRows is about how many decisions one query reads: ClickHouse sorts a chunk in memory
-// (a few hundred MiB at most), and the replay's memory stays bounded by a few chunks' worth of
+// (about a GiB at most), and the replay's memory stays bounded by a few chunks' worth of
 // records in flight, not by the history.
-const chunkRows = 1_000_000
+const chunkRows = 4_000_000
 
 // recordBatch is how many records travel to the replay at once.
 const recordBatch = 1024
