@@ -78,3 +78,29 @@ func ExampleFieldError() {
 	// true subjects[1].identifier
 	// subjects[1].identifier: required
 }
+
+// A Replay decides recorded checks again under other rules, at the instants they were decided,
+// without Redis: here three orders of one second, under a limit lowered to 2 per hour.
+func ExampleReplay() {
+	set, err := rules.Parse([]byte(`
+rules:
+  - {id: orders, dimension: user, endpoint: /orders, algorithm: fixed_window, limit: 2, window: 1h}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	replay := checker.NewReplay(set, 0)
+	at := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	q := &checker.Query{Endpoint: "/orders", Subjects: []checker.Subject{{Dimension: rules.DimensionUser, ID: "alice"}}}
+	for i := range 3 {
+		out, err := replay.Check(at.Add(time.Duration(i)*time.Second), q, true)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(out.Allowed, out.DecidingLimit().Result.Remaining)
+	}
+	// Output:
+	// true 1
+	// true 0
+	// false 0
+}

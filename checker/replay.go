@@ -2,10 +2,8 @@ package checker
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -27,76 +25,47 @@ import (
 type Replay struct {
 	set   *rules.Set
 	local *bucket.Local
-	// plans caches the plans of the queries seen, when the rules' plans do not depend on the
-	// clock (no overrides, no calendar windows): one subject's checks repeat, and planning
-	// is half of a replay's work.
-	mu    sync.Mutex
-	plans map[string]*replayPlan
-	key   []byte // the key being looked up, under mu
 }
-
-// replayPlan is a query's plan and the limits of its outcome, which Check copies.
-type replayPlan struct {
-	pl        plan
-	limits    []LimitOutcome
-	tier      string
-	exemption string
-}
-
-// maxReplayPlans bounds Replay's cache of plans: past it, the cache starts again.
-const maxReplayPlans = 1 << 18
 
 // NewReplay returns a Replay of set holding at most about maxKeys buckets (0: 1M), evicting
 // the expired ones first.
 func NewReplay(set *rules.Set, maxKeys int) *Replay {
-	r := &Replay{set: set, local: bucket.NewLocal(maxKeys)}
-	if !set.HasOverrides() && !set.HasCalendar() {
-		r.plans = make(map[string]*replayPlan)
-	}
-	return r
+	return &Replay{set: set, local: bucket.NewLocal(maxKeys)}
 }
 
-// Rules returns the rule set the Replay decides by.
-func (r *Replay) Rules() *rules.Set { return r.set }
+// Planned is a check planned under a Replay's rules (Replay.Plan), to decide with
+// Replay.Decide. Planning is half of a replay's work, and one subject's checks repeat: a
+// caller may keep a Planned and decide it again at other instants when Fixed.
+type Planned struct {
+	pl        plan
+	limits    []LimitOutcome
+	tier      string
+	exemption string
+	// Fixed reports that the plan holds at any instant: the rules have no overrides and no
+	// calendar windows (which depend on the clock), and the check takes no place in flight
+	// (each taken by a holder of its own).
+	Fixed bool
+}
 
 // Check decides q at at and, when charge is set and the check is allowed, charges its buckets
-// (as a counted rule's are charged whatever they answer). A check that was not charged where
-// it was decided (a fail mode's answer, which Redis never saw) is replayed with charge unset,
-// so that the buckets stay those of Redis. The tier is q.Tier when the rules have it, unless
-// the rules assign the check's user or API key a tier of their own. Its errors are those of
-// Engine.Check for an invalid query (a FieldError).
+// (as a counted rule's are charged whatever they answer): Plan, then Decide.
 func (r *Replay) Check(at time.Time, q *Query, charge bool) (*Outcome, error) {
-	rp, err := r.plan(at, q, charge)
+	p, err := r.Plan(at, q, charge)
 	if err != nil {
 		return nil, err
 	}
-	out := &Outcome{Decider: -1, Now: at, Tier: rp.tier, Exemption: rp.exemption, Limits: slices.Clone(rp.limits)}
-	pl := &rp.pl
-	// A check of several requests is decided as the store decides one (bucket.Local.CheckAll):
-	// when an enforced request denies, the others' charges are refunded. The replay refunds at
-	// the charge's instant; Redis refunds a round trip later, and a check of one of the buckets
-	// in between saw the charge (backtest's refund_window reason).
-	results := r.local.CheckAll(at, pl.reqs)
-	for i, res := range results {
-		for j, lr := range res.Limits {
-			out.Limits[pl.at(i, j)].Result = LimitResult(lr)
-		}
-	}
-	out.summarize()
+	out := new(Outcome)
+	r.Decide(at, p, out)
 	return out, nil
 }
 
-// plan returns q's plan, from the cache when the rules allow one.
-func (r *Replay) plan(at time.Time, q *Query, charge bool) (*replayPlan, error) {
-	if r.plans != nil {
-		r.mu.Lock()
-		r.key = planKey(r.key[:0], q, charge)
-		rp := r.plans[string(r.key)] // no string made for a lookup
-		r.mu.Unlock()
-		if rp != nil {
-			return rp, nil
-		}
-	}
+// Plan plans q at at as Engine.Check plans a check: the rules matching its subjects, their
+// limits and bucket keys. A check that was not charged where it was decided (a fail mode's
+// answer, which Redis never saw) is planned with charge unset, so that the buckets stay those
+// of Redis. The tier is q.Tier when the rules have it, unless the rules assign the check's
+// user or API key a tier of their own. Its errors are those of Engine.Check for an invalid
+// query (a FieldError).
+func (r *Replay) Plan(at time.Time, q *Query, charge bool) (*Planned, error) {
 	q, err := normalQuery(q)
 	if err != nil {
 		return nil, err
@@ -107,41 +76,30 @@ func (r *Replay) plan(at time.Time, q *Query, charge bool) (*replayPlan, error) 
 	if err != nil {
 		return nil, err
 	}
-	rp := &replayPlan{pl: pl, limits: out.Limits, tier: out.Tier, exemption: out.Exemption}
-	if r.plans == nil {
-		return rp, nil
-	}
+	p := &Planned{pl: pl, limits: out.Limits, tier: out.Tier, exemption: out.Exemption,
+		Fixed: !r.set.HasOverrides() && !r.set.HasCalendar()}
 	for i := range pl.reqs {
 		for j := range pl.reqs[i].Limits {
-			if pl.reqs[i].Limits[j].Algorithm.Holds() {
-				return rp, nil // a place in flight is taken by a holder of its own
-			}
+			p.Fixed = p.Fixed && !pl.reqs[i].Limits[j].Algorithm.Holds()
 		}
 	}
-	r.mu.Lock()
-	if len(r.plans) >= maxReplayPlans {
-		clear(r.plans)
-	}
-	r.plans[string(planKey(nil, q, charge))] = rp
-	r.mu.Unlock()
-	return rp, nil
+	return p, nil
 }
 
-// planKey appends to b what a query's plan depends on.
-func planKey(b []byte, q *Query, charge bool) []byte {
-	b = append(b, q.Tier...)
-	b = append(b, 0)
-	b = append(b, q.Endpoint...)
-	b = append(b, 0)
-	b = strconv.AppendInt(b, q.Cost, 10)
-	if charge {
-		b = append(b, 'c')
+// Decide decides p at at into out, reusing the storage of out.Limits.
+func (r *Replay) Decide(at time.Time, p *Planned, out *Outcome) {
+	*out = Outcome{Decider: -1, Now: at, Tier: p.tier, Exemption: p.exemption, Limits: append(out.Limits[:0], p.limits...)}
+	// A check of several requests is decided as the store decides one (bucket.Local.CheckAll):
+	// when an enforced request denies, the others' charges are refunded. The replay refunds at
+	// the charge's instant; Redis refunds a round trip later, and a check of one of the buckets
+	// in between saw the charge (backtest's refund_window reason).
+	results := r.local.CheckAll(at, p.pl.reqs)
+	for i, res := range results {
+		for j, lr := range res.Limits {
+			out.Limits[p.pl.at(i, j)].Result = LimitResult(lr)
+		}
 	}
-	for _, s := range q.Subjects {
-		b = append(b, 0, byte(s.Dimension))
-		b = append(b, s.ID...)
-	}
-	return b
+	out.summarize()
 }
 
 // tier is the tier a replayed check is decided under (Check).

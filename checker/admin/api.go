@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
@@ -97,7 +98,8 @@ type API struct {
 	write  int64
 	lock   *auth.Lockout
 	// backtester runs backtests (Config.Backtester); nil when the checker has no audit.
-	backtester Backtester
+	backtester  Backtester
+	backtesting atomic.Bool // one backtest at a time
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports

@@ -36,12 +36,18 @@ type backtestRequest struct {
 }
 
 // backtest answers POST /api/v1/rules:backtest with the report as JSON, or as CSV with
-// ?format=csv. It needs a read token: it changes nothing.
+// ?format=csv. It needs a read token: it changes nothing. One runs at a time per checker.
 func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
 	if a.backtester == nil {
 		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
 			Message: "backtests read the ClickHouse audit: start the checker with --backtest-clickhouse-dsn"}
 	}
+	// A replay takes a core for minutes on a checker that also answers checks: one at a time.
+	if !a.backtesting.CompareAndSwap(false, true) {
+		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: "a backtest is running on this checker: retry when it is done, or run quotaflow backtest elsewhere"}
+	}
+	defer a.backtesting.Store(false)
 	format := r.URL.Query().Get("format")
 	if format != "" && format != "json" && format != "csv" {
 		return 0, nil, badField("format", "%q is not json or csv", format)

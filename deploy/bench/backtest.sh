@@ -63,6 +63,9 @@ FROM (SELECT number, toInt64($start) * 1000000 + intDiv(number * 3600000000, $N)
 echo "inserted in $(echo "$(date +%s.%N) - $t0" | bc) s; on disk: $(clickhouse-client --port "$PORT" -q "SELECT formatReadableSize(sum(bytes)) FROM system.parts WHERE database = 'bt' AND table = 'decisions' AND active")"
 
 echo "== quotaflow backtest of the hour"
-/usr/bin/time -f "elapsed %e s, user %U s, system %S s, max RSS %M KiB" \
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+before=$(ticks "$ch")
+/usr/bin/time -f "quotaflow: elapsed %e s, user %U s, system %S s, max RSS %M KiB" \
   ./bin/quotaflow backtest --clickhouse-dsn "$dsn" --rules deploy/bench/backtest-rules.yaml \
     --from "$(date -u -d @"$start" +%FT%TZ)" --to "$(date -u -d @"$end" +%FT%TZ)" --warmup -1s --top 3
+echo "clickhouse-server meanwhile: $(echo "scale=1; ($(ticks "$ch") - $before) / $(getconf CLK_TCK)" | bc) s of CPU"

@@ -25,6 +25,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "not replayed\t%d idempotent replays, %d settles and cancels, %d lease events\n",
 		r.Skipped.Replays, r.Skipped.Settles, r.Skipped.Leases)
+	if r.Skipped.Unreadable > 0 {
+		fmt.Fprintf(tw, "unreadable rows\t%d\n", r.Skipped.Unreadable)
+	}
 	for _, k := range sortedReasons(r.Reasons) {
 		fmt.Fprintf(tw, "changed: %s\t%d\n", k, r.Reasons[k])
 	}

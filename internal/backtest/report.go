@@ -34,7 +34,7 @@ type Report struct {
 	// capacity), counted among the newly denied when they were allowed.
 	Refused int64 `json:"refused"`
 	// Skipped counts the rows of [From, To) that are not replayed: idempotent replays (they
-	// charged nothing), settles, cancels and lease events.
+	// charged nothing), settles, cancels and lease events, and rows that are no check.
 	Skipped Skipped `json:"skipped"`
 	// Reasons counts the changed answers by what explains them (Reason*).
 	Reasons map[string]int64 `json:"reasons"`
@@ -55,8 +55,9 @@ type Report struct {
 	// refunds holds when (µs) a bucket (rule|identifier) was last charged by a check that
 	// another of its limits denied, a charge Redis refunded a round trip later.
 	refunds map[string]int64
-	queries map[string]*checker.Query // parsed checks, by key
-	key     []byte                    // the key being looked up
+	plans   map[string]*planned // planned checks, by key
+	key     []byte              // the key being looked up
+	out     checker.Outcome     // the outcome being accounted for, its storage reused
 }
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent within the
@@ -68,6 +69,8 @@ type Skipped struct {
 	Replays int64 `json:"replays"`
 	Settles int64 `json:"settles"`
 	Leases  int64 `json:"leases"`
+	// Unreadable are rows whose subjects are not written as quotaflow writes them.
+	Unreadable int64 `json:"unreadable"`
 }
 
 // RuleRow is one rule under one tier. Checks counts the checks the rule applied to now or
@@ -132,7 +135,7 @@ func newReport(req Request) *Report {
 	req.Top = top
 	r := &Report{From: req.From, To: req.To, Reasons: map[string]int64{}, req: req,
 		ruleRows: map[ruleKey]*RuleRow{}, hours: map[int64]*HourRow{}, top: newTopK(max(64, 10*top)), tainted: map[string]bool{},
-		refunds: map[string]int64{}, queries: map[string]*checker.Query{}}
+		refunds: map[string]int64{}, plans: map[string]*planned{}}
 	if req.Subject != "" {
 		s, _ := parseSubject(req.Subject) // validated
 		r.subject = &s
@@ -162,19 +165,22 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 		}
 		return
 	}
-	q, err := r.query(rec)
+	q, p, err := r.plan(rp, rec, at)
 	var out *checker.Outcome
 	if err == nil {
-		// A fail mode's answer never reached Redis: replayed, it charges nothing either.
-		out, err = rp.Check(at, q, !rec.Degraded)
+		rp.Decide(at, p, &r.out)
+		out = &r.out
 	}
 	var fe *checker.FieldError
 	if err != nil && !errors.As(err, &fe) {
-		// A row the replay cannot read as a check (a hand-made one): it is not compared.
+		// A row the replay cannot read as a check (written by hand): counted, not compared.
+		if reported {
+			r.Skipped.Unreadable++
+		}
 		return
 	}
 	if reported && r.selected(q, rec, out) {
-		r.compare(rec, q, out, at)
+		r.compare(rec, out, at)
 	}
 	r.noteRefunds(out, rec.TimeUS)
 }
@@ -242,7 +248,7 @@ func (r *Report) selected(q *checker.Query, rec *Record, out *checker.Outcome) b
 }
 
 // compare accounts for one replayed check: out is nil when the rules would refuse it.
-func (r *Report) compare(rec *Record, q *checker.Query, out *checker.Outcome, at time.Time) {
+func (r *Report) compare(rec *Record, out *checker.Outcome, at time.Time) {
 	now := out != nil && out.Allowed
 	if out == nil {
 		r.Refused++
@@ -405,32 +411,47 @@ func (r *Report) finish(elapsed time.Duration) {
 	r.Subjects = r.top.rows(r.req.Top)
 }
 
-// maxQueries bounds the report's cache of parsed queries: past it, the cache starts again.
-const maxQueries = 1 << 18
+// maxPlans bounds the report's cache of planned checks: past it, the cache starts again.
+const maxPlans = 1 << 18
 
-// query is the check rec recorded, parsed once per distinct check: one subject's checks repeat.
-// The Replay only reads it.
-func (r *Report) query(rec *Record) (*checker.Query, error) {
+// planned is a recorded check, parsed and planned.
+type planned struct {
+	q *checker.Query
+	p *checker.Planned
+}
+
+// plan parses and plans rec, once per distinct check when the plan holds at any instant: one
+// subject's checks repeat, and planning is half of a replay's work. A fail mode's answer never
+// reached Redis: it is planned to charge nothing. A query that cannot be planned is returned
+// with the error.
+func (r *Report) plan(rp *checker.Replay, rec *Record, at time.Time) (*checker.Query, *checker.Planned, error) {
 	b := append(r.key[:0], rec.Tier...)
 	b = append(b, 0)
 	b = append(b, rec.Endpoint...)
 	b = strconv.AppendInt(append(b, 0), rec.Cost, 10)
+	if rec.Degraded {
+		b = append(b, 'd')
+	}
 	for _, s := range rec.Subjects {
 		b = append(append(b, 0), s...)
 	}
 	r.key = b
-	if q := r.queries[string(b)]; q != nil { // no string made for a lookup
-		return q, nil
+	if pl := r.plans[string(b)]; pl != nil { // no string made for a lookup
+		return pl.q, pl.p, nil
 	}
 	q, err := query(rec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(r.queries) >= maxQueries {
-		clear(r.queries)
+	p, err := rp.Plan(at, q, !rec.Degraded)
+	if err != nil || !p.Fixed {
+		return q, p, err
 	}
-	r.queries[string(b)] = q
-	return q, nil
+	if len(r.plans) >= maxPlans {
+		clear(r.plans)
+	}
+	r.plans[string(b)] = &planned{q, p}
+	return q, p, nil
 }
 
 // query is the check rec recorded.

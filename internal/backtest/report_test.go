@@ -92,7 +92,12 @@ func TestReportRows(t *testing.T) {
 			Tier: "free", Endpoint: "/a", Cost: 1, Allowed: i < 2 || user == "carol", Rule: "per-user", Limit: 2}
 		rep.replay(rp, &r)
 	}
+	// A row whose subject quotaflow never writes is counted, not compared.
+	rep.replay(rp, &Record{TimeUS: base.UnixMicro(), Subjects: []string{"person:x"}, Tier: "free", Endpoint: "/a", Cost: 1})
 	rep.finish(0)
+	if rep.Skipped.Unreadable != 1 {
+		t.Errorf("got %d unreadable rows, want 1", rep.Skipped.Unreadable)
+	}
 	if rep.Checks != 4 || rep.NewlyDenied != 1 || rep.NewlyAllowed != 0 || rep.Reasons[ReasonRules] != 1 {
 		t.Fatalf("got checks %d, newly denied %d, allowed %d, reasons %v; want 4, 1, 0, one rules_differ",
 			rep.Checks, rep.NewlyDenied, rep.NewlyAllowed, rep.Reasons)
