@@ -131,7 +131,7 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 	} else if !first.IsZero() && start.Before(first) {
 		start = first
 	}
-	chunk, _, err := chunkOf(ctx, b.cfg.Conn, b.cfg.Database, start, req.To)
+	chunk, err := chunkOf(ctx, b.cfg.Conn, b.cfg.Database, start, req.To)
 	if err != nil {
 		return nil, err
 	}
