@@ -110,6 +110,9 @@ const (
 	ReasonLeased = "leased"
 	// ReasonConcurrency: a concurrency rule applied, whose places the replay never releases.
 	ReasonConcurrency = "concurrency"
+	// ReasonRules: other rules or limits decided then: the rules given differ from those of
+	// the time, or an override applied then.
+	ReasonRules = "rules_differ"
 	// ReasonSettled: a bucket of the check had been changed by a reservation's settle or a
 	// lease event, which the replay does not apply.
 	ReasonSettled = "settled"
@@ -117,9 +120,6 @@ const (
 	// its limits denied; Redis refunds such a charge a round trip later, and this check came
 	// in between, while the replay refunds at once.
 	ReasonRefund = "refund_window"
-	// ReasonRules: other rules or limits decided then: the rules given differ from those of
-	// the time, or an override applied then.
-	ReasonRules = "rules_differ"
 	// ReasonHistory: none of the above; the buckets' state came from before the replayed
 	// history (a window longer than the warm-up).
 	ReasonHistory = "history"
@@ -182,30 +182,32 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 	if reported && r.selected(q, rec, out) {
 		r.compare(rec, out, at)
 	}
-	r.noteRefunds(out, rec.TimeUS)
+	r.noteRefunds(rec, out)
 }
 
-// noteRefunds remembers the buckets a denied check charged, which Redis refunded a round trip
-// later: the allowed limits of its other requests (a request is one subject's enforced or shadow
-// limits; a denying request charged nothing).
-func (r *Report) noteRefunds(out *checker.Outcome, us int64) {
-	if out == nil || out.Allowed {
+// noteRefunds remembers the buckets a recorded denial charged in Redis, which Redis refunded a
+// round trip later: the limits, allowed in the replay, of the check's requests other than the
+// denying one (a request is one subject's enforced or shadow limits; the denying request, the
+// subject of the deciding rule, charged nothing). Only recorded denials count: a charge the
+// replay alone refunds never happened in Redis.
+func (r *Report) noteRefunds(rec *Record, out *checker.Outcome) {
+	if out == nil || rec.Allowed || rec.Degraded {
 		return
 	}
 	var denying []string
 	for _, l := range out.Limits {
-		if !l.Result.Allowed && !l.Rule.Shadow {
+		if l.Rule.ID == rec.Rule && !l.Rule.Shadow {
 			denying = append(denying, l.Subject.ID)
 		}
 	}
 	for _, l := range out.Limits {
 		if l.Result.Allowed && (l.Rule.Shadow || !slices.Contains(denying, l.Subject.ID)) {
-			r.refunds[l.Rule.ID+"|"+l.Subject.ID] = us
+			r.refunds[l.Rule.ID+"|"+l.Subject.ID] = rec.TimeUS
 		}
 	}
 	if len(r.refunds) > 1<<16 {
 		for k, t := range r.refunds {
-			if us-t > refundWindow.Microseconds() {
+			if rec.TimeUS-t > refundWindow.Microseconds() {
 				delete(r.refunds, k)
 			}
 		}
@@ -348,6 +350,9 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 			return ReasonConcurrency
 		}
 	}
+	if out == nil || !sameLimit(rec, lims) {
+		return ReasonRules
+	}
 	for _, l := range lims {
 		if r.tainted[l.Subject.ID] {
 			return ReasonSettled
@@ -358,20 +363,18 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 			return ReasonRefund
 		}
 	}
-	if out == nil || !sameLimit(rec, lims) {
-		return ReasonRules
-	}
 	return ReasonHistory
 }
 
 // sameLimit reports whether the rule that decided rec then was replayed with the limit it had
-// then (an override, or a rule changed or given another limit, changes it).
+// then (an override, or a rule changed or given another limit, changes it). The audit's
+// limit_value is the deciding limit's capacity: its burst, for the algorithms that have one.
 func sameLimit(rec *Record, replayed []checker.LimitOutcome) bool {
 	if rec.Rule == "" {
 		return true
 	}
 	for _, l := range replayed {
-		if l.Rule.ID == rec.Rule && l.Limit.Limit == rec.Limit {
+		if l.Rule.ID == rec.Rule && l.Limit.Capacity == rec.Limit {
 			return true
 		}
 	}

@@ -191,3 +191,26 @@ func TestParseSubject(t *testing.T) {
 		}
 	}
 }
+
+// TestReportLoweredLimitIsNoRefund: under a lowered limit, the checks the replay alone denies
+// charged the global bucket in no Redis: the later changed answers are the rules', not a
+// refund's.
+func TestReportLoweredLimitIsNoRefund(t *testing.T) {
+	t.Parallel()
+	set := mustRules(t, `
+rules:
+  - {id: per-user, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 3, window: 1h}
+  - {id: all, dimension: global, endpoint: "*", algorithm: fixed_window, limit: 100, window: 1h}
+`)
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+	rp := checker.NewReplay(set, 0)
+	for i := range 5 {
+		rep.replay(rp, &Record{TimeUS: base.Add(time.Duration(i) * time.Millisecond).UnixMicro(), Subjects: []string{"user:alice"},
+			Subject: "alice", Tier: "", Endpoint: "/a", Cost: 1, Allowed: true, Rule: "per-user", Limit: 5})
+	}
+	rep.finish(0)
+	if rep.NewlyDenied != 2 || rep.Reasons[ReasonRules] != 2 || len(rep.Reasons) != 1 {
+		t.Errorf("got %d newly denied, reasons %v; want 2, both rules_differ", rep.NewlyDenied, rep.Reasons)
+	}
+}

@@ -27,7 +27,8 @@ type Record struct {
 	// Kind is "" for a check, "reserve", "settle", "cancel", "lease_release" or
 	// "lease_expired".
 	Kind string
-	// Rule and Limit are the deciding limit's rule and limit ("" when no rule matched).
+	// Rule and Limit are the deciding limit's rule and capacity (limit_value: a burst, for
+	// the algorithms that have one; Rule is "" when no rule matched).
 	Rule  string
 	Limit int64
 }
