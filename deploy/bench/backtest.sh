@@ -16,32 +16,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-cat > "$dir/config.xml" <<XML
-<?xml version="1.0"?>
-<yandex>
-    <logger><level>warning</level><log>$dir/server.log</log><errorlog>$dir/error.log</errorlog><console>0</console></logger>
-    <listen_host>127.0.0.1</listen_host>
-    <tcp_port>$PORT</tcp_port>
-    <path>$dir/data/</path>
-    <tmp_path>$dir/tmp/</tmp_path>
-    <user_files_path>$dir/user_files/</user_files_path>
-    <format_schema_path>$dir/format_schemas/</format_schema_path>
-    <mark_cache_size>67108864</mark_cache_size>
-    <users_config>users.xml</users_config>
-    <default_profile>default</default_profile>
-    <default_database>default</default_database>
-    <timezone>UTC</timezone>
-    <mlock_executable>false</mlock_executable>
-</yandex>
-XML
-cat > "$dir/users.xml" <<'XML'
-<?xml version="1.0"?>
-<yandex>
-    <profiles><default></default></profiles>
-    <users><default><password></password><networks><ip>127.0.0.1</ip></networks><profile>default</profile><quota>default</quota></default></users>
-    <quotas><default></default></quotas>
-</yandex>
-XML
+deploy/dev/clickhouse-config.sh "$dir" "$PORT" $((PORT + 1))
 (cd "$dir" && exec "$(command -v clickhouse-server || echo /usr/sbin/clickhouse-server)" --config-file="$dir/config.xml" >"$dir/stdout.log" 2>&1) &
 ch=$!
 for _ in $(seq 300); do clickhouse-client --port "$PORT" -q "SELECT 1" >/dev/null 2>&1 && break; sleep 0.1; done

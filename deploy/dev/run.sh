@@ -77,34 +77,7 @@ done
 redis-cli -p "$REDIS_PORT" ping >/dev/null || { echo "dev: redis did not start; see $DEV_DIR/redis/redis.log" >&2; exit 1; }
 
 # A loopback-only ClickHouse with its data, logs and config under .dev/clickhouse.
-cat > "$CH_DIR/config.xml" <<XML
-<?xml version="1.0"?>
-<yandex>
-    <logger><level>warning</level><log>$CH_DIR/server.log</log><errorlog>$CH_DIR/error.log</errorlog><console>0</console></logger>
-    <listen_host>127.0.0.1</listen_host>
-    <tcp_port>$CH_PORT</tcp_port>
-    <http_port>$CH_HTTP_PORT</http_port>
-    <path>$CH_DIR/data/</path>
-    <tmp_path>$CH_DIR/tmp/</tmp_path>
-    <user_files_path>$CH_DIR/user_files/</user_files_path>
-    <format_schema_path>$CH_DIR/format_schemas/</format_schema_path>
-    <mark_cache_size>67108864</mark_cache_size>
-    <max_concurrent_queries>100</max_concurrent_queries>
-    <users_config>users.xml</users_config>
-    <default_profile>default</default_profile>
-    <default_database>default</default_database>
-    <timezone>UTC</timezone>
-    <mlock_executable>false</mlock_executable>
-</yandex>
-XML
-cat > "$CH_DIR/users.xml" <<'XML'
-<?xml version="1.0"?>
-<yandex>
-    <profiles><default></default></profiles>
-    <users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users>
-    <quotas><default></default></quotas>
-</yandex>
-XML
+deploy/dev/clickhouse-config.sh "$CH_DIR" "$CH_PORT" "$CH_HTTP_PORT"
 (cd "$CH_DIR" && exec "$CH_BIN" --config-file="$CH_DIR/config.xml" >"$CH_DIR/stdout.log" 2>&1) &
 pids+=($!) names[$!]="clickhouse (log $CH_DIR/error.log)"
 for _ in $(seq 300); do
