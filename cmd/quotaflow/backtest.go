@@ -38,7 +38,7 @@ window, at most a day) is replayed too, unreported, so that buckets start as Red
 	fs.StringVar(&subject, "subject", "", "report only this `subject`'s checks, as the audit names it (user:alice, ip:10.0.0.1, api_key:k1)")
 	fs.StringVar(&tier, "tier", "", "report only the checks of this `tier`")
 	fs.StringVar(&rule, "rule", "", "report only the checks this `rule` (an id of the rules file) applied to")
-	fs.IntVar(&top, "top", 10, "how many subjects to list")
+	fs.IntVar(&top, "top", 10, "how many subjects to list (at most 1000)")
 	fs.DurationVar(&warmup, "warmup", 0, "history replayed before --from, unreported (0: the longest window of the rules, at most 24h; negative: none)")
 	fs.StringVar(&format, "format", "table", "output `format`: table, json or csv")
 	if err := fs.parse(args, getenv); err != nil {

@@ -46,7 +46,7 @@ type Request struct {
 	// reported; every check is replayed all the same, since buckets (a global rule's, an
 	// org's) are shared between subjects and tiers.
 	Subject, Tier, Rule string
-	// Top is how many subjects the report lists (0: 10).
+	// Top is how many subjects the report lists (0: 10; at most 1000).
 	Top int
 	// Progress, when set, is called after each batch of records with the replay so far.
 	Progress func(Progress)
@@ -83,6 +83,9 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 func fieldErrorf(name, format string, args ...any) *FieldError {
 	return &FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
 }
+
+// maxTop bounds Request.Top: the subjects are counted in memory, ten times as many as listed.
+const maxTop = 1000
 
 // maxWarmup bounds the default warm-up: a day of history per backtest at most.
 const maxWarmup = 24 * time.Hour
@@ -194,8 +197,8 @@ func validate(req *Request, now time.Time) error {
 			return fieldErrorf("subject", "%v", err)
 		}
 	}
-	if req.Top < 0 {
-		return fieldErrorf("top", "%d is negative", req.Top)
+	if req.Top < 0 || req.Top > maxTop {
+		return fieldErrorf("top", "%d is not 0 to %d", req.Top, maxTop)
 	}
 	return nil
 }

@@ -149,6 +149,8 @@ func TestValidate(t *testing.T) {
 		{"unknown rule", Request{Rules: set, From: now.Add(-time.Hour), Rule: "nope"}, "rule"},
 		{"unknown tier", Request{Rules: set, From: now.Add(-time.Hour), Tier: "gold"}, "tier"},
 		{"bad subject", Request{Rules: set, From: now.Add(-time.Hour), Subject: "person:x"}, "subject"},
+		{"negative top", Request{Rules: set, From: now.Add(-time.Hour), Top: -1}, "top"},
+		{"huge top", Request{Rules: set, From: now.Add(-time.Hour), Top: 1 << 40}, "top"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
