@@ -34,7 +34,7 @@ rules:
   - {id: orders-premium, dimension: user, endpoint: /orders, tier: premium, algorithm: fixed_window, limit: 50, window: 1h}
   - {id: search, dimension: user, endpoint: /search, algorithm: token_bucket, limit: 5, window: 1m, burst: 8}
   - {id: search-shadow, dimension: user, endpoint: /search, algorithm: sliding_window_log, limit: 2, window: 1m, shadow: true}
-  - {id: tiny, dimension: user, endpoint: /tiny, algorithm: fixed_window, limit: 2, window: 1h}
+  - {id: tiny, dimension: user, endpoint: /tiny, algorithm: sliding_window_log, limit: 2, window: 1h} # no window boundary for TestAdminOverrideExpires to cross
   - {id: ip-all, dimension: ip, endpoint: "*", algorithm: gcra, limit: 100, window: 1s}
 `
 
