@@ -23,7 +23,7 @@ var columnList = strings.Join([]string{
 	"limits.shadow", "limits.state", "limits.degraded", "limits.fail_mode", "limits.burst",
 	"partition", "stream_seq", "batch_id", "ingested_at",
 	"kind", "reservation_id", "estimated_cost", "actual_cost", "overage", "lease_id",
-	"exemption",
+	"exemption", "limits.candidate_of",
 }, ", ")
 
 // row is one decision with where it came from in the stream.
@@ -131,7 +131,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		subjects                                                                                     = mk[[]string](n)
 		partitions                                                                                   = mk[uint16](n)
 		seqs                                                                                         = mk[uint64](n)
-		lRule, lDim, lID, lEndpoint, lAlgo, lState, lFail                                            = mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n)
+		lRule, lDim, lID, lEndpoint, lAlgo, lState, lFail, lCandidate                                = mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n)
 		lLimit, lWindow, lCount, lRemaining, lRetry, lBurst                                          = mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n)
 		lAllowed, lShadow, lDegraded                                                                 = mk[[]uint8](n), mk[[]uint8](n), mk[[]uint8](n)
 		lReset                                                                                       = mk[[]time.Time](n)
@@ -153,14 +153,14 @@ func (c *columns) appendTo(b driver.Batch) error {
 		resets[i], retries[i], states[i] = time.Unix(d.ResetAt, 0).UTC(), d.RetryAfterMs, state(d.State)
 		replayed[i], skews[i] = b2u(d.Replayed), d.ClockSkewMs
 		k := len(d.Limits)
-		lRule[i], lDim[i], lID[i], lEndpoint[i], lAlgo[i], lState[i], lFail[i] = make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k)
+		lRule[i], lDim[i], lID[i], lEndpoint[i], lAlgo[i], lState[i], lFail[i], lCandidate[i] = make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k)
 		lLimit[i], lWindow[i], lCount[i], lRemaining[i], lRetry[i], lBurst[i] = make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k)
 		lAllowed[i], lShadow[i], lDegraded[i], lReset[i] = make([]uint8, k), make([]uint8, k), make([]uint8, k), make([]time.Time, k)
 		for j, l := range d.Limits {
 			lRule[i][j], lDim[i][j], lID[i][j], lEndpoint[i][j], lAlgo[i][j] = l.RuleId, dimension(l.Dimension), l.Identifier, l.Endpoint, l.Algorithm
 			lLimit[i][j], lWindow[i][j], lAllowed[i][j], lCount[i][j], lRemaining[i][j] = l.Limit, l.WindowMs, b2u(l.Allowed), l.CurrentCount, l.Remaining
 			lReset[i][j], lRetry[i][j], lShadow[i][j], lState[i][j] = time.Unix(l.ResetAt, 0).UTC(), l.RetryAfterMs, b2u(l.Shadow), state(l.State)
-			lDegraded[i][j], lFail[i][j], lBurst[i][j] = b2u(l.Degraded), l.FailMode, l.Burst
+			lDegraded[i][j], lFail[i][j], lBurst[i][j], lCandidate[i][j] = b2u(l.Degraded), l.FailMode, l.Burst, l.CandidateOf
 		}
 		partitions[i], seqs[i], batchIDs[i], ingested[i] = uint16(r.p), r.seq, r.batchID, now
 		kinds[i], reservations[i], leases[i] = kind(d.Kind), d.ReservationId, d.LeaseId
@@ -175,7 +175,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lRetry, lShadow, lState, lDegraded, lFail, lBurst,
 		partitions, seqs, batchIDs, ingested,
 		kinds, reservations, estimates, actuals, overages, leases,
-		exemptions,
+		exemptions, lCandidate,
 	}
 	for i, col := range cols {
 		if err := b.Column(i).Append(col); err != nil {

@@ -10,8 +10,8 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
-// plan is a check's bucket requests (one per subject's enforced limits and one per its shadow
-// limits), in the form the store takes them, and where each request's results go in the
+// plan is a check's bucket requests (one per subject's enforced limits, one per its shadow
+// limits and one per candidate rule), in the form the store takes them, and where each request's results go in the
 // outcome: first[i] is the index in Outcome.Limits of reqs[i].Limits[0], and of its other
 // limits in order, unless idx is set (a plan whose leased limits were taken out, by
 // decideLeased), which then holds the index of every limit.
@@ -19,6 +19,10 @@ type plan struct {
 	reqs  []bucket.Request
 	first []int
 	idx   [][]int
+	// candidates is set when a request is a candidate rule's: the check goes to the store
+	// even when the over-limit cache knows its answer, so that the candidate is evaluated on
+	// every check its live rule is, the denied ones too.
+	candidates bool
 }
 
 // at is the index in Outcome.Limits of reqs[i].Limits[j].
@@ -71,7 +75,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		return e.record(ctx, q, out, peek, start), nil
 	}
 	// A retry with an idempotency key must replay its first decision, so it goes to the store.
-	if e.olc != nil && !peek && q.IdempotencyKey == "" && e.fromCache(pl, out, q.Cost) {
+	if e.olc != nil && !peek && q.IdempotencyKey == "" && !pl.candidates && e.fromCache(pl, out, q.Cost) {
 		e.tel.cacheHit.Add(ctx, 1)
 		out.summarize()
 		return e.record(ctx, q, out, peek, start), nil
@@ -250,6 +254,33 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 		pl.first = append(pl.first, first)
 		return nil
 	}
+	// addCandidates plans the candidates of rs (rules.Rule.Candidates), each a request of its
+	// own standing in for its live limit (bucket.Request.Replaces), so that its charge follows
+	// its own answer and the other limits', as if it had replaced the live rule, and never
+	// another candidate's. A candidate never refuses a check: a cost above its capacity is
+	// its denial.
+	addCandidates := func(sub Subject, tag string, rs []*rules.Rule, custom map[string]int64) {
+		for _, r := range rs {
+			if len(r.Candidates) == 0 || ex != nil && ex.Exempts(r.ID) {
+				continue
+			}
+			var replaces string
+			if !r.Shadow {
+				replaces = limitKey(tag, r) // a shadow live rule denies nothing
+			}
+			for _, c := range r.Candidates {
+				if ex != nil && ex.Exempts(c.ID) {
+					out.Exemption = ex.ID
+					continue
+				}
+				lim := set.Effective(c, limitKey(tag, c), sub.Dimension, sub.ID, out.Tier, custom[c.ID], now)
+				pl.reqs = append(pl.reqs, bucket.Request{Limits: []bucket.Limit{lim}, Cost: q.Cost, Peek: peek, Shadow: true, Replaces: replaces})
+				pl.first = append(pl.first, len(out.Limits))
+				pl.candidates = true
+				out.Limits = append(out.Limits, LimitOutcome{Rule: c, Subject: sub, Limit: effectiveLimit(&lim), thresholds: set.Thresholds(c.ID)})
+			}
+		}
+	}
 	// addBoth plans a subject's enforced and shadow limits under rs.
 	addBoth := func(sub Subject, rs []*rules.Rule) error {
 		var custom map[string]int64
@@ -261,7 +292,11 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 		if err := add(sub, tag, rs, false, custom); err != nil {
 			return err
 		}
-		return add(sub, tag, rs, true, custom)
+		if err := add(sub, tag, rs, true, custom); err != nil {
+			return err
+		}
+		addCandidates(sub, tag, rs, custom)
+		return nil
 	}
 	// addSubject plans every limit of sub's matching rules.
 	addSubject := func(sub Subject) error {

@@ -48,7 +48,9 @@ func subjectTag(dim rules.Dimension, id string) string {
 	return b.String()
 }
 
-// limitKey returns the bucket key of rule r for the subject with the given tag.
+// limitKey returns the bucket key of rule r for the subject with the given tag. A candidate
+// rule's ends in "#c:<its id>": its own bucket, never its live rule's, even with the same
+// algorithm and window (no endpoint pattern holds a '#').
 func limitKey(tag string, r *rules.Rule) string {
 	win := windowToken(r.Window)
 	code := r.Algorithm.Code()
@@ -67,6 +69,10 @@ func limitKey(tag string, r *rules.Rule) string {
 	b.WriteString(win)
 	b.WriteByte(':')
 	b.WriteString(r.Endpoint)
+	if r.CandidateOf != "" {
+		b.WriteString("#c:")
+		b.WriteString(r.ID)
+	}
 	return b.String()
 }
 

@@ -44,7 +44,9 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		d.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
 	}
 	for _, l := range d.Limits {
-		if l.Shadow && !l.Allowed {
+		// A candidate's denial is compared with its live rule's, not counted as a shadow
+		// rule's (the rollups' shadow_denied).
+		if l.Shadow && !l.Allowed && l.CandidateOf == "" {
 			d.Shadow = true
 		}
 	}

@@ -140,6 +140,9 @@ type qdecision struct {
 	tier, dim, subject, endpoint, rule string
 	allowed, shadow                    bool
 	shadowRule                         string // the shadow limit that would have denied
+	// candidate is the answer of the rule's candidate (rule + "-candidate"): 0 for none, 1
+	// allowed, 2 denied.
+	candidate int
 }
 
 // TestQueriesDoc runs every query of docs/queries.md on Debian's ClickHouse against realistic
@@ -181,8 +184,12 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			ds = append(ds, d)
 		}
 	}
-	add(7, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", allowed: true})
-	add(4, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search"})
+	// A candidate of alice's search rule would have denied 2 of the 7 checks the rule allowed,
+	// and allowed 1 of the 4 it denied.
+	add(5, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", allowed: true, candidate: 1})
+	add(2, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", allowed: true, candidate: 2})
+	add(1, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", candidate: 1})
+	add(3, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/search", rule: "free-user-search", candidate: 2})
 	add(1, qdecision{tier: "free", dim: "user", subject: "alice", endpoint: "/v1/orders", rule: "free-user-orders"})
 	add(6, qdecision{tier: "pro", dim: "user", subject: "bob", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true})
 	add(14, qdecision{tier: "pro", dim: "user", subject: "bob", endpoint: "/v1/orders", rule: "pro-user-orders"})
@@ -192,7 +199,8 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 	add(2, qdecision{tier: "enterprise", dim: "api_key", subject: "ak_live_123", endpoint: "/v1/upload", rule: "api-key-upload"})
 	add(5, qdecision{tier: "enterprise", dim: "global", subject: "*", endpoint: "/v1/upload", rule: "global-upload", allowed: true})
 	add(4, qdecision{tier: "free", dim: "ip", subject: "198.51.100.9", endpoint: "/v1/search", rule: "ip-burst", allowed: true, shadow: true, shadowRule: "ip-strict-shadow"})
-	add(2, qdecision{tier: "pro", dim: "user", subject: "carol", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true, shadow: true, shadowRule: "pro-orders-shadow"})
+	// carol's candidate would deny too: it is no shadow rule's denial.
+	add(2, qdecision{tier: "pro", dim: "user", subject: "carol", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true, shadow: true, shadowRule: "pro-orders-shadow", candidate: 2})
 
 	var aliceRows, denied, shadowed int64
 	shadowSubjects := map[string]bool{}
@@ -209,7 +217,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		}
 	}
 
-	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.Decisions)+" (id, checker_id, time, time_us, subject_dimension, subject_id, subjects, tier, endpoint, rule_id, algorithm, cost, allowed, shadow, degraded, fail_mode, limit_value, remaining, current_count, window_ms, reset_at, retry_after_ms, state, replayed, clock_skew_ms, limits.rule_id, limits.shadow, limits.allowed, partition, stream_seq, batch_id, ingested_at)")
+	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.Decisions)+" (id, checker_id, time, time_us, subject_dimension, subject_id, subjects, tier, endpoint, rule_id, algorithm, cost, allowed, shadow, degraded, fail_mode, limit_value, remaining, current_count, window_ms, reset_at, retry_after_ms, state, replayed, clock_skew_ms, limits.rule_id, limits.shadow, limits.allowed, limits.dimension, limits.identifier, limits.candidate_of, partition, stream_seq, batch_id, ingested_at)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,13 +238,22 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			shadow = 1
 			limitRules, limitShadow, limitAllowed = append(limitRules, d.shadowRule), append(limitShadow, 1), append(limitAllowed, 0)
 		}
+		limitCandidateOf := make([]string, len(limitRules))
+		if d.candidate > 0 {
+			limitRules, limitShadow, limitAllowed = append(limitRules, d.rule+"-candidate"), append(limitShadow, 1), append(limitAllowed, uint8(2-d.candidate))
+			limitCandidateOf = append(limitCandidateOf, d.rule)
+		}
+		limitDims, limitIDs := make([]string, len(limitRules)), make([]string, len(limitRules))
+		for j := range limitRules {
+			limitDims[j], limitIDs[j] = d.dim, d.subject
+		}
 		if err := b.Append(
 			fmt.Sprintf("checker-a-%d", i+1), "checker-a", at, at.UnixMicro(),
 			d.dim, d.subject, []string{d.dim + ":" + d.subject}, d.tier, d.endpoint, d.rule, "sliding_window",
 			int64(1), allowed, shadow, uint8(0), "open",
 			int64(limit), remaining, int64(limit)-remaining, int64(60000), at.Add(time.Minute).Truncate(time.Second), retry,
 			state, uint8(0), int64(0),
-			limitRules, limitShadow, limitAllowed,
+			limitRules, limitShadow, limitAllowed, limitDims, limitIDs, limitCandidateOf,
 			uint16(i%4), uint64(i+1), "batch-1", now,
 		); err != nil {
 			t.Fatal(err)
@@ -370,6 +387,26 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			}
 			if rules := r.col(t, s, "shadow_rules")[0]; !reflect.DeepEqual(rules, []string{"ip-strict-shadow"}) {
 				t.Errorf("%s: first subject's shadow rules %v, want [ip-strict-shadow]", s, rules)
+			}
+			for i, id := range r.col(t, s, "subject_id") {
+				if rules := r.col(t, s, "shadow_rules")[i]; id == "carol" && !reflect.DeepEqual(rules, []string{"pro-orders-shadow"}) {
+					t.Errorf("%s: carol's shadow rules %v, want [pro-orders-shadow] (her candidate's denials are no shadow rule's)", s, rules)
+				}
+			}
+		},
+		"Candidate rules beside their live rules": func(t *testing.T, s string, r result) {
+			want := []any{"free-user-search-candidate", "pro-user-orders-candidate"}
+			if got := r.col(t, s, "candidate"); !reflect.DeepEqual(got, want) || !reflect.DeepEqual(r.col(t, s, "live_rule"), []any{"free-user-search", "pro-user-orders"}) {
+				t.Fatalf("%s: candidates %v, want %v", s, got, want)
+			}
+			// alice's 11 checks and carol's 2.
+			for _, c := range []struct {
+				col  string
+				want int64
+			}{{"checks", 13}, {"live_denied", 4}, {"candidate_denied", 7}, {"newly_denied", 4}, {"newly_allowed", 1}} {
+				if got := r.sumInt(t, s, c.col); got != c.want {
+					t.Errorf("%s: %s adds up to %d, want %d", s, c.col, got, c.want)
+				}
 			}
 		},
 		"Configuration changes in the last day": func(t *testing.T, s string, r result) {

@@ -16,6 +16,8 @@ import (
 // reading the audit's (503).
 type Backtester interface {
 	Run(ctx context.Context, req backtest.Request) (*backtest.Report, error)
+	// LiveCandidates reports the candidate rules' recorded answers beside their live rules'.
+	LiveCandidates(ctx context.Context, req backtest.Request) (*backtest.Report, error)
 }
 
 var _ Backtester = (*backtest.Backtester)(nil)
@@ -33,6 +35,10 @@ type backtestRequest struct {
 	Top     int             `json:"top"`
 	// Warmup is a Go duration ("1h"); empty means the rules' longest window, at most a day.
 	Warmup string `json:"warmup"`
+	// LiveCandidates compares the candidate rules' recorded answers with their live rules'
+	// instead of replaying (backtest.Backtester.LiveCandidates): rules and warmup are then
+	// not taken, and an omitted from is the start of the retained history.
+	LiveCandidates bool `json:"live_candidates"`
 }
 
 // backtest answers POST /api/v1/rules:backtest with the report as JSON, or as CSV with
@@ -65,6 +71,13 @@ func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
 		req.Warmup = d
 	}
 	var err error
+	if body.LiveCandidates {
+		if body.Rules != nil || body.Warmup != "" {
+			return 0, nil, badField("live_candidates", "compares what was recorded: it takes no rules and no warmup")
+		}
+		rep, err := a.backtester.LiveCandidates(r.Context(), req)
+		return backtestAnswer(rep, err, format)
+	}
 	if body.Rules != nil {
 		if req.Rules, err = body.Rules.Compile(); err != nil {
 			return 0, nil, err
@@ -73,6 +86,11 @@ func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
 		return 0, nil, err
 	}
 	rep, err := a.backtester.Run(r.Context(), req)
+	return backtestAnswer(rep, err, format)
+}
+
+// backtestAnswer answers a backtest's report, or its error, in format.
+func backtestAnswer(rep *backtest.Report, err error, format string) (int, any, error) {
 	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
 		return 0, nil, badField(fe.Field, "%s", fe.Msg)
 	}

@@ -24,6 +24,12 @@ func (b *blockingBacktester) Run(ctx context.Context, req backtest.Request) (*ba
 	return &backtest.Report{Checks: 7}, nil
 }
 
+func (b *blockingBacktester) LiveCandidates(ctx context.Context, req backtest.Request) (*backtest.Report, error) {
+	b.got <- req
+	<-b.release
+	return &backtest.Report{Checks: 9, LiveCandidates: true}, nil
+}
+
 // TestBacktestOneAtATime: POST /api/v1/rules:backtest with no rules replays the rules in force;
 // while one runs, another is answered 503 at once.
 func TestBacktestOneAtATime(t *testing.T) {

@@ -92,6 +92,9 @@ type DocRule struct {
 	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
 	// QuotaMode is Envoy's quota_mode (Rule.QuotaMode).
 	QuotaMode Scalar `yaml:"quota_mode,omitempty" json:"quota_mode,omitempty"`
+	// CandidateOf makes the rule a candidate of the live rule of that id: evaluated on its
+	// checks, never enforced, what it leaves out taken from it (candidate.go).
+	CandidateOf string `yaml:"candidate_of,omitempty" json:"candidate_of,omitempty"`
 }
 
 // DocLease is a rule's lease: how many units a checker takes from Redis at a time.

@@ -84,8 +84,12 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	rules := make([]Rule, 0, len(d.Rules))
 	declared := make(map[string]bool, len(d.Rules)) // every id, of valid rules or not
 	uses := make(map[string]int, len(d.Rules))
-	for i, fr := range d.Rules {
+	docs := withCandidates(&p, d.Rules)
+	for i, fr := range docs {
 		r, ok := fr.rule(&p, fmt.Sprintf("rules[%d]", i), tiers)
+		if r.CandidateOf = fr.CandidateOf; r.CandidateOf != "" {
+			r.Shadow = true
+		}
 		if ok {
 			rules = append(rules, r)
 		}
@@ -109,7 +113,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	keys, keyOrgs := keysOf(&p, d.APIKeys, tiers)
 	warn := d.Warnings.thresholds(&p, "warnings", DefaultThresholds)
 	ruleWarn := map[string]Thresholds{}
-	for i, fr := range d.Rules {
+	for i, fr := range docs {
 		if fr.Warning != nil {
 			ruleWarn[fr.ID] = fr.Warning.thresholds(&p, fmt.Sprintf("rule %q (rules[%d]): warning", fr.ID, i), warn)
 		}

@@ -148,6 +148,12 @@ type Rule struct {
 	// (Shadow is set with it), and the RLS transport answers its over-the-limit descriptor OK
 	// with its limit and nothing remaining, as the reference does.
 	QuotaMode bool
+	// CandidateOf is the id of the live rule this one is a candidate of (candidate.go), empty
+	// for a rule that is none. A candidate is Shadow too: never enforced.
+	CandidateOf string
+	// Candidates are the candidates of this rule, in file order: planned with it, on its
+	// checks, and never matched on their own.
+	Candidates []*Rule
 }
 
 // WindowName is the window as a rules file writes it: a calendar unit (1mo), else a duration.

@@ -64,12 +64,19 @@ func compile(p *problems, rules []Rule, tiers map[string]Tier, defaultTier strin
 			s.domains[r.Endpoint] = true
 		}
 	}
+	for i := range s.rules {
+		if c := &s.rules[i]; c.CandidateOf != "" {
+			live := s.byID[c.CandidateOf]
+			live.Candidates = append(live.Candidates, c)
+		}
+	}
 	dups := sharedBuckets{}
 	for dim := DimensionUser; dim <= lastDimension; dim++ {
 		for tier := range tiers {
 			m := newMatcher()
 			for i := range s.rules {
-				if r := &s.rules[i]; r.Dimension == dim && (r.Tier == "" || r.Tier == tier) {
+				// A candidate is planned from its live rule (Rule.Candidates), never matched.
+				if r := &s.rules[i]; r.Dimension == dim && (r.Tier == "" || r.Tier == tier) && r.CandidateOf == "" {
 					m.add(r)
 				}
 			}

@@ -23,17 +23,21 @@ the subjects most affected, and per hour. Replaying the rules that decided repro
 recorded answers (every difference left is explained by a reason: a fail mode's answer, an
 override, a lease, a settled reservation). The history before --from (the rules' longest
 window, at most a day) is replayed too, unreported, so that buckets start as Redis had them.
---from and --to take RFC 3339 times or durations before now (24h).`, stderr)
+--from and --to take RFC 3339 times or durations before now (24h).
+With --live-candidates it replays nothing: it compares what the candidate rules of the rules
+in force (candidate_of:) answered on live traffic with what their live rules answered, both
+recorded in the audit, from --from (default: the whole retained history).`, stderr)
 	var (
 		c                           clickhouseFlags
 		rulesPath, from, to, format string
 		subject, tier, rule         string
 		top                         int
 		warmup                      time.Duration
+		live                        bool
 	)
 	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
 	fs.StringVar(&rulesPath, "rules", "", "the rules `file` to replay the history under (required)")
-	fs.StringVar(&from, "from", "1h", "start of the history: an RFC 3339 `time`, or a duration before now")
+	fs.StringVar(&from, "from", "", "start of the history: an RFC 3339 `time`, or a duration before now (default 1h; with --live-candidates, the whole retained history)")
 	fs.StringVar(&to, "to", "0s", "end of the history (excluded): an RFC 3339 `time`, or a duration before now")
 	fs.StringVar(&subject, "subject", "", "report only this `subject`'s checks, as the audit names it (user:alice, ip:10.0.0.1, api_key:k1)")
 	fs.StringVar(&tier, "tier", "", "report only the checks of this `tier`")
@@ -41,28 +45,40 @@ window, at most a day) is replayed too, unreported, so that buckets start as Red
 	fs.IntVar(&top, "top", 10, "how many subjects to list (at most 1000)")
 	fs.DurationVar(&warmup, "warmup", 0, "history replayed before --from, unreported (0: the longest window of the rules, at most 24h; negative: none)")
 	fs.StringVar(&format, "format", "table", "output `format`: table, json or csv")
+	fs.BoolVar(&live, "live-candidates", false, "compare the candidate rules' recorded answers with their live rules' instead of replaying (--rules optional, to check --rule and --tier)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
 	if format != "table" && format != "json" && format != "csv" {
 		return usageError{fmt.Errorf("--format: %q is not table, json or csv", format)}
 	}
-	if rulesPath == "" {
+	if rulesPath == "" && !live {
 		return usageError{errors.New("--rules: required: the rules file to replay the history under")}
 	}
-	set, err := rules.Load(rulesPath)
-	if err != nil {
-		return usageError{fmt.Errorf("--rules: %w", err)}
+	if live && warmup != 0 {
+		return usageError{errors.New("--warmup: --live-candidates replays nothing")}
+	}
+	var set *rules.Set
+	var err error
+	if rulesPath != "" {
+		if set, err = rules.Load(rulesPath); err != nil {
+			return usageError{fmt.Errorf("--rules: %w", err)}
+		}
 	}
 	now := time.Now()
 	req := backtest.Request{Rules: set, Subject: subject, Tier: tier, Rule: rule, Top: top, Warmup: warmup}
-	if req.From, err = parseWhen(from, now); err != nil {
-		return usageError{fmt.Errorf("--from: %w", err)}
+	if from == "" && !live {
+		from = "1h"
+	}
+	if from != "" {
+		if req.From, err = parseWhen(from, now); err != nil {
+			return usageError{fmt.Errorf("--from: %w", err)}
+		}
 	}
 	if req.To, err = parseWhen(to, now); err != nil {
 		return usageError{fmt.Errorf("--to: %w", err)}
 	}
-	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+	if f, ok := stderr.(*os.File); ok && isTerminal(f) && !live {
 		req.Progress = progressLine(stderr)
 	}
 	// The replay's garbage is short-lived and its live heap small (bounded buckets): fewer
@@ -73,7 +89,12 @@ window, at most a day) is replayed too, unreported, so that buckets start as Red
 		return err
 	}
 	defer conn.Close()
-	rep, err := backtest.New(backtest.Config{Conn: conn, Database: db, Logger: slog.New(slog.DiscardHandler)}).Run(ctx, req)
+	bt := backtest.New(backtest.Config{Conn: conn, Database: db, Logger: slog.New(slog.DiscardHandler)})
+	run := bt.Run
+	if live {
+		run = bt.LiveCandidates
+	}
+	rep, err := run(ctx, req)
 	if req.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}

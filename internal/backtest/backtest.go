@@ -169,6 +169,15 @@ func validate(req *Request, now time.Time) error {
 	if req.Rules == nil {
 		return fieldErrorf("rules", "none given")
 	}
+	if err := validateWindow(req, now); err != nil {
+		return err
+	}
+	return validateFilters(req)
+}
+
+// validateWindow checks req's From and To against the audit's retention at now, and its Top;
+// a zero To is now.
+func validateWindow(req *Request, now time.Time) error {
 	if req.From.IsZero() {
 		return fieldErrorf("from", "required")
 	}
@@ -184,6 +193,14 @@ func validate(req *Request, now time.Time) error {
 	if days := schema.Retention(schema.Decisions).Days; req.From.Before(now.AddDate(0, 0, -days)) {
 		return fieldErrorf("from", "%s is outside the audit's retained history (%d days)", req.From.Format(time.RFC3339), days)
 	}
+	if req.Top < 0 || req.Top > maxTop {
+		return fieldErrorf("top", "%d is not 0 to %d", req.Top, maxTop)
+	}
+	return nil
+}
+
+// validateFilters checks req's rule and tier against its Rules, and its subject.
+func validateFilters(req *Request) error {
 	if req.Rule != "" {
 		if _, ok := req.Rules.Rule(req.Rule); !ok {
 			return fieldErrorf("rule", "no rule %q in the rules given", req.Rule)
@@ -196,9 +213,6 @@ func validate(req *Request, now time.Time) error {
 		if _, err := parseSubject(req.Subject); err != nil {
 			return fieldErrorf("subject", "%v", err)
 		}
-	}
-	if req.Top < 0 || req.Top > maxTop {
-		return fieldErrorf("top", "%d is not 0 to %d", req.Top, maxTop)
 	}
 	return nil
 }

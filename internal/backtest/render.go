@@ -14,17 +14,31 @@ import (
 // with changed answers.
 func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "history\t%s to %s (%d audit rows read in %s)\n", r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339),
-		r.Records, r.Elapsed.Round(time.Millisecond))
-	fmt.Fprintf(tw, "checks replayed\t%d\n", r.Checks)
+	read := "audit rows"
+	if r.LiveCandidates {
+		read = "candidate answers"
+	}
+	fmt.Fprintf(tw, "history\t%s to %s (%d %s read in %s)\n", r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339),
+		r.Records, read, r.Elapsed.Round(time.Millisecond))
+	then, now := "DENIED THEN", "WOULD DENY"
+	if r.LiveCandidates {
+		then, now = "LIVE DENIED", "CANDIDATE DENIED"
+		fmt.Fprintf(tw, "candidate answers compared\t%d (each with its live rule's, in the same check)\n", r.Checks)
+	} else {
+		fmt.Fprintf(tw, "checks replayed\t%d\n", r.Checks)
+	}
 	fmt.Fprintf(tw, "same answer\t%d (%.4f%%)\n", r.Agreed, 100*r.Agreement)
 	fmt.Fprintf(tw, "newly denied\t%d\n", r.NewlyDenied)
 	fmt.Fprintf(tw, "newly allowed\t%d\n", r.NewlyAllowed)
 	if r.Refused > 0 {
 		fmt.Fprintf(tw, "refused as invalid\t%d\n", r.Refused)
 	}
-	fmt.Fprintf(tw, "not replayed\t%d idempotent replays, %d settles and cancels, %d lease events\n",
-		r.Skipped.Replays, r.Skipped.Settles, r.Skipped.Leases)
+	if r.LiveCandidates {
+		fmt.Fprintf(tw, "answered by a fail mode\t%d (not compared)\n", r.Skipped.FailMode)
+	} else {
+		fmt.Fprintf(tw, "not replayed\t%d idempotent replays, %d settles and cancels, %d lease events\n",
+			r.Skipped.Replays, r.Skipped.Settles, r.Skipped.Leases)
+	}
 	if r.Skipped.Unreadable > 0 {
 		fmt.Fprintf(tw, "unreadable rows\t%d\n", r.Skipped.Unreadable)
 	}
@@ -32,9 +46,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "changed: %s\t%d\n", k, r.Reasons[k])
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "RULE\tTIER\tCHECKS\tDENIED THEN\tWOULD DENY\tNEWLY DENIED\tNEWLY ALLOWED")
+	fmt.Fprintf(tw, "RULE\tTIER\tCHECKS\t%s\t%s\tNEWLY DENIED\tNEWLY ALLOWED\n", then, now)
 	for _, rr := range r.Rules {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", rr.Rule, rr.Tier, rr.Checks, rr.DeniedThen, rr.WouldDeny, rr.NewlyDenied, rr.NewlyAllowed)
+		rule := rr.Rule
+		if rr.CandidateOf != "" {
+			rule += " (candidate of " + rr.CandidateOf + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", rule, rr.Tier, rr.Checks, rr.DeniedThen, rr.WouldDeny, rr.NewlyDenied, rr.NewlyAllowed)
 	}
 	if len(r.Subjects) > 0 {
 		fmt.Fprintln(tw)
@@ -52,25 +70,27 @@ func (r *Report) WriteTable(w io.Writer) error {
 }
 
 // WriteCSV writes the report as one CSV table: its first column says which part a row is of
-// (summary, reason, rule, subject, hour), and the columns after it are that part's.
+// (summary, reason, rule, subject, hour), and the columns after it are that part's. In a
+// report of live candidates, denied_then is the live rule's denials and would_deny the
+// candidate's, and a rule row's candidate_of names the live rule.
 func (r *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	i := func(n int64) string { return strconv.FormatInt(n, 10) }
 	rows := [][]string{
-		{"part", "name", "tier", "checks", "denied_then", "would_deny", "newly_denied", "newly_allowed"},
-		{"summary", "all", "", i(r.Checks), "", "", i(r.NewlyDenied), i(r.NewlyAllowed)},
+		{"part", "name", "tier", "checks", "denied_then", "would_deny", "newly_denied", "newly_allowed", "candidate_of"},
+		{"summary", "all", "", i(r.Checks), "", "", i(r.NewlyDenied), i(r.NewlyAllowed), ""},
 	}
 	for _, k := range sortedReasons(r.Reasons) {
-		rows = append(rows, []string{"reason", k, "", i(r.Reasons[k]), "", "", "", ""})
+		rows = append(rows, []string{"reason", k, "", i(r.Reasons[k]), "", "", "", "", ""})
 	}
 	for _, rr := range r.Rules {
-		rows = append(rows, []string{"rule", rr.Rule, rr.Tier, i(rr.Checks), i(rr.DeniedThen), i(rr.WouldDeny), i(rr.NewlyDenied), i(rr.NewlyAllowed)})
+		rows = append(rows, []string{"rule", rr.Rule, rr.Tier, i(rr.Checks), i(rr.DeniedThen), i(rr.WouldDeny), i(rr.NewlyDenied), i(rr.NewlyAllowed), rr.CandidateOf})
 	}
 	for _, s := range r.Subjects {
-		rows = append(rows, []string{"subject", s.Subject, "", "", "", "", i(s.NewlyDenied), i(s.NewlyAllowed)})
+		rows = append(rows, []string{"subject", s.Subject, "", "", "", "", i(s.NewlyDenied), i(s.NewlyAllowed), ""})
 	}
 	for _, h := range r.Hours {
-		rows = append(rows, []string{"hour", h.Hour.UTC().Format(time.RFC3339), "", i(h.Checks), "", "", i(h.NewlyDenied), i(h.NewlyAllowed)})
+		rows = append(rows, []string{"hour", h.Hour.UTC().Format(time.RFC3339), "", i(h.Checks), "", "", i(h.NewlyDenied), i(h.NewlyAllowed), ""})
 	}
 	if err := cw.WriteAll(rows); err != nil {
 		return fmt.Errorf("backtest: write csv: %w", err)

@@ -45,6 +45,9 @@ type Report struct {
 	Hours    []HourRow    `json:"hours"`
 	// Elapsed is how long the replay took.
 	Elapsed time.Duration `json:"elapsed_ns"`
+	// LiveCandidates marks a report of candidate rules' recorded answers (LiveCandidates):
+	// "then" is each live rule's answer, "now" its candidate's, both given by Redis.
+	LiveCandidates bool `json:"live_candidates,omitempty"`
 
 	req      Request
 	subject  *checker.Subject
@@ -71,6 +74,9 @@ type Skipped struct {
 	Leases  int64 `json:"leases"`
 	// Unreadable are rows whose subjects are not written as quotaflow writes them.
 	Unreadable int64 `json:"unreadable"`
+	// FailMode are, in a report of live candidates, the candidates' answers given by a fail
+	// mode (Redis unreachable), which compare nothing.
+	FailMode int64 `json:"fail_mode,omitempty"`
 }
 
 // RuleRow is one rule under one tier. Checks counts the checks the rule applied to now or
@@ -78,7 +84,10 @@ type Skipped struct {
 // denying one with the longest wait); NewlyDenied the checks it would deny that were allowed,
 // NewlyAllowed those it denied that would be allowed.
 type RuleRow struct {
-	Rule         string `json:"rule"`
+	Rule string `json:"rule"`
+	// CandidateOf is, in a report of live candidates (LiveCandidates), the live rule the
+	// candidate Rule is compared with: its answers are "then", the candidate's "now".
+	CandidateOf  string `json:"candidate_of,omitempty"`
 	Tier         string `json:"tier"`
 	Checks       int64  `json:"checks"`
 	DeniedThen   int64  `json:"denied_then"`

@@ -125,7 +125,7 @@ func TestReportRows(t *testing.T) {
 	}
 	found := false
 	for _, r := range rows {
-		found = found || strings.Join(r, ",") == "rule,per-user,free,4,1,2,1,0"
+		found = found || strings.Join(r, ",") == "rule,per-user,free,4,1,2,1,0,"
 	}
 	if !found {
 		t.Errorf("csv: %q, want the rule's row", rows)

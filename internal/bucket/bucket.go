@@ -53,6 +53,11 @@ type Request struct {
 	// check (no other request is refunded because of it), but it is refunded like any other
 	// when an enforced request of the same check denies.
 	Shadow bool
+	// Replaces, on a Shadow request, is the Key of the one enforced limit of the call that it
+	// stands in for (a candidate rule's live limit): the request is decided as if it had
+	// replaced that limit, so that limit's denial does not refund it, while the denial of any
+	// other enforced limit does (Kept). Empty for none.
+	Replaces string
 	// IdempotencyKey is the Redis key of the idempotency record of the whole Check call, in
 	// the same slot as Limits; empty for none. At most one request of a call has one (the call
 	// is one checked request, which has one record): see Store.Check. The record exists only

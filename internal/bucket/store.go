@@ -112,8 +112,9 @@ const (
 
 // Check evaluates every request in one round trip and charges each allowed one, unless Peek.
 // When any request that is neither Peek nor Shadow is denied, the requests it charged
-// (Shadow ones included) are refunded in a second round trip and marked Refunded, so that a
-// call is charged either everywhere or nowhere. An error means the outcome is unknown: the
+// (Shadow ones included, but for one that Replaces the only limit that denied: Kept) are
+// refunded in a second round trip and marked Refunded, so that a call is charged either
+// everywhere or nowhere. An error means the outcome is unknown: the
 // requests whose charges are known to have happened (on a Redis Cluster, those whose masters
 // answered while another's did not) are refunded in the background, within
 // StoreConfig.BatchTimeout, and a refund that fails is logged (StoreConfig.Logger).
@@ -215,7 +216,8 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	// A denial, a replay or a failure: give back what was charged.
 	var refund []int
 	for i := range reqs {
-		if (failed == nil || !failed[i]) && !reqs[i].Peek && results[i].Allowed && !results[i].Replayed {
+		if (failed == nil || !failed[i]) && !reqs[i].Peek && results[i].Allowed && !results[i].Replayed &&
+			(firstErr != nil || replay || !Kept(reqs, results, i)) {
 			refund = append(refund, i)
 		}
 	}
@@ -244,6 +246,27 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	return replayed(reqs, results, replay), nil
+}
+
+// Kept reports whether request i of a decided call keeps its charge although the call was
+// denied: a request that Replaces an enforced limit, when that limit is the only enforced one
+// that denied. It reads each limit's Allowed, so results must be those of a whole call.
+func Kept(reqs []Request, results []Result, i int) bool {
+	key := reqs[i].Replaces
+	if key == "" {
+		return false
+	}
+	for k := range reqs {
+		if reqs[k].Peek || reqs[k].Shadow || results[k].Allowed {
+			continue
+		}
+		for m := range reqs[k].Limits {
+			if !results[k].Limits[m].Allowed && reqs[k].Limits[m].Key != key {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // decidesAlone reports whether request rec is the only one of reqs that can deny the call:

@@ -21,6 +21,9 @@ var (
 	// is to the reference service.
 	errCountRecord    = errors.New("a counted request cannot carry an idempotency record")
 	errCountAlgorithm = errors.New("only fixed window limits can be counted")
+	// Only an observed request may stand in for an enforced limit: an enforced one that kept
+	// its charge through a denial would charge a denied check.
+	errReplacesShadow = errors.New("only a shadow request replaces a limit")
 )
 
 // Validate reports the first reason r cannot be checked, or nil; the error wraps
@@ -41,6 +44,9 @@ func (r *Request) validate() error {
 	}
 	if r.Count && r.IdempotencyKey != "" {
 		return errCountRecord
+	}
+	if r.Replaces != "" && !r.Shadow {
+		return errReplacesShadow
 	}
 	for i := range r.Limits {
 		if r.Count && r.Limits[i].Algorithm != FixedWindow {

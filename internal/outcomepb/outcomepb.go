@@ -41,6 +41,7 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 		ResetAt:      ceilUnix(l.Result.ResetAt),
 		RetryAfterMs: ratelimitheader.CeilMillis(l.Result.RetryAfter),
 		Shadow:       l.Rule.Shadow,
+		CandidateOf:  l.Rule.CandidateOf,
 		State:        State(l.State()),
 		Degraded:     l.Degraded,
 	}

@@ -96,7 +96,10 @@ func (s Decision) Write(w io.Writer) error {
 			subject += ":" + l.Identifier
 		}
 		rule := l.RuleId
-		if l.Shadow {
+		switch {
+		case l.CandidateOf != "":
+			rule += " (candidate of " + l.CandidateOf + ")"
+		case l.Shadow:
 			rule += " (shadow)"
 		}
 		limit := fmt.Sprintf("%d/%s", l.Limit, time.Duration(l.WindowMs)*time.Millisecond)
@@ -133,7 +136,7 @@ func Rules(w io.Writer, doc *rules.Document) error {
 		for _, f := range []struct {
 			set  bool
 			flag string
-		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.QuotaMode == "true", "quota_mode"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}} {
+		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.QuotaMode == "true", "quota_mode"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}, {r.CandidateOf != "", "candidate_of=" + r.CandidateOf}} {
 			if f.set {
 				flags = append(flags, f.flag)
 			}

@@ -393,3 +393,10 @@ DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
 CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
 ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
 
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN IF NOT EXISTS `limits.candidate_of` Array(String) AFTER `limits.burst`;
+
+DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
+ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+

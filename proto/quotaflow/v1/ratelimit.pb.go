@@ -352,9 +352,14 @@ type LimitStatus struct {
 	Shadow bool  `protobuf:"varint,13,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	State  State `protobuf:"varint,14,opt,name=state,proto3,enum=quotaflow.v1.State" json:"state,omitempty"`
 	// degraded is set when Redis could not be reached and the rule's fail mode decided.
-	Degraded      bool   `protobuf:"varint,15,opt,name=degraded,proto3" json:"degraded,omitempty"`
-	FailMode      string `protobuf:"bytes,16,opt,name=fail_mode,json=failMode,proto3" json:"fail_mode,omitempty"`
-	Burst         int64  `protobuf:"varint,17,opt,name=burst,proto3" json:"burst,omitempty"`
+	Degraded bool   `protobuf:"varint,15,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	FailMode string `protobuf:"bytes,16,opt,name=fail_mode,json=failMode,proto3" json:"fail_mode,omitempty"`
+	Burst    int64  `protobuf:"varint,17,opt,name=burst,proto3" json:"burst,omitempty"`
+	// candidate_of is set on a candidate rule's limit: the id of the live rule it is a candidate
+	// of, whose limit for the same subject is in the same list. A candidate is evaluated on its
+	// live rule's checks and never enforced (shadow is set too); its allowed is what it would
+	// have answered had it replaced the live rule.
+	CandidateOf   string `protobuf:"bytes,18,opt,name=candidate_of,json=candidateOf,proto3" json:"candidate_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -506,6 +511,13 @@ func (x *LimitStatus) GetBurst() int64 {
 		return x.Burst
 	}
 	return 0
+}
+
+func (x *LimitStatus) GetCandidateOf() string {
+	if x != nil {
+		return x.CandidateOf
+	}
+	return ""
 }
 
 type CheckRateLimitResponse struct {
@@ -1846,7 +1858,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\ttimestamp\x18\x05 \x01(\x03R\ttimestamp\x12'\n" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
 	"\x04tier\x18\a \x01(\tR\x04tier\x121\n" +
-	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\x9a\x04\n" +
+	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\xbd\x04\n" +
 	"\vLimitStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
@@ -1867,7 +1879,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x05state\x18\x0e \x01(\x0e2\x13.quotaflow.v1.StateR\x05state\x12\x1a\n" +
 	"\bdegraded\x18\x0f \x01(\bR\bdegraded\x12\x1b\n" +
 	"\tfail_mode\x18\x10 \x01(\tR\bfailMode\x12\x14\n" +
-	"\x05burst\x18\x11 \x01(\x03R\x05burst\"\xbf\x04\n" +
+	"\x05burst\x18\x11 \x01(\x03R\x05burst\x12!\n" +
+	"\fcandidate_of\x18\x12 \x01(\tR\vcandidateOf\"\xbf\x04\n" +
 	"\x16CheckRateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
