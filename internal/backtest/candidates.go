@@ -25,11 +25,11 @@ WHERE %s AND l.candidate_of != '' AND kind IN ('', 'reserve') AND replayed = 0
 
 // Compared checks: counted only when no fail mode decided the candidate.
 const (
-	candChecks   = "countIf(l.degraded = 0)"
-	candAgreed   = "countIf(l.degraded = 0 AND live = l.allowed)"
-	candDenied   = "countIf(l.degraded = 0 AND live = 1 AND l.allowed = 0)"
-	candAllowed  = "countIf(l.degraded = 0 AND live = 0 AND l.allowed = 1)"
-	candLiveDeny = "countIf(l.degraded = 0 AND live = 0)"
+	candChecks    = "countIf(l.degraded = 0)"
+	candAgreed    = "countIf(l.degraded = 0 AND live = l.allowed)"
+	candDenied    = "countIf(l.degraded = 0 AND live = 1 AND l.allowed = 0)"
+	candAllowed   = "countIf(l.degraded = 0 AND live = 0 AND l.allowed = 1)"
+	candLiveDeny  = "countIf(l.degraded = 0 AND live = 0)"
 	candWouldDeny = "countIf(l.degraded = 0 AND l.allowed = 0)"
 )
 

@@ -26,7 +26,10 @@ func TestReplaces(t *testing.T) {
 			}
 			return res
 		}},
-		{"local", func(t *testing.T, reqs []Request) []Result { at = at.Add(time.Microsecond); return local.CheckAll(at, reqs) }},
+		{"local", func(t *testing.T, reqs []Request) []Result {
+			at = at.Add(time.Microsecond)
+			return local.CheckAll(at, reqs)
+		}},
 	}
 	for _, c := range checkers {
 		t.Run(c.name, func(t *testing.T) {
