@@ -85,6 +85,9 @@ type LimitResult struct {
 	// RetryAfter is, when denied, how long until the check's cost would be allowed by this
 	// limit; 0 when allowed. It is never 0 when denied.
 	RetryAfter time.Duration
+	// Delay is, when allowed by a rule that delays instead of denying (on_limit: delay), how
+	// long the caller must wait before going on; 0 otherwise.
+	Delay time.Duration
 }
 
 // The store's result converts to LimitResult without a copy of its own: a field added to one

@@ -28,6 +28,8 @@ func windowID(t, w float64) float64 { return math.Floor(t / w) }
 // params is one limit in the script's terms.
 type params struct {
 	limit, window, burst float64
+	// queue is a queue's longest delay in µs (Limit.MaxDelay), 0 for none.
+	queue float64
 	// start, first and second are a CalendarWindow's periods: the first's start and both
 	// lengths, in µs.
 	start, first, second float64
@@ -35,7 +37,7 @@ type params struct {
 
 // paramsOf is l as the twins take it.
 func paramsOf(l *Limit) params {
-	p := params{limit: float64(l.Limit), window: float64(l.windowUS()), burst: float64(l.Capacity())}
+	p := params{limit: float64(l.Limit), window: float64(l.windowUS()), burst: float64(l.Capacity()), queue: float64(l.MaxDelay.Microseconds())}
 	if l.Algorithm == CalendarWindow {
 		p.start = float64(l.Periods.Start.UnixMicro())
 		p.first, p.second = float64(l.Periods.First.Microseconds()), float64(l.Periods.Second.Microseconds())
@@ -112,8 +114,8 @@ func evalLeakyBucket(s *state, p params, now, cost float64) outcome {
 	}
 	var o outcome
 	o.used, o.rem, o.reset = meter(lv)
-	if !le(lv+cost, p.burst) {
-		o.retry = ceilUS((lv + cost - p.burst) * p.window / p.limit)
+	if !le(lv+cost, p.burst) && (p.queue <= 0 || !le((lv+cost-p.burst)*p.window/p.limit, p.queue)) {
+		o.retry = ceilUS((lv+cost-p.burst)*p.window/p.limit - p.queue)
 		return o
 	}
 	after := lv + cost
@@ -328,8 +330,8 @@ func evalGCRA(s *state, p params, now, cost float64) outcome {
 	nd := diff + cost*T
 	var o outcome
 	o.used, o.rem, o.reset = view(diff)
-	if !le(nd, tau) {
-		o.retry = ceilUS(nd - tau)
+	if !le(nd, tau+p.queue) {
+		o.retry = ceilUS(nd - tau - p.queue)
 		return o
 	}
 	o.ok = true

@@ -4,6 +4,7 @@
 package bucket
 
 import (
+	"math"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/calendar"
@@ -21,6 +22,12 @@ type Limit struct {
 	// Burst is the capacity of token bucket, leaky bucket and GCRA; 0 means Limit. Window
 	// algorithms ignore it.
 	Burst int64
+	// MaxDelay, for GCRA and LeakyBucket, makes the limit a queue (a leaky bucket used as
+	// one): a charge the limit would deny is allowed after a delay instead, when that delay is
+	// at most MaxDelay, and charged at the slot it is given, so that the delayed charges are
+	// spaced exactly Window/Limit apart (per unit of cost). A charge whose delay would exceed
+	// MaxDelay is denied. LimitResult.Delay is the delay. 0: no queue.
+	MaxDelay time.Duration
 	// Holder is, for Concurrency, who holds the place a charge takes in flight (the id of a
 	// concurrency lease, in the API's words; no relation to Store.Lease's budget slices): drawn
 	// at random by the caller, which proves itself its holder by knowing it (Store.Release,
@@ -117,4 +124,25 @@ type LimitResult struct {
 	// RetryAfter is, when denied, how long until Cost would be allowed by this limit; 0 when
 	// allowed. It is never 0 when denied.
 	RetryAfter time.Duration
+	// Delay is, for an allowed charge of a limit with a MaxDelay, how long the caller must
+	// wait before going on: the charge holds the slot at the decision's time plus Delay, to
+	// the µs, never before it (queueDelay). 0 otherwise: not queued, a peek, a replay.
+	Delay time.Duration
+}
+
+// queueDelay is the delay of an allowed charge of l, a queue, decided at now, whose bucket is
+// empty again at reset (the reply's, in whole µs rounded up): how far past the limit's
+// capacity the charge was queued, reset - now - capacity * window / limit (lua/gcra.lua,
+// lua/leaky_bucket.lua). The rounding of reset makes that up to 1 µs more than the delay; a
+// charge that was not queued (less than 1 µs) has none.
+func queueDelay(l *Limit, now, reset time.Time) time.Duration {
+	if l.MaxDelay <= 0 {
+		return 0
+	}
+	tau := float64(l.Capacity()) * float64(l.windowUS()) / float64(l.Limit)
+	x := float64(reset.Sub(now).Microseconds()) - tau
+	if x < 1 {
+		return 0
+	}
+	return time.Duration(math.Ceil(x-1e-6)) * time.Microsecond
 }

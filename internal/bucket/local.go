@@ -169,6 +169,9 @@ func (l *Local) commit(o *outcome, p params, lim *Limit, shard int, req *Request
 	lr.Used, lr.Remaining = int64(used), int64(rem)
 	lr.ResetAt = time.UnixMicro(int64(ceilUS(reset)))
 	lr.RetryAfter = time.Duration(retry) * time.Microsecond
+	if charged && o.ok {
+		lr.Delay = queueDelay(lim, time.UnixMicro(int64(nowUS)), lr.ResetAt)
+	}
 	return lr
 }
 

@@ -203,6 +203,9 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		if !reqs[i].Peek && !reqs[i].Shadow && !results[i].Allowed {
 			denied = true
 		}
+		if !reqs[i].Peek && !results[i].Replayed {
+			fillDelays(&reqs[i], &results[i])
+		}
 	}
 	replay := rec >= 0 && (failed == nil || !failed[rec]) && results[rec].Replayed
 	if firstErr == nil && !denied && !replay {
@@ -246,6 +249,15 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	return replayed(reqs, results, replay), nil
+}
+
+// fillDelays sets the Delay of each allowed limit of res, the charge of r, that is a queue.
+func fillDelays(r *Request, res *Result) {
+	for k := range r.Limits {
+		if lr := &res.Limits[k]; r.Limits[k].MaxDelay > 0 && lr.Allowed {
+			lr.Delay = queueDelay(&r.Limits[k], res.Now, lr.ResetAt)
+		}
+	}
 }
 
 // Kept reports whether request i of a decided call keeps its charge although the call was
@@ -369,7 +381,7 @@ func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
 	n := len(r.Limits)
 	// keys, idempotency key, charge time or fingerprint, one token per limit
 	nstrs += 2*n + 2
-	nnums += 3 + 3*n
+	nnums += 3 + 4*n // a queue limit's length takes one more
 	nargs += 3 + n + 1 + 5 + 5*n
 	return nstrs, nnums, nargs
 }
@@ -478,6 +490,8 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 			token = j.str(tokens[i])
 		case l.Algorithm.Holds() && mode != modeRefund:
 			token = j.str(l.Holder) // the lease a charge takes
+		case l.MaxDelay > 0 && mode != modeRefund:
+			token = j.num(l.MaxDelay.Microseconds()) // a queue's length (lua/gcra.lua)
 		}
 		w, b := l.scriptArgs()
 		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(w), j.num(b), token)

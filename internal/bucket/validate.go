@@ -80,6 +80,10 @@ func (l *Limit) validate() error {
 		return fmt.Errorf("window must be between 1µs and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.Window)
 	case l.Burst < 0 || l.Burst > maxValue:
 		return fmt.Errorf("burst must be between 0 and %d, got %d", int64(maxValue), l.Burst)
+	case l.MaxDelay < 0 || l.MaxDelay.Microseconds() > maxValue:
+		return fmt.Errorf("max delay must be between 0 and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.MaxDelay)
+	case l.MaxDelay > 0 && l.Algorithm != GCRA && l.Algorithm != LeakyBucket:
+		return fmt.Errorf("only gcra and leaky_bucket limits queue (max delay), not %s", l.Algorithm)
 	case l.Algorithm == CalendarWindow:
 		return l.validatePeriods()
 	case l.Algorithm.Holds() && (l.Holder == "" || len(l.Holder) > MaxHolder):

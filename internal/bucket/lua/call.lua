@@ -25,7 +25,9 @@
 --              >= 1), all decimal integers (a fixed window's limit may be 0: it denies
 --              every charge) (calendar_window sends its periods in the places
 --              of the window and the burst: lua/calendar_window.lua),
---              refund token (refund; a charge's of concurrency: the lease's id; else "")
+--              refund token (refund; a charge's of concurrency: the lease's id; a charge's
+--              or peek's of a queue, gcra or leaky_bucket with a max delay: the longest
+--              delay in µs, lua/gcra.lua; else ""), which eval gets after Bs
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec (+ SHIFT, 0 but in tests:
 -- scripts.go), read once per script run (clock), so that every call of a batch decides at the
@@ -161,7 +163,7 @@ local function one(KEYS, ARGV, mode, cost, idem)
     end
   end
 
-  local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs)
+  local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = ev(KEYS[1], L, W, B, now, cost, Bs, ARGV[10])
   local f1, f2, f3, f4, f5, f6 = fields(charge, mode == '6', cm, KEYS[1], L, W, B, Bs, now, now_s, cost,
     ok, used, rem, reset, a1, a2, a3, s1, s2, s3, ARGV[10])
   if charge and ok and idem and mode == '0' then
@@ -220,7 +222,7 @@ if NEED then
     for i = 1, n do
       local j = (i - 1) * S
       P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
-        P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4])
+        P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4], ARGV[5 + (i - 1) * 5 + 5])
       if not P[j + 7] then all = false end
     end
 

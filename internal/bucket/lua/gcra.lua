@@ -1,6 +1,7 @@
 -- gcra (code 6): the generic cell rate algorithm. T = W / L (emission interval), tau = B * T.
 --
--- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '6', L, W, B, token unused).
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '6', L, W, B, token: "" or, for a
+-- queue, D, the longest delay in µs).
 -- State: string key holding the theoretical arrival time TAT in µs: "<integer µs>" when TAT is
 -- a whole µs (when T is: W a multiple of L µs, as for 1000 per day), which Redis keeps as an
 -- integer in the key's object (16 bytes instead of a 48-byte string); else
@@ -9,7 +10,10 @@
 -- Every version reads both forms (the previous one wrote only the second, with ".000000000"
 -- for a whole µs), so the integer form needs no --bucket-layout switch. A missing key means
 -- TAT = now.
--- tat = max(TAT, now), new_tat = tat + cost * T. Allowed when new_tat - now <= tau.
+-- tat = max(TAT, now), new_tat = tat + cost * T. Allowed when new_tat - now <= tau, or for a
+-- queue (a leaky bucket used as one) when new_tat - now <= tau + D: the charge is then at the
+-- slot now + (new_tat - now - tau), which the caller reads as its delay, reset - now - tau, so
+-- that queued charges are spaced exactly T apart per unit of cost.
 -- remaining = floor((tau - (tat - now)) / T), after consumption when allowed; used = B - remaining.
 -- Denied: retry = new_tat - now - tau. reset = new_tat (tat when denied).
 -- TTL: until TAT, after which a missing key means the same.
@@ -34,19 +38,20 @@ if NEED_1 == '6' or NEED and NEED['6'] then
   end
 
   -- eval: s1 = new TAT - now.
-  function gcra_eval(key, L, W, B, now, cost)
+  function gcra_eval(key, L, W, B, now, cost, Bs, D)
     local T = W / L
     local tau = B * T
     local diff = load(key, now)
     local nd = diff + cost * T
     local rem = floor_nn((tau - diff) / T)
     if rem > B then rem = B end
-    if le(nd, tau) then
+    local q = tonumber(D) or 0
+    if le(nd, tau + q) then
       local arem = floor_nn((tau - nd) / T)
       if arem > B then arem = B end
       return true, B - rem, rem, now + diff, B - arem, arem, now + nd, nd
     end
-    return false, B - rem, rem, now + diff, ceil_us(nd - tau), nil, nil, nd
+    return false, B - rem, rem, now + diff, ceil_us(nd - tau - q), nil, nil, nd
   end
 
   -- commit writes TAT = now + diff; refund reuses it.

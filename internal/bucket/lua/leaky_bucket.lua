@@ -1,8 +1,11 @@
 -- leaky_bucket (code 2), as a meter: a level that leaks L units per W µs, holding at most B.
 --
--- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '2', L, W, B, token unused).
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '2', L, W, B, token: "" or, for a
+-- queue, D, the longest delay in µs).
 -- State: hash {lv = level (float), ts = µs of the last update}. A missing key is empty.
--- Allowed when level + cost <= B. used = ceil(level), remaining = floor(B - level).
+-- Allowed when level + cost <= B, or for a queue (a leaky bucket used as one) when the level
+-- above B drains within D: (level + cost - B) * W / L <= D, the charge's delay, which the
+-- caller reads as reset - now - B * W / L. used = ceil(level), remaining = floor(B - level).
 -- Denied: retry = ceil((level + cost - B) * W / L). reset = when the level reaches 0.
 -- TTL: until the level reaches 0, when a missing key means the same.
 -- Refund: level = max(0, level - cost).
@@ -24,14 +27,15 @@ if NEED_1 == '2' or NEED and NEED['2'] then
   end
 
   -- eval: s1 = t, s2 = level after consumption.
-  function lb_eval(key, L, W, B, now, cost)
+  function lb_eval(key, L, W, B, now, cost, Bs, D)
     local lv, t = load(key, L, W, now)
     local used, rem, reset = ceil_nn(lv), floor_nn(B - lv), t + lv * W / L
-    if le(lv + cost, B) then
+    local q = tonumber(D) or 0
+    if le(lv + cost, B) or q > 0 and le((lv + cost - B) * W / L, q) then
       local after = lv + cost
       return true, used, rem, reset, ceil_nn(after), floor_nn(B - after), t + after * W / L, t, after
     end
-    return false, used, rem, reset, ceil_us((lv + cost - B) * W / L), nil, nil, t, lv + cost
+    return false, used, rem, reset, ceil_us((lv + cost - B) * W / L - q), nil, nil, t, lv + cost
   end
 
   -- commit writes level lv at t; refund reuses it.

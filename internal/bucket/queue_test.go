@@ -1,0 +1,107 @@
+package bucket
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestQueue: a limit with a MaxDelay (a leaky bucket used as a queue) allows the charges past
+// its capacity after a delay, at slots spaced exactly window/limit apart per unit of cost, and
+// denies a charge whose delay would pass MaxDelay, with the wait until one would not. GCRA and
+// leaky bucket, through Redis and through Local, alike.
+func TestQueue(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	local := NewLocal(0)
+	at := time.Now()
+	checkers := []struct {
+		name  string
+		check func(Request) Result
+	}{
+		{"store", func(req Request) Result { return check(t, s, req) }},
+		{"local", func(req Request) Result { at = at.Add(3 * time.Millisecond); return local.Check(at, req) }},
+	}
+	for _, c := range checkers {
+		for _, alg := range []Algorithm{GCRA, LeakyBucket} {
+			t.Run(c.name+"/"+alg.String(), func(t *testing.T) {
+				// 10 a second, one at once: a slot every 100 ms, 350 ms of queue.
+				l := lim(key(t, "q"), alg, 10, time.Second, 1)
+				l.MaxDelay = 350 * time.Millisecond
+				var releases []time.Time
+				for i := range 4 {
+					res := c.check(one(l, 1))
+					lr := res.Limits[0]
+					if !res.Allowed || lr.Delay > l.MaxDelay || i == 0 && lr.Delay != 0 || i > 0 && lr.Delay == 0 {
+						t.Fatalf("charge %d: allowed %v delay %v, want allowed, delayed by 0 < d <= 350ms but the first", i+1, res.Allowed, lr.Delay)
+					}
+					releases = append(releases, res.Now.Add(lr.Delay))
+				}
+				// The first is released at once, the others at its time plus 100 ms, 200 ms,
+				// 300 ms: to the µs, whatever time the charges took to arrive.
+				for i := 1; i < len(releases); i++ {
+					if gap := releases[i].Sub(releases[i-1]); gap < 100*time.Millisecond-2*time.Microsecond || gap > 100*time.Millisecond+2*time.Microsecond {
+						t.Errorf("release %d comes %v after the one before, want 100ms (±2µs)", i+1, gap)
+					}
+				}
+				// A fifth would wait about 400 ms: denied, until the queue has room.
+				res := c.check(one(l, 1))
+				if lr := res.Limits[0]; res.Allowed || lr.RetryAfter <= 0 || lr.RetryAfter > 100*time.Millisecond || lr.Delay != 0 {
+					t.Errorf("charge past the queue: allowed %v retry %v delay %v, want denied, retry in at most 100ms", res.Allowed, lr.RetryAfter, lr.Delay)
+				}
+				// A peek reports no delay and charges nothing.
+				if res := c.check(peekReq(l)); res.Limits[0].Delay != 0 {
+					t.Errorf("peek delay %v, want 0", res.Limits[0].Delay)
+				}
+			})
+		}
+	}
+}
+
+// TestQueueBatch: concurrent queued charges (decided in one script run when they meet in a
+// batch) get slots spaced by their costs: 2 units a slot of 200 ms.
+func TestQueueBatch(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	l := lim(key(t, "q"), GCRA, 10, time.Second, 2)
+	l.MaxDelay = time.Second
+	reqs := []Request{one(l, 2), one(l, 2), one(l, 2)}
+	results := make([]Result, len(reqs))
+	done := make(chan int)
+	for i := range reqs {
+		go func() {
+			res, err := s.Check(ctxT(t), reqs[i:i+1])
+			if err != nil {
+				t.Error(err)
+			} else {
+				results[i] = res[0]
+			}
+			done <- i
+		}()
+	}
+	for range reqs {
+		<-done
+	}
+	var releases []time.Time
+	for _, res := range results {
+		releases = append(releases, res.Now.Add(res.Limits[0].Delay))
+	}
+	slices.SortFunc(releases, time.Time.Compare)
+	for i := 1; i < len(releases); i++ {
+		if gap := releases[i].Sub(releases[i-1]); gap < 200*time.Millisecond-2*time.Microsecond || gap > 200*time.Millisecond+2*time.Microsecond {
+			t.Errorf("release %d comes %v after the one before, want 200ms (±2µs): 2 units at 10 a second", i+1, gap)
+		}
+	}
+}
+
+// TestQueueRefused: only GCRA and leaky bucket queue.
+func TestQueueRefused(t *testing.T) {
+	t.Parallel()
+	l := lim("{x}:a", TokenBucket, 10, time.Second, 10)
+	l.MaxDelay = time.Second
+	req := one(l, 1)
+	if err := req.Validate(); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("Validate of a queued token bucket = %v, want ErrInvalidRequest", err)
+	}
+}
