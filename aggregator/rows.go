@@ -23,7 +23,7 @@ var columnList = strings.Join([]string{
 	"limits.shadow", "limits.state", "limits.degraded", "limits.fail_mode", "limits.burst",
 	"partition", "stream_seq", "batch_id", "ingested_at",
 	"kind", "reservation_id", "estimated_cost", "actual_cost", "overage", "lease_id",
-	"exemption", "limits.candidate_of",
+	"exemption", "limits.candidate_of", "delay_us",
 }, ", ")
 
 // row is one decision with where it came from in the stream.
@@ -125,6 +125,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		ids, checkers, dims, subjectIDs, tiers, endpoints, rules, algos, failModes, states, batchIDs = mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n), mk[string](n)
 		kinds, reservations, leases, estimates, actuals, overages                                    = mk[string](n), mk[string](n), mk[string](n), mk[int64](n), mk[int64](n), mk[uint8](n)
 		exemptions                                                                                   = mk[string](n)
+		delays                                                                                       = mk[int64](n)
 		times, resets, ingested                                                                      = mk[time.Time](n), mk[time.Time](n), mk[time.Time](n)
 		timeUS, costs, limits, remaining, counts, windows, retries, skews                            = mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n), mk[int64](n)
 		allowed, shadow, degraded, replayed                                                          = mk[uint8](n), mk[uint8](n), mk[uint8](n), mk[uint8](n)
@@ -165,7 +166,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		partitions[i], seqs[i], batchIDs[i], ingested[i] = uint16(r.p), r.seq, r.batchID, now
 		kinds[i], reservations[i], leases[i] = kind(d.Kind), d.ReservationId, d.LeaseId
 		estimates[i], actuals[i], overages[i] = d.EstimatedCost, d.ActualCost, b2u(d.Overage)
-		exemptions[i] = d.Exemption
+		exemptions[i], delays[i] = d.Exemption, d.DelayUs
 	}
 	cols := []any{
 		ids, checkers, times, timeUS, dims, subjectIDs, subjects, tiers, endpoints, rules, algos,
@@ -175,7 +176,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lRetry, lShadow, lState, lDegraded, lFail, lBurst,
 		partitions, seqs, batchIDs, ingested,
 		kinds, reservations, estimates, actuals, overages, leases,
-		exemptions, lCandidate,
+		exemptions, lCandidate, delays,
 	}
 	for i, col := range cols {
 		if err := b.Column(i).Append(col); err != nil {

@@ -25,6 +25,10 @@ type Outcome struct {
 	// Limits are the evaluated limits: every matching rule of every subject, or, when the
 	// over-limit cache answered, only the cached denials.
 	Limits []LimitOutcome
+	// Delay is, for an allowed check, how long the caller must wait before going on: the
+	// longest delay of its enforced limits that delay instead of denying (rules.Rule.MaxDelay).
+	// The check is charged at that slot; 0 for most checks, and for every denied one.
+	Delay time.Duration
 	// Decider is the index in Limits of the deciding limit: the denying one with the longest
 	// wait, or when allowed the one with the largest share of its capacity used; -1 when no
 	// rule matched.
@@ -168,6 +172,14 @@ func (o *Outcome) summarize() {
 	}
 	if o.Decider < 0 && len(o.Limits) > 0 {
 		o.Decider = 0 // only shadow limits matched: report the first
+	}
+	o.Delay = 0
+	if o.Allowed {
+		for i := range o.Limits {
+			if l := &o.Limits[i]; !l.Rule.Shadow {
+				o.Delay = max(o.Delay, l.Result.Delay)
+			}
+		}
 	}
 }
 

@@ -26,6 +26,7 @@ type instruments struct {
 	leased, leaseUnits, leaseReturned metric.Int64Counter
 	// by result: allowed, denied; and degraded variants.
 	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded metric.AddOption
+	addDelayed, addDelayedDegraded                               metric.AddOption
 	recAllowed, recDenied                                        metric.RecordOption
 }
 
@@ -41,7 +42,7 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 	}
 	in := &instruments{tracer: t, sample: ratio}
 	var err error
-	if in.checks, err = m.Int64Counter("quotaflow.checks", metric.WithDescription("Consuming checks decided, by result and whether Redis was unreachable (degraded).")); err != nil {
+	if in.checks, err = m.Int64Counter("quotaflow.checks", metric.WithDescription("Consuming checks decided, by result (allowed, delayed: allowed after a wait, denied) and whether Redis was unreachable (degraded).")); err != nil {
 		return nil, err
 	}
 	if in.duration, err = m.Float64Histogram("quotaflow.check.duration", metric.WithUnit("s"),
@@ -80,6 +81,9 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 	in.addDenied = metric.WithAttributeSet(set("denied", false))
 	in.addAllowedDegraded = metric.WithAttributeSet(set("allowed", true))
 	in.addDeniedDegraded = metric.WithAttributeSet(set("denied", true))
+	// A delayed check is allowed after a wait (on_limit: delay): an outcome of its own.
+	in.addDelayed = metric.WithAttributeSet(set("delayed", false))
+	in.addDelayedDegraded = metric.WithAttributeSet(set("delayed", true))
 	in.recAllowed = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "allowed")))
 	in.recDenied = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "denied")))
 	return in, nil
@@ -99,6 +103,10 @@ func (in *instruments) record(ctx context.Context, out *Outcome, start time.Time
 	var add metric.AddOption
 	var rec metric.RecordOption
 	switch {
+	case out.Delay > 0 && !out.Degraded:
+		add, rec = in.addDelayed, in.recAllowed
+	case out.Delay > 0:
+		add, rec = in.addDelayedDegraded, in.recAllowed
 	case out.Allowed && !out.Degraded:
 		add, rec = in.addAllowed, in.recAllowed
 	case out.Allowed:

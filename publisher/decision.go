@@ -33,6 +33,7 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		Limits:    outcomepb.Statuses(out),
 		State:     outcomepb.State(out.State()),
 		Exemption: out.Exemption,
+		DelayUs:   outcomepb.CeilMicros(out.Delay),
 	}
 	for i, sub := range q.Subjects {
 		d.Subjects[i] = &quotaflowv1.Subject{Dimension: outcomepb.Dimension(sub.Dimension), Identifier: sub.ID}

@@ -180,6 +180,11 @@ type Decision struct {
 	ResetAt   time.Time
 	// RetryAfter is how long to wait when denied; 0 when allowed.
 	RetryAfter time.Duration
+	// Delay is, when allowed, how long to wait before going on: a rule that delays instead
+	// of denying (on_limit: delay) queued the request, and its slot comes that long after the
+	// decision. 0 for most requests. The middleware and interceptors wait it before calling
+	// the handler; a caller of Check waits it itself (Decision.Wait).
+	Delay time.Duration
 	// Policies are the limits the checker evaluated.
 	Policies []Policy
 	// Replayed: the checker had seen the idempotency key and charged nothing.
@@ -422,9 +427,26 @@ func newKey() string {
 	return "qfc-" + hex.EncodeToString(b[:])
 }
 
+// Wait waits d.Delay, the wait an allowed request was given before it may go on, or until ctx
+// ends, whose error it then returns: the request's slot is charged all the same.
+func (d Decision) Wait(ctx context.Context) error {
+	if d.Delay <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 	d := Decision{Allowed: r.Allowed, RuleID: r.RuleId, Limit: r.Limit, Remaining: r.Remaining,
-		RetryAfter: time.Duration(r.RetryAfterMs) * time.Millisecond, Replayed: r.Replayed, Degraded: r.Degraded, Source: SourceChecker}
+		RetryAfter: time.Duration(r.RetryAfterMs) * time.Millisecond, Replayed: r.Replayed, Degraded: r.Degraded, Source: SourceChecker,
+		Delay: time.Duration(r.DelayUs) * time.Microsecond}
 	if r.ResetAt > 0 {
 		d.ResetAt = time.Unix(r.ResetAt, 0)
 	}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -21,11 +22,12 @@ import (
 type RPCRequestFunc func(ctx context.Context, procedure string, header http.Header) Request
 
 // checkRPC decides an incoming RPC: denied is nil when it may go ahead, and admitted then the
-// decision whose lease (if any) releaseAfter frees once the call is done.
-func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure string, header http.Header) (admitted, denied *Decision) {
+// decision whose lease (if any) releaseAfter frees once the call is done. An admitted call
+// returns after the wait its decision gave (Decision.Delay); err is ctx's when it ended first.
+func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure string, header http.Header) (admitted, denied *Decision, err error) {
 	req := f(ctx, procedure, header)
 	if len(req.Subjects) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if req.Endpoint == "" {
 		req.Endpoint = procedure
@@ -35,12 +37,16 @@ func (c *Client) checkRPC(ctx context.Context, f RPCRequestFunc, procedure strin
 		if ctx.Err() == nil {
 			c.log.Error("rate limit check failed, call let through", "procedure", procedure, "err", err)
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
-	if d.Allowed {
-		return &d, nil
+	if !d.Allowed {
+		return nil, &d, nil
 	}
-	return nil, &d
+	if err := d.Wait(ctx); err != nil {
+		c.releaseAfter(&d)
+		return nil, nil, err
+	}
+	return &d, nil, nil
 }
 
 func deniedMessage(d *Decision) string {
@@ -56,6 +62,14 @@ func connectDenied(d *Decision) error {
 	}
 	SetHeaders(err.Meta(), *d, time.Now())
 	return err
+}
+
+// connectContextError is the error of a call whose context ended while it waited its slot.
+func connectContextError(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	}
+	return connect.NewError(connect.CodeCanceled, err)
 }
 
 // ConnectInterceptor checks each call a connect-go handler serves (unary calls, and streams
@@ -75,7 +89,10 @@ func (i *connectInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		admitted, denied := i.c.checkRPC(ctx, i.f, req.Spec().Procedure, req.Header())
+		admitted, denied, err := i.c.checkRPC(ctx, i.f, req.Spec().Procedure, req.Header())
+		if err != nil {
+			return nil, connectContextError(err)
+		}
 		if denied != nil {
 			return nil, connectDenied(denied)
 		}
@@ -90,7 +107,10 @@ func (i *connectInterceptor) WrapStreamingClient(next connect.StreamingClientFun
 
 func (i *connectInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		admitted, denied := i.c.checkRPC(ctx, i.f, conn.Spec().Procedure, conn.RequestHeader())
+		admitted, denied, err := i.c.checkRPC(ctx, i.f, conn.Spec().Procedure, conn.RequestHeader())
+		if err != nil {
+			return connectContextError(err)
+		}
 		if denied != nil {
 			return connectDenied(denied)
 		}
@@ -124,7 +144,10 @@ func grpcHeader(ctx context.Context) http.Header {
 // one with ResourceExhausted carrying google.rpc.RetryInfo.
 func (c *Client) UnaryServerInterceptor(f RPCRequestFunc) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		admitted, denied := c.checkRPC(ctx, f, info.FullMethod, grpcHeader(ctx))
+		admitted, denied, err := c.checkRPC(ctx, f, info.FullMethod, grpcHeader(ctx))
+		if err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
 		if denied != nil {
 			return nil, grpcDenied(denied)
 		}
@@ -137,7 +160,10 @@ func (c *Client) UnaryServerInterceptor(f RPCRequestFunc) grpc.UnaryServerInterc
 // UnaryServerInterceptor checks unary calls.
 func (c *Client) StreamServerInterceptor(f RPCRequestFunc) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		admitted, denied := c.checkRPC(ss.Context(), f, info.FullMethod, grpcHeader(ss.Context()))
+		admitted, denied, err := c.checkRPC(ss.Context(), f, info.FullMethod, grpcHeader(ss.Context()))
+		if err != nil {
+			return status.FromContextError(err).Err()
+		}
 		if denied != nil {
 			return grpcDenied(denied)
 		}

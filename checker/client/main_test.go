@@ -37,6 +37,7 @@ rules:
   - {id: user-search, dimension: user, endpoint: /api/v1/search, algorithm: sliding_window_log, limit: 100, window: 1h}
   - {id: user-inflight, dimension: user, endpoint: /stream, algorithm: concurrency, limit: 2, window: 1m}
   - {id: tenant-reports, dimension: tenant, endpoint: /reports, algorithm: fixed_window, limit: 2, window: 1h}
+  - {id: user-paced, dimension: user, endpoint: /paced, algorithm: gcra, limit: 10, window: 1s, burst: 1, on_limit: delay, max_delay: 1s}
 `
 
 // testTimeout is the clients' deadline per attempt in tests that assert the checker's

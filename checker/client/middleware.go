@@ -42,7 +42,8 @@ type DimensionHeader struct {
 	Header    string
 }
 
-// Middleware checks each request before next serves it. A denied request is answered 429 with
+// Middleware checks each request before next serves it, after the wait a rule that delays
+// instead of denying gave it (Decision.Delay). A denied request is answered 429 with
 // Retry-After; every checked response carries the deciding limit as RateLimit and
 // RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers) and X-RateLimit-Limit, -Remaining and
 // -Reset. A request whose path no limit can count (an encoded slash, a control character, ".."
@@ -79,8 +80,11 @@ func (c *Client) Middleware(cfg HTTPConfig) func(http.Handler) http.Handler {
 				return
 			}
 			// The places in flight a concurrency rule gave the request go back once it is
-			// served (or panicked).
+			// served (or panicked), or when its caller leaves while it waits its slot.
 			defer c.releaseAfter(&d)
+			if d.Wait(r.Context()) != nil {
+				return // the caller left
+			}
 			next.ServeHTTP(w, r)
 		})
 	}

@@ -13,8 +13,8 @@ import (
 // rule's. It is planned from its live rule, never matched on its own, so that it takes the
 // live rule's dimension, endpoint, tier and descriptor: a candidate that named others would
 // answer other checks, and nothing could be compared. What it leaves out of the rest (the
-// algorithm, limit, window, fail mode, warning thresholds; the burst, count_denied, timezone
-// and anchor_day unless it names another algorithm or window) is the live rule's, so that
+// algorithm, limit, window, fail mode, warning thresholds; the burst, count_denied, on_limit,
+// max_delay, timezone and anchor_day unless it names another algorithm or window) is the live rule's, so that
 // "candidate_of: search, limit: 3" is the live rule with one number changed.
 
 // withCandidates returns docs with every candidate completed from its live rule, reporting
@@ -99,6 +99,8 @@ func completeCandidate(p *problems, where string, c, l *DocRule) DocRule {
 	if sameAlgorithm {
 		inherit(&m.Burst, l.Burst)
 		inherit(&m.CountDenied, l.CountDenied)
+		inherit(&m.OnLimit, l.OnLimit)
+		inherit(&m.MaxDelay, l.MaxDelay)
 	}
 	if sameWindow {
 		inherit(&m.Timezone, l.Timezone)

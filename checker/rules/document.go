@@ -92,6 +92,11 @@ type DocRule struct {
 	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
 	// QuotaMode is Envoy's quota_mode (Rule.QuotaMode).
 	QuotaMode Scalar `yaml:"quota_mode,omitempty" json:"quota_mode,omitempty"`
+	// OnLimit is what the rule does to a check past its limit: "deny" (the default), or
+	// "delay" (gcra and leaky_bucket: a queue), which allows it after a wait of at most
+	// MaxDelay, a Go duration no longer than the window (Rule.MaxDelay).
+	OnLimit  string `yaml:"on_limit,omitempty" json:"on_limit,omitempty"`
+	MaxDelay Scalar `yaml:"max_delay,omitempty" json:"max_delay,omitempty"`
 	// CandidateOf makes the rule a candidate of the live rule of that id: evaluated on its
 	// checks, never enforced, what it leaves out taken from it (candidate.go).
 	CandidateOf string `yaml:"candidate_of,omitempty" json:"candidate_of,omitempty"`

@@ -339,11 +339,50 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if fr.Lease != nil {
 		r.Lease = leaseSlice(p, where, fr.Lease, &r)
 	}
+	r.MaxDelay = onLimit(p, where, fr, &r)
 	r.Shadow = r.Shadow || r.QuotaMode // a rule in quota mode never denies
 	if r.CountDenied && (r.Algorithm != bucket.FixedWindow || r.Calendar.Unit.Valid()) {
 		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())
 	}
 	return r, len(p.list) == n
+}
+
+// onLimit validates a rule's on_limit and max_delay and returns its MaxDelay: a queue (delay
+// instead of deny) needs a rate algorithm, whose checks it can space exactly (gcra, and
+// leaky_bucket, the same meter), and a longest delay of 1ms to the window: a queue longer than
+// the window would hold more than a window's worth of checks waiting.
+func onLimit(p *problems, where string, fr *DocRule, r *Rule) time.Duration {
+	switch fr.OnLimit {
+	case "", "deny":
+		if fr.MaxDelay != "" {
+			p.add(where, "max_delay: only a rule with on_limit: delay waits; this one denies")
+		}
+		return 0
+	case "delay":
+	default:
+		p.add(where, "on_limit: want deny or delay, got %q", fr.OnLimit)
+		return 0
+	}
+	if r.Algorithm.Valid() && r.Algorithm != bucket.GCRA && r.Algorithm != bucket.LeakyBucket {
+		p.add(where, "on_limit: delay spaces checks with a leaky bucket used as a queue: algorithm gcra or leaky_bucket, not %s", r.Algorithm)
+	}
+	if fr.MaxDelay == "" {
+		p.add(where, "max_delay: required with on_limit: delay (a Go duration: 100ms, 1s), at most the window")
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(string(fr.MaxDelay)))
+	switch {
+	case err != nil:
+		p.add(where, "max_delay: want a Go duration such as 250ms or 1s, got %q", fr.MaxDelay)
+		return 0
+	case d < time.Millisecond || d%time.Millisecond != 0:
+		p.add(where, "max_delay: want a whole number of milliseconds, at least 1ms, got %q", fr.MaxDelay)
+		return 0
+	case r.Window > 0 && d > r.Window:
+		p.add(where, "max_delay: %s is above the rule's window (%s); a queue holds at most a window", d, r.Window)
+		return 0
+	}
+	return d
 }
 
 // descriptorFields validates a rule's name, replaces, unlimited and count_denied, which only

@@ -148,6 +148,11 @@ type Rule struct {
 	// (Shadow is set with it), and the RLS transport answers its over-the-limit descriptor OK
 	// with its limit and nothing remaining, as the reference does.
 	QuotaMode bool
+	// MaxDelay, when set (on_limit: delay in the file), makes the rule delay the checks past
+	// its limit instead of denying them: a gcra or leaky_bucket rule used as a queue, whose
+	// checks are allowed after a wait that spaces them exactly window/limit apart, and denied
+	// when that wait would pass MaxDelay (at most the window). 0: the rule denies.
+	MaxDelay time.Duration
 	// CandidateOf is the id of the live rule this one is a candidate of (candidate.go), empty
 	// for a rule that is none. A candidate is Shadow too: never enforced.
 	CandidateOf string
@@ -189,7 +194,7 @@ func (r *Rule) PrefixBits(is4 bool) int {
 // when positive (per-user custom limits). The burst scales with the limit when the file left it
 // to default.
 func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
-	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst}
+	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst, MaxDelay: r.MaxDelay}
 	if r.Calendar.Unit.Valid() {
 		l.Algorithm = bucket.CalendarWindow
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
@@ -23,8 +24,19 @@ import (
 // the README's "The check API" describes. ?deny_status=401|403 answers a denial with that
 // status instead, for nginx, whose auth_request turns any other status (429 included) into a
 // 500; the gateway then rewrites it to 429 (deploy/nginx).
+//
+// A request that a rule with on_limit: delay queued is allowed with its wait in
+// X-Quotaflow-Delay-Ms, for a gateway that can hold it that long (HAProxy's Lua action does);
+// ?wait=true makes the endpoint hold its own answer until the request's slot instead, so that
+// any gateway that waits for its check (nginx auth_request, Caddy forward_auth, Traefik,
+// Envoy ext_authz over HTTP, within their timeouts) passes the request on at its slot.
 func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	denyStatus, err := denyStatus(r)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return
+	}
+	wait, err := waitParam(r)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
@@ -72,6 +84,16 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	if out.Degraded {
 		h.Set("X-RateLimit-Degraded", "true")
 	}
+	if out.Delay > 0 {
+		if wait {
+			if !holdUntil(r, out) {
+				return // the gateway left: its request was charged at its slot all the same
+			}
+		} else {
+			body.DelayMs = ratelimitheader.CeilMillis(out.Delay)
+			h.Set("X-Quotaflow-Delay-Ms", strconv.FormatInt(body.DelayMs, 10))
+		}
+	}
 	status := http.StatusOK
 	contentType := "application/json"
 	if !out.Allowed {
@@ -111,6 +133,32 @@ func denyStatus(r *http.Request) (int, error) {
 		return http.StatusForbidden, nil
 	}
 	return 0, fieldErrorf("deny_status", "want 401, 403 or 429, got %q", v)
+}
+
+// waitParam reads ?wait=: whether to hold an allowed answer until the request's slot.
+func waitParam(r *http.Request) (bool, error) {
+	switch v := r.URL.Query().Get("wait"); v {
+	case "", "false", "0":
+		return false, nil
+	case "true", "1":
+		return true, nil
+	default:
+		return false, fieldErrorf("wait", "want true or false, got %q", v)
+	}
+}
+
+// holdUntil waits out's delay, until the request's slot, and reports whether the request is
+// still there to be answered. The delay runs from now, as a client's does from its answer: the
+// decision's own time is Redis's clock, which this machine's need not agree with.
+func holdUntil(r *http.Request, out *checker.Outcome) bool {
+	t := time.NewTimer(out.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // acceptsProblem reports whether the client asked for application/problem+json.
@@ -153,6 +201,9 @@ type forwardAuthBody struct {
 	Tier       string `json:"tier,omitempty"`
 	Degraded   bool   `json:"degraded,omitempty"`
 	DecisionID string `json:"decision_id,omitempty"`
+	// DelayMs is, for an allowed request a rule with on_limit: delay queued, how long it must
+	// wait before going on (X-Quotaflow-Delay-Ms), 0 when it already waited (?wait=true).
+	DelayMs int64 `json:"delay_ms,omitempty"`
 
 	// The quota-exceeded problem's members, on a denial to a client that accepts
 	// application/problem+json.

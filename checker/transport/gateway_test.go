@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -292,6 +293,22 @@ func TestGateways(t *testing.T) {
 			}
 			if got := a.hits.Load(); got != 5 {
 				t.Errorf("upstream reached %d times, want 5: failing closed must not reach it", got)
+			}
+
+			// A rule that delays (user-delay: a slot every 200 ms): the second request goes on
+			// at its slot, 200 ms after the first's decision at the earliest. nginx and Caddy
+			// ask the checker to answer then (?wait=true); HAProxy's action sleeps the delay.
+			delayed := id(t, "d")
+			start := time.Now()
+			for i := range 2 {
+				if resp, body := gatewayGet(t, gw.url, "/delay", delayed); resp.StatusCode != http.StatusOK || body != "app /delay" {
+					t.Fatalf("delayed call %d = %d %q, want 200 from the upstream", i+1, resp.StatusCode, body)
+				}
+			}
+			if took := time.Since(start); took < 200*time.Millisecond {
+				t.Errorf("two calls of a 200ms queue went through in %v, want the second at its slot (200ms after the first)", took)
+			} else {
+				t.Logf("two calls of a 200ms queue went through in %v", took)
 			}
 		})
 	}

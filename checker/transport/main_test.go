@@ -45,6 +45,7 @@ rules:
   - {id: user-multi-day, dimension: user, endpoint: /multi, algorithm: fixed_window, limit: 100, window: 24h}
   - {id: user-shadow, dimension: user, endpoint: /shadow, algorithm: fixed_window, limit: 1, window: 1h, shadow: true}
   - {id: user-fast, dimension: user, endpoint: /fast, algorithm: gcra, limit: 2, window: 200ms}
+  - {id: user-delay, dimension: user, endpoint: /delay, algorithm: gcra, limit: 5, window: 1s, burst: 1, on_limit: delay, max_delay: 600ms}
   - {id: ip-api, dimension: ip, endpoint: /api/*, algorithm: fixed_window, limit: 2, window: 1h}
   - {id: key-api, dimension: apikey, endpoint: /api/*, algorithm: gcra, limit: 10, window: 1h}
   - {id: user-api, dimension: user, endpoint: /api/*, algorithm: token_bucket, limit: 10, window: 1h, burst: 4}

@@ -70,6 +70,7 @@ func (s *Server) answer(ctx context.Context, q *checker.Query) (*quotaflowv1.Che
 		Limits:     outcomepb.Statuses(out),
 		State:      outcomepb.State(out.State()),
 		DecisionId: out.ID,
+		DelayUs:    outcomepb.CeilMicros(out.Delay),
 	}
 	if q.Timestamp != 0 {
 		resp.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()

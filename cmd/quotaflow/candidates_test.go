@@ -143,3 +143,70 @@ func TestLiveCandidates(t *testing.T) {
 		t.Errorf("live_candidates with a warmup: %d %s; want 400 naming live_candidates", resp.StatusCode, body)
 	}
 }
+
+// TestDelayedAudit: a check that a rule with on_limit: delay queued is its own outcome in the
+// audit (delay_us) and the rollups (delayed_requests), through the real pipeline.
+func TestDelayedAudit(t *testing.T) {
+	t.Parallel()
+	ns := ownNATS(t)
+	db := databaseName("delayed")
+	p := startChecker(t, "dl", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile = writeFile(t, "rules.yaml", `
+rules:
+  - {id: paced, dimension: user, endpoint: /paced, algorithm: gcra, limit: 10, window: 1s, burst: 1, on_limit: delay, max_delay: 250ms}
+`)
+	})
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A slot every 100 ms and 250 ms of queue: allowed, delayed twice, denied.
+	user := "dl-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	var got []string
+	for range 4 {
+		resp, err := p.client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/paced",
+			Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := resp.Msg; {
+		case !m.Allowed:
+			got = append(got, "denied")
+		case m.DelayUs > 0:
+			got = append(got, "delayed")
+		default:
+			got = append(got, "allowed")
+		}
+	}
+	if fmt.Sprint(got) != "[allowed delayed delayed denied]" {
+		t.Fatalf("answers %v, want allowed, delayed twice, denied", got)
+	}
+	waitRows(ctx, t, db, 4)
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var delayed, minDelay uint64
+	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT countIf(delay_us > 0), toUInt64(minIf(delay_us, delay_us > 0)) FROM %s.decisions", db)).Scan(&delayed, &minDelay); err != nil {
+		t.Fatal(err)
+	}
+	if delayed != 2 || minDelay < 50_000 || minDelay > 100_000 {
+		t.Errorf("audit: %d delayed decisions, the shortest %dµs; want 2, the first about 100ms", delayed, minDelay)
+	}
+	// The rollups are written after the audit's part is visible (the view's insert follows
+	// the table's): polled.
+	var rollup, allowed uint64
+	for ctx.Err() == nil {
+		if err := c.QueryRow(ctx, fmt.Sprintf("SELECT sum(delayed_requests), sum(allowed_requests) FROM %s.usage_minute", db)).Scan(&rollup, &allowed); err != nil {
+			t.Fatal(err)
+		}
+		if allowed >= 3 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if rollup != 2 || allowed != 3 {
+		t.Errorf("usage_minute: %d delayed of %d allowed, want 2 of 3", rollup, allowed)
+	}
+}

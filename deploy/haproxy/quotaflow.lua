@@ -7,6 +7,9 @@
 --   txn.qf_ratelimit, txn.qf_policy, txn.qf_limit, txn.qf_remaining, txn.qf_reset,
 --   txn.qf_state, txn.qf_retry_after, txn.qf_decision_id   the answer's headers, when present
 --
+-- An allowed request that a rule with on_limit: delay queued waits its X-Quotaflow-Delay-Ms
+-- here before going on.
+--
 -- Any other answer (a 4xx: the checker refused the check, e.g. a path over its bound) is the
 -- client's answer as the checker wrote it, status and JSON body: the request is refused,
 -- whatever the fail mode.
@@ -142,5 +145,12 @@ core.register_action("quotaflow_check", { "http-req" }, function(txn)
   end
   if res.status == 429 then
     txn:set_var("txn.qf_denied", true)
+    return
+  end
+  -- A rule with on_limit: delay queued the request: it goes on at its slot, once this action
+  -- has slept the delay the checker gave (core.msleep yields: other requests go on meanwhile).
+  local delay = tonumber(res.headers["x-quotaflow-delay-ms"])
+  if delay ~= nil and delay > 0 then
+    core.msleep(delay)
   end
 end)

@@ -42,6 +42,7 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 		RetryAfterMs: ratelimitheader.CeilMillis(l.Result.RetryAfter),
 		Shadow:       l.Rule.Shadow,
 		CandidateOf:  l.Rule.CandidateOf,
+		DelayUs:      CeilMicros(l.Result.Delay),
 		State:        State(l.State()),
 		Degraded:     l.Degraded,
 	}
@@ -99,4 +100,9 @@ func ceilUnix(t time.Time) int64 {
 		s++
 	}
 	return s
+}
+
+// CeilMicros is d in whole µs, rounded up: a wait is never reported shorter than it is.
+func CeilMicros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }

@@ -68,8 +68,11 @@ func Partition(s *quotaflowv1.Subject, partitions int) int {
 // flags.
 func Describe(d *quotaflowv1.Decision) string {
 	verdict := "ALLOW"
-	if !d.Allowed {
+	switch {
+	case !d.Allowed:
 		verdict = "DENY "
+	case d.DelayUs > 0:
+		verdict = "DELAY"
 	}
 	subject := "-"
 	if s := d.Subject; s != nil {
@@ -91,6 +94,9 @@ func Describe(d *quotaflowv1.Decision) string {
 	}
 	if !d.Allowed {
 		flags = append(flags, fmt.Sprintf("retry=%dms", d.RetryAfterMs))
+	}
+	if d.DelayUs > 0 {
+		flags = append(flags, fmt.Sprintf("delay=%dms", (d.DelayUs+999)/1000))
 	}
 	switch d.Kind {
 	case quotaflowv1.Kind_KIND_UNSPECIFIED:

@@ -90,7 +90,7 @@ func (Kind) EnumDescriptor() ([]byte, []int) {
 
 // Decision is one answered check, as published on NATS JetStream (stream QUOTAFLOW_DECISIONS,
 // subjects quotaflow.decisions.<partition>) inside a DecisionBatch. Every CheckRateLimit and
-// forward-auth check makes exactly one Decision: allowed, denied, shadow or degraded.
+// forward-auth check makes exactly one Decision: allowed, delayed, denied, shadow or degraded.
 // GetRemainingQuota consumes nothing and makes none.
 type Decision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -152,7 +152,11 @@ type Decision struct {
 	// exemption is the id of the exemption (rules file, exemptions:) that let this check past one
 	// or more rules: decided by the others only, and recorded so that exempt usage stays
 	// visible; empty for none.
-	Exemption     string `protobuf:"bytes,31,opt,name=exemption,proto3" json:"exemption,omitempty"`
+	Exemption string `protobuf:"bytes,31,opt,name=exemption,proto3" json:"exemption,omitempty"`
+	// delay_us is, for an allowed check that a rule with on_limit: delay queued, the wait the
+	// answer gave (CheckRateLimitResponse.delay_us): such a decision is "delayed", an outcome of
+	// its own beside allowed and denied; 0 otherwise.
+	DelayUs       int64 `protobuf:"varint,32,opt,name=delay_us,json=delayUs,proto3" json:"delay_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +408,13 @@ func (x *Decision) GetExemption() string {
 	return ""
 }
 
+func (x *Decision) GetDelayUs() int64 {
+	if x != nil {
+		return x.DelayUs
+	}
+	return 0
+}
+
 // DecisionBatch is the payload of one JetStream message: the decisions of one partition from
 // one checker, in the order they were made. The message's Nats-Msg-Id header
 // ("<checker_id>.<partition>.<batch sequence>") lets the stream drop a re-published batch.
@@ -455,7 +466,7 @@ var File_quotaflow_v1_events_proto protoreflect.FileDescriptor
 
 const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xdb\a\n" +
+	"\x19quotaflow/v1/events.proto\x12\fquotaflow.v1\x1a\x1cquotaflow/v1/ratelimit.proto\"\xf6\a\n" +
 	"\bDecision\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -490,7 +501,8 @@ const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"actualCost\x12\x18\n" +
 	"\aoverage\x18\x1d \x01(\bR\aoverage\x12\x19\n" +
 	"\blease_id\x18\x1e \x01(\tR\aleaseId\x12\x1c\n" +
-	"\texemption\x18\x1f \x01(\tR\texemption\"E\n" +
+	"\texemption\x18\x1f \x01(\tR\texemption\x12\x19\n" +
+	"\bdelay_us\x18  \x01(\x03R\adelayUs\"E\n" +
 	"\rDecisionBatch\x124\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x80\x01\n" +
 	"\x04Kind\x12\x14\n" +

@@ -359,7 +359,10 @@ type LimitStatus struct {
 	// of, whose limit for the same subject is in the same list. A candidate is evaluated on its
 	// live rule's checks and never enforced (shadow is set too); its allowed is what it would
 	// have answered had it replaced the live rule.
-	CandidateOf   string `protobuf:"bytes,18,opt,name=candidate_of,json=candidateOf,proto3" json:"candidate_of,omitempty"`
+	CandidateOf string `protobuf:"bytes,18,opt,name=candidate_of,json=candidateOf,proto3" json:"candidate_of,omitempty"`
+	// delay_us is, for an allowed check of a rule that delays instead of denying (on_limit:
+	// delay), how long this limit queued it, in µs (never less than the wait); 0 otherwise.
+	DelayUs       int64 `protobuf:"varint,19,opt,name=delay_us,json=delayUs,proto3" json:"delay_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +523,13 @@ func (x *LimitStatus) GetCandidateOf() string {
 	return ""
 }
 
+func (x *LimitStatus) GetDelayUs() int64 {
+	if x != nil {
+		return x.DelayUs
+	}
+	return 0
+}
+
 type CheckRateLimitResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -553,8 +563,14 @@ type CheckRateLimitResponse struct {
 	// RenewLease extends it. Empty otherwise (a denial, a replay, a fail mode's decision).
 	LeaseId          string `protobuf:"bytes,16,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	LeaseExpiresAtMs int64  `protobuf:"varint,17,opt,name=lease_expires_at_ms,json=leaseExpiresAtMs,proto3" json:"lease_expires_at_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// delay_us is, for an allowed check, how long the caller must wait before going on, in µs
+	// (never less than the wait: the slots of one queue are spaced to the µs, and a wait in ms
+	// would add up to 1 ms to the spacing): a rule with on_limit: delay queued it, and its slot
+	// comes that long after the decision. 0 for most checks and every denied one. The Go
+	// client's middleware and interceptors wait it before calling the handler.
+	DelayUs       int64 `protobuf:"varint,18,opt,name=delay_us,json=delayUs,proto3" json:"delay_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRateLimitResponse) Reset() {
@@ -702,6 +718,13 @@ func (x *CheckRateLimitResponse) GetLeaseId() string {
 func (x *CheckRateLimitResponse) GetLeaseExpiresAtMs() int64 {
 	if x != nil {
 		return x.LeaseExpiresAtMs
+	}
+	return 0
+}
+
+func (x *CheckRateLimitResponse) GetDelayUs() int64 {
+	if x != nil {
+		return x.DelayUs
 	}
 	return 0
 }
@@ -1858,7 +1881,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\ttimestamp\x18\x05 \x01(\x03R\ttimestamp\x12'\n" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
 	"\x04tier\x18\a \x01(\tR\x04tier\x121\n" +
-	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\xbd\x04\n" +
+	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\xd8\x04\n" +
 	"\vLimitStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
@@ -1880,7 +1903,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\bdegraded\x18\x0f \x01(\bR\bdegraded\x12\x1b\n" +
 	"\tfail_mode\x18\x10 \x01(\tR\bfailMode\x12\x14\n" +
 	"\x05burst\x18\x11 \x01(\x03R\x05burst\x12!\n" +
-	"\fcandidate_of\x18\x12 \x01(\tR\vcandidateOf\"\xbf\x04\n" +
+	"\fcandidate_of\x18\x12 \x01(\tR\vcandidateOf\x12\x19\n" +
+	"\bdelay_us\x18\x13 \x01(\x03R\adelayUs\"\xda\x04\n" +
 	"\x16CheckRateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
@@ -1901,7 +1925,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\vdecision_id\x18\x0f \x01(\tR\n" +
 	"decisionId\x12\x19\n" +
 	"\blease_id\x18\x10 \x01(\tR\aleaseId\x12-\n" +
-	"\x13lease_expires_at_ms\x18\x11 \x01(\x03R\x10leaseExpiresAtMs\"0\n" +
+	"\x13lease_expires_at_ms\x18\x11 \x01(\x03R\x10leaseExpiresAtMs\x12\x19\n" +
+	"\bdelay_us\x18\x12 \x01(\x03R\adelayUs\"0\n" +
 	"\x13ReleaseLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x16\n" +
 	"\x14ReleaseLeaseResponse\".\n" +

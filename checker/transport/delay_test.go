@@ -1,0 +1,128 @@
+package transport
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/quotaflow/quotaflow/checker"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+// TestDelay: a rule with on_limit: delay (user-delay: 5 a second, one at once, 600 ms of
+// queue) answers the checks past its limit allowed with a delay, spaced exactly 200 ms apart
+// (the decisions' Redis times plus their delays), and denies the one whose delay would pass
+// 600 ms: over the check RPC, each protocol alike.
+func TestDelay(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{})
+	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
+		t.Run(protocol, func(t *testing.T) {
+			t.Parallel()
+			c := env.client(protocol)
+			user := id(t, "u")
+			var delays []time.Duration
+			for i := range 5 {
+				resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+					Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/delay"}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := resp.Msg
+				if i == 4 {
+					if m.Allowed || m.DelayUs != 0 || m.RetryAfterMs <= 0 {
+						t.Errorf("check 5: allowed %v delay %dµs retry %dms, want denied past the 600ms queue", m.Allowed, m.DelayUs, m.RetryAfterMs)
+					}
+					break
+				}
+				if !m.Allowed || len(m.Limits) != 1 || m.Limits[0].DelayUs != m.DelayUs {
+					t.Fatalf("check %d: %v, want allowed with its limit's delay", i+1, m)
+				}
+				delays = append(delays, time.Duration(m.DelayUs)*time.Microsecond)
+			}
+			// 0, then about 200, 400 and 600 ms, less the time the checks took.
+			for i, d := range delays {
+				if lo, hi := time.Duration(i)*200*time.Millisecond-150*time.Millisecond, time.Duration(i)*200*time.Millisecond; d < lo || d > hi || i == 0 && d != 0 {
+					t.Errorf("check %d: delay %v, want %v to %v", i+1, d, max(lo, 0), hi)
+				}
+			}
+		})
+	}
+}
+
+// TestDelaySpacing: the slots a queue gives (decision time plus delay, on Redis's clock) are
+// spaced by window/limit to the µs, however the checks arrive: the engine's own answers.
+func TestDelaySpacing(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{})
+	user := id(t, "u")
+	var slots []time.Time
+	for range 4 {
+		out, err := env.engine.Check(context.Background(), &checker.Query{Subjects: []checker.Subject{{Dimension: 1, ID: user}}, Endpoint: "/delay", Cost: 1})
+		if err != nil || !out.Allowed {
+			t.Fatalf("check: %v %v, want allowed", out, err)
+		}
+		slots = append(slots, out.Now.Add(out.Delay))
+		time.Sleep(30 * time.Millisecond) // arrivals that are no multiple of the spacing
+	}
+	for i := 1; i < len(slots); i++ {
+		if gap := slots[i].Sub(slots[i-1]); gap < 200*time.Millisecond-2*time.Microsecond || gap > 200*time.Millisecond+2*time.Microsecond {
+			t.Errorf("slot %d comes %v after the one before, want 200ms (±2µs)", i+1, gap)
+		}
+	}
+}
+
+// TestForwardAuthDelay: forward-auth gives a queued request's delay in X-Quotaflow-Delay-Ms
+// and delay_ms; with ?wait=true it answers at the request's slot instead, with neither. A bad
+// wait is refused naming it.
+func TestForwardAuthDelay(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{})
+	user := id(t, "u")
+	get := func(query string) (*http.Response, forwardAuthBody, time.Duration) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", env.url+"/ratelimit/check"+query, nil)
+		req.Header.Set("X-User-Id", user)
+		req.Header.Set("X-Forwarded-Uri", "/delay")
+		start := time.Now()
+		resp, err := env.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var body forwardAuthBody
+		if resp.StatusCode == 200 {
+			if err := json.Unmarshal(b, &body); err != nil {
+				t.Fatalf("%v: %s", err, b)
+			}
+		}
+		return resp, body, time.Since(start)
+	}
+	if resp, body, _ := get(""); resp.StatusCode != 200 || resp.Header.Get("X-Quotaflow-Delay-Ms") != "" || body.DelayMs != 0 {
+		t.Fatalf("first check = %d, delay header %q, body %d; want 200 without a delay", resp.StatusCode, resp.Header.Get("X-Quotaflow-Delay-Ms"), body.DelayMs)
+	}
+	resp, body, _ := get("")
+	header, _ := strconv.ParseInt(resp.Header.Get("X-Quotaflow-Delay-Ms"), 10, 64)
+	if resp.StatusCode != 200 || header <= 0 || header > 200 || body.DelayMs != header {
+		t.Errorf("second check = %d, X-Quotaflow-Delay-Ms %q, delay_ms %d; want 200 with a delay of up to 200ms in both", resp.StatusCode,
+			resp.Header.Get("X-Quotaflow-Delay-Ms"), body.DelayMs)
+	}
+	// The third's slot is 200 ms after the second's: answered then, at least (200 - the time
+	// the second check took) ms from now.
+	resp, body, took := get("?wait=true")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Quotaflow-Delay-Ms") != "" || body.DelayMs != 0 || took < time.Duration(header)*time.Millisecond {
+		t.Errorf("third check with ?wait=true = %d after %v, delay header %q, body %d; want 200 at its slot (after %dms at least), without a delay to wait",
+			resp.StatusCode, took, resp.Header.Get("X-Quotaflow-Delay-Ms"), body.DelayMs, header)
+	}
+	t.Logf("?wait=true answered after %v", took)
+	if resp, _, _ := get("?wait=soon"); resp.StatusCode != 400 {
+		t.Errorf("?wait=soon = %d, want 400", resp.StatusCode)
+	}
+}
