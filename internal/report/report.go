@@ -38,6 +38,8 @@ type Decision struct {
 	// none): printed, so that the caller can settle it.
 	ReservationID          string
 	ReservationExpiresAtMs int64
+	// DelayUs is an allowed check's wait before going on (a rule with on_limit: delay).
+	DelayUs int64
 }
 
 // ReserveDecision is the decision of a Reserve response: its check's, and its reservation.
@@ -50,19 +52,22 @@ func ReserveDecision(m *quotaflowv1.ReserveResponse) Decision {
 // CheckDecision is the decision of a CheckRateLimit response.
 func CheckDecision(m *quotaflowv1.CheckRateLimitResponse) Decision {
 	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, m.Replayed, m.Limits,
-		m.LeaseId, m.LeaseExpiresAtMs, "", 0}
+		m.LeaseId, m.LeaseExpiresAtMs, "", 0, m.DelayUs}
 }
 
 // QuotaDecision is the decision of a GetRemainingQuota response.
 func QuotaDecision(m *quotaflowv1.GetRemainingQuotaResponse) Decision {
-	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits, "", 0, "", 0}
+	return Decision{m.Allowed, m.RuleId, m.Remaining, m.Limit, m.ResetAt, m.RetryAfter, m.RetryAfterMs, m.State, m.Tier, m.Degraded, false, m.Limits, "", 0, "", 0, 0}
 }
 
 // Write prints the verdict on one line, then a table of every limit evaluated.
 func (s Decision) Write(w io.Writer) error {
 	verdict := "ALLOWED"
-	if !s.Allowed {
+	switch {
+	case !s.Allowed:
 		verdict = fmt.Sprintf("DENIED (retry after %.3fs)", float64(s.RetryAfterMs)/1000)
+	case s.DelayUs > 0:
+		verdict = fmt.Sprintf("DELAYED (go on after %.3fs)", float64(s.DelayUs)/1e6)
 	}
 	fmt.Fprintf(w, "%s  tier=%s  state=%s", verdict, s.Tier, enumName(s.State.String(), "STATE_"))
 	if s.RuleID != "" {

@@ -54,6 +54,11 @@ func TestDecisionWrite(t *testing.T) {
 	if !strings.Contains(held.String(), "lease h.abc until 2026-11-30T") {
 		t.Errorf("an allowed check with a lease printed %q, want its id and expiry", held.String())
 	}
+	var delayed bytes.Buffer
+	report.CheckDecision(&quotaflowv1.CheckRateLimitResponse{Allowed: true, DelayUs: 200_000, Tier: "free"}).Write(&delayed)
+	if !strings.HasPrefix(delayed.String(), "DELAYED (go on after 0.200s)  tier=free") {
+		t.Errorf("a delayed check printed %q, want DELAYED with its wait", delayed.String())
+	}
 	var none bytes.Buffer
 	report.QuotaDecision(&quotaflowv1.GetRemainingQuotaResponse{Allowed: true}).Write(&none)
 	if !strings.Contains(none.String(), "ALLOWED") || !strings.Contains(none.String(), "no rule matched") {
