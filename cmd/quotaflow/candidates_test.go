@@ -181,6 +181,18 @@ rules:
 	if fmt.Sprint(got) != "[allowed delayed delayed denied]" {
 		t.Fatalf("answers %v, want allowed, delayed twice, denied", got)
 	}
+	resp, err := http.Get(p.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`quotaflow_checks_total{degraded="false",result="allowed"} 1`, `quotaflow_checks_total{degraded="false",result="delayed"} 2`,
+		`quotaflow_checks_total{degraded="false",result="denied"} 1`} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	waitRows(ctx, t, db, 4)
 	c, err := chSrv.Conn()
 	if err != nil {

@@ -68,4 +68,9 @@ func TestDescribe(t *testing.T) {
 	if got := Describe(d); got != want {
 		t.Errorf("Describe\n got %q\nwant %q", got, want)
 	}
+	d.Allowed, d.RetryAfterMs, d.DelayUs, d.State = true, 0, 200_500, quotaflowv1.State_STATE_WARNING
+	want = "22:13:20.123456 DELAY user:bob                 /orders                  orders 0/10                  warning  tier=free id=c1-7 delay=201ms"
+	if got := Describe(d); got != want {
+		t.Errorf("Describe of a delayed check\n got %q\nwant %q", got, want)
+	}
 }
