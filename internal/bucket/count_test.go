@@ -13,15 +13,6 @@ import (
 func TestStoreCount(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	local := NewLocal(0)
-	at := time.Now()
-	checkers := []struct {
-		name  string
-		check func(Request) Result
-	}{
-		{"store", func(req Request) Result { return check(t, s, req) }},
-		{"local", func(req Request) Result { at = at.Add(time.Microsecond); return local.Check(at, req) }},
-	}
 	tests := []struct {
 		name  string
 		limit int64
@@ -35,10 +26,10 @@ func TestStoreCount(t *testing.T) {
 		{"big hit counted", 5, []int64{4, 3, 1}, []bool{true, false, false}, []int64{4, 4, 7}},
 		{"zero limit", 0, []int64{1, 1}, []bool{false, false}, []int64{0, 1}},
 	}
-	for _, c := range checkers {
+	for _, c := range twins(s, time.Microsecond) {
 		for _, tt := range tests {
 			t.Run(c.name+"/"+tt.name, func(t *testing.T) {
-				testCount(t, c.check, tt.limit, tt.costs, tt.want, tt.used)
+				testCount(t, func(req Request) Result { return c.one(t, req) }, tt.limit, tt.costs, tt.want, tt.used)
 			})
 		}
 	}

@@ -187,3 +187,37 @@ func storeConfig(cfg StoreConfig) StoreConfig {
 	}
 	return cfg
 }
+
+// twin is one way a test decides requests: through Redis (Store), or through Local, the
+// scripts' Go twin, which must answer alike.
+type twin struct {
+	name  string
+	check func(t testing.TB, reqs []Request) []Result
+}
+
+// one decides req alone.
+func (tw twin) one(t testing.TB, req Request) Result { return tw.check(t, []Request{req})[0] }
+
+// twins are s and a new Local, whose clock moves step per call.
+func twins(s *Store, step time.Duration) []twin {
+	local := NewLocal(0)
+	var mu sync.Mutex
+	at := time.Now()
+	return []twin{
+		{"store", func(t testing.TB, reqs []Request) []Result {
+			t.Helper()
+			res, err := s.Check(ctxT(t), reqs)
+			if err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			return res
+		}},
+		{"local", func(_ testing.TB, reqs []Request) []Result {
+			mu.Lock()
+			at = at.Add(step)
+			now := at
+			mu.Unlock()
+			return local.CheckAll(now, reqs)
+		}},
+	}
+}

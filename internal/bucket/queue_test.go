@@ -14,16 +14,7 @@ import (
 func TestQueue(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	local := NewLocal(0)
-	at := time.Now()
-	checkers := []struct {
-		name  string
-		check func(Request) Result
-	}{
-		{"store", func(req Request) Result { return check(t, s, req) }},
-		{"local", func(req Request) Result { at = at.Add(3 * time.Millisecond); return local.Check(at, req) }},
-	}
-	for _, c := range checkers {
+	for _, c := range twins(s, 3*time.Millisecond) {
 		for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 			t.Run(c.name+"/"+alg.String(), func(t *testing.T) {
 				// 10 a second, one at once: a slot every 100 ms, 350 ms of queue.
@@ -31,7 +22,7 @@ func TestQueue(t *testing.T) {
 				l.MaxDelay = 350 * time.Millisecond
 				var releases []time.Time
 				for i := range 4 {
-					res := c.check(one(l, 1))
+					res := c.one(t, one(l, 1))
 					lr := res.Limits[0]
 					if !res.Allowed || lr.Delay > l.MaxDelay || i == 0 && lr.Delay != 0 || i > 0 && lr.Delay == 0 {
 						t.Fatalf("charge %d: allowed %v delay %v, want allowed, delayed by 0 < d <= 350ms but the first", i+1, res.Allowed, lr.Delay)
@@ -46,12 +37,12 @@ func TestQueue(t *testing.T) {
 					}
 				}
 				// A fifth would wait about 400 ms: denied, until the queue has room.
-				res := c.check(one(l, 1))
+				res := c.one(t, one(l, 1))
 				if lr := res.Limits[0]; res.Allowed || lr.RetryAfter <= 0 || lr.RetryAfter > 100*time.Millisecond || lr.Delay != 0 {
 					t.Errorf("charge past the queue: allowed %v retry %v delay %v, want denied, retry in at most 100ms", res.Allowed, lr.RetryAfter, lr.Delay)
 				}
 				// A peek reports no delay and charges nothing.
-				if res := c.check(peekReq(l)); res.Limits[0].Delay != 0 {
+				if res := c.one(t, peekReq(l)); res.Limits[0].Delay != 0 {
 					t.Errorf("peek delay %v, want 0", res.Limits[0].Delay)
 				}
 			})

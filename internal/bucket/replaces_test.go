@@ -13,25 +13,7 @@ import (
 func TestReplaces(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	local := NewLocal(0)
-	at := time.Now()
-	checkers := []struct {
-		name  string
-		check func(*testing.T, []Request) []Result
-	}{
-		{"store", func(t *testing.T, reqs []Request) []Result {
-			res, err := s.Check(ctxT(t), reqs)
-			if err != nil {
-				t.Fatalf("Check: %v", err)
-			}
-			return res
-		}},
-		{"local", func(t *testing.T, reqs []Request) []Result {
-			at = at.Add(time.Microsecond)
-			return local.CheckAll(at, reqs)
-		}},
-	}
-	for _, c := range checkers {
+	for _, c := range twins(s, time.Microsecond) {
 		t.Run(c.name, func(t *testing.T) {
 			live := lim(key(t, "live"), FixedWindow, 2, long, 0)
 			other := lim(key(t, "other"), FixedWindow, 6, long, 0)
