@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,9 +18,9 @@ import (
 )
 
 // TestDelay: a rule with on_limit: delay (user-delay: 5 a second, one at once, 600 ms of
-// queue) answers the checks past its limit allowed with a delay, spaced exactly 200 ms apart
-// (the decisions' Redis times plus their delays), and denies the one whose delay would pass
-// 600 ms: over the check RPC, each protocol alike.
+// queue) answers 5 concurrent checks one allowed at once, three allowed after a delay of at
+// most 600 ms, each its own slot, and one denied past the queue: over the check RPC, each
+// protocol alike.
 func TestDelay(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
@@ -27,50 +29,69 @@ func TestDelay(t *testing.T) {
 			t.Parallel()
 			c := env.client(protocol)
 			user := id(t, "u")
-			var delays []time.Duration
-			for i := range 5 {
-				resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-					Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/delay"}))
-				if err != nil {
-					t.Fatal(err)
-				}
-				m := resp.Msg
-				if i == 4 {
-					if m.Allowed || m.DelayUs != 0 || m.RetryAfterMs <= 0 {
-						t.Errorf("check 5: allowed %v delay %dµs retry %dms, want denied past the 600ms queue", m.Allowed, m.DelayUs, m.RetryAfterMs)
+			answers := make([]*quotaflowv1.CheckRateLimitResponse, 5)
+			var wg sync.WaitGroup
+			for i := range answers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp, err := c.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+						Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/delay"}))
+					if err != nil {
+						t.Error(err)
+						return
 					}
-					break
-				}
-				if !m.Allowed || len(m.Limits) != 1 || m.Limits[0].DelayUs != m.DelayUs {
-					t.Fatalf("check %d: %v, want allowed with its limit's delay", i+1, m)
-				}
-				delays = append(delays, time.Duration(m.DelayUs)*time.Microsecond)
+					answers[i] = resp.Msg
+				}()
 			}
-			// 0, then about 200, 400 and 600 ms, less the time the checks took.
-			for i, d := range delays {
-				if lo, hi := time.Duration(i)*200*time.Millisecond-150*time.Millisecond, time.Duration(i)*200*time.Millisecond; d < lo || d > hi || i == 0 && d != 0 {
-					t.Errorf("check %d: delay %v, want %v to %v", i+1, d, max(lo, 0), hi)
+			wg.Wait()
+			var now, delayed, denied int
+			for _, m := range answers {
+				switch {
+				case m == nil:
+				case !m.Allowed:
+					denied++
+					if m.DelayUs != 0 || m.RetryAfterMs <= 0 {
+						t.Errorf("denied check: delay %dµs retry %dms, want no delay and a retry", m.DelayUs, m.RetryAfterMs)
+					}
+				case len(m.Limits) != 1 || m.Limits[0].DelayUs != m.DelayUs || m.DelayUs > 600_000:
+					t.Errorf("allowed check: %v, want its limit's delay, at most 600ms", m)
+				case m.DelayUs == 0:
+					now++
+				default:
+					delayed++
 				}
+			}
+			if now != 1 || delayed != 3 || denied != 1 {
+				t.Errorf("%d allowed at once, %d delayed, %d denied; want 1, 3 and 1", now, delayed, denied)
 			}
 		})
 	}
 }
 
 // TestDelaySpacing: the slots a queue gives (decision time plus delay, on Redis's clock) are
-// spaced by window/limit to the µs, however the checks arrive: the engine's own answers.
+// spaced by window/limit to the µs, however the checks arrive: 4 concurrent checks of the
+// engine.
 func TestDelaySpacing(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, checker.Config{})
 	user := id(t, "u")
-	var slots []time.Time
-	for range 4 {
-		out, err := env.engine.Check(context.Background(), &checker.Query{Subjects: []checker.Subject{{Dimension: 1, ID: user}}, Endpoint: "/delay", Cost: 1})
-		if err != nil || !out.Allowed {
-			t.Fatalf("check: %v %v, want allowed", out, err)
-		}
-		slots = append(slots, out.Now.Add(out.Delay))
-		time.Sleep(30 * time.Millisecond) // arrivals that are no multiple of the spacing
+	slots := make([]time.Time, 4)
+	var wg sync.WaitGroup
+	for i := range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := env.engine.Check(context.Background(), &checker.Query{Subjects: []checker.Subject{{Dimension: 1, ID: user}}, Endpoint: "/delay", Cost: 1})
+			if err != nil || !out.Allowed {
+				t.Errorf("check: %v %v, want allowed", out, err)
+				return
+			}
+			slots[i] = out.Now.Add(out.Delay)
+		}()
 	}
+	wg.Wait()
+	slices.SortFunc(slots, time.Time.Compare)
 	for i := 1; i < len(slots); i++ {
 		if gap := slots[i].Sub(slots[i-1]); gap < 200*time.Millisecond-2*time.Microsecond || gap > 200*time.Millisecond+2*time.Microsecond {
 			t.Errorf("slot %d comes %v after the one before, want 200ms (±2µs)", i+1, gap)

@@ -17,29 +17,30 @@ func TestQueue(t *testing.T) {
 	for _, c := range twins(s, 3*time.Millisecond) {
 		for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 			t.Run(c.name+"/"+alg.String(), func(t *testing.T) {
-				// 10 a second, one at once: a slot every 100 ms, 350 ms of queue.
-				l := lim(key(t, "q"), alg, 10, time.Second, 1)
-				l.MaxDelay = 350 * time.Millisecond
+				// 10 in 10 s, one at once: a slot every second, 3.5 s of queue (long, so that a
+				// loaded machine's slow calls do not empty it).
+				l := lim(key(t, "q"), alg, 10, 10*time.Second, 1)
+				l.MaxDelay = 3500 * time.Millisecond
 				var releases []time.Time
 				for i := range 4 {
 					res := c.one(t, one(l, 1))
 					lr := res.Limits[0]
 					if !res.Allowed || lr.Delay > l.MaxDelay || i == 0 && lr.Delay != 0 || i > 0 && lr.Delay == 0 {
-						t.Fatalf("charge %d: allowed %v delay %v, want allowed, delayed by 0 < d <= 350ms but the first", i+1, res.Allowed, lr.Delay)
+						t.Fatalf("charge %d: allowed %v delay %v, want allowed, delayed by 0 < d <= 3.5s but the first", i+1, res.Allowed, lr.Delay)
 					}
 					releases = append(releases, res.Now.Add(lr.Delay))
 				}
-				// The first is released at once, the others at its time plus 100 ms, 200 ms,
-				// 300 ms: to the µs, whatever time the charges took to arrive.
+				// The first is released at once, the others at its time plus 1 s, 2 s, 3 s: to
+				// the µs, whatever time the charges took to arrive.
 				for i := 1; i < len(releases); i++ {
-					if gap := releases[i].Sub(releases[i-1]); gap < 100*time.Millisecond-2*time.Microsecond || gap > 100*time.Millisecond+2*time.Microsecond {
-						t.Errorf("release %d comes %v after the one before, want 100ms (±2µs)", i+1, gap)
+					if gap := releases[i].Sub(releases[i-1]); gap < time.Second-2*time.Microsecond || gap > time.Second+2*time.Microsecond {
+						t.Errorf("release %d comes %v after the one before, want 1s (±2µs)", i+1, gap)
 					}
 				}
-				// A fifth would wait about 400 ms: denied, until the queue has room.
+				// A fifth would wait about 4 s: denied, until the queue has room.
 				res := c.one(t, one(l, 1))
-				if lr := res.Limits[0]; res.Allowed || lr.RetryAfter <= 0 || lr.RetryAfter > 100*time.Millisecond || lr.Delay != 0 {
-					t.Errorf("charge past the queue: allowed %v retry %v delay %v, want denied, retry in at most 100ms", res.Allowed, lr.RetryAfter, lr.Delay)
+				if lr := res.Limits[0]; res.Allowed || lr.RetryAfter <= 0 || lr.RetryAfter > time.Second || lr.Delay != 0 {
+					t.Errorf("charge past the queue: allowed %v retry %v delay %v, want denied, retry in at most 1s", res.Allowed, lr.RetryAfter, lr.Delay)
 				}
 				// A peek reports no delay and charges nothing.
 				if res := c.one(t, peekReq(l)); res.Limits[0].Delay != 0 {

@@ -114,10 +114,10 @@ const (
 // When any request that is neither Peek nor Shadow is denied, the requests it charged
 // (Shadow ones included, but for one that Replaces the only limit that denied: Kept) are
 // refunded in a second round trip and marked Refunded, so that a call is charged either
-// everywhere or nowhere. An error means the outcome is unknown: the
-// requests whose charges are known to have happened (on a Redis Cluster, those whose masters
-// answered while another's did not) are refunded in the background, within
-// StoreConfig.BatchTimeout, and a refund that fails is logged (StoreConfig.Logger).
+// everywhere or nowhere. An error means the outcome is unknown: the requests whose charges
+// are known to have happened (on a Redis Cluster, those whose masters answered while
+// another's did not) are refunded in the background, within StoreConfig.BatchTimeout, and a
+// refund that fails is logged (StoreConfig.Logger).
 //
 // When ctx ends while the calls are queued, they are never sent. When it ends while they are
 // in flight, Check returns ctx.Err() (wrapped) at once; the calls go on, since a pipeline runs

@@ -15,7 +15,7 @@
 -- slot now + (new_tat - now - tau), which the caller reads as its delay, reset - now - tau, so
 -- that queued charges are spaced exactly T apart per unit of cost.
 -- remaining = floor((tau - (tat - now)) / T), after consumption when allowed; used = B - remaining.
--- Denied: retry = new_tat - now - tau. reset = new_tat (tat when denied).
+-- Denied: retry = new_tat - now - tau (- D for a queue). reset = new_tat (tat when denied).
 -- TTL: until TAT, after which a missing key means the same.
 -- Refund: TAT -= cost * T; the key is deleted when that is not after now.
 -- Commands: GET, and on commit SET PX.

@@ -6,7 +6,8 @@
 -- Allowed when level + cost <= B, or for a queue (a leaky bucket used as one) when the level
 -- above B drains within D: (level + cost - B) * W / L <= D, the charge's delay, which the
 -- caller reads as reset - now - B * W / L. used = ceil(level), remaining = floor(B - level).
--- Denied: retry = ceil((level + cost - B) * W / L). reset = when the level reaches 0.
+-- Denied: retry = ceil((level + cost - B) * W / L - D), D = 0 but for a queue. reset = when
+-- the level reaches 0.
 -- TTL: until the level reaches 0, when a missing key means the same.
 -- Refund: level = max(0, level - cost).
 -- Commands: HMGET, and on commit HSET + PEXPIRE.
