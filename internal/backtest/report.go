@@ -58,14 +58,20 @@ type Report struct {
 	// refunds holds when (µs) a bucket (rule|identifier) was last charged by a check that
 	// another of its limits denied, a charge Redis refunded a round trip later.
 	refunds map[string]int64
+	// diverged holds, per bucket (rule|identifier), the reason of the last changed answer it
+	// took part in and until when (µs) the replay's state of it may still differ from Redis's
+	// because of it: a later changed answer of the bucket in that time follows from it.
+	diverged map[string]divergence
 	plans   map[string]*planned // planned checks, by key
 	key     []byte              // the key being looked up
 	out     checker.Outcome     // the outcome being accounted for, its storage reused
 }
 
-// refundWindow is how long after its charge Redis may refund it: a refund is sent within the
-// store's batch timeout (a second at least).
-const refundWindow = time.Second
+// refundWindow is how long after its charge Redis may refund it: a refund is sent once every
+// reply of the check's call is in, and runs within the store's batch timeout (a second at
+// least), after whatever queue the batcher has; on a loaded machine that can pass a second
+// (a CI run with 65 checks a second recorded one 1 s after its charge).
+const refundWindow = 5 * time.Second
 
 // Skipped counts rows that are not replayed.
 type Skipped struct {
@@ -130,7 +136,9 @@ const (
 	// in between, while the replay refunds at once.
 	ReasonRefund = "refund_window"
 	// ReasonHistory: none of the above; the buckets' state came from before the replayed
-	// history (a window longer than the warm-up).
+	// history (a window longer than the warm-up). A changed answer in a bucket whose replayed
+	// state an earlier changed answer made differ, while a charge lasts in it, gets that
+	// earlier answer's reason instead (diverge).
 	ReasonHistory = "history"
 )
 
@@ -144,7 +152,7 @@ func newReport(req Request) *Report {
 	req.Top = top
 	r := &Report{From: req.From, To: req.To, Reasons: map[string]int64{}, req: req,
 		ruleRows: map[ruleKey]*RuleRow{}, hours: map[int64]*HourRow{}, top: newTopK(max(64, 10*top)), tainted: map[string]bool{},
-		refunds: map[string]int64{}, plans: map[string]*planned{}}
+		refunds: map[string]int64{}, diverged: map[string]divergence{}, plans: map[string]*planned{}}
 	if req.Subject != "" {
 		s, _ := parseSubject(req.Subject) // validated
 		r.subject = &s
@@ -294,7 +302,36 @@ func (r *Report) compare(rec *Record, out *checker.Outcome, at time.Time) {
 		h.NewlyDenied++
 		r.top.add(subject, 1, 0)
 	}
-	r.Reasons[r.reason(rec, out)]++
+	reason := r.reason(rec, out)
+	r.Reasons[reason]++
+	r.diverge(rec, out, reason)
+}
+
+// divergence is why, and until when, a bucket's replayed state may differ from Redis's.
+type divergence struct {
+	reason string
+	until  int64 // µs
+}
+
+// diverge notes that the buckets of out, a check whose answer changed for reason, may hold
+// another state in the replay than they had in Redis, for as long as a difference of one
+// charge lasts in them: a window, or the time the rule takes to refill its capacity. A later
+// changed answer of one of them in that time is the same cause's.
+func (r *Report) diverge(rec *Record, out *checker.Outcome, reason string) {
+	for _, l := range limitsOf(out) {
+		span := l.Limit.Window
+		if l.Limit.Limit > 0 && l.Limit.Capacity > l.Limit.Limit {
+			span = time.Duration(float64(span) * float64(l.Limit.Capacity) / float64(l.Limit.Limit))
+		}
+		r.diverged[l.Rule.ID+"|"+l.Subject.ID] = divergence{reason, rec.TimeUS + span.Microseconds()}
+	}
+	if len(r.diverged) > 1<<16 {
+		for k, d := range r.diverged {
+			if d.until < rec.TimeUS {
+				delete(r.diverged, k)
+			}
+		}
+	}
 }
 
 // perRule accounts for a check under each rule that applied to it now, and under the rule
@@ -370,6 +407,12 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 	for _, l := range lims {
 		if r.refunded(l.Rule.ID+"|"+l.Subject.ID, rec.TimeUS) {
 			return ReasonRefund
+		}
+	}
+	// A bucket whose replayed state an earlier changed answer made differ: the same cause.
+	for _, l := range lims {
+		if d, ok := r.diverged[l.Rule.ID+"|"+l.Subject.ID]; ok && rec.TimeUS <= d.until {
+			return d.reason
 		}
 	}
 	return ReasonHistory

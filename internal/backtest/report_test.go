@@ -79,6 +79,56 @@ func TestReportReasons(t *testing.T) {
 	}
 }
 
+// TestReportFollowsEarlierChange: a changed answer in a bucket whose replayed state an
+// earlier changed answer made differ (here the replay charged a check an override had denied)
+// is explained by that earlier answer's reason, for as long as a charge lasts in the bucket;
+// one after that is history.
+func TestReportFollowsEarlierChange(t *testing.T) {
+	t.Parallel()
+	const rules = `
+rules:
+  - {id: per-user, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 2, window: 1m}
+`
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	rec := func(at time.Duration, allowed bool, limit int64) Record {
+		return Record{TimeUS: base.Add(at).UnixMicro(), Subjects: []string{"user:alice"}, Subject: "alice",
+			Tier: "default", Endpoint: "/a", Cost: 1, Allowed: allowed, Rule: "per-user", Limit: limit}
+	}
+	for _, tt := range []struct {
+		name  string
+		third Record
+		want  map[string]int64
+	}{
+		// Redis allowed the third check (used 2 of 2); the replay, one charge ahead, denies it.
+		{"within the window", rec(30*time.Second, true, 2), map[string]int64{ReasonRules: 2}},
+		// Minutes later, the charge the replay made is long gone: a difference then (a
+		// denial Redis gave a fresh window) is history.
+		{"after the window", rec(3*time.Minute, false, 2), map[string]int64{ReasonRules: 1, ReasonHistory: 1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			set := mustRules(t, rules)
+			rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+			rp := checker.NewReplay(set, 0)
+			// An override of 1 denied the second check; the replay, at 2, allows and charges
+			// it, and then denies the third, which Redis allowed.
+			records := []Record{rec(time.Second, true, 2), rec(2*time.Second, false, 1), tt.third}
+			for i := range records {
+				rep.replay(rp, &records[i])
+			}
+			rep.finish(0)
+			if len(rep.Reasons) != len(tt.want) {
+				t.Fatalf("reasons %v, want %v", rep.Reasons, tt.want)
+			}
+			for k, n := range tt.want {
+				if rep.Reasons[k] != n {
+					t.Errorf("reasons %v, want %v", rep.Reasons, tt.want)
+				}
+			}
+		})
+	}
+}
+
 // TestReportRows: a lower limit replayed over a subject's checks reports the newly denied
 // ones under the rule and tier, the subject and the hour, in every format.
 func TestReportRows(t *testing.T) {
