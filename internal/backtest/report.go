@@ -69,8 +69,9 @@ type Report struct {
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent once every
 // reply of the check's call is in, and runs within the store's batch timeout (a second at
-// least), after whatever queue the batcher has; on a loaded machine that can pass a second
-// (a CI run with 65 checks a second recorded one 1 s after its charge).
+// least), after whatever queue the batcher has, which on a loaded machine can pass a second
+// (a CI run that recorded only 65 checks a second left one changed answer unexplained with
+// a window of 1 s).
 const refundWindow = 5 * time.Second
 
 // Skipped counts rows that are not replayed.
