@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,10 +95,12 @@ func TestBacktest(t *testing.T) {
 	single := checks.Load()
 	shared := time.Now()
 	load("/api/shared/items", shared.Add(1500*time.Millisecond))
-	// 15 checks of one user against a daily bucket of 10: 10 allowed.
+	// 15 checks of one user against a daily bucket of 10: 10 allowed. The user is the run's
+	// own: the bucket outlives a run (go test -count), the audit's database does not.
+	solo := "bt-solo-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for range 15 {
 		req := connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/solo",
-			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: "bt-solo"}}})
+			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: solo}}})
 		if _, err := p.client.CheckRateLimit(ctx, req); err != nil {
 			t.Fatal(err)
 		}
@@ -176,14 +179,14 @@ func TestBacktest(t *testing.T) {
 	t.Logf("replayed %d checks: %d with the recorded answer, reasons %v", rep.Checks, rep.Agreed, rep.Reasons)
 
 	lowered := writeFile(t, "lowered.yaml", strings.Replace(backtestRules, "limit: 10, window: 24h", "limit: 4, window: 24h", 1))
-	rep = run(lowered, "--subject", "user:bt-solo")
+	rep = run(lowered, "--subject", "user:"+solo)
 	want := backtest.RuleRow{Rule: "solo-day", Tier: "free", Checks: 15, DeniedThen: 5, WouldDeny: 11, NewlyDenied: 6}
 	if rep.Checks != 15 || rep.NewlyDenied != 6 || rep.NewlyAllowed != 0 || len(rep.Rules) != 1 || rep.Rules[0] != want {
 		t.Errorf("a limit of 4 instead of 10: %d checks, %d newly denied, %d newly allowed, rules %+v; want 15, 6, 0, %+v",
 			rep.Checks, rep.NewlyDenied, rep.NewlyAllowed, rep.Rules, want)
 	}
-	if len(rep.Subjects) != 1 || rep.Subjects[0].Subject != "user:bt-solo" || len(rep.Hours) == 0 {
-		t.Errorf("subjects %+v, hours %+v; want bt-solo and its hours", rep.Subjects, rep.Hours)
+	if len(rep.Subjects) != 1 || rep.Subjects[0].Subject != "user:"+solo || len(rep.Hours) == 0 {
+		t.Errorf("subjects %+v, hours %+v; want %s and its hours", rep.Subjects, rep.Hours, solo)
 	}
 
 	// Bad input names the flag.
