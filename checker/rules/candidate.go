@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
@@ -13,9 +14,10 @@ import (
 // rule's. It is planned from its live rule, never matched on its own, so that it takes the
 // live rule's dimension, endpoint, tier and descriptor: a candidate that named others would
 // answer other checks, and nothing could be compared. What it leaves out of the rest (the
-// algorithm, limit, window, fail mode, warning thresholds; the burst, count_denied, on_limit,
-// max_delay, timezone and anchor_day unless it names another algorithm or window) is the live rule's, so that
-// "candidate_of: search, limit: 3" is the live rule with one number changed.
+// algorithm, limit, window, fail mode, warning thresholds; the burst, count_denied,
+// on_limit, max_delay, timezone and anchor_day unless it names another algorithm or window)
+// is the live rule's, so that "candidate_of: search, limit: 3" is the live rule with one
+// number changed.
 
 // withCandidates returns docs with every candidate completed from its live rule, reporting
 // what a candidate may not say. docs is not modified.
@@ -51,7 +53,7 @@ func completeCandidate(p *problems, where string, c, l *DocRule) DocRule {
 	switch {
 	case l.CandidateOf != "":
 		p.add(where, "candidate_of: %q is itself a candidate (of %q); name the live rule", l.ID, l.CandidateOf)
-	case l.Unlimited == "true":
+	case isTrue(l.Unlimited):
 		p.add(where, "candidate_of: %q is unlimited: it limits nothing to compare with", l.ID)
 	case l.Lease != nil:
 		// Decided from a checker's slices, without the script run a candidate rides in.
@@ -120,4 +122,11 @@ func inherit[T ~string](v *T, live T) {
 	if *v == "" {
 		*v = live
 	}
+}
+
+// isTrue reports whether a rule's boolean field says true (its own validation reports a
+// value that is no boolean).
+func isTrue(v Scalar) bool {
+	b, _ := strconv.ParseBool(string(v))
+	return b
 }
