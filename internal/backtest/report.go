@@ -62,9 +62,9 @@ type Report struct {
 	// took part in and until when (µs) the replay's state of it may still differ from Redis's
 	// because of it: a later changed answer of the bucket in that time follows from it.
 	diverged map[string]divergence
-	plans   map[string]*planned // planned checks, by key
-	key     []byte              // the key being looked up
-	out     checker.Outcome     // the outcome being accounted for, its storage reused
+	plans    map[string]*planned // planned checks, by key
+	key      []byte              // the key being looked up
+	out      checker.Outcome     // the outcome being accounted for, its storage reused
 }
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent once every
