@@ -153,14 +153,15 @@ func TestDelayedAudit(t *testing.T) {
 	p := startChecker(t, "dl", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile = writeFile(t, "rules.yaml", `
 rules:
-  - {id: paced, dimension: user, endpoint: /paced, algorithm: gcra, limit: 10, window: 1s, burst: 1, on_limit: delay, max_delay: 250ms}
+  - {id: paced, dimension: user, endpoint: /paced, algorithm: gcra, limit: 2, window: 1s, burst: 1, on_limit: delay, max_delay: 1s}
 `)
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
 		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// A slot every 100 ms and 250 ms of queue: allowed, delayed twice, denied.
+	// A slot every 500 ms and 1 s of queue: allowed, delayed twice, denied (the fourth would
+	// wait 1.5 s less the time the checks took, far below 500 ms).
 	user := "dl-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	var got []string
 	for range 4 {
@@ -203,8 +204,8 @@ rules:
 	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT countIf(delay_us > 0), toUInt64(minIf(delay_us, delay_us > 0)) FROM %s.decisions", db)).Scan(&delayed, &minDelay); err != nil {
 		t.Fatal(err)
 	}
-	if delayed != 2 || minDelay < 50_000 || minDelay > 100_000 {
-		t.Errorf("audit: %d delayed decisions, the shortest %dµs; want 2, the first about 100ms", delayed, minDelay)
+	if delayed != 2 || minDelay < 250_000 || minDelay > 500_000 {
+		t.Errorf("audit: %d delayed decisions, the shortest %dµs; want 2, the first about 500ms", delayed, minDelay)
 	}
 	// The rollups are written after the audit's part is visible (the view's insert follows
 	// the table's): polled.
