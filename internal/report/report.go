@@ -141,7 +141,8 @@ func Rules(w io.Writer, doc *rules.Document) error {
 		for _, f := range []struct {
 			set  bool
 			flag string
-		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.QuotaMode == "true", "quota_mode"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}, {r.CandidateOf != "", "candidate_of=" + r.CandidateOf}} {
+		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.QuotaMode == "true", "quota_mode"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}, {r.CandidateOf != "", "candidate_of=" + r.CandidateOf},
+			{r.OnLimit == "delay", "delay<=" + string(r.MaxDelay)}} {
 			if f.set {
 				flags = append(flags, f.flag)
 			}

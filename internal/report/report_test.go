@@ -74,6 +74,8 @@ func TestRulesDescriptors(t *testing.T) {
 		{ID: "pair", Dimension: "descriptor", Endpoint: "/rl", Algorithm: "fixed_window", Limit: "2", Window: "1m", CountDenied: "true",
 			Name: "bk", Replaces: []string{"a", "b"}, Descriptor: []rules.DocEntry{{Key: "src", Value: "proxy"}, {Key: "dst"}}},
 		{ID: "free", Dimension: "descriptor", Endpoint: "/rl", Unlimited: "true", Descriptor: []rules.DocEntry{{Key: "health"}}},
+		{ID: "q", Dimension: "user", Endpoint: "/x", Algorithm: "gcra", Limit: "5", Window: "1s", OnLimit: "delay", MaxDelay: "600ms"},
+		{ID: "q3", CandidateOf: "q", Limit: "3"},
 	}}
 	var b bytes.Buffer
 	if err := report.Rules(&b, doc); err != nil {
@@ -82,6 +84,7 @@ func TestRulesDescriptors(t *testing.T) {
 	for _, want := range []string{
 		"descriptor:src=proxy,dst=*", "count_denied,name=bk,replaces=a+b",
 		"free  descriptor:health=*         /rl       -     -             -      -       -      unlimited",
+		"delay<=600ms", "candidate_of=q",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table\n%s\nlacks %q", b.String(), want)
