@@ -266,3 +266,26 @@ rules:
 		t.Errorf("got %d newly denied, reasons %v; want 2, both rules_differ", rep.NewlyDenied, rep.Reasons)
 	}
 }
+
+// TestReportReplaysDelays: a rule that delays instead of denying replays as Redis decided it:
+// checks queued within max_delay were allowed, the one past it denied.
+func TestReportReplaysDelays(t *testing.T) {
+	t.Parallel()
+	set := mustRules(t, `
+rules:
+  - {id: paced, dimension: user, endpoint: "*", algorithm: gcra, limit: 2, window: 1s, burst: 1, on_limit: delay, max_delay: 1s}
+`)
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+	rp := checker.NewReplay(set, 0)
+	// A slot every 500 ms and 1 s of queue: at once, then after 500 ms and 1 s, then denied.
+	for i, allowed := range []bool{true, true, true, false} {
+		rec := Record{TimeUS: base.Add(time.Duration(i+1) * time.Millisecond).UnixMicro(), Subjects: []string{"user:alice"}, Subject: "alice",
+			Tier: "default", Endpoint: "/a", Cost: 1, Allowed: allowed, Rule: "paced", Limit: 1}
+		rep.replay(rp, &rec)
+	}
+	rep.finish(0)
+	if rep.Checks != 4 || rep.Agreed != 4 {
+		t.Errorf("%d of %d checks replayed with the recorded answer (reasons %v), want 4 of 4", rep.Agreed, rep.Checks, rep.Reasons)
+	}
+}
