@@ -307,6 +307,11 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		p.add(where, "window: %v", err)
 	}
 	r.Calendar = ruleCalendar(p, where, fr, &r)
+	if r.Limit == 0 && r.Calendar.Unit.Valid() && fr.Limit != "" {
+		// A ban is a fixed window's count that never allows; a calendar period's bucket
+		// counts from 1 (lua/calendar_window.lua).
+		p.add(where, "limit: 0 (a ban) needs a fixed_window of a fixed length (24h, not 1d); got a calendar window of %s", r.Calendar.Unit)
+	}
 	if r.Algorithm == bucket.Concurrency && r.Window > MaxHoldTTL {
 		p.add(where, "window: a concurrency rule's window is how long a place is held unless released, at most %s; got %s", MaxHoldTTL, r.Window)
 	}

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
 // refMatch is the matching rule written the slow, obvious way: score every rule's pattern
@@ -79,7 +81,10 @@ func FuzzParse(f *testing.F) {
 			if err := ValidatePattern(r.Endpoint); err != nil {
 				t.Errorf("accepted rule %q with invalid endpoint: %v", r.ID, err)
 			}
-			if r.Limit < 1 || r.Burst < 1 || r.Window < MinWindow || !r.Algorithm.Valid() || !r.Dimension.Valid() {
+			// A ban (limit 0) is a fixed window's of a fixed length alone: the store refuses
+			// any other limit of 0.
+			ban := r.Limit == 0 && r.Burst == 0 && r.Algorithm == bucket.FixedWindow && !r.Calendar.Unit.Valid()
+			if (r.Limit < 1 || r.Burst < 1) && !ban || r.Window < MinWindow || !r.Algorithm.Valid() || !r.Dimension.Valid() {
 				t.Errorf("accepted invalid rule %+v", r)
 			}
 		}

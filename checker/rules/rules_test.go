@@ -205,6 +205,7 @@ func TestParseErrors(t *testing.T) {
 		{"lease slice zero", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 0}}", []string{`lease: slice: want a whole number from 1`}},
 		{"lease slice above limit", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slice: 6}}", []string{`rule "a" (rules[0]): lease: slice: 6 is more than the limit (5)`}},
 		{"lease unknown field", "rules:\n- {id: a, dimension: global, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, lease: {slices: 2}}", []string{"slices"}},
+		{"ban over a calendar window", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 0, window: 1y}", []string{`rule "a" (rules[0]): limit: 0 (a ban) needs a fixed_window of a fixed length`}},
 		{"all problems at once", "rules:\n- {id: a, dimension: 'no pe', endpoint: /x, algorithm: gcra, limit: 0, window: 1s}", []string{"2 problems", "dimension:", "limit:"}},
 	}
 	for _, tt := range tests {
