@@ -121,6 +121,21 @@ func TestLiveCandidates(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "lower (candidate of live)") || !strings.Contains(out, "candidate answers compared  8") {
 		t.Errorf("--subject user:%s as a table: exit %d %s%s; want B's 8 candidate answers", userB, code, out, stderr)
 	}
+	// Bad input names the flag, as a replay's does.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--subject", "nobody"}, "--subject:"},
+		{[]string{"--from", "2000-01-01T00:00:00Z"}, "--from: 2000-01-01T00:00:00Z is outside the audit's retained history"},
+		{[]string{"--top", "5000"}, "--top: 5000 is not 0 to 1000"},
+		{[]string{"--warmup", "1h"}, "--warmup: --live-candidates replays nothing"},
+	} {
+		args := append([]string{"backtest", "--clickhouse-dsn", dsn, "--live-candidates"}, tt.args...)
+		if _, stderr, code := runCmd(ctx, args, nil); code != 2 || !strings.Contains(stderr, tt.want) {
+			t.Errorf("quotaflow %s: exit %d, %q; want 2 and %q", strings.Join(args, " "), code, stderr, tt.want)
+		}
+	}
 	req, _ := http.NewRequestWithContext(ctx, "POST", p.url+"/api/v1/rules:backtest?format=csv", strings.NewReader(`{"live_candidates": true}`))
 	req.Header.Set("Authorization", "Bearer lc-read")
 	resp, err := http.DefaultClient.Do(req)

@@ -56,6 +56,8 @@ func (b *Backtester) LiveCandidates(ctx context.Context, req Request) (*Report, 
 		if err := validateFilters(&req); err != nil {
 			return nil, err
 		}
+	} else if err := validateSubject(req.Subject); err != nil {
+		return nil, err
 	}
 	if !validDatabase(b.cfg.Database) {
 		return nil, fmt.Errorf("backtest: database %q is no plain name", b.cfg.Database)
