@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,17 +32,18 @@ import (
 // any gateway that waits for its check (nginx auth_request, Caddy forward_auth, Traefik,
 // Envoy ext_authz over HTTP, within their timeouts) passes the request on at its slot.
 func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
-	denyStatus, err := denyStatus(r)
+	qs := r.URL.Query() // parsed once: deny_status, wait and the check's own parameters
+	denyStatus, err := denyStatus(qs)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
 	}
-	wait, err := waitParam(r)
+	wait, err := waitParam(qs)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
 	}
-	q, err := s.fa.query(r)
+	q, err := s.fa.query(r, qs)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
@@ -122,8 +124,8 @@ const (
 // denyStatus is the status of a denial: 429, or the 401 or 403 that ?deny_status= asks for.
 // Only those: a gateway maps a denial it can tell from its other answers, and nginx accepts no
 // other.
-func denyStatus(r *http.Request) (int, error) {
-	v := r.URL.Query().Get("deny_status")
+func denyStatus(qs url.Values) (int, error) {
+	v := qs.Get("deny_status")
 	switch v {
 	case "", "429":
 		return http.StatusTooManyRequests, nil
@@ -136,8 +138,8 @@ func denyStatus(r *http.Request) (int, error) {
 }
 
 // waitParam reads ?wait=: whether to hold an allowed answer until the request's slot.
-func waitParam(r *http.Request) (bool, error) {
-	switch v := r.URL.Query().Get("wait"); v {
+func waitParam(qs url.Values) (bool, error) {
+	switch v := qs.Get("wait"); v {
 	case "", "false", "0":
 		return false, nil
 	case "true", "1":
@@ -281,8 +283,8 @@ func (fa *forwardAuth) tierField(r *http.Request) string {
 }
 
 // query reads a check from gateway headers.
-func (fa *forwardAuth) query(r *http.Request) (*checker.Query, error) {
-	h, qs := r.Header, r.URL.Query()
+func (fa *forwardAuth) query(r *http.Request, qs url.Values) (*checker.Query, error) {
+	h := r.Header
 	q := &checker.Query{Subjects: make([]checker.Subject, 0, 3)}
 	for _, s := range []struct {
 		header string
