@@ -62,9 +62,17 @@ type Report struct {
 	// took part in and until when (µs) the replay's state of it may still differ from Redis's
 	// because of it: a later changed answer of the bucket in that time follows from it.
 	diverged map[string]divergence
-	plans    map[string]*planned // planned checks, by key
-	key      []byte              // the key being looked up
-	out      checker.Outcome     // the outcome being accounted for, its storage reused
+	// instant is the time (µs) of the records being replayed, and pending the changed answers
+	// at it that no reason explained yet: the checks of one batch script run share Redis's
+	// instant, and the audit does not keep their order, so the denial whose refund explains a
+	// change may come after it in the replay (resolve). noted holds the buckets the recorded
+	// denials of the instant charged, with the last one's record number.
+	instant int64
+	pending []pendingChange
+	noted   map[string]int64
+	plans   map[string]*planned // planned checks, by key
+	key     []byte              // the key being looked up
+	out     checker.Outcome     // the outcome being accounted for, its storage reused
 }
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent once every
@@ -134,7 +142,8 @@ const (
 	ReasonSettled = "settled"
 	// ReasonRefund: a bucket of the check had just been charged by a check that another of
 	// its limits denied; Redis refunds such a charge a round trip later, and this check came
-	// in between, while the replay refunds at once.
+	// in between, while the replay refunds at once. The denial may be of the same instant
+	// (one batch script run), replayed after this check: the audit does not keep their order.
 	ReasonRefund = "refund_window"
 	// ReasonHistory: none of the above; the buckets' state came from before the replayed
 	// history (a window longer than the warm-up). A changed answer in a bucket whose replayed
@@ -153,7 +162,7 @@ func newReport(req Request) *Report {
 	req.Top = top
 	r := &Report{From: req.From, To: req.To, Reasons: map[string]int64{}, req: req,
 		ruleRows: map[ruleKey]*RuleRow{}, hours: map[int64]*HourRow{}, top: newTopK(max(64, 10*top)), tainted: map[string]bool{},
-		refunds: map[string]int64{}, diverged: map[string]divergence{}, plans: map[string]*planned{}}
+		refunds: map[string]int64{}, noted: map[string]int64{}, diverged: map[string]divergence{}, plans: map[string]*planned{}}
 	if req.Subject != "" {
 		s, _ := parseSubject(req.Subject) // validated
 		r.subject = &s
@@ -164,6 +173,10 @@ func newReport(req Request) *Report {
 // replay decides rec again and accounts for it.
 func (r *Report) replay(rp *checker.Replay, rec *Record) {
 	r.Records++
+	if rec.TimeUS != r.instant {
+		r.resolve()
+		r.instant = rec.TimeUS
+	}
 	at := time.UnixMicro(rec.TimeUS)
 	reported := !at.Before(r.From)
 	switch {
@@ -219,8 +232,17 @@ func (r *Report) noteRefunds(rec *Record, out *checker.Outcome) {
 		}
 	}
 	for _, l := range out.Limits {
-		if l.Result.Allowed && (l.Rule.Shadow || !slices.Contains(denying, l.Subject.ID)) {
-			r.refunds[l.Rule.ID+"|"+l.Subject.ID] = rec.TimeUS
+		if !l.Rule.Shadow && slices.Contains(denying, l.Subject.ID) {
+			continue
+		}
+		k := l.Rule.ID + "|" + l.Subject.ID
+		if l.Result.Allowed {
+			r.refunds[k] = rec.TimeUS
+		}
+		// A change of the instant replayed before this denial may be why the replay denies
+		// where Redis charged: its buckets are noted whatever the replay answered.
+		if len(r.pending) > 0 {
+			r.noted[k] = r.Records
 		}
 	}
 	if len(r.refunds) > 1<<16 {
@@ -306,6 +328,42 @@ func (r *Report) compare(rec *Record, out *checker.Outcome, at time.Time) {
 	reason := r.reason(rec, out)
 	r.Reasons[reason]++
 	r.diverge(rec, out, reason)
+	if reason == ReasonHistory {
+		p := pendingChange{record: r.Records}
+		for _, l := range limitsOf(out) {
+			p.keys = append(p.keys, l.Rule.ID+"|"+l.Subject.ID)
+		}
+		r.pending = append(r.pending, p)
+	}
+}
+
+// pendingChange is a changed answer of the instant replayed that no reason explained yet.
+type pendingChange struct {
+	record int64    // its number among the records
+	keys   []string // its buckets
+}
+
+// resolve explains again the changed answers of the instant replayed, once all its records
+// are: one whose bucket a recorded denial of the same instant charged (and Redis refunded)
+// is a refund's, though the replay met the denial after it. Its buckets' divergence follows.
+func (r *Report) resolve() {
+	for _, p := range r.pending {
+		if !slices.ContainsFunc(p.keys, func(k string) bool { return r.noted[k] > p.record }) {
+			continue
+		}
+		if r.Reasons[ReasonHistory]--; r.Reasons[ReasonHistory] == 0 {
+			delete(r.Reasons, ReasonHistory)
+		}
+		r.Reasons[ReasonRefund]++
+		for _, k := range p.keys {
+			if d, ok := r.diverged[k]; ok && d.reason == ReasonHistory {
+				d.reason = ReasonRefund
+				r.diverged[k] = d
+			}
+		}
+	}
+	r.pending = r.pending[:0]
+	clear(r.noted)
 }
 
 // divergence is why, and until when, a bucket's replayed state may differ from Redis's.
@@ -443,6 +501,7 @@ func limitsOf(out *checker.Outcome) []checker.LimitOutcome {
 
 // finish sorts the report's rows.
 func (r *Report) finish(elapsed time.Duration) {
+	r.resolve()
 	r.Elapsed = elapsed
 	if r.Checks > 0 {
 		r.Agreement = float64(r.Agreed) / float64(r.Checks)

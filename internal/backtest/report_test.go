@@ -289,3 +289,48 @@ rules:
 		t.Errorf("%d of %d checks replayed with the recorded answer (reasons %v), want 4 of 4", rep.Agreed, rep.Checks, rep.Reasons)
 	}
 }
+
+// TestReportRefundOfTheSameInstant: the checks of one batch script run share Redis's instant,
+// and the audit does not keep their order. A denial whose charge of the global bucket Redis
+// refunded later may be replayed after the check it made Redis deny: that change is still the
+// refund's, not history.
+func TestReportRefundOfTheSameInstant(t *testing.T) {
+	t.Parallel()
+	set := mustRules(t, `
+rules:
+  - {id: per-user, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 1, window: 1h}
+  - {id: all, dimension: global, endpoint: "*", algorithm: fixed_window, limit: 2, window: 1h}
+`)
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	rec := func(at time.Duration, user string, allowed bool, rule string, limit int64) Record {
+		return Record{TimeUS: base.Add(at).UnixMicro(), Subjects: []string{"user:" + user}, Subject: user,
+			Endpoint: "/a", Cost: 1, Allowed: allowed, Rule: rule, Limit: limit}
+	}
+	for _, tt := range []struct {
+		name  string
+		later time.Duration // when alice's denial is recorded, after bob's
+		want  map[string]int64
+	}{
+		// Redis ran alice's check (denied by per-user, its global charge refunded later), then
+		// bob's (denied: the global bucket held alice's charge); the replay meets bob first.
+		{"same instant", 0, map[string]int64{ReasonRefund: 1}},
+		// A denial after bob's check charged nothing bob saw.
+		{"a microsecond later", time.Microsecond, map[string]int64{ReasonHistory: 1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+			rp := checker.NewReplay(set, 0)
+			records := []Record{rec(0, "alice", true, "per-user", 1),
+				rec(time.Second, "bob", false, "all", 2), rec(time.Second+tt.later, "alice", false, "per-user", 1)}
+			for i := range records {
+				rep.replay(rp, &records[i])
+			}
+			rep.finish(0)
+			if rep.NewlyAllowed != 1 || len(rep.Reasons) != len(tt.want) || rep.Reasons[ReasonRefund] != tt.want[ReasonRefund] ||
+				rep.Reasons[ReasonHistory] != tt.want[ReasonHistory] {
+				t.Errorf("got %d newly allowed, reasons %v; want 1, %v", rep.NewlyAllowed, rep.Reasons, tt.want)
+			}
+		})
+	}
+}
