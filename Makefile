@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/quotaflow
 
-.PHONY: dev test test-cluster deps build generate vet fuzz fuzz-ci bench clean
+.PHONY: dev test test-cluster deps build generate console vet fuzz fuzz-ci bench clean
 
 ## dev: install what is missing, check the ports are free, build, start Redis, ClickHouse and
 ## quotaflow serve, stop all on Ctrl-C (deploy/dev/run.sh builds, after the port check)
@@ -44,6 +44,15 @@ generate:
 	$(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" buf generate
+
+## console: reinstall the web console's third-party files (uPlot) from npm, as its
+## package-lock.json pins them, into checker/console/static/vendor (committed, embedded by go
+## build; a test checks they are current)
+CONSOLE := checker/console
+console:
+	cd $(CONSOLE)/web && npm ci --ignore-scripts --no-audit --no-fund
+	cp $(CONSOLE)/web/node_modules/uplot/dist/uPlot.iife.min.js $(CONSOLE)/web/node_modules/uplot/dist/uPlot.min.css $(CONSOLE)/static/vendor/
+	cp $(CONSOLE)/web/node_modules/uplot/LICENSE $(CONSOLE)/static/vendor/uPlot.LICENSE
 
 # FUZZ_TARGETS lists every fuzz target once, as package:Target. A target whose run fails
 # leaves the failing input in the package's testdata/fuzz/Target/: commit it with the fix, and

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -80,6 +82,12 @@ type Config struct {
 	AuthFailuresPerMinute int
 	// Backtester runs POST /api/v1/rules:backtest; nil answers it 503.
 	Backtester Backtester
+	// Audit answers the usage and subject reads of the console (GET /api/v1/usage...); nil
+	// answers them 503.
+	Audit Audit
+	// JetStream feeds GET /api/v1/live from the events and decision streams and tells NATS's
+	// health; nil answers the feed 503.
+	JetStream jetstream.JetStream
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
 	Logger *slog.Logger
@@ -99,7 +107,9 @@ type API struct {
 	lock   *auth.Lockout
 	// backtester runs backtests (Config.Backtester); nil when the checker has no audit.
 	backtester  Backtester
-	backtesting atomic.Bool // one backtest at a time
+	backtesting atomic.Bool         // one backtest at a time
+	audit       Audit               // nil: no ClickHouse
+	js          jetstream.JetStream // nil: no NATS
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -110,7 +120,8 @@ func New(engine *checker.Engine, cfg Config) *API {
 		log = slog.Default()
 	}
 	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.Store, tokens: make(map[string]Token, len(cfg.Tokens)),
-		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute), backtester: cfg.Backtester}
+		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute), backtester: cfg.Backtester,
+		audit: cfg.Audit, js: cfg.JetStream}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its
 	// prefix through timing, and the hash is also the rate-limit key, so no secret reaches Redis.
 	for tok, who := range cfg.Tokens {
@@ -147,7 +158,11 @@ type adminHandler func(r *http.Request, c caller) (int, any, error)
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
 	route := func(pattern, role string, h adminHandler) {
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { a.serve(w, r, role, h) })
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { a.serve(w, r, role, true, h) })
+	}
+	// The console's reads need no rule store: they answer while NATS is down.
+	read := func(pattern string, h adminHandler) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { a.serve(w, r, RoleRead, false, h) })
 	}
 	route("GET /api/v1/rules", RoleRead, a.getRules)
 	route("PUT /api/v1/rules", RoleWrite, a.applyRules)
@@ -167,6 +182,13 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/exemptions", RoleRead, a.listExemptions)
 	route("PUT /api/v1/exemptions/{id}", RoleWrite, a.putExemption)
 	route("DELETE /api/v1/exemptions/{id}", RoleWrite, a.deleteExemption)
+	read("GET /api/v1/health", a.health)
+	read("GET /api/v1/live", a.live)
+	read("GET /api/v1/usage", a.usage)
+	read("GET /api/v1/usage/top", a.topSubjects)
+	read("GET /api/v1/subjects/{subject}/limits", a.subjectLimits)
+	read("GET /api/v1/subjects/{subject}/decisions", a.subjectDecisions)
+	read("GET /api/v1/subjects/{subject}/billing", a.subjectBilling)
 	mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, &Error{Status: http.StatusNotFound, Code: "not_found",
 			Message: fmt.Sprintf("no admin endpoint %s %s", r.Method, r.URL.Path)})
@@ -174,9 +196,10 @@ func (a *API) Handler() http.Handler {
 	return mux
 }
 
-// serve authenticates, authorizes and rate-limits a call, then runs h.
-func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h adminHandler) {
-	if a.store == nil {
+// serve authenticates, authorizes and rate-limits a call, then runs h; a call that needs the
+// rule store is answered 503 without one.
+func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, needStore bool, h adminHandler) {
+	if a.store == nil && needStore {
 		writeAPIError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
 			Message: "the admin API needs the rule store: start the checker with --nats-url"})
 		return
@@ -216,8 +239,12 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request, role string, h admin
 		w.WriteHeader(status)
 		return
 	}
-	if b, ok := body.(csvBody); ok {
+	switch b := body.(type) {
+	case csvBody:
 		b.writeCSV(w, status)
+		return
+	case streamBody:
+		b(w, r)
 		return
 	}
 	writeJSON(w, status, body)

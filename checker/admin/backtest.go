@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -104,7 +105,9 @@ func backtestAnswer(rep *backtest.Report, err error, format string) (int, any, e
 }
 
 // csvBody is a report the API writes as CSV.
-type csvBody struct{ rep *backtest.Report }
+type csvBody struct {
+	rep interface{ WriteCSV(io.Writer) error }
+}
 
 // writeCSV writes b as text/csv.
 func (b csvBody) writeCSV(w http.ResponseWriter, status int) {

@@ -18,8 +18,10 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/console"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/audit"
 	"github.com/quotaflow/quotaflow/internal/backtest"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -159,6 +161,7 @@ type checkerStart struct {
 	set      *rules.Set
 	source   string // "file" or "store", for the log
 	follower *rulestore.Follower
+	js       jetstream.JetStream // nil without NATS
 	pub      *publisher.Client
 }
 
@@ -195,6 +198,7 @@ func (s *checkerStart) rules(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.js = js
 	s.follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
 		Store: rulestore.Config{Replicas: replicas, Logger: s.log}, Seed: seed, SeedPath: s.cfg.RulesFile, Logger: s.log})
 	if err := s.openStore(ctx); err != nil {
@@ -283,7 +287,7 @@ func (s *checkerStart) serve() error {
 	acfg := cfg.Admin
 	acfg.Lockout, acfg.Logger = lockout, log
 	if s.follower != nil { // else nil: the admin API answers 503
-		acfg.Store = s.follower
+		acfg.Store, acfg.JetStream = s.follower, s.js
 	}
 	if cfg.BacktestClickHouseDSN != "" {
 		conn, db, err := schema.Open(cfg.BacktestClickHouseDSN, cfg.BacktestClickHouseTLS)
@@ -292,6 +296,9 @@ func (s *checkerStart) serve() error {
 		}
 		s.c.onClose(conn.Close)
 		acfg.Backtester = backtest.New(backtest.Config{Conn: conn, Database: db, Logger: log})
+		if acfg.Audit, err = audit.New(audit.Config{Conn: conn, Database: db}); err != nil {
+			return fmt.Errorf("backtest clickhouse: %w", err)
+		}
 	}
 	mux := http.NewServeMux()
 	if cfg.MetricsListen == "" {
@@ -300,6 +307,9 @@ func (s *checkerStart) serve() error {
 		return err
 	}
 	mux.Handle("/api/v1/", admin.New(engine, acfg).Handler())
+	pages := console.Handler()
+	mux.Handle(console.Path, pages)
+	mux.Handle(strings.TrimSuffix(console.Path, "/"), pages)
 	mux.Handle("/", front.Handler())
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -1,0 +1,366 @@
+// quotaflow console: plain JavaScript over the admin API (/api/v1), with uPlot for the charts.
+// Every read and change is an admin API call with the signed-in token, so the console can do
+// nothing the token could not, and every change is audited like any other.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const api = "../api/v1";
+let token = sessionStorage.getItem("quotaflow-token") || "";
+
+// call sends one admin API request; it throws an Error with the API's message on failure.
+async function call(method, path, body) {
+  const resp = await fetch(api + path, {
+    method,
+    headers: { Authorization: "Bearer " + token, ...(body ? { "Content-Type": "application/json" } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  if (resp.status === 204) return null;
+  const type = resp.headers.get("Content-Type") || "";
+  const data = type.includes("json") ? await resp.json() : await resp.text();
+  if (!resp.ok) {
+    const err = new Error((data && data.message) || resp.statusText);
+    err.status = resp.status;
+    throw err;
+  }
+  return data;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else e[k] = v;
+  }
+  for (const c of children) e.append(c instanceof Node ? c : String(c ?? ""));
+  return e;
+}
+
+function fill(table, rows) {
+  const body = $("tbody", table);
+  body.replaceChildren(...rows);
+}
+
+const num = (n) => Number(n || 0).toLocaleString("en-US");
+const time = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
+const when = (t) => new Date(t).toLocaleString([], { hour12: false });
+
+// Banners: one per missing part, the rest of the console working.
+const problems = new Map();
+function problem(key, message) {
+  if (message) problems.set(key, message);
+  else problems.delete(key);
+  $("#banners").replaceChildren(...[...problems].map(([k, m]) => el("div", { class: "banner", "data-part": k }, m)));
+}
+
+async function checkHealth() {
+  try {
+    const h = await call("GET", "/health");
+    const parts = {
+      redis: ["Redis", "checks are answered by each rule's fail mode"],
+      nats: ["NATS", "no live feed, and overrides and rules cannot change"],
+      clickhouse: ["ClickHouse", "usage, billing and recent decisions are unavailable"],
+    };
+    for (const [part, s] of Object.entries(h)) {
+      const [name, effect] = parts[part] || [part, "unavailable"];
+      if (s.ok) problem(part, "");
+      else if (!s.configured) problem(part, `${name} is not configured on this checker: ${effect}.`);
+      else problem(part, `${name} is unreachable: ${effect}. (${s.error})`);
+    }
+    problem("console", "");
+  } catch (e) {
+    if (e.status === 401) return signOut("Your token was refused: " + e.message);
+    problem("console", "The checker does not answer: " + e.message);
+  }
+}
+
+// ---- Live: transitions and rates, as server-sent events read with fetch (EventSource cannot
+// send the token).
+let liveAbort;
+async function live() {
+  if (liveAbort) liveAbort.abort();
+  const ctl = (liveAbort = new AbortController());
+  const q = new URLSearchParams([...new FormData($("#live-filter"))].filter(([, v]) => v));
+  $("#live-status").textContent = "Connecting…";
+  try {
+    const resp = await fetch(`${api}/live?${q}`, { headers: { Authorization: "Bearer " + token }, signal: ctl.signal });
+    if (!resp.ok) throw new Error((await resp.json()).message);
+    $("#live-status").textContent = "Live: transitions appear as the aggregators publish them.";
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const chunk = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        const ev = /^event: (.*)$/m.exec(chunk), data = /^data: (.*)$/m.exec(chunk);
+        if (ev && data) onLive(ev[1], JSON.parse(data[1]));
+      }
+    }
+  } catch (e) {
+    if (ctl.signal.aborted) return;
+    $("#live-status").textContent = "Live feed unavailable: " + e.message + " (retrying)";
+  }
+  if (!ctl.signal.aborted) setTimeout(live, 3000);
+}
+
+function onLive(event, d) {
+  if (event === "rates") {
+    for (const k of ["allowed", "delayed", "denied", "degraded"]) $("#rate-" + k).textContent = num(d[k]);
+  } else if (event === "transition") {
+    const li = el("li", { "data-to": d.to, "data-subject": `${d.dimension}:${d.subject}`, "data-rule": d.rule_id },
+      el("span", { class: "at" }, time(d.at)),
+      el("span", { class: "who" }, `${d.dimension}:${d.subject} · ${d.rule_id} · ${d.tier}`),
+      el("span", { class: "state" }, `${d.from} → ${d.to}`));
+    li.title = `usage ${(d.usage_ratio * 100).toFixed(0)}%, ${d.remaining}/${d.limit} left`;
+    const list = $("#live-list");
+    list.prepend(li);
+    while (list.children.length > 200) list.lastChild.remove();
+  } else if (event === "error") {
+    $("#live-status").textContent = d.message;
+  }
+}
+
+// ---- Usage: the rollups as a chart, totals per key, and the subjects throttled most.
+let chart;
+async function usage() {
+  const f = new FormData($("#usage-form"));
+  const span = f.get("span"), by = f.get("by");
+  try {
+    const [s, top] = await Promise.all([call("GET", `/usage?by=${by}&span=${span}`), call("GET", `/usage/top?span=${span}`)]);
+    drawChart(s);
+    fill($("#usage-totals"), s.keys.map((k) => {
+      const t = s.totals[k];
+      return el("tr", { "data-key": k, "data-checks": t.checks }, el("td", {}, k), ...[t.checks, t.allowed, t.delayed, t.denied, t.degraded]
+        .map((n) => el("td", { class: "num" }, num(n))));
+    }));
+    fill($("#usage-top"), top.map((r) => el("tr", { "data-subject": r.subject },
+      el("td", {}, el("a", { href: `#subject/${encodeURIComponent(r.subject)}` }, r.subject)), el("td", {}, r.tier),
+      el("td", { class: "num" }, num(r.checks)), el("td", { class: "num" }, num(r.denied)), el("td", { class: "num" }, num(r.degraded)))));
+  } catch (e) {
+    problem("usage", "Usage: " + e.message);
+    return;
+  }
+  problem("usage", "");
+}
+
+function drawChart(s) {
+  const step = s.step_ns / 1e9, from = Math.floor(Date.parse(s.from) / 1000), to = Math.floor(Date.parse(s.to) / 1000);
+  const xs = [];
+  for (let t = from; t <= to; t += step) xs.push(t);
+  const idx = new Map(xs.map((t, i) => [t, i]));
+  const series = { allowed: xs.map(() => 0), denied: xs.map(() => 0), degraded: xs.map(() => 0) };
+  for (const p of s.points) {
+    const i = idx.get(Math.floor(Date.parse(p.at) / 1000));
+    if (i === undefined) continue;
+    series.allowed[i] += p.allowed; series.denied[i] += p.denied; series.degraded[i] += p.degraded;
+  }
+  const box = $("#usage-chart");
+  const opts = {
+    width: box.clientWidth || 320, height: 240,
+    series: [{}, { label: "allowed", stroke: "#1f8a4c", fill: "rgba(31,138,76,.08)" },
+      { label: "denied", stroke: "#c53030" }, { label: "fail mode", stroke: "#6b46c1" }],
+    axes: [{}, { size: 60 }],
+  };
+  if (chart) chart.destroy();
+  box.replaceChildren();
+  chart = new uPlot(opts, [xs, series.allowed, series.denied, series.degraded], box);
+}
+
+// ---- Subject: limits (a peek), overrides, billing period, recent decisions.
+async function subject(s, endpoint) {
+  $("#subject-body").hidden = false;
+  const [dim, id] = [s.slice(0, s.indexOf(":")), s.slice(s.indexOf(":") + 1)];
+  try {
+    let limits, tier;
+    if (dim === "user" && !endpoint) {
+      const u = await call("GET", `/users/${encodeURIComponent(id)}/limits`);
+      tier = u.tier;
+      limits = u.limits.map((l) => ({ ...l, limit: l.limit, remaining: l.remaining, used: l.used }));
+    } else {
+      const p = await call("GET", `/subjects/${encodeURIComponent(s)}/limits?endpoint=${encodeURIComponent(endpoint || "/")}`);
+      tier = p.tier;
+      limits = p.limits;
+    }
+    $("#subject-tier").textContent = `tier ${tier}`;
+    fill($("#subject-limits"), limits.map((l) => el("tr", { "data-rule": l.rule_id, "data-limit": l.limit },
+      el("td", {}, l.rule_id), el("td", {}, l.endpoint), el("td", {}, l.algorithm), el("td", { class: "num" }, `${num(l.limit)}/${l.window}`),
+      el("td", { class: "num" }, l.used ?? "?"), el("td", { class: "num" }, l.remaining ?? "?"),
+      el("td", {}, l.reset_at ? time(l.reset_at) : ""), el("td", {}, (l.overrides || []).map((o) => o.id).join(", ")))));
+    problem("subject", "");
+  } catch (e) {
+    problem("subject", "Limits: " + e.message);
+  }
+  const dimName = { api_key: "apikey" }[dim] || dim;
+  call("GET", "/overrides").then((os) => {
+    const mine = os.filter((o) => o.dimension === dimName && o.identifier === id || o.tier && o.tier === $("#subject-tier").textContent.slice(5));
+    $("#subject-overrides").replaceChildren(...(mine.length ? mine.map(overrideItem) : [el("li", {}, "none")]));
+  }).catch((e) => $("#subject-overrides").replaceChildren(el("li", { class: "error" }, e.message)));
+  billing();
+  call("GET", `/subjects/${encodeURIComponent(s)}/decisions?n=50`).then((ds) => fill($("#subject-decisions"), ds.map((d) =>
+    el("tr", {}, el("td", {}, time(d.at)),
+      el("td", { class: d.degraded ? "degraded-text" : d.allowed ? "allowed-text" : "denied-text" },
+        d.degraded ? (d.allowed ? "allowed (fail mode)" : "denied (fail mode)") : d.allowed ? (d.delay_ms ? `allowed after ${d.delay_ms} ms` : "allowed") : "denied"),
+      el("td", {}, d.endpoint), el("td", {}, d.rule), el("td", { class: "num" }, `${d.remaining}/${d.limit}`)))))
+    .catch((e) => fill($("#subject-decisions"), [el("tr", {}, el("td", { class: "error", colSpan: 5 }, e.message))]));
+}
+
+function overrideItem(o) {
+  const policy = o.source && o.source !== "admin";
+  return el("li", {}, el("span", { class: "tag" + (policy ? " policy" : "") }, policy ? "policy: " + o.source : "admin"), " ",
+    `${o.id}: ${o.limit ? "limit " + o.limit : "×" + o.multiplier}${o.rule_id ? " on " + o.rule_id : ""} until ${when(o.expires_at)} — ${o.reason}`);
+}
+
+function billingQuery() {
+  const f = new FormData($("#billing-form"));
+  const q = new URLSearchParams();
+  if (f.get("month")) q.set("month", f.get("month"));
+  if (f.get("tz")) q.set("tz", f.get("tz"));
+  return q;
+}
+
+async function billing() {
+  const s = $("#subject-form").subject.value;
+  try {
+    const b = await call("GET", `/subjects/${encodeURIComponent(s)}/billing?${billingQuery()}`);
+    fill($("#subject-billing"), [...b.days, { ...b.total, day: "total " + b.month }].map((d) => el("tr", { "data-day": d.day },
+      el("td", {}, d.day), ...[d.checks, d.allowed, d.allowed_cost, d.denied, d.degraded].map((n) => el("td", { class: "num" }, num(n))))));
+  } catch (e) {
+    fill($("#subject-billing"), [el("tr", {}, el("td", { class: "error", colSpan: 6 }, e.message))]);
+  }
+}
+
+async function billingCSV() {
+  const s = $("#subject-form").subject.value, q = billingQuery();
+  q.set("format", "csv");
+  try {
+    const text = await call("GET", `/subjects/${encodeURIComponent(s)}/billing?${q}`);
+    const a = el("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })), download: `${s.replace(/[^\w.-]/g, "_")}-${q.get("month") || "month"}.csv` });
+    a.click();
+    URL.revokeObjectURL(a.href);
+  } catch (e) {
+    problem("billing", "Billing CSV: " + e.message);
+  }
+}
+
+// ---- Overrides and rules.
+async function overrides() {
+  try {
+    const os = await call("GET", "/overrides");
+    fill($("#overrides"), os.map((o) => el("tr", { "data-id": o.id },
+      el("td", {}, o.id), el("td", {}, o.identifier ? `${o.dimension}:${o.identifier}` : o.tier ? "tier " + o.tier : "rule"),
+      el("td", {}, o.rule_id || "all"), el("td", {}, o.limit ? num(o.limit) : "×" + o.multiplier), el("td", {}, when(o.expires_at)),
+      el("td", {}, el("span", { class: "tag" + (o.source !== "admin" ? " policy" : "") }, o.source === "admin" ? o.creator : "policy: " + o.source)),
+      el("td", {}, o.reason),
+      el("td", {}, el("button", { type: "button", class: "delete", onclick: () => deleteOverride(o.id) }, "Delete")))));
+    problem("overrides", "");
+  } catch (e) {
+    problem("overrides", "Overrides: " + e.message);
+  }
+}
+
+async function createOverride(ev) {
+  ev.preventDefault();
+  const f = new FormData(ev.target), body = {};
+  for (const k of ["dimension", "identifier", "tier", "rule_id", "duration", "reason"]) if (f.get(k)) body[k] = f.get(k);
+  if (!body.identifier) delete body.dimension;
+  if (f.get("limit")) body.limit = Number(f.get("limit"));
+  if (f.get("multiplier")) body.multiplier = Number(f.get("multiplier"));
+  try {
+    await call("POST", "/overrides", body);
+    $("#override-error").textContent = "";
+    ev.target.reset();
+    overrides();
+  } catch (e) {
+    $("#override-error").textContent = e.message;
+  }
+}
+
+async function deleteOverride(id) {
+  try {
+    await call("DELETE", `/overrides/${encodeURIComponent(id)}`);
+  } catch (e) {
+    $("#override-error").textContent = e.message;
+  }
+  overrides();
+}
+
+async function rulesView() {
+  try {
+    const doc = await call("GET", "/rules");
+    fill($("#rules"), (doc.rules || []).map((r) => el("tr", { "data-rule": r.id },
+      el("td", {}, r.id), el("td", {}, r.dimension), el("td", {}, r.endpoint), el("td", {}, r.tier || "all"),
+      el("td", {}, r.algorithm || "unlimited"), el("td", { class: "num" }, r.limit ?? ""), el("td", {}, r.window ?? ""),
+      el("td", {}, r.candidate_of ? "candidate of " + r.candidate_of : r.shadow ? "shadow" : "enforced"))));
+    $("#tiers").replaceChildren(...Object.entries(doc.tiers || {}).map(([name, t]) =>
+      el("li", {}, el("strong", {}, name), name === doc.default_tier ? " (default) " : " ", t.description || "")));
+    $("#users").replaceChildren(...Object.entries(doc.users || {}).map(([name, u]) =>
+      el("li", {}, el("a", { href: `#subject/${encodeURIComponent("user:" + name)}` }, name), " ", u.tier ? "tier " + u.tier : "")));
+    problem("rules", "");
+  } catch (e) {
+    problem("rules", "Rules: " + e.message);
+  }
+}
+
+// ---- Navigation: one view at a time, from the location's hash (#usage, #subject/user:alice).
+const views = { live: () => {}, usage, subject: () => {}, overrides, rules: rulesView };
+function route() {
+  const [name, arg] = (location.hash.slice(1) || "live").split("/");
+  const view = views[name] ? name : "live";
+  for (const s of document.querySelectorAll(".view")) s.hidden = s.id !== "view-" + view;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.getAttribute("href") === "#" + view);
+  if (view === "subject" && arg) {
+    $("#subject-form").subject.value = decodeURIComponent(arg);
+    subject(decodeURIComponent(arg), $("#subject-form").endpoint.value);
+  } else views[view]();
+}
+
+function signOut(message) {
+  token = "";
+  sessionStorage.removeItem("quotaflow-token");
+  if (liveAbort) liveAbort.abort();
+  $("#app").hidden = true;
+  $("#signout").hidden = true;
+  $("#login").hidden = false;
+  $("#login-error").textContent = message || "";
+}
+
+async function signIn() {
+  try {
+    await call("GET", "/health");
+  } catch (e) {
+    return signOut(e.status === 401 ? "That token was refused." : e.message);
+  }
+  sessionStorage.setItem("quotaflow-token", token);
+  $("#login").hidden = true;
+  $("#app").hidden = false;
+  $("#signout").hidden = false;
+  checkHealth();
+  live();
+  route();
+}
+
+let healthTimer, usageTimer;
+function start() {
+  $("#login").addEventListener("submit", (ev) => { ev.preventDefault(); token = $("#token").value.trim(); signIn(); });
+  $("#signout").addEventListener("click", () => signOut());
+  $("#live-filter").addEventListener("submit", (ev) => { ev.preventDefault(); $("#live-list").replaceChildren(); live(); });
+  $("#usage-form").addEventListener("submit", (ev) => { ev.preventDefault(); usage(); });
+  $("#subject-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    location.hash = "#subject/" + encodeURIComponent(ev.target.subject.value.trim());
+    route();
+  });
+  $("#billing-form").addEventListener("submit", (ev) => { ev.preventDefault(); billing(); });
+  $("#billing-csv").addEventListener("click", billingCSV);
+  $("#override-form").addEventListener("submit", createOverride);
+  window.addEventListener("hashchange", route);
+  healthTimer = setInterval(() => token && checkHealth(), 5000);
+  usageTimer = setInterval(() => token && !$("#view-usage").hidden && usage(), 10000);
+  if (token) signIn();
+  else signOut();
+}
+start();

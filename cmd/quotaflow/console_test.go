@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/chromedp/chromedp"
+
+	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/daemontest"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+)
+
+const consoleRules = `
+default_tier: free
+tiers: {free: {description: the free plan}}
+warnings: {enter: 0.6, exit: 0.5}
+rules:
+  - {id: console-api, dimension: user, endpoint: /api/*, algorithm: fixed_window, limit: 5, window: 1h}
+`
+
+// browser starts Debian's chromium headless, as this machine allows it (no sandbox as root,
+// no background networking, which the closed network refuses), with a viewport of w×h.
+func browser(t *testing.T, w, h int) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium not found: deploy/dev/install-deps.sh installs Debian's chromium")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(w, h))
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(cancelTab)
+	if err := chromedp.Run(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// within runs actions with a deadline, failing the test with what was being waited for.
+func within(t *testing.T, ctx context.Context, d time.Duration, what string, actions ...chromedp.Action) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := chromedp.Run(ctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// waitTrue polls a JavaScript expression in the page until it is true.
+func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		var ok bool
+		if err := chromedp.Run(ctx, chromedp.Evaluate(expr, &ok)); err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			var text string
+			_ = chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector("main") ? document.querySelector("main").innerText.slice(0, 2000) : ""`, &text))
+			t.Fatalf("%s: %s still false after %s; page:\n%s", what, expr, d, text)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestConsole drives the web console in a real browser against a real pipeline (checker,
+// NATS, aggregator, ClickHouse, Redis): the page loads, a user the test throttles shows up as
+// a live transition, an override made through the console's form changes the next check's
+// limit, the usage chart and the subject view show the test's checks, and the page fits a
+// phone. It measures the page's weight and time to first render.
+func TestConsole(t *testing.T) {
+	t.Parallel()
+	ns := ownNATS(t)
+	db := databaseName("console")
+	p := startChecker(t, "console", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
+		c.BacktestClickHouseDSN = chSrv.DSN(db)
+		c.Admin.Tokens = map[string]admin.Token{"console-write": {Name: "operator", Role: admin.RoleWrite}}
+	})
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, WarningGrace: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	user := "console-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	check := func() *quotaflowv1.CheckRateLimitResponse {
+		t.Helper()
+		resp, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/api/items",
+			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: user}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg
+	}
+
+	ctx := browser(t, 1280, 900)
+	began := time.Now()
+	within(t, ctx, 30*time.Second, "load the console and sign in",
+		chromedp.Navigate(p.url+"/console/"),
+		chromedp.WaitVisible("#login"),
+		chromedp.SendKeys("#token", "console-write"),
+		chromedp.Submit("#login"),
+		chromedp.WaitVisible("#app"))
+	waitTrue(t, ctx, 20*time.Second, "the live feed connects", `document.querySelector("#live-status").textContent.startsWith("Live")`)
+	t.Logf("console loaded and signed in in %s", time.Since(began).Round(time.Millisecond))
+	var weight struct {
+		Transfer, Decoded float64
+		Resources         int
+		FCP               float64
+	}
+	within(t, ctx, 10*time.Second, "measure the page", chromedp.Evaluate(`(() => {
+		const own = performance.getEntriesByType("resource").filter((e) => e.name.includes("/console/"));
+		const nav = performance.getEntriesByType("navigation")[0];
+		const fcp = performance.getEntriesByType("paint").find((e) => e.name === "first-contentful-paint");
+		return {Transfer: nav.transferSize + own.reduce((s, e) => s + e.transferSize, 0),
+			Decoded: nav.decodedBodySize + own.reduce((s, e) => s + e.decodedBodySize, 0),
+			Resources: own.length + 1, FCP: fcp ? fcp.startTime : -1};
+	})()`, &weight))
+	t.Logf("page weight: %d requests, %.1f kB transferred, %.1f kB decoded; first contentful paint %.0f ms",
+		weight.Resources, weight.Transfer/1024, weight.Decoded/1024, weight.FCP)
+	if weight.Resources != 5 || weight.FCP <= 0 {
+		t.Errorf("page: %d requests, first contentful paint %.0f ms; want the page and its 4 assets, a paint", weight.Resources, weight.FCP)
+	}
+
+	// Throttle the user: 5 allowed, then denied; the aggregator's transition reaches the page.
+	for i := range 8 {
+		if got := check(); got.Allowed != (i < 5) {
+			t.Fatalf("check %d of %s: allowed %v, want %v", i+1, user, got.Allowed, i < 5)
+		}
+	}
+	waitTrue(t, ctx, 30*time.Second, "a live throttled transition",
+		fmt.Sprintf(`!!document.querySelector('#live-list li[data-to="throttled"][data-subject="user:%s"]')`, user))
+	stop := make(chan struct{})
+	go func() { // checks/s: a denied check every 50 ms while the page counts them
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				check()
+			}
+		}
+	}()
+	waitTrue(t, ctx, 10*time.Second, "the denied checks/s counter", `Number(document.querySelector("#rate-denied").textContent) > 0`)
+	close(stop)
+
+	// An override made through the console's form: the next check meets a limit of 50.
+	within(t, ctx, 20*time.Second, "create an override in the console",
+		chromedp.Navigate(p.url+"/console/#overrides"),
+		chromedp.WaitVisible("#override-form"),
+		chromedp.SetValue(`#override-form [name="dimension"]`, "user"),
+		chromedp.SendKeys(`#override-form [name="identifier"]`, user),
+		chromedp.SendKeys(`#override-form [name="rule_id"]`, "console-api"),
+		chromedp.SendKeys(`#override-form [name="limit"]`, "50"),
+		chromedp.SendKeys(`#override-form [name="duration"]`, "1h"),
+		chromedp.SendKeys(`#override-form [name="reason"]`, "console test"),
+		chromedp.Click(`#override-form button[type="submit"]`))
+	waitTrue(t, ctx, 10*time.Second, "the override listed", fmt.Sprintf(`[...document.querySelectorAll("#overrides tbody tr")].some((r) => r.innerText.includes("user:%s"))`, user))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := check()
+		if got.Allowed && got.Limit == 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("check after the console's override: allowed %v, limit %d; want allowed, limit 50", got.Allowed, got.Limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The usage chart and its totals show the test's checks; the subject view its limits.
+	within(t, ctx, 20*time.Second, "open usage", chromedp.Navigate(p.url+"/console/#usage"), chromedp.WaitVisible("#usage-chart"))
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		var checks int
+		_ = chromedp.Run(ctx, chromedp.Evaluate(`(() => { const r = document.querySelector('#usage-totals tr[data-key="free"]'); return r ? Number(r.dataset.checks) : 0 })()`, &checks))
+		var canvas bool
+		_ = chromedp.Run(ctx, chromedp.Evaluate(`!!document.querySelector("#usage-chart canvas")`, &canvas))
+		if checks >= 9 && canvas {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage: tier free shows %d checks, chart drawn %v; want at least 9 and a chart", checks, canvas)
+		}
+		_ = chromedp.Run(ctx, chromedp.Click(`#usage-form button[type="submit"]`))
+		time.Sleep(300 * time.Millisecond)
+	}
+	if path := os.Getenv("QUOTAFLOW_CONSOLE_SCREENSHOT"); path != "" {
+		var png []byte
+		within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(&png, 90))
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	within(t, ctx, 20*time.Second, "open the subject view", chromedp.Navigate(p.url+"/console/#subject/user:"+user),
+		chromedp.WaitVisible(`#subject-limits tr[data-rule="console-api"][data-limit="50"]`))
+	waitTrue(t, ctx, 20*time.Second, "the subject's recent decisions", `document.querySelectorAll("#subject-decisions tbody tr").length >= 9`)
+
+	// On a phone-sized screen nothing runs off the side.
+	within(t, ctx, 10*time.Second, "phone-sized", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.url+"/console/#live"),
+		chromedp.WaitVisible("#live-list"))
+	waitTrue(t, ctx, 5*time.Second, "no horizontal scroll at 390 px", `document.documentElement.scrollWidth <= window.innerWidth`)
+
+	// A checker whose ClickHouse is unreachable: a banner says so, and the live feed works.
+	blind := startChecker(t, "console-blind", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
+		c.BacktestClickHouseDSN = "clickhouse://127.0.0.1:1/" + db
+		c.Admin.Tokens = map[string]admin.Token{"console-read": {Name: "analyst", Role: admin.RoleRead}}
+	})
+	within(t, ctx, 30*time.Second, "sign in to the checker without ClickHouse",
+		chromedp.Navigate(blind.url+"/console/"), chromedp.WaitVisible("#login"),
+		chromedp.SendKeys("#token", "console-read"), chromedp.Submit("#login"), chromedp.WaitVisible("#app"))
+	waitTrue(t, ctx, 20*time.Second, "the ClickHouse banner", `!!document.querySelector('#banners [data-part="clickhouse"]')`)
+	waitTrue(t, ctx, 20*time.Second, "the live feed without ClickHouse", `document.querySelector("#live-status").textContent.startsWith("Live")`)
+
+	// NATS down: a banner says so, and the usage view still answers from ClickHouse.
+	within(t, ctx, 20*time.Second, "back to the first checker", chromedp.Navigate(p.url+"/console/#live"), chromedp.WaitVisible("#app"))
+	ns.Close()
+	waitTrue(t, ctx, 20*time.Second, "the NATS banner", `!!document.querySelector('#banners [data-part="nats"]')`)
+	within(t, ctx, 20*time.Second, "usage without NATS", chromedp.Navigate(p.url+"/console/#usage"),
+		chromedp.WaitVisible(`#usage-totals tr[data-key="free"]`))
+	if strings.Contains(p.log.String(), "panic") {
+		t.Errorf("the checker logged a panic:\n%s", p.log)
+	}
+}
