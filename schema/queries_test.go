@@ -143,6 +143,9 @@ type qdecision struct {
 	// candidate is the answer of the rule's candidate (rule + "-candidate"): 0 for none, 1
 	// allowed, 2 denied.
 	candidate int
+	// degraded is an answer of the rule's fail mode (open when allowed, closed when denied),
+	// given by checker-c, whose Redis did not answer.
+	degraded bool
 }
 
 // TestQueriesDoc runs every query of docs/queries.md on Debian's ClickHouse against realistic
@@ -201,14 +204,25 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 	add(4, qdecision{tier: "free", dim: "ip", subject: "198.51.100.9", endpoint: "/v1/search", rule: "ip-burst", allowed: true, shadow: true, shadowRule: "ip-strict-shadow"})
 	// carol's candidate would deny too: it is no shadow rule's denial.
 	add(2, qdecision{tier: "pro", dim: "user", subject: "carol", endpoint: "/v1/orders", rule: "pro-user-orders", allowed: true, shadow: true, shadowRule: "pro-orders-shadow", candidate: 2})
+	// A Redis outage seen by checker-c: the global rule's fail mode (closed) denied 20 checks,
+	// more than any limit denied anyone, which is no throttling; the IP rule's (open) allowed 2.
+	add(20, qdecision{tier: "free", dim: "global", subject: "*", endpoint: "/v1/api", rule: "global-api", degraded: true})
+	add(2, qdecision{tier: "free", dim: "ip", subject: "203.0.113.7", endpoint: "/v1/search", rule: "ip-burst", allowed: true, degraded: true})
 
-	var aliceRows, denied, shadowed int64
+	// denied are the limits' denials; degraded the fail modes' answers, degradedDenied their denials.
+	var aliceRows, denied, shadowed, degraded, degradedDenied int64
 	shadowSubjects := map[string]bool{}
 	for _, d := range ds {
 		if d.dim == "user" && d.subject == "alice" {
 			aliceRows++
 		}
-		if !d.allowed {
+		switch {
+		case d.degraded && !d.allowed:
+			degraded++
+			degradedDenied++
+		case d.degraded:
+			degraded++
+		case !d.allowed:
 			denied++
 		}
 		if d.shadow {
@@ -247,10 +261,17 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		for j := range limitRules {
 			limitDims[j], limitIDs[j] = d.dim, d.subject
 		}
+		checker, degraded, failMode := "checker-a", uint8(0), "open"
+		if d.degraded {
+			checker, degraded = "checker-c", 1
+			if !d.allowed {
+				failMode = "closed"
+			}
+		}
 		if err := b.Append(
-			fmt.Sprintf("checker-a-%d", i+1), "checker-a", at, at.UnixMicro(),
+			fmt.Sprintf("%s-%d", checker, i+1), checker, at, at.UnixMicro(),
 			d.dim, d.subject, []string{d.dim + ":" + d.subject}, d.tier, d.endpoint, d.rule, "sliding_window",
-			int64(1), allowed, shadow, uint8(0), "open",
+			int64(1), allowed, shadow, degraded, failMode,
 			int64(limit), remaining, int64(limit)-remaining, int64(60000), at.Add(time.Minute).Truncate(time.Second), retry,
 			state, uint8(0), int64(0),
 			limitRules, limitShadow, limitAllowed, limitDims, limitIDs, limitCandidateOf,
@@ -341,7 +362,15 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 				t.Errorf("%s: requests add up to %d, want %d (settles and lease events are none)", s, got, total+reserves)
 			}
 			if got := r.sumInt(t, s, "denied"); got != denied {
-				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+				t.Errorf("%s: denied add up to %d, want the limits' %d (not the fail mode's %d)", s, got, denied, degradedDenied)
+			}
+			for _, c := range []struct {
+				col  string
+				want int64
+			}{{"degraded", degraded}, {"fail_mode_denied", degradedDenied}} {
+				if got := r.sumInt(t, s, c.col); got != c.want {
+					t.Errorf("%s: %s adds up to %d, want %d", s, c.col, got, c.want)
+				}
 			}
 		},
 		"Top throttled subjects": func(t *testing.T, s string, r result) {
@@ -352,7 +381,10 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 				t.Errorf("%s: bob denied %d times, want 14", s, got)
 			}
 			if got := r.sumInt(t, s, "denied"); got != denied {
-				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+				t.Errorf("%s: denied add up to %d, want the limits' %d (not the fail mode's %d)", s, got, denied, degradedDenied)
+			}
+			if slices.Contains(r.col(t, s, "subject_id"), any("*")) {
+				t.Errorf("%s: lists the global subject, whom only a fail mode denied", s)
 			}
 		},
 		"Denials by rule": func(t *testing.T, s string, r result) {
@@ -360,7 +392,44 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 				t.Errorf("%s: first rule %v, want pro-user-orders", s, got)
 			}
 			if got := r.sumInt(t, s, "denied"); got != denied {
-				t.Errorf("%s: denied add up to %d, want %d", s, got, denied)
+				t.Errorf("%s: denied add up to %d, want the limits' %d (not the fail mode's %d)", s, got, denied, degradedDenied)
+			}
+			if got := r.sumInt(t, s, "fail_mode_denied"); got != degradedDenied {
+				t.Errorf("%s: fail_mode_denied adds up to %d, want %d", s, got, degradedDenied)
+			}
+			// global-api's only denials are the fail mode's: listed, but not as throttling.
+			i := slices.Index(r.col(t, s, "rule_id"), any("global-api"))
+			if i < 0 {
+				t.Fatalf("%s: no row of global-api, whose requests a fail mode denied", s)
+			}
+			if got := fmt.Sprint(r.col(t, s, "denied_share")[i], r.col(t, s, "fail_mode_share")[i]); got != "0 1" {
+				t.Errorf("%s: global-api's denied_share and fail_mode_share %s, want 0 1", s, got)
+			}
+		},
+		"Decisions answered by a fail mode": func(t *testing.T, s string, r result) {
+			for _, c := range []struct {
+				col  string
+				want int64
+			}{{"degraded", degraded}, {"fail_mode_denied", degradedDenied}, {"fail_mode_allowed", degraded - degradedDenied}} {
+				if got := r.sumInt(t, s, c.col); got != c.want {
+					t.Errorf("%s: %s adds up to %d, want %d", s, c.col, got, c.want)
+				}
+			}
+			for i, rule := range r.col(t, s, "rule_id") {
+				if share := r.col(t, s, "degraded_share")[i]; rule == "global-api" && share != 1.0 {
+					t.Errorf("%s: global-api's degraded_share %v, want 1", s, share)
+				}
+			}
+		},
+		"Fail-mode answers by checker": func(t *testing.T, s string, r result) {
+			var got []string
+			for i, checker := range r.col(t, s, "checker_id") {
+				got = append(got, fmt.Sprintf("%v %v %d %d", checker, r.col(t, s, "fail_mode")[i],
+					toInt(t, r.col(t, s, "answers")[i]), toInt(t, r.col(t, s, "denied")[i])))
+			}
+			want := []string{"checker-c closed 20 20", "checker-c open 2 0"}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %q, want %q", s, got, want)
 			}
 		},
 		"Audit trail of a subject": func(t *testing.T, s string, r result) {
@@ -427,6 +496,9 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		"Endpoint usage per minute": func(t *testing.T, s string, r result) {
 			if got := r.sumInt(t, s, "total_requests"); got != total+reserves {
 				t.Errorf("%s: requests add up to %d, want %d", s, got, total+reserves)
+			}
+			if got, want := fmt.Sprint(r.sumInt(t, s, "denied"), r.sumInt(t, s, "degraded")), fmt.Sprint(denied, degraded); got != want {
+				t.Errorf("%s: denied and degraded add up to %s, want %s", s, got, want)
 			}
 			// Each of the fixture's checks costs 1; the reservations cost what they settled.
 			if got := r.sumInt(t, s, "cost"); got != total+1250+1500+300 {

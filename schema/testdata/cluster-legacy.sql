@@ -491,3 +491,111 @@ SELECT
 FROM quotaflow.decisions_local
 GROUP BY day, tier, dimension, endpoint, rule_id;
 
+ALTER TABLE quotaflow.usage_minute_local ON CLUSTER 'qf' ADD COLUMN degraded_requests UInt64 DEFAULT 0,
+    ADD COLUMN degraded_denied UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_minute ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_minute ON CLUSTER 'qf' AS quotaflow.usage_minute_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_minute_local', rand());
+
+DROP TABLE IF EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_minute_mv ON CLUSTER 'qf' TO quotaflow.usage_minute_local AS
+SELECT
+    toStartOfMinute(time) AS minute,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired,
+    countIf(delay_us > 0 AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS delayed_requests,
+    countIf(degraded = 1 AND (kind = '' OR kind = 'reserve')) AS degraded_requests,
+    countIf(degraded = 1 AND allowed = 0 AND (kind = '' OR kind = 'reserve')) AS degraded_denied
+FROM quotaflow.decisions_local
+GROUP BY minute, tier, dimension, endpoint, rule_id;
+
+ALTER TABLE quotaflow.usage_hour_local ON CLUSTER 'qf' ADD COLUMN degraded_requests UInt64 DEFAULT 0,
+    ADD COLUMN degraded_denied UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_hour ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_hour ON CLUSTER 'qf' AS quotaflow.usage_hour_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_hour_local', rand());
+
+DROP TABLE IF EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_hour_mv ON CLUSTER 'qf' TO quotaflow.usage_hour_local AS
+SELECT
+    toStartOfHour(time) AS hour,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired,
+    countIf(delay_us > 0 AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS delayed_requests,
+    countIf(degraded = 1 AND (kind = '' OR kind = 'reserve')) AS degraded_requests,
+    countIf(degraded = 1 AND allowed = 0 AND (kind = '' OR kind = 'reserve')) AS degraded_denied
+FROM quotaflow.decisions_local
+GROUP BY hour, tier, dimension, endpoint, rule_id;
+
+ALTER TABLE quotaflow.usage_day_local ON CLUSTER 'qf' ADD COLUMN degraded_requests UInt64 DEFAULT 0,
+    ADD COLUMN degraded_denied UInt64 DEFAULT 0;
+
+DROP TABLE IF EXISTS quotaflow.usage_day ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.usage_day ON CLUSTER 'qf' AS quotaflow.usage_day_local
+ENGINE = Distributed('qf', 'quotaflow', 'usage_day_local', rand());
+
+DROP TABLE IF EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf';
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.usage_day_mv ON CLUSTER 'qf' TO quotaflow.usage_day_local AS
+SELECT
+    toDate(time) AS day,
+    tier,
+    subject_dimension AS dimension,
+    endpoint,
+    rule_id,
+    countIf(kind = '' OR kind = 'reserve') AS requests,
+    sumIf(allowed, kind = '' OR kind = 'reserve') AS allowed_requests,
+    countIf(allowed = 0 AND (kind = '' OR kind = 'reserve')) AS denied_requests,
+    sumIf(shadow, kind = '' OR kind = 'reserve') AS shadow_denied,
+    sum(cost) AS cost_total,
+    sum(cost * allowed) AS allowed_cost,
+    sumIf(estimated_cost, kind = 'reserve' AND allowed = 1) AS reserved_cost,
+    sumIf(cost, kind = 'settle' OR kind = 'cancel') AS settle_delta,
+    countIf(kind = 'settle' OR kind = 'cancel') AS settles,
+    countIf(overage = 1) AS overages,
+    countIf(lease_id != '' AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS leases_acquired,
+    countIf(kind = 'lease_release') AS leases_released,
+    countIf(kind = 'lease_expired') AS leases_expired,
+    countIf(delay_us > 0 AND allowed = 1 AND (kind = '' OR kind = 'reserve')) AS delayed_requests,
+    countIf(degraded = 1 AND (kind = '' OR kind = 'reserve')) AS degraded_requests,
+    countIf(degraded = 1 AND allowed = 0 AND (kind = '' OR kind = 'reserve')) AS degraded_denied
+FROM quotaflow.decisions_local
+GROUP BY day, tier, dimension, endpoint, rule_id;
+
