@@ -43,19 +43,21 @@ func browser(t *testing.T, w, h int) context.Context {
 	t.Cleanup(cancel)
 	ctx, cancelTab := chromedp.NewContext(actx)
 	t.Cleanup(cancelTab)
-	if err := chromedp.Run(ctx); err != nil {
+	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
 	return ctx
 }
 
 // within runs actions with a deadline, failing the test with what was being waited for.
-func within(t *testing.T, ctx context.Context, d time.Duration, what string, actions ...chromedp.Action) {
+func within(t *testing.T, ctx context.Context, d time.Duration, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
+	ctx0 := ctx
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if err := chromedp.Run(ctx, actions...); err != nil {
-		t.Fatalf("%s: %v", what, err)
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		page, _ := chromedp.Run(ctx0, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText.slice(0, 2000)`))
+		t.Fatalf("%s: %v; page:\n%s", what, err, page)
 	}
 }
 
@@ -64,13 +66,11 @@ func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr str
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		var ok bool
-		if err := chromedp.Run(ctx, chromedp.Evaluate(expr, &ok)); err == nil && ok {
+		if ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](expr)); err == nil && ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			var text string
-			_ = chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector("main") ? document.querySelector("main").innerText.slice(0, 2000) : ""`, &text))
+			text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
 			t.Fatalf("%s: %s still false after %s; page:\n%s", what, expr, d, text)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -108,25 +108,28 @@ func TestConsole(t *testing.T) {
 	began := time.Now()
 	within(t, ctx, 30*time.Second, "load the console and sign in",
 		chromedp.Navigate(p.url+"/console/"),
-		chromedp.WaitVisible("#login"),
-		chromedp.SendKeys("#token", "console-write"),
-		chromedp.Submit("#login"),
-		chromedp.WaitVisible("#app"))
+		chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), "console-write"),
+		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#app")))
 	waitTrue(t, ctx, 20*time.Second, "the live feed connects", `document.querySelector("#live-status").textContent.startsWith("Live")`)
 	t.Logf("console loaded and signed in in %s", time.Since(began).Round(time.Millisecond))
-	var weight struct {
+	type pageWeight struct {
 		Transfer, Decoded float64
 		Resources         int
 		FCP               float64
 	}
-	within(t, ctx, 10*time.Second, "measure the page", chromedp.Evaluate(`(() => {
+	weight, err := chromedp.Run(ctx, chromedp.Evaluate[pageWeight](`(() => {
 		const own = performance.getEntriesByType("resource").filter((e) => e.name.includes("/console/"));
 		const nav = performance.getEntriesByType("navigation")[0];
 		const fcp = performance.getEntriesByType("paint").find((e) => e.name === "first-contentful-paint");
 		return {Transfer: nav.transferSize + own.reduce((s, e) => s + e.transferSize, 0),
 			Decoded: nav.decodedBodySize + own.reduce((s, e) => s + e.decodedBodySize, 0),
 			Resources: own.length + 1, FCP: fcp ? fcp.startTime : -1};
-	})()`, &weight))
+	})()`))
+	if err != nil {
+		t.Fatalf("measure the page: %v", err)
+	}
 	t.Logf("page weight: %d requests, %.1f kB transferred, %.1f kB decoded; first contentful paint %.0f ms",
 		weight.Resources, weight.Transfer/1024, weight.Decoded/1024, weight.FCP)
 	if weight.Resources != 5 || weight.FCP <= 0 {
@@ -158,14 +161,14 @@ func TestConsole(t *testing.T) {
 	// An override made through the console's form: the next check meets a limit of 50.
 	within(t, ctx, 20*time.Second, "create an override in the console",
 		chromedp.Navigate(p.url+"/console/#overrides"),
-		chromedp.WaitVisible("#override-form"),
-		chromedp.SetValue(`#override-form [name="dimension"]`, "user"),
-		chromedp.SendKeys(`#override-form [name="identifier"]`, user),
-		chromedp.SendKeys(`#override-form [name="rule_id"]`, "console-api"),
-		chromedp.SendKeys(`#override-form [name="limit"]`, "50"),
-		chromedp.SendKeys(`#override-form [name="duration"]`, "1h"),
-		chromedp.SendKeys(`#override-form [name="reason"]`, "console test"),
-		chromedp.Click(`#override-form button[type="submit"]`))
+		chromedp.WaitVisible(chromedp.CSS("#override-form")),
+		chromedp.SetValue(chromedp.CSS(`#override-form [name="dimension"]`), "user"),
+		chromedp.SendKeys(chromedp.CSS(`#override-form [name="identifier"]`), user),
+		chromedp.SendKeys(chromedp.CSS(`#override-form [name="rule_id"]`), "console-api"),
+		chromedp.SendKeys(chromedp.CSS(`#override-form [name="limit"]`), "50"),
+		chromedp.SendKeys(chromedp.CSS(`#override-form [name="duration"]`), "1h"),
+		chromedp.SendKeys(chromedp.CSS(`#override-form [name="reason"]`), "console test"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)))
 	waitTrue(t, ctx, 10*time.Second, "the override listed", fmt.Sprintf(`[...document.querySelectorAll("#overrides tbody tr")].some((r) => r.innerText.includes("user:%s"))`, user))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -180,36 +183,36 @@ func TestConsole(t *testing.T) {
 	}
 
 	// The usage chart and its totals show the test's checks; the subject view its limits.
-	within(t, ctx, 20*time.Second, "open usage", chromedp.Navigate(p.url+"/console/#usage"), chromedp.WaitVisible("#usage-chart"))
+	within(t, ctx, 20*time.Second, "open usage", chromedp.Navigate(p.url+"/console/#usage"), chromedp.WaitVisible(chromedp.CSS("#usage-chart")))
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		var checks int
-		_ = chromedp.Run(ctx, chromedp.Evaluate(`(() => { const r = document.querySelector('#usage-totals tr[data-key="free"]'); return r ? Number(r.dataset.checks) : 0 })()`, &checks))
-		var canvas bool
-		_ = chromedp.Run(ctx, chromedp.Evaluate(`!!document.querySelector("#usage-chart canvas")`, &canvas))
+		checks, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`(() => { const r = document.querySelector('#usage-totals tr[data-key="free"]'); return r ? Number(r.dataset.checks) : 0 })()`))
+		canvas, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!document.querySelector("#usage-chart canvas")`))
 		if checks >= 9 && canvas {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("usage: tier free shows %d checks, chart drawn %v; want at least 9 and a chart", checks, canvas)
 		}
-		_ = chromedp.Run(ctx, chromedp.Click(`#usage-form button[type="submit"]`))
+		_ = chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#usage-form button[type="submit"]`)))
 		time.Sleep(300 * time.Millisecond)
 	}
 	if path := os.Getenv("QUOTAFLOW_CONSOLE_SCREENSHOT"); path != "" {
-		var png []byte
-		within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(&png, 90))
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot: %v", err)
+		}
 		if err := os.WriteFile(path, png, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	within(t, ctx, 20*time.Second, "open the subject view", chromedp.Navigate(p.url+"/console/#subject/user:"+user),
-		chromedp.WaitVisible(`#subject-limits tr[data-rule="console-api"][data-limit="50"]`))
+		chromedp.WaitVisible(chromedp.CSS(`#subject-limits tr[data-rule="console-api"][data-limit="50"]`)))
 	waitTrue(t, ctx, 20*time.Second, "the subject's recent decisions", `document.querySelectorAll("#subject-decisions tbody tr").length >= 9`)
 
 	// On a phone-sized screen nothing runs off the side.
 	within(t, ctx, 10*time.Second, "phone-sized", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.url+"/console/#live"),
-		chromedp.WaitVisible("#live-list"))
+		chromedp.WaitVisible(chromedp.CSS(".rates")))
 	waitTrue(t, ctx, 5*time.Second, "no horizontal scroll at 390 px", `document.documentElement.scrollWidth <= window.innerWidth`)
 
 	// A checker whose ClickHouse is unreachable: a banner says so, and the live feed works.
@@ -219,17 +222,17 @@ func TestConsole(t *testing.T) {
 		c.Admin.Tokens = map[string]admin.Token{"console-read": {Name: "analyst", Role: admin.RoleRead}}
 	})
 	within(t, ctx, 30*time.Second, "sign in to the checker without ClickHouse",
-		chromedp.Navigate(blind.url+"/console/"), chromedp.WaitVisible("#login"),
-		chromedp.SendKeys("#token", "console-read"), chromedp.Submit("#login"), chromedp.WaitVisible("#app"))
+		chromedp.Navigate(blind.url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), "console-read"), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)), chromedp.WaitVisible(chromedp.CSS("#app")))
 	waitTrue(t, ctx, 20*time.Second, "the ClickHouse banner", `!!document.querySelector('#banners [data-part="clickhouse"]')`)
 	waitTrue(t, ctx, 20*time.Second, "the live feed without ClickHouse", `document.querySelector("#live-status").textContent.startsWith("Live")`)
 
 	// NATS down: a banner says so, and the usage view still answers from ClickHouse.
-	within(t, ctx, 20*time.Second, "back to the first checker", chromedp.Navigate(p.url+"/console/#live"), chromedp.WaitVisible("#app"))
+	within(t, ctx, 20*time.Second, "back to the first checker", chromedp.Navigate(p.url+"/console/#live"), chromedp.WaitVisible(chromedp.CSS("#app")))
 	ns.Close()
 	waitTrue(t, ctx, 20*time.Second, "the NATS banner", `!!document.querySelector('#banners [data-part="nats"]')`)
 	within(t, ctx, 20*time.Second, "usage without NATS", chromedp.Navigate(p.url+"/console/#usage"),
-		chromedp.WaitVisible(`#usage-totals tr[data-key="free"]`))
+		chromedp.WaitVisible(chromedp.CSS(`#usage-totals tr[data-key="free"]`)))
 	if strings.Contains(p.log.String(), "panic") {
 		t.Errorf("the checker logged a panic:\n%s", p.log)
 	}

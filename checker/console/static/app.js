@@ -195,7 +195,7 @@ async function subject(s, endpoint) {
     problem("subject", "Limits: " + e.message);
   }
   const dimName = { api_key: "apikey" }[dim] || dim;
-  call("GET", "/overrides").then((os) => {
+  call("GET", "/overrides").then(({ overrides: os }) => {
     const mine = os.filter((o) => o.dimension === dimName && o.identifier === id || o.tier && o.tier === $("#subject-tier").textContent.slice(5));
     $("#subject-overrides").replaceChildren(...(mine.length ? mine.map(overrideItem) : [el("li", {}, "none")]));
   }).catch((e) => $("#subject-overrides").replaceChildren(el("li", { class: "error" }, e.message)));
@@ -249,7 +249,7 @@ async function billingCSV() {
 // ---- Overrides and rules.
 async function overrides() {
   try {
-    const os = await call("GET", "/overrides");
+    const { overrides: os } = await call("GET", "/overrides");
     fill($("#overrides"), os.map((o) => el("tr", { "data-id": o.id },
       el("td", {}, o.id), el("td", {}, o.identifier ? `${o.dimension}:${o.identifier}` : o.tier ? "tier " + o.tier : "rule"),
       el("td", {}, o.rule_id || "all"), el("td", {}, o.limit ? num(o.limit) : "×" + o.multiplier), el("td", {}, when(o.expires_at)),
