@@ -47,7 +47,7 @@ type backtestRequest struct {
 func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
 	if a.backtester == nil {
 		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
-			Message: "backtests read the ClickHouse audit: start the checker with --backtest-clickhouse-dsn"}
+			Message: "backtests read the ClickHouse audit: start the checker with --audit-clickhouse-dsn"}
 	}
 	// A replay takes a core for minutes on a checker that also answers checks: one at a time.
 	if !a.backtesting.CompareAndSwap(false, true) {

@@ -42,7 +42,7 @@ func auditAnswer(v any, err error) (int, any, error) {
 func (a *API) needAudit() error {
 	if a.audit == nil {
 		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
-			Message: "usage is read from the ClickHouse audit: start the checker with --backtest-clickhouse-dsn"}
+			Message: "usage is read from the ClickHouse audit: start the checker with --audit-clickhouse-dsn"}
 	}
 	return nil
 }

@@ -33,4 +33,3 @@ func Handler() http.Handler {
 	mux.Handle("GET "+Path[:len(Path)-1], http.RedirectHandler(Path, http.StatusMovedPermanently))
 	return mux
 }
-

@@ -16,7 +16,7 @@ type adminFlags struct {
 	readPerMinute  int
 	writePerMinute int
 	authFailures   int
-	backtestDSN    string
+	auditDSN    string
 	tokens         map[string]admin.Token // loaded by validate
 }
 
@@ -26,8 +26,9 @@ func (a *adminFlags) register(fs *flagSet) {
 	fs.IntVar(&a.readPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
 	fs.IntVar(&a.writePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
 	fs.IntVar(&a.authFailures, "admin-auth-failures-per-minute", 10, "failed authentications allowed per source address per minute, counted alike by the admin API and every protocol of the check API; past it the address's credentials are refused (429, ResourceExhausted) until its bucket refills")
-	fs.StringVar(&a.backtestDSN, "backtest-clickhouse-dsn", "", "ClickHouse native-protocol `DSN` whose decision audit the admin API's backtests read (POST /api/v1/rules:backtest); empty: they answer 503 (quotaflow serve with an aggregator uses its --clickhouse-dsn)")
-	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute", "backtest-clickhouse-dsn")
+	fs.StringVar(&a.auditDSN, "audit-clickhouse-dsn", "", "ClickHouse native-protocol `DSN` whose decision audit and usage rollups the admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage and subject views; empty: they answer 503 (quotaflow serve with an aggregator uses its --clickhouse-dsn)")
+	fs.StringVar(&a.auditDSN, "backtest-clickhouse-dsn", "", "the old name of --audit-clickhouse-dsn")
+	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute", "audit-clickhouse-dsn")
 }
 
 func (a *adminFlags) validate() error {
@@ -40,9 +41,9 @@ func (a *adminFlags) validate() error {
 	if a.authFailures < 1 {
 		return fmt.Errorf("--admin-auth-failures-per-minute: want at least 1, got %d", a.authFailures)
 	}
-	if a.backtestDSN != "" {
-		if _, err := schema.ParseDSN(a.backtestDSN); err != nil {
-			return fmt.Errorf("--backtest-clickhouse-dsn: %w", err)
+	if a.auditDSN != "" {
+		if _, err := schema.ParseDSN(a.auditDSN); err != nil {
+			return fmt.Errorf("--audit-clickhouse-dsn: %w", err)
 		}
 	}
 	a.tokens = map[string]admin.Token{}

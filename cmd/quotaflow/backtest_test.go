@@ -51,7 +51,7 @@ func TestBacktest(t *testing.T) {
 	rulesFile := writeFile(t, "rules.yaml", backtestRules)
 	p := startChecker(t, "bt", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile, c.Redis = rulesFile, redisDB(t, 14)
-		c.BacktestClickHouseDSN = chSrv.DSN(db)
+		c.AuditClickHouseDSN = chSrv.DSN(db)
 		c.Admin.Tokens = map[string]admin.Token{"bt-read": {Name: "analyst", Role: admin.RoleRead}}
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),

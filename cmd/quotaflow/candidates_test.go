@@ -41,7 +41,7 @@ func TestLiveCandidates(t *testing.T) {
 	db := databaseName("candidates")
 	p := startChecker(t, "lc", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile = writeFile(t, "rules.yaml", candidateRules)
-		c.BacktestClickHouseDSN = chSrv.DSN(db)
+		c.AuditClickHouseDSN = chSrv.DSN(db)
 		c.Admin.Tokens = map[string]admin.Token{"lc-read": {Name: "analyst", Role: admin.RoleRead}}
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),

@@ -132,7 +132,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 		}
 	}
 	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
-	cfg.Admin, cfg.BacktestClickHouseDSN = c.admin.config(), c.admin.backtestDSN
+	cfg.Admin, cfg.AuditClickHouseDSN = c.admin.config(), c.admin.auditDSN
 	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
 	c.serving.apply(cfg, c.callers.callersFile)
 	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)

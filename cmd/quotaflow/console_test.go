@@ -88,7 +88,7 @@ func TestConsole(t *testing.T) {
 	db := databaseName("console")
 	p := startChecker(t, "console", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
-		c.BacktestClickHouseDSN = chSrv.DSN(db)
+		c.AuditClickHouseDSN = chSrv.DSN(db)
 		c.Admin.Tokens = map[string]admin.Token{"console-write": {Name: "operator", Role: admin.RoleWrite}}
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
@@ -218,7 +218,7 @@ func TestConsole(t *testing.T) {
 	// A checker whose ClickHouse is unreachable: a banner says so, and the live feed works.
 	blind := startChecker(t, "console-blind", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
-		c.BacktestClickHouseDSN = "clickhouse://127.0.0.1:1/" + db
+		c.AuditClickHouseDSN = "clickhouse://127.0.0.1:1/" + db
 		c.Admin.Tokens = map[string]admin.Token{"console-read": {Name: "analyst", Role: admin.RoleRead}}
 	})
 	within(t, ctx, 30*time.Second, "sign in to the checker without ClickHouse",

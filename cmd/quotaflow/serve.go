@@ -88,9 +88,9 @@ func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, 
 	}
 	defer daemon.CloseTelemetry(tel)
 	a.cfg.Telemetry, a.cfg.Logger, c.cfg.Telemetry = tel, log, tel
-	if c.cfg.BacktestClickHouseDSN == "" {
+	if c.cfg.AuditClickHouseDSN == "" {
 		// The admin API's backtests read the audit this aggregator writes.
-		c.cfg.BacktestClickHouseDSN, c.cfg.BacktestClickHouseTLS = a.cfg.ClickHouseDSN, a.cfg.ClickHouseTLS
+		c.cfg.AuditClickHouseDSN, c.cfg.AuditClickHouseTLS = a.cfg.ClickHouseDSN, a.cfg.ClickHouseTLS
 	}
 	agg, err := daemon.StartAggregator(ctx, a.cfg)
 	if err != nil {

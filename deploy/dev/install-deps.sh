@@ -46,6 +46,9 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 
+# Debian's Chromium, which the web console's test drives headless (TestConsole, with chromedp).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

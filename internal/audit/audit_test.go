@@ -77,7 +77,6 @@ func b2u(b bool) uint8 {
 	return 0
 }
 
-
 // TestSeriesAndTop: the last hour per tier and per rule from the minute rollup, and the
 // subjects denied most, with a fail mode's answers counted apart from the limits' denials.
 func TestSeriesAndTop(t *testing.T) {
@@ -204,7 +203,10 @@ func TestBadInput(t *testing.T) {
 		field string
 	}{
 		{"series by", func() error { _, err := rd.Series(ctx, audit.SeriesRequest{By: "endpoint"}); return err }, "by"},
-		{"series span", func() error { _, err := rd.Series(ctx, audit.SeriesRequest{By: "tier", Span: 2 * audit.MaxSpan}); return err }, "span"},
+		{"series span", func() error {
+			_, err := rd.Series(ctx, audit.SeriesRequest{By: "tier", Span: 2 * audit.MaxSpan})
+			return err
+		}, "span"},
 		{"top n", func() error { _, err := rd.Top(ctx, audit.TopRequest{N: 1000}); return err }, "n"},
 		{"recent subject", func() error { _, err := rd.Recent(ctx, "alice", 0); return err }, "subject"},
 		{"billing subject", func() error { _, err := rd.Billing(ctx, audit.BillingRequest{Subject: "who:x"}); return err }, "subject"},

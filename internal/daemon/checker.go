@@ -79,11 +79,12 @@ type CheckerConfig struct {
 	// TLS; "" means no publishing, rules from RulesFile only and an admin API answering 503.
 	NATSURL string
 	NATSTLS *tls.Config
-	// BacktestClickHouseDSN names the ClickHouse whose decision audit the admin API's
-	// backtests read (POST /api/v1/rules:backtest), BacktestClickHouseTLS its client TLS;
-	// "" answers them 503. The server is reached when a backtest runs, never at start.
-	BacktestClickHouseDSN string
-	BacktestClickHouseTLS *tls.Config
+	// AuditClickHouseDSN names the ClickHouse whose decision audit and usage rollups the
+	// admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage
+	// and subject views, AuditClickHouseTLS its client TLS; "" answers them 503. The server
+	// is reached when one of them is asked, never at start.
+	AuditClickHouseDSN string
+	AuditClickHouseTLS *tls.Config
 	// Publisher configures the decision stream; its Replicas is also the rule store's.
 	// InstanceID, Logger and Meter are set by the checker.
 	Publisher publisher.Config
@@ -289,8 +290,8 @@ func (s *checkerStart) serve() error {
 	if s.follower != nil { // else nil: the admin API answers 503
 		acfg.Store, acfg.JetStream = s.follower, s.js
 	}
-	if cfg.BacktestClickHouseDSN != "" {
-		conn, db, err := schema.Open(cfg.BacktestClickHouseDSN, cfg.BacktestClickHouseTLS)
+	if cfg.AuditClickHouseDSN != "" {
+		conn, db, err := schema.Open(cfg.AuditClickHouseDSN, cfg.AuditClickHouseTLS)
 		if err != nil {
 			return fmt.Errorf("backtest clickhouse: %w", err)
 		}
