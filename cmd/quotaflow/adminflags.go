@@ -16,7 +16,7 @@ type adminFlags struct {
 	readPerMinute  int
 	writePerMinute int
 	authFailures   int
-	auditDSN    string
+	auditDSN       string
 	tokens         map[string]admin.Token // loaded by validate
 }
 
