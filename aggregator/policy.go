@@ -35,8 +35,8 @@ type PolicyConfig struct {
 	// JetStream reads the warning transitions from EventsStream (events.Stream).
 	JetStream    jetstream.JetStream
 	EventsStream string
-	// TierRate counts a tier's allowed checks since an instant (ClickHouseTierRate); nil
-	// disables tier protection.
+	// TierRate counts a tier's allowed checks since an instant (ClickHouseTierRate), those a
+	// fail mode allowed included; nil disables tier protection.
 	TierRate func(ctx context.Context, tier string, since time.Time) (int64, error)
 	// Leader reports whether this process acts on the policies (nil: always). Every aggregator
 	// follows the transitions; only the leader writes overrides.
@@ -368,7 +368,9 @@ func shortHash(parts ...string) string {
 }
 
 // ClickHouseTierRate counts a tier's allowed decisions in db.decisions since an instant: the
-// whole fleet's, whichever checker decided and whichever aggregator stored them.
+// whole fleet's, whichever checker decided and whichever aggregator stored them. Checks a fail
+// mode allowed while Redis did not answer (degraded) are counted: they reached the upstream
+// as surely as the others, and its capacity is what the policy protects.
 func ClickHouseTierRate(conn driver.Conn, db string) func(ctx context.Context, tier string, since time.Time) (int64, error) {
 	q := "SELECT count() FROM " + db + ".decisions WHERE tier = ? AND allowed = 1 AND time >= toDateTime(?)"
 	return func(ctx context.Context, tier string, since time.Time) (int64, error) {

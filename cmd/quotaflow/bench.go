@@ -24,11 +24,13 @@ type benchOptions struct {
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", `Puts load on a checker and reports throughput and latency: checks/s, p50, p90, p99 and
-p99.9, allowed, denied and errors. Without --rate it is a closed loop (--concurrency workers,
-each sending its next check as soon as the last is answered); with --rate an open loop (checks
-start on a fixed schedule whatever the answers, and latency counts from each check's scheduled
-time, so a target that falls behind shows as latency instead of being hidden). Progress is
-printed to stderr every second; the report goes to stdout.`, stderr)
+p99.9, allowed, denied and errors, and of the answers those the checker's fail modes gave
+(degraded: Redis did not answer in time; Connect and gRPC only). Without --rate it is a
+closed loop (--concurrency workers, each sending its next check as soon as the last is
+answered); with --rate an open loop (checks start on a fixed schedule whatever the answers,
+and latency counts from each check's scheduled time, so a target that falls behind shows as
+latency instead of being hidden). Progress is printed to stderr every second; the report goes
+to stdout.`, stderr)
 	var o benchOptions
 	fs.StringVar(&o.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
 	fs.fromEnv("target")
@@ -45,7 +47,7 @@ printed to stderr every second; the report goes to stdout.`, stderr)
 	fs.StringVar(&o.keyPrefix, "key-prefix", "bench-", "subject identifiers are this `prefix` and a number")
 	fs.StringVar(&o.domain, "domain", "quotaflow", "RLS `domain` (--protocol rls)")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of each check; one that misses it counts as an error")
-	fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (checks_per_sec, p50_ms, p90_ms, p99_ms, p999_ms, allowed, denied, errors and more)")
+	fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (checks_per_sec, p50_ms, p90_ms, p99_ms, p999_ms, allowed, denied, errors, degraded and more)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ const benchCmdRules = `rules:
 - {id: bench-big-ip, dimension: ip, endpoint: /big, algorithm: gcra, limit: 1000000000, window: 1s}
 - {id: bench-big-key, dimension: apikey, endpoint: /big, algorithm: sliding_window_counter, limit: 1000000000, window: 1m}
 - {id: bench-tiny, dimension: user, endpoint: /tiny, algorithm: fixed_window, limit: 2, window: 1h}
+- {id: bench-closed, dimension: user, endpoint: /closed, algorithm: fixed_window, limit: 1000000000, window: 1s, fail_mode: closed}
 `
 
 // runBenchCmd runs `quotaflow bench args...`: through run once main.go lists the bench
@@ -44,11 +45,16 @@ func runBenchCmd(ctx context.Context, args []string, getenv func(string) string,
 // the RLS handler on one port, over HTTP/1.1 and h2c.
 func startBenchTarget(t *testing.T) string {
 	t.Helper()
+	return startBenchTargetOn(t, redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true}))
+}
+
+// startBenchTargetOn is startBenchTarget over rdb, which it closes at the test's end.
+func startBenchTargetOn(t *testing.T, rdb *redis.Client) string {
+	t.Helper()
 	set, err := rules.Parse([]byte(benchCmdRules))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, DB: 8, ContextTimeoutEnabled: true})
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	engine := checker.New(checker.Config{Redis: rdb, Rules: set, RedisTimeout: 5 * time.Second, Logger: quiet})
 	srv := transport.New(engine, transport.Config{Logger: quiet})
@@ -214,6 +220,9 @@ func TestBenchTextAndProgress(t *testing.T) {
 	if strings.Contains(out, "missed") {
 		t.Errorf("report %q: 100 checks/s with 32 in flight should not miss any", out)
 	}
+	if strings.Contains(out, "degraded") {
+		t.Errorf("report %q: no check was answered by a fail mode", out)
+	}
 	progress := stderr.String()
 	if !strings.Contains(progress, "bench ") || !strings.Contains(progress, "checks/s  p99") || strings.Contains(progress, "\r") ||
 		!strings.HasSuffix(progress, "\n") {
@@ -288,4 +297,57 @@ func TestBenchUsage(t *testing.T) {
 			t.Errorf("bench %v: exit %d, output %q; want exit %d and %q", tt.args, code, out, wantCode, tt.want)
 		}
 	}
+}
+
+// TestBenchDegraded: against a checker whose Redis does not answer, the report counts the
+// answers its fail modes gave apart (degraded, degraded_denied): a fail-closed rule's denials
+// are not the limit's, and the text report says so.
+func TestBenchDegraded(t *testing.T) {
+	t.Parallel()
+	// Nothing listens on port 1: every check's Redis call is refused at once.
+	url := startBenchTargetOn(t, redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1}))
+	for _, tt := range []struct {
+		name, endpoint string
+		args           []string
+		denied         bool
+	}{
+		{"connect fail closed", "/closed", []string{"--protocol", "connect"}, true},
+		{"grpc fail open", "/big", []string{"--protocol", "grpc"}, false},
+		{"grpc batch fail closed", "/closed", []string{"--protocol", "grpc", "--batch", "4"}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rep, _ := bench(t, append(tt.args, "--target", url, "--duration", "500ms", "--concurrency", "2", "--rate", "100",
+				"--keys", "5", "--endpoint", tt.endpoint)...)
+			checkReport(t, rep)
+			wantDenied := uint64(0)
+			if tt.denied {
+				wantDenied = rep.Checks
+			}
+			if rep.Degraded != rep.Checks || rep.Denied != wantDenied || rep.DegradedDenied != wantDenied {
+				t.Errorf("%d checks: %d denied, %d degraded, %d degraded denied; want all degraded, %d denied, by the fail mode",
+					rep.Checks, rep.Denied, rep.Degraded, rep.DegradedDenied, wantDenied)
+			}
+		})
+	}
+	t.Run("text", func(t *testing.T) {
+		t.Parallel()
+		var stdout, stderr bytes.Buffer
+		if err := runBenchCmd(context.Background(), []string{"--target", url, "--protocol", "grpc", "--duration", "500ms",
+			"--concurrency", "2", "--rate", "100", "--endpoint", "/closed"}, env(nil), &stdout, &stderr); err != nil {
+			t.Fatalf("bench: %v\n%s", err, stderr.String())
+		}
+		var denied, degraded, degradedDenied int
+		for _, line := range strings.Split(stdout.String(), "\n") {
+			if v, ok := strings.CutPrefix(line, "denied"); ok {
+				fmt.Sscan(v, &denied)
+			}
+			if v, ok := strings.CutPrefix(line, "degraded"); ok {
+				fmt.Sscanf(strings.TrimSpace(v), "%d of the answers, %d of the denials", &degraded, &degradedDenied)
+			}
+		}
+		if denied == 0 || degraded != denied || degradedDenied != denied || !strings.Contains(stdout.String(), "fail modes") {
+			t.Errorf("report %q: want every denial on a degraded line naming the fail modes", stdout.String())
+		}
+	})
 }

@@ -29,7 +29,12 @@ type Report struct {
 	Allowed      uint64  `json:"allowed"`
 	Denied       uint64  `json:"denied"`
 	Errors       uint64  `json:"errors"`
-	Missed       uint64  `json:"missed"` // open loop: scheduled checks never sent
+	// Degraded of the allowed and denied were answered by the checker's fail modes (Redis did
+	// not answer in time), DegradedDenied of the denied: not the limits' throttling. Connect
+	// and gRPC only: RLS and Gubernator answers do not say.
+	Degraded       uint64 `json:"degraded"`
+	DegradedDenied uint64 `json:"degraded_denied"`
+	Missed         uint64 `json:"missed"` // open loop: scheduled checks never sent
 	// Interrupted says the run's context ended before the run did.
 	Interrupted  bool     `json:"interrupted,omitempty"`
 	ErrorSamples []string `json:"error_samples,omitempty"` // the first few distinct errors
@@ -58,6 +63,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "allowed     %d\n", r.Allowed)
 	fmt.Fprintf(&b, "denied      %d\n", r.Denied)
 	fmt.Fprintf(&b, "errors      %d\n", r.Errors)
+	if r.Degraded > 0 {
+		fmt.Fprintf(&b, "degraded    %d of the answers, %d of the denials: given by fail modes, Redis not answering in time (not the limits)\n", r.Degraded, r.DegradedDenied)
+	}
 	for _, s := range r.ErrorSamples {
 		fmt.Fprintf(&b, "  e.g. %s\n", s)
 	}

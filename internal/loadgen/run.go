@@ -88,12 +88,12 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 					batch[i] = ids[picker.next()]
 				}
 				cctx, ccancel := context.WithTimeout(runCtx, cfg.Timeout)
-				allowed, denied, err := call(cctx, batch)
+				a, err := call(cctx, batch)
 				ccancel()
 				if err != nil && ctx.Err() != nil {
 					return // interrupted: not the target's error
 				}
-				st.done(allowed, denied, len(batch)-allowed-denied, err, time.Since(from))
+				st.done(a, len(batch)-a.allowed-a.denied, err, time.Since(from))
 				if err != nil && slots == nil && !retry.Sleep(runCtx, errorPause) {
 					return
 				}
@@ -109,6 +109,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 		Protocol: string(cfg.Protocol), Mode: "closed", Concurrency: cfg.Concurrency, Rate: cfg.Rate, Batch: cfg.Batch, Keys: cfg.Keys,
 		Distribution: string(cfg.Distribution), Interrupted: ctx.Err() != nil,
 		Allowed: measured.allowed.Load(), Denied: measured.denied.Load(), Errors: measured.errors.Load(),
+		Degraded: measured.degraded.Load(), DegradedDenied: measured.degradedDenied.Load(),
 		ErrorSamples: measured.samples,
 		cfg:          *cfg,
 	}

@@ -14,8 +14,9 @@ const errorSamples = 3
 
 // stats are the counts of one phase (warm-up or measurement).
 type stats struct {
-	hist                    histogram // latency of answered checks, µs
-	allowed, denied, errors atomic.Uint64
+	hist                     histogram // latency of answered checks, µs
+	allowed, denied, errors  atomic.Uint64
+	degraded, degradedDenied atomic.Uint64 // of the allowed and denied, a fail mode's answers
 
 	mu      sync.Mutex
 	samples []string // the first distinct error messages
@@ -23,9 +24,12 @@ type stats struct {
 
 // done counts the answers of one call, each of which took latency, and the checks that got
 // none (failed), for err.
-func (s *stats) done(allowed, denied, failed int, err error, latency time.Duration) {
+func (s *stats) done(a answers, failed int, err error, latency time.Duration) {
+	allowed, denied := a.allowed, a.denied
 	s.allowed.Add(uint64(allowed))
 	s.denied.Add(uint64(denied))
+	s.degraded.Add(uint64(a.degraded))
+	s.degradedDenied.Add(uint64(a.degradedDenied))
 	if err != nil {
 		s.errors.Add(uint64(max(failed, 1)))
 		msg := err.Error()

@@ -32,42 +32,59 @@ var dimensions = map[Dimension]struct {
 }
 
 // call sends the checks of one RPC, one per subject in ids (one unless Config.Batch), and
-// counts how many were allowed and denied; err is why the others got no answer. Each worker
-// gets its own, so that it may reuse its request.
-type call func(ctx context.Context, ids []string) (allowed, denied int, err error)
+// counts their answers; err is why the others got no answer. Each worker gets its own, so
+// that it may reuse its request.
+type call func(ctx context.Context, ids []string) (answers, error)
 
-// single adapts a call of one check.
-func single(one func(ctx context.Context, id string) (bool, error)) call {
-	return func(ctx context.Context, ids []string) (int, int, error) {
-		allowed, err := one(ctx, ids[0])
-		switch {
-		case err != nil:
-			return 0, 0, err
-		case allowed:
-			return 1, 0, nil
+// answers counts the answers of one call. Of the allowed and denied, degraded were answered
+// by the checker's fail modes (Redis did not answer in time), degradedDenied denied so: a
+// bench that pushes Redis past its timeout measures those, not the limits. Only quotaflow's
+// own protocols (Connect, gRPC) say so; RLS and Gubernator answers do not.
+type answers struct{ allowed, denied, degraded, degradedDenied int }
+
+// add counts one check's answer.
+func (a *answers) add(allowed, degraded bool) {
+	switch {
+	case allowed:
+		a.allowed++
+	default:
+		a.denied++
+	}
+	if degraded {
+		a.degraded++
+		if !allowed {
+			a.degradedDenied++
 		}
-		return 0, 1, nil
+	}
+}
+
+// single adapts a call of one check, which answers whether it was allowed and degraded.
+func single(one func(ctx context.Context, id string) (allowed, degraded bool, err error)) call {
+	return func(ctx context.Context, ids []string) (answers, error) {
+		var a answers
+		allowed, degraded, err := one(ctx, ids[0])
+		if err == nil {
+			a.add(allowed, degraded)
+		}
+		return a, err
 	}
 }
 
 // batchCounts counts the answers of a CheckRateLimits; err is the first check's error.
-func batchCounts(results []*quotaflowv1.CheckRateLimitsResult, want int) (allowed, denied int, err error) {
+func batchCounts(results []*quotaflowv1.CheckRateLimitsResult, want int) (a answers, err error) {
 	for _, r := range results {
-		switch {
-		case r.GetResponse() == nil:
+		if r.GetResponse() == nil {
 			if err == nil {
 				err = fmt.Errorf("CheckRateLimits: %s", r.GetError().GetMessage())
 			}
-		case r.GetResponse().Allowed:
-			allowed++
-		default:
-			denied++
+			continue
 		}
+		a.add(r.GetResponse().Allowed, r.GetResponse().Degraded)
 	}
 	if len(results) != want && err == nil {
 		err = fmt.Errorf("CheckRateLimits: %d results for %d checks", len(results), want)
 	}
-	return allowed, denied, err
+	return a, err
 }
 
 // batchRequest is a CheckRateLimits request of n checks of dim on endpoint, whose identifiers
@@ -111,23 +128,23 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		return func() call {
 			if cfg.Batch > 1 {
 				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
-				return func(ctx context.Context, ids []string) (int, int, error) {
+				return func(ctx context.Context, ids []string) (answers, error) {
 					fill(ids)
 					resp, err := rpc.CheckRateLimits(ctx, connect.NewRequest(req))
 					if err != nil {
-						return 0, 0, err
+						return answers{}, err
 					}
 					return batchCounts(resp.Msg.Results, len(ids))
 				}
 			}
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return single(func(ctx context.Context, id string) (bool, error) {
+			return single(func(ctx context.Context, id string) (bool, bool, error) {
 				msg.Identifier = id
 				resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
 				if err != nil {
-					return false, err
+					return false, false, err
 				}
-				return resp.Msg.Allowed, nil
+				return resp.Msg.Allowed, resp.Msg.Degraded, nil
 			})
 		}, tr.CloseIdleConnections, nil
 	}
@@ -154,28 +171,34 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		return func() call {
 			if cfg.Batch > 1 {
 				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
-				return func(ctx context.Context, ids []string) (int, int, error) {
+				return func(ctx context.Context, ids []string) (answers, error) {
 					fill(ids)
 					resp, err := rpc.CheckRateLimits(ctx, req)
 					if err != nil {
-						return 0, 0, err
+						return answers{}, err
 					}
 					return batchCounts(resp.Results, len(ids))
 				}
 			}
 			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return single(func(ctx context.Context, id string) (bool, error) {
+			return single(func(ctx context.Context, id string) (bool, bool, error) {
 				msg.Identifier = id
 				resp, err := rpc.CheckRateLimit(ctx, msg)
 				if err != nil {
-					return false, err
+					return false, false, err
 				}
-				return resp.Allowed, nil
+				return resp.Allowed, resp.Degraded, nil
 			})
 		}, func() { conn.Close() }, nil
 	}
 	if cfg.Protocol == ProtocolGubernator {
-		return func() call { return single(gubernatorCall(conn, cfg.Endpoint)) }, func() { conn.Close() }, nil
+		return func() call {
+			one := gubernatorCall(conn, cfg.Endpoint)
+			return single(func(ctx context.Context, id string) (bool, bool, error) {
+				allowed, err := one(ctx, id)
+				return allowed, false, err
+			})
+		}, func() { conn.Close() }, nil
 	}
 	rls := ratelimitv3.NewRateLimitServiceClient(conn)
 	return func() call {
@@ -183,19 +206,19 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 		req := &ratelimitv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*rlcommonv3.RateLimitDescriptor{{
 			Entries: []*rlcommonv3.RateLimitDescriptor_Entry{subject, {Key: "path", Value: cfg.Endpoint}},
 		}}}
-		return single(func(ctx context.Context, id string) (bool, error) {
+		return single(func(ctx context.Context, id string) (bool, bool, error) {
 			subject.Value = id
 			resp, err := rls.ShouldRateLimit(ctx, req)
 			if err != nil {
-				return false, err
+				return false, false, err
 			}
 			switch resp.OverallCode {
 			case ratelimitv3.RateLimitResponse_OK:
-				return true, nil
+				return true, false, nil
 			case ratelimitv3.RateLimitResponse_OVER_LIMIT:
-				return false, nil
+				return false, false, nil
 			}
-			return false, fmt.Errorf("ShouldRateLimit: overall code %s", resp.OverallCode)
+			return false, false, fmt.Errorf("ShouldRateLimit: overall code %s", resp.OverallCode)
 		})
 	}, func() { conn.Close() }, nil
 }
