@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -235,5 +238,79 @@ func TestConsole(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#usage-totals tr[data-key="free"]`)))
 	if strings.Contains(p.log.String(), "panic") {
 		t.Errorf("the checker logged a panic:\n%s", p.log)
+	}
+}
+
+// TestConsoleAPI: the admin API's reads behind the console answer what they promise, CSV for a
+// billing period, and a 400 naming the field for each bad parameter.
+func TestConsoleAPI(t *testing.T) {
+	t.Parallel()
+	ns := ownNATS(t)
+	db := databaseName("consoleapi")
+	p := startChecker(t, "consoleapi", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
+		c.AuditClickHouseDSN = chSrv.DSN(db)
+		c.Admin.Tokens = map[string]admin.Token{"api-read": {Name: "analyst", Role: admin.RoleRead}}
+	})
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	user := "api-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for range 7 {
+		if _, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/api/items",
+			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: user}}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	waitRows(ctx, t, db, 7)
+	get := func(path, token string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1"+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	month := time.Now().In(time.FixedZone("", 0)).Format("2006-01")
+	code, typ, body := get("/subjects/user:"+user+"/billing?format=csv&tz=UTC", "api-read")
+	if code != 200 || !strings.HasPrefix(typ, "text/csv") || !strings.Contains(body, fmt.Sprintf("user:%s,UTC,total %s,7,5,5,2,0,0,0", user, month)) {
+		t.Errorf("billing as CSV: %d %s\n%s\nwant 7 checks, 5 allowed costing 5, 2 denied", code, typ, body)
+	}
+	if code, _, body := get("/subjects/user:"+user+"/limits?endpoint=/api/items", "api-read"); code != 200 ||
+		!strings.Contains(body, `"rule_id":"console-api"`) || !strings.Contains(body, `"remaining":0`) {
+		t.Errorf("a subject's limits: %d %s; want console-api with nothing left", code, body)
+	}
+	if code, _, body := get("/subjects/user:"+user+"/decisions?n=3", "api-read"); code != 200 || strings.Count(body, `"endpoint":"/api/items"`) != 3 {
+		t.Errorf("a subject's 3 latest decisions: %d %s", code, body)
+	}
+	if code, _, body := get("/health", "api-read"); code != 200 || !strings.Contains(body, `"clickhouse":{"ok":true`) {
+		t.Errorf("health: %d %s; want ClickHouse ok", code, body)
+	}
+	for _, tt := range []struct{ path, field string }{
+		{"/usage?span=soon", "span"},
+		{"/usage?by=endpoint", "by"},
+		{"/usage?span=400d", "span"},
+		{"/usage/top?n=1000", "n"},
+		{"/usage/top?n=x", "n"},
+		{"/subjects/alice/decisions", "subject"},
+		{"/subjects/user:a/billing?tz=Mars/Olympus", "tz"},
+		{"/subjects/user:a/billing?month=11-2026", "month"},
+		{"/subjects/user:a/billing?format=xml", "format"},
+		{"/subjects/org:acme/limits", "subject"},
+	} {
+		var e admin.Error
+		if code, _, body := get(tt.path, "api-read"); code != 400 || json.Unmarshal([]byte(body), &e) != nil || e.Field != tt.field {
+			t.Errorf("GET %s: %d %s; want 400 naming %s", tt.path, code, body, tt.field)
+		}
+	}
+	if code, _, _ := get("/live", ""); code != 401 {
+		t.Errorf("GET /live without a token: %d, want 401", code)
 	}
 }
