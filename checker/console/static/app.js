@@ -189,6 +189,7 @@ async function subject(s, endpoint) {
     fill($("#subject-limits"), limits.map((l) => el("tr", { "data-rule": l.rule_id, "data-limit": l.limit },
       el("td", {}, l.rule_id), el("td", {}, l.endpoint), el("td", {}, l.algorithm), el("td", { class: "num" }, `${num(l.limit)}/${l.window}`),
       el("td", { class: "num" }, l.used ?? "?"), el("td", { class: "num" }, l.remaining ?? "?"),
+      el("td", { class: { throttled: "denied-text", warning: "delayed-text" }[l.state] || "" }, l.state || ""),
       el("td", {}, l.reset_at ? time(l.reset_at) : ""), el("td", {}, (l.overrides || []).map((o) => o.id).join(", ")))));
     problem("subject", "");
   } catch (e) {
