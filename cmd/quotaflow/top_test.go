@@ -108,6 +108,24 @@ func (term *terminal) waitScreen(ctx context.Context, t *testing.T, what string,
 	}
 }
 
+// waitOutput waits until ok accepts everything the process wrote, failing the test at ctx's
+// end. After the process exited its last writes still reach the reader: the test's side of
+// the terminal stays open, so there is no end of file to wait for.
+func (term *terminal) waitOutput(ctx context.Context, t *testing.T, what string, ok func(string) bool) string {
+	t.Helper()
+	for {
+		s := term.output()
+		if ok(s) {
+			return s
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the terminal never showed %s; it got:\n%q", what, s)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // canonical reports whether the terminal is in its ordinary (cooked) mode: lines edited and
 // echoed, as a shell leaves it.
 func (term *terminal) canonical(t *testing.T) bool {
@@ -163,8 +181,7 @@ func TestTop(t *testing.T) {
 	if !term.canonical(t) {
 		t.Error("the terminal was left in raw mode after top exited")
 	}
-	// The child's writes reach the test's reader a moment after it exits.
-	term.waitScreen(ctx, t, "the alternate screen left", func(s string) bool { return strings.HasSuffix(term.output(), leaveScreen) })
+	term.waitOutput(ctx, t, "the alternate screen left", func(s string) bool { return strings.HasSuffix(s, leaveScreen) })
 }
 
 // TestTopPiped: with stdout not a terminal, top prints one plain snapshot after the first
