@@ -19,7 +19,9 @@ func TestProgress(t *testing.T) {
 		want string          // the progress line, after its \r
 	}{
 		{"migrate", func() []string { return []string{"migrate", "--clickhouse-dsn", chSrv.DSN(databaseName("progress"))} }, "migrate: 1/"},
-		{"bench", func() []string { return []string{"bench", "--target", benchTarget, "--duration", "1500ms", "--rate", "50"} }, "bench     1s "},
+		{"bench", func() []string {
+			return []string{"bench", "--target", benchTarget, "--duration", "1500ms", "--rate", "50"}
+		}, "bench     1s "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

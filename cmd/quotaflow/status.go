@@ -248,3 +248,15 @@ func overrideMaker(o rules.Override) string {
 	}
 	return o.Creator
 }
+
+// registerHealthInterval adds --health-interval, the time between a daemon's health reports.
+func registerHealthInterval(fs *flagSet, cfg *health.Config) {
+	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
+	fs.fromEnv("health-interval")
+	fs.check(func() error {
+		if cfg.Interval >= 0 && cfg.Interval < 100*time.Millisecond {
+			return fmt.Errorf("--health-interval: want at least 100ms, or negative for no reports, got %s", cfg.Interval)
+		}
+		return nil
+	})
+}
