@@ -96,9 +96,9 @@ func Start(js jetstream.JetStream, src Source, cfg Config) *Reporter {
 }
 
 // Close stops reporting and removes the report, so that a process that stops cleanly leaves
-// the list at once rather than when its report expires.
+// the list at once rather than when its report expires. A report NATS cannot remove now
+// expires by itself: that is logged, never an error of the process's stop.
 func (r *Reporter) Close() error {
-	var err error
 	r.once.Do(func() {
 		r.cancel()
 		<-r.done
@@ -107,11 +107,11 @@ func (r *Reporter) Close() error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err = r.kv.Delete(ctx, r.key); err != nil {
-			err = fmt.Errorf("remove health report %s: %w", r.key, err)
+		if err := r.kv.Delete(ctx, r.key); err != nil {
+			r.log.Warn("health report not removed; it expires by itself", "key", r.key, "err", err)
 		}
 	})
-	return err
+	return nil
 }
 
 func (r *Reporter) run(ctx context.Context) {
