@@ -106,6 +106,7 @@ type Engine struct {
 	olc         *overLimitCache // nil when disabled
 	leases      *leaseTable     // nil when the store cannot lease
 	tel         *instruments
+	counts      counts           // Counts, for health reports
 	clock       func() time.Time // time.Now but in tests (Config.clock)
 }
 

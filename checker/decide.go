@@ -151,6 +151,7 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 		return out
 	}
 	e.tel.record(ctx, out, start)
+	e.counts.add(out)
 	out.ID = e.nextDecisionID()
 	switch {
 	case e.durable != nil:

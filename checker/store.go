@@ -67,8 +67,10 @@ type guard struct {
 	local    *bucket.Local
 	// inFlight counts the calls with a fail mode between the bound and the store's answer.
 	inFlight atomic.Int64
-	probing  atomic.Bool
-	closed   chan struct{}
+	// outage is the circuit's current opening (Engine.Outage); stale while it is closed.
+	outage  atomic.Pointer[Outage]
+	probing atomic.Bool
+	closed  chan struct{}
 	// mu orders starting a probe (opened, called from the store's batch loops, which may
 	// outlive close by a batch) against close, so that no probe starts after close waited.
 	mu       sync.Mutex
@@ -234,6 +236,7 @@ func (g *guard) ping(ctx context.Context) error {
 func (g *guard) opened(err error) {
 	g.log.Warn("redis unreachable; deciding by fail mode until it answers",
 		"err", err, "failures_in_a_row", g.circuit.threshold)
+	g.outage.Store(&Outage{Since: time.Now(), Err: err})
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.isClosed && g.probing.CompareAndSwap(false, true) {
@@ -266,6 +269,7 @@ func (g *guard) probe() {
 		cancel()
 		if err == nil {
 			g.probing.Store(false)
+			g.outage.Store(nil)
 			g.circuit.close()
 			g.log.Info("redis reachable again; exact decisions resumed")
 			return

@@ -207,6 +207,18 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []strin
 // replica is down is not held up. A database migrated with the other layout is refused with
 // an error wrapping ErrLayout.
 func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Dialect, []string, error) {
+	return l.MigrateSteps(ctx, conn, db, nil)
+}
+
+// Step is a migration Migrate is about to apply: the Index-th (from 1) of the Pending ones.
+type Step struct {
+	Name           string // 0003_usage_views
+	Index, Pending int
+}
+
+// MigrateSteps is Migrate, calling step (when not nil) before each migration it applies:
+// quotaflow migrate shows them as progress.
+func (l Layout) MigrateSteps(ctx context.Context, conn driver.Conn, db string, step func(Step)) (Dialect, []string, error) {
 	if db == "" {
 		db = DefaultDatabase
 	}
@@ -254,9 +266,18 @@ func (l Layout) Migrate(ctx context.Context, conn driver.Conn, db string) (Diale
 		}
 	}
 	var applied []string
+	pending := 0
+	for _, m := range ms {
+		if !done[uint32(m.Version)] {
+			pending++
+		}
+	}
 	for _, m := range ms {
 		if done[uint32(m.Version)] {
 			continue
+		}
+		if step != nil {
+			step(Step{Name: fmt.Sprintf("%04d_%s", m.Version, m.Name), Index: len(applied) + 1, Pending: pending})
 		}
 		stmts, err := m.Render(db, d, l)
 		if err != nil {

@@ -33,6 +33,7 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
 		fs.fromEnv("nats-url", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
+		registerHealthInterval(fs, &a.cfg.Health)
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
 	if inServe {

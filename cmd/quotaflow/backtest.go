@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/backtest"
+	"github.com/quotaflow/quotaflow/internal/progress"
 )
 
 func runBacktest(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -78,8 +78,9 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 	if req.To, err = parseWhen(to, now); err != nil {
 		return usageError{fmt.Errorf("--to: %w", err)}
 	}
-	if f, ok := stderr.(*os.File); ok && isTerminal(f) && !live {
-		req.Progress = progressLine(stderr)
+	line := progress.New(stderr)
+	if line.On() && !live {
+		req.Progress = showBacktest(line)
 	}
 	// The replay's garbage is short-lived and its live heap small (bounded buckets): fewer
 	// collections leave more of a core to the replay (measured: docs/backtest.md).
@@ -95,9 +96,7 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 		run = bt.LiveCandidates
 	}
 	rep, err := run(ctx, req)
-	if req.Progress != nil {
-		fmt.Fprint(stderr, "\r\033[K")
-	}
+	line.Clear()
 	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
 		return usageError{fmt.Errorf("--%s: %s", fe.Field, fe.Msg)}
 	}
@@ -130,24 +129,13 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	return t, nil
 }
 
-// progressLine shows a backtest's progress on one terminal line, at most 4 times a second.
-func progressLine(w io.Writer) func(backtest.Progress) {
-	var last time.Time
+// showBacktest shows a backtest's progress on line.
+func showBacktest(line *progress.Line) func(backtest.Progress) {
 	return func(p backtest.Progress) {
-		if time.Since(last) < 250*time.Millisecond {
-			return
-		}
-		last = time.Now()
 		at := "warm-up"
 		if !p.At.Before(p.From) {
 			at = fmt.Sprintf("%3.0f%%", 100*p.Fraction())
 		}
-		fmt.Fprintf(w, "\r\033[Kbacktest: %s, %s audit rows, %s", at, strings.TrimSpace(fmt.Sprintf("%9d", p.Records)), p.Elapsed.Round(time.Second))
+		line.Printf("backtest: %s, %s audit rows, %s", at, strings.TrimSpace(fmt.Sprintf("%9d", p.Records)), p.Elapsed.Round(time.Second))
 	}
-}
-
-// isTerminal reports whether f is a terminal (a character device), where progress is shown.
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

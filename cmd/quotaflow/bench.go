@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/loadgen"
+	"github.com/quotaflow/quotaflow/internal/progress"
 )
 
 // benchOptions are bench's flags.
@@ -29,8 +30,8 @@ p99.9, allowed, denied and errors, and of the answers those the checker's fail m
 closed loop (--concurrency workers, each sending its next check as soon as the last is
 answered); with --rate an open loop (checks start on a fixed schedule whatever the answers,
 and latency counts from each check's scheduled time, so a target that falls behind shows as
-latency instead of being hidden). Progress is printed to stderr every second; the report goes
-to stdout.`, stderr)
+latency instead of being hidden). On a terminal, progress is shown on one line of stderr,
+updated every second; piped, stderr gets none. The report goes to stdout.`, stderr)
 	var o benchOptions
 	fs.StringVar(&o.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
 	fs.fromEnv("target")
@@ -56,7 +57,13 @@ to stdout.`, stderr)
 	if err := o.validate(); err != nil {
 		return usageError{err}
 	}
-	rep, err := loadgen.Run(ctx, o.config(stderr))
+	line := progress.New(stderr)
+	cfg := o.config(nil)
+	if line.On() {
+		cfg.Progress = line
+	}
+	rep, err := loadgen.Run(ctx, cfg)
+	line.Clear()
 	var ce *loadgen.ConfigError
 	switch {
 	case errors.As(err, &ce) && ce.Field == "Target":
@@ -108,8 +115,8 @@ func (o *benchOptions) validate() error {
 	return nil
 }
 
-// config returns the run o asks for, with progress going to progress.
-func (o *benchOptions) config(progress io.Writer) loadgen.Config {
+// config returns the run o asks for, with progress going to show (nil: none).
+func (o *benchOptions) config(show io.Writer) loadgen.Config {
 	return loadgen.Config{
 		Target:       o.target,
 		Protocol:     loadgen.Protocol(o.protocol),
@@ -125,6 +132,6 @@ func (o *benchOptions) config(progress io.Writer) loadgen.Config {
 		Dimension:    loadgen.Dimension(o.dimension),
 		KeyPrefix:    o.keyPrefix,
 		Domain:       o.domain,
-		Progress:     progress,
+		Progress:     show,
 	}
 }

@@ -30,6 +30,7 @@ type checkerFlags struct {
 
 func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.Listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
+	registerHealthInterval(fs, &c.cfg.Health)
 	fs.StringVar(&c.cfg.RulesFile, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
 	fs.DurationVar(&c.cfg.RedisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
 	fs.IntVar(&c.cfg.MaxInFlight, "max-in-flight", checker.DefaultMaxInFlight, "checks waiting for Redis at once; past it a check is answered at once by its rules' fail_mode, degraded (quotaflow_checks_shed_total); negative: no bound")

@@ -42,6 +42,8 @@ func commands() []command {
 		{"check", "ask a checker whether a request may go ahead", runCheck},
 		{"settle", "settle or cancel a reservation made with quotaflow check --estimate", runSettle},
 		{"release", "release (or renew) a concurrency lease an allowed check printed", runRelease},
+		{"status", "one screen: every process's view of Redis, NATS and ClickHouse, lag, overrides, fail modes", runStatus},
+		{"top", "a live terminal view of the busiest subjects and the current throttles", runTop},
 		{"watch", "print a live stream: quotaflow watch decisions|warnings|overrides|config", runWatch},
 		{"bench", "put load on a checker and report checks/s and latency percentiles", runBench},
 		{"rules", "list, get, apply -f or delete the rules of the rule store (admin API)", runRules},
@@ -113,11 +115,15 @@ func (e usageError) Unwrap() error { return e.err }
 func exitCode(err error, stderr io.Writer) int {
 	var ue usageError
 	var de deniedError
+	var he unhealthyError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &de):
 		return 3
+	case errors.As(err, &he):
+		fmt.Fprintln(stderr, "quotaflow:", err)
+		return 4
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "quotaflow:", err)
 		return 2

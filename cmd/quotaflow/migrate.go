@@ -10,6 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/progress"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -61,7 +62,8 @@ Idempotent: migrations already recorded in <database>.schema_migrations are skip
 server's version picks the dialect: TTL, LowCardinality and DateTime64 from ClickHouse 22.8 on,
 plain types (Debian's 18.16) before. With --clickhouse-cluster the tables are replicated over
 that cluster (every statement runs ON CLUSTER, so every server must be up) and read through
-Distributed tables; without it they live on the one server the DSN names.`, stderr)
+Distributed tables; without it they live on the one server the DSN names. On a terminal, the
+migration being applied is shown on one line of stderr; piped, stderr gets none.`, stderr)
 	var c clickhouseFlags
 	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
 	if err := fs.parse(args, getenv); err != nil {
@@ -74,7 +76,11 @@ Distributed tables; without it they live on the one server the DSN names.`, stde
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
-	d, applied, err := c.layout().Migrate(ctx, conn, db)
+	line := progress.New(stderr)
+	d, applied, err := c.layout().MigrateSteps(ctx, conn, db, func(s schema.Step) {
+		line.Printf("migrate: %d/%d %s", s.Index, s.Pending, s.Name)
+	})
+	line.Clear()
 	if err != nil {
 		return err
 	}

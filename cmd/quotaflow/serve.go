@@ -71,6 +71,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	}
 	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
 	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
+	a.cfg.Health = c.cfg.Health
 	if err := a.validate(); err != nil {
 		return usageError{err}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
+	"github.com/quotaflow/quotaflow/internal/health"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
@@ -45,6 +46,9 @@ type AggregatorConfig struct {
 	// Telemetry, when set, is shared with other daemons of the process (serve: the checker's
 	// /metrics shows the aggregator's instruments) and left open; nil means one of its own.
 	Telemetry *telemetry.Telemetry
+	// Health configures the aggregator's health reports into NATS (quotaflow status): on
+	// unless Health.Interval is negative.
+	Health health.Config
 	// Logger receives the aggregator's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -128,6 +132,12 @@ func StartAggregator(ctx context.Context, cfg AggregatorConfig) (_ *Aggregator, 
 		if err := a.serveHealth(cfg.Listen, tel, nc); err != nil {
 			return nil, err
 		}
+	}
+	if !cfg.Health.Disabled() {
+		hcfg := cfg.Health
+		hcfg.Replicas, hcfg.Logger = acfg.Replicas, log
+		rep := health.Start(js, &health.Aggregator{Aggregator: agg, ClickHouse: conn, NATS: nc}, hcfg)
+		a.onClose(rep.Close)
 	}
 	a.goServe(agg.Run)
 	a.started()

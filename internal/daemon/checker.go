@@ -26,6 +26,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
+	"github.com/quotaflow/quotaflow/internal/health"
 	"github.com/quotaflow/quotaflow/internal/instance"
 	"github.com/quotaflow/quotaflow/internal/rulestore"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
@@ -96,6 +97,9 @@ type CheckerConfig struct {
 	// admin API's write tokens as admin callers.
 	Transport   transport.Config
 	CallersFile string
+	// Health configures the checker's health reports into NATS (quotaflow status); with
+	// NATSURL set they are on unless Health.Interval is negative.
+	Health health.Config
 	// Logger receives every component's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -162,8 +166,9 @@ type checkerStart struct {
 	set      *rules.Set
 	source   string // "file" or "store", for the log
 	follower *rulestore.Follower
-	js       jetstream.JetStream // nil without NATS
 	pub      *publisher.Client
+	nc       *nats.Conn          // nil without NATS
+	js       jetstream.JetStream // nil without NATS
 }
 
 // rules loads the rules file and, with NATS, connects, opens the rule store and the publisher.
@@ -192,6 +197,7 @@ func (s *checkerStart) rules(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	s.nc, s.js = nc, js
 	replicas := max(1, s.cfg.Publisher.Replicas)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = broker.CheckReplicas(cctx, nc, replicas)
@@ -199,7 +205,6 @@ func (s *checkerStart) rules(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.js = js
 	s.follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
 		Store: rulestore.Config{Replicas: replicas, Logger: s.log}, Seed: seed, SeedPath: s.cfg.RulesFile, Logger: s.log})
 	if err := s.openStore(ctx); err != nil {
@@ -266,6 +271,12 @@ func (s *checkerStart) serve() error {
 	}
 	engine := checker.New(ecfg)
 	s.c.onClose(engine.Close)
+	if s.nc != nil && !cfg.Health.Disabled() {
+		hcfg := cfg.Health
+		hcfg.Replicas, hcfg.Logger = max(1, cfg.Publisher.Replicas), log
+		rep := health.Start(s.js, &health.Checker{Engine: engine, NATS: s.nc}, hcfg)
+		s.c.onClose(rep.Close)
+	}
 	// One failure budget per source address for both APIs: a token guessed at one is a token
 	// guessed at the other.
 	lockout := auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: cfg.Admin.AuthFailuresPerMinute,

@@ -109,8 +109,13 @@ func (s *Store) Override(ctx context.Context, id string) (rules.Override, error)
 
 // override returns the override with the given id and its key's revision.
 func (s *Store) override(ctx context.Context, id string) (rules.Override, uint64, error) {
+	return readOverride(ctx, s.overrides, id)
+}
+
+// readOverride returns the override of kv with the given id and its key's revision.
+func readOverride(ctx context.Context, kv jetstream.KeyValue, id string) (rules.Override, uint64, error) {
 	var o rules.Override
-	e, err := s.overrides.Get(ctx, id)
+	e, err := kv.Get(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrInvalidKey):
 		return o, 0, fmt.Errorf("override %q: %w", id, rules.ErrNotFound)
@@ -125,14 +130,30 @@ func (s *Store) override(ctx context.Context, id string) (rules.Override, uint64
 
 // Overrides returns the overrides not yet expired.
 func (s *Store) Overrides(ctx context.Context) ([]rules.Override, error) {
-	keys, err := s.overrides.ListKeys(ctx)
+	return listOverrides(ctx, s.overrides, s.now())
+}
+
+// ReadOverrides returns the overrides not yet expired without opening the store: a reader
+// (quotaflow status) creates nothing on the server. No override bucket yet is no override.
+func ReadOverrides(ctx context.Context, js jetstream.JetStream) ([]rules.Override, error) {
+	kv, err := js.KeyValue(ctx, OverrideBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("override bucket: %w", err)
+	}
+	return listOverrides(ctx, kv, time.Now())
+}
+
+// listOverrides returns the overrides of kv not yet expired at now.
+func listOverrides(ctx context.Context, kv jetstream.KeyValue, now time.Time) ([]rules.Override, error) {
+	keys, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list overrides: %w", err)
 	}
-	now := s.now()
 	var out []rules.Override
 	for k := range keys.Keys() {
-		o, err := s.Override(ctx, k)
+		o, _, err := readOverride(ctx, kv, k)
 		if errors.Is(err, rules.ErrNotFound) {
 			continue // expired or deleted since listed
 		} else if err != nil {
