@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
 )
 
@@ -155,14 +157,16 @@ func TestTop(t *testing.T) {
 	if term.canonical(t) {
 		t.Error("the terminal is in canonical mode while top runs, want raw (keys read one at a time)")
 	}
-	// user-min allows 5 an hour: 5 allowed, 4 denied, and the subject is throttled.
+	// user-min allows 5 an hour: 5 allowed, 4 denied, and the subject is throttled. The user is
+	// the run's own: its bucket outlives a run (go test -count).
+	hog := "top-hog-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for i := range 9 {
-		if _, err := p.client.CheckRateLimit(ctx, userCheck("top-hog")); err != nil {
+		if _, err := p.client.CheckRateLimit(ctx, userCheck(hog)); err != nil {
 			t.Fatalf("check %d: %v", i, err)
 		}
 	}
-	busiest := regexp.MustCompile(`BUSIEST SUBJECTS \(\d+\)\r\nSUBJECT\s+CHECKS/S\s+ALLOWED\s+DENIED\s*\r\nuser:top-hog\s+[\d.]+\s+5\s+4\s*\r\n`)
-	throttled := regexp.MustCompile(`(?m)^throttled\s+user:top-hog\s+user-min\s`)
+	busiest := regexp.MustCompile(`BUSIEST SUBJECTS \(\d+\)\r\nSUBJECT\s+CHECKS/S\s+ALLOWED\s+DENIED\s*\r\nuser:` + hog + `\s+[\d.]+\s+5\s+4\s*\r\n`)
+	throttled := regexp.MustCompile(`(?m)^throttled\s+user:` + hog + `\s+user-min\s`)
 	s := term.waitScreen(ctx, t, "top-hog busiest (5 allowed, 4 denied) and throttled", func(s string) bool {
 		return busiest.MatchString(s) && throttled.MatchString(strings.ReplaceAll(s, "\r\n", "\n"))
 	})
@@ -196,6 +200,14 @@ func TestTopPiped(t *testing.T) {
 		t.Errorf("top without a decision stream: exit %d, stderr %q; want 1 and what to do", code, stderr)
 	}
 	startChecker(t, "top-piped", ns.URL, t.TempDir())
+	// The publisher makes the stream in the background, once NATS answers it.
+	js := ns.JetStream(t)
+	for _, err := js.Stream(ctx, stream.Name); err != nil; _, err = js.Stream(ctx, stream.Name) {
+		if ctx.Err() != nil {
+			t.Fatalf("the checker made no decision stream: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	stdout, stderr, code := runCmd(ctx, []string{"top", "--nats-url", ns.URL, "--interval", "10ms"}, nil)
 	if code != 0 || !strings.Contains(stdout, "BUSIEST SUBJECTS (0)") || !strings.Contains(stdout, "CURRENT THROTTLES") ||
 		strings.Contains(stdout, "\x1b") {
