@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -52,30 +53,38 @@ func TestMetricsCatalog(t *testing.T) {
 	p := startChecker(t, "catalog", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
 		c.Telemetry, c.RulesFile = tel, "../../deploy/dev/rules.yaml" // tier_protection of tier free
 	})
-	for range 3 {
-		if _, err := p.client.CheckRateLimit(ctx, userCheck("catalog-user")); err != nil {
+	// A free user's 12 checks on /api/items: user-api-minute (10 a minute) allows 10 and denies
+	// 2, the second from the over-limit cache; the user goes to warning, then throttled.
+	user := fmt.Sprintf("catalog-%d", time.Now().UnixNano())
+	for range 12 {
+		if _, err := p.client.CheckRateLimit(ctx, userCheck(user)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var families map[string]string
+	var families map[string]*family
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		families = metricFamilies(scrape(t, p.url+"/metrics"))
-		if _, ok := families["quotaflow_aggregator_tier_allowed"]; ok || time.Now().After(deadline) {
-			break // the leader evaluated the policy: every family is there
+		// Every family and label is there once the leader evaluated the tier protection and
+		// the aggregator published and stored the warning transitions.
+		labeled := func(name, label string) bool { f := families[name]; return f != nil && f.labels[label] }
+		if labeled("quotaflow_aggregator_warning_transitions_total", "to") && labeled("quotaflow_aggregator_events_stored_total", "kind") &&
+			labeled("quotaflow_aggregator_tier_allowed", "tier") || time.Now().After(deadline) {
+			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	var got []string
-	for name, typ := range families {
+	for name, f := range families {
 		if strings.HasPrefix(name, "quotaflow_") {
-			got = append(got, name+" "+typ)
+			got = append(got, f.String())
 		}
 	}
 	slices.Sort(got)
 	if *updateCatalog {
 		header := "# The metric families quotaflow's checkers (with their publishers) and aggregators export on\n" +
-			"# /metrics, as the Prometheus exporter names them: name, then type. Written by TestMetricsCatalog\n" +
+			"# /metrics, as the Prometheus exporter names them: name, type, then labels (a histogram's le\n" +
+			"# left out; Prometheus adds job and instance when it scrapes). Written by TestMetricsCatalog\n" +
 			"# (cmd/quotaflow: go test ./cmd/quotaflow -run TestMetricsCatalog -update-metrics), which fails\n" +
 			"# when this list and a real scrape differ; the alerts' and dashboards' tests check their names here.\n"
 		if err := os.WriteFile(metricsCatalog, []byte(header+strings.Join(got, "\n")+"\n"), 0o644); err != nil {
@@ -99,12 +108,52 @@ func TestMetricsCatalog(t *testing.T) {
 	}
 }
 
-// metricFamilies returns the families of a Prometheus text exposition: name → type.
-func metricFamilies(exposition string) map[string]string {
-	out := map[string]string{}
+// family is a metric family of an exposition: its name, type and the labels of its samples
+// (le of a histogram's buckets left out).
+type family struct {
+	name, typ string
+	labels    map[string]bool
+}
+
+// String is the family's line in the catalog: name, type, then its labels in order.
+func (f *family) String() string {
+	ls := []string{f.name, f.typ}
+	for l := range f.labels {
+		ls = append(ls, l)
+	}
+	slices.Sort(ls[2:])
+	return strings.Join(ls, " ")
+}
+
+var sampleLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"`)
+
+// metricFamilies returns the families of a Prometheus text exposition by name.
+func metricFamilies(exposition string) map[string]*family {
+	out := map[string]*family{}
 	for _, l := range strings.Split(exposition, "\n") {
 		if f := strings.Fields(l); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			out[f[2]] = f[3]
+			out[f[2]] = &family{name: f[2], typ: f[3], labels: map[string]bool{}}
+			continue
+		}
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		name, rest, _ := strings.Cut(l, "{")
+		name = strings.Fields(name)[0]
+		fam := out[name]
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); fam == nil && ok {
+				fam = out[base]
+			}
+		}
+		if fam == nil || !strings.Contains(l, "{") {
+			continue
+		}
+		labels, _, _ := strings.Cut(rest, "} ")
+		for _, m := range sampleLabel.FindAllStringSubmatch(labels, -1) {
+			if m[1] != "le" {
+				fam.labels[m[1]] = true
+			}
 		}
 	}
 	return out
@@ -121,8 +170,8 @@ func readCatalog(path string) ([]string, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
-			if len(strings.Fields(l)) != 2 {
-				return nil, fmt.Errorf("%s: %q: want name and type", path, l)
+			if len(strings.Fields(l)) < 2 {
+				return nil, fmt.Errorf("%s: %q: want name, type and labels", path, l)
 			}
 			out = append(out, l)
 		}
