@@ -211,9 +211,14 @@ type Stats struct {
 	Inserted, Skipped, Inserts, ClickHouseErrors int64
 	// Owned is the number of partitions this process consumes now.
 	Owned int
-	// Lag is the decisions' messages not yet delivered on the owned partitions' consumers, as
-	// last measured.
+	// Lag is the decisions' messages not yet stored on the owned partitions (not delivered
+	// yet, or delivered and not acked), as last measured.
 	Lag int64
+	// LagAge is the age of the oldest of those messages, from the time the stream received it
+	// (the checker's publish), as last measured: 0 when caught up. A decision that waited in a
+	// checker's spool first is older than that (the spool shows as the publisher's
+	// spool_bytes).
+	LagAge time.Duration
 	// Transitions are the warning-state transitions this process published (copies the stream
 	// dropped as duplicates not counted); EventsStored the events it stored in ClickHouse.
 	Transitions, EventsStored int64
@@ -241,6 +246,7 @@ type Aggregator struct {
 	set    atomic.Pointer[rules.Set] // the rule store's, as last followed; nil until then
 
 	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored atomic.Int64
+	lagAge                                                                       atomic.Int64 // time.Duration
 }
 
 // New returns an Aggregator reading stream messages with js and writing with ch.
@@ -273,7 +279,7 @@ func (a *Aggregator) Stats() Stats {
 	a.mu.Unlock()
 	return Stats{
 		Inserted: a.inserted.Load(), Skipped: a.skipped.Load(), Inserts: a.inserts.Load(),
-		ClickHouseErrors: a.clickhouseErrors.Load(), Owned: owned, Lag: a.lag.Load(),
+		ClickHouseErrors: a.clickhouseErrors.Load(), Owned: owned, Lag: a.lag.Load(), LagAge: time.Duration(a.lagAge.Load()),
 		Transitions: a.transitions.Load(), EventsStored: a.eventsStored.Load(),
 	}
 }

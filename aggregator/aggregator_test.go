@@ -111,8 +111,14 @@ func (e *env) start(id string) (*aggregator.Aggregator, func()) {
 
 func (e *env) startWith(cfg aggregator.Config) (*aggregator.Aggregator, func()) {
 	e.t.Helper()
+	return e.startOn(e.ch, cfg)
+}
+
+// startOn is startWith writing to ClickHouse through ch.
+func (e *env) startOn(ch driver.Conn, cfg aggregator.Config) (*aggregator.Aggregator, func()) {
+	e.t.Helper()
 	id := cfg.InstanceID
-	a, err := aggregator.New(e.js, e.ch, cfg)
+	a, err := aggregator.New(e.js, ch, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -2,11 +2,14 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/retry"
+	"github.com/quotaflow/quotaflow/internal/stream"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -49,6 +52,11 @@ func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	lagAge, err := m.Float64ObservableGauge("quotaflow.aggregator.consumer.lag_seconds", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest stream message (batch of decisions) not yet stored on the partitions this aggregator owns, from the time the stream received it; 0 when caught up."))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	owned, err := m.Int64ObservableGauge("quotaflow.aggregator.partitions.owned",
 		metric.WithDescription("Partitions this aggregator consumes."))
 	if err != nil {
@@ -57,16 +65,18 @@ func newInstruments(m metric.Meter, a *Aggregator) (*instruments, error) {
 	if _, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := a.Stats()
 		o.ObserveInt64(lag, s.Lag)
+		o.ObserveFloat64(lagAge, s.LagAge.Seconds())
 		o.ObserveInt64(owned, int64(s.Owned))
 		return nil
-	}, lag, owned); err != nil {
+	}, lag, lagAge, owned); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	return &in, nil
 }
 
 // lagLoop measures the owned partitions' backlog: messages not yet delivered plus those
-// delivered and not yet acked.
+// delivered and not yet acked (a message is acked once stored), and the age of the oldest of
+// them (lagAge).
 func (a *Aggregator) lagLoop(ctx context.Context) {
 	tick := time.NewTicker(max(a.cfg.Heartbeat, time.Second))
 	defer tick.Stop()
@@ -83,6 +93,8 @@ func (a *Aggregator) lagLoop(ctx context.Context) {
 		}
 		a.mu.Unlock()
 		var lag int64
+		var oldest time.Time // stream time of the oldest message not stored; zero: none
+		var str jetstream.Stream
 		ok := true
 		for _, p := range ps {
 			cctx, cancel := apiContext(ctx)
@@ -93,12 +105,53 @@ func (a *Aggregator) lagLoop(ctx context.Context) {
 				break
 			}
 			info := cons.CachedInfo()
-			lag += int64(info.NumPending) + int64(info.NumAckPending)
+			n := int64(info.NumPending) + int64(info.NumAckPending)
+			lag += n
+			if n == 0 {
+				continue
+			}
+			at, err := a.firstUnacked(ctx, &str, p, info.AckFloor.Stream)
+			if err != nil {
+				ok = false
+				break
+			}
+			if !at.IsZero() && (oldest.IsZero() || at.Before(oldest)) {
+				oldest = at
+			}
 		}
 		if ok {
 			a.lag.Store(lag)
+			var age time.Duration
+			if !oldest.IsZero() {
+				age = max(0, time.Since(oldest))
+			}
+			a.lagAge.Store(int64(age))
 		}
 	}
+}
+
+// firstUnacked returns the time the stream received partition p's first message past its
+// consumer's ack floor (stream sequence floor): every message before it is stored, and it is
+// not (yet). Zero when there is none (acked meanwhile, or removed by the stream's limits).
+// *str caches the stream across the partitions of one measurement.
+func (a *Aggregator) firstUnacked(ctx context.Context, str *jetstream.Stream, p int, floor uint64) (time.Time, error) {
+	cctx, cancel := apiContext(ctx)
+	defer cancel()
+	if *str == nil {
+		s, err := a.js.Stream(cctx, a.cfg.Stream)
+		if err != nil {
+			return time.Time{}, err
+		}
+		*str = s
+	}
+	msg, err := (*str).GetMsg(cctx, floor+1, jetstream.WithGetMsgSubject(stream.Subject(a.cfg.SubjectPrefix, p)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	return msg.Time, nil
 }
 
 // retentionLoop drops expired partitions now and every RetentionInterval.

@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/events"
@@ -45,6 +48,10 @@ type PolicyConfig struct {
 	Interval time.Duration
 	// Logger receives the component's logs, with "component"="policies" (discarded when nil).
 	Logger *slog.Logger
+	// Meter records the tier protection's gauges (none when nil): per tier of a tier_protection
+	// policy, the allowed checks counted over its window and its capacity, as of the leader's
+	// last evaluation.
+	Meter metric.Meter
 }
 
 // Policies makes the automatic overrides of a rules document's policies:
@@ -63,7 +70,16 @@ type Policies struct {
 	cfg  PolicyConfig
 	log  *slog.Logger
 	keys map[string]*penaltyKey
+
+	// loads are the tiers' loads of the last evaluation, for the gauges: only the leader's
+	// evaluation counts them, so another aggregator reports none, and a tier whose count failed
+	// is left out rather than reported with a stale count.
+	mu    sync.Mutex
+	loads map[string]tierLoad
 }
+
+// tierLoad is a tier's allowed checks over its protection window, and its capacity.
+type tierLoad struct{ allowed, capacity int64 }
 
 // penaltyKey is what the penalty needs to know of one subject and rule.
 type penaltyKey struct {
@@ -88,7 +104,40 @@ func NewPolicies(cfg PolicyConfig) *Policies {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Policies{cfg: cfg, log: cfg.Logger.With("component", "policies"), keys: map[string]*penaltyKey{}}
+	p := &Policies{cfg: cfg, log: cfg.Logger.With("component", "policies"), keys: map[string]*penaltyKey{}}
+	if cfg.Meter != nil {
+		if err := p.gauges(cfg.Meter); err != nil {
+			p.log.Warn("policies: gauges not registered; tier protection runs without them", "err", err)
+		}
+	}
+	return p
+}
+
+// gauges registers the tier protection's gauges, quotaflow.aggregator.tier.allowed and
+// quotaflow.aggregator.tier.capacity (attribute tier): a tier above its capacity is allowed >
+// capacity.
+func (p *Policies) gauges(m metric.Meter) error {
+	allowed, err := m.Int64ObservableGauge("quotaflow.aggregator.tier.allowed", metric.WithDescription(
+		"Allowed checks of a tier over its tier_protection window, as the leader aggregator last counted them (attribute tier); only the leader reports it."))
+	if err != nil {
+		return err
+	}
+	capacity, err := m.Int64ObservableGauge("quotaflow.aggregator.tier.capacity", metric.WithDescription(
+		"Capacity of a tier's tier_protection policy: allowed checks over its window past which the tier's limits are scaled down (attribute tier); only the leader reports it."))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for tier, l := range p.loads {
+			set := metric.WithAttributeSet(attribute.NewSet(attribute.String("tier", tier)))
+			o.ObserveInt64(allowed, l.allowed, set)
+			o.ObserveInt64(capacity, l.capacity, set)
+		}
+		return nil
+	}, allowed, capacity)
+	return err
 }
 
 // Run follows the warning transitions (from as far back as the penalty window, so a restarted
@@ -194,6 +243,12 @@ func (pk *penaltyKey) throttledWithin(now time.Time, within time.Duration) time.
 
 // evaluate applies both policies at now. Only the leader writes.
 func (p *Policies) evaluate(ctx context.Context, now time.Time) {
+	loads := map[string]tierLoad{}
+	defer func() {
+		p.mu.Lock()
+		p.loads = loads
+		p.mu.Unlock()
+	}()
 	set := p.rules()
 	if set == nil {
 		return
@@ -216,7 +271,7 @@ func (p *Policies) evaluate(ctx context.Context, now time.Time) {
 	}
 	if p.cfg.TierRate != nil {
 		for _, tp := range pol.TierProtection {
-			p.protect(ctx, now, tp, active)
+			p.protect(ctx, now, tp, active, loads)
 		}
 	}
 }
@@ -276,12 +331,14 @@ func activePenalty(active []rules.Override, pk *penaltyKey) (rules.Override, boo
 	return rules.Override{}, false
 }
 
-func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProtection, active []rules.Override) {
+// protect applies a tier protection policy at now, and records the tier's load in loads.
+func (p *Policies) protect(ctx context.Context, now time.Time, tp rules.TierProtection, active []rules.Override, loads map[string]tierLoad) {
 	rate, err := p.cfg.TierRate(ctx, tp.Tier, now.Add(-tp.Window))
 	if err != nil {
 		p.log.Warn("tier protection: counting the tier's checks failed; evaluating next time", "tier", tp.Tier, "err", err)
 		return
 	}
+	loads[tp.Tier] = tierLoad{allowed: rate, capacity: tp.Capacity}
 	var mine []rules.Override
 	for _, o := range active {
 		if o.Source == "tier_protection" && o.Tier == tp.Tier {

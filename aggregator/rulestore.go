@@ -74,7 +74,7 @@ func (a *Aggregator) startRuleTasks(ctx context.Context) (stop func()) {
 	wg.Go(func() { retry.Forever(ctx, a.log, "publish override expiries", store.PublishExpiries) })
 	policies := NewPolicies(PolicyConfig{
 		Rules: a.rules, Store: store, JetStream: a.js, TierRate: ClickHouseTierRate(a.ch, a.cfg.Database),
-		Leader: a.Leader, Interval: a.cfg.PolicyInterval, Logger: a.cfg.Logger,
+		Leader: a.Leader, Interval: a.cfg.PolicyInterval, Logger: a.cfg.Logger, Meter: a.cfg.Meter,
 	})
 	wg.Go(func() { retry.Forever(ctx, a.log, "run the policies", policies.Run) })
 	return func() {

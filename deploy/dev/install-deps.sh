@@ -45,6 +45,10 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
 command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+# promtool, which Debian ships in the prometheus package (/usr/bin/promtool): the tests check
+# and unit-test the alert rules (deploy/prometheus) and parse the dashboards' PromQL
+# (deploy/grafana) with it. The tests run no Prometheus server.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 # Debian's Chromium, which the web console's test drives headless (TestConsole, with chromedp).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
