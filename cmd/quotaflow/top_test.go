@@ -17,8 +17,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
 // terminal is a child quotaflow process on a pseudo-terminal, whose screen output the test
