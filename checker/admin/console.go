@@ -11,6 +11,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/audit"
+	"github.com/quotaflow/quotaflow/internal/health"
 )
 
 // Audit reads what the aggregators recorded in ClickHouse (audit.Reader): the usage series,
@@ -223,7 +224,8 @@ type partHealth struct {
 const healthTimeout = 2 * time.Second
 
 // health answers GET /api/v1/health: Redis, NATS and ClickHouse as this checker sees them,
-// for the console's banners. It always answers 200: a dependency down is its content.
+// and the health reports of every process, for the console's banners and process list. It
+// always answers 200: a dependency down is its content.
 func (a *API) health(r *http.Request, _ caller) (int, any, error) {
 	probe := func(configured bool, f func(context.Context) error) partHealth {
 		if !configured {
@@ -236,13 +238,30 @@ func (a *API) health(r *http.Request, _ caller) (int, any, error) {
 		}
 		return partHealth{OK: true, Configured: true}
 	}
-	out := map[string]partHealth{
-		"redis": probe(true, a.engine.Ready),
-		"nats": probe(a.js != nil, func(ctx context.Context) error {
+	out := healthAnswer{
+		Redis: probe(true, a.engine.Ready),
+		NATS: probe(a.js != nil, func(ctx context.Context) error {
 			_, err := a.js.AccountInfo(ctx)
 			return err
 		}),
-		"clickhouse": probe(a.audit != nil, func(ctx context.Context) error { return a.audit.Ping(ctx) }),
+		ClickHouse: probe(a.audit != nil, func(ctx context.Context) error { return a.audit.Ping(ctx) }),
+		Processes:  []health.Report{},
+	}
+	if out.NATS.OK {
+		ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
+		defer cancel()
+		if ps, err := health.List(ctx, a.js); err == nil && ps != nil {
+			out.Processes = ps
+		}
 	}
 	return http.StatusOK, out, nil
+}
+
+// healthAnswer is GET /api/v1/health's answer: this checker's view of its dependencies, and
+// every checker's and aggregator's own (health.List), empty while NATS is unreachable.
+type healthAnswer struct {
+	Redis      partHealth      `json:"redis"`
+	NATS       partHealth      `json:"nats"`
+	ClickHouse partHealth      `json:"clickhouse"`
+	Processes  []health.Report `json:"processes"`
 }

@@ -116,6 +116,8 @@ func TestConsole(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#app")))
 	waitTrue(t, ctx, 20*time.Second, "the live feed connects", `document.querySelector("#live-status").textContent.startsWith("Live")`)
+	waitTrue(t, ctx, 20*time.Second, "the processes' own reports",
+		`!!document.querySelector('#processes tr[data-role="checker"][data-instance^="console-"]') && !!document.querySelector('#processes tr[data-role="aggregator"]')`)
 	t.Logf("console loaded and signed in in %s", time.Since(began).Round(time.Millisecond))
 	type pageWeight struct {
 		Transfer, Decoded float64

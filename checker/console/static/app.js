@@ -61,17 +61,37 @@ async function checkHealth() {
       nats: ["NATS", "no live feed, and overrides and rules cannot change"],
       clickhouse: ["ClickHouse", "usage, billing and recent decisions are unavailable"],
     };
-    for (const [part, s] of Object.entries(h)) {
-      const [name, effect] = parts[part] || [part, "unavailable"];
+    for (const [part, [name, effect]] of Object.entries(parts)) {
+      const s = h[part];
       if (s.ok) problem(part, "");
       else if (!s.configured) problem(part, `${name} is not configured on this checker: ${effect}.`);
       else problem(part, `${name} is unreachable: ${effect}. (${s.error})`);
     }
+    fleet(h.processes || []);
     problem("console", "");
   } catch (e) {
     if (e.status === 401) return signOut("Your token was refused: " + e.message);
     problem("console", "The checker does not answer: " + e.message);
   }
+}
+
+// fleet lists every checker's and aggregator's own report, and raises a banner for each
+// process that sees a dependency down or answers rules by fail mode.
+function fleet(ps) {
+  for (const k of [...problems.keys()]) if (k.startsWith("process:")) problem(k, "");
+  fill($("#processes"), ps.map((p) => {
+    const deps = Object.entries(p.dependencies || {}).sort();
+    const down = deps.filter(([, d]) => d.state === "down");
+    if (down.length) problem("process:" + p.instance, `${p.role} ${p.instance} sees ${down.map(([n, d]) => `${n} down (${d.error || "no answer"})`).join(", ")}.`);
+    const fm = (p.checker && p.checker.fail_mode) || [];
+    if (fm.length) problem("process:" + p.instance + ":fail", `checker ${p.instance} answers ${fm.length} rule(s) by fail mode: ${fm.map((r) => `${r.rule} (${r.fail_mode})`).join(", ")}.`);
+    const r = p.checker && p.checker.checks_per_second, a = p.aggregator;
+    return el("tr", { "data-instance": p.instance, "data-role": p.role },
+      el("td", {}, p.role), el("td", {}, p.instance),
+      el("td", {}, deps.map(([n, d]) => el("span", { class: "tag" + (d.state === "down" ? " down" : "") }, `${n} ${d.state}`))),
+      el("td", {}, r ? `${num(Math.round(r.allowed + r.delayed + r.denied + r.degraded))} checks/s` :
+        a ? `lag ${num(a.lag_messages)} · ${a.partitions_owned} partitions${a.leader ? " · leader" : ""}` : ""));
+  }));
 }
 
 // ---- Live: transitions and rates, as server-sent events read with fetch (EventSource cannot
