@@ -117,7 +117,8 @@ func TestConsole(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#app")))
 	waitTrue(t, ctx, 20*time.Second, "the live feed connects", `document.querySelector("#live-status").textContent.startsWith("Live")`)
 	waitTrue(t, ctx, 20*time.Second, "the processes' own reports",
-		`!!document.querySelector('#processes tr[data-role="checker"][data-instance^="console-"]') && !!document.querySelector('#processes tr[data-role="aggregator"]')`)
+		`!!document.querySelector('#processes tr[data-role="checker"][data-instance^="console-"]') && !!document.querySelector('#processes tr[data-role="aggregator"]') &&
+		document.querySelector('#processes tr[data-role="checker"]').innerText.includes("redis ok")`)
 	t.Logf("console loaded and signed in in %s", time.Since(began).Round(time.Millisecond))
 	type pageWeight struct {
 		Transfer, Decoded float64

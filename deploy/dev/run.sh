@@ -117,6 +117,7 @@ cat <<MSG
 quotaflow dev is ready (Ctrl-C stops everything):
   checker  http://$LISTEN   Connect, gRPC, gRPC-Web, GET /ratelimit/check, /healthz, /readyz
   admin    http://$LISTEN/api/v1   token: $ADMIN_TOKEN   (rules, tiers and overrides in NATS KV)
+  console  http://$LISTEN/console/   sign in with the admin token: live transitions, usage, subjects, overrides
   nats     nats://$NATS_LISTEN   streams QUOTAFLOW_DECISIONS (quotaflow.decisions.>) and QUOTAFLOW_EVENTS
            (quotaflow.warnings.<tier>.<dimension>, quotaflow.overrides.<action>); data in $DEV_DIR/nats
   redis    $QUOTAFLOW_REDIS_URL   (data in $DEV_DIR/redis)

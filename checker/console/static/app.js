@@ -88,7 +88,7 @@ function fleet(ps) {
     const r = p.checker && p.checker.checks_per_second, a = p.aggregator;
     return el("tr", { "data-instance": p.instance, "data-role": p.role },
       el("td", {}, p.role), el("td", {}, p.instance),
-      el("td", {}, deps.map(([n, d]) => el("span", { class: "tag" + (d.state === "down" ? " down" : "") }, `${n} ${d.state}`))),
+      el("td", {}, ...deps.map(([n, d]) => el("span", { class: "tag" + (d.state === "down" ? " down" : "") }, `${n} ${d.state}`))),
       el("td", {}, r ? `${num(Math.round(r.allowed + r.delayed + r.denied + r.degraded))} checks/s` :
         a ? `lag ${num(a.lag_messages)} · ${a.partitions_owned} partitions${a.leader ? " · leader" : ""}` : ""));
   }));
