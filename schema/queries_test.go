@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -64,49 +65,23 @@ func parseQueriesDoc(path string) ([]docQuery, error) {
 	return qs, nil
 }
 
-// result is a query's rows, read generically through the column types.
-type result struct {
-	cols []string
-	rows [][]any
-}
+// result is a query's rows, read through the column types.
+type result struct{ clickhousetest.Answer }
 
 func runQuery(ctx context.Context, c driver.Conn, q string) (result, error) {
-	rows, err := c.Query(ctx, q)
-	if err != nil {
-		return result{}, err
-	}
-	defer rows.Close()
-	var res result
-	cts := rows.ColumnTypes()
-	for _, ct := range cts {
-		res.cols = append(res.cols, ct.Name())
-	}
-	for rows.Next() {
-		ptrs := make([]any, len(cts))
-		for i, ct := range cts {
-			ptrs[i] = reflect.New(ct.ScanType()).Interface()
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			return res, err
-		}
-		row := make([]any, len(ptrs))
-		for i, p := range ptrs {
-			row[i] = reflect.ValueOf(p).Elem().Interface()
-		}
-		res.rows = append(res.rows, row)
-	}
-	return res, rows.Err()
+	r, err := clickhousetest.Query(ctx, c, q)
+	return result{r}, err
 }
 
 // col returns the values of the named column, failing the test if there is none.
 func (r result) col(t *testing.T, section, name string) []any {
 	t.Helper()
-	i := slices.Index(r.cols, name)
+	i := slices.Index(r.Cols, name)
 	if i < 0 {
-		t.Fatalf("%s: no column %q in %v", section, name, r.cols)
+		t.Fatalf("%s: no column %q in %v", section, name, r.Cols)
 	}
-	vs := make([]any, len(r.rows))
-	for j, row := range r.rows {
+	vs := make([]any, len(r.Rows))
+	for j, row := range r.Rows {
 		vs[j] = row[i]
 	}
 	return vs
@@ -433,7 +408,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			}
 		},
 		"Audit trail of a subject": func(t *testing.T, s string, r result) {
-			if got := int64(len(r.rows)); got != aliceRows {
+			if got := int64(len(r.Rows)); got != aliceRows {
 				t.Errorf("%s: %d rows, want alice's %d", s, got, aliceRows)
 			}
 			times := r.col(t, s, "time")
@@ -538,7 +513,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			if err != nil {
 				t.Fatalf("query %q: %v\n%s", q.section, err, sql)
 			}
-			if len(r.rows) == 0 {
+			if len(r.Rows) == 0 {
 				t.Fatalf("query %q returned no rows\n%s", q.section, sql)
 			}
 			if check := checks[q.section]; check != nil {

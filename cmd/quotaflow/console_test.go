@@ -20,6 +20,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/natstest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -80,6 +81,22 @@ func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr str
 	}
 }
 
+// consolePipeline runs a checker with the console's rules and tokens on its own NATS, and an
+// aggregator storing into a database of its own, which it returns.
+func consolePipeline(t *testing.T, name string, tokens map[string]admin.Token) (*natstest.Server, string, *checkerProc) {
+	t.Helper()
+	ns := ownNATS(t)
+	db := databaseName(name)
+	p := startChecker(t, name, ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
+		c.AuditClickHouseDSN = chSrv.DSN(db)
+		c.Admin.Tokens = tokens
+	})
+	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
+		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, WarningGrace: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	return ns, db, p
+}
+
 // TestConsole drives the web console in a real browser against a real pipeline (checker,
 // NATS, aggregator, ClickHouse, Redis): the page loads, a user the test throttles shows up as
 // a live transition, an override made through the console's form changes the next check's
@@ -87,15 +104,7 @@ func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr str
 // phone. It measures the page's weight and time to first render.
 func TestConsole(t *testing.T) {
 	t.Parallel()
-	ns := ownNATS(t)
-	db := databaseName("console")
-	p := startChecker(t, "console", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
-		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
-		c.AuditClickHouseDSN = chSrv.DSN(db)
-		c.Admin.Tokens = map[string]admin.Token{"console-write": {Name: "operator", Role: admin.RoleWrite}}
-	})
-	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
-		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, WarningGrace: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	ns, db, p := consolePipeline(t, "console", map[string]admin.Token{"console-write": {Name: "operator", Role: admin.RoleWrite}})
 	user := "console-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	check := func() *quotaflowv1.CheckRateLimitResponse {
 		t.Helper()
@@ -248,15 +257,7 @@ func TestConsole(t *testing.T) {
 // billing period, and a 400 naming the field for each bad parameter.
 func TestConsoleAPI(t *testing.T) {
 	t.Parallel()
-	ns := ownNATS(t)
-	db := databaseName("consoleapi")
-	p := startChecker(t, "consoleapi", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
-		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
-		c.AuditClickHouseDSN = chSrv.DSN(db)
-		c.Admin.Tokens = map[string]admin.Token{"api-read": {Name: "analyst", Role: admin.RoleRead}}
-	})
-	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
-		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
+	_, db, p := consolePipeline(t, "consoleapi", map[string]admin.Token{"api-read": {Name: "analyst", Role: admin.RoleRead}})
 	user := "api-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for range 7 {
 		if _, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/api/items",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -138,7 +139,7 @@ func TestClickHouseQueries(t *testing.T) {
 				t.Errorf("%s: %s: %v\n%s", path, title, err, sql)
 				continue
 			}
-			if len(r.rows) == 0 {
+			if len(r.Rows) == 0 {
 				t.Errorf("%s: %s: no row over the fixture\n%s", path, title, sql)
 			}
 			results[title] = r
@@ -230,47 +231,21 @@ func u8(b bool) uint8 {
 }
 
 // result is a query's rows, read through the column types.
-type result struct {
-	cols []string
-	rows [][]any
-}
+type result struct{ clickhousetest.Answer }
 
 func runQuery(ctx context.Context, c driver.Conn, q string) (result, error) {
-	rows, err := c.Query(ctx, q)
-	if err != nil {
-		return result{}, err
-	}
-	defer rows.Close()
-	var res result
-	cts := rows.ColumnTypes()
-	for _, ct := range cts {
-		res.cols = append(res.cols, ct.Name())
-	}
-	for rows.Next() {
-		ptrs := make([]any, len(cts))
-		for i, ct := range cts {
-			ptrs[i] = reflect.New(ct.ScanType()).Interface()
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			return res, err
-		}
-		row := make([]any, len(ptrs))
-		for i, p := range ptrs {
-			row[i] = reflect.ValueOf(p).Elem().Interface()
-		}
-		res.rows = append(res.rows, row)
-	}
-	return res, rows.Err()
+	r, err := clickhousetest.Query(ctx, c, q)
+	return result{r}, err
 }
 
 func (r result) col(t *testing.T, name string) []any {
 	t.Helper()
-	i := slices.Index(r.cols, name)
+	i := slices.Index(r.Cols, name)
 	if i < 0 {
-		t.Fatalf("no column %q in %v", name, r.cols)
+		t.Fatalf("no column %q in %v", name, r.Cols)
 	}
-	vs := make([]any, len(r.rows))
-	for j, row := range r.rows {
+	vs := make([]any, len(r.Rows))
+	for j, row := range r.Rows {
 		vs[j] = row[i]
 	}
 	return vs
