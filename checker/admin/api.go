@@ -88,6 +88,9 @@ type Config struct {
 	// JetStream feeds GET /api/v1/live from the events and decision streams and tells NATS's
 	// health; nil answers the feed 503.
 	JetStream jetstream.JetStream
+	// MaxLiveFeeds bounds the live feeds this checker serves at once (each reads two streams
+	// and decodes every decision); past it GET /api/v1/live answers 503. 0 means 32.
+	MaxLiveFeeds int
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
 	Logger *slog.Logger
@@ -110,6 +113,7 @@ type API struct {
 	backtesting atomic.Bool         // one backtest at a time
 	audit       Audit               // nil: no ClickHouse
 	js          jetstream.JetStream // nil: no NATS
+	feeds       chan struct{}       // a place per live feed served at once
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -127,6 +131,10 @@ func New(engine *checker.Engine, cfg Config) *API {
 	for tok, who := range cfg.Tokens {
 		a.tokens[tokenHash(tok)] = who
 	}
+	if cfg.MaxLiveFeeds <= 0 {
+		cfg.MaxLiveFeeds = 32
+	}
+	a.feeds = make(chan struct{}, cfg.MaxLiveFeeds)
 	if a.read <= 0 {
 		a.read = 1000
 	}

@@ -44,9 +44,16 @@ func (a *API) live(r *http.Request, _ caller) (int, any, error) {
 		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
 			Message: "the live feed reads NATS: start the checker with --nats-url"}
 	}
+	select {
+	case a.feeds <- struct{}{}:
+	default:
+		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: fmt.Sprintf("this checker serves %d live feeds already: close one, or use another checker", cap(a.feeds))}
+	}
 	q := r.URL.Query()
 	tier, rule, subject := q.Get("tier"), q.Get("rule"), q.Get("subject")
 	return http.StatusOK, streamBody(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { <-a.feeds }()
 		a.serveLive(w, r, func(t *events.Transition) bool {
 			return (tier == "" || t.Tier == tier) && (rule == "" || t.RuleID == rule) &&
 				(subject == "" || t.Dimension+":"+t.Subject == subject)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -83,7 +84,7 @@ func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr str
 
 // consolePipeline runs a checker with the console's rules and tokens on its own NATS, and an
 // aggregator storing into a database of its own, which it returns.
-func consolePipeline(t *testing.T, name string, tokens map[string]admin.Token) (*natstest.Server, string, *checkerProc) {
+func consolePipeline(t *testing.T, name string, tokens map[string]admin.Token, opts ...func(*daemon.CheckerConfig)) (*natstest.Server, string, *checkerProc) {
 	t.Helper()
 	ns := ownNATS(t)
 	db := databaseName(name)
@@ -91,6 +92,9 @@ func consolePipeline(t *testing.T, name string, tokens map[string]admin.Token) (
 		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", consoleRules), redisDB(t, 13)
 		c.AuditClickHouseDSN = chSrv.DSN(db)
 		c.Admin.Tokens = tokens
+		for _, o := range opts {
+			o(c)
+		}
 	})
 	daemontest.Aggregator(t, daemon.AggregatorConfig{NATSURL: ns.URL, ClickHouseDSN: chSrv.DSN(db),
 		Aggregator: aggregator.Config{FlushInterval: 100 * time.Millisecond, WarningGrace: 100 * time.Millisecond, InsertTimeout: 5 * time.Second}})
@@ -257,7 +261,8 @@ func TestConsole(t *testing.T) {
 // billing period, and a 400 naming the field for each bad parameter.
 func TestConsoleAPI(t *testing.T) {
 	t.Parallel()
-	_, db, p := consolePipeline(t, "consoleapi", map[string]admin.Token{"api-read": {Name: "analyst", Role: admin.RoleRead}})
+	_, db, p := consolePipeline(t, "consoleapi", map[string]admin.Token{"api-read": {Name: "analyst", Role: admin.RoleRead}},
+		func(c *daemon.CheckerConfig) { c.Admin.MaxLiveFeeds = 1 })
 	user := "api-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for range 7 {
 		if _, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/api/items",
@@ -308,6 +313,9 @@ func TestConsoleAPI(t *testing.T) {
 		{"/subjects/user:a/billing?month=11-2026", "month"},
 		{"/subjects/user:a/billing?format=xml", "format"},
 		{"/subjects/org:acme/limits", "subject"},
+		{"/subjects/user:a/limits?endpoint=no-leading-slash", "endpoint"},
+		{"/subjects/user:" + strings.Repeat("x", 2000) + "/limits", "subject"},
+		{"/subjects/user:" + strings.Repeat("x", 2000) + "/billing", "subject"},
 	} {
 		var e admin.Error
 		if code, _, body := get(tt.path, "api-read"); code != 400 || json.Unmarshal([]byte(body), &e) != nil || e.Field != tt.field {
@@ -316,5 +324,36 @@ func TestConsoleAPI(t *testing.T) {
 	}
 	if code, _, _ := get("/live", ""); code != 401 {
 		t.Errorf("GET /live without a token: %d, want 401", code)
+	}
+	// One live feed at most on this checker: a second waits for the first to close.
+	req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1/live", nil)
+	req.Header.Set("Authorization", "Bearer api-read")
+	feed, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := bufio.NewReader(feed.Body).ReadString('\n'); feed.StatusCode != 200 || first != "event: hello\n" {
+		t.Errorf("GET /live: %d, first line %q; want 200 and the hello event", feed.StatusCode, first)
+	}
+	if code, _, body := get("/live", "api-read"); code != 503 || !strings.Contains(body, "serves 1 live feeds already") {
+		t.Errorf("a second live feed: %d %s; want 503", code, body)
+	}
+	feed.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1/live", nil)
+		req.Header.Set("Authorization", "Bearer api-read")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a live feed after the first closed: %d, want 200", resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
