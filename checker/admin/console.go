@@ -16,7 +16,7 @@ import (
 
 // Audit reads what the aggregators recorded in ClickHouse (audit.Reader): the usage series,
 // the subjects throttled most, a subject's billing period and recent decisions. Its errors
-// are an *audit.FieldError for a request that broke a rule (answered 400), the context's, or
+// are a *checker.FieldError for a request that broke a rule (answered 400), the context's, or
 // ClickHouse's (503).
 type Audit interface {
 	Series(ctx context.Context, req audit.SeriesRequest) (*audit.Series, error)
@@ -28,14 +28,11 @@ type Audit interface {
 
 var _ Audit = (*audit.Reader)(nil)
 
-// auditAnswer renders an Audit call's result: its field errors as 400, ClickHouse's as 503.
+// auditAnswer renders an Audit call's result: its field errors as every field error (400),
+// ClickHouse's as 503 naming it.
 func auditAnswer(v any, err error) (int, any, error) {
-	var fe *audit.FieldError
-	switch {
-	case err == nil:
-		return http.StatusOK, v, nil
-	case errors.As(err, &fe):
-		return 0, nil, badField(fe.Field, "%s", fe.Msg)
+	if fe := (*checker.FieldError)(nil); err == nil || errors.As(err, &fe) {
+		return http.StatusOK, v, err
 	}
 	return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: err.Error()}
 }

@@ -244,6 +244,17 @@ func TestConsole(t *testing.T) {
 		chromedp.Navigate(blind.url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#login")),
 		chromedp.SendKeys(chromedp.CSS("#token"), "console-read"), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)), chromedp.WaitVisible(chromedp.CSS("#app")))
 	waitTrue(t, ctx, 20*time.Second, "the ClickHouse banner", `!!document.querySelector('#banners [data-part="clickhouse"]')`)
+	req, _ := http.NewRequest("GET", blind.url+"/api/v1/usage", nil)
+	req.Header.Set("Authorization", "Bearer console-read")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || !strings.Contains(string(b), "usage series") {
+			t.Errorf("usage without ClickHouse: %d %s; want 503 saying what failed", resp.StatusCode, b)
+		}
+	}
 	waitTrue(t, ctx, 20*time.Second, "the live feed without ClickHouse", `document.querySelector("#live-status").textContent.startsWith("Live")`)
 
 	// NATS down: a banner says so, and the usage view still answers from ClickHouse.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -53,17 +54,10 @@ func (r *Reader) Ping(ctx context.Context) error {
 	return nil
 }
 
-// FieldError is a request that broke a rule, naming the field; the admin API answers it 400.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-// Error implements error.
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
-func fieldErrorf(name, format string, args ...any) *FieldError {
-	return &FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
+// fieldErrorf is a request that broke a rule, naming the field: the engine's one field error
+// (checker.FieldError), which the admin API answers 400 as it does a check's.
+func fieldErrorf(name, format string, args ...any) *checker.FieldError {
+	return &checker.FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Counts are checks by outcome. Denied counts only the limits' denials; Degraded the answers a

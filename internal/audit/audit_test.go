@@ -12,6 +12,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/audit"
 	"github.com/quotaflow/quotaflow/internal/clickhousetest"
 	"github.com/quotaflow/quotaflow/schema"
@@ -220,7 +221,7 @@ func TestBadInput(t *testing.T) {
 		}, "month"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			var fe *audit.FieldError
+			var fe *checker.FieldError
 			if err := tt.call(); !errors.As(err, &fe) || fe.Field != tt.field {
 				t.Errorf("got %v, want an error naming %s", err, tt.field)
 			}

@@ -38,7 +38,7 @@ type BillingDay struct {
 	Counts
 }
 
-// Billing returns the subject's checks per day of the month. Its errors are a *FieldError
+// Billing returns the subject's checks per day of the month. Its errors are a *checker.FieldError
 // (subject, month) or ClickHouse's.
 func (r *Reader) Billing(ctx context.Context, req BillingRequest) (*Billing, error) {
 	if err := ValidSubject(req.Subject); err != nil {

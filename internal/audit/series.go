@@ -54,7 +54,7 @@ func rollupOf(span time.Duration) (table, column string, step time.Duration) {
 	return "usage_day", "toUInt32(toDateTime(day))", 24 * time.Hour
 }
 
-// Series returns checks by outcome per bucket of req's span. Its errors are a *FieldError
+// Series returns checks by outcome per bucket of req's span. Its errors are a *checker.FieldError
 // (by, span) or ClickHouse's.
 func (r *Reader) Series(ctx context.Context, req SeriesRequest) (*Series, error) {
 	key := map[string]string{"tier": "tier", "rule": "rule_id"}[req.By]

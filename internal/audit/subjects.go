@@ -26,7 +26,7 @@ type SubjectRow struct {
 const maxRetention = 90 * 24 * time.Hour
 
 // Top returns the subjects whose checks were denied most by their limits (fail-mode denials
-// apart), with their tier. Its errors are a *FieldError (span, n) or ClickHouse's.
+// apart), with their tier. Its errors are a *checker.FieldError (span, n) or ClickHouse's.
 func (r *Reader) Top(ctx context.Context, req TopRequest) ([]SubjectRow, error) {
 	if req.Span == 0 {
 		req.Span = time.Hour
@@ -97,7 +97,7 @@ type Decision struct {
 const recentSpan = 24 * time.Hour
 
 // Recent returns the subject's latest checks of the last day, the newest first, at most n
-// (0: 50; at most 500). Its errors are a *FieldError (subject, n) or ClickHouse's.
+// (0: 50; at most 500). Its errors are a *checker.FieldError (subject, n) or ClickHouse's.
 func (r *Reader) Recent(ctx context.Context, subject string, n int) ([]Decision, error) {
 	if err := ValidSubject(subject); err != nil {
 		return nil, fieldErrorf("subject", "%v", err)
