@@ -143,6 +143,24 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Report, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("health bucket: %w", err)
 	}
+	// A listing counts the keys it will be sent when it starts: a report that expires before
+	// it is sent leaves the listing waiting for it until its context ends. Each attempt has a
+	// deadline of its own, and one that passes is tried again.
+	for {
+		actx, cancel := context.WithTimeout(ctx, listAttempt)
+		out, err := list(actx, kv)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return out, err
+		}
+	}
+}
+
+// listAttempt bounds one listing of the reports: a handful of keys, read in milliseconds.
+const listAttempt = 2 * time.Second
+
+// list reads every report of kv once.
+func list(ctx context.Context, kv jetstream.KeyValue) ([]Report, error) {
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list health reports: %w", err)
