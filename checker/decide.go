@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
@@ -48,59 +50,106 @@ func (e *Engine) Peek(ctx context.Context, q *Query) (*Outcome, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, error) {
-	start := time.Now()
-	ctx, span := e.tel.startSpan(ctx)
-	if span != nil {
-		defer span.End()
-	}
+	d := deadline{parent: ctx}
+	defer d.release()
+	var c started
+	e.begin(ctx, &d, q, peek, &c)
+	return e.end(&c)
+}
+
+// started is a check between begin and end: planned, and its store call sent unless it was
+// decided without one (out then final, or err set).
+type started struct {
+	ctx   context.Context // the caller's, with the check's span
+	span  trace.Span
+	q     *Query
+	peek  bool
+	start time.Time
+	out   *Outcome
+	err   error
+	// decided: out is the answer (or err the error) without a store call.
+	decided bool
+	pl      plan
+	lz      leasedPart
+	sentAt  int64
+	call    storeCall
+}
+
+// begin plans q and sends its store call (within d), leaving c for end. Every begin needs its
+// end, which ends the check's span.
+func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c *started) {
+	c.start, c.peek, c.decided = time.Now(), peek, true
+	c.ctx, c.span = e.tel.startSpan(ctx)
 	set := e.rules.Load()
 	if set == nil {
-		return nil, ErrNoRules
+		c.err = ErrNoRules
+		return
 	}
 	// Whatever the transport, rules match and decisions report the endpoint's normal form.
 	q, err := normalQuery(q)
-	if err != nil {
-		return nil, err
+	if c.q, c.err = q, err; err != nil {
+		return
 	}
 	out := &Outcome{Decider: -1}
-	if err := resolveTier(set, q, out); err != nil {
-		return nil, err
+	if c.err = resolveTier(set, q, out); c.err != nil {
+		return
 	}
 	pl, err := planQuery(set, q, peek, out, e.clock)
-	if err != nil {
-		return nil, err
+	if c.err = err; err != nil {
+		return
 	}
+	c.out = out
 	if len(pl.reqs) == 0 {
 		out.Allowed, out.Now = true, time.Now()
-		return e.record(ctx, q, out, peek, start), nil
+		return
 	}
 	// A retry with an idempotency key must replay its first decision, so it goes to the store.
 	if e.olc != nil && !peek && q.IdempotencyKey == "" && !pl.candidates && e.fromCache(pl, out, q.Cost) {
 		e.tel.cacheHit.Add(ctx, 1)
 		out.summarize()
-		return e.record(ctx, q, out, peek, start), nil
+		return
 	}
 	// Leased limits are decided from this process's slices; the rest goes to the store.
-	var lz leasedPart
 	// A reservation's charge goes to Redis, where its settle finds it.
 	if e.leases != nil && !peek && q.IdempotencyKey == "" && q.Reserve == 0 {
-		if pl, lz = e.decideLeased(ctx, pl, out, q.Cost); lz.decided > 0 {
+		if pl, c.lz = e.decideLeased(ctx, pl, out, q.Cost); c.lz.decided > 0 {
 			e.tel.leased.Add(ctx, 1)
 		}
-		if lz.denied || len(pl.reqs) == 0 {
-			e.leasedOnly(&lz, out)
-			return e.record(ctx, q, out, peek, start), nil
+		if c.lz.denied || len(pl.reqs) == 0 {
+			e.leasedOnly(&c.lz, out)
+			return
 		}
 	}
-	var sentAt int64
 	if e.olc != nil {
-		sentAt = e.olc.now()
+		c.sentAt = e.olc.now()
 	}
-	results, degraded, err := e.store.check(ctx, pl.reqs, func(i, j int) rules.FailMode {
+	c.pl, c.decided = pl, false
+	c.call = e.store.send(c.ctx, d.of(e.store), pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.at(i, j)].Rule.FailMode
 	})
+}
+
+// end waits for c's store call and makes the decision (publishing it unless c is a peek).
+func (e *Engine) end(c *started) (*Outcome, error) {
+	if c.span != nil {
+		defer c.span.End()
+	}
+	out, err := e.conclude(c)
 	if err != nil {
-		e.leases.giveBackAll(&lz)
+		return nil, err
+	}
+	return e.record(c.ctx, c.q, out, c.peek, c.start), nil
+}
+
+// conclude is end's decision, before it is recorded.
+func (e *Engine) conclude(c *started) (*Outcome, error) {
+	if c.decided {
+		return c.out, c.err
+	}
+	ctx, q, out, pl, lz, peek := c.ctx, c.q, c.out, &c.pl, &c.lz, c.peek
+	results, degraded, err := e.store.wait(&c.call)
+	if err != nil {
+		e.leases.giveBackAll(lz)
 	}
 	if errors.Is(err, ErrIdempotencyConflict) {
 		return nil, idempotencyConflict()
@@ -109,7 +158,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		return nil, err
 	}
 	if !degraded && e.olc != nil && !peek {
-		e.cacheDenials(pl, out, results, q.Cost, sentAt)
+		e.cacheDenials(*pl, out, results, q.Cost, c.sentAt)
 	}
 	var places []holdPlace
 	var holder string
@@ -125,7 +174,7 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		out.Now = res.Now
 		if !pl.reqs[i].Shadow && !pl.reqs[i].Peek && !res.Allowed {
 			// The store denied: the units taken from slices go back to them.
-			e.leases.giveBackAll(&lz)
+			e.leases.giveBackAll(lz)
 		}
 	}
 	out.summarize()
@@ -136,11 +185,11 @@ func (e *Engine) decide(ctx context.Context, q *Query, peek bool) (*Outcome, err
 		// The check is decided and charged: a reservation that cannot be recorded leaves the
 		// answer allowed with none (as a fail mode's admission has none), its estimate
 		// standing, and the decision recorded like any other.
-		if err := e.reserve(ctx, q, pl, results, out); err != nil {
+		if err := e.reserve(ctx, q, *pl, results, out); err != nil {
 			e.log.Warn("reservation not recorded: its estimate stands", "err", err)
 		}
 	}
-	return e.record(ctx, q, out, peek, start), nil
+	return out, nil
 }
 
 // record gives a consuming check its decision id, counts it and hands its event to the sink:
@@ -150,9 +199,7 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 	if peek {
 		return out
 	}
-	e.tel.record(ctx, out, start)
-	e.counts.add(out)
-	out.ID = e.nextDecisionID()
+	e.account(ctx, out, start)
 	switch {
 	case e.durable != nil:
 		e.durable.PublishDurable(ctx, e.instanceID, q, out)
@@ -160,6 +207,13 @@ func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, 
 		e.sink.Publish(e.instanceID, q, out)
 	}
 	return out
+}
+
+// account counts a consuming check's decision and gives it its id.
+func (e *Engine) account(ctx context.Context, out *Outcome, start time.Time) {
+	e.tel.record(ctx, out, start)
+	e.counts.add(out)
+	out.ID = e.nextDecisionID()
 }
 
 // exemption is the exemption of q's subjects, nil for none (rules.Set.Exemption).

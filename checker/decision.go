@@ -26,6 +26,9 @@ type DurableSink interface {
 	// up waiting (after a bounded time, which it counts), or once ctx is done. Like Publish it
 	// never fails the check: an answer whose decision could not be made durable still leaves.
 	PublishDurable(ctx context.Context, checkerID string, q *Query, out *Outcome)
+	// PublishDurableAll is PublishDurable of the decisions outs[i] of qs[i] (Engine.CheckAll),
+	// with one wait for all of them rather than one after another.
+	PublishDurableAll(ctx context.Context, checkerID string, qs []*Query, outs []*Outcome)
 }
 
 // nextDecisionID returns "<instance id>-<sequence>": unique without coordination or a random

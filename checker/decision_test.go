@@ -28,6 +28,12 @@ func (r *durableRecorder) PublishDurable(ctx context.Context, _ string, _ *Query
 	r.ctxs = append(r.ctxs, ctx)
 }
 
+func (r *durableRecorder) PublishDurableAll(ctx context.Context, id string, qs []*Query, outs []*Outcome) {
+	for i, out := range outs {
+		r.PublishDurable(ctx, id, qs[i], out)
+	}
+}
+
 // TestDurableSink: a sink that can hold a check until its decision is durable gets every
 // consuming check's decision through PublishDurable, with the check's context, before Check
 // returns; never through Publish. A peek publishes nothing.

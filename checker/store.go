@@ -110,26 +110,101 @@ func (g *guard) use(store bucketStore, reported bool) {
 // malformed reply, a script error), which is a bug rather than an outage, is returned as is: it
 // fails this check only.
 func (g *guard) check(ctx context.Context, reqs []bucket.Request, fail failModes) (results []bucket.Result, degraded bool, err error) {
+	d := deadline{parent: ctx}
+	defer d.release()
+	c := g.send(ctx, d.of(g), reqs, fail)
+	return g.wait(&c)
+}
+
+// deadline is the guard's timeout on the store calls of a check, or of a batch of checks,
+// which share one: made by the first call that needs it, since a check answered without the
+// store needs none. release it once every call is waited for.
+type deadline struct {
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (d *deadline) of(g *guard) context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithTimeout(d.parent, g.timeout)
+	}
+	return d.ctx
+}
+
+func (d *deadline) release() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
+// storeCall is a check's store call between guard.send and guard.wait.
+type storeCall struct {
+	ctx     context.Context // the caller's
+	reqs    []bucket.Request
+	fail    failModes
+	start   time.Time
+	pending bucket.Pending
+	sent    bool // pending is the call
+	holds   bool // it holds a place of the guard's inFlight
+	// The answer when send already knows it: the circuit is open, the call was shed, or the
+	// store cannot send.
+	known    bool
+	results  []bucket.Result
+	degraded bool
+	err      error
+}
+
+// send starts the store call of a check (ctx, the caller's context; bctx, its deadline's) for
+// wait to finish: check split in two, so that a batch's checks are all sent before the
+// first is waited for.
+func (g *guard) send(ctx, bctx context.Context, reqs []bucket.Request, fail failModes) storeCall {
+	c := storeCall{ctx: ctx, reqs: reqs, fail: fail, known: true}
 	if g.circuit.open() {
 		if fail == nil {
-			return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, errStoreDown)
+			c.err = fmt.Errorf("%w: %w", ErrUnavailable, errStoreDown)
+			return c
 		}
-		return g.fallback(reqs, fail), true, nil
+		c.results, c.degraded = g.fallback(reqs, fail), true
+		return c
 	}
 	if fail != nil && g.maxInFlight > 0 {
 		if g.inFlight.Add(1) > g.maxInFlight {
 			g.inFlight.Add(-1)
 			// Not a round trip: the circuit hears nothing of it, as Redis did not fail.
 			g.shed(ctx, 1)
-			return g.fallback(reqs, fail), true, nil
+			c.results, c.degraded = g.fallback(reqs, fail), true
+			return c
 		}
-		defer g.inFlight.Add(-1)
+		c.holds = true
 	}
-	cctx, cancel := context.WithTimeout(ctx, g.timeout)
-	start := time.Now()
-	results, err = g.store.Check(cctx, reqs)
-	g.observe(ctx, time.Since(start).Seconds())
-	cancel()
+	c.start = time.Now()
+	// *bucket.Store queues a check's calls to be waited for later, so that the checks of a
+	// batch leave together without a goroutine each. Any other store (a test's wrapper, even
+	// one embedding a *bucket.Store) is called here, through its own Check.
+	if s, ok := g.store.(*bucket.Store); ok {
+		c.pending, c.sent, c.known = s.Send(bctx, reqs), true, false
+		return c
+	}
+	c.results, c.err = g.store.Check(bctx, reqs)
+	c.known = false
+	return c
+}
+
+// wait finishes c, the call send started, as check describes.
+func (g *guard) wait(c *storeCall) (results []bucket.Result, degraded bool, err error) {
+	if c.known {
+		return c.results, c.degraded, c.err
+	}
+	results, err = c.results, c.err
+	if c.sent {
+		results, err = c.pending.Wait()
+	}
+	g.observe(c.ctx, time.Since(c.start).Seconds())
+	if c.holds {
+		g.inFlight.Add(-1)
+	}
+	ctx, reqs, fail := c.ctx, c.reqs, c.fail
 	switch {
 	case err == nil:
 		if !g.reported {

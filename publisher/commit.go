@@ -93,6 +93,45 @@ func (c *Client) PublishDurable(ctx context.Context, checkerID string, q *checke
 	}
 }
 
+// PublishDurableAll is PublishDurable of the decisions outs[i] of qs[i], made by one
+// CheckAll: they join the round being formed together, and the call waits once for each
+// round they joined (one, or two when a write began between them) rather than once per
+// decision. It implements checker.DurableSink.
+func (c *Client) PublishDurableAll(ctx context.Context, checkerID string, qs []*checker.Query, outs []*checker.Outcome) {
+	if c.cfg.NoSpoolWait {
+		for i, out := range outs {
+			c.PublishDecision(Decision(checkerID, qs[i], out))
+		}
+		return
+	}
+	type joined struct {
+		r *round
+		n int64
+	}
+	var rounds []joined
+	for i, out := range outs {
+		r := c.commit(Decision(checkerID, qs[i], out))
+		switch {
+		case r == nil:
+			c.unspooled.Add(1)
+		case len(rounds) > 0 && rounds[len(rounds)-1].r == r:
+			rounds[len(rounds)-1].n++
+		default:
+			rounds = append(rounds, joined{r, 1})
+		}
+	}
+	for _, j := range rounds {
+		select {
+		case <-j.r.done:
+			if j.r.state.Load() != roundWritten {
+				c.unspooled.Add(j.n)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // commit adds d to the round being formed, starting it (and waking the writer) when there is
 // none, and returns the round; nil when d is dropped: after Close, or when QueueSize decisions
 // already wait for the writer (a disk slower than the checks: memory stays bounded).

@@ -127,6 +127,33 @@ func TestPublishDurableInSpool(t *testing.T) {
 	}
 }
 
+// TestPublishDurableAllInSpool: when a PublishDurableAll call returns, every one of its
+// decisions is in the spool file, once; read after each call, as a kill -9 right then would
+// leave the file.
+func TestPublishDurableAllInSpool(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	a := newClient(t, connectURL(t, downURL), cfg)
+	want := map[string]*quotaflowv1.Decision{}
+	for b := range 30 {
+		qs, outs := make([]*checker.Query, 10), make([]*checker.Outcome, 10)
+		for k := range 10 {
+			id := fmt.Sprintf("b%d-%d", b, k)
+			qs[k], outs[k], want[id] = durableCheck(id, fmt.Sprintf("u%d", k), int64(k+1))
+		}
+		a.PublishDurableAll(context.Background(), "test", qs, outs)
+		got := spoolFileDecisions(t, cfg.SpoolDir)
+		for _, out := range outs {
+			if ds := got[out.ID]; len(ds) != 1 || !proto.Equal(ds[0], want[out.ID]) {
+				t.Fatalf("batch %d returned; decision %s in the spool file: %v, want once %v", b, out.ID, ds, want[out.ID])
+			}
+		}
+	}
+	if st := a.Stats(); st.Unspooled != 0 || st.Dropped != 0 || st.Spooled != int64(len(want)) {
+		t.Errorf("stats %+v, want all %d spooled, none unspooled or dropped", st, len(want))
+	}
+}
+
 // TestPublishDurableStream: with NATS up, decisions of PublishDurable reach the stream exactly
 // once and in order per subject, through the spool and the replayer alone: nothing is
 // published twice by a direct path.

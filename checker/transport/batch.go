@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -18,19 +18,15 @@ import (
 // the work one request can ask for.
 const MaxBatchChecks = 1000
 
-// batchWorkers is how many checks of one batch are decided at once. Each check waits on one
-// Redis round trip; a few in flight hide that latency without letting one batch take the
-// whole Redis connection pool.
-const batchWorkers = 16
-
 // CheckRateLimits implements quotaflow.v1.RateLimiter.
 func (s *Server) CheckRateLimits(ctx context.Context, req *connect.Request[quotaflowv1.CheckRateLimitsRequest]) (*connect.Response[quotaflowv1.CheckRateLimitsResponse], error) {
 	return connectResponse(s.checkRateLimits(ctx, req.Msg))
 }
 
-// checkRateLimits decides each check of a batch on its own. Only what concerns the whole call
-// is an RPC error (a caller without the check permission, a batch over MaxBatchChecks); a
-// check's own error, a tier its caller may not assert included, is that check's result.
+// checkRateLimits decides each check of a batch on its own, all of them in one
+// Engine.CheckAll. Only what concerns the whole call is an RPC error (a caller without the
+// check permission, a batch over MaxBatchChecks); a check's own error, a tier its caller may
+// not assert included, is that check's result.
 func (s *Server) checkRateLimits(ctx context.Context, req *quotaflowv1.CheckRateLimitsRequest) (*quotaflowv1.CheckRateLimitsResponse, error) {
 	if err := s.authorize(ctx, auth.Check, "CheckRateLimits"); err != nil {
 		return nil, err
@@ -41,38 +37,33 @@ func (s *Server) checkRateLimits(ctx context.Context, req *quotaflowv1.CheckRate
 			fmt.Errorf("checks[%d]: a batch holds at most %d checks, got %d", MaxBatchChecks, MaxBatchChecks, len(checks)))
 	}
 	results := make([]*quotaflowv1.CheckRateLimitsResult, len(checks))
-	decideOne := func(i int) {
-		field := "checks[" + strconv.Itoa(i) + "]"
-		if checks[i].GetTier() != "" {
-			if err := s.authorize(ctx, auth.AssertTier, field+".tier"); err != nil {
-				results[i] = errorResult(field, err)
-				return
+	field := func(i int) string { return "checks[" + strconv.Itoa(i) + "]" }
+	// The valid checks go to the engine together; at[k] is the index in checks of qs[k].
+	qs := make([]*checker.Query, 0, len(checks))
+	at := make([]int, 0, len(checks))
+	now := time.Now()
+	for i, c := range checks {
+		if c.GetTier() != "" {
+			if err := s.authorize(ctx, auth.AssertTier, field(i)+".tier"); err != nil {
+				results[i] = errorResult(field(i), err)
+				continue
 			}
 		}
-		resp, err := s.decide(ctx, checks[i])
+		q, err := checkQuery(c, now)
 		if err != nil {
-			results[i] = errorResult(field, err)
-			return
+			results[i] = errorResult(field(i), s.rpcError(err))
+			continue
 		}
-		results[i] = &quotaflowv1.CheckRateLimitsResult{Result: &quotaflowv1.CheckRateLimitsResult_Response{Response: resp}}
+		qs, at = append(qs, q), append(at, i)
 	}
-	if len(checks) == 1 {
-		decideOne(0)
-	} else {
-		next := make(chan int)
-		var wg sync.WaitGroup
-		for range min(len(checks), batchWorkers) {
-			wg.Go(func() {
-				for i := range next {
-					decideOne(i)
-				}
-			})
+	outs, errs := s.engine.CheckAll(ctx, qs)
+	for k, out := range outs {
+		i := at[k]
+		if errs != nil && errs[k] != nil {
+			results[i] = errorResult(field(i), s.rpcError(errs[k]))
+			continue
 		}
-		for i := range checks {
-			next <- i
-		}
-		close(next)
-		wg.Wait()
+		results[i] = &quotaflowv1.CheckRateLimitsResult{Result: &quotaflowv1.CheckRateLimitsResult_Response{Response: render(qs[k], out)}}
 	}
 	return &quotaflowv1.CheckRateLimitsResponse{Results: results}, nil
 }

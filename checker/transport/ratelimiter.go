@@ -62,6 +62,11 @@ func (s *Server) answer(ctx context.Context, q *checker.Query) (*quotaflowv1.Che
 	if err != nil {
 		return nil, nil, s.rpcError(err)
 	}
+	return render(q, out), out, nil
+}
+
+// render is the answer to q, decided as out.
+func render(q *checker.Query, out *checker.Outcome) *quotaflowv1.CheckRateLimitResponse {
 	resp := &quotaflowv1.CheckRateLimitResponse{
 		Allowed:    out.Allowed,
 		Replayed:   out.Replayed,
@@ -83,7 +88,7 @@ func (s *Server) answer(ctx context.Context, q *checker.Query) (*quotaflowv1.Che
 		resp.ResetAt, resp.RetryAfterMs = d.ResetAt, d.RetryAfterMs
 		resp.RetryAfter = ratelimitheader.CeilSeconds(d.RetryAfterMs)
 	}
-	return resp, out, nil
+	return resp
 }
 
 func (s *Server) getRemainingQuota(ctx context.Context, req *quotaflowv1.GetRemainingQuotaRequest) (*quotaflowv1.GetRemainingQuotaResponse, error) {

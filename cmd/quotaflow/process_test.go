@@ -228,6 +228,24 @@ func loadAndKill(t *testing.T, p *checkerProcess, users string, answered map[str
 	for w := range 4 {
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
+				if w%2 == 1 { // batches, whose decisions the spool takes together
+					req := &quotaflowv1.CheckRateLimitsRequest{}
+					for k := range 8 {
+						req.Checks = append(req.Checks, userCheck(fmt.Sprintf("%s-%d-%d", users, w, (8*i+k)%100)).Msg)
+					}
+					resp, err := client.CheckRateLimits(context.Background(), connect.NewRequest(req))
+					if err != nil {
+						continue // the process is gone
+					}
+					mu.Lock()
+					for _, r := range resp.Msg.Results {
+						if id := r.GetResponse().GetDecisionId(); id != "" {
+							answered[id] = time.Now()
+						}
+					}
+					mu.Unlock()
+					continue
+				}
 				resp, err := client.CheckRateLimit(context.Background(), userCheck(fmt.Sprintf("%s-%d-%d", users, w, i%100)))
 				if err != nil {
 					continue // the process is gone

@@ -240,18 +240,32 @@ func (b *batcher) do(ctx context.Context, j *job) error {
 // (inFlight): the loop signals j.done when the replies are in, and the caller must read them
 // and recycle j (Store.settleLate), so that the charges they made can be refunded.
 func (b *batcher) run(ctx context.Context, j *job, keep bool) (inFlight bool, err error) {
+	if err := b.enqueue(ctx, j); err != nil {
+		return false, err
+	}
+	return b.await(ctx, j, keep)
+}
+
+// enqueue queues j, blocking while the queue is full. On an error (ctx ended, store closed)
+// j was recycled: it is no longer the caller's.
+func (b *batcher) enqueue(ctx context.Context, j *job) error {
 	b.start.Do(b.startLoops)
 	j.ctx = ctx
 	j.state.Store(jobQueued)
 	select {
 	case b.queue <- j:
+		return nil
 	case <-ctx.Done():
 		putJob(j) // never queued
-		return false, ctx.Err()
+		return ctx.Err()
 	case <-b.quit:
 		putJob(j)
-		return false, ErrStoreClosed
+		return ErrStoreClosed
 	}
+}
+
+// await is run's wait for j, queued by enqueue.
+func (b *batcher) await(ctx context.Context, j *job, keep bool) (inFlight bool, err error) {
 	select {
 	case <-j.done:
 		return false, j.result()

@@ -97,6 +97,9 @@ var (
 // one sentinel, so that the engine and any Store it is given mean the same by it.
 var ErrIdempotencyConflict = errors.New("idempotency key already used with another request")
 
+// errWaitedTwice is a Pending's second Wait: its replies were the first Wait's.
+var errWaitedTwice = errors.New("bucket: pending check waited for twice")
+
 // errTwoRecords is a call with more than one idempotency record: a call is one checked
 // request, and it has one record.
 var errTwoRecords = errors.New("more than one request carries an idempotency key")
@@ -135,30 +138,55 @@ const (
 // decision atomically). A write that fails is logged; the decision stands, and a retry would be
 // charged again, which errs towards denying.
 func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
+	p := s.Send(ctx, reqs)
+	return p.Wait()
+}
+
+// Pending is a Check on its way: Send queued its script calls, Wait returns what Check
+// would. Between the two the caller may Send more, so that the calls of many Checks leave in
+// one batch without a goroutine each (a batch RPC's checks).
+type Pending struct {
+	s    *Store
+	ctx  context.Context
+	reqs []Request
+	j    *job
+	err  error
+	// rec is the request carrying the call's idempotency record (-1: none); written, the
+	// request whose script call writes it itself (-1: none, written once every reply is in).
+	rec, written int
+	nlims        int
+}
+
+// Send queues the script calls of a Check of reqs and returns at once (it blocks only while
+// the Store's queue is full, within ctx). reqs must not change until Wait returns; ctx bounds
+// the wait as it bounds Check's. Every Pending must be waited for, once: Wait recycles what
+// Send took.
+func (s *Store) Send(ctx context.Context, reqs []Request) Pending {
+	p := Pending{s: s, ctx: ctx, reqs: reqs, rec: -1, written: -1}
 	if len(reqs) == 0 {
-		return nil, nil
+		return p
 	}
-	nstrs, nnums, nargs, nlims := 0, 0, 0, 0
-	rec := -1 // the request carrying the call's idempotency record
+	nstrs, nnums, nargs := 0, 0, 0
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
-			return nil, fmt.Errorf("bucket: request %d: %w", i, err)
+			p.err = fmt.Errorf("bucket: request %d: %w", i, err)
+			return p
 		}
 		if r.IdempotencyKey != "" && !r.Peek {
-			if rec >= 0 {
-				return nil, fmt.Errorf("bucket: requests %d and %d: %w: %w", rec, i, ErrInvalidRequest, errTwoRecords)
+			if p.rec >= 0 {
+				p.err = fmt.Errorf("bucket: requests %d and %d: %w: %w", p.rec, i, ErrInvalidRequest, errTwoRecords)
+				return p
 			}
-			rec = i
+			p.rec = i
 		}
 		nstrs, nnums, nargs = growFor(r, nstrs, nnums, nargs)
-		nlims += len(r.Limits)
+		p.nlims += len(r.Limits)
 	}
-	// written is the request whose script call writes the record itself (-1 for none): the
-	// record's request, when no other request can deny the call.
-	written, recMode := -1, modeChargeOnly
+	rec := p.rec
+	recMode := modeChargeOnly
 	if rec >= 0 && decidesAlone(reqs, rec) {
-		written, recMode = rec, modeCharge
+		p.written, recMode = rec, modeCharge
 	}
 
 	j := s.getJob()
@@ -175,7 +203,23 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 		}
 		j.addCall(&reqs[i], mode, i == rec, "", nil)
 	}
-	inFlight, err := s.b.run(ctx, j, true)
+	if err := s.b.enqueue(ctx, j); err != nil {
+		p.err = fmt.Errorf("bucket: %w", err)
+		return p
+	}
+	p.j = j
+	return p
+}
+
+// Wait waits for the replies of p's calls and returns what Check returns. A second Wait
+// returns errWaitedTwice.
+func (p *Pending) Wait() ([]Result, error) {
+	if p.err != nil || len(p.reqs) == 0 {
+		return nil, p.err
+	}
+	s, ctx, reqs, j, rec, written := p.s, p.ctx, p.reqs, p.j, p.rec, p.written
+	p.j, p.err = nil, errWaitedTwice
+	inFlight, err := s.b.await(ctx, j, true)
 	runtime.KeepAlive(s) // the Store must outlive the wait, or its cleanup stops the loops
 	if inFlight {
 		go s.settleLate(context.WithoutCancel(ctx), j, slices.Clone(reqs), written)
@@ -185,7 +229,7 @@ func (s *Store) Check(ctx context.Context, reqs []Request) ([]Result, error) {
 	}
 
 	results := make([]Result, len(reqs))
-	lrs := make([]LimitResult, nlims)
+	lrs := make([]LimitResult, p.nlims)
 	var firstErr error
 	var failed []bool // allocated only when a request failed
 	denied := false
