@@ -375,9 +375,11 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 		if len(rs) == 0 {
 			return nil
 		}
-		if addr, ok := subjectIP(sub.ID); ok && sub.Dimension == rules.DimensionIP {
-			// Each network the rules count the address in is a subject of its own.
-			return ipGroups(addr, rs, addBoth)
+		if sub.Dimension == rules.DimensionIP {
+			if addr, ok := subjectIP(sub.ID); ok {
+				// Each network the rules count the address in is a subject of its own.
+				return ipGroups(addr, rs, addBoth)
+			}
 		}
 		return addBoth(sub, rs)
 	}

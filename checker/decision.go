@@ -35,8 +35,9 @@ type DurableSink interface {
 // draw per decision.
 func (e *Engine) nextDecisionID() string {
 	n := e.decisionSeq.Add(1)
-	b := make([]byte, 0, len(e.instanceID)+1+20)
-	b = append(b, e.instanceID...)
+	// Built on the stack when it fits, so that the string is the one allocation.
+	var buf [96]byte
+	b := append(buf[:0], e.instanceID...)
 	b = append(b, '-')
 	return string(strconv.AppendUint(b, n, 10))
 }

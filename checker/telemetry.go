@@ -24,10 +24,11 @@ type instruments struct {
 	// leased counts checks with a limit decided from a leased slice; leaseUnits the units
 	// leased, leaseReturned those given back to Redis unused.
 	leased, leaseUnits, leaseReturned metric.Int64Counter
-	// by result: allowed, denied; and degraded variants.
-	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded metric.AddOption
-	addDelayed, addDelayedDegraded                               metric.AddOption
-	recAllowed, recDenied                                        metric.RecordOption
+	// by result: allowed, denied; and degraded variants. Each is a slice of one option, passed
+	// on as it is (opts...): a variadic call with a lone option allocates its slice each time.
+	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded []metric.AddOption
+	addDelayed, addDelayedDegraded                               []metric.AddOption
+	recAllowed, recDenied                                        []metric.RecordOption
 }
 
 // latencyBuckets (seconds) resolve the sub-millisecond range a check lives in.
@@ -74,18 +75,17 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 		"Leased units this checker gave back to Redis unused (a rule change, a changed limit, shutdown).")); err != nil {
 		return nil, err
 	}
-	set := func(result string, degraded bool) attribute.Set {
-		return attribute.NewSet(attribute.String("result", result), attribute.Bool("degraded", degraded))
+	add := func(result string, degraded bool) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("result", result), attribute.Bool("degraded", degraded)))}
 	}
-	in.addAllowed = metric.WithAttributeSet(set("allowed", false))
-	in.addDenied = metric.WithAttributeSet(set("denied", false))
-	in.addAllowedDegraded = metric.WithAttributeSet(set("allowed", true))
-	in.addDeniedDegraded = metric.WithAttributeSet(set("denied", true))
+	rec := func(result string) []metric.RecordOption {
+		return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("result", result)))}
+	}
+	in.addAllowed, in.addAllowedDegraded = add("allowed", false), add("allowed", true)
+	in.addDenied, in.addDeniedDegraded = add("denied", false), add("denied", true)
 	// A delayed check is allowed after a wait (on_limit: delay): an outcome of its own.
-	in.addDelayed = metric.WithAttributeSet(set("delayed", false))
-	in.addDelayedDegraded = metric.WithAttributeSet(set("delayed", true))
-	in.recAllowed = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "allowed")))
-	in.recDenied = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "denied")))
+	in.addDelayed, in.addDelayedDegraded = add("delayed", false), add("delayed", true)
+	in.recAllowed, in.recDenied = rec("allowed"), rec("denied")
 	return in, nil
 }
 
@@ -100,8 +100,8 @@ func (in *instruments) startSpan(ctx context.Context) (context.Context, trace.Sp
 
 // record counts a decided check and its latency.
 func (in *instruments) record(ctx context.Context, out *Outcome, start time.Time) {
-	var add metric.AddOption
-	var rec metric.RecordOption
+	var add []metric.AddOption
+	var rec []metric.RecordOption
 	switch {
 	case out.Delay > 0 && !out.Degraded:
 		add, rec = in.addDelayed, in.recAllowed
@@ -116,6 +116,6 @@ func (in *instruments) record(ctx context.Context, out *Outcome, start time.Time
 	default:
 		add, rec = in.addDeniedDegraded, in.recDenied
 	}
-	in.checks.Add(ctx, 1, add)
-	in.duration.Record(ctx, time.Since(start).Seconds(), rec)
+	in.checks.Add(ctx, 1, add...)
+	in.duration.Record(ctx, time.Since(start).Seconds(), rec...)
 }
