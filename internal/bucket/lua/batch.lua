@@ -38,12 +38,12 @@ local function quick(key, q, now, now_s)
   local L, W, B, Bs, cost = q[3], q[4], q[5], q[6], q[7]
   local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = q[1](key, L, W, B, now, cost, Bs, '')
   if ok then
-    return 1, a1, a2, us(ceil_us(a3)), '0', q[2](key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, '')
+    return 1, a1, a2, ceil_us(a3), '0', q[2](key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, '')
   end
   local retry = a1
   if cost > B and retry < W then retry = W end
   if retry < 1 then retry = 1 end
-  return 0, used, rem, us(ceil_us(reset)), us(retry), ''
+  return 0, used, rem, ceil_us(reset), retry, ''
 end
 
 -- quickSpec returns the quick form of spec s ({eval, commit, L, W, B, Bs, cost}), or false when

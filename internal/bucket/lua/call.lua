@@ -57,9 +57,11 @@
 --
 -- Reply: { allowed (0/1), now_us (string), replayed (0/1), then 6 per limit:
 --          allowed (0/1), used (integer, rounded up), remaining (integer, rounded down, >= 0),
---          reset_at_us (string), retry_after_us (string; "0" when allowed, >= 1 when denied),
+--          reset_at_us (integer), retry_after_us (integer; "0" when allowed, >= 1 when denied),
 --          refund_token (string, "" unless a charge needs one) }
--- Big values travel as strings: replies truncate Lua numbers and tostring keeps 14 digits.
+-- Redis turns a Lua number of the reply into an integer by truncation, exact for the whole
+-- numbers below 2^53 that these are, and without the %d format (2.3k instructions) a string
+-- costs; now_us, formatted once per run, is a string, as tostring would keep only 14 digits.
 -- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
 
 -- MODULES maps an algorithm code to the eval, commit and refund functions of its module, for
@@ -119,10 +121,10 @@ local function fields(charged, count, commit, key, L, W, B, Bs, now, now_s, cost
                       ok, used, rem, reset, a1, a2, a3, s1, s2, s3, tok)
   if charged and ok then
     local token = commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, tok)
-    return 1, a1, a2, us(ceil_us(a3)), '0', token
+    return 1, a1, a2, ceil_us(a3), '0', token
   end
   if ok then
-    return 1, used, rem, us(ceil_us(reset)), '0', ''
+    return 1, used, rem, ceil_us(reset), '0', ''
   end
   if count then
     commit(key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, tok)
@@ -130,7 +132,7 @@ local function fields(charged, count, commit, key, L, W, B, Bs, now, now_s, cost
   local retry = a1
   if cost > B and retry < W then retry = W end
   if retry < 1 then retry = 1 end
-  return 0, used, rem, us(ceil_us(reset)), us(retry), ''
+  return 0, used, rem, ceil_us(reset), retry, ''
 end
 
 -- one decides a call of one limit, the common case, apart from several: its state stays in
@@ -297,7 +299,7 @@ local function settle(KEYS, ARGV)
     local _, used, rem, reset = ev(KEYS[i], L, W, B, now, 1, Bs)
     local k = 3 + (i - 1) * 6
     reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
-      fit, used, rem, us(ceil_us(reset)), '0', ''
+      fit, used, rem, ceil_us(reset), '0', ''
   end
   redis.call('SET', rec, 'done ' .. ARGV[2], 'PX', ARGV[4])
   return reply
