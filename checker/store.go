@@ -147,8 +147,9 @@ type storeCall struct {
 	pending bucket.Pending
 	sent    bool // pending is the call
 	holds   bool // it holds a place of the guard's inFlight
-	// The answer when send already knows it: the circuit is open, the call was shed, or the
-	// store cannot send.
+	// known: results, degraded and err are the answer, which send knew (the circuit is open,
+	// or the call was shed). Otherwise, unless sent, results and err are what the store's Check
+	// returned at send, for wait to judge.
 	known    bool
 	results  []bucket.Result
 	degraded bool

@@ -235,46 +235,56 @@ func TestUnsupported(t *testing.T) {
 	}
 }
 
-// TestGroupQuickCalls: a one-limit charge in a batch is decided by batch.lua's quick path,
-// without check's tables, and must answer as the same call sent alone (check.lua) answers:
-// the same allowed, used and remaining for a run of charges up to and past the limit, and for
-// a cost above the capacity a denial asking for at least a window. Every algorithm, both
-// layouts.
+// TestGroupQuickCalls: a charge without an idempotency record in a batch is decided by
+// batch.lua's quick path (quick for one limit, quickMany for several), without check's tables,
+// and must answer as the same call sent alone (check.lua) answers: the same allowed, used and
+// remaining for a run of charges up to and past the limits, and for a cost above a capacity a
+// denial asking for at least a window. Every algorithm, both layouts.
 func TestGroupQuickCalls(t *testing.T) {
 	t.Parallel()
 	for _, a := range allAlgorithms {
-		t.Run(a.String(), func(t *testing.T) {
-			t.Parallel()
-			s, _ := newStore(t)
-			grouped, alone := key(t, "grouped"), key(t, "alone")
-			costs := []int64{1, 2, 1, 1, 4}
-			reqs := func(k string) []Request {
-				rs := make([]Request, len(costs))
-				for i, c := range costs {
-					rs[i] = one(lim(k, a, 3, long, 0), c)
+		for _, caps := range [][]int64{{3}, {3, 5, 2}} {
+			t.Run(fmt.Sprintf("%s/%d-limits", a, len(caps)), func(t *testing.T) {
+				t.Parallel()
+				s, _ := newStore(t)
+				grouped, alone := key(t, "grouped"), key(t, "alone")
+				costs := []int64{1, 2, 1, 1, 4}
+				reqs := func(k string) []Request {
+					rs := make([]Request, len(costs))
+					for i, c := range costs {
+						rs[i].Cost = c
+						for l, cp := range caps {
+							rs[i].Limits = append(rs[i].Limits, lim(fmt.Sprintf("%s:%d", k, l), a, cp, long, 0))
+						}
+					}
+					return rs
 				}
-				return rs
-			}
-			j := runJob(t, s, reqs(grouped))
-			want := reqs(alone)
-			for i := range want {
-				var got Result
-				got.Limits = make([]LimitResult, 1)
-				if err := parseReply(j.calls[i].cmd, &got); err != nil {
-					t.Fatalf("grouped charge %d: %v", i, err)
+				j := runJob(t, s, reqs(grouped))
+				want := reqs(alone)
+				for i := range want {
+					var got Result
+					got.Limits = make([]LimitResult, len(caps))
+					if err := parseReply(j.calls[i].cmd, &got); err != nil {
+						t.Fatalf("grouped charge %d: %v", i, err)
+					}
+					res, err := s.Check(ctxT(t), want[i:i+1])
+					if err != nil {
+						t.Fatalf("lone charge %d: %v", i, err)
+					}
+					if got.Allowed != res[0].Allowed || got.Replayed {
+						t.Errorf("charge %d of cost %d: grouped allowed %v, alone %v; want the same", i, costs[i], got.Allowed, res[0].Allowed)
+					}
+					for l, g := range got.Limits {
+						w := res[0].Limits[l]
+						if g.Allowed != w.Allowed || g.Used != w.Used || g.Remaining != w.Remaining {
+							t.Errorf("charge %d of cost %d, limit %d: grouped %+v, alone %+v; want the same", i, costs[i], l, g, w)
+						}
+						if !g.Allowed && (g.RetryAfter <= 0 || costs[i] > caps[l] && g.RetryAfter < long) {
+							t.Errorf("charge %d of cost %d, limit %d denied with retry_after %v; want > 0, and at least a window for a cost above the capacity", i, costs[i], l, g.RetryAfter)
+						}
+					}
 				}
-				res, err := s.Check(ctxT(t), want[i:i+1])
-				if err != nil {
-					t.Fatalf("lone charge %d: %v", i, err)
-				}
-				g, w := got.Limits[0], res[0].Limits[0]
-				if got.Allowed != res[0].Allowed || g.Allowed != w.Allowed || g.Used != w.Used || g.Remaining != w.Remaining || got.Replayed {
-					t.Errorf("charge %d of cost %d: grouped %v %+v, alone %v %+v; want the same", i, costs[i], got.Allowed, g, res[0].Allowed, w)
-				}
-				if !g.Allowed && (g.RetryAfter <= 0 || costs[i] > 3 && g.RetryAfter < long) {
-					t.Errorf("charge %d of cost %d denied with retry_after %v; want > 0, and at least a window for a cost above the capacity", i, costs[i], g.RetryAfter)
-				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -33,9 +33,9 @@ local unpack = unpack
 -- same module functions, without what one pays to be general: the call's KEYS and ARGV tables,
 -- the parse and validation of its arguments (done once per head, by quickSpec) and its reply
 -- table (the fields go straight into the batch's reply). Its replies are one's: allowed, used,
--- remaining, reset, retry_after, refund token.
+-- remaining, reset, retry_after, refund token. quickMany is the same for a call of n > 1 limits.
 local function quick(key, q, now, now_s)
-  local L, W, B, Bs, cost = q[3], q[4], q[5], q[6], q[7]
+  local L, W, B, Bs, cost = q[3], q[4], q[5], q[6], q.cost
   local ok, used, rem, reset, a1, a2, a3, s1, s2, s3 = q[1](key, L, W, B, now, cost, Bs, '')
   if ok then
     return 1, a1, a2, ceil_us(a3), '0', q[2](key, L, W, B, now, now_s, cost, Bs, s1, s2, s3, '')
@@ -46,20 +46,30 @@ local function quick(key, q, now, now_s)
   return 0, used, rem, ceil_us(reset), retry, ''
 end
 
--- quickSpec returns the quick form of spec s ({eval, commit, L, W, B, Bs, cost}), or false when
--- its calls are not such charges or their arguments are malformed: check then decides them,
--- and reports what is malformed.
+-- quickSpec returns the quick form of spec s, or false when its calls are not charges without an
+-- idempotency record or extras, or their arguments are malformed: check then decides them, and
+-- reports what is malformed. The quick form is {n = n, cost = cost} and, for each limit i at
+-- j = 6 * (i - 1), its module's eval and commit, L, W, B and Bs at j + 1 .. j + 6.
 local function quickSpec(s)
-  local a = s.argv
-  if s.n ~= 1 or s.x ~= 0 or s.nk ~= 1 or a[3] ~= '0' or a[4] ~= '0' then
+  local a, n = s.argv, s.n
+  if n < 1 or s.x ~= 0 or s.nk ~= n or a[3] ~= '0' or a[4] ~= '0' then
     return false
   end
-  local ev, cm = modules(a[6])
-  local cost, L, W, B = int(a[2]), int(a[7]), int(a[8]), int(a[9])
-  if not ev or not cost or cost < 1 or not L or L < 0 or L == 0 and a[6] ~= '3' or not W or W < 1 or not B or B < 1 then
+  local cost = int(a[2])
+  if not cost or cost < 1 then
     return false
   end
-  return {ev, cm, L, W, B, a[9], cost}
+  local q = {n = n, cost = cost}
+  for i = 1, n do
+    local b, j = 5 * i, 6 * (i - 1)
+    local ev, cm = modules(a[b + 1])
+    local L, W, B = int(a[b + 2]), int(a[b + 3]), int(a[b + 4])
+    if not ev or not L or L < 0 or L == 0 and a[b + 1] ~= '3' or not W or W < 1 or not B or B < 1 then
+      return false
+    end
+    q[j + 1], q[j + 2], q[j + 3], q[j + 4], q[j + 5], q[j + 6] = ev, cm, L, W, B, a[b + 4]
+  end
+  return q
 end
 
 -- call decides the call whose spec is s and whose head is ARGV[p] by check, as check.lua would
@@ -82,6 +92,36 @@ local m = #CALLS / 2
 -- stops at the first nil), since growing a table entry by entry costs more.
 local out = sized(10 * m)
 local k = 0
+
+-- R holds the ten results of eval per limit of the quick call quickMany decides, reused from
+-- call to call.
+local R = {}
+
+-- quickMany decides a quick call of q.n > 1 limits as call.lua's many decides it (every limit
+-- evaluated before any is written, all charged or none), writes its reply into out after
+-- position at and returns the position of its last entry. An error leaves what it wrote past
+-- at to be overwritten.
+local function quickMany(p, q, now, now_s, at)
+  local n, cost = q.n, q.cost
+  local all = true
+  for i = 1, n do
+    local j, r = 6 * (i - 1), 10 * (i - 1)
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6], R[r + 7], R[r + 8], R[r + 9], R[r + 10] =
+      q[j + 1](ARGV[p + i], q[j + 3], q[j + 4], q[j + 5], now, cost, q[j + 6], '')
+    if not R[r + 1] then all = false end
+  end
+  out[at + 1], out[at + 2], out[at + 3], out[at + 4] = 3 + 6 * n, all and 1 or 0, now_s, 0
+  at = at + 4
+  for i = 1, n do
+    local j, r = 6 * (i - 1), 10 * (i - 1)
+    out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6] =
+      fields(all, false, q[j + 2], ARGV[p + i], q[j + 3], q[j + 4], q[j + 5], q[j + 6], now, now_s, cost,
+        R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6], R[r + 7], R[r + 8], R[r + 9], R[r + 10], '')
+    at = at + 6
+  end
+  return at
+end
+
 for c = 1, m do
   local s, p = CALLS[2 * c - 1], CALLS[2 * c]
   local q = s.quick
@@ -90,13 +130,19 @@ for c = 1, m do
     s.quick = q
   end
   local ok, r, f2, f3, f4, f5, f6
-  if q then
+  if q and q.n == 1 then
     local now, now_s = clock()
     ok, r, f2, f3, f4, f5, f6 = pcall(quick, ARGV[p + 1], q, now, now_s)
     if ok then
       out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 9, r, now_s, 0, r
       out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] = f2, f3, f4, f5, f6
       k = k + 10
+    end
+  elseif q then
+    local now, now_s = clock()
+    ok, r = pcall(quickMany, p, q, now, now_s, k)
+    if ok then
+      k = r
     end
   else
     ok, r = pcall(call, s, p)
