@@ -691,3 +691,37 @@ func TestLeftInFlightRefunded(t *testing.T) {
 			r.Allowed, r.Replayed, r.Limits[0].Used)
 	}
 }
+
+// TestSendThenWait: Checks sent before any is waited for are each decided on its own, exactly
+// (3 charges of a limit of 2 allow 2), however they were batched; a Pending waited for twice
+// gives an error the second time, and a malformed Check sent gives its error at Wait.
+func TestSendThenWait(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	k := key(t, "k")
+	var ps []Pending
+	for range 3 {
+		ps = append(ps, s.Send(ctx, []Request{one(lim(k, FixedWindow, 2, long, 0), 1)}))
+	}
+	allowed := 0
+	for i := range ps {
+		res, err := ps[i].Wait()
+		if err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		if res[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Errorf("allowed %d of 3 charges of a limit of 2, want 2", allowed)
+	}
+	if _, err := ps[0].Wait(); !errors.Is(err, errWaitedTwice) {
+		t.Errorf("second Wait: %v, want errWaitedTwice", err)
+	}
+	bad := s.Send(ctx, []Request{one(lim(k, FixedWindow, 2, long, 0), 0)})
+	if _, err := bad.Wait(); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("Wait of a check of cost 0: %v, want ErrInvalidRequest", err)
+	}
+}
