@@ -355,7 +355,7 @@ func scriptCalls(t *testing.T, ctx context.Context, c *redis.Client) int64 {
 	var n int64
 	for _, line := range strings.Split(info, "\r\n") {
 		name, val, _ := strings.Cut(line, ":")
-		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+		if name != "cmdstat_evalsha" && name != "cmdstat_eval" && name != "cmdstat_fcall" {
 			continue
 		}
 		calls, _, _ := strings.Cut(strings.TrimPrefix(val, "calls="), ",")

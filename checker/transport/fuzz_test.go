@@ -93,7 +93,7 @@ func (g *keyGuard) note(cmd redis.Cmder) {
 	args := cmd.Args()
 	var keys []any
 	switch strings.ToLower(argString(args[0])) {
-	case "evalsha", "eval": // EVALSHA sha numkeys key... arg...
+	case "evalsha", "eval", "fcall": // EVALSHA sha (FCALL function) numkeys key... arg...
 		if len(args) < 3 {
 			return
 		}

@@ -39,7 +39,7 @@ func BenchmarkHotGlobalKeyRPC(b *testing.B) {
 		}
 		var total float64
 		for _, line := range strings.Split(info, "\r\n") {
-			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") && !strings.HasPrefix(line, "cmdstat_fcall:") {
 				continue
 			}
 			for _, kv := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {

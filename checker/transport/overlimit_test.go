@@ -14,7 +14,7 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// scriptCalls counts the check-script calls Redis has run.
+// scriptCalls counts the calls of the check script, batch script and batch function Redis has run.
 func scriptCalls(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
@@ -23,7 +23,7 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int {
 	}
 	n := 0
 	for _, line := range strings.Split(info, "\r\n") {
-		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") || strings.HasPrefix(line, "cmdstat_fcall:") {
 			calls, _, _ := strings.Cut(strings.TrimPrefix(line[strings.IndexByte(line, ':')+1:], "calls="), ",")
 			c, _ := strconv.Atoi(calls)
 			n += c

@@ -50,7 +50,7 @@ for round in $(seq "$ROUNDS"); do
       "$CLIENT" bench --target "http://$LISTEN" --endpoint /one --duration "${SECS}s" --json $load >"$dir/out" 2>/dev/null
       c1=$(ticks "$ck"); r1=$(ticks "$redis_pid")
       script=$(redis-cli -p "$PORT_REDIS" info commandstats | tr -d '\r' |
-        awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {u += $5; c += $3} END {print u + 0, c + 0}')
+        awk -F'[=,:]' '/^cmdstat_(evalsha|eval|fcall):/ {u += $5; c += $3} END {print u + 0, c + 0}')
       awk -v round="$round" -v label="$label" -v load="$load" -v n="$(field checks)" -v cps="$(field checks_per_sec)" \
         -v p99="$(field p99_ms)" -v errs="$(field errors)" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v hz="$hz" -v script="$script" 'BEGIN {
         split(script, s, " ")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,11 @@ type batcher struct {
 	start sync.Once
 	stop  sync.Once
 	loops sync.WaitGroup
+	// lib is the batch function library of the Store's layout, which groups are sent to (FCALL)
+	// until Redis refuses it (functionsRefused): noLib is then set, and groups are sent to the
+	// batch script, of the same code and reply, which Redis compiles and runs whole per call.
+	lib   *library
+	noLib atomic.Bool
 	// batch is the batch script of the Store's layout; alone is set once Redis refused it
 	// (unsupported): every call then goes alone.
 	batch *script
@@ -101,8 +107,30 @@ func newBatcher(rdb redis.UniversalClient, cfg StoreConfig) *batcher {
 		cfg:   cfg,
 		queue: make(chan *job, max(queueLen, 2*cfg.Loops*cfg.MaxBatch)),
 		quit:  make(chan struct{}),
+		lib:   batchLibraries[cfg.Layout],
 		batch: batchScripts[cfg.Layout],
 	}
+}
+
+// minGroup is the fewest calls sent as a group. Through the library, one: a lone call's FCALL
+// costs Redis a fraction of its check script's EVALSHA, which builds the whole script's
+// closures. Through the batch script, two: a lone call goes as itself, which spares the batch
+// script's unpacking.
+func (b *batcher) minGroup() int {
+	if b.noLib.Load() {
+		return 2
+	}
+	return 1
+}
+
+// build sets g's command: FCALL of the library, or EVALSHA of the batch script once Redis
+// refused the library.
+func (b *batcher) build(ctx context.Context, g *group) {
+	if b.noLib.Load() {
+		g.build(ctx, argEvalSha, b.batch.sha)
+		return
+	}
+	g.build(ctx, argFCall, b.lib.fn)
 }
 
 // close stops the loops and waits for them. A batcher closed before its first job never
@@ -227,6 +255,7 @@ func (j *job) num(n int64) *int64 {
 var (
 	argEvalSha any = "evalsha"
 	argEval    any = "eval"
+	argFCall   any = "fcall"
 )
 
 // do queues j and waits for its replies. On an error (ctx ended, store closed) j is no
@@ -442,7 +471,7 @@ func (b *batcher) send(ctx context.Context, pipe redis.Pipeliner, g *group, batc
 			g.calls = append(g.calls, &j.calls[i])
 		}
 	}
-	if len(g.calls) < minGroup || b.alone.Load() {
+	if len(g.calls) < b.minGroup() || b.alone.Load() {
 		for _, c := range g.calls {
 			c.cmd = newScriptCmd(ctx, c.args, c.nkeys)
 			_ = pipe.Process(ctx, scriptCmd{c.cmd})
@@ -450,20 +479,25 @@ func (b *batcher) send(ctx context.Context, pipe redis.Pipeliner, g *group, batc
 		_, _ = pipe.Exec(ctx) // errors are per command
 		return
 	}
-	g.build(ctx, b.batch, false)
+	b.build(ctx, g)
 	_ = pipe.Process(ctx, scriptCmd{g.cmd})
 	_, _ = pipe.Exec(ctx)
 	b.settle(ctx, pipe, g)
 }
 
 // settle distributes the replies of group g, sent through pipe, to its calls, after sending it
-// again where it did not run: with EVAL when Redis had not cached the batch script, each call
-// alone when Redis refused it (unsupported).
+// again where it did not run: after loading the library when Redis did not have it (a new
+// server, FUNCTION FLUSH, a master that never had it); to the batch script once Redis refused the
+// library (functionsRefused), with EVAL when Redis had not cached the script; each call alone
+// when Redis refused the script too (unsupported).
 func (b *batcher) settle(ctx context.Context, pipe redis.Pipeliner, g *group) {
+	if g.fcall {
+		b.settleLibrary(ctx, pipe, g)
+	}
 	err := g.cmd.Err()
 	switch {
 	case isNoScript(err):
-		g.build(ctx, b.batch, true)
+		g.build(ctx, argEval, b.batch.src)
 		_ = pipe.Process(ctx, scriptCmd{g.cmd})
 		_, _ = pipe.Exec(ctx)
 	case unsupported(err):
@@ -479,6 +513,38 @@ func (b *batcher) settle(ctx context.Context, pipe redis.Pipeliner, g *group) {
 		return
 	}
 	g.distribute()
+}
+
+// settleLibrary sends group g again, built as an FCALL of the library, where Redis did not run
+// it. When Redis did not have the library, it loads it and calls it again (a load that finds the
+// library loaded meanwhile fails harmlessly). When the call still finds no function (a flush
+// between the two, a load that failed) or Redis refused FCALL or FUNCTION LOAD
+// (functionsRefused), it sends the group to the batch script; a refusal sends every later group
+// there too.
+func (b *batcher) settleLibrary(ctx context.Context, pipe redis.Pipeliner, g *group) {
+	err := g.cmd.Err()
+	if isNoFunction(err) {
+		load := redis.NewStatusCmd(ctx, b.lib.loadArgs...)
+		_ = pipe.Process(ctx, load)
+		g.build(ctx, argFCall, b.lib.fn)
+		_ = pipe.Process(ctx, scriptCmd{g.cmd})
+		_, _ = pipe.Exec(ctx)
+		err = g.cmd.Err()
+		if lerr := load.Err(); isNoFunction(err) && lerr != nil && !strings.Contains(lerr.Error(), "already exists") {
+			err = lerr // why the library is still missing
+		}
+	}
+	refused := functionsRefused(err)
+	if !refused && !isNoFunction(err) {
+		return
+	}
+	if refused && !b.noLib.Swap(true) && b.cfg.Logger != nil {
+		b.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "Redis refused the batch function library (FCALL or FUNCTION LOAD); batches are sent to the batch script",
+			slog.Any("err", err))
+	}
+	g.build(ctx, argEvalSha, b.batch.sha)
+	_ = pipe.Process(ctx, scriptCmd{g.cmd})
+	_, _ = pipe.Exec(ctx)
 }
 
 // resend sends again, through pipe, the calls of batch answered NOSCRIPT (with EVAL), TRYAGAIN

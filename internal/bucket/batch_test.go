@@ -43,13 +43,14 @@ func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 }
 
 // scriptCalls is the number of check script calls cmd carries: the number of calls of a batch
-// script call, one for a check script call, none for another command.
+// script or function call, one for a check script call, none for another command.
 func scriptCalls(cmd redis.Cmder) int {
-	if name := cmd.Name(); name != "evalsha" && name != "eval" {
+	name := cmd.Name()
+	if name != "evalsha" && name != "eval" && name != "fcall" {
 		return 0
 	}
 	args := cmd.Args()
-	if len(args) > 3 && slices.ContainsFunc(batchScripts[:], func(s *script) bool { return args[1] == s.sha || args[1] == s.src }) {
+	if len(args) > 3 && (name == "fcall" || slices.ContainsFunc(batchScripts[:], func(s *script) bool { return args[1] == s.sha || args[1] == s.src })) {
 		if m, ok := args[3].(int64); ok {
 			return int(m)
 		}
@@ -275,13 +276,39 @@ func TestStoreCloseWaits(t *testing.T) {
 	}
 }
 
-// TestStoreNoScriptUnderLoad: SCRIPT FLUSH while checks are in flight; the batches that meet
-// NOSCRIPT re-send those calls with EVAL, so no call fails and no charge is lost or doubled.
-// It has its own server: flushing the shared one would race the other tests' script checks.
+// TestStoreNoScriptUnderLoad: SCRIPT FLUSH and FUNCTION FLUSH while checks are in flight. The
+// batches that meet a missing function load the library and call it again; those that meet
+// NOSCRIPT (the batch script's, once Redis refused the library) re-send with EVAL. No call
+// fails, and no charge is lost or doubled. Each case has its own server: flushing the shared
+// one would race the other tests' script checks.
 func TestStoreNoScriptUnderLoad(t *testing.T) {
 	t.Parallel()
-	own, c, s := ownStore(t, StoreConfig{})
-	flusher := own.Client(0)
+	for _, tt := range []struct {
+		name  string
+		noLib bool   // the Store has met Redis's refusal of the library
+		stat  string // the command whose calls prove the re-sends
+	}{
+		{"library", false, "cmdstat_function|load:"},
+		{"batch script", true, "cmdstat_eval:"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			own, c, s := ownStore(t, StoreConfig{})
+			s.b.noLib.Store(tt.noLib)
+			flushes := flushUnderLoad(t, own.Client(0), s)
+			if !strings.Contains(c.Info(ctxT(t), "commandstats").Val(), tt.stat) {
+				t.Errorf("no %s during %d flushes: the flushes never met a batch", tt.stat, flushes)
+			} else {
+				t.Logf("%d flushes during the load", flushes)
+			}
+		})
+	}
+}
+
+// flushUnderLoad runs checks of every kind through s while flusher flushes the scripts and
+// functions of s's server, checks that all were answered and charged exactly once, and returns
+// the number of flushes.
+func flushUnderLoad(t *testing.T, flusher *redis.Client, s *Store) int64 {
 	t.Cleanup(func() { flusher.Close() })
 	const workers, each = 16, 60
 	limits := []Limit{
@@ -292,7 +319,6 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 	}
 	// Half the checks carry all limits of one subject (one script call), half are pipelined
 	// Checks of one request per limit, so both kinds meet the flushes.
-	var failed atomic.Int64
 	var charged atomic.Int64
 	stop := make(chan struct{})
 	var flushes atomic.Int64
@@ -306,6 +332,10 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 			}
 			if err := flusher.ScriptFlush(context.Background()).Err(); err != nil {
 				t.Errorf("SCRIPT FLUSH: %v", err)
+				return
+			}
+			if err := flusher.FunctionFlush(context.Background()).Err(); err != nil {
+				t.Errorf("FUNCTION FLUSH: %v", err)
 				return
 			}
 			flushes.Add(1)
@@ -326,8 +356,7 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 				}
 				res, err := s.Check(ctxT(t), reqs)
 				if err != nil {
-					failed.Add(1)
-					t.Errorf("Check during SCRIPT FLUSH: %v", err)
+					t.Errorf("Check during the flushes: %v", err)
 					continue
 				}
 				for _, r := range res {
@@ -342,21 +371,13 @@ func TestStoreNoScriptUnderLoad(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	fwg.Wait()
-	// The flushes made batches meet NOSCRIPT: their calls came back through EVAL.
-	if !strings.Contains(c.Info(ctxT(t), "commandstats").Val(), "cmdstat_eval:") {
-		t.Errorf("no EVAL fallback during %d flushes: NOSCRIPT never met", flushes.Load())
-	} else {
-		t.Logf("%d flushes during the load", flushes.Load())
-	}
 	for _, l := range limits {
 		res := check(t, s, peekReq(l))
 		if got := res.Limits[0].Used; got != charged.Load() {
 			t.Errorf("%s: used %d after %d checks, want exactly %d", l.Algorithm, got, charged.Load(), charged.Load())
 		}
 	}
-	if ok := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Val(); len(ok) != 1 || !ok[0] {
-		t.Errorf("script not cached after the load")
-	}
+	return flushes.Load()
 }
 
 // TestStoreRestartUnderLoad kills and restarts its own Redis while checks run: callers get

@@ -76,8 +76,8 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 	}
 	for _, mp := range m.pipes {
 		switch g := &mp.group; {
-		case len(g.calls) >= minGroup:
-			g.build(ctx, m.b.batch, false)
+		case len(g.calls) >= m.b.minGroup():
+			m.b.build(ctx, g)
 			_ = mp.pipe.Process(ctx, scriptCmd{g.cmd})
 			mp.calls++
 		case len(g.calls) == 1:
@@ -87,7 +87,7 @@ func (m *masters) send(ctx context.Context, batch []*job) {
 	}
 	m.exec(ctx)
 	for _, mp := range m.pipes {
-		if g := &mp.group; len(g.calls) >= minGroup {
+		if g := &mp.group; g.cmd != nil {
 			m.b.settle(ctx, mp.pipe, g)
 		}
 	}

@@ -26,6 +26,7 @@ type group struct {
 	calls []*call
 	args  []any
 	cmd   *redis.StringSliceCmd
+	fcall bool // cmd is an FCALL of the library (batcher.build)
 
 	// heads keeps the calls' heads (head) across batches, so that a head seen before costs
 	// no allocation; buf is where a head is written.
@@ -36,10 +37,6 @@ type group struct {
 // maxHeads bounds group.heads: a loop that met more distinct heads starts over.
 const maxHeads = 1024
 
-// minGroup is the fewest calls sent as a group: a lone call goes as itself, which spares the
-// batch script's unpacking and keeps its reply as it is.
-const minGroup = 2
-
 // reset empties g for a new batch.
 func (g *group) reset() {
 	clear(g.calls)
@@ -47,18 +44,15 @@ func (g *group) reset() {
 	g.cmd = nil
 }
 
-// build sets g's command (EVALSHA of the batch script bs, or EVAL, which also caches it) and a
-// fresh command per call, on which distribute sets the call's reply. A call travels as its
-// head, its keys and its extras (lua/batch.lua), made from its own arguments (addCall's).
-func (g *group) build(ctx context.Context, bs *script, eval bool) {
+// build sets g's command, verb (FCALL, EVALSHA or EVAL) of what (the library's function, the
+// batch script's SHA1 or source), and a fresh command per call, on which distribute sets the
+// call's reply. A call travels as its head, its keys and its extras (lua/batch.lua), made from
+// its own arguments (addCall's).
+func (g *group) build(ctx context.Context, verb, what any) {
 	clear(g.args)
 	g.args = g.args[:0]
-	if eval {
-		g.args = append(g.args, argEval, bs.src)
-	} else {
-		g.args = append(g.args, argEvalSha, bs.sha)
-	}
-	g.args = append(g.args, argZero, int64(len(g.calls)))
+	g.fcall = verb == argFCall
+	g.args = append(g.args, verb, what, argZero, int64(len(g.calls)))
 	for _, c := range g.calls {
 		keys, argv := c.args[3:3+c.nkeys], c.args[3+c.nkeys:]
 		extras := g.head(argv)
@@ -209,6 +203,25 @@ func (e replyError) Error() string { return string(e) }
 
 // RedisError marks replyError as an error reply of Redis (redis.Error).
 func (replyError) RedisError() {}
+
+// isNoFunction reports whether err is Redis's answer to an FCALL of a function it does not
+// have: nothing ran.
+func isNoFunction(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(rerr.Error(), "Function not found")
+}
+
+// functionsRefused reports whether err is a server's refusal of FCALL or FUNCTION LOAD itself:
+// a Redis before 7.0 does not know them, and an ACL may deny them (NOPERM). The Store then sends
+// its batches to the batch script.
+func functionsRefused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command")
+}
 
 // unsupported reports whether err is a server's refusal of the batch script itself: a Redis
 // before 7.0 cannot compile its shebang line. The Store then sends every call alone.

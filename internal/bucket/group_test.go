@@ -1,12 +1,18 @@
 package bucket
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
 // runJob sends the calls of reqs (charges, the first with the idempotency record of its
@@ -162,7 +168,7 @@ func TestGroupElsewhere(t *testing.T) {
 	}
 	g := &group{calls: []*call{&j.calls[0], &j.calls[1]}}
 	pipe := node.Pipeline()
-	g.build(ctx, s.b.batch, false)
+	s.b.build(ctx, g)
 	_ = pipe.Process(ctx, scriptCmd{g.cmd})
 	_, _ = pipe.Exec(ctx)
 	s.b.settle(ctx, pipe, g)
@@ -285,6 +291,100 @@ func TestGroupQuickCalls(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestLibraryRefused: a Redis that refuses FCALL and FUNCTION LOAD (here an ACL user without
+// them, as a managed Redis may have; a Redis before 7.0 does not know them) still decides
+// every check exactly: the Store warns once and sends its batches to the batch script, and
+// LoadScript is no error.
+func TestLibraryRefused(t *testing.T) {
+	t.Parallel()
+	own, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("start redis: %v", err)
+	}
+	t.Cleanup(own.Close)
+	admin := own.Client(0)
+	defer admin.Close()
+	if err := admin.Do(ctxT(t), "acl", "setuser", "nofunctions", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: own.Addr, Username: "nofunctions", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	var logged bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
+
+	for _, load := range []bool{false, true} {
+		s := NewStoreWithConfig(c, storeConfig(StoreConfig{Logger: logger}))
+		t.Cleanup(func() { s.Close() })
+		if load {
+			if err := s.LoadScript(ctxT(t)); err != nil {
+				t.Fatalf("LoadScript as a user without FUNCTION LOAD: %v, want no error", err)
+			}
+			if !s.b.noLib.Load() {
+				t.Errorf("after LoadScript: the Store still sends batches to the library")
+			}
+		}
+		// A Check of two requests, one call: both charged or neither. Its two script calls
+		// travel as one group.
+		l1 := lim(key(t, fmt.Sprint("a", load)), FixedWindow, 5, long, 0)
+		l2 := lim(key(t, fmt.Sprint("b", load)), TokenBucket, 5, long, 0)
+		allowed := 0
+		for range 8 {
+			res, err := s.Check(ctxT(t), []Request{one(l1, 1), one(l2, 1)})
+			if err != nil {
+				t.Fatalf("Check as a user without FCALL (LoadScript %v): %v", load, err)
+			}
+			if res[0].Allowed && res[1].Allowed {
+				allowed++
+			}
+		}
+		if allowed != 5 {
+			t.Errorf("LoadScript %v: %d of 8 checks allowed against limits of 5, want exactly 5", load, allowed)
+		}
+		if !s.b.noLib.Load() {
+			t.Errorf("LoadScript %v: the Store still sends batches to the library after Redis refused it", load)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logged.String(), "refused the batch function library"); n != 1 {
+		t.Errorf("logged the refusal %d times, want once (by the Store that met it in a batch):\n%s", n, logged.String())
+	}
+}
+
+// lockedWriter serializes writes to w: the batching loops log concurrently.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// TestFunctionsRefused: the refusals of FCALL or FUNCTION LOAD themselves send batches to the
+// batch script; a missing function or any other error does not.
+func TestFunctionsRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{replyError("ERR unknown command 'FCALL', with args beginning with: 'qf_0' '0' "), true},
+		{replyError("NOPERM User nofunctions has no permissions to run the 'fcall' command"), true},
+		{replyError("ERR Function not found"), false},
+		{replyError("OOM command not allowed when used memory > 'maxmemory'."), false},
+		{errors.New("dial tcp: connection refused"), false},
+	}
+	for _, tt := range tests {
+		if got := functionsRefused(tt.err); got != tt.want {
+			t.Errorf("%v: got %v, want %v", tt.err, got, tt.want)
 		}
 	}
 }

@@ -11,9 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestStoreNoScript: after SCRIPT FLUSH, pipelined and single Checks still work (and the
-// EVAL fallback caches the script again: the check script for a lone call, the batch script
-// for a master's several).
+// TestStoreNoScript: after SCRIPT FLUSH and FUNCTION FLUSH, pipelined and single Checks still
+// work, exactly, and the batch function library is loaded again where they ran.
 func TestStoreNoScript(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
@@ -28,13 +27,14 @@ func TestStoreNoScript(t *testing.T) {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatalf("SCRIPT FLUSH: %v", err)
 		}
+		flushFunctions(t, c)
 		reqs := make([]Request, len(idx))
 		for j, i := range idx {
 			reqs[j] = one(limits[i], 1)
 		}
 		res, err := s.Check(ctx, reqs)
 		if err != nil {
-			t.Fatalf("round %d after SCRIPT FLUSH: %v", round, err)
+			t.Fatalf("round %d after SCRIPT FLUSH and FUNCTION FLUSH: %v", round, err)
 		}
 		for j, i := range idx {
 			remaining[i]--
@@ -42,14 +42,38 @@ func TestStoreNoScript(t *testing.T) {
 				t.Errorf("round %d limit %d: got allowed %v remaining %d, want true %d", round, i, r.Allowed, r.Limits[0].Remaining, remaining[i])
 			}
 		}
-		// On a cluster the fallback caches it on the master that ran it.
+		// On a cluster the library is loaded on the master that ran it.
 		for _, i := range idx {
-			ok := serverOf(t, c, limits[i].Key).ScriptExists(ctx, checkScripts[testLayout].Hash(), batchScripts[testLayout].Hash()).Val()
-			if len(ok) != 2 || !ok[0] && !ok[1] || len(idx) == 1 && !ok[0] {
-				t.Errorf("round %d limit %d: check and batch scripts cached: got %v, want one (the check script for a lone call)", round, i, ok)
+			if !libraryLoaded(t, serverOf(t, c, limits[i].Key), s.b.lib.name) {
+				t.Errorf("round %d limit %d: the batch function library is not loaded after the check", round, i)
 			}
 		}
 	}
+}
+
+// flushFunctions deletes every function library of c's server, or of each master of a cluster.
+func flushFunctions(t testing.TB, c redis.UniversalClient) {
+	t.Helper()
+	flush := func(ctx context.Context, c *redis.Client) error { return c.FunctionFlush(ctx).Err() }
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctxT(t), flush)
+	} else {
+		err = c.FunctionFlush(ctxT(t)).Err()
+	}
+	if err != nil {
+		t.Fatalf("FUNCTION FLUSH: %v", err)
+	}
+}
+
+// libraryLoaded reports whether c's server has the function library name.
+func libraryLoaded(t testing.TB, c redis.Cmdable, name string) bool {
+	t.Helper()
+	libs, err := c.FunctionList(ctxT(t), redis.FunctionListQuery{LibraryNamePattern: name}).Result()
+	if err != nil {
+		t.Fatalf("FUNCTION LIST: %v", err)
+	}
+	return len(libs) == 1
 }
 
 // TestStoreRedisDown runs on its own server, since it kills it.
@@ -99,9 +123,16 @@ func TestStoreRedisDown(t *testing.T) {
 	if cached, _ := c.ScriptExists(ctxT(t), checkScripts[testLayout].Hash()).Result(); len(cached) != 1 || !cached[0] {
 		t.Errorf("script cached after LoadScript: %v, want cached", cached)
 	}
+	if !libraryLoaded(t, c, s.b.lib.name) {
+		t.Errorf("batch function library not loaded after LoadScript")
+	}
+	if err := s.LoadScript(ctxT(t)); err != nil {
+		t.Errorf("LoadScript again (the library is loaded): %v", err)
+	}
 	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil { // Check must still cope with NOSCRIPT
 		t.Fatal(err)
 	}
+	flushFunctions(t, c)
 	res, err := s.Check(ctxT(t), reqs)
 	if err != nil {
 		t.Fatalf("Check after restart: %v", err)

@@ -1,8 +1,11 @@
 package bucket
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -40,8 +43,8 @@ type script struct {
 // algorithm modules with two layouts write, and SHIFT, what the scripts add to Redis's time (0
 // but in tests: StoreConfig.ClockOffset).
 const (
-	checkHead = "local BATCH = false\n"
-	batchHead = "#!lua flags=allow-cross-slot-keys\nlocal BATCH = true\n"
+	checkHead = "local BATCH = false\nlocal LIBRARY = false\n"
+	batchHead = "#!lua flags=allow-cross-slot-keys\nlocal BATCH = true\nlocal LIBRARY = false\n"
 )
 
 // checkScripts and batchScripts hold, per Layout, the script of one call (lua/call.lua gives
@@ -56,6 +59,50 @@ func scriptsOf(head, driver string, shift time.Duration) (s [layouts]*script) {
 			"local SHIFT = " + strconv.FormatInt(shift.Microseconds(), 10) + "\n" + mustConcat(driver)
 		s[l] = &script{Script: redis.NewScript(src), src: src}
 		s[l].sha = s[l].Hash()
+	}
+	return s
+}
+
+// library is the batch function library of one Layout (lua/batch.lua, LIBRARY): the batch
+// script's code, loaded once with FUNCTION LOAD, whose function FCALL runs per batch. Its name
+// and its function's are those of its source ("qf_" and 16 hex digits of its SHA1), so that
+// checkers of different versions (a rolling upgrade) each find their own in one Redis.
+type library struct {
+	name     string
+	fn, src  any // the function's name and the library's source, boxed once
+	loadArgs []any
+}
+
+// libraryTail registers a library's function. FUNCTION LOAD runs the library with no Lua
+// library but redis.register_function in reach (not math, not string), so the code of the batch
+// script is wrapped in build, which the first call runs: its locals, the modules and helpers,
+// live on as the upvalues of CALL (lua/batch.lua).
+const libraryTail = `redis.register_function{
+  function_name = '%s',
+  callback = function(_, argv)
+    if not CALL then
+      build()
+    end
+    return CALL(argv)
+  end,
+  flags = {'allow-cross-slot-keys'},
+}
+`
+
+// batchLibraries holds, per Layout, the batch function library.
+var batchLibraries = librariesOf(0)
+
+// librariesOf makes the batch function libraries of each layout; shift is as for scriptsOf.
+func librariesOf(shift time.Duration) (s [layouts]*library) {
+	for l := range layouts {
+		body := "local BATCH = true\nlocal LIBRARY = true\nlocal ARGV, CALL\n" +
+			"local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" +
+			"local SHIFT = " + strconv.FormatInt(shift.Microseconds(), 10) + "\n" +
+			"local function build()\n" + mustConcat("batch.lua") + "end\n"
+		sum := sha1.Sum([]byte(body))
+		name := "qf_" + hex.EncodeToString(sum[:8])
+		src := "#!lua name=" + name + "\n" + body + fmt.Sprintf(libraryTail, name)
+		s[l] = &library{name: name, fn: name, src: src, loadArgs: []any{"function", "load", src}}
 	}
 	return s
 }

@@ -41,6 +41,7 @@ func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
 	b := newBatcher(rdb, cfg)
 	if cfg.ClockOffset != 0 {
 		b.batch = scriptsOf(batchHead, "batch.lua", cfg.ClockOffset)[b.cfg.Layout]
+		b.lib = librariesOf(cfg.ClockOffset)[b.cfg.Layout]
 		return &Store{rdb: rdb, b: b, script: scriptsOf(checkHead, "check.lua", cfg.ClockOffset)[b.cfg.Layout]}
 	}
 	return &Store{rdb: rdb, b: b, script: checkScripts[b.cfg.Layout]}
@@ -659,10 +660,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// LoadScript caches the check and batch scripts in Redis (on every master of a cluster), so
-// that the first checks after a Redis restart do not each pay a NOSCRIPT round trip and a
-// compile. It also tells whether Redis answers. A Redis that refuses the batch script (before
-// 7.0) is no error: every check is then sent as its own script call.
+// LoadScript caches the check and batch scripts in Redis and loads the batch function library
+// (on every master of a cluster), so that the first checks after a Redis restart do not each
+// pay a NOSCRIPT round trip and a compile. It also tells whether Redis answers. A Redis that
+// refuses the library (before 7.0, or an ACL without FUNCTION LOAD) or the batch script (before
+// 7.0) is no error: batches then go to the batch script, or every check as its own script call.
 func (s *Store) LoadScript(ctx context.Context) error {
 	if err := s.script.Load(ctx, s.rdb).Err(); err != nil {
 		return fmt.Errorf("bucket: load script: %w", err)
@@ -673,5 +675,32 @@ func (s *Store) LoadScript(ctx context.Context) error {
 		}
 		s.b.alone.Store(true)
 	}
+	var err error
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return s.loadLibrary(ctx, c)
+		})
+	} else {
+		err = s.loadLibrary(ctx, s.rdb)
+	}
+	if err != nil {
+		return fmt.Errorf("bucket: load batch function library: %w", err)
+	}
 	return nil
+}
+
+// loadLibrary loads the batch function library into c's server, unless it has it; a refusal
+// (functionsRefused) sends batches to the batch script instead, and is no error.
+func (s *Store) loadLibrary(ctx context.Context, c interface {
+	Do(context.Context, ...any) *redis.Cmd
+}) error {
+	err := c.Do(ctx, s.b.lib.loadArgs...).Err()
+	switch {
+	case err == nil, strings.Contains(err.Error(), "already exists"):
+		return nil
+	case functionsRefused(err):
+		s.b.noLib.Store(true)
+		return nil
+	}
+	return err
 }

@@ -22,10 +22,12 @@
 --
 -- Reply: per call, in order, either c (the number of entries of its reply, >= 0) and those c
 -- entries, or -1 and the error message the call would have got alone.
-if not CALLS then
-  return redis.error_reply('ERR bucket: malformed batch')
-end
-
+--
+-- The same file ends two ways (scripts.go): the batch script runs the batch at once; the batch
+-- function library (LIBRARY, loaded once with FUNCTION LOAD) sets CALL, which its function runs
+-- on each FCALL's ARGV (it has no KEYS) for the same reply. The library's
+-- modules, closures and parsed heads are built once, not per run: a run then costs Redis its
+-- calls' work and little more (docs/performance.md).
 local unpack = unpack
 
 -- quick is the common call, a charge of one limit with no idempotency record and no extras
@@ -89,12 +91,6 @@ local function call(s, p)
   return check(keys, args)
 end
 
-local m = #CALLS / 2
--- out is built at the size of m one-limit replies (and trimmed at the end: Redis's reply
--- stops at the first nil), since growing a table entry by entry costs more.
-local out = sized(10 * m)
-local k = 0
-
 -- R holds the ten results of eval per limit of the quick call quickMany decides, reused from
 -- call to call.
 local R = {}
@@ -103,7 +99,7 @@ local R = {}
 -- evaluated before any is written, all charged or none), writes its reply into out after
 -- position at and returns the position of its last entry. An error leaves what it wrote past
 -- at to be overwritten.
-local function quickMany(p, q, now, now_s, at)
+local function quickMany(p, q, now, now_s, out, at)
   local n, cost = q.n, q.cost
   local all = true
   for i = 1, n do
@@ -124,53 +120,76 @@ local function quickMany(p, q, now, now_s, at)
   return at
 end
 
-for c = 1, m do
-  local s, p = CALLS[2 * c - 1], CALLS[2 * c]
-  local q = s.quick
-  if q == nil then
-    q = quickSpec(s)
-    s.quick = q
+-- run decides the calls of CALLS and returns the batch's reply.
+local function run()
+  if not CALLS then
+    return redis.error_reply('ERR bucket: malformed batch')
   end
-  local ok, r, f2, f3, f4, f5, f6
-  if q and q.n == 1 then
-    local now, now_s = clock()
-    ok, r, f2, f3, f4, f5, f6 = pcall(quick, ARGV[p + 1], q, now, now_s)
-    if ok then
-      out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 9, r, now_s, 0, r
-      out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] = f2, f3, f4, f5, f6
-      k = k + 10
+  local m = #CALLS / 2
+  -- out is built at the size of m one-limit replies (and trimmed at the end: Redis's reply
+  -- stops at the first nil), since growing a table entry by entry costs more.
+  local out = sized(10 * m)
+  local k = 0
+  for c = 1, m do
+    local s, p = CALLS[2 * c - 1], CALLS[2 * c]
+    local q = s.quick
+    if q == nil then
+      q = quickSpec(s)
+      s.quick = q
     end
-  elseif q then
-    local now, now_s = clock()
-    ok, r = pcall(quickMany, p, q, now, now_s, k)
-    if ok then
-      k = r
-    end
-  else
-    ok, r = pcall(call, s, p)
-    if ok then
-      if type(r) == 'table' and not r.err then
-        out[k + 1] = #r
-        for i = 1, #r do
-          out[k + 1 + i] = r[i]
+    local ok, r, f2, f3, f4, f5, f6
+    if q and q.n == 1 then
+      local now, now_s = clock()
+      ok, r, f2, f3, f4, f5, f6 = pcall(quick, ARGV[p + 1], q, now, now_s)
+      if ok then
+        out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 9, r, now_s, 0, r
+        out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] = f2, f3, f4, f5, f6
+        k = k + 10
+      end
+    elseif q then
+      local now, now_s = clock()
+      ok, r = pcall(quickMany, p, q, now, now_s, out, k)
+      if ok then
+        k = r
+      end
+    else
+      ok, r = pcall(call, s, p)
+      if ok then
+        if type(r) == 'table' and not r.err then
+          out[k + 1] = #r
+          for i = 1, #r do
+            out[k + 1 + i] = r[i]
+          end
+          k = k + 1 + #r
+        else
+          ok = false
         end
-        k = k + 1 + #r
-      else
-        ok = false
       end
     end
-  end
-  if not ok then
-    -- A script's error_reply, or an error raised by redis.call (a table with err since Redis
-    -- 7.0) or by Lua itself (a string).
-    if type(r) == 'table' then
-      r = r.err
-    elseif type(r) == 'string' and not string.find(r, '^%u+ ') then
-      r = 'ERR ' .. r -- a Lua error, not a Redis reply with its code
+    if not ok then
+      -- A script's error_reply, or an error raised by redis.call (a table with err since Redis
+      -- 7.0) or by Lua itself (a string).
+      if type(r) == 'table' then
+        r = r.err
+      elseif type(r) == 'string' and not string.find(r, '^%u+ ') then
+        r = 'ERR ' .. r -- a Lua error, not a Redis reply with its code
+      end
+      out[k + 1], out[k + 2] = -1, tostring(r)
+      k = k + 2
     end
-    out[k + 1], out[k + 2] = -1, tostring(r)
-    k = k + 2
   end
+  out[k + 1] = nil
+  return out
 end
-out[k + 1] = nil
-return out
+
+if not LIBRARY then
+  return run()
+end
+
+-- The library's function (CALL, scripts.go): the same run, on the ARGV of each FCALL, at its own
+-- instant (clock).
+CALL = function(argv)
+  ARGV, NOW, NOW_S = argv, nil, nil
+  CALLS = parse()
+  return run()
+end

@@ -3,7 +3,9 @@
 -- too many or too few, and a limit whose module is missing is reported as malformed.
 --
 -- BATCH is set by the first lines of the script (scripts.go): false for check.lua's one
--- call, true for batch.lua's many.
+-- call, true for batch.lua's many. LIBRARY is set for the batch function library (scripts.go),
+-- which Redis runs once, at FUNCTION LOAD, and whose function then runs per call: it builds
+-- every module then, and parses each call's ARGV when it runs (parse).
 --
 -- NEED_1 is the algorithm code of the first limit of a single call; NEED holds the codes of the
 -- others (nil for a single call of one limit, the common case, which then builds no table).
@@ -11,8 +13,9 @@
 -- refunds ('2') and settles ('5') only (REFUNDS). A record call ('3') has no limits, so builds nothing.
 -- A batch builds the modules of all its calls into NEED; its MODE is '2' when one of its calls
 -- refunds, else '0'. CALLS is where its calls are (batch.lua reads it): per call, its spec and
--- the position of its head in ARGV; nil for a malformed batch, which runs no call.
-local NEED_1, NEED, MODE, CALLS
+-- the position of its head in ARGV; nil for a malformed batch, which runs no call. parse sets it
+-- from ARGV.
+local NEED_1, NEED, MODE, CALLS, parse
 -- REFUNDS is whether the refund functions are built: for refunds, and for settles ('5'), which
 -- refund what a reservation over-estimated.
 local REFUNDS
@@ -29,6 +32,9 @@ if not BATCH then
   end
 else
   NEED, MODE = {}, '0'
+  if LIBRARY then
+    setmetatable(NEED, {__index = function() return true end})
+  end
   -- spec parses a call's head (batch.lua) into the call's ARGV for call.lua (with '' for the
   -- fingerprint or charge time and the refund tokens, which travel as extras when set), its
   -- number of keys nk, of limits n and of extras x; nil when malformed. The parse is paid
@@ -55,28 +61,43 @@ else
     return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0)}
   end
 
-  local m = int(ARGV[1])
-  if m and m >= 1 then
-    CALLS = sized(2 * m)
-    local specs = {}
+  -- specs holds the heads parsed (spec), nspecs their number: a script's are its run's; a
+  -- library's outlive its calls, so that a head costs its parse once, and start over beyond
+  -- 1024 (group.go's maxHeads) so that they stay bounded.
+  local specs, nspecs = {}, 0
+
+  -- parse returns the calls of ARGV (CALLS), or nil when ARGV is malformed.
+  parse = function()
+    local m = int(ARGV[1])
+    if not m or m < 1 then
+      return nil
+    end
+    if nspecs >= 1024 then
+      specs, nspecs = {}, 0
+    end
+    local calls = sized(2 * m)
     local p = 2 -- the first call's head
     for c = 1, m do
       local head = ARGV[p]
       local s = specs[head or '']
       if not s and head then
         s = spec(head)
-        specs[head] = s
+        specs[head], nspecs = s, nspecs + 1
       end
       if not s then
-        CALLS = nil
-        break
+        return nil
       end
-      CALLS[2 * c - 1], CALLS[2 * c] = s, p
+      calls[2 * c - 1], calls[2 * c] = s, p
       p = p + 1 + s.nk + s.x
     end
-    if CALLS and p ~= #ARGV + 1 then
-      CALLS = nil
+    if p ~= #ARGV + 1 then
+      return nil
     end
+    return calls
+  end
+  if not LIBRARY then
+    CALLS = parse()
   end
 end
-REFUNDS = MODE == '2' or MODE == '5'
+-- A library builds the refund functions too: its calls may refund.
+REFUNDS = LIBRARY or MODE == '2' or MODE == '5'

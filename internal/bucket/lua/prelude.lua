@@ -9,7 +9,9 @@
 -- them to know which modules to build; call.lua validates everything.
 --
 -- The whole script runs on every call (EVALSHA caches the compiled chunk, not its state), so
--- what it builds is paid per check: every closure, every table, every string. Each algorithm
+-- what it builds is paid per check: every closure, every table, every string. (The batch
+-- function library, scripts.go, runs once, at FUNCTION LOAD; its function then pays only its
+-- calls' work.) Each algorithm
 -- file therefore builds its functions only when a limit of this call uses it
 -- (NEED_1 == code or NEED and NEED[code], code = the bucket.Algorithm value as a string),
 -- into chunk-level locals <alg>_eval, <alg>_commit and <alg>_refund that call.lua
@@ -47,16 +49,20 @@ local floor, ceil, format = math.floor, math.ceil, string.format
 -- (counts, limits, windows, bursts): Lua interns strings, so a hit costs a table probe where
 -- strtod costs ~1.9k instructions. Only arguments go through it, a bounded set per run; state
 -- read from keys differs per key and is parsed by tonumber itself. A single call repeats
--- nothing, so it keeps tonumber.
+-- nothing, so it keeps tonumber. A library's (need.lua) outlives its calls, and starts over
+-- beyond 4096 strings so that it stays bounded.
 local int = tonumber
 if BATCH then
-  local nums = {}
+  local nums, n = {}, 0
   int = function(s)
     local v = nums[s]
     if v == nil then
       v = tonumber(s)
       if v then
-        nums[s] = v
+        if n >= 4096 then
+          nums, n = {}, 0
+        end
+        nums[s], n = v, n + 1
       end
     end
     return v
