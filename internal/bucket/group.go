@@ -132,9 +132,11 @@ func emptyArg(v any) bool {
 	return false
 }
 
-// distribute hands each call of g its part of the batch script's reply, or the error the
-// whole group got (then none of its calls ran: a script that fails as a whole, NOSCRIPT, OOM,
-// a closed connection, fails before running any, or leaves the outcome unknown for all).
+// distribute hands each call of g its part of the batch script's reply (lua/batch.lua), or the
+// error the whole group got (then none of its calls ran: a script that fails as a whole,
+// NOSCRIPT, OOM, a closed connection, fails before running any, or leaves the outcome unknown
+// for all). A quick call's reply comes without what every quick call's has, its instant and
+// replayed = 0, and gets them back here (restore).
 func (g *group) distribute() {
 	arr, err := g.cmd.Result()
 	if err != nil {
@@ -143,32 +145,78 @@ func (g *group) distribute() {
 		}
 		return
 	}
-	p := 0
+	if len(arr) == 0 {
+		g.malformed(0)
+		return
+	}
+	now, p := arr[0], 1
+	var buf []string // the restored replies of the quick calls, carved from one allocation
 	for i, c := range g.calls {
-		n, ok := -2, p < len(arr)
+		n, ok := -1<<31, p < len(arr)
 		if ok {
 			var v int64
 			v, ok = parseInt(arr[p])
 			n = int(v)
 		}
-		switch {
-		case ok && n == -1 && p+1 < len(arr):
+		switch m := quickEntries(n, len(arr)); {
+		case !ok:
+			g.malformed(i)
+			return
+		case n == -1 && p+1 < len(arr):
 			c.cmd.SetErr(callError(arr[p+1]))
 			p += 2
-		case ok && n >= 0 && p+1+n <= len(arr):
+		case n >= 0 && p+1+n <= len(arr):
 			c.cmd.SetVal(arr[p+1 : p+1+n : p+1+n])
 			p += 1 + n
-		default:
-			for _, c := range g.calls[i:] {
-				c.cmd.SetErr(ErrMalformedReply)
+		case m > 0 && p+1+m <= len(arr) && now != "":
+			if buf == nil {
+				buf = make([]string, 0, (replyHead+replyPerLimit)*(len(g.calls)-i))
 			}
+			var reply []string
+			buf, reply = restore(buf, now, -n-1, arr[p+1:p+1+m])
+			c.cmd.SetVal(reply)
+			p += 1 + m
+		default:
+			g.malformed(i)
 			return
 		}
 	}
 	if p != len(arr) {
-		for _, c := range g.calls {
-			c.cmd.SetErr(ErrMalformedReply)
-		}
+		g.malformed(0)
+	}
+}
+
+// quickEntries is the number of entries after a quick call's marker n = -(limits + 1) in a
+// batch reply of size entries (lua/batch.lua): the limit's fields for one limit, else allowed
+// and the fields of each; 0 when n marks no quick call, or more limits than the reply could
+// hold.
+func quickEntries(n, size int) int {
+	switch limits := -n - 1; {
+	case n >= -1 || limits > size:
+		return 0
+	case limits == 1:
+		return replyPerLimit
+	default:
+		return 1 + replyPerLimit*limits
+	}
+}
+
+// restore appends to buf the reply a quick call of limits limits would have got alone, from
+// its entries e in the batch reply and the batch's instant now, and returns buf and that reply.
+func restore(buf []string, now string, limits int, e []string) ([]string, []string) {
+	start := len(buf)
+	buf = append(buf, e[0], now, "0") // allowed: the call's, which is its one limit's
+	if limits > 1 {
+		e = e[1:]
+	}
+	buf = append(buf, e...)
+	return buf, buf[start:len(buf):len(buf)]
+}
+
+// malformed fails the calls of g from the i-th on with ErrMalformedReply.
+func (g *group) malformed(i int) {
+	for _, c := range g.calls[i:] {
+		c.cmd.SetErr(ErrMalformedReply)
 	}
 }
 

@@ -2,13 +2,16 @@ package bucket
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -127,8 +130,8 @@ func TestBatchScriptMalformed(t *testing.T) {
 	}
 	// The well-formed batch runs.
 	arr, err := c.Eval(ctx, batchScripts[testLayout].src.(string), nil, append([]any{1}, call...)...).Slice()
-	if err != nil || len(arr) != 1+replyHead+replyPerLimit || arr[0] != int64(9) || arr[1] != int64(1) {
-		t.Errorf("well-formed batch: got %v, %v; want 9 entries, allowed", arr, err)
+	if err != nil || len(arr) != 2+replyPerLimit || arr[1] != int64(-2) || arr[2] != int64(1) {
+		t.Errorf("well-formed batch: got %v, %v; want the instant, a quick call's marker and its 6 fields, allowed", arr, err)
 	}
 }
 
@@ -252,7 +255,12 @@ func TestGroupQuickCalls(t *testing.T) {
 		for _, caps := range [][]int64{{3}, {3, 5, 2}} {
 			t.Run(fmt.Sprintf("%s/%d-limits", a, len(caps)), func(t *testing.T) {
 				t.Parallel()
-				s, _ := newStore(t)
+				s, c := newStore(t)
+				// A lone call goes to the library's quick path as well; one that Redis refused
+				// goes as the check script (check.lua), which these answers are held to.
+				checkScript := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
+				t.Cleanup(func() { checkScript.Close() })
+				checkScript.b.noLib.Store(true)
 				grouped, alone := key(t, "grouped"), key(t, "alone")
 				costs := []int64{1, 2, 1, 1, 4}
 				reqs := func(k string) []Request {
@@ -273,12 +281,15 @@ func TestGroupQuickCalls(t *testing.T) {
 					if err := parseReply(j.calls[i].cmd, &got); err != nil {
 						t.Fatalf("grouped charge %d: %v", i, err)
 					}
-					res, err := s.Check(ctxT(t), want[i:i+1])
+					res, err := checkScript.Check(ctxT(t), want[i:i+1])
 					if err != nil {
 						t.Fatalf("lone charge %d: %v", i, err)
 					}
 					if got.Allowed != res[0].Allowed || got.Replayed {
 						t.Errorf("charge %d of cost %d: grouped allowed %v, alone %v; want the same", i, costs[i], got.Allowed, res[0].Allowed)
+					}
+					if d := res[0].Now.Sub(got.Now); got.Now.IsZero() || d < 0 || d > 5*time.Second {
+						t.Errorf("charge %d: grouped decided at %v, alone (later) at %v; want the batch's instant", i, got.Now, res[0].Now)
 					}
 					for l, g := range got.Limits {
 						w := res[0].Limits[l]
@@ -386,5 +397,59 @@ func TestFunctionsRefused(t *testing.T) {
 		if got := functionsRefused(tt.err); got != tt.want {
 			t.Errorf("%v: got %v, want %v", tt.err, got, tt.want)
 		}
+	}
+}
+
+// TestDistribute: the batch reply is cut into each call's reply as it would have come alone,
+// quick calls' replies restored with the batch's instant; a reply that does not add up fails
+// the calls it cannot give a reply.
+func TestDistribute(t *testing.T) {
+	t.Parallel()
+	one := []string{"1", "2", "3", "400", "0", ""}       // a quick call's limit fields
+	two := append([]string{"0"}, append(one, one...)...) // allowed, then two limits' fields
+	tests := []struct {
+		name  string
+		reply []string
+		calls int
+		want  [][]string // nil: ErrMalformedReply
+		err   []string   // a call's error message, when want is nil for it and it is not malformed
+	}{
+		{"quick, one limit", append([]string{"77", "-2"}, one...), 1,
+			[][]string{{"1", "77", "0", "1", "2", "3", "400", "0", ""}}, nil},
+		{"quick, two limits", append([]string{"77", "-3"}, two...), 1,
+			[][]string{append([]string{"0", "77", "0"}, append(one, one...)...)}, nil},
+		{"as alone, then an error", []string{"", "2", "a", "b", "-1", "ERR x"}, 2,
+			[][]string{{"a", "b"}, nil}, []string{"", "ERR x"}},
+		{"quick without the instant", append([]string{"", "-2"}, one...), 1, [][]string{nil}, nil},
+		{"quick call cut short", []string{"77", "-2", "1", "2"}, 1, [][]string{nil}, nil},
+		{"a marker of more limits than the reply holds", append([]string{"77", "-9999999999"}, one...), 1, [][]string{nil}, nil},
+		{"entries left over", append([]string{"77", "-2"}, append(one, "x")...), 1, [][]string{nil}, nil},
+		{"empty", nil, 1, [][]string{nil}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g := &group{cmd: redis.NewStringSliceCmd(context.Background())}
+			g.cmd.SetVal(tt.reply)
+			for range tt.calls {
+				g.calls = append(g.calls, &call{cmd: redis.NewStringSliceCmd(context.Background())})
+			}
+			g.distribute()
+			for i, c := range g.calls {
+				got, err := c.cmd.Result()
+				switch {
+				case tt.want[i] != nil:
+					if err != nil || !slices.Equal(got, tt.want[i]) {
+						t.Errorf("call %d: got %q (%v), want %q", i, got, err, tt.want[i])
+					}
+				case tt.err != nil && tt.err[i] != "":
+					if err == nil || err.Error() != tt.err[i] {
+						t.Errorf("call %d: got %q (%v), want the error %q", i, got, err, tt.err[i])
+					}
+				case !errors.Is(err, ErrMalformedReply):
+					t.Errorf("call %d: got %q (%v), want ErrMalformedReply", i, got, err)
+				}
+			}
+		})
 	}
 }

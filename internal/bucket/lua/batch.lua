@@ -20,8 +20,14 @@
 --              call (one per rule and mode), so that a call costs Redis two or three arguments
 --              instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua).
 --
--- Reply: per call, in order, either c (the number of entries of its reply, >= 0) and those c
--- entries, or -1 and the error message the call would have got alone.
+-- Reply: the batch's instant (now_us, as in call.lua's reply; "" when no call read the clock),
+-- then per call, in order, one of:
+--   c >= 0 and the c entries of the reply the call would have got alone;
+--   -1 and the error message the call would have got alone;
+--   -(n + 1) for a quick call of n limits (quick, quickMany): n = 1, the limit's six fields;
+--   n > 1, allowed and the six fields per limit. The call's reply is then allowed, now_us,
+--   replayed = 0 and the fields: what it leaves out costs Redis a reply entry each (a string
+--   of 16 digits for now_us), per check, and Store restores it (group.distribute).
 --
 -- The same file ends two ways (scripts.go): the batch script runs the batch at once; the batch
 -- function library (LIBRARY, loaded once with FUNCTION LOAD) sets CALL, which its function runs
@@ -108,8 +114,8 @@ local function quickMany(p, q, now, now_s, out, at)
       q[j + 1](ARGV[p + i], q[j + 3], q[j + 4], q[j + 5], now, cost, q[j + 6], '')
     if not R[r + 1] then all = false end
   end
-  out[at + 1], out[at + 2], out[at + 3], out[at + 4] = 3 + 6 * n, all and 1 or 0, now_s, 0
-  at = at + 4
+  out[at + 1], out[at + 2] = -(n + 1), all and 1 or 0
+  at = at + 2
   for i = 1, n do
     local j, r = 6 * (i - 1), 10 * (i - 1)
     out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6] =
@@ -126,10 +132,11 @@ local function run()
     return redis.error_reply('ERR bucket: malformed batch')
   end
   local m = #CALLS / 2
-  -- out is built at the size of m one-limit replies (and trimmed at the end: Redis's reply
-  -- stops at the first nil), since growing a table entry by entry costs more.
-  local out = sized(10 * m)
-  local k = 0
+  -- out is built at the size of m quick one-limit replies (and trimmed at the end: Redis's
+  -- reply stops at the first nil), since growing a table entry by entry costs more. Its first
+  -- entry is the instant, set last.
+  local out = sized(7 * m + 1)
+  local k = 1
   for c = 1, m do
     local s, p = CALLS[2 * c - 1], CALLS[2 * c]
     local q = s.quick
@@ -142,9 +149,8 @@ local function run()
       local now, now_s = clock()
       ok, r, f2, f3, f4, f5, f6 = pcall(quick, ARGV[p + 1], q, now, now_s)
       if ok then
-        out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 9, r, now_s, 0, r
-        out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] = f2, f3, f4, f5, f6
-        k = k + 10
+        out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] = -2, r, f2, f3, f4, f5, f6
+        k = k + 7
       end
     elseif q then
       local now, now_s = clock()
@@ -178,6 +184,7 @@ local function run()
       k = k + 2
     end
   end
+  out[1] = NOW_S or ''
   out[k + 1] = nil
   return out
 end
