@@ -15,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/internal/proctest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
 // pipelineCounter is a go-redis hook counting the pipelines of script calls and the calls
@@ -450,13 +449,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the Store is healthy after it.
 func TestStoreDeadlineWhilePaused(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	admin := own.Client(0)
-	t.Cleanup(func() { admin.Close() })
+	own, admin := ownServer(t)
 
 	const pause = 500 * time.Millisecond
 	const shortDL, longDL = 50 * time.Millisecond, 5 * time.Second

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/quotaflow/quotaflow/internal/redistest"
 )
 
 // runJob sends the calls of reqs (charges, the first with the idempotency record of its
@@ -312,13 +310,7 @@ func TestGroupQuickCalls(t *testing.T) {
 // LoadScript is no error.
 func TestLibraryRefused(t *testing.T) {
 	t.Parallel()
-	own, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("start redis: %v", err)
-	}
-	t.Cleanup(own.Close)
-	admin := own.Client(0)
-	defer admin.Close()
+	own, admin := ownServer(t)
 	if err := admin.Do(ctxT(t), "acl", "setuser", "nofunctions", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
 		t.Fatalf("ACL SETUSER: %v", err)
 	}

@@ -164,9 +164,9 @@ func near(got, want, tolerance time.Duration) bool {
 // batchLoop is the frame of a bucket.Store's batching goroutine.
 const batchLoop = "bucket.(*batcher).loop("
 
-// ownStore starts a Redis of the test's own, which it may stop, stall or inspect, and a Store
-// of cfg on it; all end with the test.
-func ownStore(t *testing.T, cfg StoreConfig) (*redistest.Server, *redis.Client, *Store) {
+// ownServer starts a Redis of the test's own, for a test that stops, pauses or configures it,
+// and returns it with a client of database 0; both are closed when the test ends.
+func ownServer(t *testing.T) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	own, err := redistest.Start()
 	if err != nil {
@@ -175,6 +175,14 @@ func ownStore(t *testing.T, cfg StoreConfig) (*redistest.Server, *redis.Client, 
 	t.Cleanup(own.Close)
 	c := own.Client(0)
 	t.Cleanup(func() { c.Close() })
+	return own, c
+}
+
+// ownStore starts a Redis of the test's own, which it may stop, stall or inspect, and a Store
+// of cfg on it; all end with the test.
+func ownStore(t *testing.T, cfg StoreConfig) (*redistest.Server, *redis.Client, *Store) {
+	t.Helper()
+	own, c := ownServer(t)
 	s := NewStoreWithConfig(c, storeConfig(cfg))
 	t.Cleanup(func() { s.Close() })
 	return own, c, s
