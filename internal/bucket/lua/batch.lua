@@ -18,7 +18,8 @@
 --              all empty, else n + 1, those n + 1 values in ARGV's order. It has
 --              n + (idem_ttl ~= "0" and 1 or 0) KEYS (call.lua). Heads repeat from call to
 --              call (one per rule and mode), so that a call costs Redis two or three arguments
---              instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua).
+--              instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua; once
+--              for all batches in the library).
 --
 -- Reply: the batch's instant (now_us, as in call.lua's reply; "" when no call read the clock),
 -- then per call, in order, one of:
@@ -31,9 +32,9 @@
 --
 -- The same file ends two ways (scripts.go): the batch script runs the batch at once; the batch
 -- function library (LIBRARY, loaded once with FUNCTION LOAD) sets CALL, which its function runs
--- on each FCALL's ARGV (it has no KEYS) for the same reply. The library's
--- modules, closures and parsed heads are built once, not per run: a run then costs Redis its
--- calls' work and little more (docs/performance.md).
+-- on each FCALL's ARGV (it has no KEYS) for the same reply. The library's modules, closures
+-- and parsed heads are built once, not per run: a run then costs Redis its calls' work and
+-- little more (docs/performance.md).
 local unpack = unpack
 
 -- quick is the common call, a charge of one limit with no idempotency record and no extras
