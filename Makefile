@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/quotaflow
 
-.PHONY: dev test test-cluster deps build generate console vet fuzz fuzz-ci bench clean
+.PHONY: dev test test-cluster test-shared deps build generate console vet fuzz fuzz-ci bench clean
 
 ## dev: install what is missing, check the ports are free, build, start Redis, ClickHouse and
 ## quotaflow serve, stop all on Ctrl-C (deploy/dev/run.sh builds, after the port check)
@@ -16,6 +16,7 @@ dev: deps
 test: deps vet
 	$(GO) test -race -count=1 ./...
 	@$(MAKE) --no-print-directory test-cluster
+	@$(MAKE) --no-print-directory test-shared
 	@$(MAKE) --no-print-directory fuzz-ci
 
 ## test-cluster: the packages whose tests share one Redis (the buckets, the engine, its
@@ -24,6 +25,13 @@ test: deps vet
 CLUSTER_PACKAGES := ./internal/bucket/ ./checker/...
 test-cluster:
 	QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 $(CLUSTER_PACKAGES)
+
+## test-shared: the bucket package's tests again with every Store in the shared layout
+## (--bucket-layout shared), on one Redis and on a cluster: exactness, refunds, leases,
+## resharding and failover with the buckets as fields of shared hashes
+test-shared:
+	QUOTAFLOW_TEST_LAYOUT=shared $(GO) test -race -count=1 ./internal/bucket/
+	QUOTAFLOW_TEST_LAYOUT=shared QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 ./internal/bucket/
 
 ## deps: install the servers the project needs (Debian packages) when missing
 deps:

@@ -59,11 +59,13 @@ type Config struct {
 	// queueing every check into RedisTimeout. 0 means DefaultMaxInFlight; negative means no
 	// bound.
 	MaxInFlight int
-	// CompactBuckets writes the buckets in Redis in the compact layout, which takes less memory
-	// but which a checker of a version before layouts cannot read; false writes the previous
-	// layout, for a rolling upgrade from such a version. Either reads both
-	// (docs/architecture.md, "Bucket state in Redis").
-	CompactBuckets bool
+	// BucketLayout is how the buckets are written in Redis: the zero value, PreviousBuckets,
+	// for a rolling upgrade from a version before layouts.
+	BucketLayout BucketLayout
+	// SharedHashes is how many hashes per cluster slot hold the buckets of SharedBuckets:
+	// about one per 1.6M buckets, so that a hash holds at most ~100. Changing it starts those
+	// buckets over. 0 means 1.
+	SharedHashes int
 	// LocalMaxKeys bounds the in-process buckets of fail_mode local rules; 0 means 1M.
 	LocalMaxKeys int
 	// Decisions receives every decision (nil: decisions are not published).
@@ -168,7 +170,7 @@ func New(cfg Config) *Engine {
 		// mode, but Redis did not fail and the circuit stays closed.
 		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{
 			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log,
-			Layout: bucketLayout(cfg.CompactBuckets)})
+			Layout: cfg.BucketLayout.layout(), SharedHashes: cfg.SharedHashes})
 		store = e.ownStore
 	}
 	e.store.use(store, cfg.store == nil)
@@ -181,10 +183,31 @@ func New(cfg Config) *Engine {
 	return e
 }
 
-// bucketLayout is the bucket.Layout of Config.CompactBuckets.
-func bucketLayout(compact bool) bucket.Layout {
-	if compact {
+// BucketLayout is how a checker writes the buckets in Redis (Config.BucketLayout;
+// docs/architecture.md, "Bucket state in Redis"). Each layout reads the buckets the others
+// wrote as keys; only SharedBuckets reads its hashes' fields.
+type BucketLayout uint8
+
+// The bucket layouts.
+const (
+	// PreviousBuckets writes what the checkers of the versions before layouts read: keep it
+	// while one may still run, as in a rolling upgrade.
+	PreviousBuckets BucketLayout = iota
+	// CompactBuckets writes smaller states, which such a checker cannot read.
+	CompactBuckets
+	// SharedBuckets writes the buckets of fixed_window, gcra and token_bucket as fields of
+	// hashes that many buckets share, about half CompactBuckets' memory, and the others as
+	// CompactBuckets does. A switch to it is one way: the other layouts do not read fields.
+	SharedBuckets
+)
+
+// layout is the bucket.Layout of l.
+func (l BucketLayout) layout() bucket.Layout {
+	switch l {
+	case CompactBuckets:
 		return bucket.LayoutCompact
+	case SharedBuckets:
+		return bucket.LayoutShared
 	}
 	return bucket.LayoutPrevious
 }

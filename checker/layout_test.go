@@ -10,24 +10,25 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
-// TestCompactBuckets: Config.CompactBuckets reaches the store: the token bucket of the test
-// rules is written as the compact layout's string instead of the previous layout's hash.
-func TestCompactBuckets(t *testing.T) {
+// TestBucketLayout: Config.BucketLayout reaches the store: the token bucket of the test rules
+// is written as the compact layout's string or the previous layout's hash, or as a field of a
+// shared hash, with no key of its own, whose count the next check reads.
+func TestBucketLayout(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name    string
-		compact bool
-		want    string // TYPE of the bucket's key
+		layout BucketLayout
+		want   string // TYPE of the bucket's key
 	}{
-		{"previous", false, "hash"},
-		{"compact", true, "string"},
+		{PreviousBuckets, "hash"},
+		{CompactBuckets, "string"},
+		{SharedBuckets, "none"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		t.Run(tt.layout.layout().String(), func(t *testing.T) {
 			t.Parallel()
 			rdb := redisSrv.UniversalClient()
 			t.Cleanup(func() { rdb.Close() })
-			e := newEngine(t, Config{Redis: rdb, CompactBuckets: tt.compact})
+			e := newEngine(t, Config{Redis: rdb, BucketLayout: tt.layout})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			user := strings.ReplaceAll(t.Name(), "/", "-")
@@ -37,6 +38,13 @@ func TestCompactBuckets(t *testing.T) {
 			key := limitKey(subjectTag(1, user), &rules.Rule{Algorithm: bucket.TokenBucket, Window: time.Hour, Endpoint: "/api/*"})
 			if got := rdb.Type(ctx, key).Val(); got != tt.want {
 				t.Errorf("TYPE %s = %q, want %q", key, got, tt.want)
+			}
+			first, err := e.Check(ctx, userQuery(user, "/api/x"))
+			if err != nil || !first.Allowed {
+				t.Fatalf("second check: got %+v, %v, want allowed", first, err)
+			}
+			if again, err := e.Check(ctx, userQuery(user, "/api/x")); err != nil || again.Limits[0].Result.Remaining != first.Limits[0].Result.Remaining-1 {
+				t.Errorf("third check: remaining %d (%v), want %d: the bucket's count kept", again.Limits[0].Result.Remaining, err, first.Limits[0].Result.Remaining-1)
 			}
 		})
 	}

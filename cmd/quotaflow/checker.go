@@ -34,7 +34,8 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.RulesFile, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
 	fs.DurationVar(&c.cfg.RedisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
 	fs.IntVar(&c.cfg.MaxInFlight, "max-in-flight", checker.DefaultMaxInFlight, "checks waiting for Redis at once; past it a check is answered at once by its rules' fail_mode, degraded (quotaflow_checks_shed_total); negative: no bound")
-	fs.TextVar(&c.cfg.BucketLayout, "bucket-layout", bucket.LayoutPrevious, "how buckets are written in Redis, a `layout`: previous (what checkers of earlier versions read: keep it while one may still run, as in a rolling upgrade) or compact (less Redis memory, read by this version and later); either reads both (docs/architecture.md)")
+	fs.TextVar(&c.cfg.BucketLayout, "bucket-layout", bucket.LayoutPrevious, "how buckets are written in Redis, a `layout`: previous (what checkers of earlier versions read: keep it while one may still run, as in a rolling upgrade), compact (less Redis memory, read by this version and later) or shared (fixed_window, gcra and token_bucket buckets as fields of shared hashes: half compact's memory; one way, docs/architecture.md); each reads the keys of all three")
+	fs.IntVar(&c.cfg.SharedHashes, "shared-hashes", 1, "hashes per cluster slot (16384 slots) holding the buckets of --bucket-layout shared: about buckets / 1.6M, so that a hash holds at most ~100; changing it starts those buckets over")
 	fs.DurationVar(&c.cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
@@ -43,7 +44,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.Tracing.OTLPEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
 	fs.Float64Var(&c.cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
 	fs.StringVar(&c.cfg.DebugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
-	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shutdown-timeout", "log-level",
+	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen")
 	c.admin.register(fs)

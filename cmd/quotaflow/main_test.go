@@ -80,7 +80,7 @@ func TestUsage(t *testing.T) {
 		{"health interval in help", []string{"help", "aggregator"}, nil, 0, "QUOTAFLOW_HEALTH_INTERVAL"},
 		{"bad max in flight", []string{"checker"}, map[string]string{"QUOTAFLOW_MAX_IN_FLIGHT": "many"}, 2, `QUOTAFLOW_MAX_IN_FLIGHT="many": invalid value for --max-in-flight`},
 		{"max in flight in help", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_MAX_IN_FLIGHT"},
-		{"bad bucket layout", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--bucket-layout", "tiny"}, nil, 2, `invalid value "tiny" for flag -bucket-layout: unknown bucket layout "tiny" (want previous or compact)`},
+		{"bad bucket layout", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--bucket-layout", "tiny"}, nil, 2, `invalid value "tiny" for flag -bucket-layout: unknown bucket layout "tiny" (want previous, compact or shared)`},
 		{"bad bucket layout env", []string{"checker"}, map[string]string{"QUOTAFLOW_BUCKET_LAYOUT": "tiny"}, 2, `QUOTAFLOW_BUCKET_LAYOUT="tiny": invalid value for --bucket-layout`},
 		{"bucket layout in help", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_BUCKET_LAYOUT"},
 		{"bad redis url", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--redis-url", "http://x"}, nil, 2, "--redis-url: want a redis:// or rediss:// URL"},

@@ -37,8 +37,15 @@ type StoreConfig struct {
 	// batching goroutines and must not block.
 	OnRoundTrip func(err error)
 	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
-	// default (and what an unknown value means), or LayoutCompact. Both read every layout.
+	// default (and what an unknown value means), LayoutCompact or LayoutShared. Each reads the
+	// keys of every layout; only LayoutShared reads its hashes' fields.
 	Layout Layout
+	// SharedHashes is how many hashes per cluster slot (16,384 slots, on one server too) hold
+	// the buckets of LayoutShared: enough for at most about 100 buckets per hash, beyond which
+	// Redis stores a hash as a table and a bucket costs about twice as much (1: up to about
+	// 1.6M buckets; docs/performance.md). Changing it moves every bucket to another hash,
+	// which starts it over. 0 means 1.
+	SharedHashes int
 	// ClockOffset is added to Redis's time by this Store's scripts: a test's way to decide
 	// checks at another instant (a month's end) without waiting for it. Never set it in
 	// production: Stores that disagree on the time disagree on every bucket.
@@ -68,6 +75,9 @@ func (c StoreConfig) withDefaults() StoreConfig {
 	}
 	if c.Layout >= layouts {
 		c.Layout = LayoutPrevious
+	}
+	if c.SharedHashes <= 0 {
+		c.SharedHashes = 1
 	}
 	return c
 }
@@ -158,6 +168,7 @@ const (
 type job struct {
 	ctx    context.Context
 	script *script // the Store's: its layout's
+	hashes int     // the Store's shared hashes per slot (StoreConfig.SharedHashes); 0 unless LayoutShared
 	calls  []call
 	err    error // the outcome instead of the replies: the caller's context ended first
 	state  atomic.Uint32
@@ -205,12 +216,12 @@ func getJob() *job { return jobPool.Get().(*job) }
 // alive) and returns it to the pool.
 func putJob(j *job) {
 	j.reset()
-	j.script = nil
+	j.script, j.hashes = nil, 0
 	j.state.Store(jobIdle)
 	jobPool.Put(j)
 }
 
-// reset empties j for new calls of the same Store (it keeps j.script).
+// reset empties j for new calls of the same Store (it keeps j.script and j.hashes).
 func (j *job) reset() {
 	j.ctx, j.err = nil, nil
 	clear(j.calls)

@@ -104,6 +104,9 @@ func TestBatchScriptMalformed(t *testing.T) {
 	k := key(t, "k")
 	c := serverOf(t, rdb, k)                       // on a cluster, the master that serves k
 	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (GCRA, 10 per minute), key
+	if testLayout == LayoutShared {
+		call = append(call, sharedHash(k, 1)) // and its shared hash
+	}
 	tests := []struct {
 		name string
 		args []any
@@ -123,7 +126,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 			}
 		})
 	}
-	if n, err := c.Exists(ctx, k).Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, k, sharedHash(k, 1)).Result(); err != nil || n != 0 {
 		t.Errorf("got %d keys (%v), want none: a malformed batch runs no call", n, err)
 	}
 	// The well-formed batch runs.

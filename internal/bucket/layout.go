@@ -19,10 +19,17 @@ const (
 	// before layouts cannot read (it fails the check on a Redis WRONGTYPE error). It needs
 	// Redis 7.0 or later (PEXPIRETIME).
 	LayoutCompact
+	// LayoutShared writes the buckets of fixed_window, gcra and token_bucket as fields of
+	// hashes that many buckets share (lua/shared.lua), half the memory of a key each, and the
+	// others as LayoutCompact does. It reads the keys of the other layouts, moving a bucket
+	// into its field at its next write; the other layouts do not read fields, so a switch to it
+	// is one way: switching back (or a checker of another layout beside it) starts the
+	// buckets in fields over. It needs Redis 7.0 or later.
+	LayoutShared
 	layouts // the number of layouts
 )
 
-var layoutNames = [layouts]string{LayoutPrevious: "previous", LayoutCompact: "compact"}
+var layoutNames = [layouts]string{LayoutPrevious: "previous", LayoutCompact: "compact", LayoutShared: "shared"}
 
 // String returns the layout's name as --bucket-layout takes it.
 func (l Layout) String() string {
@@ -32,14 +39,14 @@ func (l Layout) String() string {
 	return fmt.Sprintf("layout(%d)", uint8(l))
 }
 
-// ParseLayout returns the layout named s ("previous" or "compact").
+// ParseLayout returns the layout named s ("previous", "compact" or "shared").
 func ParseLayout(s string) (Layout, error) {
 	for l, name := range layoutNames {
 		if name == s {
 			return Layout(l), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown bucket layout %q (want previous or compact)", s)
+	return 0, fmt.Errorf("unknown bucket layout %q (want previous, compact or shared)", s)
 }
 
 // MarshalText returns the layout's name, for flags and configuration files.

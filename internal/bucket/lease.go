@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // leaseSource is the lease script; see lease.lua for its contract. It lives beside this file,
@@ -17,7 +15,14 @@ import (
 //go:embed lease.lua
 var leaseSource string
 
-var leaseScript = redis.NewScript(leaseSource)
+// leaseScripts are the lease script of the layouts without shared hashes ([0]) and of
+// LayoutShared ([1]), which runs after lua/shared.lua and the helpers it uses from the
+// prelude.
+var leaseScripts = [2]*script{
+	newScript("local SHARED = false\n" + leaseSource),
+	newScript("local SHARED = true\nlocal floor, format = math.floor, string.format\n" +
+		mustRead("shared.lua") + leaseSource),
+}
 
 // Grant is a slice of a fixed_window bucket's budget taken by Store.Lease: Units were counted
 // in the bucket's window Window when Redis's clock read Now, and stay counted until the window
@@ -107,10 +112,14 @@ func (s *Store) GiveBack(ctx context.Context, l Limit, window, units int64) (int
 // run twice would hand its units out twice. Only a NOSCRIPT reply, which proves it did not
 // run, is followed by EVAL, which also caches the script.
 func (s *Store) runLease(ctx context.Context, key string, args ...any) ([]string, error) {
-	cmd := newScriptCmd(ctx, append([]any{"evalsha", leaseScript.Hash(), 1, key}, args...), 1)
+	sc, keys := leaseScripts[0], []any{1, key}
+	if s.hashes > 0 {
+		sc, keys = leaseScripts[1], []any{2, key, sharedHash(key, s.hashes)}
+	}
+	cmd := newScriptCmd(ctx, append(append([]any{"evalsha", sc.sha}, keys...), args...), 1)
 	_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	if isNoScript(cmd.Err()) {
-		cmd = newScriptCmd(ctx, append([]any{"eval", leaseSource, 1, key}, args...), 1)
+		cmd = newScriptCmd(ctx, append(append([]any{"eval", sc.src}, keys...), args...), 1)
 		_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	}
 	return cmd.Result()

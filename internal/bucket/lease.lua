@@ -32,23 +32,50 @@
 --   the stored window in the key's own layout (SET KEEPTTL keeps a compact key compact), and a
 --   new window as a hash, which every version reads (a compact writer converts it at its next
 --   charge): so leases work whatever layout the checkers write, and write what all can read.
+-- Shared layout (SHARED, --bucket-layout shared: Store sends this file after lua/shared.lua;
+--   KEYS[2] is then the bucket's shared hash): the bucket is its field there, as
+--   lua/fixed_window.lua keeps it; a bucket with no field is read from its key, in either
+--   layout above, and moved into its field (the key deleted) when the lease writes it.
 -- Commands: TIME, HMGET (GET and PEXPIRETIME on a compact key), and when it changes something
 -- HSET (+ PEXPIREAT for a new window, DEL first over a compact key of an older window) or
--- SET KEEPTTL.
+-- SET KEEPTTL. Shared: fget first, and the above only when the bucket has no field; fset to
+-- write (+ DEL of a key it was read from).
 
 local mode = ARGV[1]
 local W = tonumber(ARGV[3])
 local units = tonumber(ARGV[4])
-if #KEYS ~= 1 or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
+if #KEYS ~= (SHARED and 2 or 1) or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
   return redis.error_reply('ERR lease: malformed arguments')
 end
 local key = KEYS[1]
 local floor, format = math.floor, string.format
+-- clock reads Redis's time in µs.
+local function clock()
+  local tm = redis.call('TIME')
+  return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+-- A window of the shared layout: fixed_window's rule (W >= 1 ms). e is the expiry of the
+-- bucket's field as read (0 for none); clk the time the field's expiry is compared with.
+local shared, e, clk = SHARED and W >= 1000, 0, nil
+if shared then
+  HASH, clk = KEYS[2], clock()
+end
 
 -- read returns the stored window id (nil for none), its count, what holds it ('h' a hash, 's' a
 -- compact string, false nothing) and, for a compact string, its value's low bits. now is the
 -- current time in µs, for the compact layout's low bits (nil when unknown: give).
 local function read(now)
+  if shared then
+    local v
+    v, e = fget(key, clk)
+    if v then
+      return floor(e * 1000 / W) - 1, tonumber(v) or 0, 'f'
+    elseif v == false then
+      e = 0
+      return nil, 0, 'f'
+    end
+    e = 0
+  end
   local h = redis.pcall('HMGET', key, 'w', 'n')
   if not h.err then
     local sw = tonumber(h[1])
@@ -69,6 +96,13 @@ end
 
 -- write stores count n of window wid, held as read said (r: a compact string's low bits).
 local function write(held, wid, n, r, reset)
+  if shared then
+    if held ~= 'f' and held then
+      redis.call('DEL', key) -- read from its key: now in its field
+    end
+    fset(key, format('%d', n), math.ceil((wid + 1) * W / 1000), e, clk)
+    return
+  end
   if held == 's' then
     redis.call('SET', key, format('%d', n * 8 + r), 'KEEPTTL')
     return
@@ -104,15 +138,17 @@ local L = tonumber(ARGV[2])
 if not L or L < 1 then
   return redis.error_reply('ERR lease: malformed limit')
 end
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local now = clk or clock()
 local wid = floor(now / W)
 local sw, n, held, r = read(now)
 if sw and sw >= wid then
   wid = sw
 else
   -- Nothing of the current window: a new one is written as a hash.
-  n, held = 0, held and 'x' or false
+  n = 0
+  if held ~= 'f' then
+    held = held and 'x' or false
+  end
 end
 local grant = L - n
 if grant < 0 then grant = 0 end

@@ -152,7 +152,9 @@ func TestLeaseConcurrent(t *testing.T) {
 // it) is leased from and given back to in place, its count and layout kept.
 func TestLeaseCompactLayout(t *testing.T) {
 	t.Parallel()
-	s, c := newStore(t)
+	_, c := newStore(t)
+	s := NewStoreWithConfig(c, StoreConfig{Layout: LayoutCompact})
+	t.Cleanup(func() { s.Close() })
 	ctx := ctxT(t)
 	const w = time.Hour
 	l := lim(key(t, "fw"), FixedWindow, 10, w, 0)

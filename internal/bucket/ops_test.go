@@ -166,7 +166,7 @@ func TestStoreTTL(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), tt.alg, 5, W, 0)
 			check(t, s, one(l, 1))
-			ttl := c.PTTL(ctxT(t), l.Key).Val()
+			ttl := bucketTTL(t, c, l)
 			if ttl < tt.min || ttl > tt.max {
 				t.Errorf("PTTL %v, want in [%v, %v]", ttl, tt.min, tt.max)
 			}

@@ -212,8 +212,12 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		out.Label = head[3]
 	}
 	n := len(lines) - 1
-	args := make([]any, 0, 4+n+1+5+5*n)
-	args = append(args, "evalsha", s.script.Hash(), n+1)
+	nk := n + 1 // the limits' keys, the record's, and in the shared layout the limits' hashes
+	if s.hashes > 0 {
+		nk += n
+	}
+	args := make([]any, 0, 4+nk+5+5*n)
+	args = append(args, "evalsha", s.script.Hash(), nk)
 	limits := make([][]string, n)
 	for i, line := range lines[1:] {
 		f := strings.Fields(line)
@@ -223,7 +227,13 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		limits[i] = f
 		args = append(args, f[5])
 	}
-	args = append(args, key, strconv.Itoa(n), strconv.FormatInt(actual-estimate, 10), "5",
+	args = append(args, key)
+	if s.hashes > 0 {
+		for _, f := range limits {
+			args = append(args, sharedHash(f[5], s.hashes))
+		}
+	}
+	args = append(args, strconv.Itoa(n), strconv.FormatInt(actual-estimate, 10), "5",
 		strconv.FormatInt(SettledTTL.Milliseconds(), 10), rec)
 	for _, f := range limits {
 		token := f[4]

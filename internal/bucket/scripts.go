@@ -17,12 +17,13 @@ import (
 var luaFiles embed.FS
 
 // luaOrder is the concatenation order of a script with the given driver: the prelude defines
-// the helpers, need.lua reads which algorithms the call or batch uses, each algorithm's module
+// the helpers, need.lua reads which algorithms the call or batch uses, shared.lua defines the
+// fields of the shared layout, each algorithm's module
 // (lua/<name>.lua, in the order of the algorithms table) defines its <code>_eval, _commit and
 // _refund, call.lua defines check(KEYS, ARGV) on top of them, and the driver runs it: once
 // (check.lua) or per call of a batch (batch.lua).
 func luaOrder(driver string) []string {
-	order := []string{"prelude.lua", "need.lua"}
+	order := []string{"prelude.lua", "need.lua", "shared.lua"}
 	for a := range eachAlgorithm {
 		order = append(order, a.moduleName()+".lua")
 	}
@@ -39,9 +40,9 @@ type script struct {
 // The first lines of the scripts. The batch script's shebang (Redis 7.0 and later; it must be
 // the script's first line) lets one run touch keys of several cluster slots, all on the node it
 // runs on (lua/batch.lua); the check script keeps the defaults of a script without one. Then
-// the chunk-level constants: BATCH, which driver runs (need.lua), and COMPACT, the layout the
-// algorithm modules with two layouts write, and SHIFT, what the scripts add to Redis's time (0
-// but in tests: StoreConfig.ClockOffset).
+// the chunk-level constants: BATCH, which driver runs (need.lua), COMPACT and SHARED, the
+// layout (layoutHead), and SHIFT, what the scripts add to Redis's time (0 but in tests:
+// StoreConfig.ClockOffset).
 const (
 	checkHead = "local BATCH = false\nlocal LIBRARY = false\n"
 	batchHead = "#!lua flags=allow-cross-slot-keys\nlocal BATCH = true\nlocal LIBRARY = false\n"
@@ -55,11 +56,17 @@ var checkScripts, batchScripts = scriptsOf(checkHead, "check.lua", 0), scriptsOf
 // (StoreConfig.ClockOffset): SHIFT in the script, in µs.
 func scriptsOf(head, driver string, shift time.Duration) (s [layouts]*script) {
 	for l := range layouts {
-		src := head + "local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" +
+		src := head + layoutHead(l) +
 			"local SHIFT = " + strconv.FormatInt(shift.Microseconds(), 10) + "\n" + mustConcat(driver)
-		s[l] = &script{Script: redis.NewScript(src), src: src}
-		s[l].sha = s[l].Hash()
+		s[l] = newScript(src)
 	}
+	return s
+}
+
+// newScript returns the script of source src.
+func newScript(src string) *script {
+	s := &script{Script: redis.NewScript(src), src: src}
+	s.sha = s.Hash()
 	return s
 }
 
@@ -96,7 +103,7 @@ var batchLibraries = librariesOf(0)
 func librariesOf(shift time.Duration) (s [layouts]*library) {
 	for l := range layouts {
 		body := "local BATCH = true\nlocal LIBRARY = true\nlocal ARGV, CALL\n" +
-			"local COMPACT = " + strconv.FormatBool(l == LayoutCompact) + "\n" +
+			layoutHead(l) +
 			"local SHIFT = " + strconv.FormatInt(shift.Microseconds(), 10) + "\n" +
 			"local function build()\n" + mustConcat("batch.lua") + "end\n"
 		sum := sha1.Sum([]byte(body))
@@ -107,18 +114,31 @@ func librariesOf(shift time.Duration) (s [layouts]*library) {
 	return s
 }
 
+// layoutHead is the scripts' lines of Layout l: COMPACT, whether the modules with two layouts
+// write the compact one, and SHARED, whether the buckets of lua/shared.lua are fields of shared
+// hashes (the others then compact).
+func layoutHead(l Layout) string {
+	return "local COMPACT = " + strconv.FormatBool(l != LayoutPrevious) + "\n" +
+		"local SHARED = " + strconv.FormatBool(l == LayoutShared) + "\n"
+}
+
 func mustConcat(driver string) string {
 	var b strings.Builder
 	for _, name := range luaOrder(driver) {
-		src, err := luaFiles.ReadFile("lua/" + name)
-		if err != nil {
-			// The files are embedded at build time, so this is a build defect, not input.
-			panic("bucket: missing embedded script " + name)
-		}
-		b.Write(src)
+		b.WriteString(mustRead(name))
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// mustRead returns the embedded lua/<name>.
+func mustRead(name string) string {
+	src, err := luaFiles.ReadFile("lua/" + name)
+	if err != nil {
+		// The files are embedded at build time, so this is a build defect, not input.
+		panic("bucket: missing embedded script " + name)
+	}
+	return string(src)
 }
 
 // isNoScript reports whether err means the server does not have the script cached (after

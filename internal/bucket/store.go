@@ -26,6 +26,9 @@ type Store struct {
 	rdb    redis.UniversalClient
 	b      *batcher
 	script *script // the check script of StoreConfig.Layout
+	// hashes is StoreConfig.SharedHashes with LayoutShared, else 0: the calls' KEYS then name
+	// no shared hashes.
+	hashes int
 }
 
 // NewStore returns a Store using rdb with the default StoreConfig. The script is loaded
@@ -39,12 +42,16 @@ func NewStore(rdb redis.UniversalClient) *Store {
 // request's keys are in one slot.
 func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
 	b := newBatcher(rdb, cfg)
+	s := &Store{rdb: rdb, b: b, script: checkScripts[b.cfg.Layout]}
 	if cfg.ClockOffset != 0 {
 		b.batch = scriptsOf(batchHead, "batch.lua", cfg.ClockOffset)[b.cfg.Layout]
 		b.lib = librariesOf(cfg.ClockOffset)[b.cfg.Layout]
-		return &Store{rdb: rdb, b: b, script: scriptsOf(checkHead, "check.lua", cfg.ClockOffset)[b.cfg.Layout]}
+		s.script = scriptsOf(checkHead, "check.lua", cfg.ClockOffset)[b.cfg.Layout]
 	}
-	return &Store{rdb: rdb, b: b, script: checkScripts[b.cfg.Layout]}
+	if b.cfg.Layout == LayoutShared {
+		s.hashes = b.cfg.SharedHashes
+	}
+	return s
 }
 
 // Close stops the Store's batching goroutines and returns once they have, which may take a
@@ -59,7 +66,7 @@ func (s *Store) Close() error {
 // getJob returns a pooled job for calls of s's script.
 func (s *Store) getJob() *job {
 	j := getJob()
-	j.script = s.script
+	j.script, j.hashes = s.script, s.hashes
 	return j
 }
 
@@ -424,10 +431,11 @@ func ended(ctx context.Context) error {
 // growFor adds to the storage counts what one call for r needs (see job.addCall).
 func growFor(r *Request, nstrs, nnums, nargs int) (int, int, int) {
 	n := len(r.Limits)
-	// keys, idempotency key, charge time or fingerprint, one token per limit
-	nstrs += 2*n + 2
+	// keys, their shared hashes, idempotency key, charge time or fingerprint, one token per
+	// limit
+	nstrs += 3*n + 2
 	nnums += 3 + 4*n // a queue limit's length takes one more
-	nargs += 3 + n + 1 + 5 + 5*n
+	nargs += 3 + 2*n + 1 + 5 + 5*n
 	return nstrs, nnums, nargs
 }
 
@@ -499,7 +507,8 @@ func (s *Store) refundLater(ctx context.Context, j *job) {
 }
 
 // addCall appends the EVALSHA command of one script call for r (see lua/call.lua): KEYS
-// are the limit keys and, with record, the idempotency record's key; ARGV is n, cost, mode,
+// are the limit keys, with record the idempotency record's key, and in the shared layout
+// (j.hashes > 0) the limits' shared hashes; ARGV is n, cost, mode,
 // idempotency TTL, charge time (refund) or fingerprint (charge with a record), then code,
 // limit, window, burst and refund token per limit. j must have been reserved for it.
 func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, tokens []string) {
@@ -509,6 +518,9 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 	if idem {
 		nk++
 	}
+	if j.hashes > 0 {
+		nk += len(r.Limits)
+	}
 	j.args = append(j.args, argEvalSha, j.script.sha, j.num(int64(nk)))
 	for i := range r.Limits {
 		j.args = append(j.args, j.str(r.Limits[i].Key))
@@ -517,6 +529,11 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 	if idem {
 		j.args = append(j.args, j.str(r.IdempotencyKey))
 		idemArg = argIdemTTL
+	}
+	if j.hashes > 0 {
+		for i := range r.Limits {
+			j.args = append(j.args, j.str(sharedHash(r.Limits[i].Key, j.hashes)))
+		}
 	}
 	// ARGV[5] is the charge time of a refund or the fingerprint of a charge, never both.
 	arg5 := argEmpty
@@ -630,24 +647,39 @@ func parseBool(s string) (bool, bool) {
 }
 
 // Delete removes keys (a reset of the buckets) and returns how many existed. Each key is
-// deleted by its own DEL, pipelined, because keys of different cluster slots cannot share one.
+// deleted by its own DEL, pipelined, because keys of different cluster slots cannot share one;
+// in the shared layout its field is deleted too (HDEL; a field that has expired but was not
+// swept yet counts as one that existed).
 func (s *Store) Delete(ctx context.Context, keys ...string) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, len(keys))
-	for i, k := range keys {
-		cmds[i] = pipe.Del(ctx, k)
+	per := 1
+	if s.hashes > 0 {
+		per = 2
+	}
+	cmds := make([]*redis.IntCmd, 0, per*len(keys))
+	for _, k := range keys {
+		cmds = append(cmds, pipe.Del(ctx, k))
+		if s.hashes > 0 {
+			cmds = append(cmds, pipe.HDel(ctx, sharedHash(k, s.hashes), k))
+		}
 	}
 	_, _ = pipe.Exec(ctx)
 	var n int64
-	for i, cmd := range cmds {
-		d, err := cmd.Result()
-		if err != nil {
-			return n, fmt.Errorf("bucket: delete %q: %w", keys[i], err)
+	for i := range keys {
+		existed := false
+		for _, cmd := range cmds[per*i : per*(i+1)] {
+			d, err := cmd.Result()
+			if err != nil {
+				return n, fmt.Errorf("bucket: delete %q: %w", keys[i], err)
+			}
+			existed = existed || d > 0
 		}
-		n += d
+		if existed {
+			n++
+		}
 	}
 	return n, nil
 }

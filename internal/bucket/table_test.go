@@ -78,16 +78,16 @@ func TestAlgorithmTable(t *testing.T) {
 		}
 		for _, driver := range []string{"check.lua", "batch.lua"} {
 			order := luaOrder(driver)
-			if len(order) != len(names)+4 || order[0] != "prelude.lua" || order[1] != "need.lua" ||
+			if len(order) != len(names)+5 || order[0] != "prelude.lua" || order[1] != "need.lua" || order[2] != "shared.lua" ||
 				order[len(order)-2] != "call.lua" || order[len(order)-1] != driver {
-				t.Errorf("luaOrder(%q): got %v, want prelude.lua, need.lua, the %d modules, call.lua, %s", driver, order, len(names), driver)
+				t.Errorf("luaOrder(%q): got %v, want prelude.lua, need.lua, shared.lua, the %d modules, call.lua, %s", driver, order, len(names), driver)
 			}
 		}
 	})
 }
 
 // driverFiles are the Lua files that are no algorithm's module.
-var driverFiles = []string{"prelude", "need", "call", "check", "batch"}
+var driverFiles = []string{"prelude", "need", "shared", "call", "check", "batch"}
 
 // dispatchLine is one entry of call.lua's MODULES, the dispatch on the algorithm code.
 var dispatchLine = regexp.MustCompile(`^if (\w+)_eval then MODULES\['(\d+)'\] = \{(\w+)_eval, (\w+)_commit, (\w+)_refund\} end$`)

@@ -60,9 +60,10 @@ type CheckerConfig struct {
 	// their rules' fail modes (checker.Config's: 0 means checker.DefaultMaxInFlight, negative
 	// no bound).
 	MaxInFlight int
-	// BucketLayout is how the buckets are written in Redis: bucket.LayoutCompact sets
-	// checker.Config.CompactBuckets.
+	// BucketLayout is how the buckets are written in Redis, and SharedHashes the hashes per
+	// cluster slot of bucket.LayoutShared (checker.Config).
 	BucketLayout bucket.Layout
+	SharedHashes int
 	// InstanceID names the checker in decision ids and events, e.g. the pod name; a random
 	// suffix keeps each start unique (decision ids repeated after a restart would be dropped by
 	// the stream as duplicates).
@@ -263,7 +264,7 @@ func drain(pub *publisher.Client, timeout time.Duration) error {
 // serve builds the engine and the ports and starts serving them.
 func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
-	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, CompactBuckets: cfg.BucketLayout == bucket.LayoutCompact, Logger: log, InstanceID: tel.Instance,
+	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: bucketLayout(cfg.BucketLayout), SharedHashes: cfg.SharedHashes, Logger: log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
 		Rules: s.set}
 	if s.pub != nil {
@@ -384,4 +385,15 @@ func redisName(rdb redis.UniversalClient) string {
 		return c.Options().Addr
 	}
 	return fmt.Sprintf("%T", rdb)
+}
+
+// bucketLayout is the checker.BucketLayout of l.
+func bucketLayout(l bucket.Layout) checker.BucketLayout {
+	switch l {
+	case bucket.LayoutCompact:
+		return checker.CompactBuckets
+	case bucket.LayoutShared:
+		return checker.SharedBuckets
+	}
+	return checker.PreviousBuckets
 }

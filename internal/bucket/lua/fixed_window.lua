@@ -25,21 +25,40 @@
 -- already stored only updates n (compact: SET KEEPTTL).
 -- Refund: n -= cost when the charge's window (from charge_now) is still the stored one
 -- (compact: read from the expiry, as the low bits could match a window 8 later).
+--   shared:   (SHARED, W >= 1 ms) field key of a shared hash (shared.lua), "<e>|<n>", e the
+--             expiry the compact key would have, which names the window as its PEXPIRETIME
+--             does. A bucket with no field is read from its key, in either layout above, and
+--             moved into its field (the key deleted) by its next charge.
 -- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
--- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first
--- over a compact key) (previous).
+-- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or
+-- SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first over a compact key)
+-- (previous). Shared: fget first, and the above only when the bucket has no field; fset on
+-- commit (+ DEL of a key it was read from).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
   -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
   -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
-  -- window, false nothing. (All inline, also in refund: a helper's closure costs every check.)
+  -- window, false nothing; shared: the expiry of the bucket's field (0 for none), or -1 for a
+  -- bucket read from its key (in another layout). (All inline, also in refund: a helper's
+  -- closure costs every check.)
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
+    -- sw: the stored window id (nil for none), n its count, held what holds them.
+    local sw, n, held = nil, 0, false
+    local s, h, v
+    if SHARED and W >= 1000 then
+      v, held = fget(key, now)
+      if v then
+        sw, n = floor(held * 1000 / W) - 1, tonumber(v) or 0
+      elseif v == false then
+        held = 0
+      end
+    end
+    if v ~= nil then -- a field: read
     -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error, only
     -- for a key of the other.
-    local s, h
-    if COMPACT then
+    elseif COMPACT then
       s = redis.pcall('GET', key)
       if type(s) == 'table' then
         s, h = nil, redis.call('HMGET', key, 'w', 'n')
@@ -50,8 +69,6 @@ if NEED_1 == '3' or NEED and NEED['3'] then
         s, h = redis.call('GET', key), nil
       end
     end
-    -- sw: the stored window id (nil for none), n its count, held what holds them.
-    local sw, n, held = nil, 0, false
     if h then
       sw, n, held = tonumber(h[1]), tonumber(h[2]) or 0, 'h'
     elseif s then
@@ -65,14 +82,23 @@ if NEED_1 == '3' or NEED and NEED['3'] then
         end
       end
     end
+    if SHARED and W >= 1000 then
+      if type(held) == 'string' then
+        held = -1 -- the key it was read from, deleted when its field is written
+      elseif not held then
+        held = 0
+      end
+    end
     if sw and sw >= wid then
       if sw > wid then
         wid = sw
         t = sw * W
       end
+    elseif held == 's' then
+      n, held = 0, 'x'
     else
       n = 0
-      held = held == 's' and 'x'
+      if held == 'h' then held = false end
     end
     local reset = (wid + 1) * W
     if n + cost <= L then
@@ -84,6 +110,14 @@ if NEED_1 == '3' or NEED and NEED['3'] then
 
   if MODE ~= '1' then
     function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after, held)
+      if SHARED and W >= 1000 then
+        if held == -1 then
+          redis.call('DEL', key)
+          held = 0
+        end
+        fset(key, us(after), ceil((wid + 1) * W / 1000), held, now)
+        return ''
+      end
       if COMPACT and W >= 1000 then
         local v = us(after * 8 + wid % 8)
         if held == 's' then
@@ -109,6 +143,18 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if REFUNDS then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
+      if SHARED and W >= 1000 then
+        local v, e = fget(key, now)
+        if v then
+          if floor(e * 1000 / W) - 1 == cw then
+            fset(key, us(nonneg((tonumber(v) or 0) - cost)), e, e, now)
+          end
+          return
+        elseif v == false then
+          return
+        end
+        -- no field: the bucket is in its key, refunded there, in its layout
+      end
       local s, h
       if COMPACT then
         s = redis.pcall('GET', key)

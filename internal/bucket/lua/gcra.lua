@@ -18,14 +18,28 @@
 -- Denied: retry = new_tat - now - tau (- D for a queue). reset = new_tat (tat when denied).
 -- TTL: until TAT, after which a missing key means the same.
 -- Refund: TAT -= cost * T; the key is deleted when that is not after now.
--- Commands: GET, and on commit SET PX.
+-- Shared layout (SHARED; shared.lua): field key of a shared hash, "<e>|<TAT>", e the expiry
+-- the key would have; a bucket with no field is read from its key and moved into its field
+-- (the key deleted) by its next write.
+-- Commands: GET, and on commit SET PX. Shared: fget (GET only for a bucket with no field),
+-- and on commit fset (+ DEL of a key it was read from); a refund to nothing HDEL.
 local gcra_eval, gcra_commit, gcra_refund
 if NEED_1 == '6' or NEED and NEED['6'] then
-  -- load returns TAT - now, at least 0.
+  -- load returns TAT - now, at least 0, and for the shared layout what holds it: the
+  -- expiry of its field (0 for none), or -1 when it was read from its key.
   local function load(key, now)
-    local s = redis.call('GET', key)
+    local s, e
+    if SHARED then
+      s, e = fget(key, now)
+      if s == nil then
+        s = redis.call('GET', key)
+        e = s and -1 or 0
+      end
+    else
+      s = redis.call('GET', key)
+    end
     if not s then
-      return 0
+      return 0, e
     end
     local dot = string.find(s, '.', 1, true)
     local diff
@@ -34,14 +48,14 @@ if NEED_1 == '6' or NEED and NEED['6'] then
     else
       diff = tonumber(s) - now
     end
-    return nonneg(diff)
+    return nonneg(diff), e
   end
 
-  -- eval: s1 = new TAT - now.
+  -- eval: s1 = new TAT - now, s2 = what holds the state (load).
   function gcra_eval(key, L, W, B, now, cost, Bs, D)
     local T = W / L
     local tau = B * T
-    local diff = load(key, now)
+    local diff, e = load(key, now)
     local nd = diff + cost * T
     local rem = floor_nn((tau - diff) / T)
     if rem > B then rem = B end
@@ -49,14 +63,14 @@ if NEED_1 == '6' or NEED and NEED['6'] then
     if le(nd, tau + q) then
       local arem = floor_nn((tau - nd) / T)
       if arem > B then arem = B end
-      return true, B - rem, rem, now + diff, B - arem, arem, now + nd, nd
+      return true, B - rem, rem, now + diff, B - arem, arem, now + nd, nd, e
     end
-    return false, B - rem, rem, now + diff, ceil_us(nd - tau - q), nil, nil, nd
+    return false, B - rem, rem, now + diff, ceil_us(nd - tau - q), nil, nil, nd, e
   end
 
   -- commit writes TAT = now + diff; refund reuses it.
   if MODE ~= '1' then
-    function gcra_commit(key, L, W, B, now, now_s, cost, Bs, diff)
+    function gcra_commit(key, L, W, B, now, now_s, cost, Bs, diff, held)
       local ip = floor(diff)
       local f9 = floor((diff - ip) * 1e9 + 0.5)
       if f9 >= 1e9 then
@@ -69,6 +83,15 @@ if NEED_1 == '6' or NEED and NEED['6'] then
       else
         v = format('%d.%09d', now + ip, f9)
       end
+      if SHARED then
+        if held == -1 then
+          redis.call('DEL', key)
+        end
+        local ms = ceil(diff / 1000)
+        if ms < 1 then ms = 1 end
+        fset(key, v, floor(now / 1000) + ms, held == -1 and 0 or held, now)
+        return ''
+      end
       redis.call('SET', key, v, 'PX', ttl_ms(diff))
       return ''
     end
@@ -76,12 +99,22 @@ if NEED_1 == '6' or NEED and NEED['6'] then
 
   if REFUNDS then
     function gcra_refund(key, L, W, B, now, cost, charge_now, token, Bs)
-      local diff = load(key, now) - cost * W / L
+      local diff, e = load(key, now)
+      diff = diff - cost * W / L
       if diff <= 1e-9 then
+        if SHARED then
+          if e > 0 then
+            redis.call('HDEL', HASH, key)
+          end
+          if e == -1 then
+            redis.call('DEL', key)
+          end
+          return
+        end
         redis.call('DEL', key)
         return
       end
-      gcra_commit(key, L, W, B, now, nil, cost, Bs, diff)
+      gcra_commit(key, L, W, B, now, nil, cost, Bs, diff, e)
     end
   end
 end

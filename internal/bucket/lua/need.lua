@@ -37,7 +37,7 @@ else
   end
   -- spec parses a call's head (batch.lua) into the call's ARGV for call.lua (with '' for the
   -- fingerprint or charge time and the refund tokens, which travel as extras when set), its
-  -- number of keys nk, of limits n and of extras x; nil when malformed. The parse is paid
+  -- number of keys nk (call.lua's KEYS), of limits n and of extras x; nil when malformed. The parse is paid
   -- once per distinct head: the calls of one rule share theirs.
   local function spec(head)
     local f = {}
@@ -58,7 +58,7 @@ else
     if f[3] == '2' then
       MODE = '2'
     end
-    return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0)}
+    return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0) + (SHARED and n or 0)}
   end
 
   -- specs holds the heads parsed (spec), nspecs their number: a script's are its run's; a

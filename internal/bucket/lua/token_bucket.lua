@@ -10,6 +10,10 @@
 --   compact:  string "<tk>:<ts>:<cap>", the same numbers as the same text: 48 bytes of
 --             string where the hash takes 64 (80 once tk has a fraction), and one SET PX to
 --             write instead of HSET + PEXPIRE.
+--   shared:   (SHARED) field key of a shared hash (shared.lua), "<e>|<tk>:<ts>:<cap>", e the
+--             expiry the compact key would have. A bucket with no field is read from its key,
+--             in either layout above, and moved into its field (the key deleted) by its next
+--             write.
 -- A missing key is a full bucket. When cap differs from B (an admin changed the limit) the
 -- tokens shift by B - cap, clamped to [0, B], so consumption survives the change: 90 used of
 -- 100 raised to 200 leaves 110.
@@ -19,17 +23,26 @@
 -- Refund: tokens = min(B, tokens + cost).
 -- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
 -- (WRONGTYPE); on commit SET PX (compact) or HSET + PEXPIRE (previous;
--- DEL first over a compact key).
+-- DEL first over a compact key). Shared: fget first, and the above only when the bucket has
+-- no field; fset on commit (+ DEL of a key it was read from).
 local tb_eval, tb_commit, tb_refund
 if NEED_1 == '1' or NEED and NEED['1'] then
   -- load returns the tokens at t = max(now, ts), refilled and adjusted to B, and what holds
   -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
-  -- (a hash of another cap, no key).
+  -- (a hash of another cap, no key); shared: the expiry of its field (0 for none), or -1 when
+  -- it was read from its key.
   local function load(key, L, W, B, Bs, now)
+    local s, v, e
+    if SHARED then
+      s, e = fget(key, now)
+      if s == false then
+        return B, now, 0
+      end
+    end
     -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
     -- only for a key of the other.
-    local s, v
-    if COMPACT then
+    if s then -- a field: read
+    elseif COMPACT then
       s = redis.pcall('GET', key)
       if type(s) == 'table' then
         s, v = nil, redis.call('HMGET', key, 'tk', 'ts', 'cap')
@@ -44,7 +57,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     if v then
       tk, ts, cs = tonumber(v[1]), tonumber(v[2]), v[3]
       if not tk then
-        return B, now, false
+        return B, now, SHARED and 0 or false
       end
       held = cs == Bs -- strings compare by identity
     elseif s then
@@ -53,7 +66,10 @@ if NEED_1 == '1' or NEED and NEED['1'] then
       tk, ts, cs = tonumber(string.sub(s, 1, a - 1)) or B, tonumber(string.sub(s, a + 1, b - 1)), string.sub(s, b + 1)
       held = 's'
     else
-      return B, now, false
+      return B, now, SHARED and 0 or false
+    end
+    if SHARED then
+      held = e or -1
     end
     ts = ts or now
     local cap = B
@@ -91,6 +107,16 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     function tb_commit(key, L, W, B, now, now_s, cost, Bs, t, tk, held)
       local ts = now_s
       if t ~= now then ts = us(t) end
+      if SHARED then
+        if held == -1 then
+          redis.call('DEL', key)
+          held = 0
+        end
+        local ms = ceil((t - now + (B - tk) * W / L) / 1000)
+        if ms < 1 then ms = 1 end
+        fset(key, num(tk) .. ':' .. ts .. ':' .. Bs, floor(now / 1000) + ms, held, now)
+        return ''
+      end
       local ttl = ttl_ms(t - now + (B - tk) * W / L)
       if COMPACT then
         redis.call('SET', key, num(tk) .. ':' .. ts .. ':' .. Bs, 'PX', ttl)
@@ -111,10 +137,13 @@ if NEED_1 == '1' or NEED and NEED['1'] then
 
   if REFUNDS then
     function tb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
-      if redis.call('EXISTS', key) == 0 then
+      if not SHARED and redis.call('EXISTS', key) == 0 then
         return
       end
       local tk, t, held = load(key, L, W, B, Bs, now)
+      if held == 0 then -- shared: nothing stored, a full bucket
+        return
+      end
       tk = tk + cost
       if tk > B then tk = B end
       tb_commit(key, L, W, B, now, us(now), cost, Bs, t, tk, held)

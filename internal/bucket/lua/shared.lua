@@ -1,0 +1,116 @@
+-- shared: the buckets of the shared layout (SHARED, --bucket-layout shared; layout.go) are
+-- fields of Redis hashes that many buckets share, so that a bucket costs Redis an entry of a
+-- hash's listpack (about 50 bytes) instead of a key of its own (about 117 bytes before its
+-- value: docs/performance.md, "Redis memory per bucket").
+--
+-- Which: the buckets of fixed_window (W >= 1 ms), gcra and token_bucket, whose modules say how
+-- they use fget and fset; the other algorithms keep a key each, written as in the compact
+-- layout, and so do fixed windows shorter than 1 ms.
+-- Where: bucket key k is field k of the hash the call's KEYS give beside it (call.lua: one per
+-- limit, after the limits and the record), which Store names (shared.go) "rl:{<tag>}:h<j>" in
+-- k's cluster slot, so that a call's keys stay in one slot.
+-- Field k: "<expiry ms>|<state>", state the module's compact state and the expiry what the key
+--   of the compact layout would have had: the field reads as missing once the clock (in ms) is
+--   past it, as Redis's key would, since a hash's field has no TTL of its own in Redis 7.0.
+-- Field "~": the hash's expiry (ms), at least every field's (when a write would pass it, it
+--   becomes that field's plus SLACK, and the hash is given it as its TTL): a hash whose
+--   buckets all go idle expires as their keys would have, SLACK later.
+-- Sweeping: a field that has expired stays until a write sweeps its hash (deletes the
+--   fields that have expired): a write that moves "~" (at most one per hash per SLACK while
+--   its buckets are busy, but none while a long window keeps "~" ahead), and one in 16 writes
+--   that create a field (or write over one that had expired), so that a hash holds about 16
+--   expired fields, besides those of buckets that stay idle, whose hash expires.
+-- Upgrade: a bucket with no field may still be in a key of its own, written in another layout
+--   (or by a version before this one): its module then reads that key as before, and its next
+--   write moves the state into the field and deletes the key. Nothing writes a key back from a
+--   field: a checker of another layout does not see fields (layout.go).
+-- Commands: HMGET of the field and "~" (fget); HSET (fset), with HGET of "~" when this run has
+--   not read it, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
+--
+-- HASH is the hash of the limit being decided, set by the drivers (call.lua, batch.lua) before
+-- each call of its module's eval, commit or refund.
+local HASH
+local fget, fset
+if SHARED then
+  -- SLACK (ms) is how far past its latest field's expiry a hash's "~" is moved: "~" moves, and
+  -- its hash is swept, at most once per SLACK while its buckets are busy.
+  local SLACK = 60000
+  -- HX_HASH is the hash whose "~" was read last, HXS that "~" (a string, parsed only when a
+  -- write needs it; false when the hash has none).
+  local HX_HASH, HXS
+  -- CREATED counts the fields fset created (or wrote over an expired one) in this run, or in
+  -- a library's life: one in 16 sweeps its hash, those whose count plus the run's time (µs)
+  -- is a multiple of 16 (a script's runs each start the count over).
+  local CREATED = 0
+
+  -- fget returns the state field key of HASH holds and its expiry (ms); nil when there is no
+  -- such field, when the bucket may still be in key itself (another layout's); false and 0
+  -- when the field has expired (or is malformed), which means an empty bucket, as a missing
+  -- key does.
+  function fget(key, now)
+    local r = redis.call('HMGET', HASH, key, '~')
+    HX_HASH, HXS = HASH, r[2]
+    local v = r[1]
+    if not v then
+      return nil
+    end
+    local bar = string.find(v, '|', 1, true)
+    local e = bar and tonumber(string.sub(v, 1, bar - 1))
+    if not e or floor(now / 1000) > e then
+      return false, 0
+    end
+    return string.sub(v, bar + 1), e
+  end
+
+  -- sweep deletes the fields of HASH that have expired at now (µs).
+  local function sweep(now)
+    local all = redis.call('HGETALL', HASH)
+    local ms = floor(now / 1000)
+    local gone, k = {'HDEL', HASH}, 2
+    for i = 1, #all, 2 do
+      local f, v = all[i], all[i + 1]
+      if f ~= '~' then
+        local bar = string.find(v, '|', 1, true)
+        local e = bar and tonumber(string.sub(v, 1, bar - 1))
+        if not e or ms > e then
+          k = k + 1
+          gone[k] = f
+        end
+      end
+    end
+    if k > 2 then
+      redis.call(unpack(gone))
+    end
+  end
+
+  -- fset writes state into field key of HASH, expiring at e (ms). old is the field's expiry as
+  -- fget read it (0 when unknown): every field's expiry is at most "~", so a write that keeps
+  -- it (the same window) needs no look at "~".
+  function fset(key, state, e, old, now)
+    local v = format('%d', e) .. '|' .. state
+    if e <= old then
+      redis.call('HSET', HASH, key, v)
+      return
+    end
+    if HX_HASH ~= HASH then
+      HX_HASH, HXS = HASH, redis.call('HGET', HASH, '~')
+    end
+    local hx = tonumber(HXS) or 0
+    if e <= hx then
+      redis.call('HSET', HASH, key, v)
+      if old == 0 then
+        CREATED = CREATED + 1
+        if (now + CREATED) % 16 == 0 then
+          sweep(now)
+        end
+      end
+      return
+    end
+    hx = e + SLACK
+    HXS = format('%d', hx)
+    redis.call('HSET', HASH, key, v, '~', HXS)
+    -- A TTL from now, not PEXPIREAT: now is Redis's clock plus SHIFT (scripts.go).
+    redis.call('PEXPIRE', HASH, format('%d', hx - floor(now / 1000)))
+    sweep(now)
+  end
+end

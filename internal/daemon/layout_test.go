@@ -1,0 +1,25 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+)
+
+// TestBucketLayout: --bucket-layout's every value reaches the checker as its own layout.
+func TestBucketLayout(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in   bucket.Layout
+		want checker.BucketLayout
+	}{
+		{bucket.LayoutPrevious, checker.PreviousBuckets},
+		{bucket.LayoutCompact, checker.CompactBuckets},
+		{bucket.LayoutShared, checker.SharedBuckets},
+	} {
+		if got := bucketLayout(tt.in); got != tt.want {
+			t.Errorf("bucketLayout(%v) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
