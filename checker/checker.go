@@ -185,7 +185,7 @@ func New(cfg Config) *Engine {
 
 // BucketLayout is how a checker writes the buckets in Redis (Config.BucketLayout;
 // docs/architecture.md, "Bucket state in Redis"). Each layout reads the buckets the others
-// wrote as keys; only SharedBuckets reads its hashes' fields.
+// wrote as keys; CompactBuckets and SharedBuckets read shared hashes' fields too.
 type BucketLayout uint8
 
 // The bucket layouts.
@@ -197,7 +197,8 @@ const (
 	CompactBuckets
 	// SharedBuckets writes the buckets of fixed_window, gcra and token_bucket as fields of
 	// hashes that many buckets share, about half CompactBuckets' memory, and the others as
-	// CompactBuckets does. A switch to it is one way: the other layouts do not read fields.
+	// CompactBuckets does. Checkers of CompactBuckets and SharedBuckets share every bucket,
+	// so a switch between them may roll; PreviousBuckets does not read fields.
 	SharedBuckets
 )
 

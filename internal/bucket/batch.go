@@ -38,7 +38,7 @@ type StoreConfig struct {
 	OnRoundTrip func(err error)
 	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
 	// default (and what an unknown value means), LayoutCompact or LayoutShared. Each reads the
-	// keys of every layout; only LayoutShared reads its hashes' fields.
+	// keys of every layout; LayoutCompact and LayoutShared read the shared hashes' fields too.
 	Layout Layout
 	// SharedHashes is how many hashes per cluster slot (16,384 slots, on one server too) hold
 	// the buckets of LayoutShared: enough for at most about 100 buckets per hash, beyond which
@@ -168,7 +168,7 @@ const (
 type job struct {
 	ctx    context.Context
 	script *script // the Store's: its layout's
-	hashes int     // the Store's shared hashes per slot (StoreConfig.SharedHashes); 0 unless LayoutShared
+	hashes int     // the Store's (Store.hashes): its calls name their limits' shared hashes when > 0
 	calls  []call
 	err    error // the outcome instead of the replies: the caller's context ended first
 	state  atomic.Uint32

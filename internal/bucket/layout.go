@@ -3,9 +3,9 @@ package bucket
 import "fmt"
 
 // Layout is how the check script writes a bucket's state in Redis (StoreConfig.Layout). Every
-// layout reads the states of every other, and of the versions before layouts existed, so a
+// layout reads the keys of every other, and of the versions before layouts existed, so a
 // bucket keeps its count whichever layout wrote it last; a write converts the key to the
-// Store's layout. Only the algorithms whose module says so have two layouts (fixed_window,
+// Store's layout. The fields of LayoutShared are read by it and LayoutCompact only. Only the algorithms whose module says so have two layouts (fixed_window,
 // token_bucket); gcra's compact form is readable by every version and is written in both.
 type Layout uint8
 
@@ -20,11 +20,11 @@ const (
 	// Redis 7.0 or later (PEXPIRETIME).
 	LayoutCompact
 	// LayoutShared writes the buckets of fixed_window, gcra and token_bucket as fields of
-	// hashes that many buckets share (lua/shared.lua), half the memory of a key each, and the
-	// others as LayoutCompact does. It reads the keys of the other layouts, moving a bucket
-	// into its field at its next write; the other layouts do not read fields, so a switch to it
-	// is one way: switching back (or a checker of another layout beside it) starts the
-	// buckets in fields over. It needs Redis 7.0 or later.
+	// hashes that many buckets share (lua/shared.lua), about half the memory of a key each,
+	// and the others as LayoutCompact does. It reads the keys of the other layouts, moving a
+	// bucket into its field at its next write. LayoutCompact reads fields too (when its key is
+	// missing), so checkers of the two share every bucket during a switch either way;
+	// LayoutPrevious and the versions before layouts do not. It needs Redis 7.0 or later.
 	LayoutShared
 	layouts // the number of layouts
 )

@@ -53,7 +53,7 @@ func layoutStores(t *testing.T, c redis.UniversalClient) map[string]*Store {
 
 // TestLayoutUpgrade: a bucket written by one checker keeps its count when read and charged by
 // another, for every algorithm and every pair of the rolling upgrade and of the switch between
-// layouts (both ways, but into the shared layout only, which is one way: LayoutShared); also
+// layouts (both ways, but from the shared layout only to the compact one: LayoutShared); also
 // after a limit change, which keeps the count as Local does. Only a checker of the previous
 // version reading a compact bucket is left out: see TestLayoutCompactNotForOld.
 func TestLayoutUpgrade(t *testing.T) {
@@ -63,7 +63,7 @@ func TestLayoutUpgrade(t *testing.T) {
 	pairs := []struct{ writer, reader string }{
 		{"old", "previous"}, {"old", "compact"}, {"previous", "old"},
 		{"previous", "compact"}, {"compact", "previous"}, {"compact", "compact"},
-		{"old", "shared"}, {"previous", "shared"}, {"compact", "shared"}, {"shared", "shared"},
+		{"old", "shared"}, {"previous", "shared"}, {"compact", "shared"}, {"shared", "compact"}, {"shared", "shared"},
 	}
 	const L = 10
 	for _, a := range allAlgorithms {
@@ -85,9 +85,9 @@ func TestLayoutUpgrade(t *testing.T) {
 				if res := check(t, r, one(l, 1)); res.Allowed {
 					t.Errorf("%s after %s: a unit past the limit allowed", p.reader, p.writer)
 				}
-				if p.reader == "shared" && p.writer != "shared" {
-					// The bucket moved into its field at the reader's first charge: a checker of
-					// another layout no longer sees it (LayoutShared is one way).
+				if p.reader == "shared" && (p.writer == "old" || p.writer == "previous") {
+					// The bucket moved into its field at the reader's first charge, where only
+					// the compact and shared layouts look (LayoutShared).
 					if inShared(l) {
 						if n := serverOf(t, c, l.Key).Exists(ctxT(t), l.Key).Val(); n != 0 {
 							t.Errorf("shared after %s: the bucket's key still exists, want it moved into its field", p.writer)
@@ -238,7 +238,8 @@ func TestLayoutRefund(t *testing.T) {
 	c := client(t)
 	stores := layoutStores(t, c)
 	for _, a := range allAlgorithms {
-		for _, p := range [][2]string{{"compact", "previous"}, {"previous", "compact"}, {"compact", "compact"}, {"shared", "shared"}} {
+		for _, p := range [][2]string{{"compact", "previous"}, {"previous", "compact"}, {"compact", "compact"},
+			{"compact", "shared"}, {"shared", "compact"}, {"shared", "shared"}} {
 			t.Run(a.String()+"/"+p[0]+"-"+p[1], func(t *testing.T) {
 				t.Parallel()
 				first, second := stores[p[0]], stores[p[1]]

@@ -15,14 +15,15 @@ import (
 //go:embed lease.lua
 var leaseSource string
 
-// leaseScripts are the lease script of the layouts without shared hashes ([0]) and of
-// LayoutShared ([1]), which runs after lua/shared.lua and the helpers it uses from the
-// prelude.
-var leaseScripts = [2]*script{
-	newScript("local SHARED = false\n" + leaseSource),
-	newScript("local SHARED = true\nlocal floor, format = math.floor, string.format\n" +
-		mustRead("shared.lua") + leaseSource),
-}
+// leaseScripts are the lease script of each Layout: lease.lua after its layout's lines
+// (layoutHead), lua/shared.lua and the helpers that uses from the prelude.
+var leaseScripts = func() (s [layouts]*script) {
+	for l := range layouts {
+		s[l] = newScript(layoutHead(l) + "local floor, format = math.floor, string.format\n" +
+			mustRead("shared.lua") + leaseSource)
+	}
+	return s
+}()
 
 // Grant is a slice of a fixed_window bucket's budget taken by Store.Lease: Units were counted
 // in the bucket's window Window when Redis's clock read Now, and stay counted until the window
@@ -112,9 +113,9 @@ func (s *Store) GiveBack(ctx context.Context, l Limit, window, units int64) (int
 // run twice would hand its units out twice. Only a NOSCRIPT reply, which proves it did not
 // run, is followed by EVAL, which also caches the script.
 func (s *Store) runLease(ctx context.Context, key string, args ...any) ([]string, error) {
-	sc, keys := leaseScripts[0], []any{1, key}
+	sc, keys := leaseScripts[s.b.cfg.Layout], []any{1, key}
 	if s.hashes > 0 {
-		sc, keys = leaseScripts[1], []any{2, key, sharedHash(key, s.hashes)}
+		keys = []any{2, key, sharedHash(key, s.hashes)}
 	}
 	cmd := newScriptCmd(ctx, append(append([]any{"evalsha", sc.sha}, keys...), args...), 1)
 	_ = s.rdb.Process(ctx, scriptCmd{cmd})

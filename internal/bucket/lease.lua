@@ -8,6 +8,7 @@
 -- in the window's n when granted, whether or not its checker ever admits a check with it.
 --
 -- KEYS[1]  the fixed_window bucket key, in either of fixed_window's layouts (see below)
+-- KEYS[2]  the compact and shared layouts only: the bucket's shared hash (below)
 -- ARGV[1]  mode: "take" or "give"
 -- ARGV[2]  L, the limit per window (take; ignored by give)
 -- ARGV[3]  W, the window in µs
@@ -32,19 +33,20 @@
 --   the stored window in the key's own layout (SET KEEPTTL keeps a compact key compact), and a
 --   new window as a hash, which every version reads (a compact writer converts it at its next
 --   charge): so leases work whatever layout the checkers write, and write what all can read.
--- Shared layout (SHARED, --bucket-layout shared: Store sends this file after lua/shared.lua;
---   KEYS[2] is then the bucket's shared hash): the bucket is its field there, as
---   lua/fixed_window.lua keeps it; a bucket with no field is read from its key, in either
---   layout above, and moved into its field (the key deleted) when the lease writes it.
+-- Shared hashes (the compact and shared layouts, COMPACT; Store sends this file after its
+--   layout's lines and lua/shared.lua): the bucket may be a field of KEYS[2], as
+--   lua/fixed_window.lua keeps it. A lease reads and writes where fixed_window does: a shared
+--   writer (SHARED) the field first, then the key, whose state it moves into the field; a
+--   compact one the key first, then the field, writing where it read.
 -- Commands: TIME, HMGET (GET and PEXPIRETIME on a compact key), and when it changes something
 -- HSET (+ PEXPIREAT for a new window, DEL first over a compact key of an older window) or
--- SET KEEPTTL. Shared: fget first, and the above only when the bucket has no field; fset to
--- write (+ DEL of a key it was read from).
+-- SET KEEPTTL; HMGET (fget) of its field, in the order above, and fset to write one (+ DEL of a
+-- key a shared writer moves).
 
 local mode = ARGV[1]
 local W = tonumber(ARGV[3])
 local units = tonumber(ARGV[4])
-if #KEYS ~= (SHARED and 2 or 1) or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
+if #KEYS ~= (COMPACT and 2 or 1) or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
   return redis.error_reply('ERR lease: malformed arguments')
 end
 local key = KEYS[1]
@@ -54,31 +56,46 @@ local function clock()
   local tm = redis.call('TIME')
   return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
--- A window of the shared layout: fixed_window's rule (W >= 1 ms). e is the expiry of the
--- bucket's field as read (0 for none); clk the time the field's expiry is compared with.
-local shared, e, clk = SHARED and W >= 1000, 0, nil
-if shared then
+-- fields: whether the bucket may be a field of KEYS[2] (the compact and shared layouts,
+-- fixed_window's rule: W >= 1 ms). e is the expiry of its field as read (0 for none); clk the
+-- time the field's expiry is compared with.
+local fields, e, clk = COMPACT and W >= 1000, 0, nil
+if fields then
   HASH, clk = KEYS[2], clock()
 end
 
+-- field reads the bucket's field: the window id and count it holds, nil when it holds nothing
+-- live (e = 0).
+local function field()
+  local v
+  v, e = fget(key, clk)
+  if v then
+    return floor(e * 1000 / W) - 1, tonumber(v) or 0
+  end
+  e = 0
+end
+
 -- read returns the stored window id (nil for none), its count, what holds it ('h' a hash, 's' a
--- compact string, false nothing) and, for a compact string, its value's low bits. now is the
--- current time in µs, for the compact layout's low bits (nil when unknown: give).
+-- compact string, 'f' its field, false nothing) and, for a compact string, its value's low
+-- bits. now is the current time in µs, for the compact layout's low bits (nil when unknown:
+-- give). It asks where fixed_window's eval asks: the field first in the shared layout, the key
+-- first in the compact one.
 local function read(now)
-  if shared then
-    local v
-    v, e = fget(key, clk)
-    if v then
-      return floor(e * 1000 / W) - 1, tonumber(v) or 0, 'f'
-    elseif v == false then
-      e = 0
-      return nil, 0, 'f'
+  if fields and SHARED then
+    local sw, n = field()
+    if sw then
+      return sw, n, 'f'
     end
-    e = 0
   end
   local h = redis.pcall('HMGET', key, 'w', 'n')
   if not h.err then
     local sw = tonumber(h[1])
+    if not sw and fields and not SHARED then
+      local fw, n = field()
+      if fw then
+        return fw, n, 'f'
+      end
+    end
     return sw, tonumber(h[2]) or 0, sw and 'h' or false
   end
   local v = tonumber(redis.call('GET', key)) or 0
@@ -96,9 +113,9 @@ end
 
 -- write stores count n of window wid, held as read said (r: a compact string's low bits).
 local function write(held, wid, n, r, reset)
-  if shared then
-    if held ~= 'f' and held then
-      redis.call('DEL', key) -- read from its key: now in its field
+  if held == 'f' or fields and SHARED then
+    if held and held ~= 'f' then
+      redis.call('DEL', key) -- read from its key: a shared writer moves it into its field
     end
     fset(key, format('%d', n), math.ceil((wid + 1) * W / 1000), e, clk)
     return

@@ -212,7 +212,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		out.Label = head[3]
 	}
 	n := len(lines) - 1
-	nk := n + 1 // the limits' keys, the record's, and in the shared layout the limits' hashes
+	nk := n + 1 // the limits' keys, the record's, and in the compact and shared layouts the limits' hashes
 	if s.hashes > 0 {
 		nk += n
 	}
@@ -244,11 +244,11 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 	}
 	// Not retried by go-redis (scriptCmd): a retry would be told ErrSettled by its own first
 	// attempt; the caller must learn that the outcome is unknown instead.
-	cmd := newScriptCmd(ctx, args, n+1)
+	cmd := newScriptCmd(ctx, args, nk)
 	_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	if isNoScript(cmd.Err()) {
 		args[0], args[1] = "eval", s.script.src
-		cmd = newScriptCmd(ctx, args, n+1)
+		cmd = newScriptCmd(ctx, args, nk)
 		_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	}
 	if err := cmd.Err(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +294,56 @@ func TestKeySlot(t *testing.T) {
 		if got, _ := cc.ClusterKeySlot(ctxT(t), sharedHash(k, 3)).Result(); got != want || int64(keySlot(hashTag(k))) != want {
 			t.Errorf("%s in slot %d, its hash %s in %d, keySlot %d", k, want, sharedHash(k, 3), got, keySlot(hashTag(k)))
 		}
+	}
+}
+
+// TestSharedRollingSwitch: during a rolling switch between the compact and shared layouts,
+// checkers of both race on one bucket, which moves into its field under them: exactly the
+// limit is admitted (shared.lua: a bucket lives in its field or its key, never both).
+func TestSharedRollingSwitch(t *testing.T) {
+	t.Parallel()
+	const L, calls = 50, 200
+	var stores []*Store
+	for i := range 4 {
+		c := client(t)
+		cfg := StoreConfig{Layout: LayoutCompact, BatchTimeout: time.Minute}
+		if i%2 == 1 {
+			cfg.Layout = LayoutShared
+		}
+		s := NewStoreWithConfig(c, cfg)
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	for _, a := range []Algorithm{FixedWindow, GCRA, TokenBucket} {
+		t.Run(a.String(), func(t *testing.T) {
+			t.Parallel()
+			l := lim(key(t, "b"), a, L, long, 0)
+			check(t, stores[0], one(l, 1)) // a compact checker's key first
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			for i := range calls {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := stores[i%len(stores)].Check(ctxT(t), []Request{one(l, 1)})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res[0].Allowed {
+						allowed.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if got := allowed.Load(); got != L-1 {
+				t.Errorf("allowed %d of %d after 1, want %d", got, calls, L-1)
+			}
+			for _, s := range stores {
+				if got := check(t, s, peekReq(l)).Limits[0].Remaining; got != 0 {
+					t.Errorf("a checker reads remaining %d, want 0", got)
+				}
+			}
+		})
 	}
 }

@@ -38,38 +38,40 @@ local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
   -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
   -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
-  -- window, false nothing; shared: the expiry of the bucket's field (0 for none), or -1 for a
-  -- bucket read from its key (in another layout). (All inline, also in refund: a helper's
-  -- closure costs every check.)
+  -- window, false nothing; or, a number, that its field is to be written (shared.lua): the
+  -- field's expiry as read (0 for none), -1 for a shared writer's bucket read from its key.
+  -- (All inline, also in refund: a helper's closure costs every check.)
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
     -- sw: the stored window id (nil for none), n its count, held what holds them.
     local sw, n, held = nil, 0, false
     local s, h, v
+    -- Where the bucket lives (shared.lua): a shared writer asks its field first, a compact one
+    -- its key first; either reads the other when the first holds nothing live.
     if SHARED and W >= 1000 then
       v, held = fget(key, now)
-      if v then
-        sw, n = floor(held * 1000 / W) - 1, tonumber(v) or 0
-      elseif v == false then
-        held = 0
+    end
+    if not v then
+      -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
+      -- only for a key of the other.
+      if COMPACT then
+        s = redis.pcall('GET', key)
+        if type(s) == 'table' then
+          s, h = nil, redis.call('HMGET', key, 'w', 'n')
+        elseif not s and not SHARED and W >= 1000 then
+          v, held = fget(key, now)
+        end
+      else
+        h = redis.pcall('HMGET', key, 'w', 'n')
+        if h.err then
+          s, h = redis.call('GET', key), nil
+        end
       end
     end
-    if v ~= nil then -- a field: read
-    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error, only
-    -- for a key of the other.
-    elseif COMPACT then
-      s = redis.pcall('GET', key)
-      if type(s) == 'table' then
-        s, h = nil, redis.call('HMGET', key, 'w', 'n')
-      end
-    else
-      h = redis.pcall('HMGET', key, 'w', 'n')
-      if h.err then
-        s, h = redis.call('GET', key), nil
-      end
-    end
-    if h then
+    if v then
+      sw, n = floor(held * 1000 / W) - 1, tonumber(v) or 0
+    elseif h then
       sw, n, held = tonumber(h[1]), tonumber(h[2]) or 0, 'h'
     elseif s then
       local v = tonumber(s) or 0
@@ -81,9 +83,11 @@ if NEED_1 == '3' or NEED and NEED['3'] then
           sw = floor(e * 1000 / W) - 1
         end
       end
+    else
+      held = false
     end
     if SHARED and W >= 1000 then
-      if type(held) == 'string' then
+      if held == 'h' or held == 's' then
         held = -1 -- the key it was read from, deleted when its field is written
       elseif not held then
         held = 0
@@ -110,7 +114,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
 
   if MODE ~= '1' then
     function fw_commit(key, L, W, B, now, now_s, cost, Bs, wid, after, held)
-      if SHARED and W >= 1000 then
+      if type(held) == 'number' then
         if held == -1 then
           redis.call('DEL', key)
           held = 0
@@ -143,30 +147,33 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if REFUNDS then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
+      -- Where the bucket lives, asked as eval asks.
+      local s, h, v, e
       if SHARED and W >= 1000 then
-        local v, e = fget(key, now)
-        if v then
-          if floor(e * 1000 / W) - 1 == cw then
-            fset(key, us(nonneg((tonumber(v) or 0) - cost)), e, e, now)
+        v, e = fget(key, now)
+      end
+      if not v then
+        if COMPACT then
+          s = redis.pcall('GET', key)
+          if type(s) == 'table' then
+            s, h = nil, redis.call('HMGET', key, 'w', 'n')
+          elseif not s and not SHARED and W >= 1000 then
+            v, e = fget(key, now)
           end
-          return
-        elseif v == false then
-          return
-        end
-        -- no field: the bucket is in its key, refunded there, in its layout
-      end
-      local s, h
-      if COMPACT then
-        s = redis.pcall('GET', key)
-        if type(s) == 'table' then
-          s, h = nil, redis.call('HMGET', key, 'w', 'n')
-        end
-      else
-        h = redis.pcall('HMGET', key, 'w', 'n')
-        if h.err then
-          s, h = redis.call('GET', key), nil
+        else
+          h = redis.pcall('HMGET', key, 'w', 'n')
+          if h.err then
+            s, h = redis.call('GET', key), nil
+          end
         end
       end
+      if v then -- its field: refunded there
+        if floor(e * 1000 / W) - 1 == cw then
+          fset(key, us(nonneg((tonumber(v) or 0) - cost)), e, e, now)
+        end
+        return
+      end
+      -- its key (or nothing): refunded there, in its layout
       if h then
         if tonumber(h[1]) ~= cw then
           return

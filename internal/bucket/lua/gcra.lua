@@ -25,18 +25,25 @@
 -- and on commit fset (+ DEL of a key it was read from); a refund to nothing HDEL.
 local gcra_eval, gcra_commit, gcra_refund
 if NEED_1 == '6' or NEED and NEED['6'] then
-  -- load returns TAT - now, at least 0, and for the shared layout what holds it: the
-  -- expiry of its field (0 for none), or -1 when it was read from its key.
+  -- load returns TAT - now, at least 0, and where its field is to be written (shared.lua),
+  -- nil for its key: the field's expiry as read (0 for none), or -1 for a shared writer's
+  -- bucket read from its key. A shared writer asks the field first, a compact one the key
+  -- first; either reads the other when the first holds nothing live.
   local function load(key, now)
     local s, e
     if SHARED then
       s, e = fget(key, now)
-      if s == nil then
-        s = redis.call('GET', key)
-        e = s and -1 or 0
-      end
-    else
+    end
+    if not s then
       s = redis.call('GET', key)
+      if SHARED then
+        e = s and -1 or 0
+      elseif COMPACT and not s then
+        s, e = fget(key, now)
+        if not s then
+          e = nil
+        end
+      end
     end
     if not s then
       return 0, e
@@ -83,7 +90,7 @@ if NEED_1 == '6' or NEED and NEED['6'] then
       else
         v = format('%d.%09d', now + ip, f9)
       end
-      if SHARED then
+      if held then
         if held == -1 then
           redis.call('DEL', key)
         end
@@ -102,16 +109,11 @@ if NEED_1 == '6' or NEED and NEED['6'] then
       local diff, e = load(key, now)
       diff = diff - cost * W / L
       if diff <= 1e-9 then
-        if SHARED then
-          if e > 0 then
-            redis.call('HDEL', HASH, key)
-          end
-          if e == -1 then
-            redis.call('DEL', key)
-          end
-          return
+        if e and e > 0 then
+          redis.call('HDEL', HASH, key)
+        elseif e ~= 0 then
+          redis.call('DEL', key)
         end
-        redis.call('DEL', key)
         return
       end
       gcra_commit(key, L, W, B, now, nil, cost, Bs, diff, e)

@@ -20,18 +20,22 @@
 --   its buckets are busy, but none while a long window keeps "~" ahead), and one in 16 writes
 --   that create a field (or write over one that had expired), so that a hash holds about 16
 --   expired fields, besides those of buckets that stay idle, whose hash expires.
--- Upgrade: a bucket with no field may still be in a key of its own, written in another layout
---   (or by a version before this one): its module then reads that key as before, and its next
---   write moves the state into the field and deletes the key. Nothing writes a key back from a
---   field: a checker of another layout does not see fields (layout.go).
+-- Where a bucket lives: in its field or in its key, never both live at once, so that shared
+--   and compact writers (a rolling switch between them, either way) share every count. A
+--   shared writer asks the field first and, when it holds nothing live, the key (written by a
+--   compact or previous writer, or a version before this one); its next write moves the state
+--   into the field and deletes the key. A compact writer (COMPACT but not SHARED) asks the key
+--   first and, when there is none, the field, and writes where it read: a live field stays a
+--   field, else it writes its key. The previous layout reads no fields (layout.go).
 -- Commands: HMGET of the field and "~" (fget); HSET (fset), with HGET of "~" when this run has
 --   not read it, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
 --
 -- HASH is the hash of the limit being decided, set by the drivers (call.lua, batch.lua) before
--- each call of its module's eval, commit or refund.
+-- each call of its module's eval, commit or refund; the compact and shared layouts' calls name
+-- their limits' hashes (call.lua's KEYS).
 local HASH
 local fget, fset
-if SHARED then
+if COMPACT then
   -- SLACK (ms) is how far past its latest field's expiry a hash's "~" is moved: "~" moves, and
   -- its hash is swept, at most once per SLACK while its buckets are busy.
   local SLACK = 60000
@@ -106,11 +110,14 @@ if SHARED then
       end
       return
     end
+    local swept = HXS -- a hash with no "~" is new: nothing to sweep
     hx = e + SLACK
     HXS = format('%d', hx)
     redis.call('HSET', HASH, key, v, '~', HXS)
     -- A TTL from now, not PEXPIREAT: now is Redis's clock plus SHIFT (scripts.go).
     redis.call('PEXPIRE', HASH, format('%d', hx - floor(now / 1000)))
-    sweep(now)
+    if swept then
+      sweep(now)
+    end
   end
 end

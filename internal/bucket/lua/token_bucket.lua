@@ -29,28 +29,36 @@ local tb_eval, tb_commit, tb_refund
 if NEED_1 == '1' or NEED and NEED['1'] then
   -- load returns the tokens at t = max(now, ts), refilled and adjusted to B, and what holds
   -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
-  -- (a hash of another cap, no key); shared: the expiry of its field (0 for none), or -1 when
-  -- it was read from its key.
+  -- (a hash of another cap, no key); or, a number, that its field is to be written
+  -- (shared.lua): the field's expiry as read (0 for none), or -1 for a shared writer's bucket
+  -- read from its key. A shared writer asks the field first, a compact one the key first;
+  -- either reads the other when the first holds nothing live.
   local function load(key, L, W, B, Bs, now)
     local s, v, e
     if SHARED then
       s, e = fget(key, now)
-      if s == false then
-        return B, now, 0
-      end
     end
-    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
-    -- only for a key of the other.
-    if s then -- a field: read
-    elseif COMPACT then
-      s = redis.pcall('GET', key)
-      if type(s) == 'table' then
-        s, v = nil, redis.call('HMGET', key, 'tk', 'ts', 'cap')
+    if not s then
+      -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
+      -- only for a key of the other.
+      if COMPACT then
+        s = redis.pcall('GET', key)
+        if type(s) == 'table' then
+          s, v = nil, redis.call('HMGET', key, 'tk', 'ts', 'cap')
+        end
+      else
+        v = redis.pcall('HMGET', key, 'tk', 'ts', 'cap')
+        if v.err then
+          s, v = redis.call('GET', key), nil
+        end
       end
-    else
-      v = redis.pcall('HMGET', key, 'tk', 'ts', 'cap')
-      if v.err then
-        s, v = redis.call('GET', key), nil
+      if SHARED then
+        e = (s or v and v[1]) and -1 or 0
+      elseif COMPACT and not s and not v then
+        s, e = fget(key, now)
+        if not s then
+          s, e = nil, nil
+        end
       end
     end
     local tk, ts, cs, held
@@ -68,8 +76,8 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     else
       return B, now, SHARED and 0 or false
     end
-    if SHARED then
-      held = e or -1
+    if e then
+      held = e
     end
     ts = ts or now
     local cap = B
@@ -107,7 +115,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
     function tb_commit(key, L, W, B, now, now_s, cost, Bs, t, tk, held)
       local ts = now_s
       if t ~= now then ts = us(t) end
-      if SHARED then
+      if type(held) == 'number' then
         if held == -1 then
           redis.call('DEL', key)
           held = 0
@@ -137,7 +145,9 @@ if NEED_1 == '1' or NEED and NEED['1'] then
 
   if REFUNDS then
     function tb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
-      if not SHARED and redis.call('EXISTS', key) == 0 then
+      -- Nothing stored is a full bucket: nothing to give back. (A compact writer's bucket
+      -- may be a field: shared.lua.)
+      if not SHARED and redis.call('EXISTS', key) == 0 and not (COMPACT and fget(key, now)) then
         return
       end
       local tk, t, held = load(key, L, W, B, Bs, now)
