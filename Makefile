@@ -27,11 +27,12 @@ test-cluster:
 	QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 $(CLUSTER_PACKAGES)
 
 ## test-shared: the bucket package's tests again with every Store in the shared layout
-## (--bucket-layout shared), on one Redis and on a cluster: exactness, refunds, leases,
-## resharding and failover with the buckets as fields of shared hashes
+## (--bucket-layout shared), on one Redis and on a cluster, and in the mixed layout: exactness,
+## refunds, leases, resharding and failover with the buckets as fields of shared hashes
 test-shared:
 	QUOTAFLOW_TEST_LAYOUT=shared $(GO) test -race -count=1 ./internal/bucket/
 	QUOTAFLOW_TEST_LAYOUT=shared QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 ./internal/bucket/
+	QUOTAFLOW_TEST_LAYOUT=mixed $(GO) test -race -count=1 ./internal/bucket/
 
 ## deps: install the servers the project needs (Debian packages) when missing
 deps:

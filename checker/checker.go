@@ -185,7 +185,7 @@ func New(cfg Config) *Engine {
 
 // BucketLayout is how a checker writes the buckets in Redis (Config.BucketLayout;
 // docs/architecture.md, "Bucket state in Redis"). Each layout reads the buckets the others
-// wrote as keys; CompactBuckets and SharedBuckets read shared hashes' fields too.
+// wrote as keys; SharedBuckets and MixedBuckets read shared hashes' fields too.
 type BucketLayout uint8
 
 // The bucket layouts.
@@ -197,9 +197,12 @@ const (
 	CompactBuckets
 	// SharedBuckets writes the buckets of fixed_window, gcra and token_bucket as fields of
 	// hashes that many buckets share, about half CompactBuckets' memory, and the others as
-	// CompactBuckets does. Checkers of CompactBuckets and SharedBuckets share every bucket,
-	// so a switch between them may roll; PreviousBuckets does not read fields.
+	// CompactBuckets does. Only it and MixedBuckets read those fields.
 	SharedBuckets
+	// MixedBuckets writes what CompactBuckets writes but keeps a bucket that is a field a
+	// field: the step of a rolling switch between CompactBuckets and SharedBuckets, either
+	// way, during which checkers of it and of SharedBuckets share every bucket.
+	MixedBuckets
 )
 
 // layout is the bucket.Layout of l.
@@ -209,6 +212,8 @@ func (l BucketLayout) layout() bucket.Layout {
 		return bucket.LayoutCompact
 	case SharedBuckets:
 		return bucket.LayoutShared
+	case MixedBuckets:
+		return bucket.LayoutMixed
 	}
 	return bucket.LayoutPrevious
 }

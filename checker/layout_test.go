@@ -22,6 +22,7 @@ func TestBucketLayout(t *testing.T) {
 		{PreviousBuckets, "hash"},
 		{CompactBuckets, "string"},
 		{SharedBuckets, "none"},
+		{MixedBuckets, "string"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.layout.layout().String(), func(t *testing.T) {

@@ -34,7 +34,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.RulesFile, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
 	fs.DurationVar(&c.cfg.RedisTimeout, "redis-timeout", 50*time.Millisecond, "deadline of each check's Redis call; past it each rule's fail_mode decides")
 	fs.IntVar(&c.cfg.MaxInFlight, "max-in-flight", checker.DefaultMaxInFlight, "checks waiting for Redis at once; past it a check is answered at once by its rules' fail_mode, degraded (quotaflow_checks_shed_total); negative: no bound")
-	fs.TextVar(&c.cfg.BucketLayout, "bucket-layout", bucket.LayoutPrevious, "how buckets are written in Redis, a `layout`: previous (what checkers of earlier versions read: keep it while one may still run, as in a rolling upgrade), compact (less Redis memory, read by this version and later) or shared (fixed_window, gcra and token_bucket buckets as fields of shared hashes: about half compact's memory; compact and shared checkers share every bucket, so switch from compact); each reads the keys of all three (docs/architecture.md)")
+	fs.TextVar(&c.cfg.BucketLayout, "bucket-layout", bucket.LayoutPrevious, "how buckets are written in Redis, a `layout`: previous (what checkers of earlier versions read: keep it while one may still run, as in a rolling upgrade), compact (less Redis memory, read by this version and later), shared (fixed_window, gcra and token_bucket buckets as fields of shared hashes: about half compact's memory) or mixed (compact, but a bucket in a field stays there: the step of a rolling switch between compact and shared, either way); each reads the keys of all (docs/architecture.md)")
 	fs.IntVar(&c.cfg.SharedHashes, "shared-hashes", 1, "hashes per cluster slot (16384 slots) holding the buckets of --bucket-layout shared: about buckets / 1.6M, so that a hash holds at most ~100; changing it starts those buckets over")
 	fs.DurationVar(&c.cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to let requests in flight finish on SIGTERM")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -122,6 +122,9 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	}
 	if r := cfg.Tracing.SampleRatio; r <= 0 || r > 1 {
 		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", r)}
+	}
+	if n := cfg.SharedHashes; n < 1 || n > 1<<16 {
+		return nil, usageError{fmt.Errorf("--shared-hashes: want 1 to 65536 hashes per cluster slot, got %d", n)}
 	}
 	var err error
 	for _, check := range []func() error{p.validate, c.admin.validate, c.serving.validate,

@@ -37,8 +37,9 @@ type StoreConfig struct {
 	// batching goroutines and must not block.
 	OnRoundTrip func(err error)
 	// Layout is how the script writes the buckets it charges (layout.go): LayoutPrevious, the
-	// default (and what an unknown value means), LayoutCompact or LayoutShared. Each reads the
-	// keys of every layout; LayoutCompact and LayoutShared read the shared hashes' fields too.
+	// default (and what an unknown value means), LayoutCompact, LayoutShared or LayoutMixed.
+	// Each reads the keys of every layout; LayoutShared and LayoutMixed read the shared
+	// hashes' fields too.
 	Layout Layout
 	// SharedHashes is how many hashes per cluster slot (16,384 slots, on one server too) hold
 	// the buckets of LayoutShared: enough for at most about 100 buckets per hash, beyond which

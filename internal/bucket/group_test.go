@@ -104,7 +104,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 	k := key(t, "k")
 	c := serverOf(t, rdb, k)                       // on a cluster, the master that serves k
 	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (GCRA, 10 per minute), key
-	if testLayout != LayoutPrevious {
+	if testLayout.fields() {
 		call = append(call, sharedHash(k, 1)) // and its shared hash
 	}
 	tests := []struct {

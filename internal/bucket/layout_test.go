@@ -53,7 +53,7 @@ func layoutStores(t *testing.T, c redis.UniversalClient) map[string]*Store {
 
 // TestLayoutUpgrade: a bucket written by one checker keeps its count when read and charged by
 // another, for every algorithm and every pair of the rolling upgrade and of the switch between
-// layouts (both ways, but from the shared layout only to the compact one: LayoutShared); also
+// layouts (both ways, but from the shared layout only to the mixed one: LayoutMixed); also
 // after a limit change, which keeps the count as Local does. Only a checker of the previous
 // version reading a compact bucket is left out: see TestLayoutCompactNotForOld.
 func TestLayoutUpgrade(t *testing.T) {
@@ -63,7 +63,8 @@ func TestLayoutUpgrade(t *testing.T) {
 	pairs := []struct{ writer, reader string }{
 		{"old", "previous"}, {"old", "compact"}, {"previous", "old"},
 		{"previous", "compact"}, {"compact", "previous"}, {"compact", "compact"},
-		{"old", "shared"}, {"previous", "shared"}, {"compact", "shared"}, {"shared", "compact"}, {"shared", "shared"},
+		{"old", "shared"}, {"previous", "shared"}, {"compact", "shared"}, {"shared", "shared"},
+		{"compact", "mixed"}, {"mixed", "compact"}, {"mixed", "shared"}, {"shared", "mixed"}, {"mixed", "mixed"},
 	}
 	const L = 10
 	for _, a := range allAlgorithms {
@@ -85,9 +86,9 @@ func TestLayoutUpgrade(t *testing.T) {
 				if res := check(t, r, one(l, 1)); res.Allowed {
 					t.Errorf("%s after %s: a unit past the limit allowed", p.reader, p.writer)
 				}
-				if p.reader == "shared" && (p.writer == "old" || p.writer == "previous") {
+				if p.reader == "shared" && p.writer != "shared" && p.writer != "mixed" {
 					// The bucket moved into its field at the reader's first charge, where only
-					// the compact and shared layouts look (LayoutShared).
+					// the mixed and shared layouts look (LayoutMixed).
 					if inShared(l) {
 						if n := serverOf(t, c, l.Key).Exists(ctxT(t), l.Key).Val(); n != 0 {
 							t.Errorf("shared after %s: the bucket's key still exists, want it moved into its field", p.writer)
@@ -239,7 +240,7 @@ func TestLayoutRefund(t *testing.T) {
 	stores := layoutStores(t, c)
 	for _, a := range allAlgorithms {
 		for _, p := range [][2]string{{"compact", "previous"}, {"previous", "compact"}, {"compact", "compact"},
-			{"compact", "shared"}, {"shared", "compact"}, {"shared", "shared"}} {
+			{"mixed", "shared"}, {"shared", "mixed"}, {"compact", "mixed"}, {"shared", "shared"}} {
 			t.Run(a.String()+"/"+p[0]+"-"+p[1], func(t *testing.T) {
 				t.Parallel()
 				first, second := stores[p[0]], stores[p[1]]

@@ -8,7 +8,7 @@
 -- in the window's n when granted, whether or not its checker ever admits a check with it.
 --
 -- KEYS[1]  the fixed_window bucket key, in either of fixed_window's layouts (see below)
--- KEYS[2]  the compact and shared layouts only: the bucket's shared hash (below)
+-- KEYS[2]  the mixed and shared layouts only: the bucket's shared hash (below)
 -- ARGV[1]  mode: "take" or "give"
 -- ARGV[2]  L, the limit per window (take; ignored by give)
 -- ARGV[3]  W, the window in µs
@@ -33,11 +33,11 @@
 --   the stored window in the key's own layout (SET KEEPTTL keeps a compact key compact), and a
 --   new window as a hash, which every version reads (a compact writer converts it at its next
 --   charge): so leases work whatever layout the checkers write, and write what all can read.
--- Shared hashes (the compact and shared layouts, COMPACT; Store sends this file after its
+-- Shared hashes (the mixed and shared layouts, FIELDS; Store sends this file after its
 --   layout's lines and lua/shared.lua): the bucket may be a field of KEYS[2], as
 --   lua/fixed_window.lua keeps it. A lease reads and writes where fixed_window does: a shared
 --   writer (SHARED) the field first, then the key, whose state it moves into the field; a
---   compact one the key first, then the field, writing where it read.
+--   mixed one the key first, then the field, writing where it read.
 -- Commands: TIME, HMGET (GET and PEXPIRETIME on a compact key), and when it changes something
 -- HSET (+ PEXPIREAT for a new window, DEL first over a compact key of an older window) or
 -- SET KEEPTTL; HMGET (fget) of its field, in the order above, and fset to write one (+ DEL of a
@@ -46,7 +46,7 @@
 local mode = ARGV[1]
 local W = tonumber(ARGV[3])
 local units = tonumber(ARGV[4])
-if #KEYS ~= (COMPACT and 2 or 1) or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
+if #KEYS ~= (FIELDS and 2 or 1) or #ARGV ~= 5 or not W or W < 1 or not units or units < 1 then
   return redis.error_reply('ERR lease: malformed arguments')
 end
 local key = KEYS[1]
@@ -56,10 +56,10 @@ local function clock()
   local tm = redis.call('TIME')
   return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
--- fields: whether the bucket may be a field of KEYS[2] (the compact and shared layouts,
+-- fields: whether the bucket may be a field of KEYS[2] (the mixed and shared layouts,
 -- fixed_window's rule: W >= 1 ms). e is the expiry of its field as read (0 for none); clk the
 -- time the field's expiry is compared with.
-local fields, e, clk = COMPACT and W >= 1000, 0, nil
+local fields, e, clk = FIELDS and W >= 1000, 0, nil
 if fields then
   HASH, clk = KEYS[2], clock()
 end
@@ -79,7 +79,7 @@ end
 -- compact string, 'f' its field, false nothing) and, for a compact string, its value's low
 -- bits. now is the current time in µs, for the compact layout's low bits (nil when unknown:
 -- give). It asks where fixed_window's eval asks: the field first in the shared layout, the key
--- first in the compact one.
+-- first in the mixed one.
 local function read(now)
   if fields and SHARED then
     local sw, n = field()

@@ -22,8 +22,8 @@ import (
 var srv *redistest.Shared
 
 // testLayout is the Layout of the Stores the tests build (newStore, ownStore, and others
-// through storeConfig): QUOTAFLOW_TEST_LAYOUT, "previous" (the default), "compact" or "shared",
-// so that the whole suite runs on each (make test-shared).
+// through storeConfig): QUOTAFLOW_TEST_LAYOUT, "previous" (the default), "compact", "shared" or
+// "mixed", so that the whole suite runs on each (make test-shared).
 var testLayout Layout
 
 func TestMain(m *testing.M) {

@@ -212,7 +212,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		out.Label = head[3]
 	}
 	n := len(lines) - 1
-	nk := n + 1 // the limits' keys, the record's, and in the compact and shared layouts the limits' hashes
+	nk := n + 1 // the limits' keys, the record's, and in the mixed and shared layouts the limits' hashes
 	if s.hashes > 0 {
 		nk += n
 	}

@@ -115,10 +115,11 @@ func librariesOf(shift time.Duration) (s [layouts]*library) {
 }
 
 // layoutHead is the scripts' lines of Layout l: COMPACT, whether the modules with two layouts
-// write the compact one, and SHARED, whether the buckets of lua/shared.lua are fields of shared
-// hashes (the others then compact).
+// write the compact one; FIELDS, whether its calls name shared hashes whose fields it reads
+// (lua/shared.lua); SHARED, whether it writes buckets there.
 func layoutHead(l Layout) string {
 	return "local COMPACT = " + strconv.FormatBool(l != LayoutPrevious) + "\n" +
+		"local FIELDS = " + strconv.FormatBool(l.fields()) + "\n" +
 		"local SHARED = " + strconv.FormatBool(l == LayoutShared) + "\n"
 }
 

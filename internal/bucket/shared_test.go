@@ -297,7 +297,7 @@ func TestKeySlot(t *testing.T) {
 	}
 }
 
-// TestSharedRollingSwitch: during a rolling switch between the compact and shared layouts,
+// TestSharedRollingSwitch: during a rolling switch between the mixed and shared layouts,
 // checkers of both race on one bucket, which moves into its field under them: exactly the
 // limit is admitted (shared.lua: a bucket lives in its field or its key, never both).
 func TestSharedRollingSwitch(t *testing.T) {
@@ -306,7 +306,7 @@ func TestSharedRollingSwitch(t *testing.T) {
 	var stores []*Store
 	for i := range 4 {
 		c := client(t)
-		cfg := StoreConfig{Layout: LayoutCompact, BatchTimeout: time.Minute}
+		cfg := StoreConfig{Layout: LayoutMixed, BatchTimeout: time.Minute}
 		if i%2 == 1 {
 			cfg.Layout = LayoutShared
 		}
@@ -318,7 +318,7 @@ func TestSharedRollingSwitch(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), a, L, long, 0)
-			check(t, stores[0], one(l, 1)) // a compact checker's key first
+			check(t, stores[0], one(l, 1)) // a mixed checker's key first
 			var allowed atomic.Int64
 			var wg sync.WaitGroup
 			for i := range calls {

@@ -26,7 +26,7 @@ type Store struct {
 	rdb    redis.UniversalClient
 	b      *batcher
 	script *script // the check script of StoreConfig.Layout
-	// hashes is StoreConfig.SharedHashes in the layouts that read shared hashes (compact and
+	// hashes is StoreConfig.SharedHashes in the layouts that read shared hashes (mixed and
 	// shared), else 0: the calls' KEYS then name no shared hashes.
 	hashes int
 }
@@ -48,7 +48,7 @@ func NewStoreWithConfig(rdb redis.UniversalClient, cfg StoreConfig) *Store {
 		b.lib = librariesOf(cfg.ClockOffset)[b.cfg.Layout]
 		s.script = scriptsOf(checkHead, "check.lua", cfg.ClockOffset)[b.cfg.Layout]
 	}
-	if b.cfg.Layout != LayoutPrevious {
+	if b.cfg.Layout.fields() {
 		s.hashes = b.cfg.SharedHashes
 	}
 	return s
@@ -507,7 +507,7 @@ func (s *Store) refundLater(ctx context.Context, j *job) {
 }
 
 // addCall appends the EVALSHA command of one script call for r (see lua/call.lua): KEYS
-// are the limit keys, with record the idempotency record's key, and in the compact and shared
+// are the limit keys, with record the idempotency record's key, and in the mixed and shared
 // layouts (j.hashes > 0) the limits' shared hashes; ARGV is n, cost, mode,
 // idempotency TTL, charge time (refund) or fingerprint (charge with a record), then code,
 // limit, window, burst and refund token per limit. j must have been reserved for it.
@@ -648,7 +648,7 @@ func parseBool(s string) (bool, bool) {
 
 // Delete removes keys (a reset of the buckets) and returns how many existed. Each key is
 // deleted by its own DEL, pipelined, because keys of different cluster slots cannot share one;
-// in the compact and shared layouts its field is deleted too (HDEL; a field that has expired
+// in the mixed and shared layouts its field is deleted too (HDEL; a field that has expired
 // but was not swept yet counts as one that existed).
 func (s *Store) Delete(ctx context.Context, keys ...string) (int64, error) {
 	if len(keys) == 0 {

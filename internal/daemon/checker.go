@@ -394,6 +394,8 @@ func bucketLayout(l bucket.Layout) checker.BucketLayout {
 		return checker.CompactBuckets
 	case bucket.LayoutShared:
 		return checker.SharedBuckets
+	case bucket.LayoutMixed:
+		return checker.MixedBuckets
 	}
 	return checker.PreviousBuckets
 }

@@ -17,6 +17,7 @@ func TestBucketLayout(t *testing.T) {
 		{bucket.LayoutPrevious, checker.PreviousBuckets},
 		{bucket.LayoutCompact, checker.CompactBuckets},
 		{bucket.LayoutShared, checker.SharedBuckets},
+		{bucket.LayoutMixed, checker.MixedBuckets},
 	} {
 		if got := bucketLayout(tt.in); got != tt.want {
 			t.Errorf("bucketLayout(%v) = %d, want %d", tt.in, got, tt.want)

@@ -16,7 +16,7 @@
 --              n cost mode idem_ttl x, then code L W B per limit. x is the number of extras:
 --              0 when the call's fingerprint or charge time (ARGV[5]) and its refund tokens are
 --              all empty, else n + 1, those n + 1 values in ARGV's order. It has
---              n + (idem_ttl ~= "0" and 1 or 0) KEYS, n more in the compact and shared
+--              n + (idem_ttl ~= "0" and 1 or 0) KEYS, n more in the mixed and shared
 --              layouts (call.lua). Heads repeat from call to call (one per rule and mode), so
 --              that a call costs Redis two or three arguments instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua; once
 --              for all batches in the library).
@@ -63,7 +63,7 @@ end
 -- j = 6 * (i - 1), its module's eval and commit, L, W, B and Bs at j + 1 .. j + 6.
 local function quickSpec(s)
   local a, n = s.argv, s.n
-  if n < 1 or s.x ~= 0 or s.nk ~= (COMPACT and 2 * n or n) or a[3] ~= '0' or a[4] ~= '0' then
+  if n < 1 or s.x ~= 0 or s.nk ~= (FIELDS and 2 * n or n) or a[3] ~= '0' or a[4] ~= '0' then
     return false
   end
   local cost = int(a[2])
@@ -111,7 +111,7 @@ local function quickMany(p, q, now, now_s, out, at)
   local all = true
   for i = 1, n do
     local j, r = 6 * (i - 1), 10 * (i - 1)
-    if COMPACT then HASH = ARGV[p + n + i] end
+    if FIELDS then HASH = ARGV[p + n + i] end
     R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6], R[r + 7], R[r + 8], R[r + 9], R[r + 10] =
       q[j + 1](ARGV[p + i], q[j + 3], q[j + 4], q[j + 5], now, cost, q[j + 6], '')
     if not R[r + 1] then all = false end
@@ -120,7 +120,7 @@ local function quickMany(p, q, now, now_s, out, at)
   at = at + 2
   for i = 1, n do
     local j, r = 6 * (i - 1), 10 * (i - 1)
-    if COMPACT then HASH = ARGV[p + n + i] end
+    if FIELDS then HASH = ARGV[p + n + i] end
     out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6] =
       fields(all, false, q[j + 2], ARGV[p + i], q[j + 3], q[j + 4], q[j + 5], q[j + 6], now, now_s, cost,
         R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6], R[r + 7], R[r + 8], R[r + 9], R[r + 10], '')
@@ -150,7 +150,7 @@ local function run()
     local ok, r, f2, f3, f4, f5, f6
     if q and q.n == 1 then
       local now, now_s = clock()
-      if COMPACT then HASH = ARGV[p + 2] end
+      if FIELDS then HASH = ARGV[p + 2] end
       ok, r, f2, f3, f4, f5, f6 = pcall(quick, ARGV[p + 1], q, now, now_s)
       if ok then
         out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] = -2, r, f2, f3, f4, f5, f6

@@ -8,7 +8,7 @@
 -- KEYS and ARGV of one call:
 -- KEYS[1..n]   the limit keys (all in one cluster slot)
 -- KEYS[n+1]    the idempotency record key (same slot), present only when ARGV[4] ~= "0"
--- then, in the compact and shared layouts (COMPACT) only, n more: the shared hash of each
+-- then, in the mixed and shared layouts (FIELDS) only, n more: the shared hash of each
 --              limit's bucket (shared.lua), in the limits' order (same slot)
 -- ARGV[1]      n, the number of limits (>= 1; 0 in mode "3")
 -- ARGV[2]      cost (>= 1)
@@ -150,7 +150,7 @@ local function one(KEYS, ARGV, mode, cost, idem)
   end
 
   local now, now_s = clock()
-  if COMPACT then
+  if FIELDS then
     HASH = KEYS[#KEYS]
   end
 
@@ -220,7 +220,7 @@ if NEED then
       end
       for i = 1, n do
         local j, b = (i - 1) * S, 5 + (i - 1) * 5
-        if COMPACT then HASH = KEYS[h + i] end
+        if FIELDS then HASH = KEYS[h + i] end
         P[j + 3](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, charge_now, ARGV[b + 5], ARGV[b + 4])
       end
       if idem then
@@ -231,7 +231,7 @@ if NEED then
     local all = true
     for i = 1, n do
       local j = (i - 1) * S
-      if COMPACT then HASH = KEYS[h + i] end
+      if FIELDS then HASH = KEYS[h + i] end
       P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16] =
         P[j + 1](KEYS[i], P[j + 4], P[j + 5], P[j + 6], now, cost, ARGV[5 + (i - 1) * 5 + 4], ARGV[5 + (i - 1) * 5 + 5])
       if not P[j + 7] then all = false end
@@ -243,7 +243,7 @@ if NEED then
     local k = 3
     for i = 1, n do
       local j = (i - 1) * S
-      if COMPACT then HASH = KEYS[h + i] end
+      if FIELDS then HASH = KEYS[h + i] end
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
         fields(charged, charged and mode == '6', P[j + 2], KEYS[i], P[j + 4], P[j + 5], P[j + 6], ARGV[5 + (i - 1) * 5 + 4], now, now_s, cost,
           P[j + 7], P[j + 8], P[j + 9], P[j + 10], P[j + 11], P[j + 12], P[j + 13], P[j + 14], P[j + 15], P[j + 16],
@@ -259,7 +259,7 @@ if NEED then
 end
 
 -- settle settles the part of a reservation in one slot (mode "5"; never in a batch): KEYS[n+1]
--- is the reservation's record (then, compact and shared layouts, the limits' hashes), which must still hold ARGV[5] ("open <charge now_us> ..." as
+-- is the reservation's record (then, mixed and shared layouts, the limits' hashes), which must still hold ARGV[5] ("open <charge now_us> ..." as
 -- Store.Mark wrote it), else the reply is the error 'RESERVATION_UNKNOWN' (no record: never
 -- written, or expired) or 'RESERVATION_SETTLED <record>' and nothing changes, so that a
 -- settle sent twice never charges twice. ARGV[2] is the signed difference d = actual -
@@ -271,7 +271,7 @@ end
 -- (code 8) have no part in a reservation: their place is held apart.
 local function settle(KEYS, ARGV)
   local n, d, ttl = int(ARGV[1]), int(ARGV[2]), tonumber(ARGV[4])
-  if not n or n < 1 or #ARGV ~= 5 + 5 * n or #KEYS ~= n + 1 + (COMPACT and n or 0) or not d or not ttl or ttl < 1 then
+  if not n or n < 1 or #ARGV ~= 5 + 5 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then
     return redis.error_reply('ERR bucket: malformed settle arguments')
   end
   local rec = KEYS[n + 1]
@@ -297,7 +297,7 @@ local function settle(KEYS, ARGV)
       return redis.error_reply('ERR bucket: malformed limit ' .. i)
     end
     local fit = 1
-    if COMPACT then HASH = KEYS[n + 1 + i] end
+    if FIELDS then HASH = KEYS[n + 1 + i] end
     if d > 0 then
       local ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, d, Bs)
       if not ok then
@@ -342,7 +342,7 @@ local function check(KEYS, ARGV)
   if idem_ttl > 0 then
     idem = KEYS[n + 1]
   end
-  if #KEYS ~= n + (idem and 1 or 0) + (COMPACT and n or 0) then
+  if #KEYS ~= n + (idem and 1 or 0) + (FIELDS and n or 0) then
     return redis.error_reply('ERR bucket: wrong number of keys')
   end
   if n == 1 then

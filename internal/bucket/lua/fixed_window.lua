@@ -59,7 +59,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
         s = redis.pcall('GET', key)
         if type(s) == 'table' then
           s, h = nil, redis.call('HMGET', key, 'w', 'n')
-        elseif not s and not SHARED and W >= 1000 then
+        elseif not s and FIELDS and not SHARED and W >= 1000 then
           v, held = fget(key, now)
         end
       else
@@ -157,7 +157,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
           s = redis.pcall('GET', key)
           if type(s) == 'table' then
             s, h = nil, redis.call('HMGET', key, 'w', 'n')
-          elseif not s and not SHARED and W >= 1000 then
+          elseif not s and FIELDS and not SHARED and W >= 1000 then
             v, e = fget(key, now)
           end
         else

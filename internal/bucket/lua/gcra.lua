@@ -38,7 +38,7 @@ if NEED_1 == '6' or NEED and NEED['6'] then
       s = redis.call('GET', key)
       if SHARED then
         e = s and -1 or 0
-      elseif COMPACT and not s then
+      elseif FIELDS and not s then
         s, e = fget(key, now)
         if not s then
           e = nil

@@ -58,7 +58,7 @@ else
     if f[3] == '2' then
       MODE = '2'
     end
-    return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0) + (COMPACT and n or 0)}
+    return {argv = argv, n = n, x = x, nk = n + (f[4] ~= '0' and 1 or 0) + (FIELDS and n or 0)}
   end
 
   -- specs holds the heads parsed (spec), nspecs their number: a script's are its run's; a

@@ -21,21 +21,22 @@
 --   that create a field (or write over one that had expired), so that a hash holds about 16
 --   expired fields, besides those of buckets that stay idle, whose hash expires.
 -- Where a bucket lives: in its field or in its key, never both live at once, so that shared
---   and compact writers (a rolling switch between them, either way) share every count. A
---   shared writer asks the field first and, when it holds nothing live, the key (written by a
---   compact or previous writer, or a version before this one); its next write moves the state
---   into the field and deletes the key. A compact writer (COMPACT but not SHARED) asks the key
---   first and, when there is none, the field, and writes where it read: a live field stays a
---   field, else it writes its key. The previous layout reads no fields (layout.go).
+--   and mixed writers (a rolling switch between them, either way) share every count. A shared
+--   writer asks the field first and, when it holds nothing live, the key (written in another
+--   layout, or by a version before this one); its next write moves the state into the field
+--   and deletes the key. A mixed writer (FIELDS but not SHARED: the compact layout's keys)
+--   asks the key first and, when there is none, the field, and writes where it read: a live
+--   field stays a field, else it writes its key. The previous and compact layouts read no
+--   fields (layout.go): a field read on every missing key costs the check a call.
 -- Commands: HMGET of the field and "~" (fget); HSET (fset), with HGET of "~" when this run has
 --   not read it, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
 --
 -- HASH is the hash of the limit being decided, set by the drivers (call.lua, batch.lua) before
--- each call of its module's eval, commit or refund; the compact and shared layouts' calls name
+-- each call of its module's eval, commit or refund; the mixed and shared layouts' calls name
 -- their limits' hashes (call.lua's KEYS).
 local HASH
 local fget, fset
-if COMPACT then
+if FIELDS then
   -- SLACK (ms) is how far past its latest field's expiry a hash's "~" is moved: "~" moves, and
   -- its hash is swept, at most once per SLACK while its buckets are busy.
   local SLACK = 60000

@@ -54,7 +54,7 @@ if NEED_1 == '1' or NEED and NEED['1'] then
       end
       if SHARED then
         e = (s or v and v[1]) and -1 or 0
-      elseif COMPACT and not s and not v then
+      elseif FIELDS and not s and not v then
         s, e = fget(key, now)
         if not s then
           s, e = nil, nil
@@ -146,8 +146,8 @@ if NEED_1 == '1' or NEED and NEED['1'] then
   if REFUNDS then
     function tb_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       -- Nothing stored is a full bucket: nothing to give back. (A compact writer's bucket
-      -- may be a field: shared.lua.)
-      if not SHARED and redis.call('EXISTS', key) == 0 and not (COMPACT and fget(key, now)) then
+      -- may be a field in the mixed layout: shared.lua.)
+      if not SHARED and redis.call('EXISTS', key) == 0 and not (FIELDS and fget(key, now)) then
         return
       end
       local tk, t, held = load(key, L, W, B, Bs, now)
