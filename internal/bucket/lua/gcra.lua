@@ -94,9 +94,8 @@ if NEED_1 == '6' or NEED and NEED['6'] then
         if held == -1 then
           redis.call('DEL', key)
         end
-        local ms = ceil(diff / 1000)
-        if ms < 1 then ms = 1 end
-        fset(key, v, floor(now / 1000) + ms, held == -1 and 0 or held, now)
+        -- The expiry rounded up to a second: a later TAT mostly keeps it (shared.lua).
+        fset(key, v, ceil((now + diff) / 1e6 + 1e-9) * 1000, held == -1 and 0 or held, now)
         return ''
       end
       redis.call('SET', key, v, 'PX', ttl_ms(diff))

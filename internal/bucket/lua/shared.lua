@@ -10,8 +10,10 @@
 -- limit, after the limits and the record), which Store names (shared.go) "rl:{<tag>}:h<j>" in
 -- k's cluster slot, so that a call's keys stay in one slot.
 -- Field k: "<expiry ms>|<state>", state the module's compact state and the expiry what the key
---   of the compact layout would have had: the field reads as missing once the clock (in ms) is
---   past it, as Redis's key would, since a hash's field has no TTL of its own in Redis 7.0.
+--   of the compact layout would have had (gcra and token_bucket round it up to a second, so
+--   that most writes keep it: no format, no look at "~"): the field reads as missing once the
+--   clock (in ms) is past it, as Redis's key would, since a hash's field has no TTL of its own
+--   in Redis 7.0.
 -- Field "~": the hash's expiry (ms), at least every field's (when a write would pass it, it
 --   becomes that field's plus SLACK, and the hash is given it as its TTL): a hash whose
 --   buckets all go idle expires as their keys would have, SLACK later.
@@ -28,8 +30,8 @@
 --   asks the key first and, when there is none, the field, and writes where it read: a live
 --   field stays a field, else it writes its key. The previous and compact layouts read no
 --   fields (layout.go): a field read on every missing key costs the check a call.
--- Commands: HMGET of the field and "~" (fget); HSET (fset), with HGET of "~" when this run has
---   not read it, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
+-- Commands: HGET of the field (fget); HSET (fset), with HGET of "~" when the write moves the
+--   field's expiry, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
 --
 -- HASH is the hash of the limit being decided, set by the drivers (call.lua, batch.lua) before
 -- each call of its module's eval, commit or refund; the mixed and shared layouts' calls name
@@ -40,9 +42,11 @@ if FIELDS then
   -- SLACK (ms) is how far past its latest field's expiry a hash's "~" is moved: "~" moves, and
   -- its hash is swept, at most once per SLACK while its buckets are busy.
   local SLACK = 60000
-  -- HX_HASH is the hash whose "~" was read last, HXS that "~" (a string, parsed only when a
-  -- write needs it; false when the hash has none).
+  -- HX_HASH is the hash whose "~" was read last in this call, HXS that "~" (a string, parsed
+  -- when a write needs it; false when the hash has none).
   local HX_HASH, HXS
+  -- FK is the field fget read last with a live state, FES its expiry as text.
+  local FK, FES
   -- CREATED counts the fields fset created (or wrote over an expired one) in this run, or in
   -- a library's life: one in 16 sweeps its hash, those whose count plus the run's time (µs)
   -- is a multiple of 16 (a script's runs each start the count over).
@@ -53,17 +57,18 @@ if FIELDS then
   -- when the field has expired (or is malformed), which means an empty bucket, as a missing
   -- key does.
   function fget(key, now)
-    local r = redis.call('HMGET', HASH, key, '~')
-    HX_HASH, HXS = HASH, r[2]
-    local v = r[1]
+    local v = redis.call('HGET', HASH, key)
+    HX_HASH = nil -- "~" is read afresh by this call's first write that needs it
     if not v then
       return nil
     end
     local bar = string.find(v, '|', 1, true)
-    local e = bar and tonumber(string.sub(v, 1, bar - 1))
+    local es = bar and string.sub(v, 1, bar - 1)
+    local e = tonumber(es)
     if not e or floor(now / 1000) > e then
       return false, 0
     end
+    FK, FES = key, es
     return string.sub(v, bar + 1), e
   end
 
@@ -92,7 +97,12 @@ if FIELDS then
   -- fget read it (0 when unknown): every field's expiry is at most "~", so a write that keeps
   -- it (the same window) needs no look at "~".
   function fset(key, state, e, old, now)
-    local v = format('%d', e) .. '|' .. state
+    local v
+    if e == old and key == FK then
+      v = FES .. '|' .. state -- the expiry as read: no format
+    else
+      v = format('%d', e) .. '|' .. state
+    end
     if e <= old then
       redis.call('HSET', HASH, key, v)
       return

@@ -120,9 +120,8 @@ if NEED_1 == '1' or NEED and NEED['1'] then
           redis.call('DEL', key)
           held = 0
         end
-        local ms = ceil((t - now + (B - tk) * W / L) / 1000)
-        if ms < 1 then ms = 1 end
-        fset(key, num(tk) .. ':' .. ts .. ':' .. Bs, floor(now / 1000) + ms, held, now)
+        -- Full again then, rounded up to a second: a later write mostly keeps it (shared.lua).
+        fset(key, num(tk) .. ':' .. ts .. ':' .. Bs, ceil((t + (B - tk) * W / L) / 1e6 + 1e-9) * 1000, held, now)
         return ''
       end
       local ttl = ttl_ms(t - now + (B - tk) * W / L)
