@@ -37,7 +37,8 @@
 --   layout's lines and lua/shared.lua): the bucket may be a field of KEYS[2], as
 --   lua/fixed_window.lua keeps it. A lease reads and writes where fixed_window does: a shared
 --   writer (SHARED) the field first, then the key, whose state it moves into the field; a
---   mixed one the key first, then the field, writing where it read.
+--   mixed one the key first, then the field; a bucket with a field, live or expired, is
+--   written there.
 -- Commands: TIME, HMGET (GET and PEXPIRETIME on a compact key), and when it changes something
 -- HSET (+ PEXPIREAT for a new window, DEL first over a compact key of an older window) or
 -- SET KEEPTTL; HMGET (fget) of its field, in the order above, and fset to write one (+ DEL of a
@@ -64,15 +65,17 @@ if fields then
   HASH, clk = KEYS[2], clock()
 end
 
--- field reads the bucket's field: the window id and count it holds, nil when it holds nothing
--- live (e = 0).
+-- field reads the bucket's field: the window id and count it holds (nil and 0 when it holds
+-- nothing live, e = 0) and whether there is one, live or expired (shared.lua: then the bucket
+-- is written there).
 local function field()
   local v
   v, e = fget(key, clk)
   if v then
-    return floor(e * 1000 / W) - 1, tonumber(v) or 0
+    return floor(e * 1000 / W) - 1, tonumber(v) or 0, true
   end
   e = 0
+  return nil, 0, v == false
 end
 
 -- read returns the stored window id (nil for none), its count, what holds it ('h' a hash, 's' a
@@ -82,8 +85,8 @@ end
 -- first in the mixed one.
 local function read(now)
   if fields and SHARED then
-    local sw, n = field()
-    if sw then
+    local sw, n, has = field()
+    if has then
       return sw, n, 'f'
     end
   end
@@ -91,8 +94,8 @@ local function read(now)
   if not h.err then
     local sw = tonumber(h[1])
     if not sw and fields and not SHARED then
-      local fw, n = field()
-      if fw then
+      local fw, n, has = field()
+      if has then
         return fw, n, 'f'
       end
     end

@@ -347,3 +347,38 @@ func TestSharedRollingSwitch(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedExpiredField: a bucket whose field has expired is written there again, by a shared
+// writer without a look at its key and by a mixed one too, so that the two never split it into
+// a field and a key (lua/shared.lua); a sweep then finds the field live.
+func TestSharedExpiredField(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	now := sharedStore(t, c, StoreConfig{})
+	later := map[Layout]*Store{}
+	for _, l := range []Layout{LayoutShared, LayoutMixed} {
+		s := NewStoreWithConfig(c, StoreConfig{Layout: l, ClockOffset: 5 * time.Minute})
+		t.Cleanup(func() { s.Close() })
+		later[l] = s
+	}
+	for _, a := range []Algorithm{FixedWindow, GCRA, TokenBucket} {
+		for _, writer := range []Layout{LayoutMixed, LayoutShared} {
+			t.Run(a.String()+"/"+writer.String(), func(t *testing.T) {
+				t.Parallel()
+				l := lim(key(t, "b"), a, 10, time.Second, 0) // expired five minutes on
+				check(t, now, one(l, 5))
+				if res := check(t, later[writer], one(l, 3)); !res.Allowed || res.Limits[0].Remaining != 7 {
+					t.Fatalf("%s over the expired field: allowed %v remaining %d, want true 7", writer, res.Allowed, res.Limits[0].Remaining)
+				}
+				if n := serverOf(t, c, l.Key).Exists(ctxT(t), l.Key).Val(); n != 0 {
+					t.Errorf("%s wrote a key over an expired field", writer)
+				}
+				for _, r := range later {
+					if got := check(t, r, peekReq(l)).Limits[0].Remaining; got != 7 {
+						t.Errorf("%s after %s: remaining %d, want 7", r.b.cfg.Layout, writer, got)
+					}
+				}
+			})
+		}
+	}
+}

@@ -47,12 +47,12 @@ if NEED_1 == '3' or NEED and NEED['3'] then
     -- sw: the stored window id (nil for none), n its count, held what holds them.
     local sw, n, held = nil, 0, false
     local s, h, v
-    -- Where the bucket lives (shared.lua): a shared writer asks its field first, a compact one
-    -- its key first; either reads the other when the first holds nothing live.
+    -- Where the bucket lives (shared.lua): a shared writer asks its field first, a mixed one
+    -- its key first; either reads the other when the first holds nothing.
     if SHARED and W >= 1000 then
       v, held = fget(key, now)
     end
-    if not v then
+    if v == nil then
       -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
       -- only for a key of the other.
       if COMPACT then
@@ -71,6 +71,8 @@ if NEED_1 == '3' or NEED and NEED['3'] then
     end
     if v then
       sw, n = floor(held * 1000 / W) - 1, tonumber(v) or 0
+    elseif v == false then
+      held = 0 -- a field that has expired: an empty bucket, written as a field
     elseif h then
       sw, n, held = tonumber(h[1]), tonumber(h[2]) or 0, 'h'
     elseif s then
@@ -152,7 +154,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
       if SHARED and W >= 1000 then
         v, e = fget(key, now)
       end
-      if not v then
+      if v == nil then
         if COMPACT then
           s = redis.pcall('GET', key)
           if type(s) == 'table' then
@@ -171,6 +173,8 @@ if NEED_1 == '3' or NEED and NEED['3'] then
         if floor(e * 1000 / W) - 1 == cw then
           fset(key, us(nonneg((tonumber(v) or 0) - cost)), e, e, now)
         end
+        return
+      elseif v == false then -- a field that has expired: nothing to give back
         return
       end
       -- its key (or nothing): refunded there, in its layout

@@ -27,20 +27,20 @@ local gcra_eval, gcra_commit, gcra_refund
 if NEED_1 == '6' or NEED and NEED['6'] then
   -- load returns TAT - now, at least 0, and where its field is to be written (shared.lua),
   -- nil for its key: the field's expiry as read (0 for none), or -1 for a shared writer's
-  -- bucket read from its key. A shared writer asks the field first, a compact one the key
-  -- first; either reads the other when the first holds nothing live.
+  -- bucket read from its key. A shared writer asks the field first, a mixed one the key
+  -- first; either reads the other when the first holds nothing (shared.lua).
   local function load(key, now)
     local s, e
     if SHARED then
       s, e = fget(key, now)
     end
-    if not s then
+    if s == nil then
       s = redis.call('GET', key)
       if SHARED then
         e = s and -1 or 0
       elseif FIELDS and not s then
         s, e = fget(key, now)
-        if not s then
+        if s == nil then
           e = nil
         end
       end

@@ -22,14 +22,16 @@
 --   its buckets are busy, but none while a long window keeps "~" ahead), and one in 16 writes
 --   that create a field (or write over one that had expired), so that a hash holds about 16
 --   expired fields, besides those of buckets that stay idle, whose hash expires.
--- Where a bucket lives: in its field or in its key, never both live at once, so that shared
---   and mixed writers (a rolling switch between them, either way) share every count. A shared
---   writer asks the field first and, when it holds nothing live, the key (written in another
---   layout, or by a version before this one); its next write moves the state into the field
---   and deletes the key. A mixed writer (FIELDS but not SHARED: the compact layout's keys)
---   asks the key first and, when there is none, the field, and writes where it read: a live
---   field stays a field, else it writes its key. The previous and compact layouts read no
---   fields (layout.go): a field read on every missing key costs the check a call.
+-- Where a bucket lives: in its field or in its key, never both, so that shared and mixed
+--   writers (a rolling switch between them, either way) share every count. Once a bucket has
+--   a field (live or expired), it is written there; a key is written only while it has none.
+--   A shared writer asks the field first and, when there is none, the key (written in another
+--   layout, or by a version before this one), whose state its next write moves into the field,
+--   deleting the key. A mixed writer (FIELDS but not SHARED: the compact layout's keys) asks
+--   the key first and, when there is none, the field, and writes the field when there is one,
+--   else its key. A field that has expired is an empty bucket, as a missing key is; a sweep
+--   deletes it, after which either writer finds none. The previous and compact layouts read
+--   no fields (layout.go): a field read on every missing key costs the check a call.
 -- Commands: HGET of the field (fget); HSET (fset), with HGET of "~" when the write moves the
 --   field's expiry, and PEXPIRE of the hash, HGETALL and HDEL when "~" moves.
 --

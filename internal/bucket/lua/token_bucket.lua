@@ -31,14 +31,14 @@ if NEED_1 == '1' or NEED and NEED['1'] then
   -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
   -- (a hash of another cap, no key); or, a number, that its field is to be written
   -- (shared.lua): the field's expiry as read (0 for none), or -1 for a shared writer's bucket
-  -- read from its key. A shared writer asks the field first, a compact one the key first;
-  -- either reads the other when the first holds nothing live.
+  -- read from its key. A shared writer asks the field first, a mixed one the key first;
+  -- either reads the other when the first holds nothing (shared.lua).
   local function load(key, L, W, B, Bs, now)
     local s, v, e
     if SHARED then
       s, e = fget(key, now)
     end
-    if not s then
+    if s == nil then
       -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
       -- only for a key of the other.
       if COMPACT then
@@ -56,8 +56,10 @@ if NEED_1 == '1' or NEED and NEED['1'] then
         e = (s or v and v[1]) and -1 or 0
       elseif FIELDS and not s and not v then
         s, e = fget(key, now)
-        if not s then
-          s, e = nil, nil
+        if s == false then
+          return B, now, 0
+        elseif s == nil then
+          e = nil
         end
       end
     end
