@@ -1,10 +1,7 @@
 package bucket
 
 import (
-	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,22 +89,7 @@ func TestCalendarWindowExact(t *testing.T) {
 	now := redisNow(t, s).Truncate(time.Second)
 	sp := calendar.Period{Unit: calendar.Month}.Around(now)
 	l := calLimit(key(t, "cw"), 50, sp)
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	for range 200 {
-		wg.Go(func() {
-			res, err := s.Check(context.Background(), []Request{one(l, 1)})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if res[0].Allowed {
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if got := allowed.Load(); got != 50 {
+	if got := raceCharges(t, []*Store{s}, l, 200); got != 50 {
 		t.Errorf("200 concurrent charges of a limit of 50: %d allowed, want exactly 50", got)
 	}
 

@@ -1,7 +1,6 @@
 package bucket
 
 import (
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,20 +16,22 @@ import (
 const clusterSlots = 16384
 
 // sharedHash returns the name of the hash that holds the bucket of key in the shared layout,
-// one of perSlot (>= 1) hashes in key's cluster slot.
+// one of perSlot (>= 1) hashes in key's cluster slot, chosen by the FNV-1a hash of key's hash
+// tag. It allocates the name alone.
 func sharedHash(key string, perSlot int) string {
 	tag := hashTag(key)
-	var b strings.Builder
-	b.Grow(16)
-	b.WriteString("rl:{")
-	b.WriteString(slotTags()[keySlot(tag)])
-	b.WriteString("}:h")
+	var buf [32]byte
+	b := append(buf[:0], "rl:{"...)
+	b = append(b, slotTags()[keySlot(tag)]...)
+	b = append(b, "}:h"...)
 	if perSlot > 1 {
-		h := fnv.New32a()
-		h.Write([]byte(tag))
-		b.WriteString(strconv.FormatUint(uint64(h.Sum32()%uint32(perSlot)), 10))
+		h := uint32(2166136261)
+		for i := 0; i < len(tag); i++ {
+			h = (h ^ uint32(tag[i])) * 16777619
+		}
+		b = strconv.AppendUint(b, uint64(h%uint32(perSlot)), 10)
 	}
-	return b.String()
+	return string(b)
 }
 
 // hashTag returns the part of key Redis Cluster hashes: what is between the first '{' and the
@@ -49,7 +50,15 @@ func hashTag(key string) string {
 func keySlot(tag string) int {
 	var crc uint16
 	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^tag[i]]
+	}
+	return int(crc) % clusterSlots
+}
+
+// crc16Table is CRC16-XMODEM's (polynomial 0x1021) per byte.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -57,13 +66,14 @@ func keySlot(tag string) int {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return int(crc) % clusterSlots
-}
+	return t
+}()
 
 // slotTags returns, per cluster slot, the shortest base-36 number whose slot it is (the first
-// found counting up): a hash tag that puts a key in that slot. Computed once, in about a
-// millisecond.
+// found counting up, at most 4 characters): a hash tag that puts a key in that slot. Computed
+// once, when first needed (about 10 ms).
 var slotTags = sync.OnceValue(func() *[clusterSlots]string {
 	var tags [clusterSlots]string
 	left := clusterSlots

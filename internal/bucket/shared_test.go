@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -319,24 +320,7 @@ func TestSharedRollingSwitch(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), a, L, long, 0)
 			check(t, stores[0], one(l, 1)) // a mixed checker's key first
-			var allowed atomic.Int64
-			var wg sync.WaitGroup
-			for i := range calls {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					res, err := stores[i%len(stores)].Check(ctxT(t), []Request{one(l, 1)})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if res[0].Allowed {
-						allowed.Add(1)
-					}
-				}()
-			}
-			wg.Wait()
-			if got := allowed.Load(); got != L-1 {
+			if got := raceCharges(t, stores, l, calls); got != L-1 {
 				t.Errorf("allowed %d of %d after 1, want %d", got, calls, L-1)
 			}
 			for _, s := range stores {
@@ -365,7 +349,8 @@ func TestSharedExpiredField(t *testing.T) {
 		for _, writer := range []Layout{LayoutMixed, LayoutShared} {
 			t.Run(a.String()+"/"+writer.String(), func(t *testing.T) {
 				t.Parallel()
-				l := lim(key(t, "b"), a, 10, time.Second, 0) // expired five minutes on
+				// Expired five minutes on; a unit refills in 6 s, longer than the test.
+				l := lim(key(t, "b"), a, 10, time.Minute, 0)
 				check(t, now, one(l, 5))
 				if res := check(t, later[writer], one(l, 3)); !res.Allowed || res.Limits[0].Remaining != 7 {
 					t.Fatalf("%s over the expired field: allowed %v remaining %d, want true 7", writer, res.Allowed, res.Limits[0].Remaining)
@@ -380,5 +365,37 @@ func TestSharedExpiredField(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// raceCharges sends n charges of 1 to l at once, spread over stores, and returns how many were
+// allowed; an error fails t.
+func raceCharges(t *testing.T, stores []*Store, l Limit, n int) int64 {
+	t.Helper()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			res, err := stores[i%len(stores)].Check(context.Background(), []Request{one(l, 1)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res[0].Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return allowed.Load()
+}
+
+// BenchmarkSharedHash: naming a bucket's shared hash, which a check of the mixed or shared
+// layout does per limit.
+func BenchmarkSharedHash(b *testing.B) {
+	b.ReportAllocs()
+	slotTags()
+	for i := 0; b.Loop(); i++ {
+		sharedHash("rl:{user:123456}:fw:1d:/api/*", 1+i%2)
 	}
 }

@@ -3,8 +3,9 @@
 --
 -- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '3', L, W, B ignored, token
 -- unused).
--- State, in one of two layouts; every version since the compact one reads both, and a write
--- uses the configured one (COMPACT, --bucket-layout; layout.go), converting the key:
+-- State, in one of three layouts; every version since the compact one reads the first two,
+-- and a write uses the configured one (COMPACT, SHARED, --bucket-layout; layout.go),
+-- converting the key:
 --   previous: hash {w = window id, n = count} (the only layout before; HMGET on the string
 --             of the compact layout fails, so a version that knows only this one must not run
 --             alongside compact writers).
@@ -17,6 +18,12 @@
 --             rounded up to a ms (unique for W >= 1 ms: shorter windows keep the previous
 --             layout). A key 8k windows ahead reads as the current window: it keeps its count,
 --             which errs towards denying. n * 8 stays below 2^53 (n <= L <= 2^50).
+--   shared:   (SHARED, W >= 1 ms) field key of a shared hash (shared.lua), "<e>|<n>", e the
+--             expiry the compact key would have, which names the window as its PEXPIRETIME
+--             does. A bucket with no field is read from its key, in either layout above, and
+--             moved into its field (the key deleted) by its next charge. The mixed layout
+--             (FIELDS) writes compact keys, but a bucket with no key and a field is read and
+--             written there.
 -- A stored window other than the current one means a count of 0, except a stored window
 -- ahead of the clock (the clock stepped back), kept as current.
 -- Allowed when n + cost <= L. used = n, remaining = L - n.
@@ -25,10 +32,6 @@
 -- already stored only updates n (compact: SET KEEPTTL).
 -- Refund: n -= cost when the charge's window (from charge_now) is still the stored one
 -- (compact: read from the expiry, as the low bits could match a window 8 later).
---   shared:   (SHARED, W >= 1 ms) field key of a shared hash (shared.lua), "<e>|<n>", e the
---             expiry the compact key would have, which names the window as its PEXPIRETIME
---             does. A bucket with no field is read from its key, in either layout above, and
---             moved into its field (the key deleted) by its next charge.
 -- Commands: GET (compact) or HMGET (previous), then the other on a key of the other layout
 -- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or
 -- SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first over a compact key)
@@ -36,39 +39,48 @@
 -- commit (+ DEL of a key it was read from).
 local fw_eval, fw_commit, fw_refund
 if NEED_1 == '3' or NEED and NEED['3'] then
+  -- read asks where the bucket lives (shared.lua): a shared writer its field first, a mixed
+  -- one its key first, either the other when the first holds nothing. It returns the field's
+  -- state v (false when the field has expired, nil when there is none) and expiry e, or the
+  -- key's: a compact string s or a previous hash h. (One helper for eval and refund: a library
+  -- builds its closure once; a script run pays it per run, only when a fixed window is
+  -- checked.)
+  local function read(key, W, now)
+    local s, h, v, e
+    if SHARED and W >= 1000 then
+      v, e = fget(key, now)
+      if v ~= nil then
+        return nil, nil, v, e
+      end
+    end
+    -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error, only
+    -- for a key of the other.
+    if COMPACT then
+      s = redis.pcall('GET', key)
+      if type(s) == 'table' then
+        s, h = nil, redis.call('HMGET', key, 'w', 'n')
+      elseif not s and FIELDS and not SHARED and W >= 1000 then
+        v, e = fget(key, now)
+      end
+    else
+      h = redis.pcall('HMGET', key, 'w', 'n')
+      if h.err then
+        s, h = redis.call('GET', key), nil
+      end
+    end
+    return s, h, v, e
+  end
+
   -- eval: s1 = the window id to write, s2 = count after consumption, s3 = what holds that
   -- window's count already ('h' a hash, 's' a compact string), 'x' a compact string of an older
   -- window, false nothing; or, a number, that its field is to be written (shared.lua): the
   -- field's expiry as read (0 for none), -1 for a shared writer's bucket read from its key.
-  -- (All inline, also in refund: a helper's closure costs every check.)
   function fw_eval(key, L, W, B, now, cost)
     local wid = floor(now / W)
     local t = now
     -- sw: the stored window id (nil for none), n its count, held what holds them.
-    local sw, n, held = nil, 0, false
-    local s, h, v
-    -- Where the bucket lives (shared.lua): a shared writer asks its field first, a mixed one
-    -- its key first; either reads the other when the first holds nothing.
-    if SHARED and W >= 1000 then
-      v, held = fget(key, now)
-    end
-    if v == nil then
-      -- Ask first for the configured layout's type: a second call, after a WRONGTYPE error,
-      -- only for a key of the other.
-      if COMPACT then
-        s = redis.pcall('GET', key)
-        if type(s) == 'table' then
-          s, h = nil, redis.call('HMGET', key, 'w', 'n')
-        elseif not s and FIELDS and not SHARED and W >= 1000 then
-          v, held = fget(key, now)
-        end
-      else
-        h = redis.pcall('HMGET', key, 'w', 'n')
-        if h.err then
-          s, h = redis.call('GET', key), nil
-        end
-      end
-    end
+    local sw, n = nil, 0
+    local s, h, v, held = read(key, W, now)
     if v then
       sw, n = floor(held * 1000 / W) - 1, tonumber(v) or 0
     elseif v == false then
@@ -149,26 +161,7 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   if REFUNDS then
     function fw_refund(key, L, W, B, now, cost, charge_now, token, Bs)
       local cw = floor(charge_now / W)
-      -- Where the bucket lives, asked as eval asks.
-      local s, h, v, e
-      if SHARED and W >= 1000 then
-        v, e = fget(key, now)
-      end
-      if v == nil then
-        if COMPACT then
-          s = redis.pcall('GET', key)
-          if type(s) == 'table' then
-            s, h = nil, redis.call('HMGET', key, 'w', 'n')
-          elseif not s and FIELDS and not SHARED and W >= 1000 then
-            v, e = fget(key, now)
-          end
-        else
-          h = redis.pcall('HMGET', key, 'w', 'n')
-          if h.err then
-            s, h = redis.call('GET', key), nil
-          end
-        end
-      end
+      local s, h, v, e = read(key, W, now)
       if v then -- its field: refunded there
         if floor(e * 1000 / W) - 1 == cw then
           fset(key, us(nonneg((tonumber(v) or 0) - cost)), e, e, now)

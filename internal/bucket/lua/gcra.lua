@@ -19,8 +19,9 @@
 -- TTL: until TAT, after which a missing key means the same.
 -- Refund: TAT -= cost * T; the key is deleted when that is not after now.
 -- Shared layout (SHARED; shared.lua): field key of a shared hash, "<e>|<TAT>", e the expiry
--- the key would have; a bucket with no field is read from its key and moved into its field
--- (the key deleted) by its next write.
+-- the key would have, rounded up to a second; a bucket with no field is read from its key and
+-- moved into its field (the key deleted) by its next write. The mixed layout (FIELDS) writes
+-- the key, but a bucket with no key and a field is read and written there.
 -- Commands: GET, and on commit SET PX. Shared: fget (GET only for a bucket with no field),
 -- and on commit fset (+ DEL of a key it was read from); a refund to nothing HDEL.
 local gcra_eval, gcra_commit, gcra_refund

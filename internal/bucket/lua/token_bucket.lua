@@ -2,8 +2,8 @@
 --
 -- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '1', L, W, B, token unused).
 -- State: tk = tokens (float), ts = µs of the last update, cap = B it was written with, in one
--- of two layouts; every version since the compact one reads both, and a write uses the
--- configured one (COMPACT, --bucket-layout; layout.go), converting the key:
+-- of three layouts; every version since the compact one reads the first two, and a write uses
+-- the configured one (COMPACT, SHARED, --bucket-layout; layout.go), converting the key:
 --   previous: hash {tk, ts, cap} (the only layout before; HMGET on the string of the compact
 --             layout fails, so a version that knows only this one must not run alongside
 --             compact writers).
@@ -11,9 +11,10 @@
 --             string where the hash takes 64 (80 once tk has a fraction), and one SET PX to
 --             write instead of HSET + PEXPIRE.
 --   shared:   (SHARED) field key of a shared hash (shared.lua), "<e>|<tk>:<ts>:<cap>", e the
---             expiry the compact key would have. A bucket with no field is read from its key,
---             in either layout above, and moved into its field (the key deleted) by its next
---             write.
+--             expiry the compact key would have, rounded up to a second. A bucket with no
+--             field is read from its key, in either layout above, and moved into its field
+--             (the key deleted) by its next write. The mixed layout (FIELDS) writes compact
+--             keys, but a bucket with no key and a field is read and written there.
 -- A missing key is a full bucket. When cap differs from B (an admin changed the limit) the
 -- tokens shift by B - cap, clamped to [0, B], so consumption survives the change: 90 used of
 -- 100 raised to 200 leaves 110.
