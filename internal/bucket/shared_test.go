@@ -173,6 +173,28 @@ func TestSharedSweep(t *testing.T) {
 	t.Errorf("the expired field stayed after 200 new fields")
 }
 
+// TestSharedSweepMany: a sweep deletes any number of expired fields (HDELs of 1,000 at most:
+// lua/shared.lua), here those of a hash far past the size --shared-hashes is meant to keep.
+func TestSharedSweepMany(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	s := sharedStore(t, c, StoreConfig{})
+	l := lim(key(t, "b"), GCRA, 10, time.Hour, 0)
+	h := sharedHash(l.Key, 1)
+	args := []any{"~", "1"} // an old "~": the next write moves it and sweeps
+	for i := range 9000 {
+		args = append(args, key(t, fmt.Sprint("old", i)), "1|0") // expired in 1970
+	}
+	srv := serverOf(t, c, l.Key)
+	if err := srv.HSet(ctxT(t), h, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	check(t, s, one(l, 1))
+	if n := srv.HLen(ctxT(t), h).Val(); n != 2 {
+		t.Errorf("the hash holds %d fields after the sweep, want 2 (~ and the new bucket)", n)
+	}
+}
+
 // TestSharedMoves: a bucket of another layout's key is moved into its field by the shared
 // layout's next write (the key deleted), its count kept, and a refund of that write gives
 // back exactly what it charged; a lease of such a bucket moves it too.

@@ -74,7 +74,8 @@ if FIELDS then
     return string.sub(v, bar + 1), e
   end
 
-  -- sweep deletes the fields of HASH that have expired at now (µs).
+  -- sweep deletes the fields of HASH that have expired at now (µs), by HDELs of at most 1,000
+  -- fields (unpack's arguments must fit Lua's C stack, which an oversized hash would pass).
   local function sweep(now)
     local all = redis.call('HGETALL', HASH)
     local ms = floor(now / 1000)
@@ -87,6 +88,10 @@ if FIELDS then
         if not e or ms > e then
           k = k + 1
           gone[k] = f
+          if k == 1002 then
+            redis.call(unpack(gone))
+            gone, k = {'HDEL', HASH}, 2
+          end
         end
       end
     end
