@@ -18,8 +18,9 @@
 --              all empty, else n + 1, those n + 1 values in ARGV's order. It has
 --              n + (idem_ttl ~= "0" and 1 or 0) KEYS, n more in the mixed and shared
 --              layouts (call.lua). Heads repeat from call to call (one per rule and mode), so
---              that a call costs Redis two or three arguments instead of 8 + 5 per limit, and its parse is paid once per batch (need.lua; once
---              for all batches in the library).
+--              that a call costs Redis two or three arguments instead of 8 + 5 per limit, and
+--              its parse is paid once per batch (need.lua; once for all batches in the
+--              library).
 --
 -- Reply: the batch's instant (now_us, as in call.lua's reply; "" when no call read the clock),
 -- then per call, in order, one of:

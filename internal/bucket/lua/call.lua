@@ -259,16 +259,16 @@ if NEED then
 end
 
 -- settle settles the part of a reservation in one slot (mode "5"; never in a batch): KEYS[n+1]
--- is the reservation's record (then, mixed and shared layouts, the limits' hashes), which must still hold ARGV[5] ("open <charge now_us> ..." as
--- Store.Mark wrote it), else the reply is the error 'RESERVATION_UNKNOWN' (no record: never
--- written, or expired) or 'RESERVATION_SETTLED <record>' and nothing changes, so that a
--- settle sent twice never charges twice. ARGV[2] is the signed difference d = actual -
--- estimate: d < 0 refunds -d to every limit as a refund of the reservation's charge would
--- (refund tokens in the limits' places); d > 0 charges d to every limit even past it (the
--- work is done), its limit's reply allowed = 0 where d did not fit (an overage). Then the
--- record becomes "done <d>", kept ARGV[4] ms for retries. The reply is a check's, with the
--- state after the settle (peek fields) and reply[1] = 0 on an overage. Concurrency limits
--- (code 8) have no part in a reservation: their place is held apart.
+-- is the reservation's record (then, mixed and shared layouts, the limits' hashes), which must
+-- still hold ARGV[5] ("open <charge now_us> ..." as Store.Mark wrote it), else the reply is the
+-- error 'RESERVATION_UNKNOWN' (no record: never written, or expired) or 'RESERVATION_SETTLED
+-- <record>' and nothing changes, so that a settle sent twice never charges twice. ARGV[2] is
+-- the signed difference d = actual - estimate: d < 0 refunds -d to every limit as a refund of
+-- the reservation's charge would (refund tokens in the limits' places); d > 0 charges d to
+-- every limit even past it (the work is done), its limit's reply allowed = 0 where d did not
+-- fit (an overage). Then the record becomes "done <d>", kept ARGV[4] ms for retries. The reply
+-- is a check's, with the state after the settle (peek fields) and reply[1] = 0 on an overage.
+-- Concurrency limits (code 8) have no part in a reservation: their place is held apart.
 local function settle(KEYS, ARGV)
   local n, d, ttl = int(ARGV[1]), int(ARGV[2]), tonumber(ARGV[4])
   if not n or n < 1 or #ARGV ~= 5 + 5 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then

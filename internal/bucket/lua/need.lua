@@ -37,8 +37,8 @@ else
   end
   -- spec parses a call's head (batch.lua) into the call's ARGV for call.lua (with '' for the
   -- fingerprint or charge time and the refund tokens, which travel as extras when set), its
-  -- number of keys nk (call.lua's KEYS), of limits n and of extras x; nil when malformed. The parse is paid
-  -- once per distinct head: the calls of one rule share theirs.
+  -- number of keys nk (call.lua's KEYS), of limits n and of extras x; nil when malformed. The
+  -- parse is paid once per distinct head: the calls of one rule share theirs.
   local function spec(head)
     local f = {}
     for w in string.gmatch(head, '[^ ]+') do
