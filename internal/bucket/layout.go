@@ -5,8 +5,10 @@ import "fmt"
 // Layout is how the check script writes a bucket's state in Redis (StoreConfig.Layout). Every
 // layout reads the keys of every other, and of the versions before layouts existed, so a
 // bucket keeps its count whichever layout wrote it last; a write converts the key to the
-// Store's layout. The fields of LayoutShared are read by it and LayoutMixed only. Only the algorithms whose module says so have two layouts (fixed_window,
-// token_bucket); gcra's compact form is readable by every version and is written in both.
+// Store's layout. The fields of LayoutShared are read by it and LayoutMixed only. Only the
+// algorithms whose module says so have a compact key (fixed_window, token_bucket; gcra's
+// compact form is readable by every version and is written in both) or a field (those and
+// gcra).
 type Layout uint8
 
 // The layouts. Their order is that of the scripts (checkScripts); LayoutPrevious is the zero

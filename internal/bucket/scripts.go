@@ -17,11 +17,11 @@ import (
 var luaFiles embed.FS
 
 // luaOrder is the concatenation order of a script with the given driver: the prelude defines
-// the helpers, need.lua reads which algorithms the call or batch uses, shared.lua defines the
-// fields of the shared layout, each algorithm's module
-// (lua/<name>.lua, in the order of the algorithms table) defines its <code>_eval, _commit and
-// _refund, call.lua defines check(KEYS, ARGV) on top of them, and the driver runs it: once
-// (check.lua) or per call of a batch (batch.lua).
+// the helpers, need.lua reads which algorithms the call or batch uses, shared.lua reads and
+// writes the fields of the shared hashes, each algorithm's module (lua/<name>.lua, in the
+// order of the algorithms table) defines its <code>_eval, _commit and _refund, call.lua
+// defines check(KEYS, ARGV) on top of them, and the driver runs it: once (check.lua) or per
+// call of a batch (batch.lua).
 func luaOrder(driver string) []string {
 	order := []string{"prelude.lua", "need.lua", "shared.lua"}
 	for a := range eachAlgorithm {
@@ -40,8 +40,8 @@ type script struct {
 // The first lines of the scripts. The batch script's shebang (Redis 7.0 and later; it must be
 // the script's first line) lets one run touch keys of several cluster slots, all on the node it
 // runs on (lua/batch.lua); the check script keeps the defaults of a script without one. Then
-// the chunk-level constants: BATCH, which driver runs (need.lua), COMPACT and SHARED, the
-// layout (layoutHead), and SHIFT, what the scripts add to Redis's time (0 but in tests:
+// the chunk-level constants: BATCH, which driver runs (need.lua), COMPACT, FIELDS and SHARED,
+// the layout (layoutHead), and SHIFT, what the scripts add to Redis's time (0 but in tests:
 // StoreConfig.ClockOffset).
 const (
 	checkHead = "local BATCH = false\nlocal LIBRARY = false\n"
