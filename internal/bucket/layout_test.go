@@ -31,12 +31,17 @@ func previousStore(t *testing.T, c redis.UniversalClient) *Store {
 	}
 	sc := &script{Script: redis.NewScript(b.String()), src: b.String()}
 	sc.sha = sc.Hash()
-	s := NewStore(c)
+	s := NewStoreWithConfig(c, StoreConfig{BatchTimeout: layoutTimeout})
 	s.script = sc
 	s.b.alone.Store(true) // the previous version had no batch script: every call alone
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// layoutTimeout is the BatchTimeout of the layout tests' Stores: their pairs run a hundred
+// subtests at once, and on a loaded CI run under the race detector a batch outlived the
+// default second (these tests are about counts, not speed).
+const layoutTimeout = 30 * time.Second
 
 // layoutStores returns the checkers of a rolling upgrade, all on c: the previous version
 // ("old") and this one in each layout.
@@ -44,7 +49,7 @@ func layoutStores(t *testing.T, c redis.UniversalClient) map[string]*Store {
 	t.Helper()
 	stores := map[string]*Store{"old": previousStore(t, c)}
 	for l := range layouts {
-		s := NewStoreWithConfig(c, StoreConfig{Layout: l})
+		s := NewStoreWithConfig(c, StoreConfig{Layout: l, BatchTimeout: layoutTimeout})
 		t.Cleanup(func() { s.Close() })
 		stores[l.String()] = s
 	}
