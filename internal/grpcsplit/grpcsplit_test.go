@@ -303,3 +303,21 @@ func TestServeHTTP(t *testing.T) {
 		t.Errorf("ServeHTTP = %v, want nil after ctx ends", err)
 	}
 }
+
+// TestServeStoppedBeforeServing: a shutdown that stops the gRPC server before its goroutine
+// got to serve (a context done at once, a test that ends at once) is a clean stop, not the
+// error grpc-go's Serve returns for a stopped server.
+func TestServeStoppedBeforeServing(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	gs.Stop() // what the shutdown did first
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Serve(ctx, ln, gs, NewHTTPServer(http.NotFoundHandler(), Config{}), time.Second, Config{}); err != nil {
+		t.Errorf("Serve: %v, want nil", err)
+	}
+}

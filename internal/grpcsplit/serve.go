@@ -27,7 +27,9 @@ func Serve(ctx context.Context, ln net.Listener, gs *grpc.Server, hs *http.Serve
 		return nil
 	})
 	g.Go(func() error {
-		if err := gs.Serve(sp.GRPC()); err != nil {
+		// ErrServerStopped: the shutdown below stopped gs before this goroutine got to serve
+		// (ctx was done at once, or another goroutine failed first), a stop like any other.
+		if err := gs.Serve(sp.GRPC()); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serve grpc: %w", err)
 		}
 		return nil
