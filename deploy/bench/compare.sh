@@ -19,19 +19,8 @@ CLIENT="${CLIENT:-$first}"
 IFS=';' read -ra loads <<< "${LOADS:---protocol rls;--protocol grpc --batch 64 --concurrency 4;--protocol rls --rate 1000}"
 PORT_REDIS=6396
 LISTEN=127.0.0.1:8096
-dir=$(mktemp -d)
-ck=
-cleanup() {
-  [ -n "$ck" ] && kill "$ck" 2>/dev/null && wait "$ck" 2>/dev/null || true
-  redis-cli -p "$PORT_REDIS" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes --logfile "$dir/redis.log"
-for _ in $(seq 50); do redis-cli -p "$PORT_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis_pid=$(redis-cli -p "$PORT_REDIS" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
+# shellcheck source=deploy/bench/lib.sh
+. deploy/bench/lib.sh
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$dir/out"; }
 
 for round in $(seq "$ROUNDS"); do
@@ -39,16 +28,16 @@ for round in $(seq "$ROUNDS"); do
     label=${spec%%=*} bin=${spec#*=}
     "$bin" checker --listen "$LISTEN" --redis-url "redis://127.0.0.1:$PORT_REDIS/0" \
       --rules deploy/bench/rules.yaml --log-level error >/dev/null 2>&1 &
-    ck=$!
+    srv=$!
     for _ in $(seq 100); do curl -fs "http://$LISTEN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
     for load in "${loads[@]}"; do
       # shellcheck disable=SC2086 # a load is several flags
       "$CLIENT" bench --target "http://$LISTEN" --endpoint /one --duration 1s $load >/dev/null 2>&1 # warm-up
       redis-cli -p "$PORT_REDIS" config resetstat >/dev/null
-      c0=$(ticks "$ck"); r0=$(ticks "$redis_pid")
+      c0=$(ticks "$srv"); r0=$(ticks "$redis_pid")
       # shellcheck disable=SC2086
       "$CLIENT" bench --target "http://$LISTEN" --endpoint /one --duration "${SECS}s" --json $load >"$dir/out" 2>/dev/null
-      c1=$(ticks "$ck"); r1=$(ticks "$redis_pid")
+      c1=$(ticks "$srv"); r1=$(ticks "$redis_pid")
       script=$(redis-cli -p "$PORT_REDIS" info commandstats | tr -d '\r' |
         awk -F'[=,:]' '/^cmdstat_(evalsha|eval|fcall):/ {u += $5; c += $3} END {print u + 0, c + 0}')
       awk -v round="$round" -v label="$label" -v load="$load" -v n="$(field checks)" -v cps="$(field checks_per_sec)" \
@@ -57,6 +46,6 @@ for round in $(seq "$ROUNDS"); do
         printf "%d %-10s %-42s %8.0f checks/s  p99 %6.2f ms  checker %6.1f µs  redis %5.1f µs  script %5.1f µs  %4.1f checks/call  errors %s\n",
           round, label, load, cps, p99, cc * 1e6 / hz / n, rc * 1e6 / hz / n, s[1] / n, (s[2] > 0 ? n / s[2] : 0), errs }'
     done
-    kill "$ck"; wait "$ck" 2>/dev/null || true; ck=
+    stop_server
   done
 done

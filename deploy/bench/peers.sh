@@ -56,20 +56,9 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 1000000000}
 EOF
 
-PORT_REDIS=6395
-dir=$(mktemp -d)
-srv=
-cleanup() {
-  [ -n "$srv" ] && kill "$srv" 2>/dev/null && wait "$srv" 2>/dev/null || true
-  redis-cli -p "$PORT_REDIS" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes --logfile "$dir/redis.log"
-for _ in $(seq 50); do redis-cli -p "$PORT_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis_pid=$(redis-cli -p "$PORT_REDIS" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
+PORT_REDIS=6394
+# shellcheck source=deploy/bench/lib.sh
+. deploy/bench/lib.sh
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$dir/out"; }
 ready() { for _ in $(seq 100); do curl -fs "$1" >/dev/null 2>&1 && return; sleep 0.1; done; echo "not ready: $1" >&2; exit 1; }
 
@@ -84,9 +73,8 @@ measure() {
     -v errs="$(field errors)" -v sc=$((s1 - s0)) -v rc=$((r1 - r0)) -v hz="$hz" 'BEGIN {
     printf "%d %-26s %8.0f checks/s  p99 %6.2f ms  server %6.1f µs  redis %5.1f µs  errors %s\n",
       round, label, cps, p99, sc * 1e6 / hz / n, rc * 1e6 / hz / n, errs }'
-  srv_stop
+  stop_server
 }
-srv_stop() { kill "$srv"; wait "$srv" 2>/dev/null || true; srv=; }
 
 for round in $(seq "$ROUNDS"); do
   REDIS_URL=127.0.0.1:$PORT_REDIS REDIS_SOCKET_TYPE=tcp USE_STATSD=false LOG_LEVEL=error \

@@ -15,24 +15,14 @@ SECS="${1:-10}"
 PORT_REDIS=6395
 LISTEN=127.0.0.1:8095
 make -s build
-dir=$(mktemp -d)
-cleanup() {
-  [ -n "${ck:-}" ] && kill "$ck" 2>/dev/null && wait "$ck" 2>/dev/null || true
-  redis-cli -p "$PORT_REDIS" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes --logfile "$dir/redis.log"
-for _ in $(seq 50); do redis-cli -p "$PORT_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis_pid=$(redis-cli -p "$PORT_REDIS" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
+# shellcheck source=deploy/bench/lib.sh
+. deploy/bench/lib.sh
 
 ./bin/quotaflow checker --listen "$LISTEN" --redis-url "redis://127.0.0.1:$PORT_REDIS/0" \
   --rules deploy/bench/rules.yaml --log-level warn &
-ck=$!
+srv=$!
 for _ in $(seq 100); do curl -fs "http://$LISTEN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
 
 echo "== 1. Redis ceiling: redis-benchmark, minimal token-bucket Lua, 16 pipelined, 50 clients"
 tb='local t=redis.call("TIME") local now=t[1]*1000000+t[2] local v=redis.call("HMGET",KEYS[1],"tk","ts") local tk=tonumber(v[1]) or 100 local ts=tonumber(v[2]) or now tk=math.min(100,tk+(now-ts)*100/1000000) if tk>=1 then tk=tk-1 end redis.call("HSET",KEYS[1],"tk",tk,"ts",now) redis.call("PEXPIRE",KEYS[1],1000) return 1'
@@ -42,9 +32,9 @@ redis-benchmark -p "$PORT_REDIS" -n $((SECS * 100000)) -c 50 -P 16 -r 10000 -q e
 run() { # label, extra bench flags...
   local label=$1; shift
   local c0 r0 c1 r1 out checks gen
-  c0=$(ticks "$ck"); r0=$(ticks "$redis_pid")
+  c0=$(ticks "$srv"); r0=$(ticks "$redis_pid")
   gen=$( { TIMEFORMAT='%U %S'; time ./bin/quotaflow bench --target "http://$LISTEN" --duration "${SECS}s" --json "$@" >"$dir/out" 2>/dev/null; } 2>&1 )
-  c1=$(ticks "$ck"); r1=$(ticks "$redis_pid")
+  c1=$(ticks "$srv"); r1=$(ticks "$redis_pid")
   out=$(cat "$dir/out")
   checks=$(echo "$out" | sed -n 's/.*"checks":\([0-9]*\).*/\1/p')
   echo "$out" | awk -v label="$label" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v n="$checks" -v hz="$hz" -v gen="$gen" '{
