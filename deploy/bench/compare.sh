@@ -21,7 +21,6 @@ PORT_REDIS=6396
 LISTEN=127.0.0.1:8096
 # shellcheck source=deploy/bench/lib.sh
 . deploy/bench/lib.sh
-field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$dir/out"; }
 
 for round in $(seq "$ROUNDS"); do
   for spec in "$@"; do
@@ -29,7 +28,7 @@ for round in $(seq "$ROUNDS"); do
     "$bin" checker --listen "$LISTEN" --redis-url "redis://127.0.0.1:$PORT_REDIS/0" \
       --rules deploy/bench/rules.yaml --log-level error >/dev/null 2>&1 &
     srv=$!
-    for _ in $(seq 100); do curl -fs "http://$LISTEN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+    ready "http://$LISTEN/readyz"
     for load in "${loads[@]}"; do
       # shellcheck disable=SC2086 # a load is several flags
       "$CLIENT" bench --target "http://$LISTEN" --endpoint /one --duration 1s $load >/dev/null 2>&1 # warm-up

@@ -4,7 +4,9 @@
 #   - a Redis of its own on PORT_REDIS (no persistence), stopped on exit, its pid in redis_pid;
 #   - srv: the pid of the server under test, if any, stopped on exit (stop_server stops it
 #     before);
-#   - ticks PID: the CPU ticks (user + system) a process has spent, hz of them a second.
+#   - ticks PID: the CPU ticks (user + system) a process has spent, hz of them a second;
+#   - ready URL: waits up to 10 s for URL to answer, else ends the script;
+#   - field NAME: a number of the JSON report in $dir/out (quotaflow bench --json).
 dir=$(mktemp -d)
 srv=
 stop_server() {
@@ -25,3 +27,9 @@ for _ in $(seq 50); do redis-cli -p "$PORT_REDIS" ping >/dev/null 2>&1 && break;
 redis_pid=$(redis-cli -p "$PORT_REDIS" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
+ready() {
+  for _ in $(seq 100); do curl -fs "$1" >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "not ready: $1" >&2
+  exit 1
+}
+field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$dir/out"; }

@@ -35,7 +35,7 @@ esac
 # The peers, built once per version (a version of its own names each binary).
 envoy="$PEERS_DIR/bin/ratelimit-$ENVOY_VERSION"
 gubernator="$PEERS_DIR/bin/gubernator-$GUBERNATOR_VERSION"
-install() { # module path, version, binary
+build_peer() { # module path, version, binary
   [ -x "$3" ] && return
   echo "building $1@$2 into $PEERS_DIR" >&2
   mkdir -p "$PEERS_DIR/gobin"
@@ -43,8 +43,8 @@ install() { # module path, version, binary
   mv "$PEERS_DIR/gobin/$(basename "$1")" "$3"
 }
 mkdir -p "$PEERS_DIR/bin"
-install github.com/envoyproxy/ratelimit/src/service_cmd "$ENVOY_VERSION" "$envoy"
-install github.com/gubernator-io/gubernator/v2/cmd/gubernator "$GUBERNATOR_VERSION" "$gubernator"
+build_peer github.com/envoyproxy/ratelimit/src/service_cmd "$ENVOY_VERSION" "$envoy"
+build_peer github.com/gubernator-io/gubernator/v2/cmd/gubernator "$GUBERNATOR_VERSION" "$gubernator"
 mkdir -p "$PEERS_DIR/runtime/ratelimit/config"
 cat >"$PEERS_DIR/runtime/ratelimit/config/config.yaml" <<'EOF'
 domain: quotaflow
@@ -59,8 +59,6 @@ EOF
 PORT_REDIS=6394
 # shellcheck source=deploy/bench/lib.sh
 . deploy/bench/lib.sh
-field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$dir/out"; }
-ready() { for _ in $(seq 100); do curl -fs "$1" >/dev/null 2>&1 && return; sleep 0.1; done; echo "not ready: $1" >&2; exit 1; }
 
 # measure label target protocol: the load against the server running as $srv.
 measure() {

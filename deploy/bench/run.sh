@@ -21,8 +21,7 @@ make -s build
 ./bin/quotaflow checker --listen "$LISTEN" --redis-url "redis://127.0.0.1:$PORT_REDIS/0" \
   --rules deploy/bench/rules.yaml --log-level warn &
 srv=$!
-for _ in $(seq 100); do curl -fs "http://$LISTEN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-
+ready "http://$LISTEN/readyz"
 
 echo "== 1. Redis ceiling: redis-benchmark, minimal token-bucket Lua, 16 pipelined, 50 clients"
 tb='local t=redis.call("TIME") local now=t[1]*1000000+t[2] local v=redis.call("HMGET",KEYS[1],"tk","ts") local tk=tonumber(v[1]) or 100 local ts=tonumber(v[2]) or now tk=math.min(100,tk+(now-ts)*100/1000000) if tk>=1 then tk=tk-1 end redis.call("HSET",KEYS[1],"tk",tk,"ts",now) redis.call("PEXPIRE",KEYS[1],1000) return 1'
