@@ -62,9 +62,12 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 		t.Errorf("watch warnings: exit %d, %q %s; want carol normal → warning at usage 0.60", code, out, stderr)
 	}
 
+	// Expiring 3 s after the truncated second: at least 2 s away when stored, since the store
+	// refuses an override that would expire within a second (2 s after the truncated second was
+	// as little as 1 s away, and refused on a slow run).
 	created := time.Now().Truncate(time.Second)
 	if err := store.PutOverride(ctx, rules.Override{ID: "ov-carol", Dimension: "user", Identifier: "carol", Multiplier: 2,
-		Reason: "launch", Creator: "ops", Source: "admin", CreatedAt: created, ExpiresAt: created.Add(2 * time.Second)}); err != nil {
+		Reason: "launch", Creator: "ops", Source: "admin", CreatedAt: created, ExpiresAt: created.Add(3 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	out, stderr, code = runCmd(ctx, []string{"watch", "overrides", "--nats-url", ns.URL, "--all", "--count", "2"}, nil)
