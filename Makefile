@@ -28,11 +28,13 @@ test-cluster:
 
 ## test-shared: the bucket package's tests again with every Store in the shared layout
 ## (--bucket-layout shared), on one Redis and on a cluster, and in the mixed layout: exactness,
-## refunds, leases, resharding and failover with the buckets as fields of shared hashes
+## refunds, leases, resharding and failover with the buckets as fields of shared hashes; and in
+## the compact layout, whose fixed windows a batch charges by INCRBY
 test-shared:
 	QUOTAFLOW_TEST_LAYOUT=shared $(GO) test -race -count=1 ./internal/bucket/
 	QUOTAFLOW_TEST_LAYOUT=shared QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 ./internal/bucket/
 	QUOTAFLOW_TEST_LAYOUT=mixed $(GO) test -race -count=1 ./internal/bucket/
+	QUOTAFLOW_TEST_LAYOUT=compact QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 ./internal/bucket/
 
 ## deps: install the servers the project needs (Debian packages) when missing
 deps:

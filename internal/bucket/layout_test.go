@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -259,4 +260,85 @@ func TestLayoutRefund(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestLayoutFixedWindowCharge: a compact fixed window's one-limit charge in a batch is one
+// INCRBY (fixed_window.lua's fw_charge), with SET PXAT for the window's first charge and DECRBY
+// to undo a denial; what it leaves is what eval and commit would leave. Counted in
+// commandstats on a Redis of the test's own.
+func TestLayoutFixedWindowCharge(t *testing.T) {
+	t.Parallel()
+	_, c, s := ownStore(t, StoreConfig{Layout: LayoutCompact})
+	ctx := ctxT(t)
+	const L = 3
+	hour := time.Hour.Microseconds()
+	k, zero, other := "fw", "fw-zero", "fw-other"
+	wid := c.Time(ctx).Val().UnixMicro() / hour
+	// A count of 0 (a refund's) in the current window; a count of 1 in the window ahead (the
+	// clock stepped back), whose low bits differ.
+	c.Set(ctx, zero, "0", 0)
+	c.PExpireAt(ctx, zero, time.UnixMilli((wid+1)*hour/1000))
+	c.Set(ctx, other, strconv.FormatInt(1*8+(wid+1)%8, 10), 0)
+	c.PExpireAt(ctx, other, time.UnixMilli((wid+2)*hour/1000))
+	tests := []struct {
+		name            string
+		key             string
+		cost            int64
+		allowed         bool
+		used, remaining int64
+		commands        map[string]int64 // calls per command, the script's own left out
+	}{
+		{"first charge", k, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
+		{"charge", k, 2, true, 3, 0, map[string]int64{"incrby": 1}},
+		{"denied", k, 1, false, 3, 0, map[string]int64{"incrby": 1, "decrby": 1}},
+		{"above the limit", k, L + 1, false, 3, 0, map[string]int64{"get": 1}},
+		{"a count of 0", zero, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
+		{"another window", other, 1, true, 2, 1, map[string]int64{"incrby": 1, "decrby": 1, "get": 1, "pexpiretime": 1, "set": 1}},
+	}
+	for _, tt := range tests { // in order: each charge follows the one before
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		l := lim(tt.key, FixedWindow, L, time.Hour, 0)
+		res := check(t, s, one(l, tt.cost))
+		checkInvariants(t, one(l, tt.cost), res)
+		got := res.Limits[0]
+		if res.Allowed != tt.allowed || got.Used != tt.used || got.Remaining != tt.remaining {
+			t.Errorf("%s: allowed %v used %d remaining %d, want %v %d %d", tt.name, res.Allowed, got.Used, got.Remaining, tt.allowed, tt.used, tt.remaining)
+		}
+		if cmds := commandCalls(t, c); !maps.Equal(cmds, tt.commands) {
+			t.Errorf("%s: commands %v, want %v", tt.name, cmds, tt.commands)
+		}
+		// The stored count, in the window its expiry names (PEXPIRETIME, ms): what eval and
+		// commit would have written.
+		sw := c.PExpireTime(ctx, tt.key).Val().Milliseconds()*1000/hour - 1
+		if v, want := c.Get(ctx, tt.key).Val(), strconv.FormatInt(tt.used*8+sw%8, 10); v != want || sw < wid {
+			t.Errorf("%s: value %q in window %d, want %q in window %d or later", tt.name, v, sw, want, wid)
+		}
+	}
+}
+
+// commandCalls returns the calls of each command c's Redis counted since its stats were reset,
+// but for the batch's own (FCALL, FUNCTION LOAD, EVALSHA, TIME) and the client's (HELLO,
+// CLIENT, INFO, CONFIG).
+func commandCalls(t *testing.T, c *redis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(ctxT(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		name, val, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok || strings.ContainsAny(name, "|") {
+			continue
+		}
+		switch name {
+		case "fcall", "evalsha", "eval", "time", "hello", "client", "info", "config":
+			continue
+		}
+		n, _ := strconv.ParseInt(val[:strings.IndexByte(val, ',')], 10, 64)
+		calls[name] = n
+	}
+	return calls
 }

@@ -35,7 +35,7 @@ func TestAlgorithmTable(t *testing.T) {
 			}
 			arg := strconv.Itoa(int(a))
 			for _, want := range []string{
-				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund\n", spec.code),
+				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund", spec.code),
 				fmt.Sprintf("if NEED_1 == '%[1]s' or NEED and NEED['%[1]s'] then\n", arg),
 				"function " + spec.code + "_eval(",
 				"function " + spec.code + "_commit(",
@@ -44,6 +44,9 @@ func TestAlgorithmTable(t *testing.T) {
 				if !strings.Contains(string(src), want) {
 					t.Errorf("lua/%s.lua: no %q", a.moduleName(), want)
 				}
+			}
+			if charge := spec.code + "_charge"; strings.Contains(string(src), charge) && !strings.Contains(string(src), "function "+charge+"(") {
+				t.Errorf("lua/%s.lua: names %s but does not define it", a.moduleName(), charge)
 			}
 		})
 		if prev, ok := names[a.moduleName()]; ok {
@@ -90,7 +93,7 @@ func TestAlgorithmTable(t *testing.T) {
 var driverFiles = []string{"prelude", "need", "shared", "call", "check", "batch"}
 
 // dispatchLine is one entry of call.lua's MODULES, the dispatch on the algorithm code.
-var dispatchLine = regexp.MustCompile(`^if (\w+)_eval then MODULES\['(\d+)'\] = \{(\w+)_eval, (\w+)_commit, (\w+)_refund\} end$`)
+var dispatchLine = regexp.MustCompile(`^if (\w+)_eval then MODULES\['(\d+)'\] = \{(\w+)_eval, (\w+)_commit, (\w+)_refund(?:, (\w+)_charge)?\} end$`)
 
 // callDispatch returns the function prefix each code selects in call.lua's MODULES: the lines
 // after its "local MODULES = {}".
@@ -109,8 +112,8 @@ func callDispatch(t *testing.T) map[string]string {
 			return got
 		case got != nil:
 			m := dispatchLine.FindStringSubmatch(line)
-			if m == nil || m[1] != m[3] || m[1] != m[4] || m[1] != m[5] {
-				t.Fatalf("call.lua:%d: got %q, want `if <p>_eval then MODULES['<code>'] = {<p>_eval, <p>_commit, <p>_refund} end`", n+1, line)
+			if m == nil || m[1] != m[3] || m[1] != m[4] || m[1] != m[5] || m[6] != "" && m[1] != m[6] {
+				t.Fatalf("call.lua:%d: got %q, want `if <p>_eval then MODULES['<code>'] = {<p>_eval, <p>_commit, <p>_refund[, <p>_charge]} end`", n+1, line)
 			}
 			if _, dup := got[m[2]]; dup {
 				t.Errorf("call.lua:%d: code %s dispatched twice", n+1, m[2])

@@ -36,8 +36,9 @@
 -- (WRONGTYPE), and PEXPIRETIME on a compact key of another window; on commit SET KEEPTTL or
 -- SET PXAT (compact), HSET (+ PEXPIREAT for a new window; DEL first over a compact key)
 -- (previous). Shared: fget first, and the above only when the bucket has no field; fset on
--- commit (+ DEL of a key it was read from).
-local fw_eval, fw_commit, fw_refund
+-- commit (+ DEL of a key it was read from). A batch's one-limit charge in the compact layout
+-- (fw_charge): one INCRBY, with SET PXAT after it for the window's first charge.
+local fw_eval, fw_commit, fw_refund, fw_charge
 if NEED_1 == '3' or NEED and NEED['3'] then
   -- read asks where the bucket lives (shared.lua): a shared writer its field first, a mixed
   -- one its key first, either the other when the first holds nothing. It returns the field's
@@ -155,6 +156,54 @@ if NEED_1 == '3' or NEED and NEED['3'] then
       redis.call('HSET', key, 'w', us(wid), 'n', us(after))
       redis.call('PEXPIREAT', key, us(ceil((wid + 1) * W / 1000)))
       return ''
+    end
+  end
+
+  -- fw_charge charges cost to the compact bucket of a batch's quick call of one limit
+  -- (batch.lua) by one INCRBY instead of a GET and a SET: the count is the value's high bits,
+  -- so adding cost * 8 (c8, as a string) counts the charge and keeps the window's low bits and
+  -- the key's expiry, exactly what fw_commit's SET KEEPTTL would write. What INCRBY returns
+  -- says whether that was right:
+  --   the value before was 0: a new key (INCRBY made it, with no expiry) or a count of 0, the
+  --     window's first charge: SET PXAT writes its value and expiry as fw_commit does (a count
+  --     of 0 of a window ahead of the clock becomes the current window's: nothing is lost);
+  --   its low bits name another window (the clock stepped back): undone by DECRBY, for the
+  --     general path (eval reads the window from the expiry);
+  --   the count after it is above L: undone by DECRBY, denied as eval denies it.
+  -- A cost above L (it never fits), a window under 1 ms (the previous layout) and a key
+  -- INCRBY cannot add to (a hash of the previous layout, WRONGTYPE; or of a slot this node
+  -- does not serve, whose error the general path raises) go to the general path, changed by
+  -- nothing: it returns nil then. Else it returns 1 and used, remaining, reset when allowed,
+  -- or 0, used, remaining, reset and retry (µs) when denied, as eval's would be.
+  -- Only the pure compact layout has it: the mixed one reads fields when a key is missing.
+  if COMPACT and not FIELDS and BATCH then
+    function fw_charge(key, L, W, now, cost, c8)
+      if cost > L or W < 1000 then
+        return nil
+      end
+      local v = redis.pcall('INCRBY', key, c8)
+      if type(v) ~= 'number' then
+        return nil
+      end
+      local wid = floor(now / W)
+      local reset = (wid + 1) * W
+      local before = v - cost * 8
+      if before == 0 then
+        redis.call('SET', key, us(cost * 8 + wid % 8), 'PXAT', us(ceil(reset / 1000)))
+        return 1, cost, L - cost, reset
+      end
+      local r = before % 8
+      if r ~= wid % 8 then
+        redis.call('DECRBY', key, c8)
+        return nil
+      end
+      local after = (v - r) / 8
+      if after <= L then
+        return 1, after, L - after, reset
+      end
+      redis.call('DECRBY', key, c8)
+      local n = after - cost
+      return 0, n, nonneg(L - n), reset, reset - now
     end
   end
 
