@@ -6,24 +6,27 @@
 # different days build the same code.
 #
 # Every server gets the same load: quotaflow bench's closed loop (64 workers, 10k users, one
-# limit far above the load) for SECS seconds after 1 s of warm-up.
-#   - envoyproxy/ratelimit on one Redis, over Envoy RLS: a config of user_id then path /one,
-#     1e9 per second, the same as deploy/bench/rules.yaml's /one;
+# limit far above the load, on ENDPOINT) for SECS seconds after 1 s of warm-up.
+#   - envoyproxy/ratelimit on one Redis, over Envoy RLS: a config of user_id then path ENDPOINT,
+#     a fixed window of 1e9 per second (its only algorithm), as deploy/bench/rules.yaml's
+#     /fixed is;
 #   - gubernator, one node, in memory (no Redis), over its own gRPC API: a token bucket of 1e9
 #     per second per user;
-#   - each quotaflow checker on the same Redis, over Envoy RLS, with deploy/bench/rules.yaml.
+#   - each quotaflow checker on the same Redis, over Envoy RLS, with deploy/bench/rules.yaml:
+#     on /fixed the same fixed window as the peer's, on /one a token bucket.
 # For each it prints checks/s, p99, the server's and Redis's CPU per check (/proc/<pid>/stat).
 #
 # Usage: deploy/bench/peers.sh label=/path/to/quotaflow [label=/path/to/quotaflow ...]
 # Environment: PEERS_DIR (the scratch folder, default $TMPDIR/quotaflow-peers), ENVOY_VERSION and
-# GUBERNATOR_VERSION (module versions), SECS (default 10), ROUNDS (default 2), CLIENT (the
-# quotaflow binary that sends the load, default the first checker's).
+# GUBERNATOR_VERSION (module versions), ENDPOINT (default /fixed), SECS (default 10), ROUNDS
+# (default 2), CLIENT (the quotaflow binary that sends the load, default the first checker's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 label=/path/to/quotaflow ..." >&2; exit 2; }
 PEERS_DIR="${PEERS_DIR:-${TMPDIR:-/tmp}/quotaflow-peers}"
 ENVOY_VERSION="${ENVOY_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
 GUBERNATOR_VERSION="${GUBERNATOR_VERSION:-v2.13.0}"
+ENDPOINT="${ENDPOINT:-/fixed}"
 SECS="${SECS:-10}"
 ROUNDS="${ROUNDS:-2}"
 first="${1#*=}"
@@ -46,13 +49,13 @@ mkdir -p "$PEERS_DIR/bin"
 build_peer github.com/envoyproxy/ratelimit/src/service_cmd "$ENVOY_VERSION" "$envoy"
 build_peer github.com/gubernator-io/gubernator/v2/cmd/gubernator "$GUBERNATOR_VERSION" "$gubernator"
 mkdir -p "$PEERS_DIR/runtime/ratelimit/config"
-cat >"$PEERS_DIR/runtime/ratelimit/config/config.yaml" <<'EOF'
+cat >"$PEERS_DIR/runtime/ratelimit/config/config.yaml" <<EOF
 domain: quotaflow
 descriptors:
   - key: user_id
     descriptors:
       - key: path
-        value: /one
+        value: $ENDPOINT
         rate_limit: {unit: second, requests_per_unit: 1000000000}
 EOF
 
@@ -62,10 +65,10 @@ PORT_REDIS=6394
 
 # measure label target protocol: the load against the server running as $srv.
 measure() {
-  "$CLIENT" bench --target "$2" --endpoint /one --protocol "$3" --duration 1s >/dev/null 2>&1 # warm-up
+  "$CLIENT" bench --target "$2" --endpoint "$ENDPOINT" --protocol "$3" --duration 1s >/dev/null 2>&1 # warm-up
   local s0 r0 s1 r1
   s0=$(ticks "$srv"); r0=$(ticks "$redis_pid")
-  "$CLIENT" bench --target "$2" --endpoint /one --protocol "$3" --duration "${SECS}s" --json >"$dir/out" 2>/dev/null
+  "$CLIENT" bench --target "$2" --endpoint "$ENDPOINT" --protocol "$3" --duration "${SECS}s" --json >"$dir/out" 2>/dev/null
   s1=$(ticks "$srv"); r1=$(ticks "$redis_pid")
   awk -v round="$round" -v label="$1" -v n="$(field checks)" -v cps="$(field checks_per_sec)" -v p99="$(field p99_ms)" \
     -v errs="$(field errors)" -v sc=$((s1 - s0)) -v rc=$((r1 - r0)) -v hz="$hz" 'BEGIN {
