@@ -270,36 +270,41 @@ func TestLayoutFixedWindowCharge(t *testing.T) {
 	t.Parallel()
 	_, c, s := ownStore(t, StoreConfig{Layout: LayoutCompact})
 	ctx := ctxT(t)
-	const L = 3
+	const big = 1<<50 - 1 // the largest limit (validate.go)
 	hour := time.Hour.Microseconds()
-	k, zero, other := "fw", "fw-zero", "fw-other"
 	wid := c.Time(ctx).Val().UnixMicro() / hour
+	stored := func(key string, n, w int64) { // a count of n in window w
+		c.Set(ctx, key, strconv.FormatInt(n*8+w%8, 10), 0)
+		c.PExpireAt(ctx, key, time.UnixMilli((w+1)*hour/1000))
+	}
 	// A count of 0 (a refund's) in the current window; a count of 1 in the window ahead (the
-	// clock stepped back), whose low bits differ.
-	c.Set(ctx, zero, "0", 0)
-	c.PExpireAt(ctx, zero, time.UnixMilli((wid+1)*hour/1000))
-	c.Set(ctx, other, strconv.FormatInt(1*8+(wid+1)%8, 10), 0)
-	c.PExpireAt(ctx, other, time.UnixMilli((wid+2)*hour/1000))
+	// clock stepped back), whose low bits differ; a count one below the largest limit, which a
+	// charge of 2 takes past 2^53 when times 8.
+	c.Set(ctx, "fw-zero", "0", 0) // low bits 0, whatever the window
+	c.PExpireAt(ctx, "fw-zero", time.UnixMilli((wid+1)*hour/1000))
+	stored("fw-other", 1, wid+1)
+	stored("fw-big", big-1, wid)
 	tests := []struct {
 		name            string
 		key             string
-		cost            int64
+		limit, cost     int64
 		allowed         bool
 		used, remaining int64
 		commands        map[string]int64 // calls per command, the script's own left out
 	}{
-		{"first charge", k, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
-		{"charge", k, 2, true, 3, 0, map[string]int64{"incrby": 1}},
-		{"denied", k, 1, false, 3, 0, map[string]int64{"incrby": 1, "decrby": 1}},
-		{"above the limit", k, L + 1, false, 3, 0, map[string]int64{"get": 1}},
-		{"a count of 0", zero, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
-		{"another window", other, 1, true, 2, 1, map[string]int64{"incrby": 1, "decrby": 1, "get": 1, "pexpiretime": 1, "set": 1}},
+		{"first charge", "fw", 3, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
+		{"charge", "fw", 3, 2, true, 3, 0, map[string]int64{"incrby": 1}},
+		{"denied", "fw", 3, 1, false, 3, 0, map[string]int64{"incrby": 1, "decrby": 1}},
+		{"above the limit", "fw", 3, 4, false, 3, 0, map[string]int64{"get": 1}},
+		{"a count of 0", "fw-zero", 3, 1, true, 1, 2, map[string]int64{"incrby": 1, "set": 1}},
+		{"another window", "fw-other", 3, 1, true, 2, 1, map[string]int64{"incrby": 1, "decrby": 1, "get": 1, "pexpiretime": 1, "set": 1}},
+		{"past 2^53", "fw-big", big, 2, false, big - 1, 1, map[string]int64{"incrby": 1, "decrby": 1, "get": 1}},
 	}
 	for _, tt := range tests { // in order: each charge follows the one before
 		if err := c.ConfigResetStat(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		l := lim(tt.key, FixedWindow, L, time.Hour, 0)
+		l := lim(tt.key, FixedWindow, tt.limit, time.Hour, 0)
 		res := check(t, s, one(l, tt.cost))
 		checkInvariants(t, one(l, tt.cost), res)
 		got := res.Limits[0]

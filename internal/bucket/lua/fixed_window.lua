@@ -169,12 +169,15 @@ if NEED_1 == '3' or NEED and NEED['3'] then
   --     of 0 of a window ahead of the clock becomes the current window's: nothing is lost);
   --   its low bits name another window (the clock stepped back): undone by DECRBY, for the
   --     general path (eval reads the window from the expiry);
-  --   the count after it is above L: undone by DECRBY, denied as eval denies it.
-  -- A cost above L (it never fits), a window under 1 ms (the previous layout) and a key
-  -- INCRBY cannot add to (a hash of the previous layout, WRONGTYPE; or of a slot this node
-  -- does not serve, whose error the general path raises) go to the general path, changed by
-  -- nothing: it returns nil then. Else it returns 1 and used, remaining, reset when allowed,
-  -- or 0, used, remaining, reset and retry (µs) when denied, as eval's would be.
+  --   the count after it is above L: undone by DECRBY, denied as eval denies it;
+  --   the value is 2^53 or more (a count near 2^50, kept from a larger limit, plus the
+  --     charge), which a Lua number does not hold exactly: undone by DECRBY (Redis adds
+  --     exactly), for the general path.
+  -- A cost above L (it never fits), a window under 1 ms (the previous layout) and a key INCRBY
+  -- cannot add to (a hash of the previous layout, WRONGTYPE; or of a slot this node does not
+  -- serve, whose error the general path raises) go to the general path, changed by nothing:
+  -- it returns nil then. Else it returns 1 and used, remaining, reset when allowed, or 0,
+  -- used, remaining, reset and retry (µs) when denied, as eval's would be.
   -- Only the pure compact layout has it: the mixed one reads fields when a key is missing.
   if COMPACT and not FIELDS and BATCH then
     function fw_charge(key, L, W, now, cost, c8)
@@ -183,6 +186,10 @@ if NEED_1 == '3' or NEED and NEED['3'] then
       end
       local v = redis.pcall('INCRBY', key, c8)
       if type(v) ~= 'number' then
+        return nil
+      end
+      if v >= 9007199254740992 then
+        redis.call('DECRBY', key, c8)
         return nil
       end
       local wid = floor(now / W)
