@@ -30,22 +30,17 @@ redis-benchmark -p "$PORT_REDIS" -n $((SECS * 100000)) -c 50 -P 16 -r 10000 -q e
 
 run() { # label, extra bench flags...
   local label=$1; shift
-  local c0 r0 c1 r1 out checks gen
+  local c0 r0 c1 r1 gen
   c0=$(ticks "$srv"); r0=$(ticks "$redis_pid")
   gen=$( { TIMEFORMAT='%U %S'; time ./bin/quotaflow bench --target "http://$LISTEN" --duration "${SECS}s" --json "$@" >"$dir/out" 2>/dev/null; } 2>&1 )
   c1=$(ticks "$srv"); r1=$(ticks "$redis_pid")
-  out=$(cat "$dir/out")
-  checks=$(echo "$out" | sed -n 's/.*"checks":\([0-9]*\).*/\1/p')
-  echo "$out" | awk -v label="$label" -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v n="$checks" -v hz="$hz" -v gen="$gen" '{
-    match($0, /"checks_per_sec":[0-9.]+/); cps = substr($0, RSTART + 17, RLENGTH - 17)
-    match($0, /"p50_ms":[0-9.]+/); p50 = substr($0, RSTART + 9, RLENGTH - 9)
-    match($0, /"p99_ms":[0-9.]+/); p99 = substr($0, RSTART + 9, RLENGTH - 9)
-    match($0, /"p999_ms":[0-9.]+/); p999 = substr($0, RSTART + 10, RLENGTH - 10)
-    match($0, /"errors":[0-9]+/); errs = substr($0, RSTART + 9, RLENGTH - 9)
+  awk -v label="$label" -v n="$(field checks)" -v cps="$(field checks_per_sec)" -v p50="$(field p50_ms)" \
+    -v p99="$(field p99_ms)" -v p999="$(field p999_ms)" -v errs="$(field errors)" \
+    -v cc=$((c1 - c0)) -v rc=$((r1 - r0)) -v hz="$hz" -v gen="$gen" 'BEGIN {
     split(gen, g, " ")
     printf "%-36s %7.0f checks/s  p50 %6.3f  p99 %6.3f  p99.9 %6.3f ms  CPU us/check: generator %5.1f  checker %5.1f  redis %5.1f  errors %s\n",
       label, cps, p50, p99, p999, (g[1] + g[2]) * 1e6 / n, cc * 1e6 / hz / n, rc * 1e6 / hz / n, errs }'
-  echo "$out" | sed -n 's/.*"checks_per_sec":\([0-9.]*\).*/\1/p' > "$dir/last_rate"
+  field checks_per_sec > "$dir/last_rate"
 }
 
 echo "== 2. closed loop, 64 workers, 1 limit, 10k uniform keys: Envoy RLS (the peer's protocol) and gRPC"
