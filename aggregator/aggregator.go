@@ -127,7 +127,7 @@ const (
 	// PriorityGroup is the consumers' pinned priority group.
 	PriorityGroup = "aggregators"
 	// DefaultEventsConsumer is the events stream's durable consumer.
-	DefaultEventsConsumer = "quotaflow-aggregator-events"
+	DefaultEventsConsumer = events.ConsumerName
 )
 
 func (c Config) withDefaults() Config {
@@ -419,7 +419,7 @@ func (a *Aggregator) ensureConsumers(ctx context.Context) error {
 }
 
 // ConsumerName is the durable consumer of partition p.
-func ConsumerName(p int) string { return fmt.Sprintf("quotaflow-aggregator-%d", p) }
+func ConsumerName(p int) string { return stream.ConsumerName(p) }
 
 func (a *Aggregator) consumerConfig(p int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{

@@ -26,13 +26,14 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	if !inServe {
 		fs.StringVar(&a.cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
 		a.natsTLS.register(fs, "nats", "NATS")
+		fs.StringVar(&a.cfg.NATSCredentials, "nats-creds", "", "NATS credentials `file` of the aggregator role (an nkey seed, or a user JWT .creds file; `quotaflow nats-auth` writes them); with it the rule store's buckets are bound, not created (the admin API's process creates them)")
 		fs.IntVar(&g.Partitions, "partitions", stream.Partitions, "partitions of the decision stream; the checkers' --partitions")
 		fs.IntVar(&g.Replicas, "stream-replicas", 1, "replicas of the aggregators' buckets and of the rule store and events stream when the aggregator creates them; the checkers' --stream-replicas")
 		fs.StringVar(&a.cfg.Listen, "listen", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz")
 		fs.StringVar(&g.InstanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
-		fs.fromEnv("nats-url", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
+		fs.fromEnv("nats-url", "nats-creds", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
 		registerHealthInterval(fs, &a.cfg.Health)
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
@@ -83,6 +84,9 @@ func (a *aggregatorFlags) validate() error {
 	}
 	if _, err := schema.ParseDSN(a.ch.dsn); err != nil {
 		return fmt.Errorf("--clickhouse-dsn: %w", err)
+	}
+	if err := checkCreds("nats-creds", a.cfg.NATSCredentials); err != nil {
+		return err
 	}
 	var err error
 	if a.cfg.NATSTLS, err = a.natsTLS.config(""); err != nil {

@@ -210,6 +210,10 @@ func TestServeWithAggregator(t *testing.T) {
 		if strings.Count(line, "component=") > 1 {
 			t.Errorf("component named twice: %s", line)
 		}
+		// Each part connects as its own NATS role (package natsauth): none may be refused.
+		if strings.Contains(line, "nats refused") || strings.Contains(line, "Permissions Violation") {
+			t.Errorf("a part of serve was refused by NATS: %s", line)
+		}
 	}
 }
 

@@ -137,6 +137,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 		}
 	}
 	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
+	cfg.NATSCredentials, cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
 	cfg.Admin, cfg.AuditClickHouseDSN = c.admin.config(), c.admin.auditDSN
 	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
 	c.serving.apply(cfg, c.callers.callersFile)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -19,9 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/natsauth"
 )
 
 // TestCompose checks docker-compose.yml and deploy/Dockerfile against the binary they run, without
@@ -109,7 +112,7 @@ func TestCompose(t *testing.T) {
 			// And the settings, from the command line and the environment, must pass the command's own
 			// validation (where this test knows how to run it without starting anything).
 			if validate := composeValidators[sub]; validate != nil {
-				if err := validate(args, env(s.Environment)); err != nil {
+				if err := validate(args, env(hostCredentials(t, s.Environment))); err != nil {
 					t.Errorf("settings rejected as `quotaflow %s` would reject them at start: %v", sub, err)
 				}
 			}
@@ -818,4 +821,105 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// hostCredentials is environment with the NATS credentials files it names (paths in the
+// container, in the volume nats-auth writes) replaced by seeds of the same roles on this
+// machine, so that the settings validate here; TestComposeNATSAuth checks the paths.
+func hostCredentials(t *testing.T, environment map[string]string) map[string]string {
+	t.Helper()
+	out := maps.Clone(environment)
+	dir := t.TempDir()
+	if _, err := natsauth.Ensure(dir); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range out {
+		if strings.HasPrefix(k, "QUOTAFLOW_NATS_") && strings.HasSuffix(k, "_CREDS") {
+			out[k] = filepath.Join(dir, path.Base(v))
+		}
+	}
+	return out
+}
+
+// TestComposeNATSAuth: docker-compose.yml runs NATS with quotaflow's users only, written once
+// by a nats-auth service into a volume, and gives each process its role's seed from there.
+func TestComposeNATSAuth(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf := loadCompose(t, filepath.Join(root, "docker-compose.yml"))
+	var authDir, authVolume string
+	for _, s := range cf.Services {
+		if len(s.Command) > 2 && s.Command[0] == "nats-auth" && s.Command[1] == "--dir" {
+			authDir = s.Command[2]
+			for _, v := range s.Volumes {
+				if path.Clean(v.Target) == path.Clean(authDir) {
+					authVolume = v.Source
+				}
+			}
+		}
+	}
+	if authVolume == "" {
+		t.Fatalf("no service runs `quotaflow nats-auth --dir <a volume>`")
+	}
+	mounts := func(s composeService, dir string) bool {
+		return slices.ContainsFunc(s.Volumes, func(v composeVolume) bool {
+			return v.Source == authVolume && path.Clean(v.Target) == path.Clean(dir)
+		})
+	}
+	want := map[string]map[string]natsauth.Role{
+		"checker":    {"QUOTAFLOW_NATS_CREDS": natsauth.Checker, "QUOTAFLOW_NATS_ADMIN_CREDS": natsauth.Admin},
+		"aggregator": {"QUOTAFLOW_NATS_CREDS": natsauth.Aggregator},
+	}
+	for name, vars := range want {
+		s, ok := cf.Services[name]
+		if !ok {
+			t.Errorf("no service %s", name)
+			continue
+		}
+		for v, role := range vars {
+			p := s.Environment[v]
+			if path.Base(p) != string(role)+".nk" || !mounts(s, path.Dir(p)) {
+				t.Errorf("%s: %s=%q, want %s.nk of the volume %s mounted at its folder (volumes %v)", name, v, p, role, authVolume, s.Volumes)
+			}
+		}
+	}
+	nats, ok := cf.Services["nats"]
+	if !ok || len(nats.Command) != 2 || nats.Command[0] != "-c" {
+		t.Fatalf("service nats: want command [-c <configuration file>], got %v", nats.Command)
+	}
+	conf := nats.Command[1]
+	var source string
+	for _, v := range nats.Volumes {
+		if v.Target == conf {
+			source = v.Source
+		}
+	}
+	if source == "" || !mounts(nats, path.Join(path.Dir(conf), "auth")) {
+		t.Fatalf("service nats: want %s mounted from the repository and the volume %s at %s/auth (volumes %v)", conf, authVolume, path.Dir(conf), nats.Volumes)
+	}
+	// The server reads the shipped file with the users nats-auth writes beside it.
+	dir := t.TempDir()
+	b, err := os.ReadFile(source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nats-server.conf"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := runCmd(t.Context(), []string{"nats-auth", "--dir", filepath.Join(dir, "auth")}, nil); code != 0 {
+		t.Fatalf("nats-auth: exit %d\n%s", code, stderr)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats-server.conf"))
+	if err != nil {
+		t.Fatalf("%s with nats-auth's users: %v", source, err)
+	}
+	if len(opts.Nkeys) != len(natsauth.Roles) || len(opts.Users) != 0 || opts.NoAuthUser != "" {
+		t.Errorf("%s: %d nkey users, %d others, no-auth user %q; want one per role and no other", source, len(opts.Nkeys), len(opts.Users), opts.NoAuthUser)
+	}
+	if opts.Port != 4222 || !opts.JetStream {
+		t.Errorf("%s: port %d, JetStream %v; want 4222 with JetStream", source, opts.Port, opts.JetStream)
+	}
 }

@@ -38,6 +38,7 @@ func commands() []command {
 		{"checker", "serve the check API (Connect, gRPC, gRPC-Web, HTTP forward-auth) on one port", runChecker},
 		{"aggregator", "consume the decision stream into ClickHouse (audit and usage rollups), exactly once", runAggregator},
 		{"migrate", "apply the ClickHouse schema migrations", runMigrate},
+		{"nats-auth", "write the NATS credentials of each role and the server's users file", runNATSAuth},
 		{"backtest", "replay the decision audit through a rules file: which answers would change", runBacktest},
 		{"check", "ask a checker whether a request may go ahead", runCheck},
 		{"settle", "settle or cancel a reservation made with quotaflow check --estimate", runSettle},

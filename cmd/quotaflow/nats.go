@@ -3,10 +3,15 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/natsauth"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/publisher"
 	"github.com/quotaflow/quotaflow/schema"
@@ -14,14 +19,18 @@ import (
 
 // publishFlags configure the decision stream of the commands that run a checker.
 type publishFlags struct {
-	natsURL string
-	natsTLS clientTLSFlags
-	cfg     publisher.Config
+	natsURL        string
+	natsTLS        clientTLSFlags
+	natsCreds      string // the checker role's
+	natsAdminCreds string // the admin role's, for the admin API's writes
+	cfg            publisher.Config
 }
 
 func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.StringVar(&p.natsURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
 	p.natsTLS.register(fs, "nats", "NATS")
+	fs.StringVar(&p.natsCreds, "nats-creds", "", "NATS credentials `file` of the checker role (an nkey seed, or a user JWT .creds file; `quotaflow nats-auth` writes them): publishes decisions and health, reads the rule store")
+	fs.StringVar(&p.natsAdminCreds, "nats-admin-creds", "", "NATS credentials `file` of the admin role, with which the admin API writes the rule store and seeds it when empty; with --nats-creds and without it the rule store is read-only here")
 	fs.StringVar(&p.cfg.SpoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
 	fs.Int64Var(&p.cfg.SpoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
 	fs.IntVar(&p.cfg.Partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
@@ -31,7 +40,7 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.IntVar(&p.cfg.MaxBatch, "publish-batch", 512, "most decisions in one message")
 	fs.DurationVar(&p.cfg.FlushInterval, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
 	fs.DurationVar(&p.cfg.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
-	fs.fromEnv("nats-url", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
+	fs.fromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
 		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
 }
 
@@ -58,7 +67,56 @@ func (p *publishFlags) validate() error {
 		return fmt.Errorf("--spool-wait: want 0 (no wait) or more, got %s", c.SpoolWait)
 	}
 	c.NoSpoolWait = c.SpoolWait == 0
+	return errors.Join(checkCreds("nats-creds", p.natsCreds), checkCreds("nats-admin-creds", p.natsAdminCreds))
+}
+
+// checkCreds refuses a credentials file that cannot be read or is not one, naming its flag.
+func checkCreds(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	if _, err := broker.CredentialsOption(path); err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
 	return nil
+}
+
+// registerReaderCreds adds --nats-creds to a command that only reads NATS (watch, top,
+// status): the operator role's credentials. Its default is the operator's seed of `make dev`
+// (the embedded server's, under .dev/nats/auth) when that file exists, so that the tour's
+// commands need no flag.
+func registerReaderCreds(fs *flagSet, creds *string) {
+	def := ""
+	if dev := natsauth.SeedFile(filepath.Join(".dev", "nats", "auth"), natsauth.Operator); fileExists(dev) {
+		def = dev
+	}
+	fs.StringVar(creds, "nats-creds", def, "NATS credentials `file`: the operator role's (read-only), an nkey seed or a user JWT .creds file")
+	fs.fromEnv("nats-creds")
+	fs.check(func() error { return checkCreds("nats-creds", *creds) })
+}
+
+// fileExists reports whether path names a file.
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// readerConn connects a command that reads NATS, named name, with the credentials file creds
+// ("" none).
+func readerConn(url, name, creds string, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append(opts, nats.Name(name))
+	if creds != "" {
+		o, err := broker.CredentialsOption(creds)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, o)
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats connect %s: %w", url, err)
+	}
+	return nc, nil
 }
 
 // flagErr names the flag of a start-up error that one flag caused, and makes it a usage

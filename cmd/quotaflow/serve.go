@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/instance"
+	"github.com/quotaflow/quotaflow/internal/natsauth"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
@@ -25,13 +27,14 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	var c checkerFlags
 	var p publishFlags
 	var a aggregatorFlags
-	var natsListen, natsDir string
+	var natsListen, natsDir, credsDir string
 	c.register(fs)
 	p.register(fs, ".dev/spool")
 	a.register(fs, true)
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
-	fs.fromEnv("nats-listen", "nats-dir")
+	fs.StringVar(&credsDir, "nats-creds-dir", "", "`folder` of the NATS credentials of each role (`quotaflow nats-auth`): the checker, the admin API and the aggregator each connect with their own. With the embedded server: <--nats-dir>/auth, written on the first start (seeds 0600), and the server admits those users only")
+	fs.fromEnv("nats-listen", "nats-dir", "nats-creds-dir")
 	// Registered for the checker, where no NATS means no publishing; serve always publishes.
 	fs.describe("nats-url", "NATS `URL` of an external server for the decision stream and the rule store; empty: serve starts an embedded NATS server (--nats-listen, --nats-dir) and publishes there")
 	fs.describe("rules", "rules `file` (YAML) that seeds the rule store when it holds no rules yet, so required on the first start; with --nats-url it is also enforced while NATS is unreachable at start")
@@ -50,7 +53,18 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		if err := os.MkdirAll(natsDir, 0o755); err != nil {
 			return fmt.Errorf("--nats-dir: %w", err)
 		}
-		ns, err := broker.Embedded("quotaflow-dev", natsListen, natsDir)
+		if credsDir == "" {
+			credsDir = filepath.Join(natsDir, "auth")
+		}
+		keys, err := natsauth.Ensure(credsDir)
+		if err != nil {
+			return fmt.Errorf("--nats-creds-dir: %w", err)
+		}
+		users, err := natsauth.Config{Partitions: p.cfg.Partitions}.Users(keys)
+		if err != nil {
+			return err
+		}
+		ns, err := broker.Embedded("quotaflow-dev", natsListen, natsDir, users)
 		if err != nil {
 			return fmt.Errorf("--nats-listen: %w", err)
 		}
@@ -60,7 +74,14 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 			ns.WaitForShutdown()
 		}()
 		p.natsURL = url
-		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir)
+		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir,
+			"operator_credentials", natsauth.SeedFile(credsDir, natsauth.Operator))
+	}
+	if credsDir != "" {
+		p.natsCreds = natsauth.SeedFile(credsDir, natsauth.Checker)
+		p.natsAdminCreds = natsauth.SeedFile(credsDir, natsauth.Admin)
+		a.cfg.NATSCredentials = natsauth.SeedFile(credsDir, natsauth.Aggregator)
+		c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
 	}
 	if a.ch.dsn == "" {
 		d, err := c.start(ctx, &p, log)
@@ -93,13 +114,15 @@ func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, 
 		// The admin API's backtests read the audit this aggregator writes.
 		c.cfg.AuditClickHouseDSN, c.cfg.AuditClickHouseTLS = a.cfg.ClickHouseDSN, a.cfg.ClickHouseTLS
 	}
-	agg, err := daemon.StartAggregator(ctx, a.cfg)
-	if err != nil {
-		return flagErr(err)
-	}
+	// The checker first: its admin connection creates the rule store, which the aggregator's
+	// role may only bind.
 	chk, err := c.start(ctx, p, log)
 	if err != nil {
-		return errors.Join(err, agg.Close())
+		return err
+	}
+	agg, err := daemon.StartAggregator(ctx, a.cfg)
+	if err != nil {
+		return errors.Join(flagErr(err), chk.Close())
 	}
 	select {
 	case <-ctx.Done():

@@ -43,12 +43,13 @@ aggregators' lag, partitions and leader, the active overrides (those a policy ma
 
 Exit status: 0 every process sees every dependency up; 4 a dependency is down somewhere, or no
 process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
-	var natsURL, format string
+	var natsURL, creds, format string
 	var timeout time.Duration
 	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` the processes report to")
 	fs.StringVar(&format, "format", "text", "`format`: text (one screen) or json")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for NATS")
 	fs.fromEnv("nats-url")
+	registerReaderCreds(fs, &creds)
 	fs.check(func() error {
 		switch {
 		case format != "text" && format != "json":
@@ -65,7 +66,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := readStatus(ctx, natsURL)
+	st, err := readStatus(ctx, natsURL, creds)
 	if err != nil {
 		return err
 	}
@@ -85,10 +86,10 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 }
 
 // readStatus reads the reports and the overrides and judges them.
-func readStatus(ctx context.Context, natsURL string) (*status, error) {
-	nc, err := nats.Connect(natsURL, nats.Name("quotaflow status"), nats.Timeout(5*time.Second))
+func readStatus(ctx context.Context, natsURL, creds string) (*status, error) {
+	nc, err := readerConn(natsURL, "quotaflow status", creds, nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("nats connect %s: %w", natsURL, err)
+		return nil, err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/term"
 	"google.golang.org/protobuf/proto"
@@ -30,7 +29,7 @@ const (
 
 // topOptions are top's flags.
 type topOptions struct {
-	natsURL          string
+	natsURL, creds   string
 	interval, window time.Duration
 	since            time.Duration
 	rows             int
@@ -53,13 +52,14 @@ When stdout is not a terminal (a pipe, a file), it prints one snapshot after the
 	fs.DurationVar(&o.since, "since", time.Hour, "how far back warning transitions are read to know who is throttled now")
 	fs.IntVar(&o.rows, "rows", 20, "most subjects and throttles listed (fewer when the terminal is shorter)")
 	fs.fromEnv("nats-url")
+	registerReaderCreds(fs, &o.creds)
 	fs.check(o.validate)
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(o.natsURL, nats.Name("quotaflow top"))
+	nc, err := readerConn(o.natsURL, "quotaflow top", o.creds)
 	if err != nil {
-		return fmt.Errorf("nats connect %s: %w", o.natsURL, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -35,6 +35,7 @@ func runWatch(ctx context.Context, args []string, getenv func(string) string, st
 	cfg := feed.Config{Out: stdout, Errs: stderr}
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.fromEnv("nats-url")
+	registerReaderCreds(fs, &cfg.Credentials)
 	fs.StringVar(&cfg.Stream, "stream", k.Stream, "stream to read")
 	fs.BoolVar(&cfg.All, "all", false, "start from the oldest "+k.One+" kept instead of new ones")
 	fs.BoolVar(&cfg.JSON, "json", false, "print each "+k.One+" as one line of JSON")

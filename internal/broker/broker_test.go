@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,12 +15,12 @@ import (
 // stream from its start, filtered by subject, until its handler is done.
 func TestEmbeddedConnectTail(t *testing.T) {
 	t.Parallel()
-	srv, err := Embedded("test", "127.0.0.1:-1", t.TempDir())
+	srv, err := Embedded("test", "127.0.0.1:-1", t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := Connect(srv.ClientURL(), "broker test", nil, slog.New(slog.DiscardHandler))
+	nc, err := Connect(Client{URL: srv.ClientURL(), Name: "broker test"}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,21 @@ func TestEmbeddedConnectTail(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0] != "1" || got[1] != "3" {
 		t.Errorf("Tail = %v, read %v; want nil and [1 3]", err, got)
 	}
-	if _, err := Embedded("test", "no-port", t.TempDir()); err == nil {
+	if _, err := Embedded("test", "no-port", t.TempDir(), nil); err == nil {
 		t.Error("Embedded on a bad address succeeded")
+	}
+}
+
+// TestEmbeddedRefusesOpenNonLoopback: a server without users listens on loopback only.
+func TestEmbeddedRefusesOpenNonLoopback(t *testing.T) {
+	t.Parallel()
+	for _, listen := range []string{"0.0.0.0:-1", "[::]:-1", ":-1"} {
+		srv, err := Embedded("open", listen, t.TempDir(), nil)
+		if err == nil {
+			srv.Shutdown()
+			t.Errorf("Embedded(%q) without users started; want refused", listen)
+		} else if !strings.Contains(err.Error(), "no users") {
+			t.Errorf("Embedded(%q): %v; want the reason", listen, err)
+		}
 	}
 }

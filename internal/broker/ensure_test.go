@@ -17,12 +17,12 @@ import (
 // *ReplicasError, from CheckReplicas and from Ensure; one replica is created.
 func TestEnsureReplicas(t *testing.T) {
 	t.Parallel()
-	srv, err := Embedded("solo", "127.0.0.1:-1", t.TempDir())
+	srv, err := Embedded("solo", "127.0.0.1:-1", t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := Connect(srv.ClientURL(), "ensure test", nil, slog.New(slog.DiscardHandler))
+	nc, err := Connect(Client{URL: srv.ClientURL(), Name: "ensure test"}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestEnsureWaits(t *testing.T) {
 	l.Close()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	nc, err := Connect("nats://"+addr, "ensure test", nil, log)
+	nc, err := Connect(Client{URL: "nats://" + addr, Name: "ensure test"}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestEnsureWaits(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	go func() {
 		time.Sleep(time.Second)
-		srv, err := Embedded("late", addr, t.TempDir())
+		srv, err := Embedded("late", addr, t.TempDir(), nil)
 		if err != nil {
 			t.Error(err)
 			return

@@ -33,6 +33,10 @@ type AggregatorConfig struct {
 	// client TLS.
 	NATSURL string
 	NATSTLS *tls.Config
+	// NATSCredentials authenticates the aggregator to NATS (broker.Client.Credentials): the
+	// aggregator role's (package natsauth). With them the rule store's buckets are bound, not
+	// created: the admin API's process creates them.
+	NATSCredentials string
 	// ClickHouseDSN names the server and database ("" means
 	// clickhouse://127.0.0.1:9000/quotaflow), ClickHouseTLS its client TLS.
 	ClickHouseDSN string
@@ -95,7 +99,7 @@ func StartAggregator(ctx context.Context, cfg AggregatorConfig) (_ *Aggregator, 
 		return nil, err
 	}
 	a.onClose(conn.Close)
-	nc, err := broker.Connect(cfg.NATSURL, "quotaflow aggregator", cfg.NATSTLS, log)
+	nc, err := broker.Connect(broker.Client{URL: cfg.NATSURL, Name: "quotaflow aggregator", TLS: cfg.NATSTLS, Credentials: cfg.NATSCredentials}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +117,9 @@ func StartAggregator(ctx context.Context, cfg AggregatorConfig) (_ *Aggregator, 
 		return nil, err
 	}
 	// Waits for NATS (a cluster still electing its leaders, say), logging, until ctx ends.
-	store, err := rulestore.Open(ctx, js, rulestore.Config{Replicas: acfg.Replicas, Logger: log})
+	// With credentials, the aggregator's role may not create the configuration bucket: the
+	// admin API's process does, and the aggregator waits for it.
+	store, err := rulestore.Open(ctx, js, rulestore.Config{Replicas: acfg.Replicas, Bind: cfg.NATSCredentials != "", Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -81,6 +81,14 @@ type CheckerConfig struct {
 	// TLS; "" means no publishing, rules from RulesFile only and an admin API answering 503.
 	NATSURL string
 	NATSTLS *tls.Config
+	// NATSCredentials authenticates the checker to NATS (broker.Client.Credentials): the
+	// checker role's, which publishes decisions and health and reads the rule store.
+	// NATSAdminCredentials, when set, are the admin role's: the admin API writes the rule
+	// store through a connection of their own, and an empty store is seeded by it. With
+	// NATSCredentials and without NATSAdminCredentials the rule store is read-only here: the
+	// admin API's writes answer 503, and an empty store is not seeded (the rules file is
+	// enforced meanwhile). Without either, one connection does all (a NATS without users).
+	NATSCredentials, NATSAdminCredentials string
 	// AuditClickHouseDSN names the ClickHouse whose decision audit and usage rollups the
 	// admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage
 	// and subject views, AuditClickHouseTLS its client TLS; "" answers them 503. The server
@@ -189,11 +197,10 @@ func (s *checkerStart) rules(ctx context.Context) error {
 		s.log.Warn("no NATS: decisions are not published, rules come from the file only and the admin API is off")
 		return nil
 	}
-	nc, err := broker.Connect(s.cfg.NATSURL, "quotaflow checker "+s.tel.Instance, s.cfg.NATSTLS, s.log)
+	nc, err := s.connect("quotaflow checker "+s.tel.Instance, s.cfg.NATSCredentials)
 	if err != nil {
 		return err
 	}
-	s.c.onClose(func() error { nc.Close(); return nil })
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -206,12 +213,36 @@ func (s *checkerStart) rules(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.follower = rulestore.NewFollower(js, rulestore.FollowerConfig{
-		Store: rulestore.Config{Replicas: replicas, Logger: s.log}, Seed: seed, SeedPath: s.cfg.RulesFile, Logger: s.log})
+	fcfg := rulestore.FollowerConfig{Store: rulestore.Config{Replicas: replicas, Logger: s.log},
+		Seed: seed, SeedPath: s.cfg.RulesFile, Logger: s.log}
+	storeJS := js
+	switch {
+	case s.cfg.NATSAdminCredentials != "":
+		anc, err := s.connect("quotaflow admin "+s.tel.Instance, s.cfg.NATSAdminCredentials)
+		if err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+		if storeJS, err = jetstream.New(anc); err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+	case s.cfg.NATSCredentials != "":
+		fcfg.ReadOnly = true
+	}
+	s.follower = rulestore.NewFollower(storeJS, fcfg)
 	if err := s.openStore(ctx); err != nil {
 		return err
 	}
 	return s.publisher(nc)
+}
+
+// connect connects to the checker's NATS with creds, closed with the checker.
+func (s *checkerStart) connect(name, creds string) (*nats.Conn, error) {
+	nc, err := broker.Connect(broker.Client{URL: s.cfg.NATSURL, Name: name, TLS: s.cfg.NATSTLS, Credentials: creds}, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.c.onClose(func() error { nc.Close(); return nil })
+	return nc, nil
 }
 
 // openStore enforces the store's rules, not the file's, from the first check: the file may be
@@ -227,6 +258,9 @@ func (s *checkerStart) openStore(ctx context.Context) error {
 	switch {
 	case err == nil:
 		s.set, s.source = set, "store"
+		return nil
+	case errors.Is(err, rules.ErrNotSeeded) && s.cfg.NATSAdminCredentials == "" && s.cfg.NATSCredentials != "" && s.set != nil:
+		s.log.Warn("the rule store holds no rules and this checker may not seed it (no admin NATS credentials); enforcing the rules file until the admin API's process does")
 		return nil
 	case errors.Is(err, rules.ErrNotSeeded), errors.As(err, new(*broker.ReplicasError)):
 		return err

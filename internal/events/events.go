@@ -28,6 +28,9 @@ const (
 	WarningsPrefix  = "quotaflow.warnings"
 	OverridesPrefix = "quotaflow.overrides"
 	ConfigPrefix    = "quotaflow.config"
+	// ConsumerName is the durable consumer, shared by the aggregators, that stores the events
+	// in ClickHouse. No other role may touch it (package natsauth).
+	ConsumerName = "quotaflow-aggregator-events"
 	// DuplicateWindow is how long the stream remembers event ids to drop re-published copies.
 	DuplicateWindow = 10 * time.Minute
 	// MaxAge is how long the stream keeps events (ClickHouse keeps them longer).

@@ -60,6 +60,9 @@ ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream
 // now on, as text, until its context ends.
 type Config struct {
 	NATSURL string // "" means nats://127.0.0.1:4222
+	// Credentials authenticates the connection (broker.Client.Credentials): the operator
+	// role's, which may read every stream.
+	Credentials string
 	Stream  string // "" means the kind's stream
 	All     bool   // start from the oldest item kept instead of new ones
 	JSON    bool   // print each item as one line of JSON
@@ -80,7 +83,15 @@ func Follow(ctx context.Context, k Kind, cfg Config) error {
 	if cfg.Errs == nil {
 		cfg.Errs = io.Discard
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("quotaflow watch"))
+	opts := []nats.Option{nats.Name("quotaflow watch")}
+	if cfg.Credentials != "" {
+		o, err := broker.CredentialsOption(cfg.Credentials)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, o)
+	}
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
 		return fmt.Errorf("nats connect %s: %w", cfg.NATSURL, err)
 	}

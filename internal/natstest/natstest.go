@@ -141,7 +141,7 @@ func jetStreamOver(t testing.TB, connect func() (*nats.Conn, error)) jetstream.J
 }
 
 func run(port int, dir string) (*server.Server, error) {
-	return broker.Embedded("", proctest.Addr(port), dir)
+	return broker.Embedded("", proctest.Addr(port), dir, nil)
 }
 
 // Process is a nats-server running in a child process.

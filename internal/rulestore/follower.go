@@ -18,12 +18,19 @@ import (
 // opened yet (NATS down when the checker started).
 var ErrNotReachable = errors.New("the rule store is not reachable yet (NATS down at start); the checker enforces its rules file meanwhile")
 
+// ErrReadOnly is a read-only Follower's answer to writes.
+var ErrReadOnly = errors.New("this checker may only read the rule store: its NATS credentials are the checker role's; give it the admin role's as well (--nats-admin-creds) to write")
+
 // FollowerConfig configures a Follower. The zero value follows an existing store.
 type FollowerConfig struct {
 	// Store configures the store the Follower opens.
 	Store Config
+	// ReadOnly follows a store it may not write (its NATS credentials are the checker role's,
+	// package natsauth): it binds the buckets rather than creating them, never seeds, and
+	// refuses writes with ErrReadOnly.
+	ReadOnly bool
 	// Seed, when set, is written to the store when it holds no rules yet (the --rules file);
-	// SeedPath names it in logs.
+	// SeedPath names it in logs. A read-only Follower ignores it.
 	Seed     *rules.Document
 	SeedPath string
 	// OpenTimeout bounds each attempt to open the store (5s).
@@ -56,6 +63,9 @@ func NewFollower(js jetstream.JetStream, cfg FollowerConfig) *Follower {
 	log = log.With("component", "rulestore")
 	if cfg.Store.Logger == nil {
 		cfg.Store.Logger = log
+	}
+	if cfg.ReadOnly {
+		cfg.Store.Bind, cfg.Seed = true, nil
 	}
 	return &Follower{js: js, cfg: cfg, log: log}
 }
@@ -129,6 +139,14 @@ func (f *Follower) with(op func(*Store) error) error {
 	return op(s)
 }
 
+// write runs op, a write, on the store: with, refused with ErrReadOnly by a read-only Follower.
+func (f *Follower) write(op func(*Store) error) error {
+	if f.cfg.ReadOnly {
+		return ErrReadOnly
+	}
+	return f.with(op)
+}
+
 // Current is Store.Current.
 func (f *Follower) Current(ctx context.Context) (set *rules.Set, err error) {
 	err = f.with(func(s *Store) error { set, err = s.Current(ctx); return err })
@@ -137,64 +155,64 @@ func (f *Follower) Current(ctx context.Context) (set *rules.Set, err error) {
 
 // Apply is Store.Apply.
 func (f *Follower) Apply(ctx context.Context, doc *rules.Document, actor string) error {
-	return f.with(func(s *Store) error { return s.Apply(ctx, doc, actor) })
+	return f.write(func(s *Store) error { return s.Apply(ctx, doc, actor) })
 }
 
 // PutRule is Store.PutRule.
 func (f *Follower) PutRule(ctx context.Context, r rules.DocRule, actor string) (created bool, err error) {
-	err = f.with(func(s *Store) error { created, err = s.PutRule(ctx, r, actor); return err })
+	err = f.write(func(s *Store) error { created, err = s.PutRule(ctx, r, actor); return err })
 	return created, err
 }
 
 // CreateRule is Store.CreateRule.
 func (f *Follower) CreateRule(ctx context.Context, r rules.DocRule, actor string) error {
-	return f.with(func(s *Store) error { return s.CreateRule(ctx, r, actor) })
+	return f.write(func(s *Store) error { return s.CreateRule(ctx, r, actor) })
 }
 
 // DeleteRule is Store.DeleteRule.
 func (f *Follower) DeleteRule(ctx context.Context, id, actor string) error {
-	return f.with(func(s *Store) error { return s.DeleteRule(ctx, id, actor) })
+	return f.write(func(s *Store) error { return s.DeleteRule(ctx, id, actor) })
 }
 
 // PutExemption is Store.PutExemption.
 func (f *Follower) PutExemption(ctx context.Context, e rules.DocExemption, actor string) (created bool, err error) {
-	err = f.with(func(s *Store) error { created, err = s.PutExemption(ctx, e, actor); return err })
+	err = f.write(func(s *Store) error { created, err = s.PutExemption(ctx, e, actor); return err })
 	return created, err
 }
 
 // DeleteExemption is Store.DeleteExemption.
 func (f *Follower) DeleteExemption(ctx context.Context, id, actor string) error {
-	return f.with(func(s *Store) error { return s.DeleteExemption(ctx, id, actor) })
+	return f.write(func(s *Store) error { return s.DeleteExemption(ctx, id, actor) })
 }
 
 // SetUserTier is Store.SetUserTier.
 func (f *Follower) SetUserTier(ctx context.Context, user, tier, actor string) error {
-	return f.with(func(s *Store) error { return s.SetUserTier(ctx, user, tier, actor) })
+	return f.write(func(s *Store) error { return s.SetUserTier(ctx, user, tier, actor) })
 }
 
 // SetUserZone is Store.SetUserZone.
 func (f *Follower) SetUserZone(ctx context.Context, user, timezone string, anchorDay int, actor string) error {
-	return f.with(func(s *Store) error { return s.SetUserZone(ctx, user, timezone, anchorDay, actor) })
+	return f.write(func(s *Store) error { return s.SetUserZone(ctx, user, timezone, anchorDay, actor) })
 }
 
 // SetUserOrg is Store.SetUserOrg.
 func (f *Follower) SetUserOrg(ctx context.Context, user, org, actor string) error {
-	return f.with(func(s *Store) error { return s.SetUserOrg(ctx, user, org, actor) })
+	return f.write(func(s *Store) error { return s.SetUserOrg(ctx, user, org, actor) })
 }
 
 // PutOverride is Store.PutOverride.
 func (f *Follower) PutOverride(ctx context.Context, o rules.Override) error {
-	return f.with(func(s *Store) error { return s.PutOverride(ctx, o) })
+	return f.write(func(s *Store) error { return s.PutOverride(ctx, o) })
 }
 
 // RenewOverride is Store.RenewOverride.
 func (f *Follower) RenewOverride(ctx context.Context, id string, expires time.Time, actor string) error {
-	return f.with(func(s *Store) error { return s.RenewOverride(ctx, id, expires, actor) })
+	return f.write(func(s *Store) error { return s.RenewOverride(ctx, id, expires, actor) })
 }
 
 // DeleteOverride is Store.DeleteOverride.
 func (f *Follower) DeleteOverride(ctx context.Context, id, actor string) error {
-	return f.with(func(s *Store) error { return s.DeleteOverride(ctx, id, actor) })
+	return f.write(func(s *Store) error { return s.DeleteOverride(ctx, id, actor) })
 }
 
 // Overrides is Store.Overrides.

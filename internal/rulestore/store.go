@@ -33,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -52,6 +53,10 @@ const (
 type Config struct {
 	// Replicas of the KV buckets and the events stream (1).
 	Replicas int
+	// Bind opens the buckets as they are, never creating or updating them nor the events
+	// stream: for a role whose NATS credentials may not (package natsauth). Until the admin
+	// API's process has created them, Open waits.
+	Bind bool
 	// Logger receives the store's logs (discarded when nil).
 	Logger *slog.Logger
 }
@@ -74,6 +79,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Bind {
+		return bind(ctx, js, log)
 	}
 	ensure := broker.EnsureConfig{Replicas: replicas}
 	var config, overrides jetstream.KeyValue
@@ -98,6 +106,25 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	}
 	err = broker.Ensure(ctx, log, "rule store: events stream", ensure, func(ctx context.Context) error {
 		_, err := events.EnsureStream(ctx, js, replicas)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{js: js, config: config, overrides: overrides, log: log, now: time.Now}, nil
+}
+
+// bind opens the buckets that exist, waiting (as Ensure does) while they do not yet.
+func bind(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*Store, error) {
+	var config, overrides jetstream.KeyValue
+	err := broker.Ensure(ctx, log, "rule store: bind the buckets", broker.EnsureConfig{}, func(ctx context.Context) (err error) {
+		if config, err = js.KeyValue(ctx, ConfigBucket); err == nil {
+			overrides, err = js.KeyValue(ctx, OverrideBucket)
+		}
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			// Not an error of this process: the admin API's has not created them yet.
+			return fmt.Errorf("%w (not created yet: the admin API's process creates them)", nats.ErrTimeout)
+		}
 		return err
 	})
 	if err != nil {

@@ -34,6 +34,11 @@ const (
 	MsgIDHeader = "Nats-Msg-Id"
 )
 
+// ConsumerName is the durable consumer of partition p that the aggregators share: one per
+// partition, so that the partition's decisions are stored in order by whichever aggregator
+// owns it. No other role may touch it (package natsauth).
+func ConsumerName(p int) string { return "quotaflow-aggregator-" + strconv.Itoa(p) }
+
 // Subject returns the subject of partition p under prefix.
 func Subject(prefix string, p int) string {
 	return prefix + "." + strconv.Itoa(p)
