@@ -63,10 +63,10 @@ type Config struct {
 	// Credentials authenticates the connection (broker.Client.Credentials): the operator
 	// role's, which may read every stream.
 	Credentials string
-	Stream  string // "" means the kind's stream
-	All     bool   // start from the oldest item kept instead of new ones
-	JSON    bool   // print each item as one line of JSON
-	Count   int    // stop after this many items (0: until ctx ends)
+	Stream      string // "" means the kind's stream
+	All         bool   // start from the oldest item kept instead of new ones
+	JSON        bool   // print each item as one line of JSON
+	Count       int    // stop after this many items (0: until ctx ends)
 	// Out receives the items, Errs the notes on messages that cannot be decoded (skipped).
 	Out, Errs io.Writer
 }
