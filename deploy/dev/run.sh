@@ -119,7 +119,9 @@ quotaflow dev is ready (Ctrl-C stops everything):
   admin    http://$LISTEN/api/v1   token: $ADMIN_TOKEN   (rules, tiers and overrides in NATS KV)
   console  http://$LISTEN/console/   sign in with the admin token: live transitions, usage, subjects, overrides
   nats     nats://$NATS_LISTEN   streams QUOTAFLOW_DECISIONS (quotaflow.decisions.>) and QUOTAFLOW_EVENTS
-           (quotaflow.warnings.<tier>.<dimension>, quotaflow.overrides.<action>); data in $DEV_DIR/nats
+           (quotaflow.warnings.<tier>.<dimension>, quotaflow.overrides.<action>); data in $DEV_DIR/nats;
+           quotaflow's users only, a seed per role in $DEV_DIR/nats/auth (read-only: operator.nk,
+           what watch, top and status use by default from .dev/)
   redis    $QUOTAFLOW_REDIS_URL   (data in $DEV_DIR/redis)
   clickhouse $QUOTAFLOW_CLICKHOUSE_DSN   native protocol; clickhouse-client --port $CH_PORT (data in $DEV_DIR/clickhouse)
   aggregator  runs inside serve: decisions into quotaflow.decisions and the usage_* rollups,
