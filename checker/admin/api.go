@@ -35,7 +35,7 @@ import (
 // which the store records with the change on the events stream.
 type Store interface {
 	Current(ctx context.Context) (*rules.Set, error)
-	Apply(ctx context.Context, doc *rules.Document, actor string) error
+	Apply(ctx context.Context, doc *rules.Document, actor string, opts rules.ApplyOptions) (rules.Changes, error)
 	CreateRule(ctx context.Context, rule rules.DocRule, actor string) error
 	PutRule(ctx context.Context, rule rules.DocRule, actor string) (created bool, err error)
 	DeleteRule(ctx context.Context, id, actor string) error

@@ -378,10 +378,26 @@ func TestAdminRuleChanges(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the deleted rule stops applying", func() bool { return env.quota(t, user, "/reports").RuleId == "" })
 
-	// The whole document is replaced by PUT /rules.
+	// The whole document is replaced by PUT /rules, removing what it lacks only when told to
+	// prune: without, each item it would remove is named and nothing changes; a dry run
+	// answers what would change and changes nothing.
 	doc := `{"default_tier":"free","tiers":{"free":{}},"rules":[{"id":"only","dimension":"user","endpoint":"*","algorithm":"gcra","limit":7,"window":"1m"}]}`
-	if got := env.call(t, "PUT", "/api/v1/rules", writeToken, doc); got.status != 200 || got.body["rules"] != float64(1) {
-		t.Fatalf("PUT /rules = %d %s, want 200 and 1 rule", got.status, got.raw)
+	got := env.call(t, "PUT", "/api/v1/rules", writeToken, doc)
+	if got.status != 409 || got.body["error"] != "failed_precondition" || got.body["field"] != "prune" || !strings.Contains(got.raw, `"rule orders"`) {
+		t.Fatalf("PUT /rules removing rules without prune = %d %s, want 409 failed_precondition naming rule orders", got.status, got.raw)
+	}
+	if got := env.call(t, "PUT", "/api/v1/rules?prune=maybe", writeToken, doc); got.status != 400 || got.body["field"] != "prune" {
+		t.Errorf("PUT /rules?prune=maybe = %d %s, want 400 naming prune", got.status, got.raw)
+	}
+	got = env.call(t, "PUT", "/api/v1/rules?prune=true&dry_run=true", writeToken, doc)
+	if got.status != 200 || got.body["dry_run"] != true || !strings.Contains(got.raw, `"rule orders"`) || !strings.Contains(got.raw, `"rule only"`) {
+		t.Fatalf("PUT /rules dry run = %d %s, want 200 listing rule only added and rule orders removed", got.status, got.raw)
+	}
+	if q := env.quota(t, user, "/orders"); q.RuleId != "orders" {
+		t.Fatalf("after the dry run /orders is decided by %q, want orders still", q.RuleId)
+	}
+	if got := env.call(t, "PUT", "/api/v1/rules?prune=true", writeToken, doc); got.status != 200 || got.body["rules"] != float64(1) {
+		t.Fatalf("PUT /rules?prune=true = %d %s, want 200 and 1 rule", got.status, got.raw)
 	}
 	eventually(t, 5*time.Second, "the applied document is enforced", func() bool { return env.quota(t, user, "/anything").RuleId == "only" })
 }
@@ -592,7 +608,7 @@ func TestAdminProblemsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &Client{BaseURL: env.url, Token: writeToken, HTTP: env.http}
-	_, _, err := c.ApplyRules(context.Background(), &doc)
+	_, err := c.ApplyRules(context.Background(), &doc, rules.ApplyOptions{Prune: true})
 	if err == nil {
 		t.Fatal("ApplyRules of a document with two problems = nil error")
 	}

@@ -58,7 +58,9 @@ func TestAdminAudit(t *testing.T) {
 			200, "quotaflow.config.exemption_set", "ci-pipeline", "office"},
 		{"delete the exemption", "DELETE", "/api/v1/exemptions/office", writeToken, nil, 204, "quotaflow.config.exemption_deleted", "alice-ops", "office"},
 		{"delete a missing exemption", "DELETE", "/api/v1/exemptions/office", writeToken, nil, 404, "", "", ""},
-		{"apply a document", "PUT", "/api/v1/rules", ciToken, `{"default_tier":"free","tiers":{"free":{}},"rules":[{"id":"only","dimension":"user","endpoint":"*","algorithm":"gcra","limit":7,"window":"1m"}]}`,
+		{"apply a document lacking rules, not pruning", "PUT", "/api/v1/rules", ciToken, `{"default_tier":"free","tiers":{"free":{}},"rules":[{"id":"only","dimension":"user","endpoint":"*","algorithm":"gcra","limit":7,"window":"1m"}]}`,
+			409, "", "", ""},
+		{"apply a document", "PUT", "/api/v1/rules?prune=true", ciToken, `{"default_tier":"free","tiers":{"free":{}},"rules":[{"id":"only","dimension":"user","endpoint":"*","algorithm":"gcra","limit":7,"window":"1m"}]}`,
 			200, "quotaflow.config.rules_applied", "ci-pipeline", ""},
 		{"apply an invalid document", "PUT", "/api/v1/rules", ciToken, `{"rules":[]}`, 400, "", "", ""},
 	}

@@ -84,11 +84,17 @@ func (c *Client) Rule(ctx context.Context, id string) (json.RawMessage, error) {
 }
 
 // ApplyRules replaces the rules, tiers, users and policies with doc, and returns how many rules
-// and users it holds.
-func (c *Client) ApplyRules(ctx context.Context, doc *rules.Document) (nrules, users int, err error) {
-	var out struct{ Rules, Users int }
-	err = c.Do(ctx, http.MethodPut, "/api/v1/rules", doc, &out)
-	return out.Rules, out.Users, err
+// and users it holds and what changed. What the store holds and doc lacks is removed only with
+// opts.Prune: without it the call fails with an *Error of code failed_precondition whose
+// Problems name each item; opts.DryRun changes nothing.
+func (c *Client) ApplyRules(ctx context.Context, doc *rules.Document, opts rules.ApplyOptions) (ApplyResult, error) {
+	var out ApplyResult
+	path := "/api/v1/rules"
+	if opts.Prune || opts.DryRun {
+		path += fmt.Sprintf("?prune=%t&dry_run=%t", opts.Prune, opts.DryRun)
+	}
+	err := c.Do(ctx, http.MethodPut, path, doc, &out)
+	return out, err
 }
 
 // DeleteRule removes a rule.

@@ -63,6 +63,19 @@ func spanParam(r *http.Request, name string) (time.Duration, error) {
 	return d, nil
 }
 
+// boolParam reads an optional boolean query parameter (false when absent).
+func boolParam(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badField(name, "%q is no boolean (true or false)", v)
+	}
+	return b, nil
+}
+
 // intParam reads an optional integer query parameter (0 when absent).
 func intParam(r *http.Request, name string) (int, error) {
 	v := r.URL.Query().Get(name)

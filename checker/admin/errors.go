@@ -19,7 +19,7 @@ type Error struct {
 	// Status is the HTTP status (not in the body).
 	Status int `json:"-"`
 	// Code names the kind of error: invalid_argument, unauthenticated, permission_denied,
-	// not_found, already_exists, rate_limited, unavailable.
+	// not_found, already_exists, failed_precondition, rate_limited, unavailable.
 	Code string `json:"error"`
 	// Field names the request's field that broke a rule, if one did.
 	Field   string `json:"field,omitempty"`
@@ -66,6 +66,7 @@ func writeAPIError(w http.ResponseWriter, err error) {
 		ce *checker.FieldError
 		ve *rules.ValidationError
 		me *http.MaxBytesError
+		re *rules.RemovalError
 	)
 	switch {
 	case errors.As(err, &ae):
@@ -82,6 +83,8 @@ func writeAPIError(w http.ResponseWriter, err error) {
 		}
 		ae = &Error{Status: http.StatusBadRequest, Code: "invalid_argument", Problems: ve.Problems,
 			Message: "refused, nothing was changed: " + msg}
+	case errors.As(err, &re):
+		ae = &Error{Status: http.StatusConflict, Code: "failed_precondition", Field: "prune", Problems: re.Removed, Message: re.Error()}
 	case errors.As(err, &me):
 		ae = &Error{Status: http.StatusRequestEntityTooLarge, Code: "invalid_argument", Field: "body",
 			Message: fmt.Sprintf("body: larger than %d bytes", me.Limit)}

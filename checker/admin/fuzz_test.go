@@ -94,7 +94,7 @@ func (e *fuzzAdminEnv) call(method, path string, body []byte) *httptest.Response
 // input alone, and accepted overrides do not pile up and slow every later read.
 func (e *fuzzAdminEnv) restore(t *testing.T, route int, body []byte) {
 	t.Helper()
-	method, path, req := http.MethodPut, "/api/v1/rules", e.seed
+	method, path, req := http.MethodPut, "/api/v1/rules?prune=true", e.seed
 	if route == 2 {
 		var o struct{ ID string }
 		if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {

@@ -25,16 +25,40 @@ func (a *API) getRules(r *http.Request, _ caller) (int, any, error) {
 }
 
 // applyRules replaces the whole configuration (quotaflow rules apply -f).
+// ApplyResult is the answer to PUT /api/v1/rules: the document's size and what it added,
+// changed and removed (with dry_run, would have).
+type ApplyResult struct {
+	Rules  int  `json:"rules"`
+	Users  int  `json:"users"`
+	DryRun bool `json:"dry_run"`
+	rules.Changes
+}
+
+// applyRules answers PUT /api/v1/rules[?prune=true][&dry_run=true]: the whole configuration
+// replaced by the body's document. Without prune, a document lacking what the store holds is
+// refused (409, each item named).
 func (a *API) applyRules(r *http.Request, c caller) (int, any, error) {
+	var opts rules.ApplyOptions
+	var err error
+	if opts.Prune, err = boolParam(r, "prune"); err != nil {
+		return 0, nil, err
+	}
+	if opts.DryRun, err = boolParam(r, "dry_run"); err != nil {
+		return 0, nil, err
+	}
 	var doc rules.Document
 	if err := decodeBody(r, &doc); err != nil {
 		return 0, nil, err
 	}
-	if err := a.store.Apply(r.Context(), &doc, c.Name); err != nil {
+	changes, err := a.store.Apply(r.Context(), &doc, c.Name, opts)
+	if err != nil {
 		return 0, nil, err
 	}
-	a.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users))
-	return http.StatusOK, map[string]int{"rules": len(doc.Rules), "users": len(doc.Users)}, nil
+	if !opts.DryRun {
+		a.log.Info("admin: rules applied", "token", c.Name, "rules", len(doc.Rules), "users", len(doc.Users),
+			"added", len(changes.Added), "changed", len(changes.Changed), "removed", changes.Removed)
+	}
+	return http.StatusOK, ApplyResult{Rules: len(doc.Rules), Users: len(doc.Users), DryRun: opts.DryRun, Changes: changes}, nil
 }
 
 func (a *API) getRule(r *http.Request, _ caller) (int, any, error) {

@@ -158,10 +158,23 @@ func TestAdminCLI(t *testing.T) {
 	if stdout, stderr, code := runCmd(context.Background(), []string{"override", "delete", "cli-ovr"}, envs); code != 0 || !strings.Contains(stdout, "deleted override cli-ovr") {
 		t.Errorf("override delete: exit %d, output %q", code, stdout+stderr)
 	}
-	// A valid file replaces everything: its single rule is enforced, the others are gone.
+	// A valid file replaces everything it is told to: without --prune the rules it lacks are
+	// listed and nothing changes; --dry-run prints the changes and makes none; with --prune its
+	// single rule is enforced, the others are gone.
 	applied := writeFile(t, "new.yaml", "rules:\n- {id: only, dimension: user, endpoint: '*', algorithm: gcra, limit: 9, window: 1m}\n")
-	if stdout, stderr, code := runCmd(context.Background(), []string{"rules", "apply", "-f", applied}, envs); code != 0 || !strings.Contains(stdout, "1 rules, 0 users") {
-		t.Fatalf("rules apply: exit %d, output %q", code, stdout+stderr)
+	if stdout, stderr, code := runCmd(context.Background(), []string{"rules", "apply", "-f", applied}, envs); code != 1 ||
+		!strings.Contains(stdout, "- rule orders") || !strings.Contains(stderr, "--prune") {
+		t.Fatalf("rules apply of a file lacking rules: exit %d, output %q; want refused, naming rule orders and --prune", code, stdout+stderr)
+	}
+	if stdout, stderr, code := runCmd(context.Background(), []string{"rules", "apply", "--prune", "--dry-run", "-f", applied}, envs); code != 0 ||
+		!strings.Contains(stdout, "+ rule only") || !strings.Contains(stdout, "- rule orders") || !strings.Contains(stdout, "dry run, nothing changed") {
+		t.Fatalf("rules apply --dry-run: exit %d, output %q", code, stdout+stderr)
+	}
+	if stdout, _, _ := runCmd(context.Background(), []string{"rules", "list"}, envs); !strings.Contains(stdout, "orders") {
+		t.Fatalf("rules list after the refused apply and the dry run = %q, want rule orders kept", stdout)
+	}
+	if stdout, stderr, code := runCmd(context.Background(), []string{"rules", "apply", "--prune", "-f", applied}, envs); code != 0 || !strings.Contains(stdout, "1 rules, 0 users") {
+		t.Fatalf("rules apply --prune: exit %d, output %q", code, stdout+stderr)
 	}
 	if stdout, _, _ := runCmd(context.Background(), []string{"rules", "list"}, envs); !strings.Contains(stdout, "only") || strings.Contains(stdout, "orders") {
 		t.Errorf("rules list after apply = %q, want only rule \"only\"", stdout)

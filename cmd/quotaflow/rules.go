@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/report"
 )
@@ -88,9 +89,15 @@ func plainStyle(n *yaml.Node) {
 func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("rules apply", `Replaces the rule store's whole configuration (rules, tiers, users, warnings, policies) with a
 rules file; overrides stay. The checker validates it as a whole: a file with any problem
-changes nothing. Every checker enforces the new rules within a fraction of a second.`, stderr)
+changes nothing. Prints what it adds (+), changes (~) and removes (-). What the store holds
+and the file lacks (an exemption or a user set through the admin API, say) is removed only
+with --prune: without it the apply is refused, naming each such item, and nothing changes.
+Every checker enforces the new rules within a fraction of a second.`, stderr)
 	c := registerAdminClient(fs)
 	file := fs.String("f", "", "rules `file` (YAML or JSON; required)")
+	var opts rules.ApplyOptions
+	fs.BoolVar(&opts.Prune, "prune", false, "remove what the store holds and the file lacks")
+	fs.BoolVar(&opts.DryRun, "dry-run", false, "print what would change, and change nothing")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
@@ -110,11 +117,30 @@ changes nothing. Every checker enforces the new rules within a fraction of a sec
 	if _, err := doc.Compile(); err != nil {
 		return fmt.Errorf("rules file %s: refused, nothing was changed: %w", *file, err)
 	}
-	n, users, err := c.ApplyRules(ctx, doc)
+	res, err := c.ApplyRules(ctx, doc, opts)
+	if ae := (*admin.Error)(nil); errors.As(err, &ae) && ae.Code == "failed_precondition" {
+		for _, item := range ae.Problems {
+			fmt.Fprintf(stdout, "- %s\n", item)
+		}
+		return fmt.Errorf("rules file %s: refused, nothing was changed: the file lacks %d item(s) the rule store holds (listed above); add them to the file, or apply with --prune to remove them", *file, len(ae.Problems))
+	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "applied %s: %d rules, %d users\n", *file, n, users)
+	for _, l := range []struct {
+		mark  string
+		items []string
+	}{{"+", res.Added}, {"~", res.Changed}, {"-", res.Removed}} {
+		for _, item := range l.items {
+			fmt.Fprintf(stdout, "%s %s\n", l.mark, item)
+		}
+	}
+	verb := "applied"
+	if opts.DryRun {
+		verb = "dry run, nothing changed:"
+	}
+	fmt.Fprintf(stdout, "%s %s: %d rules, %d users; %d added, %d changed, %d removed\n", verb, *file, res.Rules, res.Users,
+		len(res.Added), len(res.Changed), len(res.Removed))
 	return nil
 }
 

@@ -150,6 +150,9 @@ type ConfigEvent struct {
 	Tier   string `json:"tier,omitempty"`
 	// ExemptionID is the exemption set or deleted.
 	ExemptionID string `json:"exemption_id,omitempty"`
+	// Removed names what a whole document's apply removed ("rule orders", "user 42",
+	// "exemption acme"; rules.Changes), which only an apply told to prune does.
+	Removed []string `json:"removed,omitempty"`
 	// Detail is what was written, as compact JSON: the rule (for a deletion the rule removed),
 	// the user, or the whole document (a summary when the document is too large for an event).
 	Detail json.RawMessage `json:"detail,omitempty"`
@@ -181,8 +184,12 @@ func (e *ConfigEvent) String() string {
 	case e.UserID != "":
 		target = "user " + e.UserID + " tier=" + e.Tier
 	}
-	return fmt.Sprintf("%s %-13s %-32s by %s id=%s",
+	line := fmt.Sprintf("%s %-13s %-32s by %s id=%s",
 		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), target, e.Actor, e.ID)
+	if len(e.Removed) > 0 {
+		line += " removed=" + strings.Join(e.Removed, ",")
+	}
+	return line
 }
 
 // Token makes s safe as one NATS subject token.

@@ -31,6 +31,8 @@ func TestString(t *testing.T) {
 			"2026-11-24 10:00:00 USER_TIER_SET user bob tier=premium            by alice-ops id=config-user_tier_set-9"},
 		{"document config", &ConfigEvent{ID: "config-rules_applied-3", Action: ConfigRulesApplied, At: at, Actor: "ci"},
 			"2026-11-24 10:00:00 RULES_APPLIED document                         by ci id=config-rules_applied-3"},
+		{"pruning document config", &ConfigEvent{ID: "config-rules_applied-4", Action: ConfigRulesApplied, At: at, Actor: "ci", Removed: []string{"rule orders", "exemption acme"}},
+			"2026-11-24 10:00:00 RULES_APPLIED document                         by ci id=config-rules_applied-4 removed=rule orders,exemption acme"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -123,7 +123,7 @@ rules:
 	watch()
 	waitFor(t, func() bool { return len(ws[0].seen()) == 1 })
 	applied := make(chan error, 1)
-	go func() { applied <- s.Apply(ctx, next, "test") }()
+	go func() { applied <- applyAll(ctx, s, next, "test") }()
 	for range 4 {
 		watch()
 	}
@@ -215,7 +215,7 @@ func TestLegacyUserKeys(t *testing.T) {
 	if set, _ = s.Current(ctx); set.TierOf("bob") != "premium" {
 		t.Errorf("after SetUserTier on a legacy store: TierOf(bob) = %q, want premium", set.TierOf("bob"))
 	}
-	if err := s.Apply(ctx, mustDecode(t, doc), "t"); err != nil {
+	if err := applyAll(ctx, s, mustDecode(t, doc), "t"); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := s.config.ListKeys(ctx)
@@ -246,7 +246,7 @@ func TestSetUserTierDuringApply(t *testing.T) {
 		wg.Add(2)
 		var setErr, applyErr error
 		go func() { defer wg.Done(); setErr = s.SetUserTier(ctx, "carol", "premium", "t") }()
-		go func() { defer wg.Done(); applyErr = s.Apply(ctx, mustDecode(t, doc), "t") }()
+		go func() { defer wg.Done(); applyErr = applyAll(ctx, s, mustDecode(t, doc), "t") }()
 		wg.Wait()
 		if setErr != nil || applyErr != nil {
 			t.Fatalf("round %d: SetUserTier = %v, Apply = %v", i, setErr, applyErr)
@@ -265,7 +265,7 @@ func TestSetUserTierDuringApply(t *testing.T) {
 			}
 		}
 		// Reset carol for the next round.
-		if err := s.Apply(ctx, mustDecode(t, doc), "t"); err != nil {
+		if err := applyAll(ctx, s, mustDecode(t, doc), "t"); err != nil {
 			t.Fatal(err)
 		}
 	}

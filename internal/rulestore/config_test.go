@@ -64,9 +64,9 @@ func TestConfigEvents(t *testing.T) {
 		{"set a tier", func() error { return s.SetUserTier(ctx, "dave", "premium", "alice") },
 			&events.ConfigEvent{Action: events.ConfigUserTierSet, Actor: "alice", UserID: "dave", Tier: "premium"}, `"tier":"premium"`},
 		{"set an unknown tier", func() error { return s.SetUserTier(ctx, "dave", "gold", "alice") }, nil, ""},
-		{"apply", func() error { return s.Apply(ctx, applied, "ci") },
+		{"apply", func() error { return applyAll(ctx, s, applied, "ci") },
 			&events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: "ci"}, `"id":"only"`},
-		{"apply an invalid document", func() error { return s.Apply(ctx, &rules.Document{}, "ci") }, nil, ""},
+		{"apply an invalid document", func() error { return applyAll(ctx, s, &rules.Document{}, "ci") }, nil, ""},
 	}
 	ids := map[string]bool{seen[0].ID: true}
 	for _, tt := range tests {

@@ -154,8 +154,9 @@ func (f *Follower) Current(ctx context.Context) (set *rules.Set, err error) {
 }
 
 // Apply is Store.Apply.
-func (f *Follower) Apply(ctx context.Context, doc *rules.Document, actor string) error {
-	return f.write(func(s *Store) error { return s.Apply(ctx, doc, actor) })
+func (f *Follower) Apply(ctx context.Context, doc *rules.Document, actor string, opts rules.ApplyOptions) (changes rules.Changes, err error) {
+	err = f.write(func(s *Store) error { changes, err = s.Apply(ctx, doc, actor, opts); return err })
+	return changes, err
 }
 
 // PutRule is Store.PutRule.

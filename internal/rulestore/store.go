@@ -328,28 +328,40 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 }
 
 // Apply replaces the whole configuration with doc: its rules, tiers, thresholds and policies,
-// and its users (users not in doc are removed). Overrides stay; ones naming a rule or tier doc
-// lacks stop applying. It publishes a "rules_applied" event by actor carrying doc.
+// and its users. Overrides stay; ones naming a rule or tier doc lacks stop applying. It returns
+// what changed, and publishes a "rules_applied" event by actor carrying doc and naming what it
+// removed.
+//
+// What the store holds and doc lacks (an exemption made through the admin API, say) is removed
+// only with opts.Prune: without it Apply changes nothing and fails with a *rules.RemovalError
+// naming each such item, so that a file that never held them does not delete them unseen.
 //
 // Watchers see the old configuration, then doc, and nothing in between: doc's users are
 // written under a new generation, then the document naming it, by compare-and-swap (a write
 // that came between makes Apply start over); the old generation's keys are removed last.
-func (s *Store) Apply(ctx context.Context, doc *rules.Document, actor string) error {
+func (s *Store) Apply(ctx context.Context, doc *rules.Document, actor string, opts rules.ApplyOptions) (rules.Changes, error) {
 	if _, err := doc.Compile(); err != nil {
-		return err
+		return rules.Changes{}, err
 	}
 	for attempt := 0; ; attempt++ {
 		old, err := s.read(ctx)
 		if err != nil && !errors.Is(err, rules.ErrNotSeeded) {
-			return err
+			return rules.Changes{}, err
+		}
+		changes := rules.Diff(old.withUsers(), doc)
+		if len(changes.Removed) > 0 && !opts.Prune {
+			return changes, &rules.RemovalError{Removed: changes.Removed}
+		}
+		if opts.DryRun {
+			return changes, nil
 		}
 		gen, err := s.putUsers(ctx, doc.Users)
 		if err != nil {
-			return err
+			return changes, err
 		}
 		data, err := encodeDoc(doc, gen)
 		if err != nil {
-			return err
+			return changes, err
 		}
 		var rev uint64
 		if old == nil {
@@ -361,15 +373,27 @@ func (s *Store) Apply(ctx context.Context, doc *rules.Document, actor string) er
 			// Nothing names the new generation: its keys are garbage.
 			s.removeGeneration(ctx, gen)
 			if attempt < 20 && casFailed(err) {
-				continue // another writer came first: replace theirs
+				continue // another writer came first: compare with theirs and replace it
 			}
-			return fmt.Errorf("write rules: %w", err)
+			return changes, fmt.Errorf("write rules: %w", err)
 		}
 		if old != nil {
 			s.removeGeneration(ctx, old.gen)
 		}
-		return s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: actor}, doc)
+		ev := &events.ConfigEvent{Action: events.ConfigRulesApplied, Actor: actor, Removed: changes.Removed}
+		return changes, s.publishConfig(ctx, rev, ev, doc)
 	}
+}
+
+// withUsers is the stored document with its users, as an applied one holds them; nil for no
+// snapshot (an empty store).
+func (sn *snapshot) withUsers() *rules.Document {
+	if sn == nil {
+		return nil
+	}
+	d := *sn.doc
+	d.Users = sn.users
+	return &d
 }
 
 // casFailed reports whether a compare-and-swap write failed because the key changed.

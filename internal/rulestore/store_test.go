@@ -115,7 +115,7 @@ func TestSeedAndWrites(t *testing.T) {
 	if err := s.SetUserTier(ctx, "carol", "premium", "t"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, mustDecode(t, doc+"  - {id: apikey-h, dimension: apikey, endpoint: \"*\", algorithm: leaky_bucket, limit: 60, window: 1h}\n"), "t"); err != nil {
+	if err := applyAll(ctx, s, mustDecode(t, doc+"  - {id: apikey-h, dimension: apikey, endpoint: \"*\", algorithm: leaky_bucket, limit: 60, window: 1h}\n"), "t"); err != nil {
 		t.Fatal(err)
 	}
 	final, err := s.Current(ctx)
