@@ -3,6 +3,7 @@ package checker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -273,5 +274,71 @@ func TestReservationNotRecorded(t *testing.T) {
 	}
 	if tk, _ := left(t, e, user); tk != 70 {
 		t.Errorf("%d left, want 70: the estimate stands", tk)
+	}
+}
+
+// TestSettleOverageAttack: a caller reserves 1 for throwaway users and settles each at
+// 1,000,000. The overage goes whole to each throwaway user's own bucket, and only as far as
+// the estimate again to the global bucket all callers share, so that alice and bob, checking
+// beside the attack, are still allowed exactly their own limits.
+func TestSettleOverageAttack(t *testing.T) {
+	t.Parallel()
+	global := checkertest.ID(t, "global")
+	e := newEngine(t, Config{DisableOverLimitCache: true, Rules: mustRules(t, `rules:
+- {id: `+global+`, dimension: global, endpoint: /llm, algorithm: token_bucket, limit: 1000, window: 1m}
+- {id: user-llm, dimension: user, endpoint: /llm, algorithm: fixed_window, limit: 10, window: 1h}
+`)})
+	ctx := context.Background()
+	victims := []string{checkertest.ID(t, "alice"), checkertest.ID(t, "bob")}
+	allowed := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, v := range victims {
+		wg.Go(func() {
+			for range 12 {
+				out, err := e.Check(ctx, &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: v}}, Endpoint: "/llm", Cost: 1})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if out.Allowed {
+					mu.Lock()
+					allowed[v]++
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	for i := range 5 {
+		attacker := checkertest.ID(t, fmt.Sprintf("throwaway%d", i))
+		out, err := e.Check(ctx, reserveQuery(attacker, 1))
+		if err != nil || !out.Allowed || out.Reservation == nil {
+			t.Fatalf("the attacker's reserve: %+v, %v", out, err)
+		}
+		st, err := e.Settle(ctx, out.Reservation.ID, 1_000_000)
+		if err != nil || !st.Overage {
+			t.Fatalf("the attacker's settle at 1,000,000: %+v, %v; want it done, flagged overage", st, err)
+		}
+		if out, _ := e.Check(ctx, reserveQuery(attacker, 1)); out == nil || out.Allowed {
+			t.Errorf("%s after its overage: %+v, want denied by its own debt", attacker, out)
+		}
+	}
+	wg.Wait()
+	for _, v := range victims {
+		if allowed[v] != 10 {
+			t.Errorf("%s was allowed %d of 12 beside the attack, want its own limit, 10", v, allowed[v])
+		}
+	}
+	out, err := e.Peek(ctx, &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "carol")}}, Endpoint: "/llm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range out.Limits {
+		// 5 reserves of 1, 5 overages of 1, 20 victims' checks, and 5 denied re-reserves charge
+		// nothing: a bucket of 1000 refilling over the test holds at least 1000 - 30.
+		if l.Rule.ID == global && l.Result.Remaining < 970 {
+			t.Errorf("the global bucket has %d left after the attack, want at least 970", l.Result.Remaining)
+		}
 	}
 }

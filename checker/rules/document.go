@@ -97,6 +97,9 @@ type DocRule struct {
 	// MaxDelay, a Go duration no longer than the window (Rule.MaxDelay).
 	OnLimit  string `yaml:"on_limit,omitempty" json:"on_limit,omitempty"`
 	MaxDelay Scalar `yaml:"max_delay,omitempty" json:"max_delay,omitempty"`
+	// MaxOverage bounds what a reservation's settle charges the rule's bucket past its
+	// estimate (Rule.MaxOverage).
+	MaxOverage Scalar `yaml:"max_overage,omitempty" json:"max_overage,omitempty"`
 	// CandidateOf makes the rule a candidate of the live rule of that id: evaluated on its
 	// checks, never enforced, what it leaves out taken from it (candidate.go).
 	CandidateOf string `yaml:"candidate_of,omitempty" json:"candidate_of,omitempty"`

@@ -345,6 +345,16 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		r.Lease = leaseSlice(p, where, fr.Lease, &r)
 	}
 	r.MaxDelay = onLimit(p, where, fr, &r)
+	if fr.MaxOverage != "" {
+		switch n, err := parseCount(string(fr.MaxOverage)); {
+		case err != nil:
+			p.add(where, "max_overage: %v", err)
+		case r.Algorithm == bucket.Concurrency:
+			p.add(where, "max_overage: a concurrency rule holds places, which a settle does not charge")
+		default:
+			r.MaxOverage = n
+		}
+	}
 	r.Shadow = r.Shadow || r.QuotaMode // a rule in quota mode never denies
 	if r.CountDenied && (r.Algorithm != bucket.FixedWindow || r.Calendar.Unit.Valid()) {
 		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())

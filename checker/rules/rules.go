@@ -40,6 +40,10 @@ var dimensionNames = [...]string{
 	DimensionDescriptor: "descriptor",
 }
 
+// Own reports whether the dimension's subjects are single callers (a user, an API key), whose
+// buckets no other caller shares; a global, org, IP or custom dimension's bucket is shared.
+func (d Dimension) Own() bool { return d == DimensionUser || d == DimensionAPIKey }
+
 // String returns the dimension's name as written in rules files ("apikey").
 func (d Dimension) String() string {
 	if d.Valid() {
@@ -107,8 +111,13 @@ type Rule struct {
 	// Burst is the capacity of token bucket, leaky bucket and GCRA (Limit when not set in the
 	// file); for window algorithms it equals Limit.
 	Burst    int64
-	Shadow   bool
-	FailMode FailMode
+	// MaxOverage is the most a reservation's settle charges the rule's bucket past the
+	// estimate, 0 for no bound of the rule's own. Whatever it says, a bucket no one caller owns
+	// (Dimension.Own false) takes an overage only as far as it fits and at most the estimate
+	// again (bucket.Limit.Pooled), so that one caller's settle cannot deny everyone.
+	MaxOverage int64
+	Shadow     bool
+	FailMode   FailMode
 	// IPv6Prefix and IPv4Prefix are the leading bits of an address that an ip rule counts by:
 	// every address of one network shares a bucket, since a client owns a whole IPv6 /64 (and
 	// may own more). 0 means DefaultIPv6Prefix and DefaultIPv4Prefix.
@@ -194,7 +203,8 @@ func (r *Rule) PrefixBits(is4 bool) int {
 // when positive (per-user custom limits). The burst scales with the limit when the file left it
 // to default.
 func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
-	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst, MaxDelay: r.MaxDelay}
+	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst, MaxDelay: r.MaxDelay,
+		OverageCap: r.MaxOverage, Pooled: !r.Dimension.Own()}
 	if r.Calendar.Unit.Valid() {
 		l.Algorithm = bucket.CalendarWindow
 	}

@@ -144,14 +144,16 @@ func TestBucketCustomLimit(t *testing.T) {
 		limit int64
 		want  bucket.Limit
 	}{
-		{"no override", Rule{Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}, 0,
+		{"no override", Rule{Dimension: DimensionUser, Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}, 0,
 			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}},
-		{"default burst follows the limit", Rule{Algorithm: bucket.GCRA, Limit: 10, Burst: 10, Window: time.Second}, 50,
+		{"default burst follows the limit", Rule{Dimension: DimensionUser, Algorithm: bucket.GCRA, Limit: 10, Burst: 10, Window: time.Second}, 50,
 			bucket.Limit{Key: "k", Algorithm: bucket.GCRA, Limit: 50, Burst: 50, Window: time.Second}},
-		{"explicit burst is kept", Rule{Algorithm: bucket.TokenBucket, Limit: 10, Burst: 3, Window: time.Second}, 50,
+		{"explicit burst is kept", Rule{Dimension: DimensionAPIKey, Algorithm: bucket.TokenBucket, Limit: 10, Burst: 3, Window: time.Second}, 50,
 			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 50, Burst: 3, Window: time.Second}},
-		{"window algorithm", Rule{Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second}, 7,
+		{"window algorithm", Rule{Dimension: DimensionUser, Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second}, 7,
 			bucket.Limit{Key: "k", Algorithm: bucket.FixedWindow, Limit: 7, Burst: 7, Window: time.Second}},
+		{"a shared bucket, its overage bounded", Rule{Dimension: DimensionGlobal, Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second, MaxOverage: 4}, 0,
+			bucket.Limit{Key: "k", Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second, OverageCap: 4, Pooled: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,6 +185,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad window", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1 minute}", []string{"window: want a Go duration"}},
 		{"tiny window", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 10us}", []string{"window:", "outside"}},
 		{"burst on window algorithm", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, burst: 9}", []string{"burst: fixed_window counts up to its limit"}},
+		{"max_overage of 0", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: fixed_window, limit: 5, window: 1s, max_overage: 0}", []string{"max_overage: want a whole number from 1"}},
+		{"max_overage on concurrency", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: concurrency, limit: 5, window: 1s, max_overage: 3}", []string{"max_overage: a concurrency rule holds places"}},
 		{"bad shadow", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, shadow: maybe}", []string{"shadow: want true or false"}},
 		{"bad fail mode", "rules:\n- {id: a, dimension: user, endpoint: /x, algorithm: gcra, limit: 5, window: 1s, fail_mode: sometimes}", []string{"fail_mode: unknown fail mode"}},
 		{"duplicate id", "rules:\n- " + ok + "\n- {id: a, dimension: ip, endpoint: /x, algorithm: gcra, limit: 5, window: 1s}", []string{`rule "a": id: "a" is used by more than one rule`}},

@@ -37,6 +37,26 @@ type Limit struct {
 	// clock (calendar.Period.Around): the decision is made in the one that holds Redis's time,
 	// and Window is only the unit's nominal length. Other algorithms ignore them.
 	Periods calendar.Span
+	// OverageCap bounds what a settle charges this limit past its reservation's estimate
+	// (Store.Settle); 0 means no bound.
+	OverageCap int64
+	// Pooled marks a bucket many callers share (a global, org, IP or custom dimension's): a
+	// settle charges it an overage only as far as it fits now and at most the estimate again,
+	// so that one caller's overage cannot deny the others. A caller's own bucket (a user's, an
+	// API key's) is charged the whole overage, past its limit: a debt only it waits out.
+	Pooled bool
+}
+
+// overageBound is what a settle may charge l past an estimate: -1 for no bound.
+func (l *Limit) overageBound(estimate int64) int64 {
+	bound := l.OverageCap
+	if bound <= 0 {
+		bound = -1
+	}
+	if l.Pooled && (bound < 0 || estimate < bound) {
+		bound = max(estimate, 0)
+	}
+	return bound
 }
 
 // Capacity is the most a single check may consume: Burst for the algorithms that have one

@@ -17,7 +17,12 @@ import (
 // atomic script call, on a cluster too), holding
 //
 //	open <charge now_us> <estimate> <label>
-//	<code> <limit> <window> <burst> <refund token or -> <key>    (one line per limit)
+//	<code> <limit> <window> <burst> <refund token or -> <key> <overage bound> <fit>    (one line per limit)
+//
+// where the overage bound is the most a settle charges the limit past the estimate (-1: none;
+// Limit.OverageCap, and the estimate for a Pooled limit) and fit is 1 when the overage is
+// charged only as far as it fits (Limit.Pooled). A line of a record written before these two
+// fields has neither: its overage is charged whole, as it was then.
 //
 // which Settle reads back and sends to the check script (lua/call.lua, mode settle), which
 // applies it only while the record still holds it and then turns it into "done <difference>":
@@ -110,7 +115,11 @@ func record(r *Request, res *Result, label string) string {
 			token = res.refund[i]
 		}
 		w, bu := l.scriptArgs()
-		fmt.Fprintf(&b, "%d %d %d %d %s %s\n", l.Algorithm, l.Limit, w, bu, token, l.Key)
+		fit := 0
+		if l.Pooled {
+			fit = 1
+		}
+		fmt.Fprintf(&b, "%d %d %d %d %s %s %d %d\n", l.Algorithm, l.Limit, w, bu, token, l.Key, l.overageBound(r.Cost), fit)
 		n++
 	}
 	if n == 0 {
@@ -144,7 +153,9 @@ type Settled struct {
 // charged is charged actual - estimate more, or refunded estimate - actual, in one atomic
 // script call per record. A refund gives back what the algorithm's refund of a charge gives
 // (for window algorithms, nothing once the charge's window has passed). An actual above the
-// estimate is charged even past a limit, reported Over. A cancel is a settle at 0.
+// estimate is charged to a caller's own limit even past it, to a Pooled one only as far as it
+// fits and at most the estimate again, and never more than a limit's OverageCap; an overage
+// that did not fit whole is reported Over. A cancel is a settle at 0.
 //
 // The first record decides the outcome: it is settled last, so that once it is, every record
 // is; of concurrent settles of one reservation exactly one succeeds, and a settle retried
@@ -216,12 +227,16 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 	if s.hashes > 0 {
 		nk += n
 	}
-	args := make([]any, 0, 4+nk+5+5*n)
+	args := make([]any, 0, 4+nk+5+7*n)
 	args = append(args, "evalsha", s.script.Hash(), nk)
 	limits := make([][]string, n)
 	for i, line := range lines[1:] {
 		f := strings.Fields(line)
-		if len(f) != 6 {
+		switch len(f) {
+		case 6: // written before overage bounds: the whole overage, as then
+			f = append(f, "-1", "0")
+		case 8:
+		default:
 			return fmt.Errorf("bucket: settle %q: %w: malformed record", key, ErrMalformedReply)
 		}
 		limits[i] = f
@@ -240,7 +255,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		if token == "-" {
 			token = ""
 		}
-		args = append(args, f[0], f[1], f[2], f[3], token)
+		args = append(args, f[0], f[1], f[2], f[3], token, f[6], f[7])
 	}
 	// Not retried by go-redis (scriptCmd): a retry would be told ErrSettled by its own first
 	// attempt; the caller must learn that the outcome is unknown instead.

@@ -218,3 +218,123 @@ func TestReserveExactUnderConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleOverageBounds: an overage goes whole, past the limit, only to a caller's own
+// bucket; a Pooled one (shared by many callers) takes it only as far as it fits and at most
+// the estimate again, and OverageCap bounds either. Repeating the attack adds nothing past a
+// full pooled bucket. A record written before the bounds is settled whole, as then.
+func TestSettleOverageBounds(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t)
+	tests := []struct {
+		name          string
+		pooled        bool
+		overageCap    int64
+		estimate      int64
+		actual        int64
+		wantRemaining int64 // of a limit of 10
+	}{
+		{"own: the whole overage, past the limit", false, 0, 2, 1000, 0},
+		{"pooled: at most the estimate again", true, 0, 2, 1000, 6},
+		{"pooled: no further than it fits", true, 0, 6, 1000, 0},
+		{"pooled: an overage that fits is charged whole", true, 0, 4, 6, 4},
+		{"own, capped", false, 3, 2, 1000, 5},
+		{"pooled, capped below the estimate", true, 1, 4, 1000, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			for _, l := range reserveLimits(t, 10) {
+				l.Pooled, l.OverageCap = tt.pooled, tt.overageCap
+				rec := l.Key + ":rsv"
+				if !reserve(t, s, rec, l, tt.estimate) {
+					t.Fatalf("%v: reserve of %d of 10 denied", l.Algorithm, tt.estimate)
+				}
+				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+				if err != nil {
+					t.Fatalf("%v: Settle: %v", l.Algorithm, err)
+				}
+				if !got.Over && tt.actual-tt.estimate > tt.wantRemaining {
+					t.Errorf("%v: an overage that did not fit whole was not reported Over", l.Algorithm)
+				}
+				if r := remaining(t, s, l); r != tt.wantRemaining {
+					t.Errorf("%v: remaining %d, want %d", l.Algorithm, r, tt.wantRemaining)
+				}
+			}
+		})
+	}
+	t.Run("repeated against a pooled bucket", func(t *testing.T) {
+		t.Parallel()
+		l := lim(key(t, "pool"), FixedWindow, 100, long, 0)
+		l.Pooled = true
+		for i := range 5 {
+			rec := fmt.Sprintf("%s:rsv%d", l.Key, i)
+			if !reserve(t, s, rec, l, 1) {
+				t.Fatalf("reserve %d denied", i)
+			}
+			if _, err := s.Settle(ctxT(t), []string{rec}, 1_000_000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r := remaining(t, s, l); r != 90 {
+			t.Errorf("after 5 reservations of 1 settled at 1,000,000: remaining %d, want 90 (5 charges and 5 overages of the estimate)", r)
+		}
+	})
+	t.Run("one record of every algorithm", func(t *testing.T) {
+		t.Parallel()
+		// A settle's 7 arguments per limit: the script must build each limit's module.
+		ls := reserveLimits(t, 10)
+		tag := "{" + t.Name() + "}"
+		for i := range ls {
+			ls[i].Key = fmt.Sprintf("%s:%d", tag, i)
+			ls[i].Pooled = i%2 == 0
+		}
+		req := Request{Limits: ls, Cost: 2}
+		res := check(t, s, req)
+		if !res.Allowed {
+			t.Fatal("reserve of 2 of 10 denied")
+		}
+		rec := tag + ":rsv"
+		if err := s.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res}}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Settle(ctxT(t), []string{rec}, 100)
+		if err != nil || len(got.Limits) != len(ls) {
+			t.Fatalf("Settle of %d limits: %+v, %v", len(ls), got, err)
+		}
+		for _, l := range ls {
+			want := int64(0) // own: the whole overage
+			if l.Pooled {
+				want = 6 // the estimate again
+			}
+			if r := remaining(t, s, l); r != want {
+				t.Errorf("%v (pooled %v): remaining %d, want %d", l.Algorithm, l.Pooled, r, want)
+			}
+		}
+	})
+	t.Run("a record of before the bounds", func(t *testing.T) {
+		t.Parallel()
+		l := lim(key(t, "old"), FixedWindow, 10, long, 0)
+		l.Pooled = true
+		rec := l.Key + ":rsv"
+		if !reserve(t, s, rec, l, 2) {
+			t.Fatal("reserve denied")
+		}
+		old, err := rdb.Get(ctxT(t), rec).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSuffix(old, "\n"), "\n")
+		f := strings.Fields(lines[1])
+		lines[1] = strings.Join(f[:6], " ")
+		if err := rdb.Set(ctxT(t), rec, strings.Join(lines, "\n")+"\n", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Settle(ctxT(t), []string{rec}, 30); err != nil {
+			t.Fatal(err)
+		}
+		if r := remaining(t, s, l); r != 0 {
+			t.Errorf("remaining %d after a settle of an old record at 30 of 10, want 0 (charged whole)", r)
+		}
+	})
+}

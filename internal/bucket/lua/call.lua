@@ -29,7 +29,8 @@
 --              of the window and the burst: lua/calendar_window.lua),
 --              refund token (refund; a charge's of concurrency: the lease's id; a charge's
 --              or peek's of a queue, gcra or leaky_bucket with a max delay: the longest
---              delay in µs, lua/gcra.lua; else ""), which eval gets after Bs
+--              delay in µs, lua/gcra.lua; else ""), which eval gets after Bs; in mode "5"
+--              two more per limit (7 in all): the overage bound and fit (settle, below)
 --
 -- Time comes only from redis.call('TIME'): now_us = sec * 1e6 + usec (+ SHIFT, 0 but in tests:
 -- scripts.go), read once per script run (clock), so that every call of a batch decides at the
@@ -265,14 +266,18 @@ end
 -- error 'RESERVATION_UNKNOWN' (no record: never written, or expired) or 'RESERVATION_SETTLED
 -- <record>' and nothing changes, so that a settle sent twice never charges twice. ARGV[2] is
 -- the signed difference d = actual - estimate: d < 0 refunds -d to every limit as a refund of
--- the reservation's charge would (refund tokens in the limits' places); d > 0 charges d to
--- every limit even past it (the work is done), its limit's reply allowed = 0 where d did not
--- fit (an overage). Then the record becomes "done <d>", kept ARGV[4] ms for retries. The reply
--- is a check's, with the state after the settle (peek fields) and reply[1] = 0 on an overage.
--- Concurrency limits (code 8) have no part in a reservation: their place is held apart.
+-- the reservation's charge would (refund tokens in the limits' places); d > 0 charges each
+-- limit c = d, but at most its bound (its 6th argument, -1 for none) and, when its 7th
+-- argument is '1' (a bucket many callers share), only as far as it fits now (its remaining):
+-- past the limit (the work is done) only a caller's own bucket goes. A limit's reply allowed
+-- = 0 where d did not fit whole (an overage). Then the record becomes "done <d>", kept ARGV[4]
+-- ms for retries. The reply is a check's, with the state after the settle (peek fields) and
+-- reply[1] = 0 on an overage. Each limit takes 7 arguments here: code, L, W, B, refund token,
+-- bound, fit. Concurrency limits (code 8) have no part in a reservation: their place is held
+-- apart.
 local function settle(KEYS, ARGV)
   local n, d, ttl = int(ARGV[1]), int(ARGV[2]), tonumber(ARGV[4])
-  if not n or n < 1 or #ARGV ~= 5 + 5 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then
+  if not n or n < 1 or #ARGV ~= 5 + 7 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then
     return redis.error_reply('ERR bucket: malformed settle arguments')
   end
   local rec = KEYS[n + 1]
@@ -291,20 +296,36 @@ local function settle(KEYS, ARGV)
   local reply = sized(3 + 6 * n)
   reply[1], reply[2], reply[3] = 1, now_s, 0
   for i = 1, n do
-    local b = 5 + (i - 1) * 5
+    local b = 5 + (i - 1) * 7
     local ev, cm, rf = modules(ARGV[b + 1])
     local L, W, B, Bs = int(ARGV[b + 2]), int(ARGV[b + 3]), int(ARGV[b + 4]), ARGV[b + 4]
-    if not ev or ARGV[b + 1] == '8' or not L or L < 1 or not W or W < 1 or not B or B < 1 then
+    local bound = int(ARGV[b + 6])
+    if not ev or ARGV[b + 1] == '8' or not L or L < 1 or not W or W < 1 or not B or B < 1 or not bound then
       return redis.error_reply('ERR bucket: malformed limit ' .. i)
     end
     local fit = 1
     if FIELDS then HASH = KEYS[n + 1 + i] end
     if d > 0 then
-      local ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, d, Bs)
-      if not ok then
+      local c = d
+      if bound >= 0 and c > bound then
+        c = bound
+      end
+      if ARGV[b + 7] == '1' then
+        local _, _, rem = ev(KEYS[i], L, W, B, now, 1, Bs)
+        if c > rem then
+          c = math.max(rem, 0)
+        end
+      end
+      local ok, s1, s2, s3, _ = false, nil, nil, nil, nil
+      if c > 0 then
+        ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, c, Bs)
+      end
+      if not ok or c < d then
         fit, reply[1] = 0, 0
       end
-      cm(KEYS[i], L, W, B, now, now_s, d, Bs, s1, s2, s3, '')
+      if c > 0 then
+        cm(KEYS[i], L, W, B, now, now_s, c, Bs, s1, s2, s3, '')
+      end
     elseif d < 0 then
       rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs)
     end

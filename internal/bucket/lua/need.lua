@@ -22,11 +22,12 @@ local REFUNDS
 if not BATCH then
   NEED_1, MODE = ARGV[6], ARGV[3]
   if ARGV[1] ~= '1' then
-    local n = tonumber(ARGV[1]) or 0
-    if n > 1 and n * 5 + 5 == #ARGV then -- else malformed: call.lua reports it
+    -- A settle's limits take 7 arguments each (their overage bound and fit), the others 5.
+    local n, per = tonumber(ARGV[1]) or 0, MODE == '5' and 7 or 5
+    if n > 1 and n * per + 5 == #ARGV then -- else malformed: call.lua reports it
       NEED = {}
       for i = 2, n do
-        NEED[ARGV[5 + (i - 1) * 5 + 1]] = true
+        NEED[ARGV[5 + (i - 1) * per + 1]] = true
       end
     end
   end
