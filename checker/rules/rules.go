@@ -110,7 +110,7 @@ type Rule struct {
 	Window    time.Duration
 	// Burst is the capacity of token bucket, leaky bucket and GCRA (Limit when not set in the
 	// file); for window algorithms it equals Limit.
-	Burst    int64
+	Burst int64
 	// MaxOverage is the most a reservation's settle charges the rule's bucket past the
 	// estimate, 0 for no bound of the rule's own. Whatever it says, a bucket no one caller owns
 	// (Dimension.Own false) takes an overage only as far as it fits and at most the estimate
