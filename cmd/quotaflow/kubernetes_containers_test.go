@@ -18,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/natsauth"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -107,16 +109,33 @@ var placeholder = regexp.MustCompile(`REPLACE_ME\w*`)
 var yamlComment = regexp.MustCompile(`(?m)(^|\s)#.*$`)
 
 // fillExcept replaces every placeholder but keep by a secret as long as a real one would be
-// (distinct per placeholder).
+// (distinct per placeholder): a placeholder of a NATS seed (REPLACE_ME_..._SEED, a whole line
+// of a seed file) by a new nkey seed of a user, as `quotaflow nats-auth` writes.
 func fillExcept(keep string) func(string) string {
 	return func(v string) string {
 		return placeholder.ReplaceAllStringFunc(v, func(p string) string {
-			if p == keep {
+			switch {
+			case p == keep:
 				return p
+			case strings.HasSuffix(p, "_SEED"):
+				return newUserSeed()
 			}
 			return strings.ToLower(p) + strings.Repeat("x", 32)
 		})
 	}
+}
+
+// newUserSeed is a new nkey seed of a NATS user.
+func newUserSeed() string {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		panic(err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		panic(err)
+	}
+	return string(seed)
 }
 
 // containerEnv is a container's environment as the kubelet makes it: envFrom in order, then env.
@@ -171,6 +190,13 @@ func (b *kubeBuild) containerEnv(w workload, c *corev1.Container) (map[string]st
 // mountedFile is the content of the ConfigMap or Secret key a volume puts at path p of a
 // container.
 func (b *kubeBuild) mountedFile(spec *corev1.PodSpec, c *corev1.Container, p string) (string, error) {
+	_, _, value, err := b.mountSource(spec, c, p)
+	return value, err
+}
+
+// mountSource is the ConfigMap or Secret ("Secret/name") and its key that a volume puts at path
+// p of a container, and the key's content.
+func (b *kubeBuild) mountSource(spec *corev1.PodSpec, c *corev1.Container, p string) (id, key, value string, err error) {
 	for _, m := range c.VolumeMounts {
 		rel, ok := strings.CutPrefix(path.Clean(p), path.Clean(m.MountPath)+"/")
 		if !ok {
@@ -180,7 +206,6 @@ func (b *kubeBuild) mountedFile(spec *corev1.PodSpec, c *corev1.Container, p str
 			if v.Name != m.Name {
 				continue
 			}
-			var id string
 			var items []corev1.KeyToPath
 			switch {
 			case v.ConfigMap != nil:
@@ -188,9 +213,9 @@ func (b *kubeBuild) mountedFile(spec *corev1.PodSpec, c *corev1.Container, p str
 			case v.Secret != nil:
 				id, items = "Secret/"+v.Secret.SecretName, v.Secret.Items
 			default:
-				return "", fmt.Errorf("%s is on volume %s, which holds no ConfigMap or Secret", p, v.Name)
+				return "", "", "", fmt.Errorf("%s is on volume %s, which holds no ConfigMap or Secret", p, v.Name)
 			}
-			key := rel
+			key = rel
 			if len(items) > 0 {
 				key = ""
 				for _, it := range items {
@@ -201,16 +226,16 @@ func (b *kubeBuild) mountedFile(spec *corev1.PodSpec, c *corev1.Container, p str
 			}
 			cfg, ok := b.configs[id]
 			if !ok {
-				return "", fmt.Errorf("%s: volume %s's %s is not in the build", p, v.Name, id)
+				return "", "", "", fmt.Errorf("%s: volume %s's %s is not in the build", p, v.Name, id)
 			}
-			value, ok := cfg.data[key]
+			value, ok = cfg.data[key]
 			if !ok {
-				return "", fmt.Errorf("%s: %s (volume %s, mounted on %s) has no key %q (keys %v)", p, id, v.Name, m.MountPath, key, slices.Sorted(maps.Keys(cfg.data)))
+				return "", "", "", fmt.Errorf("%s: %s (volume %s, mounted on %s) has no key %q (keys %v)", p, id, v.Name, m.MountPath, key, slices.Sorted(maps.Keys(cfg.data)))
 			}
-			return value, nil
+			return id, key, value, nil
 		}
 	}
-	return "", fmt.Errorf("%s: no ConfigMap or Secret volume is mounted there (mounts %v)", p, mountPaths(c))
+	return "", "", "", fmt.Errorf("%s: no ConfigMap or Secret volume is mounted there (mounts %v)", p, mountPaths(c))
 }
 
 func mountPaths(c *corev1.Container) []string {
@@ -226,10 +251,11 @@ func mountPaths(c *corev1.Container) []string {
 // copies of the files the kustomization generated them from, so that the command's validation
 // reads what the pod would.
 type commandSettings struct {
-	sub  string
-	cmd  kubeCommand
-	env  map[string]string
-	errs []error
+	sub   string
+	cmd   kubeCommand
+	env   map[string]string
+	files map[string]string // file flags set: their paths in the container, by flag name
+	errs  []error
 }
 
 // settings parses a container's settings, with fill applied to every variable and file.
@@ -238,7 +264,7 @@ func (b *kubeBuild) settings(t *testing.T, w workload, c *corev1.Container, fill
 	if fill == nil {
 		fill = func(v string) string { return v }
 	}
-	s := commandSettings{}
+	s := commandSettings{files: map[string]string{}}
 	if len(c.Command) > 0 {
 		s.errs = append(s.errs, fmt.Errorf("command %q replaces the image's ENTRYPOINT (the quotaflow binary); give the subcommand in args", c.Command))
 	}
@@ -288,6 +314,7 @@ func (b *kubeBuild) settings(t *testing.T, w workload, c *corev1.Container, fill
 		if kind != "file" || p == "" {
 			return
 		}
+		s.files[f.Name] = p
 		content, err := b.mountedFile(&w.pod.Spec, c, p)
 		if err != nil {
 			s.errs = append(s.errs, fmt.Errorf("--%s: %w", f.Name, err))
@@ -378,7 +405,7 @@ func (b *kubeBuild) checkPlaceholdersRefused(t *testing.T, w workload, c *corev1
 	})
 	for _, p := range slices.Sorted(maps.Keys(found)) {
 		if err := b.settings(t, w, c, fillExcept(p)).cmd.validate(); err == nil {
-			t.Errorf("%s (in %v) is accepted by `quotaflow %s` as it stands: make it a placeholder the command refuses (a token under 16 characters), so that the example cannot run with a published token", p, found[p], s.sub)
+			t.Errorf("%s (in %v) is accepted by `quotaflow %s` as it stands: make it a placeholder the command refuses (a token under 16 characters, a seed file without a seed), so that the example cannot run with a published secret", p, found[p], s.sub)
 		}
 	}
 }
@@ -564,5 +591,133 @@ func checkShutdown(t *testing.T, w workload, c *corev1.Container, s commandSetti
 		if grace < need {
 			t.Errorf("terminationGracePeriodSeconds %s, want at least 2 x --insert-timeout + 2s = %s", grace, need)
 		}
+	}
+}
+
+// ---- NATS credentials ----
+
+// natsCredentialsSecret is the Secret of the roles' NATS seeds, generated by the overlay from
+// the files `quotaflow nats-auth` writes.
+const natsCredentialsSecret = "quotaflow-nats-credentials"
+
+// natsCredentialRoles are the NATS credentials flags of each command that connects to NATS,
+// and the role whose seed each must be given. Every flag of a command named nats-*creds must
+// be here.
+var natsCredentialRoles = map[string]map[string]natsauth.Role{
+	"checker":    {"nats-creds": natsauth.Checker, "nats-admin-creds": natsauth.Admin},
+	"aggregator": {"nats-creds": natsauth.Aggregator},
+}
+
+// seedKey is the name of role's seed file, as `quotaflow nats-auth` writes it: its key in the
+// Secret of the seeds.
+func seedKey(role natsauth.Role) string { return filepath.Base(natsauth.SeedFile("", role)) }
+
+// checkNATSCredentials: NATS admits quotaflow's roles only (`quotaflow nats-auth` writes their
+// users), so every command with --nats-url is given each of its credentials flags, and each
+// is a file of a volume of the Secret of the seeds, the key of the flag's role. A pod gets the
+// seeds its commands read and no other (an aggregator holding admin.nk could rewrite the
+// rules, one holding checker.nk publish decisions), readable by its group (fsGroup) and not by
+// every user.
+func (b *kubeBuild) checkNATSCredentials(t *testing.T) {
+	secretID := "Secret/" + natsCredentialsSecret
+	for _, w := range b.workloads() {
+		t.Run(w.String(), func(t *testing.T) {
+			spec := &w.pod.Spec
+			read := map[string]bool{} // keys of the Secret the pod's commands read
+			for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+				s := b.settings(t, w, &c, fillExcept(""))
+				if s.cmd.fs == nil {
+					continue // reported by checkContainers
+				}
+				var flags []string
+				s.cmd.fs.VisitAll(func(f *flag.Flag) {
+					if strings.HasPrefix(f.Name, "nats-") && strings.HasSuffix(f.Name, "creds") {
+						flags = append(flags, f.Name)
+					}
+				})
+				for _, name := range flags {
+					role, ok := natsCredentialRoles[s.sub][name]
+					if !ok {
+						t.Errorf("container %s: --%s of `quotaflow %s`: a NATS credentials flag this test does not know; say its role in natsCredentialRoles", c.Name, name, s.sub)
+						continue
+					}
+					p := s.files[name]
+					if p == "" {
+						if fmt.Sprint(s.value("nats-url")) != "" {
+							t.Errorf("container %s: --%s (%s) is not set, but --nats-url is: NATS admits quotaflow's roles only, and this command is the %s role by its seed %s", c.Name, name, s.cmd.fs.env[name], role, seedKey(role))
+						}
+						continue
+					}
+					id, key, _, err := b.mountSource(spec, &c, p)
+					switch {
+					case err != nil:
+						t.Errorf("container %s: --%s: %v", c.Name, name, err)
+					case id != secretID || key != seedKey(role):
+						t.Errorf("container %s: --%s %s is key %q of %s, want key %q of %s: the %s role's seed", c.Name, name, p, key, id, seedKey(role), secretID, role)
+					default:
+						read[key] = true
+					}
+				}
+			}
+			// What the pod gets of the Secret: its volumes' items (every key without items),
+			// and its environment.
+			got := map[string][]string{} // key → how the pod gets it
+			allKeys := func() []string {
+				if cfg, ok := b.configs[secretID]; ok {
+					return slices.Sorted(maps.Keys(cfg.data))
+				}
+				return nil
+			}
+			for _, v := range spec.Volumes {
+				if v.Secret == nil || v.Secret.SecretName != natsCredentialsSecret {
+					continue
+				}
+				mode := int32(corev1.SecretVolumeSourceDefaultMode)
+				if v.Secret.DefaultMode != nil {
+					mode = *v.Secret.DefaultMode
+				}
+				modes := []int32{mode}
+				keys := allKeys()
+				if len(v.Secret.Items) > 0 {
+					keys = nil
+					for _, it := range v.Secret.Items {
+						keys = append(keys, it.Key)
+						if it.Mode != nil {
+							modes = append(modes, *it.Mode)
+						}
+					}
+				}
+				for _, k := range keys {
+					got[k] = append(got[k], "volume "+v.Name)
+				}
+				for _, m := range modes {
+					if m&0o007 != 0 {
+						t.Errorf("volume %s: mode %#o: every user of the container may read the NATS seeds; want 0440 (or 0400) with the pod's fsGroup", v.Name, m)
+					}
+				}
+				if spec.SecurityContext == nil || spec.SecurityContext.FSGroup == nil {
+					t.Errorf("volume %s: no fsGroup: the seeds belong to root, and the non-root user cannot read them", v.Name)
+				}
+			}
+			for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+				for _, ef := range c.EnvFrom {
+					if ef.SecretRef != nil && ef.SecretRef.Name == natsCredentialsSecret {
+						for _, k := range allKeys() {
+							got[k] = append(got[k], "envFrom of container "+c.Name)
+						}
+					}
+				}
+				for _, e := range c.Env {
+					if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == natsCredentialsSecret {
+						got[e.ValueFrom.SecretKeyRef.Key] = append(got[e.ValueFrom.SecretKeyRef.Key], "env "+e.Name+" of container "+c.Name)
+					}
+				}
+			}
+			for _, k := range slices.Sorted(maps.Keys(got)) {
+				if !read[k] {
+					t.Errorf("the pod gets %s of %s (%s), which none of its commands reads: each pod holds its roles' seeds and no other (want only %v)", k, secretID, strings.Join(got[k], ", "), slices.Sorted(maps.Keys(read)))
+				}
+			}
+		})
 	}
 }

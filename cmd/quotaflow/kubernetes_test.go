@@ -15,6 +15,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
@@ -36,7 +37,12 @@ import (
 //     kustomization generates;
 //   - every probe hits a port the command listens on and a path it serves, asked of the real
 //     checker or aggregator started in this process;
-//   - shutdown, spool, memory and security settings fit what the binary and the image do.
+//   - shutdown, spool, memory and security settings fit what the binary and the image do;
+//   - every command that connects to NATS reads its role's seed (`quotaflow nats-auth`) from
+//     the Secret of the seeds, and each pod gets the seeds of its roles and no other;
+//   - NetworkPolicies let into NATS, Redis and ClickHouse (selected by the labels of their
+//     charts and operator) only the quotaflow pods whose commands connect there, on the client
+//     port, and the servers' own pods on theirs.
 //
 // When kubectl is installed, its kustomize build of each overlay must also give what this test
 // evaluated.
@@ -75,6 +81,8 @@ func TestKubernetes(t *testing.T) {
 			t.Run("images", b.checkImages)
 			t.Run("pods", b.checkPods)
 			t.Run("containers", b.checkContainers)
+			t.Run("nats credentials", b.checkNATSCredentials)
+			t.Run("network policies", b.checkNetworkPolicies)
 			t.Run("kubectl kustomize", b.compareWithKubectl)
 		})
 	}
@@ -105,6 +113,7 @@ var manifestKinds = map[string]func() any{
 	"v1 Secret":                              func() any { return new(corev1.Secret) },
 	"autoscaling/v2 HorizontalPodAutoscaler": func() any { return new(autoscalingv2.HorizontalPodAutoscaler) },
 	"policy/v1 PodDisruptionBudget":          func() any { return new(policyv1.PodDisruptionBudget) },
+	"networking.k8s.io/v1 NetworkPolicy":     func() any { return new(networkingv1.NetworkPolicy) },
 }
 
 // kubeObject is one decoded manifest.

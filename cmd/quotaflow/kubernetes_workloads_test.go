@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -430,4 +432,280 @@ func (b *kubeBuild) checkReferences(t *testing.T, spec *corev1.PodSpec) {
 			}
 		}
 	}
+}
+
+// ---- Network policies ----
+
+// kubeServer is a server of deploy/kubernetes/README.md ("The servers"), installed by its
+// upstream chart or operator in the overlay's namespace.
+type kubeServer struct {
+	name string
+	// labels are those the chart or operator gives the server's pods, for the README's release
+	// or installation name.
+	labels map[string]string
+	// clientPort is where quotaflow's commands connect; closedPorts are other ports of the
+	// server that no quotaflow pod needs; peerPorts are where the server's pods reach each
+	// other. Only the server's own pods, and others, may reach the closed and peer ports.
+	clientPort  int32
+	closedPorts []int32
+	peerPorts   []int32
+	// flags: a command with one of these flags may be set to connect to the server (an
+	// overlay sets any of them in a ConfigMap without touching the policies), so its pods
+	// must be let in; a command without any must not be.
+	flags []string
+	// others may reach the server too, on their ports.
+	others []kubePeer
+}
+
+// kubePeer is an admitted source other than quotaflow's pods and the server's own.
+type kubePeer struct {
+	why       string
+	namespace map[string]string // labels of its namespace
+	pod       map[string]string // labels of its pods
+	ports     []int32
+}
+
+// appName is the label of quotaflow's pods (every workload's), and of the pods of the charts.
+const appName = "app.kubernetes.io/name"
+
+var kubeServers = []kubeServer{
+	{
+		// nats-io/k8s chart, release nats; its nats-box pods are component nats-box.
+		name:        "NATS",
+		labels:      map[string]string{appName: "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"},
+		clientPort:  4222,
+		closedPorts: []int32{8222}, // monitoring
+		peerPorts:   []int32{6222}, // cluster routes
+		flags:       []string{"nats-url"},
+	},
+	{
+		// Bitnami redis-cluster, release redis-cluster.
+		name:       "Redis",
+		labels:     map[string]string{appName: "redis-cluster", "app.kubernetes.io/instance": "redis-cluster"},
+		clientPort: 6379,
+		peerPorts:  []int32{6379, 16379}, // replication, cluster bus
+		flags:      []string{"redis-url", "redis-cluster", "redis-sentinel"},
+	},
+	{
+		// Altinity clickhouse-operator, ClickHouseInstallation quotaflow.
+		name:        "ClickHouse",
+		labels:      map[string]string{"clickhouse.altinity.com/chi": "quotaflow"},
+		clientPort:  9000,                // quotaflow's DSNs are native-protocol only
+		closedPorts: []int32{8123},       // HTTP
+		peerPorts:   []int32{9000, 9009}, // distributed queries, interserver (replicated layout)
+		flags:       []string{"clickhouse-dsn", "audit-clickhouse-dsn"},
+		others: []kubePeer{{
+			why:       "the operator, which queries the servers while it reconciles the installation (its install bundle's namespace)",
+			namespace: map[string]string{"kubernetes.io/metadata.name": "kube-system"},
+			pod:       map[string]string{"app": "clickhouse-operator"},
+			ports:     []int32{8123},
+		}},
+	},
+}
+
+// uses reports whether a workload's pods may connect to the server: one of its containers runs
+// a command with one of the server's flags.
+func (srv kubeServer) uses(w workload) bool {
+	for _, c := range slices.Concat(w.pod.Spec.InitContainers, w.pod.Spec.Containers) {
+		if len(c.Args) == 0 {
+			continue
+		}
+		newCmd, ok := kubeCommands[c.Args[0]]
+		if !ok {
+			continue // reported by checkContainers
+		}
+		fs := newCmd().fs
+		for _, f := range srv.flags {
+			if fs.Lookup(f) != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// requires reports whether sel matches only pods with every one of the labels.
+func requires(sel labels.Selector, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := sel.RequiresExactMatch(k); !ok || got != v {
+			return false
+		}
+	}
+	return len(want) > 0
+}
+
+// policyPort reports whether a rule's ports admit TCP port p.
+func policyPort(ports []networkingv1.NetworkPolicyPort, p int32) bool {
+	if len(ports) == 0 {
+		return true // every port
+	}
+	for _, np := range ports {
+		if np.Protocol != nil && *np.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		if np.Port == nil {
+			return true
+		}
+		end := np.Port.IntVal
+		if np.EndPort != nil {
+			end = *np.EndPort
+		}
+		if np.Port.Type == intstr.Int && p >= np.Port.IntVal && p <= end {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNetworkPolicies: NetworkPolicies select the pods of each server (by the labels of its
+// chart or operator) for ingress, and let in on its ports only: the quotaflow pods of this
+// namespace whose commands may connect to it, on its client port; the server's own pods; and
+// the server's listed others. Every workload that may connect is let in, and the server's pods
+// reach each other on their peer ports. No policy selects quotaflow's pods or restricts egress.
+func (b *kubeBuild) checkNetworkPolicies(t *testing.T) {
+	policies := objectsOf[*networkingv1.NetworkPolicy](b)
+	for _, name := range slices.Sorted(maps.Keys(policies)) {
+		np := policies[name]
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		switch {
+		case err != nil:
+			t.Errorf("NetworkPolicy %s: podSelector: %v", name, err)
+			continue
+		case sel.Empty():
+			t.Errorf("NetworkPolicy %s: an empty podSelector selects every pod of the namespace, quotaflow's too", name)
+		}
+		if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) || len(np.Spec.Egress) > 0 {
+			t.Errorf("NetworkPolicy %s: policyTypes %v: want [Ingress] alone (an Egress type would cut the servers' own connections: routes, replication, ZooKeeper)", name, np.Spec.PolicyTypes)
+		}
+		if !slices.ContainsFunc(kubeServers, func(srv kubeServer) bool { return sel.Matches(labels.Set(srv.labels)) }) {
+			t.Errorf("NetworkPolicy %s: podSelector %s selects none of the servers' pods", name, sel)
+		}
+		for _, w := range b.workloads() {
+			if sel.Matches(labels.Set(w.pod.Labels)) {
+				t.Errorf("NetworkPolicy %s: podSelector %s selects the pods of %s: it would shut their ports", name, sel, w)
+			}
+		}
+		for i, rule := range np.Spec.Ingress {
+			for _, p := range rule.Ports {
+				if p.Port != nil && p.Port.Type == intstr.String {
+					t.Errorf("NetworkPolicy %s: ingress[%d]: named port %q: this test checks port numbers only", name, i, p.Port.StrVal)
+				}
+			}
+		}
+	}
+	for _, srv := range kubeServers {
+		t.Run(srv.name, func(t *testing.T) {
+			// admitted[port] are the peers of the rules that admit the port.
+			admitted := map[int32][]networkingv1.NetworkPolicyPeer{}
+			ports := slices.Compact(slices.Sorted(slices.Values(slices.Concat([]int32{srv.clientPort}, srv.closedPorts, srv.peerPorts))))
+			var selecting []string
+			for _, name := range slices.Sorted(maps.Keys(policies)) {
+				np := policies[name]
+				sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+				if err != nil || !sel.Matches(labels.Set(srv.labels)) {
+					continue
+				}
+				selecting = append(selecting, name)
+				for i, rule := range np.Spec.Ingress {
+					for _, p := range ports {
+						if !policyPort(rule.Ports, p) {
+							continue
+						}
+						if len(rule.From) == 0 {
+							t.Errorf("NetworkPolicy %s: ingress[%d] admits every source on port %d", name, i, p)
+						}
+						admitted[p] = append(admitted[p], rule.From...)
+					}
+				}
+			}
+			if len(selecting) == 0 {
+				t.Fatalf("no NetworkPolicy selects the %s pods (labels %v): any pod of the cluster reaches them", srv.name, srv.labels)
+			}
+			// Only quotaflow's pods that use the server, the server's own and its others.
+			for _, p := range slices.Sorted(maps.Keys(admitted)) {
+				for _, peer := range admitted[p] {
+					if err := srv.checkPeer(b, peer, p); err != nil {
+						t.Errorf("port %d (policies %v): %v", p, selecting, err)
+					}
+				}
+			}
+			// Every workload that may connect is let in on the client port.
+			admits := func(port int32, podLabels map[string]string) bool {
+				for _, peer := range admitted[port] {
+					if peer.NamespaceSelector != nil || peer.IPBlock != nil || peer.PodSelector == nil {
+						continue
+					}
+					if sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil && sel.Matches(labels.Set(podLabels)) {
+						return true
+					}
+				}
+				return false
+			}
+			for _, w := range b.workloads() {
+				if srv.uses(w) && !admits(srv.clientPort, w.pod.Labels) {
+					t.Errorf("the pods of %s (labels %v) may connect to %s (flags %v) but are not let in on port %d (policies %v)", w, w.pod.Labels, srv.name, srv.flags, srv.clientPort, selecting)
+				}
+			}
+			for _, p := range srv.peerPorts {
+				if !admits(p, srv.labels) {
+					t.Errorf("the %s pods are not let in to each other on port %d (policies %v): the servers could not reach each other", srv.name, p, selecting)
+				}
+			}
+		})
+	}
+}
+
+// checkPeer: a source a policy admits to the server on port: quotaflow's pods of this
+// namespace whose commands use the server, on its client port; the server's own pods; one of
+// its others.
+func (srv kubeServer) checkPeer(b *kubeBuild, peer networkingv1.NetworkPolicyPeer, port int32) error {
+	if peer.IPBlock != nil {
+		return fmt.Errorf("ipBlock %s: addresses, not quotaflow's pods", peer.IPBlock.CIDR)
+	}
+	if peer.PodSelector == nil {
+		return fmt.Errorf("namespaceSelector %v without podSelector: every pod of those namespaces", peer.NamespaceSelector)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+	if err != nil {
+		return err
+	}
+	if peer.NamespaceSelector != nil {
+		nsSel, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+		if err != nil {
+			return err
+		}
+		for _, o := range srv.others {
+			if requires(nsSel, o.namespace) && requires(sel, o.pod) && slices.Contains(o.ports, port) {
+				return nil
+			}
+		}
+		namespaces := nsSel.String()
+		if nsSel.Empty() {
+			namespaces = "(all)"
+		}
+		return fmt.Errorf("pods %s of the namespaces %s: not this namespace's quotaflow pods, nor one of %s's others", sel, namespaces, srv.name)
+	}
+	if requires(sel, srv.labels) {
+		return nil // the server's own pods
+	}
+	if v, ok := sel.RequiresExactMatch(appName); !ok || v != "quotaflow" {
+		return fmt.Errorf("pods %s: neither quotaflow's (%s=quotaflow) nor the %s pods (%v)", sel, appName, srv.name, srv.labels)
+	}
+	if port != srv.clientPort {
+		return fmt.Errorf("quotaflow's pods %s: on a port of the %s pods alone, not its client port %d", sel, srv.name, srv.clientPort)
+	}
+	var matched []string
+	for _, w := range b.workloads() {
+		if !sel.Matches(labels.Set(w.pod.Labels)) {
+			continue
+		}
+		matched = append(matched, w.String())
+		if !srv.uses(w) {
+			return fmt.Errorf("quotaflow's pods %s include those of %s, whose command never connects to %s (none of %v)", sel, w, srv.name, srv.flags)
+		}
+	}
+	if len(matched) == 0 {
+		return fmt.Errorf("quotaflow's pods %s: the pods of no workload", sel)
+	}
+	return nil
 }
