@@ -83,6 +83,15 @@ type Config struct {
 	TraceRatio float64
 	// Logger receives the engine's logs, with "component"="checker"; nil means slog.Default().
 	Logger *slog.Logger
+	// IDKeys sign the ids of reservations and concurrency leases (idsign.go): the first signs,
+	// every one verifies, so that a key is rotated by putting the new one first on every
+	// checker, and dropping the old once the ids it signed have expired (a day at most). Each
+	// must be the same on every checker. Empty means a key the checkers keep in Redis, made by
+	// the first that needs it.
+	IDKeys [][]byte
+	// Caller names the caller of a request from its context: an id is issued to it, and
+	// refused to any other. Nil means one caller for all (the engine used as a library).
+	Caller CallerFunc
 
 	// store replaces the Redis store in this package's tests (faults, conflicts); it is left
 	// open by Close, and judged by the errors its Checks return, its wait past RedisTimeout
@@ -110,6 +119,7 @@ type Engine struct {
 	tel         *instruments
 	counts      counts           // Counts, for health reports
 	clock       func() time.Time // time.Now but in tests (Config.clock)
+	ids         *idSigner
 }
 
 // New returns an Engine for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -125,6 +135,7 @@ func New(cfg Config) *Engine {
 		sink:       cfg.Decisions,
 		instanceID: cfg.InstanceID,
 		clock:      cfg.clock,
+		ids:        &idSigner{keys: cfg.IDKeys, rdb: cfg.Redis, callerOf: cfg.Caller},
 	}
 	if e.clock == nil {
 		e.clock = time.Now

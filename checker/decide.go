@@ -179,7 +179,12 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 	}
 	out.summarize()
 	if out.Allowed && len(places) > 0 {
-		out.Hold = &Hold{ID: holdID(holder, places), ExpiresAt: out.Now.Add(minTTL(places))}
+		// Without an id the places free themselves at their expiry.
+		if id, err := e.ids.sign(ctx, idKindLease, holdID(holder, places)); err != nil {
+			e.log.Warn("concurrency lease not signed: its places free themselves at their expiry", "err", err)
+		} else {
+			out.Hold = &Hold{ID: id, ExpiresAt: out.Now.Add(minTTL(places))}
+		}
 	}
 	if out.Allowed && q.Reserve > 0 && !peek && !degraded {
 		// The check is decided and charged: a reservation that cannot be recorded leaves the

@@ -28,8 +28,9 @@ var _ holdStore = (*bucket.Store)(nil)
 // concurrency lease; "lease" in this package is a checker's slice of a global budget
 // (leaseTable), another thing.
 type Hold struct {
-	// ID names the hold for Release and Renew: a random holder (which only the check's caller
-	// learns: knowing it is what makes one the holder) and the buckets it holds places in.
+	// ID names the hold for Release and Renew: a random holder, the buckets it holds places in
+	// with their TTLs, and a MAC binding them to the caller it was issued to (idsign.go), which
+	// alone may use it.
 	ID string
 	// ExpiresAt is when the first of its places frees itself.
 	ExpiresAt time.Time
@@ -146,7 +147,17 @@ func (e *Engine) Renew(ctx context.Context, id string) (time.Time, error) {
 }
 
 func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, error) {
-	holder, places, err := parseHoldID(id)
+	if id == "" {
+		return time.Time{}, fieldErrorf("lease_id", "required")
+	}
+	if len(id) > maxHoldID {
+		return time.Time{}, fieldErrorf("lease_id", "not a lease id: longer than %d bytes", maxHoldID)
+	}
+	body, err := e.ids.verify(ctx, idKindLease, "lease_id", id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	holder, places, err := parseHoldID(body)
 	if err != nil {
 		return time.Time{}, err
 	}

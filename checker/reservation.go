@@ -41,8 +41,9 @@ const (
 // actual cost, or until ExpiresAt, after which the estimate stands (an expired reservation is
 // settled at its estimate). Concurrency limits have no part in it: their place is a Hold.
 type Reservation struct {
-	// ID names the reservation for Settle and Cancel: a random name (which only the check's
-	// caller learns) and the slots of its records.
+	// ID names the reservation for Settle and Cancel: a random name, the slots of its records
+	// and a MAC binding them to the caller it was issued to (idsign.go), which alone may use
+	// it.
 	ID        string
 	ExpiresAt time.Time
 	Estimate  int64
@@ -134,8 +135,8 @@ func reservationID(name string, expires time.Time, tags []string) string {
 		base64.RawURLEncoding.EncodeToString([]byte(strings.Join(tags, "\n")))
 }
 
-// parseReservationID decodes an ID into its records' keys and expiry. A forged one reaches only
-// records named by its random name, which a settle reads before it touches anything.
+// parseReservationID decodes an ID's body (its MAC verified and cut off) into its records'
+// keys and expiry.
 func parseReservationID(id string) (keys []string, expires time.Time, err error) {
 	bad := func(why string) error { return fieldErrorf("reservation_id", "not a reservation id: %s", why) }
 	if id == "" {
@@ -193,11 +194,15 @@ func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucke
 	if len(marks) == 0 {
 		return nil // nothing to settle: no limit, or only concurrency ones
 	}
+	expires := out.Now.Add(q.Reserve)
+	id, err := e.ids.sign(ctx, idKindReservation, reservationID(name, expires, tags))
+	if err != nil {
+		return err
+	}
 	if err := rs.Mark(ctx, q.Reserve, marks); err != nil {
 		return fmt.Errorf("%w: record the reservation: %w", ErrUnavailable, err)
 	}
-	expires := out.Now.Add(q.Reserve)
-	out.Reservation = &Reservation{ID: reservationID(name, expires, tags), ExpiresAt: expires, Estimate: q.Cost}
+	out.Reservation = &Reservation{ID: id, ExpiresAt: expires, Estimate: q.Cost}
 	return nil
 }
 
@@ -222,7 +227,17 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*Settlement, error) {
 }
 
 func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel bool) (*Settlement, error) {
-	keys, expires, err := parseReservationID(id)
+	if id == "" {
+		return nil, fieldErrorf("reservation_id", "required")
+	}
+	if len(id) > maxReservationID {
+		return nil, fieldErrorf("reservation_id", "not a reservation id: longer than %d bytes", maxReservationID)
+	}
+	body, err := e.ids.verify(ctx, idKindReservation, "reservation_id", id)
+	if err != nil {
+		return nil, err
+	}
+	keys, expires, err := parseReservationID(body)
 	if err != nil {
 		return nil, err
 	}

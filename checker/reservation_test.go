@@ -144,8 +144,8 @@ func TestReservations(t *testing.T) {
 		}
 	}
 	forged := reservationName() + r.ID[len(reservationName()):]
-	if _, err := e.Settle(ctx, forged, 1); !errors.Is(err, ErrReservationUnknown) {
-		t.Errorf("forged id: %v, want ErrReservationUnknown", err)
+	if _, err := e.Settle(ctx, forged, 1); !errors.Is(err, ErrIDNotIssued) {
+		t.Errorf("forged id: %v, want ErrIDNotIssued", err)
 	}
 	for _, q := range []*Query{
 		{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/llm", Reserve: 25 * time.Hour},

@@ -52,12 +52,12 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		}
 	}
 	if h := out.Hold; h != nil {
-		d.LeaseId = h.ID
+		d.LeaseId = checker.IDDigest(h.ID)
 	}
 	if q.Reserve > 0 {
 		d.Kind, d.EstimatedCost = quotaflowv1.Kind_KIND_RESERVE, q.Cost
 		if r := out.Reservation; r != nil {
-			d.ReservationId = r.ID
+			d.ReservationId = checker.IDDigest(r.ID)
 		}
 	}
 	if st := out.Settlement; st != nil {
@@ -65,11 +65,11 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		if st.Cancelled {
 			d.Kind = quotaflowv1.Kind_KIND_CANCEL
 		}
-		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = st.ReservationID, st.Estimate, st.Actual, st.Overage
+		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = checker.IDDigest(st.ReservationID), st.Estimate, st.Actual, st.Overage
 		d.Remaining, d.RuleId = st.Remaining, st.RuleID
 	}
 	if r := out.Released; r != nil {
-		d.Kind, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, r.LeaseID
+		d.Kind, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, checker.IDDigest(r.LeaseID)
 		if r.Expired {
 			d.Kind = quotaflowv1.Kind_KIND_LEASE_EXPIRED
 		}

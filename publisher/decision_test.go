@@ -16,6 +16,11 @@ func TestDecisionKinds(t *testing.T) {
 	t.Parallel()
 	sub := []checker.Subject{{Dimension: rules.DimensionUser, ID: "alice"}}
 	now := time.Now()
+	// The stream keeps ids' digests, never the ids: reading it gives none to present.
+	hx, r1x := checker.IDDigest("h.x"), checker.IDDigest("r.1.x")
+	if hx == "h.x" || len(hx) != 32 || r1x == hx {
+		t.Fatalf("IDDigest = %q, %q; want 32 hex characters, unlike the ids", hx, r1x)
+	}
 	tests := []struct {
 		name string
 		q    *checker.Query
@@ -23,21 +28,21 @@ func TestDecisionKinds(t *testing.T) {
 		want *quotaflowv1.Decision
 	}{
 		{"check", &checker.Query{Subjects: sub, Cost: 2}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Hold: &checker.Hold{ID: "h.x"}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_UNSPECIFIED, Cost: 2, LeaseId: "h.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_UNSPECIFIED, Cost: 2, LeaseId: hx}},
 		{"reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Reservation: &checker.Reservation{ID: "r.1.x", Estimate: 40}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40, ReservationId: "r.1.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40, ReservationId: r1x}},
 		{"denied reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Now: now, Decider: -1},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40}},
 		{"settle", &checker.Query{Subjects: sub, Cost: 90, Endpoint: "/llm"}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Tier: "free",
 			Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Actual: 130, Overage: true, Tier: "free", Endpoint: "/llm", RuleID: "tokens"}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: "r.1.x",
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_SETTLE, Cost: 90, EstimatedCost: 40, ActualCost: 130, Overage: true, ReservationId: r1x,
 				Tier: "free", Endpoint: "/llm", RuleId: "tokens"}},
 		{"cancel", &checker.Query{Subjects: sub, Cost: -40}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Settlement: &checker.Settlement{ReservationID: "r.1.x", Estimate: 40, Cancelled: true}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL, Cost: -40, EstimatedCost: 40, ReservationId: "r.1.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_CANCEL, Cost: -40, EstimatedCost: 40, ReservationId: r1x}},
 		{"lease release", &checker.Query{Subjects: sub}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Released: &checker.Released{LeaseID: "h.x"}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_RELEASE, LeaseId: "h.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_RELEASE, LeaseId: hx}},
 		{"lease expired", &checker.Query{Subjects: sub}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Released: &checker.Released{LeaseID: "h.x", Expired: true}},
-			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_EXPIRED, LeaseId: "h.x"}},
+			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_LEASE_EXPIRED, LeaseId: hx}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

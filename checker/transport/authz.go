@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
@@ -74,6 +75,18 @@ func (s *Server) authenticateCall(ctx context.Context, authorization string, sta
 	}
 	return auth.Result{Caller: c, Err: err}
 }
+
+// CallerName is the name of the caller a request authenticated as ("anonymous" without
+// credentials), "" for a call that did not come through Handler or RegisterGRPC: what the
+// engine issues reservation and lease ids to (checker.Config.Caller).
+func CallerName(ctx context.Context) string {
+	if r, ok := auth.ResultFrom(ctx); ok {
+		return r.Caller.Name
+	}
+	return ""
+}
+
+var _ checker.CallerFunc = CallerName
 
 // authorize returns nil when the request's caller has p. Otherwise a Connect error:
 // Unauthenticated for credentials that name no caller, PermissionDenied for a caller (the

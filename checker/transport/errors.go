@@ -55,10 +55,13 @@ func httpStatus(err error) (int, string) {
 	return http.StatusServiceUnavailable, "unavailable"
 }
 
-// leaseError maps the outcomes of a lease's release or renewal: one that holds nothing is
-// NotFound, an expired one FailedPrecondition, the rest as a check's errors.
+// leaseError maps the outcomes of a lease's release or renewal: an id not issued to the caller
+// is PermissionDenied, one that holds nothing NotFound, an expired one FailedPrecondition, the
+// rest as a check's errors.
 func (s *Server) leaseError(err error) error {
 	switch {
+	case errors.Is(err, checker.ErrIDNotIssued):
+		return connect.NewError(connect.CodePermissionDenied, err)
 	case errors.Is(err, checker.ErrHoldNotHeld):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, checker.ErrHoldExpired):
@@ -67,10 +70,13 @@ func (s *Server) leaseError(err error) error {
 	return s.rpcError(err)
 }
 
-// reservationError maps the outcomes of a settle or cancel: an unknown or expired reservation
-// is NotFound, a settled one FailedPrecondition, the rest as a check's errors.
+// reservationError maps the outcomes of a settle or cancel: an id not issued to the caller is
+// PermissionDenied, an unknown or expired reservation NotFound, a settled one
+// FailedPrecondition, the rest as a check's errors.
 func (s *Server) reservationError(err error) error {
 	switch {
+	case errors.Is(err, checker.ErrIDNotIssued):
+		return connect.NewError(connect.CodePermissionDenied, err)
 	case errors.Is(err, checker.ErrReservationUnknown):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, checker.ErrReservationSettled):

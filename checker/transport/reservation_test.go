@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/auth"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -62,8 +63,8 @@ func TestReservationRPCs(t *testing.T) {
 			}
 			forged := "AAAAAAAAAAAAAAAAAAAAAA" + r.ReservationId[22:]
 			_, err = c.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: forged, Actual: 1}))
-			if ce := new(connect.Error); !errors.As(err, &ce) || ce.Code() != connect.CodeNotFound || !strings.HasPrefix(ce.Message(), "reservation_id: ") {
-				t.Errorf("Settle of a forged id: %v, want NotFound naming reservation_id", err)
+			if ce := new(connect.Error); !errors.As(err, &ce) || ce.Code() != connect.CodePermissionDenied || !strings.HasPrefix(ce.Message(), "reservation_id: ") {
+				t.Errorf("Settle of a forged id: %v, want PermissionDenied naming reservation_id", err)
 			}
 			for _, tc := range []struct {
 				name, field string
@@ -136,5 +137,61 @@ func TestReservationJSON(t *testing.T) {
 	var fail struct{ Code string }
 	if code := post("Settle", `{"reservationId":"`+r.ReservationID+`","actual":"75"}`, &fail); code != http.StatusBadRequest || fail.Code != "failed_precondition" {
 		t.Errorf("second Settle: %d %+v, want 400 failed_precondition", code, fail)
+	}
+}
+
+// TestIDsBoundToCaller: a reservation's and a lease's ids work for the caller that got them
+// only: another caller's settle, cancel, release or renewal is PermissionDenied naming the id's
+// field, over every protocol, and changes nothing.
+func TestIDsBoundToCaller(t *testing.T) {
+	t.Parallel()
+	tokenA, tokenB := "caller-a-token-0123456789", "caller-b-token-0123456789"
+	reg := new(auth.Registry)
+	if err := reg.Load([]byte("callers:\n  - {name: a, token: " + tokenA + ", permissions: [check]}\n  - {name: b, token: " + tokenB + ", permissions: [check]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWith(t, checker.Config{Caller: CallerName, Rules: mustRules(t, reserveRules+
+		"  - {id: inflight, dimension: user, endpoint: /llm, algorithm: concurrency, limit: 5, window: 30s}\n")}, Config{Callers: reg})
+	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
+		t.Run(protocol, func(t *testing.T) {
+			t.Parallel()
+			c := e.client(protocol)
+			ctx := context.Background()
+			check := &quotaflowv1.CheckRateLimitRequest{Identifier: id(t, "u"), Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/llm"}
+			resp, err := c.Reserve(ctx, withToken(connect.NewRequest(&quotaflowv1.ReserveRequest{Check: check, Estimate: 30}), tokenA))
+			if err != nil || resp.Msg.ReservationId == "" || resp.Msg.Result.LeaseId == "" {
+				t.Fatalf("A's reserve: %v, %v; want a reservation and a lease", resp, err)
+			}
+			rid, lid := resp.Msg.ReservationId, resp.Msg.Result.LeaseId
+			for name, call := range map[string]func() error{
+				"settle": func() error {
+					_, err := c.Settle(ctx, withToken(connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: rid, Actual: 1}), tokenB))
+					return err
+				},
+				"cancel": func() error {
+					_, err := c.Cancel(ctx, withToken(connect.NewRequest(&quotaflowv1.CancelRequest{ReservationId: rid}), tokenB))
+					return err
+				},
+				"release": func() error {
+					_, err := c.ReleaseLease(ctx, withToken(connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: lid}), tokenB))
+					return err
+				},
+				"renew": func() error {
+					_, err := c.RenewLease(ctx, withToken(connect.NewRequest(&quotaflowv1.RenewLeaseRequest{LeaseId: lid}), tokenB))
+					return err
+				},
+			} {
+				if err := call(); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "_id: ") {
+					t.Errorf("B's %s of A's id: %v, want PermissionDenied naming the id", name, err)
+				}
+			}
+			st, err := c.Settle(ctx, withToken(connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: rid, Actual: 10}), tokenA))
+			if err != nil || st.Msg.Estimate != 30 {
+				t.Errorf("A's settle: %v, %v", st, err)
+			}
+			if _, err := c.ReleaseLease(ctx, withToken(connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: lid}), tokenA)); err != nil {
+				t.Errorf("A's release: %v", err)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ type checkerFlags struct {
 	logLevel       string
 	logFormat      string
 	overLimitCache bool
+	idKeysFile     string
 	admin          adminFlags
 	callers        callerFlags
 	tls            serverTLSFlags
@@ -44,9 +46,10 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.Tracing.OTLPEndpoint, "otlp-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces (empty: no traces)")
 	fs.Float64Var(&c.cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
 	fs.StringVar(&c.cfg.DebugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
+	fs.StringVar(&c.idKeysFile, "id-keys-file", "", "`file` of the keys that sign reservation and lease ids, one per line (at least 32 characters; # comments): the first signs, every one verifies, the same file on every checker; rotate by adding the new key first and dropping the old a day later. Empty: a key the checkers keep in Redis")
 	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
-		"debug-listen")
+		"debug-listen", "id-keys-file")
 	c.admin.register(fs)
 	c.callers.register(fs)
 	c.tls.register(fs)
@@ -129,6 +132,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	var err error
 	for _, check := range []func() error{p.validate, c.admin.validate, c.serving.validate,
 		c.callers.validate,
+		func() (err error) { cfg.IDKeys, err = readIDKeys(c.idKeysFile); return err },
 		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
 		func() (err error) { cfg.NATSTLS, err = p.natsTLS.config(""); return err },
 	} {
@@ -166,4 +170,30 @@ func serveUntil(ctx context.Context, d interface {
 	case <-d.Done():
 	}
 	return d.Close()
+}
+
+// readIDKeys reads --id-keys-file: one key per line, blank lines and # comments skipped.
+func readIDKeys(path string) ([][]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--id-keys-file: %w", err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if len(line) < 32 {
+			return nil, fmt.Errorf("--id-keys-file: %s:%d: a key of %d characters, want at least 32 (openssl rand -hex 32)", path, i+1, len(line))
+		}
+		keys = append(keys, []byte(line))
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("--id-keys-file: %s holds no key", path)
+	}
+	return keys, nil
 }

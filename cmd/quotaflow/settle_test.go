@@ -46,7 +46,7 @@ func TestSettleCLI(t *testing.T) {
 		{"settle", []string{"settle", "--id", rid[1], "--actual", "1100"}, 0, []string{"settled: estimate 400, actual 1100, 0 left  OVERAGE"}},
 		{"settle twice", []string{"settle", "--id", rid[1], "--actual", "1100"}, 1, []string{"failed_precondition", "already settled"}},
 		{"cancel settled", []string{"settle", "--id", rid[1], "--cancel"}, 1, []string{"failed_precondition"}},
-		{"settle unknown", []string{"settle", "--id", "AAAA" + rid[1][4:], "--actual", "1"}, 1, []string{"not_found"}},
+		{"settle altered", []string{"settle", "--id", "AAAA" + rid[1][4:], "--actual", "1"}, 1, []string{"permission_denied", "reservation_id"}},
 		{"settle no id", []string{"settle", "--actual", "1"}, 2, []string{"--id is required"}},
 		{"settle no actual", []string{"settle", "--id", rid[1]}, 2, []string{"--actual"}},
 		{"settle both", []string{"settle", "--id", rid[1], "--actual", "1", "--cancel"}, 2, []string{"--cancel"}},

@@ -109,6 +109,8 @@ type CheckerConfig struct {
 	// Health configures the checker's health reports into NATS (quotaflow status); with
 	// NATSURL set they are on unless Health.Interval is negative.
 	Health health.Config
+	// IDKeys sign reservation and lease ids (checker.Config.IDKeys).
+	IDKeys [][]byte
 	// Logger receives every component's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -300,7 +302,7 @@ func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
 	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: bucketLayout(cfg.BucketLayout), SharedHashes: cfg.SharedHashes, Logger: log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
-		Rules: s.set}
+		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName}
 	if s.pub != nil {
 		ecfg.Decisions = s.pub
 	}
