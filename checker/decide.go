@@ -360,23 +360,15 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 	}
 	// addSubject plans every limit of sub's matching rules.
 	addSubject := func(sub Subject) error {
-		var rs []*rules.Rule
 		if sub.Dimension == rules.DimensionDescriptor {
-			// One rule applies to a descriptor, the one its entries reach; an unlimited rule
-			// takes it out of every limit.
-			r, bucket := set.MatchDescriptor(out.Tier, q.Endpoint, sub.Entries)
-			if r == nil || r.Unlimited {
-				return nil
+			for _, m := range descriptorMatches(set, out.Tier, q.Endpoint, sub, q.WholeDescriptor) {
+				if err := addBoth(m.sub, []*rules.Rule{m.rule}); err != nil {
+					return err
+				}
 			}
-			if &bucket[0] != &sub.Entries[0] {
-				// Counted under the shared wildcard's pattern (Rule.Shared), with every value
-				// it matches.
-				sub = DescriptorSubject(bucket)
-			}
-			rs = []*rules.Rule{r}
-		} else {
-			rs = set.Match(sub.Dimension, out.Tier, q.Endpoint)
+			return nil
 		}
+		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
 		if len(rs) == 0 {
 			return nil
 		}
@@ -498,4 +490,53 @@ func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, co
 			}
 		}
 	}
+}
+
+// descriptorMatch is a descriptor rule a check's descriptor counts against, and the subject
+// whose bucket it is counted in.
+type descriptorMatch struct {
+	rule *rules.Rule
+	sub  Subject
+}
+
+// descriptorMatches returns the rules a check's descriptor sub counts against. The whole
+// descriptor reaches one rule as Envoy's reference service matches it, entry by entry and only
+// where the descriptor ends ("dimension: descriptor" rules); and each entry of a descriptor of
+// several reaches the rules written for its custom dimension alone ("dimension: tenant"), so
+// that a custom dimension counts against its rules whatever else the check names: adding an
+// entry (a header a gateway forgot to strip) cannot take a check out of its tenant's limit.
+// A rule marked unlimited that the whole descriptor reaches takes the check out of all of
+// them; one an entry reaches, out of that entry's. With whole (Query.WholeDescriptor: an
+// imported Envoy domain), only the whole descriptor is matched, as the reference does.
+func descriptorMatches(set *rules.Set, tier, endpoint string, sub Subject, whole bool) []descriptorMatch {
+	r, bucket := set.MatchDescriptor(tier, endpoint, sub.Entries)
+	if r != nil && r.Unlimited {
+		return nil
+	}
+	var out []descriptorMatch
+	if r != nil {
+		out = append(out, descriptorMatch{r, descriptorBucket(sub, bucket)})
+	}
+	if whole || len(sub.Entries) < 2 {
+		return out
+	}
+	for i := range sub.Entries {
+		one := sub.Entries[i : i+1 : i+1]
+		r, bucket := set.MatchDescriptor(tier, endpoint, one)
+		if r == nil || r.Unlimited {
+			continue
+		}
+		out = append(out, descriptorMatch{r, descriptorBucket(DescriptorSubject(one), bucket)})
+	}
+	return out
+}
+
+// descriptorBucket is the subject a descriptor's bucket is counted under: sub, or, when the
+// match went through a shared wildcard (Rule.Shared), the descriptor with the wildcard's
+// pattern for the values it matched.
+func descriptorBucket(sub Subject, bucket []rules.Entry) Subject {
+	if &bucket[0] != &sub.Entries[0] {
+		return DescriptorSubject(bucket)
+	}
+	return sub
 }

@@ -78,3 +78,52 @@ func TestDescriptorSubjectInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestCustomDimensionEachCounts: a check naming its tenant and another custom dimension (region)
+// still counts against the tenant's rule, and against a rule of the two together: an extra entry
+// takes no check out of a limit. A rule marked unlimited for the whole descriptor is the
+// configuration's own exemption.
+func TestCustomDimensionEachCounts(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, `
+rules:
+  - {id: tenant, dimension: tenant, endpoint: "*", algorithm: fixed_window, limit: 3, window: 1h}
+  - {id: pair, dimension: descriptor, endpoint: "*", algorithm: fixed_window, limit: 100, window: 1h, descriptor: [{key: tenant}, {key: region, value: eu}]}
+  - {id: internal, dimension: descriptor, endpoint: "*", unlimited: true, descriptor: [{key: tenant}, {key: region, value: internal}]}
+`)})
+	tenant := rules.Entry{Key: "tenant", Value: checkertest.ID(t, "acme")}
+	check := func(es ...rules.Entry) *Outcome {
+		t.Helper()
+		out, err := e.Check(t.Context(), &Query{Subjects: []Subject{DescriptorSubject(es)}, Endpoint: "/x", Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if out := check(tenant); !out.Allowed || len(out.Limits) != 1 {
+		t.Fatalf("the tenant alone: %+v, want allowed by its rule", out)
+	}
+	out := check(tenant, rules.Entry{Key: "region", Value: "eu"})
+	var ids []string
+	for _, l := range out.Limits {
+		ids = append(ids, l.Rule.ID)
+	}
+	if !out.Allowed || strings.Join(ids, ",") != "pair,tenant" {
+		t.Fatalf("tenant and region: allowed %v by %v, want allowed by pair,tenant", out.Allowed, ids)
+	}
+	if out := check(tenant, rules.Entry{Key: "zone", Value: "b"}); !out.Allowed {
+		t.Fatalf("tenant and an entry no rule names: %+v, want the tenant's third, allowed", out)
+	}
+	for _, extra := range []rules.Entry{{}, {Key: "region", Value: "eu"}, {Key: "zone", Value: "c"}} {
+		es := []rules.Entry{tenant}
+		if extra.Key != "" {
+			es = append(es, extra)
+		}
+		if out := check(es...); out.Allowed {
+			t.Errorf("the tenant's fourth check with %v: allowed, want denied by its limit of 3", es)
+		}
+	}
+	if out := check(tenant, rules.Entry{Key: "region", Value: "internal"}); !out.Allowed || len(out.Limits) != 0 {
+		t.Errorf("a descriptor a rule marks unlimited: %+v, want allowed by no limit", out)
+	}
+}

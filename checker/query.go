@@ -120,6 +120,10 @@ type Query struct {
 	// SkipOrg leaves the org rules out: a query of an incoming request whose org an earlier
 	// query of it counted against already (Envoy's descriptors naming the same user and key).
 	SkipOrg bool
+	// WholeDescriptor matches a descriptor subject as Envoy's reference service does, the
+	// whole descriptor against one rule, and not each of its entries against the rules of its
+	// custom dimension too (descriptorMatches): an imported Envoy domain's requests.
+	WholeDescriptor bool
 	// Reserve makes the check a reservation: Cost is an estimate, charged now and settled
 	// later at the actual cost (Engine.Settle), or standing once Reserve (the reservation's
 	// TTL, up to MaxReservationTTL) has passed. 0 is a plain check.

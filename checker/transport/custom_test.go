@@ -208,3 +208,36 @@ func TestForwardAuthCustomDimensionInvalid(t *testing.T) {
 		t.Errorf("got %d %v, want 400 naming X-Tenant-Id", resp.StatusCode, body)
 	}
 }
+
+// TestForwardAuthExtraDimensionHeader: a dimension header the gateway forgot to strip (a
+// region the client wrote) takes no request out of its tenant's limit.
+func TestForwardAuthExtraDimensionHeader(t *testing.T) {
+	t.Parallel()
+	callers := new(auth.Registry)
+	if err := callers.Load([]byte("anonymous: {permissions: [check]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	env := newEnvWith(t, checker.Config{Rules: mustRules(t, `
+rules:
+  - {id: per-tenant, dimension: tenant, endpoint: "/t/*", algorithm: fixed_window, limit: 2, window: 1h}
+`)}, Config{Callers: callers, ForwardAuth: ForwardAuthConfig{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		DimensionHeaders: []DimensionHeader{{Dimension: "tenant", Header: "X-Tenant-Id"},
+			{Dimension: "region", Header: "X-Region"}},
+	}})
+	tenant := id(t, "acme")
+	for i, region := range []string{"", "eu", "made-up-" + tenant} {
+		h := map[string]string{"X-Tenant-Id": tenant, "X-Forwarded-Uri": "/t/x"}
+		if region != "" {
+			h["X-Region"] = region
+		}
+		resp, _ := getForwardAuth(t, env, h, "")
+		want := http.StatusOK
+		if i == 2 {
+			want = http.StatusTooManyRequests
+		}
+		if resp.StatusCode != want {
+			t.Errorf("request %d (region %q): %d, want %d: the tenant's limit of 2 counts every request", i+1, region, resp.StatusCode, want)
+		}
+	}
+}

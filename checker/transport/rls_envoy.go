@@ -100,7 +100,7 @@ func (s *Server) envoyRateLimit(ctx context.Context, req *ratelimitv3.RateLimitR
 // response's headers consider (the same but in quota mode, whose status drops its reset), and
 // whether it is over the limit (and not in shadow or quota mode).
 func (s *Server) envoyCheck(ctx context.Context, d *envoyDescriptor, endpoint string) (st, hdr *ratelimitv3.RateLimitResponse_DescriptorStatus, over bool, err error) {
-	q := checker.Query{Subjects: []checker.Subject{d.sub}, Endpoint: endpoint, Cost: int64(d.hits), SkipGlobal: true, SkipOrg: true}
+	q := checker.Query{Subjects: []checker.Subject{d.sub}, Endpoint: endpoint, Cost: int64(d.hits), SkipGlobal: true, SkipOrg: true, WholeDescriptor: true}
 	check := s.engine.Check
 	if d.hits == 0 {
 		// The reference's check without a hit: over when the count is already past the limit.
