@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,5 +152,64 @@ func TestForwardAuthDelay(t *testing.T) {
 	}
 	if resp, _ := get(b, "?wait=soon"); resp.StatusCode != 400 {
 		t.Errorf("?wait=soon = %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestForwardAuthWaitCap: ?wait=true holds at most MaxWaiting requests at once; a delayed
+// request past it is answered at once with its wait in X-Quotaflow-Delay-Ms (charged at its
+// slot all the same), so that no number of them holds the process's memory.
+func TestForwardAuthWaitCap(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		maxWaiting int
+		wantHeld   int
+	}{{"one place", 1, 1}, {"none", -1, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := newEnvWith(t, checker.Config{Rules: mustRules(t, `
+rules:
+  - {id: queue, dimension: user, endpoint: /q, algorithm: gcra, limit: 2, window: 4s, burst: 1, on_limit: delay, max_delay: 4s}
+`)}, Config{ForwardAuth: ForwardAuthConfig{MaxWaiting: tc.maxWaiting}})
+			user := id(t, "u")
+			if out, err := env.engine.Check(context.Background(), &checker.Query{Subjects: []checker.Subject{{Dimension: 1, ID: user}}, Endpoint: "/q", Cost: 1}); err != nil || !out.Allowed || out.Delay != 0 {
+				t.Fatalf("first check: %v %v, want allowed at once", out, err)
+			}
+			told := make(chan string, 2)
+			for range 2 {
+				go func() {
+					req, _ := http.NewRequest("GET", env.url+"/ratelimit/check?wait=true", nil)
+					req.Header.Set("X-User-Id", user)
+					req.Header.Set("X-Forwarded-Uri", "/q")
+					resp, err := env.http.Do(req)
+					if err != nil {
+						told <- "error: " + err.Error()
+						return
+					}
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						told <- "status " + resp.Status
+						return
+					}
+					told <- resp.Header.Get("X-Quotaflow-Delay-Ms")
+				}()
+			}
+			held := 0
+			for range 2 {
+				switch h := <-told; {
+				case h == "":
+					held++
+				case strings.HasPrefix(h, "error") || strings.HasPrefix(h, "status"):
+					t.Fatal(h)
+				default:
+					if ms, err := strconv.ParseInt(h, 10, 64); err != nil || ms <= 0 {
+						t.Errorf("X-Quotaflow-Delay-Ms %q, want the wait in ms", h)
+					}
+				}
+			}
+			if held != tc.wantHeld {
+				t.Errorf("%d of 2 delayed requests held, want %d (MaxWaiting %d)", held, tc.wantHeld, tc.maxWaiting)
+			}
+		})
 	}
 }

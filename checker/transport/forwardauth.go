@@ -28,7 +28,8 @@ import (
 //
 // A request that a rule with on_limit: delay queued is allowed with its wait in
 // X-Quotaflow-Delay-Ms, for a gateway that can hold it that long (HAProxy's Lua action does);
-// ?wait=true makes the endpoint hold its own answer until the request's slot instead, so that
+// ?wait=true makes the endpoint hold its own answer until the request's slot instead (while
+// fewer than MaxWaiting are held; past it the wait is told, as without it), so that
 // any gateway that waits for its check (nginx auth_request, Caddy forward_auth, Traefik,
 // Envoy ext_authz over HTTP, within their timeouts) passes the request on at its slot.
 func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
@@ -87,11 +88,11 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-RateLimit-Degraded", "true")
 	}
 	if out.Delay > 0 {
-		if wait {
-			if !holdUntil(r, out) {
-				return // the gateway left: its request was charged at its slot all the same
-			}
-		} else {
+		held, gone := s.fa.hold(r, out, wait)
+		if gone {
+			return // the gateway left: its request was charged at its slot all the same
+		}
+		if !held {
 			body.DelayMs = ratelimitheader.CeilMillis(out.Delay)
 			h.Set("X-Quotaflow-Delay-Ms", strconv.FormatInt(body.DelayMs, 10))
 		}
@@ -152,6 +153,22 @@ func waitParam(qs url.Values) (bool, error) {
 // holdUntil waits out's delay, until the request's slot, and reports whether the request is
 // still there to be answered. The delay runs from now, as a client's does from its answer: the
 // decision's own time is Redis's clock, which this machine's need not agree with.
+// hold holds a delayed request until its slot when it asked to wait and a place is free
+// (MaxWaiting); gone is set when the gateway left meanwhile. A request not held is told its
+// wait instead.
+func (fa *forwardAuth) hold(r *http.Request, out *checker.Outcome, wait bool) (held, gone bool) {
+	if !wait {
+		return false, false
+	}
+	select {
+	case fa.waiting <- struct{}{}:
+	default:
+		return false, false // every place taken, or none (a nil channel)
+	}
+	defer func() { <-fa.waiting }()
+	return true, !holdUntil(r, out)
+}
+
 func holdUntil(r *http.Request, out *checker.Outcome) bool {
 	t := time.NewTimer(out.Delay)
 	defer t.Stop()
@@ -236,7 +253,15 @@ type ForwardAuthConfig struct {
 	// of the check's descriptor (dimension name = header value), in this order. Only a
 	// gateway should set them (and strip them from clients), as the user header.
 	DimensionHeaders []DimensionHeader
+	// MaxWaiting bounds the requests ?wait=true holds at once (each a goroutine and its
+	// buffers, ~48 KB): past it a delayed request is answered at once with its wait in
+	// X-Quotaflow-Delay-Ms, charged at its slot all the same, so that no number of them can
+	// exhaust the process. 0 means DefaultMaxWaiting; negative holds none.
+	MaxWaiting int
 }
+
+// DefaultMaxWaiting is ForwardAuthConfig.MaxWaiting's default.
+const DefaultMaxWaiting = 1024
 
 // DimensionHeader is a custom dimension forward-auth reads from a gateway's header.
 type DimensionHeader struct {
@@ -247,11 +272,18 @@ type DimensionHeader struct {
 // forwardAuth is the resolved ForwardAuthConfig.
 type forwardAuth struct {
 	ForwardAuthConfig
-	endpointFallback bool // EndpointHeader was defaulted: X-Original-URI and ?endpoint= are read too
+	endpointFallback bool          // EndpointHeader was defaulted: X-Original-URI and ?endpoint= are read too
+	waiting          chan struct{} // a place per request ?wait=true holds (MaxWaiting); nil: none
 }
 
 func newForwardAuth(cfg ForwardAuthConfig) forwardAuth {
 	fa := forwardAuth{ForwardAuthConfig: cfg}
+	switch {
+	case cfg.MaxWaiting == 0:
+		fa.waiting = make(chan struct{}, DefaultMaxWaiting)
+	case cfg.MaxWaiting > 0:
+		fa.waiting = make(chan struct{}, cfg.MaxWaiting)
+	}
 	if fa.UserHeader == "" {
 		fa.UserHeader = "X-User-Id"
 	}

@@ -29,8 +29,9 @@ func (c *callerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.fa.EndpointHeader, "forward-auth-endpoint-header", "", "forward-auth `header` naming the endpoint (default X-Forwarded-Uri, then X-Original-URI, then ?endpoint=)")
 	fs.StringVar(&c.fa.IdempotencyHeader, "forward-auth-idempotency-header", "", "forward-auth `header` carrying an idempotency key, set by the gateway and stripped from clients (default: none, idempotency off)")
 	fs.StringVar(&c.dimensions, "forward-auth-dimension-headers", "", "forward-auth custom dimensions, comma-separated `name=header` pairs (tenant=X-Tenant-Id): a header present is that dimension's value; set by the gateway and stripped from clients")
+	fs.IntVar(&c.fa.MaxWaiting, "max-waiting", transport.DefaultMaxWaiting, "most delayed forward-auth requests held at once by ?wait=true (on_limit: delay); past it a delayed request is answered at once with its wait in X-Quotaflow-Delay-Ms (still charged at its slot); negative: none held")
 	fs.fromEnv("callers-file", "trusted-proxies", "forward-auth-user-header", "forward-auth-api-key-header",
-		"forward-auth-endpoint-header", "forward-auth-idempotency-header", "forward-auth-dimension-headers")
+		"forward-auth-endpoint-header", "forward-auth-idempotency-header", "forward-auth-dimension-headers", "max-waiting")
 }
 
 // validate parses the proxies and loads the callers file.

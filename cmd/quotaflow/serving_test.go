@@ -31,17 +31,19 @@ func TestCheckerExposure(t *testing.T) {
 		args        []string
 		wantReflect bool
 		metricsOwn  bool
+		adminOwn    bool
 	}{
-		{"callers file", nil, false, false},
-		{"callers file, --reflection on, --metrics-listen", []string{"--reflection", "on", "--metrics-listen", "METRICS"}, true, true},
+		{"callers file", nil, false, false, false},
+		{"callers file, --reflection on, --metrics-listen", []string{"--reflection", "on", "--metrics-listen", "METRICS"}, true, true, false},
+		{"callers file, --admin-listen", []string{"--admin-listen", "ADMIN", "--admin-token", "exposure-admin-token-0123"}, false, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			addr, metrics := freeAddr(t), freeAddr(t)
+			addr, metrics, adminAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 			args := []string{"checker", "--listen", addr, "--rules", rulesPath, "--callers-file", callersPath, "--redis-url", redisSrv.URL(3)}
 			for _, a := range tt.args {
-				args = append(args, strings.ReplaceAll(a, "METRICS", metrics))
+				args = append(args, strings.NewReplacer("METRICS", metrics, "ADMIN", adminAddr).Replace(a))
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
@@ -74,6 +76,22 @@ func TestCheckerExposure(t *testing.T) {
 			if tt.metricsOwn {
 				if got := getStatus(t, "http://"+metrics+"/metrics"); got != 200 {
 					t.Errorf("GET /metrics on --metrics-listen: %d, want 200", got)
+				}
+			}
+			// The admin API answers where it is served (503 here: no NATS for its store); the
+			// check port without it has no such path (404), nor the console.
+			if got := getStatus(t, "http://"+addr+"/api/v1/rules"); tt.adminOwn != (got == 404) {
+				t.Errorf("GET /api/v1/rules on the check port: %d (admin on its own port: %v)", got, tt.adminOwn)
+			}
+			if tt.adminOwn {
+				if got := getStatus(t, "http://"+adminAddr+"/api/v1/rules"); got == 404 {
+					t.Errorf("GET /api/v1/rules on --admin-listen: %d, want the admin API's answer", got)
+				}
+				if got := getStatus(t, "http://"+adminAddr+"/console/"); got != 200 {
+					t.Errorf("GET /console/ on --admin-listen: %d, want 200", got)
+				}
+				if got := getStatus(t, "http://"+addr+"/console/"); got != 404 {
+					t.Errorf("GET /console/ on the check port with --admin-listen: %d, want 404", got)
 				}
 			}
 		})

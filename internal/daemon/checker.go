@@ -75,8 +75,10 @@ type CheckerConfig struct {
 	Telemetry *telemetry.Telemetry
 	Tracing   telemetry.Config
 	// DebugListen serves Go's /debug/pprof there ("" : off); MetricsListen serves /metrics
-	// on a port of its own ("": on the check port).
-	DebugListen, MetricsListen string
+	// on a port of its own ("": on the check port); AdminListen serves the admin API and the
+	// console on a port of their own ("": on the check port), so that the check port can
+	// face callers alone.
+	DebugListen, MetricsListen, AdminListen string
 	// NATSURL names the NATS of the decision stream and the rule store, NATSTLS its client
 	// TLS; "" means no publishing, rules from RulesFile only and an admin API answering 503.
 	NATSURL string
@@ -118,11 +120,15 @@ type CheckerConfig struct {
 // Checker is a running checker.
 type Checker struct {
 	*process
-	url string
+	url, adminURL string
 }
 
 // URL is the check port's base URL, e.g. http://127.0.0.1:8080.
 func (c *Checker) URL() string { return c.url }
+
+// AdminURL is the base URL of the admin API and the console: the check port's, or
+// CheckerConfig.AdminListen's.
+func (c *Checker) AdminURL() string { return c.adminURL }
 
 // StartChecker loads the rules, connects NATS and waits for the rule store as start-up policy
 // says, builds the publisher, the engine and the transports, listens and serves until Close.
@@ -355,10 +361,14 @@ func (s *checkerStart) serve() error {
 	} else if err := s.serveMetrics(); err != nil {
 		return err
 	}
-	mux.Handle("/api/v1/", admin.New(engine, acfg).Handler())
+	adminMux := mux
+	if cfg.AdminListen != "" {
+		adminMux = http.NewServeMux()
+	}
+	adminMux.Handle("/api/v1/", admin.New(engine, acfg).Handler())
 	pages := console.Handler()
-	mux.Handle(console.Path, pages)
-	mux.Handle(strings.TrimSuffix(console.Path, "/"), pages)
+	adminMux.Handle(console.Path, pages)
+	adminMux.Handle(strings.TrimSuffix(console.Path, "/"), pages)
 	mux.Handle("/", front.Handler())
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -368,7 +378,13 @@ func (s *checkerStart) serve() error {
 	if cfg.Transport.TLS != nil {
 		scheme = "https://"
 	}
-	s.c.url = scheme + ln.Addr().String()
+	s.c.url, s.c.adminURL = scheme+ln.Addr().String(), scheme+ln.Addr().String()
+	if cfg.AdminListen != "" {
+		if err := s.serveAdmin(adminMux, scheme); err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	s.c.goServe(func(ctx context.Context) error { return front.Serve(ctx, ln, mux, cfg.ShutdownTimeout) })
 	log.Info("checker listening", "url", s.c.url, "rules", cfg.RulesFile, "rules_from", s.source,
 		"rule_count", len(s.set.Rules()), "redis", redisName(cfg.Redis), "nats", cfg.NATSURL, "instance", tel.Instance,
@@ -390,6 +406,27 @@ func (s *checkerStart) serve() error {
 			return nil
 		})
 	}
+	return nil
+}
+
+// serveAdmin serves the admin API and the console alone on AdminListen, with the check port's
+// TLS and connection bounds: no check API there.
+func (s *checkerStart) serveAdmin(mux *http.ServeMux, scheme string) error {
+	ln, err := net.Listen("tcp", s.cfg.AdminListen)
+	if err != nil {
+		return fmt.Errorf("admin listen: %w", err)
+	}
+	s.c.adminURL = scheme + ln.Addr().String()
+	if t := s.cfg.Transport.TLS; t != nil {
+		ln = tls.NewListener(ln, t)
+	}
+	s.log.Info("admin API and console served", "url", s.c.adminURL+"/api/v1")
+	s.c.goServe(func(ctx context.Context) error {
+		if err := grpcsplit.ServeHTTP(ctx, ln, mux, s.cfg.ShutdownTimeout, s.cfg.Transport.Conns); err != nil {
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		return nil
+	})
 	return nil
 }
 
