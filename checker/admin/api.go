@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,11 @@ type Config struct {
 	// MaxLiveFeeds bounds the live feeds this checker serves at once (each reads two streams
 	// and decodes every decision); past it GET /api/v1/live answers 503. 0 means 32.
 	MaxLiveFeeds int
+	// MaxLiveFeedsPerToken bounds the live feeds one token holds at once, so that one read
+	// token cannot take them all (0 means 4); MaxLiveFeedDuration ends a feed after that long
+	// (0 means an hour: the console's EventSource reconnects, and a forgotten client lets go).
+	MaxLiveFeedsPerToken int
+	MaxLiveFeedDuration  time.Duration
 	// Logger receives the API's logs (every write, with the token's name), with
 	// "component"="admin"; nil means slog.Default().
 	Logger *slog.Logger
@@ -114,6 +120,10 @@ type API struct {
 	audit       Audit               // nil: no ClickHouse
 	js          jetstream.JetStream // nil: no NATS
 	feeds       chan struct{}       // a place per live feed served at once
+	feedsMu     sync.Mutex
+	feedsBy     map[string]int // live feeds served now, by token name
+	feedsPer    int
+	feedFor     time.Duration
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -135,6 +145,13 @@ func New(engine *checker.Engine, cfg Config) *API {
 		cfg.MaxLiveFeeds = 32
 	}
 	a.feeds = make(chan struct{}, cfg.MaxLiveFeeds)
+	a.feedsBy, a.feedsPer, a.feedFor = map[string]int{}, cfg.MaxLiveFeedsPerToken, cfg.MaxLiveFeedDuration
+	if a.feedsPer <= 0 {
+		a.feedsPer = 4
+	}
+	if a.feedFor <= 0 {
+		a.feedFor = time.Hour
+	}
 	if a.read <= 0 {
 		a.read = 1000
 	}

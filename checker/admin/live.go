@@ -39,21 +39,21 @@ const rateInterval = time.Second
 // as dimension:identifier), and every second a "rates" event (Rates) counted from the
 // decision stream, which carries every checker's decisions. Both are read with ephemeral
 // ordered consumers: a feed changes nothing on the server, and ends with its client.
-func (a *API) live(r *http.Request, _ caller) (int, any, error) {
+func (a *API) live(r *http.Request, c caller) (int, any, error) {
 	if a.js == nil {
 		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
 			Message: "the live feed reads NATS: start the checker with --nats-url"}
 	}
-	select {
-	case a.feeds <- struct{}{}:
-	default:
-		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
-			Message: fmt.Sprintf("this checker serves %d live feeds already: close one, or use another checker", cap(a.feeds))}
+	if err := a.takeFeed(c.Name); err != nil {
+		return 0, nil, err
 	}
 	q := r.URL.Query()
 	tier, rule, subject := q.Get("tier"), q.Get("rule"), q.Get("subject")
 	return http.StatusOK, streamBody(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { <-a.feeds }()
+		defer a.giveFeed(c.Name)
+		ctx, cancel := context.WithTimeout(r.Context(), a.feedFor)
+		defer cancel()
+		r = r.WithContext(ctx)
 		a.serveLive(w, r, func(t *events.Transition) bool {
 			return (tier == "" || t.Tier == tier) && (rule == "" || t.RuleID == rule) &&
 				(subject == "" || t.Dimension+":"+t.Subject == subject)
@@ -61,7 +61,36 @@ func (a *API) live(r *http.Request, _ caller) (int, any, error) {
 	}), nil
 }
 
-// serveLive streams until the client goes or NATS fails; the failure is sent as an "error"
+// takeFeed takes a place for a live feed of token: one of the checker's (503 past
+// MaxLiveFeeds) and one of the token's (429 past MaxLiveFeedsPerToken).
+func (a *API) takeFeed(token string) error {
+	a.feedsMu.Lock()
+	defer a.feedsMu.Unlock()
+	if a.feedsBy[token] >= a.feedsPer {
+		return &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", RetryAfter: time.Second,
+			Message: fmt.Sprintf("token %q holds %d live feeds already, the most one token may: close one", token, a.feedsPer)}
+	}
+	select {
+	case a.feeds <- struct{}{}:
+	default:
+		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: fmt.Sprintf("this checker serves %d live feeds already: close one, or use another checker", cap(a.feeds))}
+	}
+	a.feedsBy[token]++
+	return nil
+}
+
+// giveFeed gives back the places takeFeed took.
+func (a *API) giveFeed(token string) {
+	a.feedsMu.Lock()
+	defer a.feedsMu.Unlock()
+	if a.feedsBy[token]--; a.feedsBy[token] <= 0 {
+		delete(a.feedsBy, token)
+	}
+	<-a.feeds
+}
+
+// serveLive streams until the client goes, the feed's time is up or NATS fails; the failure is sent as an "error"
 // event, which the console shows, and the client reconnects.
 func (a *API) serveLive(w http.ResponseWriter, r *http.Request, keep func(*events.Transition) bool) {
 	rc := http.NewResponseController(w)
