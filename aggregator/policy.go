@@ -46,6 +46,11 @@ type PolicyConfig struct {
 	Leader func() bool
 	// Interval is how often the policies are evaluated (1s).
 	Interval time.Duration
+	// MaxPenaltiesPerEvaluation bounds the penalty overrides one evaluation makes (100), so
+	// that a wave of throttled subjects is penalized over several evaluations rather than
+	// in one that holds up the next; MaxActivePenalties bounds those in force at once
+	// (10,000): past it no more are made, and a warning says how many subjects wait.
+	MaxPenaltiesPerEvaluation, MaxActivePenalties int
 	// Logger receives the component's logs, with "component"="policies" (discarded when nil).
 	Logger *slog.Logger
 	// Meter records the tier protection's gauges (none when nil): per tier of a tier_protection
@@ -93,6 +98,12 @@ type penaltyKey struct {
 
 type span struct{ from, to time.Time }
 
+// The penalty bounds' defaults (PolicyConfig).
+const (
+	DefaultMaxPenaltiesPerEvaluation = 100
+	DefaultMaxActivePenalties        = 10_000
+)
+
 // NewPolicies returns Policies for cfg.
 func NewPolicies(cfg PolicyConfig) *Policies {
 	if cfg.EventsStream == "" {
@@ -100,6 +111,12 @@ func NewPolicies(cfg PolicyConfig) *Policies {
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
+	}
+	if cfg.MaxPenaltiesPerEvaluation <= 0 {
+		cfg.MaxPenaltiesPerEvaluation = DefaultMaxPenaltiesPerEvaluation
+	}
+	if cfg.MaxActivePenalties <= 0 {
+		cfg.MaxActivePenalties = DefaultMaxActivePenalties
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -266,13 +283,15 @@ func (p *Policies) evaluate(ctx context.Context, now time.Time) {
 		p.log.Warn("policies: list overrides failed; evaluating next time", "err", err)
 		return
 	}
-	if pol.Penalty != nil {
-		p.penalize(ctx, now, *pol.Penalty, active)
-	}
+	// Tier protection first: a few reads per tier, on schedule whatever the penalties have to
+	// do, which are bounded per evaluation.
 	if p.cfg.TierRate != nil {
 		for _, tp := range pol.TierProtection {
 			p.protect(ctx, now, tp, active, loads)
 		}
+	}
+	if pol.Penalty != nil {
+		p.penalize(ctx, now, *pol.Penalty, active)
 	}
 }
 
@@ -295,13 +314,19 @@ func (p *Policies) prune(now time.Time, pe *rules.Penalty) {
 }
 
 func (p *Policies) penalize(ctx context.Context, now time.Time, pe rules.Penalty, active []rules.Override) {
+	penalties := activePenalties(active)
+	made, waiting := 0, 0
 	for _, pk := range p.keys {
-		if o, ok := activePenalty(active, pk); ok {
+		if o, ok := penalties[penaltyTarget{pk.dimension, pk.subject, pk.rule}]; ok {
 			pk.after = o.CreatedAt
 			continue
 		}
 		throttled := pk.throttledWithin(now, pe.Within)
 		if throttled <= pe.Throttled {
+			continue
+		}
+		if made >= p.cfg.MaxPenaltiesPerEvaluation || len(penalties)+made >= p.cfg.MaxActivePenalties {
+			waiting++ // made by a later evaluation, if still due then
 			continue
 		}
 		// Named by the key and the start of the throttled time that crossed the threshold: a
@@ -318,17 +343,28 @@ func (p *Policies) penalize(ctx context.Context, now time.Time, pe rules.Penalty
 		}
 		if p.put(ctx, o) {
 			pk.after = now
+			made++
 		}
+	}
+	if waiting > 0 {
+		p.log.Warn("penalties capped: subjects due a penalty wait for a later evaluation", "waiting", waiting, "made", made,
+			"active", len(penalties)+made, "max_per_evaluation", p.cfg.MaxPenaltiesPerEvaluation, "max_active", p.cfg.MaxActivePenalties)
 	}
 }
 
-func activePenalty(active []rules.Override, pk *penaltyKey) (rules.Override, bool) {
+// penaltyTarget is what a penalty override is of: a subject on a rule.
+type penaltyTarget struct{ dimension, subject, rule string }
+
+// activePenalties indexes the penalty overrides in force by their target, once per
+// evaluation: looking each key up in the list made an evaluation quadratic.
+func activePenalties(active []rules.Override) map[penaltyTarget]rules.Override {
+	m := map[penaltyTarget]rules.Override{}
 	for _, o := range active {
-		if o.Source == "penalty" && o.Dimension == pk.dimension && o.Identifier == pk.subject && o.RuleID == pk.rule {
-			return o, true
+		if o.Source == "penalty" {
+			m[penaltyTarget{o.Dimension, o.Identifier, o.RuleID}] = o
 		}
 	}
-	return rules.Override{}, false
+	return m
 }
 
 // protect applies a tier protection policy at now, and records the tier's load in loads.

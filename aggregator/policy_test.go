@@ -240,3 +240,40 @@ func TestTierProtectionRemovesStackedOverrides(t *testing.T) {
 		t.Errorf("override left = %s, want the newer, tier-protection-new", ovs[0].ID)
 	}
 }
+
+// TestPenaltyBounds: a wave of throttled subjects is penalized at most MaxPenaltiesPerEvaluation
+// at a time and never past MaxActivePenalties in force.
+func TestPenaltyBounds(t *testing.T) {
+	t.Parallel()
+	store, js, set := policyStore(t)
+	now := time.Now()
+	for i := range 25 {
+		publishTransition(t, js, "wave"+strings.Repeat("x", i), events.StateWarning, events.StateThrottled, now.Add(-time.Second))
+	}
+	runPolicies(t, aggregator.PolicyConfig{Rules: func() *rules.Set { return set }, Store: store, JetStream: js,
+		Interval: 500 * time.Millisecond, MaxPenaltiesPerEvaluation: 5, MaxActivePenalties: 12})
+	first, most := 0, 0
+	for deadline := time.Now().Add(20 * time.Second); most < 12 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ovs, err := store.Overrides(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == 0 {
+			first = len(ovs)
+		}
+		most = max(most, len(ovs))
+	}
+	if first > 5 {
+		t.Errorf("the first evaluation made %d penalties, want at most 5", first)
+	}
+	if most != 12 {
+		t.Fatalf("at most %d penalties in force, want 12 (25 due, 12 allowed)", most)
+	}
+	// The penalties in force stay at the bound while the others wait.
+	for range 10 {
+		if ovs, _ := store.Overrides(context.Background()); len(ovs) > 12 {
+			t.Fatalf("%d penalties in force, want at most 12", len(ovs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -29,7 +29,7 @@ rules:
 
 // newStore opens a store on a fresh JetStream domain of its own: each test gets its own
 // server so that buckets do not leak between parallel tests.
-func newStore(t *testing.T) (*Store, jetstream.JetStream) {
+func newStore(t testing.TB) (*Store, jetstream.JetStream) {
 	t.Helper()
 	js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -41,7 +41,7 @@ func newStore(t *testing.T) (*Store, jetstream.JetStream) {
 	return s, js
 }
 
-func mustDecode(t *testing.T, text string) *rules.Document {
+func mustDecode(t testing.TB, text string) *rules.Document {
 	t.Helper()
 	d, err := rules.Decode([]byte(text))
 	if err != nil {
