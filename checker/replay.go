@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -45,6 +46,18 @@ type Planned struct {
 	// calendar windows (which depend on the clock), and the check takes no place in flight
 	// (each taken by a holder of its own).
 	Fixed bool
+}
+
+// Bytes estimates the memory p holds, for a cache of plans that bounds its size: its limits'
+// outcomes and bucket limits with their keys dominate.
+func (p *Planned) Bytes() int {
+	n := 256
+	for i := range p.pl.reqs {
+		for j := range p.pl.reqs[i].Limits {
+			n += 2*len(p.pl.reqs[i].Limits[j].Key) + int(unsafe.Sizeof(bucket.Limit{})) + int(unsafe.Sizeof(LimitOutcome{}))
+		}
+	}
+	return n
 }
 
 // Check decides q at at and, when charge is set and the check is allowed, charges its buckets

@@ -33,7 +33,8 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 		subject, tier, rule         string
 		top                         int
 		warmup                      time.Duration
-		live                        bool
+		live, inChecker             bool
+		bounds                      backtest.Config
 	)
 	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
 	fs.StringVar(&rulesPath, "rules", "", "the rules `file` to replay the history under (required)")
@@ -45,6 +46,10 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 	fs.IntVar(&top, "top", 10, "how many subjects to list (at most 1000)")
 	fs.DurationVar(&warmup, "warmup", 0, "history replayed before --from, unreported (0: the longest window of the rules, at most 24h; negative: none)")
 	fs.StringVar(&format, "format", "table", "output `format`: table, json or csv")
+	fs.IntVar(&bounds.MaxRules, "max-rules", 0, "refuse a rules file of more rules (0: no bound; a checker's admin API allows 100)")
+	fs.Int64Var(&bounds.MaxRecords, "max-records", 0, "refuse a history (with its warm-up) of more audit rows (0: no bound; a checker's admin API allows 2,000,000)")
+	fs.IntVar(&bounds.MaxBuckets, "max-buckets", 0, "most buckets the replay holds at once, the expired going first (0: 4Mi; a checker's admin API 256Ki)")
+	fs.BoolVar(&inChecker, "checker-bounds", false, "apply the bounds of a checker's admin API (100 rules, 2,000,000 rows, 256Ki buckets, 32 MiB of plans): what POST /api/v1/rules:backtest would run, and at what memory")
 	fs.BoolVar(&live, "live-candidates", false, "compare the candidate rules' recorded answers with their live rules' instead of replaying (--rules optional, to check --rule and --tier)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
@@ -90,7 +95,11 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 		return err
 	}
 	defer conn.Close()
-	bt := backtest.New(backtest.Config{Conn: conn, Database: db, Logger: slog.New(slog.DiscardHandler)})
+	if inChecker {
+		bounds = backtest.InChecker
+	}
+	bounds.Conn, bounds.Database, bounds.Logger = conn, db, slog.New(slog.DiscardHandler)
+	bt := backtest.New(bounds)
 	run := bt.Run
 	if live {
 		run = bt.LiveCandidates

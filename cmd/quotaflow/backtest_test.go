@@ -158,7 +158,17 @@ func TestBacktest(t *testing.T) {
 		!strings.Contains(body, fmt.Sprintf("summary,all,,%d,", single)) {
 		t.Errorf("POST /api/v1/rules:backtest?format=csv: %d %s; want the report as CSV", code, body)
 	}
+	// A checker's backtests are bounded (backtest.InChecker): a document of more rules is
+	// refused before anything is read.
+	var many strings.Builder
+	for i := range backtest.InChecker.MaxRules + 1 {
+		if i > 0 {
+			many.WriteString(",")
+		}
+		fmt.Fprintf(&many, `{"id":"r%d","dimension":"user","endpoint":"*","algorithm":"fixed_window","limit":5,"window":"%ds"}`, i, i+1)
+	}
 	for _, tt := range []struct{ body, field string }{
+		{fmt.Sprintf(`{"from": %q, "rules": {"rules": [%s]}}`, from, many.String()), "rules"},
 		{`{"to": "2026-01-01T00:00:00Z"}`, "from"},
 		{`{"from": "2001-01-01T00:00:00Z"}`, "from"},
 		{fmt.Sprintf(`{"from": %q, "rule": "nope"}`, from), "rule"},
@@ -199,6 +209,8 @@ func TestBacktest(t *testing.T) {
 		{[]string{"--rules", rulesFile, "--from", "yesterday"}, "--from: \"yesterday\" is neither"},
 		{[]string{"--from", "1h"}, "--rules: required"},
 		{[]string{"--rules", rulesFile, "--format", "xml"}, "--format"},
+		{[]string{"--rules", rulesFile, "--from", from, "--max-records", "5"}, "--from: the window and its warm-up hold"},
+		{[]string{"--rules", rulesFile, "--from", from, "--max-rules", "1"}, "a backtest here replays at most 1"},
 	} {
 		args := append([]string{"backtest", "--clickhouse-dsn", dsn}, tt.args...)
 		if _, stderr, code := runCmd(ctx, args, nil); code != 2 || !strings.Contains(stderr, tt.want) {

@@ -5,9 +5,17 @@
 # then one backtest of that hour under deploy/bench/backtest-rules.yaml (a token bucket and a
 # fixed window per user, a global GCRA), timed with its peak memory (GNU time's maximum RSS).
 # Usage: deploy/bench/backtest.sh [decisions, default 36000000]
+# USERS (10000) sets the distinct users, RULES (deploy/bench/backtest-rules.yaml) the rules file,
+# QUOTAFLOW_BIN another binary to run the backtest with (an older build, to compare), and
+# BACKTEST_FLAGS more flags of quotaflow backtest: e.g. the attack of many rules on "*" over many
+# distinct checks, at a checker's bounds (docs/backtest.md):
+#   USERS=500000 RULES=<100 rules on *> BACKTEST_FLAGS=--checker-bounds deploy/bench/backtest.sh 2000000
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N="${1:-36000000}"
+USERS="${USERS:-10000}"
+RULES="${RULES:-deploy/bench/backtest-rules.yaml}"
+BIN="${QUOTAFLOW_BIN:-./bin/quotaflow}"
 PORT=19096
 make -s build
 dir=$(mktemp -d)
@@ -33,7 +41,7 @@ INSERT INTO bt.decisions (id, time, time_us, subject_dimension, subject_id, subj
 SELECT toString(number), toDateTime(intDiv(us, 1000000)), us, 'user', u, ['user:' || u], 'free', '/api/items',
     'user-minute', 'token_bucket', 1, number % 10 != 0, 0, number, '', now()
 FROM (SELECT number, toInt64($start) * 1000000 + intDiv(number * 3600000000, $N) AS us,
-             concat('u', toString(number * 7919 % 10000)) AS u
+             concat('u', toString(number * 7919 % $USERS)) AS u
       FROM numbers($N))"
 echo "inserted in $(echo "$(date +%s.%N) - $t0" | bc) s; on disk: $(clickhouse-client --port "$PORT" -q "SELECT formatReadableSize(sum(bytes)) FROM system.parts WHERE database = 'bt' AND table = 'decisions' AND active")"
 
@@ -41,6 +49,6 @@ echo "== quotaflow backtest of the hour"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 before=$(ticks "$ch")
 /usr/bin/time -f "quotaflow: elapsed %e s, user %U s, system %S s, max RSS %M KiB" \
-  ./bin/quotaflow backtest --clickhouse-dsn "$dsn" --rules deploy/bench/backtest-rules.yaml \
+  "$BIN" backtest --clickhouse-dsn "$dsn" --rules "$RULES" ${BACKTEST_FLAGS:-} \
     --from "$(date -u -d @"$start" +%FT%TZ)" --to "$(date -u -d @"$end" +%FT%TZ)" --warmup -1s --top 3
 echo "clickhouse-server meanwhile: $(echo "scale=1; ($(ticks "$ch") - $before) / $(getconf CLK_TCK)" | bc) s of CPU"

@@ -28,6 +28,14 @@ type Config struct {
 	Database string
 	// MaxBuckets bounds the buckets a replay holds at once (0: 4M); the expired go first.
 	MaxBuckets int
+	// MaxRules bounds the rules one backtest replays (0: none), MaxRecords the audit rows it
+	// reads, its warm-up's included (0: none): past either, Run refuses the request with a
+	// *FieldError naming rules or from before reading anything. MaxPlanBytes bounds the cache
+	// of planned checks (0: 256 MiB). Together with MaxBuckets they bound a backtest's memory;
+	// the admin API's, which run inside a checker, are small (docs/backtest.md).
+	MaxRules     int
+	MaxRecords   int64
+	MaxPlanBytes int64
 	// Logger receives each backtest's summary, with "component"="backtest"; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -93,6 +101,15 @@ const maxWarmup = 24 * time.Hour
 // defaultMaxBuckets is Config.MaxBuckets's default: a few hundred bytes each.
 const defaultMaxBuckets = 4 << 20
 
+// defaultMaxPlanBytes is Config.MaxPlanBytes's default.
+const defaultMaxPlanBytes = 256 << 20
+
+// InChecker is the bounds of a backtest run inside a checker, by its admin API (POST
+// /api/v1/rules:backtest): a read token must not take the checker's memory. Larger backtests
+// run in a process of their own, `quotaflow backtest`, whose bounds are the defaults. Measured
+// at these bounds: docs/backtest.md.
+var InChecker = Config{MaxRules: 100, MaxRecords: 2_000_000, MaxBuckets: 1 << 18, MaxPlanBytes: 32 << 20}
+
 // Backtester runs backtests over one audit. Its methods are safe for concurrent use.
 type Backtester struct {
 	cfg Config
@@ -106,6 +123,9 @@ func New(cfg Config) *Backtester {
 	}
 	if cfg.MaxBuckets <= 0 {
 		cfg.MaxBuckets = defaultMaxBuckets
+	}
+	if cfg.MaxPlanBytes <= 0 {
+		cfg.MaxPlanBytes = defaultMaxPlanBytes
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -122,6 +142,9 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 	if err := validate(&req, now); err != nil {
 		return nil, err
 	}
+	if n := len(req.Rules.Rules()); b.cfg.MaxRules > 0 && n > b.cfg.MaxRules {
+		return nil, fieldErrorf("rules", "%d rules; a backtest here replays at most %d (quotaflow backtest runs larger ones in a process of its own)", n, b.cfg.MaxRules)
+	}
 	if !validDatabase(b.cfg.Database) {
 		return nil, fmt.Errorf("backtest: database %q is no plain name", b.cfg.Database)
 	}
@@ -134,12 +157,16 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 	} else if !first.IsZero() && start.Before(first) {
 		start = first
 	}
-	chunk, err := chunkOf(ctx, b.cfg.Conn, b.cfg.Database, start, req.To)
+	chunk, rows, err := chunkOf(ctx, b.cfg.Conn, b.cfg.Database, start, req.To)
 	if err != nil {
 		return nil, err
 	}
+	if b.cfg.MaxRecords > 0 && int64(rows) > b.cfg.MaxRecords {
+		return nil, fieldErrorf("from", "the window and its warm-up hold %d audit rows; a backtest here reads at most %d: narrow from and to (quotaflow backtest runs larger ones in a process of its own)", rows, b.cfg.MaxRecords)
+	}
 	began := time.Now()
 	rep := newReport(req)
+	rep.maxPlanBytes = b.cfg.MaxPlanBytes
 	replay := checker.NewReplay(req.Rules, b.cfg.MaxBuckets)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -71,6 +71,8 @@ type Report struct {
 	pending []pendingChange
 	noted   map[string]int64
 	plans   map[string]*planned // planned checks, by key
+	// planBytes estimates what plans holds; past maxPlanBytes the cache starts again.
+	planBytes, maxPlanBytes int64
 	key     []byte              // the key being looked up
 	out     checker.Outcome     // the outcome being accounted for, its storage reused
 }
@@ -526,7 +528,8 @@ func (r *Report) finish(elapsed time.Duration) {
 	r.Subjects = r.top.rows(r.req.Top)
 }
 
-// maxPlans bounds the report's cache of planned checks: past it, the cache starts again.
+// maxPlans bounds the report's cache of planned checks by number, Config.MaxPlanBytes by size:
+// past either, the cache starts again.
 const maxPlans = 1 << 18
 
 // planned is a recorded check, parsed and planned.
@@ -562,10 +565,13 @@ func (r *Report) plan(rp *checker.Replay, rec *Record, at time.Time) (*checker.Q
 	if err != nil || !p.Fixed {
 		return q, p, err
 	}
-	if len(r.plans) >= maxPlans {
+	size := int64(len(b) + p.Bytes())
+	if len(r.plans) >= maxPlans || r.maxPlanBytes > 0 && r.planBytes+size > r.maxPlanBytes {
 		clear(r.plans)
+		r.planBytes = 0
 	}
 	r.plans[string(b)] = &planned{q, p}
+	r.planBytes += size
 	return q, p, nil
 }
 

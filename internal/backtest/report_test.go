@@ -3,6 +3,7 @@ package backtest
 import (
 	"bytes"
 	"encoding/csv"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -332,5 +333,35 @@ rules:
 				t.Errorf("got %d newly allowed, reasons %v; want 1, %v", rep.NewlyAllowed, rep.Reasons, tt.want)
 			}
 		})
+	}
+}
+
+// TestPlanCacheBytes: the cache of planned checks holds at most MaxPlanBytes: past it, it
+// starts again, and what it holds never exceeds the bound; the answers are the same.
+func TestPlanCacheBytes(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	set := mustRules(t, reportRules)
+	var agreed []int64
+	for _, bound := range []int64{0, 2000} {
+		rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+		rep.maxPlanBytes = bound
+		rp := checker.NewReplay(set, 0)
+		for i := range 50 {
+			user := fmt.Sprintf("u%d", i%25)
+			rep.replay(rp, &Record{TimeUS: base.Add(time.Duration(i) * time.Second).UnixMicro(), Subjects: []string{"user:" + user},
+				Subject: user, Tier: "free", Endpoint: "/a", Cost: 1, Allowed: true, Rule: "per-user", Limit: 2})
+			if bound > 0 && rep.planBytes > bound {
+				t.Fatalf("after record %d: the cache holds %d bytes, above its bound %d", i, rep.planBytes, bound)
+			}
+		}
+		if bound > 0 && (len(rep.plans) == 0 || len(rep.plans) >= 25) {
+			t.Errorf("a cache bounded to %d bytes holds %d plans of 25 distinct checks, want some but not all", bound, len(rep.plans))
+		}
+		rep.finish(0)
+		agreed = append(agreed, rep.Agreed)
+	}
+	if agreed[0] != 50 || agreed[1] != 50 {
+		t.Errorf("agreed %v with and without the bound, want 50 each", agreed)
 	}
 }

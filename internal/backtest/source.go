@@ -116,16 +116,16 @@ func within(lo, hi time.Time) string {
 // chunkOf returns how much history one query of [lo, hi) reads: about chunkRows decisions, by
 // a count of [lo, hi), so that ClickHouse sorts a bounded number of rows per query and scans
 // the days' partitions (ordered by subject, not time) as few times as that allows.
-func chunkOf(ctx context.Context, conn driver.Conn, db string, lo, hi time.Time) (time.Duration, error) {
+func chunkOf(ctx context.Context, conn driver.Conn, db string, lo, hi time.Time) (time.Duration, uint64, error) {
 	var n uint64
 	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions WHERE %s", db, within(lo, hi))).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count the audit's decisions: %w", err)
+		return 0, 0, fmt.Errorf("count the audit's decisions: %w", err)
 	}
 	span := hi.Sub(lo)
 	if n <= chunkRows {
-		return span, nil
+		return span, n, nil
 	}
-	return max(time.Duration(float64(span)*chunkRows/float64(n)), time.Second), nil
+	return max(time.Duration(float64(span)*chunkRows/float64(n)), time.Second), n, nil
 }
 
 // oldest returns the time of the audit's oldest decision, zero when it has none.

@@ -350,7 +350,9 @@ func (s *checkerStart) serve() error {
 			return fmt.Errorf("backtest clickhouse: %w", err)
 		}
 		s.c.onClose(conn.Close)
-		acfg.Backtester = backtest.New(backtest.Config{Conn: conn, Database: db, Logger: log})
+		bcfg := backtest.InChecker
+		bcfg.Conn, bcfg.Database, bcfg.Logger = conn, db, log
+		acfg.Backtester = backtest.New(bcfg)
 		if acfg.Audit, err = audit.New(audit.Config{Conn: conn, Database: db}); err != nil {
 			return fmt.Errorf("backtest clickhouse: %w", err)
 		}
