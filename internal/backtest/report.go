@@ -73,8 +73,8 @@ type Report struct {
 	plans   map[string]*planned // planned checks, by key
 	// planBytes estimates what plans holds; past maxPlanBytes the cache starts again.
 	planBytes, maxPlanBytes int64
-	key     []byte              // the key being looked up
-	out     checker.Outcome     // the outcome being accounted for, its storage reused
+	key                     []byte          // the key being looked up
+	out                     checker.Outcome // the outcome being accounted for, its storage reused
 }
 
 // refundWindow is how long after its charge Redis may refund it: a refund is sent once every
