@@ -120,6 +120,7 @@ type Engine struct {
 	counts      counts           // Counts, for health reports
 	clock       func() time.Time // time.Now but in tests (Config.clock)
 	ids         *idSigner
+	values      newValues // the descriptor rules' distinct values per window (values.go)
 }
 
 // New returns an Engine for cfg. It does not contact Redis: an unreachable Redis is a degraded

@@ -98,6 +98,11 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 	if c.err = err; err != nil {
 		return
 	}
+	if !peek {
+		if c.err = e.values.admit(e.clock(), out.Limits); c.err != nil {
+			return
+		}
+	}
 	c.out = out
 	if len(pl.reqs) == 0 {
 		out.Allowed, out.Now = true, time.Now()

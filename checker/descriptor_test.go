@@ -1,6 +1,7 @@
 package checker
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -127,3 +128,37 @@ rules:
 		t.Errorf("a descriptor a rule marks unlimited: %+v, want allowed by no limit", out)
 	}
 }
+
+// TestCustomDimensionMaxValues: a caller naming a new tenant per check gets at most the rule's
+// max_values of them counted in a window; the next new one is refused naming custom_dimension,
+// while tenants already counted go on.
+func TestCustomDimensionMaxValues(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, `
+rules:
+  - {id: tenant, dimension: tenant, endpoint: "*", algorithm: fixed_window, limit: 5, window: 1h, max_values: 3}
+`)})
+	run := checkertest.ID(t, "t")
+	check := func(tenant string) (*Outcome, error) {
+		return e.Check(t.Context(), &Query{Subjects: []Subject{DescriptorSubject([]rules.Entry{{Key: "tenant", Value: run + tenant}})}, Endpoint: "/x", Cost: 1})
+	}
+	for _, tenant := range []string{"a", "b", "c", "a"} {
+		if out, err := check(tenant); err != nil || !out.Allowed {
+			t.Fatalf("tenant %s: %+v, %v; want allowed", tenant, out, err)
+		}
+	}
+	var fe *FieldError
+	if _, err := check("d"); !errors.As(err, &fe) || fe.Field != "custom_dimension" || !strings.Contains(fe.Msg, "max_values") {
+		t.Fatalf("a fourth tenant: %v, want a FieldError naming custom_dimension and max_values", err)
+	}
+	if out, err := check("b"); err != nil || !out.Allowed {
+		t.Errorf("a tenant counted already: %+v, %v; want allowed", out, err)
+	}
+	if _, err := mustRulesErr(`rules:
+  - {id: u, dimension: user, endpoint: "*", algorithm: fixed_window, limit: 5, window: 1h, max_values: 3}
+`); err == nil || !strings.Contains(err.Error(), "max_values: only descriptor rules") {
+		t.Errorf("max_values on a user rule: %v, want refused", err)
+	}
+}
+
+func mustRulesErr(doc string) (*rules.Set, error) { return rules.Parse([]byte(doc)) }

@@ -89,6 +89,9 @@ type DocRule struct {
 	Name        string   `yaml:"name,omitempty" json:"name,omitempty"`
 	Replaces    []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
 	Unlimited   Scalar   `yaml:"unlimited,omitempty" json:"unlimited,omitempty"`
+	// MaxValues bounds the distinct values a descriptor rule counts per window on a checker
+	// (Rule.MaxValues).
+	MaxValues Scalar `yaml:"max_values,omitempty" json:"max_values,omitempty"`
 	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
 	// QuotaMode is Envoy's quota_mode (Rule.QuotaMode).
 	QuotaMode Scalar `yaml:"quota_mode,omitempty" json:"quota_mode,omitempty"`

@@ -404,6 +404,19 @@ func onLimit(p *problems, where string, fr *DocRule, r *Rule) time.Duration {
 // descriptor rules take.
 func descriptorFields(p *problems, where string, fr *DocRule, r *Rule) {
 	var err error
+	if r.Dimension == DimensionDescriptor {
+		r.MaxValues = DefaultMaxValues
+	}
+	if fr.MaxValues != "" {
+		switch n, cerr := parseCount(string(fr.MaxValues)); {
+		case cerr != nil:
+			p.add(where, "max_values: %v", cerr)
+		case r.Dimension != DimensionDescriptor:
+			p.add(where, "max_values: only descriptor rules take one (dimension: descriptor or a custom dimension)")
+		default:
+			r.MaxValues = n
+		}
+	}
 	if fr.Unlimited != "" {
 		if r.Unlimited, err = strconv.ParseBool(string(fr.Unlimited)); err != nil {
 			p.add(where, "unlimited: want true or false, got %q", fr.Unlimited)

@@ -15,6 +15,9 @@ import (
 // Dimension is the kind of subject a rule counts for.
 type Dimension uint8
 
+// DefaultMaxValues is a descriptor rule's MaxValues when its file names none.
+const DefaultMaxValues = 100_000
+
 // The dimensions. Global rules apply to every request, counted once for all callers. Org
 // rules count once per organisation for all its members: a check's org subject is its user's
 // org, else its API key's (Set.OrgOf), never one a caller names.
@@ -147,6 +150,11 @@ type Rule struct {
 	// whose descriptors match this rule and a replaced one is not checked against the
 	// replaced one (Envoy's replaces).
 	Replaces []string
+	// MaxValues bounds the distinct descriptors (a custom dimension's values: tenants) a
+	// descriptor rule counts in one window on one checker: past it a check naming a new one is
+	// refused, so that a caller naming a new value per request cannot make a bucket each
+	// without end. DefaultMaxValues when the file names none; 0 on other rules.
+	MaxValues int64
 	// Unlimited is a descriptor rule that matches and never limits: the descriptor is
 	// answered with no limit, and no other rule applies to it.
 	Unlimited bool
