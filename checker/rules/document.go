@@ -86,13 +86,13 @@ type DocRule struct {
 	Descriptor []DocEntry `yaml:"descriptor,omitempty" json:"descriptor,omitempty"`
 	// Name, Replaces, Unlimited, CountDenied and QuotaMode are a descriptor rule's (Rule's), as Envoy's
 	// reference service configures them.
-	Name        string   `yaml:"name,omitempty" json:"name,omitempty"`
-	Replaces    []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
-	Unlimited   Scalar   `yaml:"unlimited,omitempty" json:"unlimited,omitempty"`
+	Name      string   `yaml:"name,omitempty" json:"name,omitempty"`
+	Replaces  []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
+	Unlimited Scalar   `yaml:"unlimited,omitempty" json:"unlimited,omitempty"`
 	// MaxValues bounds the distinct values a descriptor rule counts per window on a checker
 	// (Rule.MaxValues).
-	MaxValues Scalar `yaml:"max_values,omitempty" json:"max_values,omitempty"`
-	CountDenied Scalar   `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
+	MaxValues   Scalar `yaml:"max_values,omitempty" json:"max_values,omitempty"`
+	CountDenied Scalar `yaml:"count_denied,omitempty" json:"count_denied,omitempty"`
 	// QuotaMode is Envoy's quota_mode (Rule.QuotaMode).
 	QuotaMode Scalar `yaml:"quota_mode,omitempty" json:"quota_mode,omitempty"`
 	// OnLimit is what the rule does to a check past its limit: "deny" (the default), or
