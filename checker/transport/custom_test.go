@@ -27,10 +27,7 @@ import (
 // are allowed and the third denied by the tenant's rule, whose status names the descriptor.
 func TestCustomDimensionEveryProtocol(t *testing.T) {
 	t.Parallel()
-	callers := new(auth.Registry)
-	if err := callers.Load([]byte("anonymous: {permissions: [check]}\n")); err != nil {
-		t.Fatal(err)
-	}
+	callers := callersOf(t, "anonymous: {permissions: [check]}\n")
 	env := newEnvWith(t, checker.Config{Rules: mustRules(t, `
 rules:
   - {id: per-tenant, dimension: tenant, endpoint: "/t/*", algorithm: fixed_window, limit: 2, window: 1h}
@@ -213,10 +210,7 @@ func TestForwardAuthCustomDimensionInvalid(t *testing.T) {
 // region the client wrote) takes no request out of its tenant's limit.
 func TestForwardAuthExtraDimensionHeader(t *testing.T) {
 	t.Parallel()
-	callers := new(auth.Registry)
-	if err := callers.Load([]byte("anonymous: {permissions: [check]}\n")); err != nil {
-		t.Fatal(err)
-	}
+	callers := callersOf(t, "anonymous: {permissions: [check]}\n")
 	env := newEnvWith(t, checker.Config{Rules: mustRules(t, `
 rules:
   - {id: per-tenant, dimension: tenant, endpoint: "/t/*", algorithm: fixed_window, limit: 2, window: 1h}
@@ -240,4 +234,14 @@ rules:
 			t.Errorf("request %d (region %q): %d, want %d: the tenant's limit of 2 counts every request", i+1, region, resp.StatusCode, want)
 		}
 	}
+}
+
+// callersOf is a callers registry loaded from a callers file's text.
+func callersOf(t *testing.T, text string) *auth.Registry {
+	t.Helper()
+	callers := new(auth.Registry)
+	if err := callers.Load([]byte(text)); err != nil {
+		t.Fatal(err)
+	}
+	return callers
 }

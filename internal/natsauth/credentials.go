@@ -92,17 +92,14 @@ func (c Config) ServerConfig(keys map[Role]string) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString("# quotaflow's NATS users, one per role, written by `quotaflow nats-auth`: include it in the\n")
 	b.WriteString("# server's configuration. Each role may do what its processes need and no more (docs/security.md).\n")
+	roles, users, err := c.users(keys)
+	if err != nil {
+		return nil, err
+	}
 	b.WriteString("authorization {\n  users = [\n")
-	for _, role := range Roles {
-		key, ok := keys[role]
-		if !ok {
-			continue
-		}
-		perms, err := c.Permissions(role)
-		if err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(&b, "    # %s\n    {\n      nkey: %s\n      permissions: {\n", role, key)
+	for i, u := range users {
+		perms := u.Permissions
+		fmt.Fprintf(&b, "    # %s\n    {\n      nkey: %s\n      permissions: {\n", roles[i], u.Nkey)
 		fmt.Fprintf(&b, "        publish: {\n          allow: %s\n", list(perms.Publish.Allow))
 		if len(perms.Publish.Deny) > 0 {
 			fmt.Fprintf(&b, "          deny: %s\n", list(perms.Publish.Deny))

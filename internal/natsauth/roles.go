@@ -159,7 +159,14 @@ func (c Config) partitions() int {
 // Users returns the embedded server's users: one per role, authenticated by the public nkey
 // keys[role].
 func (c Config) Users(keys map[Role]string) ([]*server.NkeyUser, error) {
-	users := make([]*server.NkeyUser, 0, len(keys))
+	_, users, err := c.users(keys)
+	return users, err
+}
+
+// users returns the users of the roles keys names, in Roles' order, and their roles.
+func (c Config) users(keys map[Role]string) ([]Role, []*server.NkeyUser, error) {
+	var roles []Role
+	var users []*server.NkeyUser
 	for _, role := range Roles {
 		key, ok := keys[role]
 		if !ok {
@@ -167,14 +174,14 @@ func (c Config) Users(keys map[Role]string) ([]*server.NkeyUser, error) {
 		}
 		perms, err := c.Permissions(role)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		users = append(users, &server.NkeyUser{Nkey: key, Permissions: perms})
+		roles, users = append(roles, role), append(users, &server.NkeyUser{Nkey: key, Permissions: perms})
 	}
 	if len(users) == 0 {
-		return nil, fmt.Errorf("no role's key: want keys of %v", Roles)
+		return nil, nil, fmt.Errorf("no role's key: want keys of %v", Roles)
 	}
-	return users, nil
+	return roles, users, nil
 }
 
 // sorted is a copy of subjects in order, for a file a reader compares.
