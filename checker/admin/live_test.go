@@ -37,12 +37,13 @@ func TestLiveFeedBounds(t *testing.T) {
 		t.Helper()
 		req, _ := http.NewRequest("GET", env.url+"/api/v1/live", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
+		sent := time.Now() // before the server's clock for the feed starts
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { resp.Body.Close() })
-		return resp, time.Now()
+		return resp, sent
 	}
 	first, opened := open(readToken)
 	second, _ := open(readToken)
