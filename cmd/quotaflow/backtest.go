@@ -47,9 +47,9 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 	fs.DurationVar(&warmup, "warmup", 0, "history replayed before --from, unreported (0: the longest window of the rules, at most 24h; negative: none)")
 	fs.StringVar(&format, "format", "table", "output `format`: table, json or csv")
 	fs.IntVar(&bounds.MaxRules, "max-rules", 0, "refuse a rules file of more rules (0: no bound; a checker's admin API allows 100)")
-	fs.Int64Var(&bounds.MaxRecords, "max-records", 0, "refuse a history (with its warm-up) of more audit rows (0: no bound; a checker's admin API allows 2,000,000)")
+	fs.Int64Var(&bounds.MaxRecords, "max-records", 0, "refuse a history (with its warm-up) of more audit rows (0: no bound; a checker's admin API allows 500,000)")
 	fs.IntVar(&bounds.MaxBuckets, "max-buckets", 0, "most buckets the replay holds at once, the expired going first (0: 4Mi; a checker's admin API 256Ki)")
-	fs.BoolVar(&inChecker, "checker-bounds", false, "apply the bounds of a checker's admin API (100 rules, 2,000,000 rows, 256Ki buckets, 32 MiB of plans): what POST /api/v1/rules:backtest would run, and at what memory")
+	fs.BoolVar(&inChecker, "checker-bounds", false, "apply the bounds of a checker's admin API (100 rules, 500,000 rows, 256Ki buckets, 32 MiB of plans): what POST /api/v1/rules:backtest would run, and at what memory")
 	fs.BoolVar(&live, "live-candidates", false, "compare the candidate rules' recorded answers with their live rules' instead of replaying (--rules optional, to check --rule and --tier)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err

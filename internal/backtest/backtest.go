@@ -108,7 +108,7 @@ const defaultMaxPlanBytes = 256 << 20
 // /api/v1/rules:backtest): a read token must not take the checker's memory. Larger backtests
 // run in a process of their own, `quotaflow backtest`, whose bounds are the defaults. Measured
 // at these bounds: docs/backtest.md.
-var InChecker = Config{MaxRules: 100, MaxRecords: 2_000_000, MaxBuckets: 1 << 18, MaxPlanBytes: 32 << 20}
+var InChecker = Config{MaxRules: 100, MaxRecords: 500_000, MaxBuckets: 1 << 18, MaxPlanBytes: 32 << 20}
 
 // Backtester runs backtests over one audit. Its methods are safe for concurrent use.
 type Backtester struct {
