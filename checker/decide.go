@@ -99,7 +99,7 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 		return
 	}
 	if !peek {
-		if c.err = e.values.admit(e.clock(), out.Limits); c.err != nil {
+		if c.err = e.values.admit(e.clock, out.Limits); c.err != nil {
 			return
 		}
 	}

@@ -23,10 +23,14 @@ type valueWindow struct {
 	seen map[string]struct{}
 }
 
-// admit records the descriptor values limits name at now, and refuses the check with a
-// FieldError naming custom_dimension when one is new past its rule's MaxValues, recording
-// none of them.
-func (n *newValues) admit(now time.Time, limits []LimitOutcome) error {
+// admit records the descriptor values limits name at clock's now, and refuses the check with
+// a FieldError naming custom_dimension when one is new past its rule's MaxValues, recording
+// none of them. A check of no descriptor rule takes no lock: this runs for every check.
+func (n *newValues) admit(clock func() time.Time, limits []LimitOutcome) error {
+	if !bounded(limits) {
+		return nil
+	}
+	now := clock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for i := range limits {
@@ -50,6 +54,16 @@ func (n *newValues) admit(now time.Time, limits []LimitOutcome) error {
 		}
 	}
 	return nil
+}
+
+// bounded reports whether a limit is of a descriptor rule with MaxValues.
+func bounded(limits []LimitOutcome) bool {
+	for i := range limits {
+		if r := limits[i].Rule; r != nil && r.Dimension == rules.DimensionDescriptor && r.MaxValues > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // window is r's current window at now, begun afresh when the last one ended.
