@@ -366,12 +366,9 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 	// addSubject plans every limit of sub's matching rules.
 	addSubject := func(sub Subject) error {
 		if sub.Dimension == rules.DimensionDescriptor {
-			for _, m := range descriptorMatches(set, out.Tier, q.Endpoint, sub, q.WholeDescriptor) {
-				if err := addBoth(m.sub, []*rules.Rule{m.rule}); err != nil {
-					return err
-				}
-			}
-			return nil
+			return descriptorMatches(set, out.Tier, q.Endpoint, sub, q.WholeDescriptor, func(r *rules.Rule, sub Subject) error {
+				return addBoth(sub, []*rules.Rule{r})
+			})
 		}
 		rs := set.Match(sub.Dimension, out.Tier, q.Endpoint)
 		if len(rs) == 0 {
@@ -497,33 +494,28 @@ func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, co
 	}
 }
 
-// descriptorMatch is a descriptor rule a check's descriptor counts against, and the subject
-// whose bucket it is counted in.
-type descriptorMatch struct {
-	rule *rules.Rule
-	sub  Subject
-}
-
-// descriptorMatches returns the rules a check's descriptor sub counts against. The whole
-// descriptor reaches one rule as Envoy's reference service matches it, entry by entry and only
-// where the descriptor ends ("dimension: descriptor" rules); and each entry of a descriptor of
-// several reaches the rules written for its custom dimension alone ("dimension: tenant"), so
-// that a custom dimension counts against its rules whatever else the check names: adding an
-// entry (a header a gateway forgot to strip) cannot take a check out of its tenant's limit.
-// A rule marked unlimited that the whole descriptor reaches takes the check out of all of
-// them; one an entry reaches, out of that entry's. With whole (Query.WholeDescriptor: an
-// imported Envoy domain), only the whole descriptor is matched, as the reference does.
-func descriptorMatches(set *rules.Set, tier, endpoint string, sub Subject, whole bool) []descriptorMatch {
+// descriptorMatches calls add with each rule a check's descriptor sub counts against, and the
+// subject whose bucket it is counted in, until add fails. The whole descriptor reaches one rule
+// as Envoy's reference service matches it, entry by entry and only where the descriptor ends
+// ("dimension: descriptor" rules); and each entry of a descriptor of several reaches the rules
+// written for its custom dimension alone ("dimension: tenant"), so that a custom dimension
+// counts against its rules whatever else the check names: adding an entry (a header a gateway
+// forgot to strip) cannot take a check out of its tenant's limit. A rule marked unlimited that
+// the whole descriptor reaches takes the check out of all of them; one an entry reaches, out
+// of that entry's. With whole (Query.WholeDescriptor: an imported Envoy domain), only the
+// whole descriptor is matched, as the reference does.
+func descriptorMatches(set *rules.Set, tier, endpoint string, sub Subject, whole bool, add func(*rules.Rule, Subject) error) error {
 	r, bucket := set.MatchDescriptor(tier, endpoint, sub.Entries)
 	if r != nil && r.Unlimited {
 		return nil
 	}
-	var out []descriptorMatch
 	if r != nil {
-		out = append(out, descriptorMatch{r, descriptorBucket(sub, bucket)})
+		if err := add(r, descriptorBucket(sub, bucket)); err != nil {
+			return err
+		}
 	}
 	if whole || len(sub.Entries) < 2 {
-		return out
+		return nil
 	}
 	for i := range sub.Entries {
 		one := sub.Entries[i : i+1 : i+1]
@@ -531,9 +523,11 @@ func descriptorMatches(set *rules.Set, tier, endpoint string, sub Subject, whole
 		if r == nil || r.Unlimited {
 			continue
 		}
-		out = append(out, descriptorMatch{r, descriptorBucket(DescriptorSubject(one), bucket)})
+		if err := add(r, descriptorBucket(DescriptorSubject(one), bucket)); err != nil {
+			return err
+		}
 	}
-	return out
+	return nil
 }
 
 // descriptorBucket is the subject a descriptor's bucket is counted under: sub, or, when the
