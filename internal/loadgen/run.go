@@ -90,7 +90,7 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 				cctx, ccancel := context.WithTimeout(runCtx, cfg.Timeout)
 				a, err := call(cctx, batch)
 				ccancel()
-				if err != nil && ctx.Err() != nil {
+				if err != nil && ended(ctx) {
 					return // interrupted: not the target's error
 				}
 				st.done(a, len(batch)-a.allowed-a.denied, err, time.Since(from))
@@ -131,3 +131,14 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 }
 
 func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
+
+// ended reports whether ctx is done or past its deadline. A call's context inherits ctx's
+// deadline with a timer of its own, which may fire before ctx's: the call then fails with
+// DeadlineExceeded while ctx.Err() is still nil, and would be counted as the target's error.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
