@@ -135,16 +135,10 @@ func reservationID(name string, expires time.Time, tags []string) string {
 		base64.RawURLEncoding.EncodeToString([]byte(strings.Join(tags, "\n")))
 }
 
-// parseReservationID decodes an ID's body (its MAC verified and cut off) into its records'
-// keys and expiry.
+// parseReservationID decodes an ID's body (its MAC verified and cut off, its size checked by
+// settle) into its records' keys and expiry.
 func parseReservationID(id string) (keys []string, expires time.Time, err error) {
 	bad := func(why string) error { return fieldErrorf("reservation_id", "not a reservation id: %s", why) }
-	if id == "" {
-		return nil, time.Time{}, fieldErrorf("reservation_id", "required")
-	}
-	if len(id) > maxReservationID {
-		return nil, time.Time{}, bad(fmt.Sprintf("longer than %d bytes", maxReservationID))
-	}
 	f := strings.Split(id, ".")
 	if len(f) != 3 || f[0] == "" {
 		return nil, time.Time{}, bad("want name.expiry.slots")

@@ -39,9 +39,12 @@ func TestServeNATSAuth(t *testing.T) {
 	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5),
 		"--nats-listen", natsAddr, "--nats-dir", natsDir, "--spool-dir", filepath.Join(dir, "spool"), "--admin-token", token}
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs lockedBuffer
+	var logMu sync.Mutex
+	var logBuf bytes.Buffer
+	w := lockedWriter{&logMu, &logBuf}
+	logs := func() string { logMu.Lock(); defer logMu.Unlock(); return logBuf.String() }
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, env(nil), &logs, &logs) }()
+	go func() { done <- run(ctx, args, env(nil), w, w) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -54,7 +57,7 @@ func TestServeNATSAuth(t *testing.T) {
 		}
 	})
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
-	waitServing(t, client, done, &logs)
+	waitServing(t, client, done, logs)
 	natsURL := "nats://" + natsAddr
 	auth := filepath.Join(natsDir, "auth")
 
@@ -162,7 +165,7 @@ func allowedOf(t *testing.T, client quotaflowv1connect.RateLimiterClient, user s
 }
 
 // waitServing waits until the check API answers, failing with the logs if serve exits first.
-func waitServing(t *testing.T, client quotaflowv1connect.RateLimiterClient, done <-chan error, logs fmt.Stringer) {
+func waitServing(t *testing.T, client quotaflowv1connect.RateLimiterClient, done <-chan error, logs func() string) {
 	t.Helper()
 	req := connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{Identifier: "probe",
 		Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/api/items"})
@@ -172,29 +175,11 @@ func waitServing(t *testing.T, client quotaflowv1connect.RateLimiterClient, done
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("serve exited at start: %v\n%s", err, logs)
+			t.Fatalf("serve exited at start: %v\n%s", err, logs())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("serve not answering within 30s\n%s", logs)
+			t.Fatalf("serve not answering within 30s\n%s", logs())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that serve's goroutines may write while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
