@@ -88,7 +88,8 @@ func TestHolds(t *testing.T) {
 }
 
 // TestHoldIDRefused: an ID that is malformed, or that names any bucket but a concurrency one (a
-// sliding log is a sorted set too), is a FieldError naming lease_id, and reaches no store.
+// sliding log is a sorted set too), is a FieldError naming lease_id, and reaches no store, even
+// signed.
 func TestHoldIDRefused(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t, Config{Rules: mustRules(t, holdRules)})
@@ -106,10 +107,19 @@ func TestHoldIDRefused(t *testing.T) {
 		strings.Repeat("x", 5000),
 		"holder." + places(strings.TrimSuffix(strings.Repeat("1000 rl:{user:x}:cc:30s:/gen\n", 17), "\n")),
 	} {
+		// Signed, as if the engine had issued them, so that the parser is what refuses them
+		// (but the empty and the oversized, refused before any signature is computed).
+		if id != "" && len(id) < maxHoldID {
+			signed, err := e.ids.sign(context.Background(), idKindLease, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id = signed
+		}
 		err := e.Release(context.Background(), id)
 		var fe *FieldError
-		if !errors.As(err, &fe) || fe.Field != "lease_id" {
-			t.Errorf("Release(%.60q): %v, want a FieldError naming lease_id", id, err)
+		if !errors.As(err, &fe) || fe.Field != "lease_id" || strings.Contains(fe.Msg, "signature") {
+			t.Errorf("Release(%.60q): %v, want a FieldError naming lease_id, from its parser", id, err)
 		}
 	}
 }

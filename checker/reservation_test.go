@@ -219,7 +219,6 @@ func TestReservationIDRefused(t *testing.T) {
 		many[i] = "{user:u" + string(rune('a'+i)) + "}"
 	}
 	tests := []struct{ name, id string }{
-		{"too long", name + "." + strings.Repeat("1", maxReservationID)},
 		{"too many slots", slots(many...)},
 		{"a slot that is no subject's", slots("user:alice")},
 		{"a slot with a second brace", slots("{user:a}b}")},
@@ -235,6 +234,13 @@ func TestReservationIDRefused(t *testing.T) {
 				t.Errorf("parseReservationID(%.60q): %v, want a FieldError naming reservation_id", tt.id, err)
 			}
 		})
+	}
+	// An id too long is refused before its signature is computed.
+	e := newEngine(t, Config{Rules: mustRules(t, reserveRules)})
+	var fe *FieldError
+	if _, err := e.Settle(context.Background(), name+"."+strings.Repeat("1", maxReservationID), 1); !errors.As(err, &fe) ||
+		fe.Field != "reservation_id" || !strings.Contains(fe.Msg, "longer than") {
+		t.Errorf("settle of an id too long: %v, want a FieldError naming reservation_id", err)
 	}
 	if keys, _, err := parseReservationID(slots("{user:a}", "{global}")); err != nil || len(keys) != 2 || keys[1] != "rl:{global}:rsv:"+name {
 		t.Errorf("a well-formed id: %v, %v", keys, err)
