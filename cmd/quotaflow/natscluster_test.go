@@ -274,13 +274,13 @@ func TestNATSCluster(t *testing.T) {
 				published = append(published, ev.From+"→"+ev.To)
 			}
 		}
-		if len(published) < 2 {
+		if len(published) < 1 || published[len(published)-1] != "warning→throttled" && published[len(published)-1] != "normal→throttled" {
 			return fmt.Errorf("published %v", published)
 		}
 		return nil
 	})
-	if got := strings.Join(published, ", "); got != "normal→warning, warning→throttled" {
-		t.Errorf("transitions of %s published: %s, want normal→warning, warning→throttled once each", warnUser, got)
+	if got, want := strings.Join(published, ", "), wantTransitions(t, js, warnUser); got != want {
+		t.Errorf("transitions of %s published: %s, want %s once each", warnUser, got, want)
 	}
 	waitFor(t, ctx, 30*time.Second, "warn user's transitions stored", func(ctx context.Context) error {
 		if n := count("SELECT count() FROM %s.state_transitions WHERE subject = '" + warnUser + "'"); n < 2 {
@@ -288,8 +288,8 @@ func TestNATSCluster(t *testing.T) {
 		}
 		return nil
 	})
-	if n := count("SELECT count() FROM %s.state_transitions WHERE subject = '" + warnUser + "'"); n != 2 {
-		t.Errorf("%d transitions of %s stored, want 2", n, warnUser)
+	if n := count("SELECT count() FROM %s.state_transitions WHERE subject = '" + warnUser + "'"); n != uint64(len(published)) {
+		t.Errorf("%d transitions of %s stored, want the %d published", n, warnUser, len(published))
 	}
 
 	// The aggregators share the partitions evenly again.
@@ -467,6 +467,42 @@ func diagnoseStream(t *testing.T, js jetstream.JetStream, c driver.Conn, db stri
 		}
 		t.Log(line)
 	}
+}
+
+// wantTransitions returns the transitions the aggregator must publish for user's checks (one
+// warning entered at 5 of 10, then a denial), from the order the decision stream holds them
+// in. The publisher keeps a partition's order except when a batch fails while a later one,
+// already sent, is stored (publisher's package doc): during the leader's kill the warning's
+// decision can land after the denial, and a decision older than the last transition changes
+// nothing (docs/warnings.md, "Late decisions"), so the subject goes from normal to throttled.
+func wantTransitions(t *testing.T, js jetstream.JetStream, user string) string {
+	entered, denied := 0, 0 // stream positions, from 1
+	pos := 0
+	for _, m := range natstest.Messages(t, js, stream.Name) {
+		var b quotaflowv1.DecisionBatch
+		if proto.Unmarshal(m.Data(), &b) != nil {
+			continue
+		}
+		for _, d := range b.Decisions {
+			for _, l := range d.Limits {
+				if l.Identifier != user {
+					continue
+				}
+				pos++
+				switch {
+				case !l.Allowed && denied == 0:
+					denied = pos
+				case l.Allowed && l.CurrentCount*2 >= l.Limit && entered == 0:
+					entered = pos
+				}
+			}
+		}
+	}
+	if entered != 0 && entered < denied {
+		return "normal→warning, warning→throttled"
+	}
+	t.Logf("%s's warning decision is stored after its denial (positions %d, %d): no warning state", user, entered, denied)
+	return "normal→throttled"
 }
 
 // logGoroutines logs the stacks of this process's goroutines that run code of pkg: on a failure,
