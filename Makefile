@@ -80,7 +80,7 @@ FUZZ_TARGETS := \
 	./checker/transport:FuzzRLS \
 	./checker/transport:FuzzForwardAuth \
 	./checker/transport:FuzzCheckRateLimits \
-	./checker/admin:FuzzAdminBodies
+	./internal/app/admin:FuzzAdminBodies
 FUZZTIME ?= 20s
 
 ## fuzz: install what is missing, then run each fuzz target for FUZZTIME (default 20s)

@@ -10,11 +10,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
-	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
+	"github.com/quotaflow/quotaflow/internal/app/rulestore"
+	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
 const policyRules = `

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
+	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
 // storeRules lowers the warning threshold to half the limit (the default is 0.8) and has a

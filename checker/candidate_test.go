@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // candidateRules give a user a live limit of 3 with two candidates, one raising it to 5 and

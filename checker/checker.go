@@ -11,7 +11,7 @@
 // Redis client: Check and Peek validate every Query and refuse a broken one with a FieldError
 // naming the field; a denial is an Outcome, not an error. Package checker/transport serves the
 // engine over Connect, gRPC, gRPC-Web, Envoy's rate limit service and an HTTP forward-auth
-// endpoint, translating each wire format to and from these types, and package checker/admin
+// endpoint, translating each wire format to and from these types, and package internal/app/admin
 // serves the admin API beside it; docs/architecture.md draws the whole path.
 package checker
 

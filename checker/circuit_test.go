@@ -13,7 +13,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestCircuit: only threshold failures in a row, spanning the circuit's span, open it; a

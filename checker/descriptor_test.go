@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestDescriptorSubjectsApart checks descriptors whose entries hold the bytes keys are made

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestExemptions: an exempt subject's checks pass the rules they are exempt from (all, or the

@@ -12,8 +12,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // failoverTopology is a Redis with a replica to promote: a cluster or a Sentinel group.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // callerKey carries the test's caller in a context, as the transport's authentication does.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // TestLeasedReshardUnderLoad: the slot of the global subject moves from one master to another

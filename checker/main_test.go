@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // redisSrv is the package's shared Redis: one server, or a cluster when the suite runs on one

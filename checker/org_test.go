@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // orgRules: the members of an org share 60 units a day, each at most 30; keys of the org count

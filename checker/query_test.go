@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestQueryValidation: Check and Peek validate the Query they are given, whoever built it,

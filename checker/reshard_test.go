@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // reshardRules: /r has three limits of which the 25-per-day window denies first; /big never

@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // sequenceRules: exact limits on the user (4) and the IP (6) that sequences reach, a shadow

@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 const shedRules = `

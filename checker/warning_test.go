@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestAnswerStateFollowsRuleThresholds: an answer's warning state uses the rule's own warning

@@ -2,7 +2,7 @@ package publisher
 
 import (
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/outcomepb"
+	"github.com/quotaflow/quotaflow/checker/outcomepb"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

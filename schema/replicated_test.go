@@ -15,9 +15,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/backtest"
-	"github.com/quotaflow/quotaflow/internal/clickhousetest"
-	"github.com/quotaflow/quotaflow/internal/zookeepertest"
+	"github.com/quotaflow/quotaflow/internal/app/backtest"
+	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/zookeepertest"
 	"github.com/quotaflow/quotaflow/schema"
 )
 

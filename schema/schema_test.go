@@ -11,7 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/quotaflow/quotaflow/internal/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
 	"github.com/quotaflow/quotaflow/schema"
 )
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // redisSrv is the package's shared Redis; tests isolate themselves by identifier.

@@ -12,7 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker/client"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestMiddlewarePathSpellings: behind the middleware, every spelling of /api/v1/search is

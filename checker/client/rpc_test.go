@@ -7,7 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker/client"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

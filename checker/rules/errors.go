@@ -2,7 +2,7 @@ package rules
 
 import "errors"
 
-// The errors of a store of rules (internal/rulestore), defined here so that the store's users
+// The errors of a store of rules (internal/app/rulestore), defined here so that the store's users
 // (the admin API, the aggregator's policies) can tell them apart without linking the store
 // and its NATS client.
 var (

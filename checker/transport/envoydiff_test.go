@@ -25,7 +25,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/proctest"
+	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
 // The reference service the differential test compares with, as deploy/dev/install-deps.sh

@@ -13,9 +13,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/checker/outcomepb"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/field"
-	"github.com/quotaflow/quotaflow/internal/outcomepb"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestGatewayPathSpellings runs each gateway with the repository's config in front of a real

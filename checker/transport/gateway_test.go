@@ -20,7 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/proctest"
+	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
 // deployDir is the repository's deploy folder: the tests run the configs users copy.

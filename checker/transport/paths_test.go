@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )

@@ -8,7 +8,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/internal/outcomepb"
+	"github.com/quotaflow/quotaflow/checker/outcomepb"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )

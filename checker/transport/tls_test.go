@@ -18,8 +18,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/internal/certtest"
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/certtest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 	"github.com/quotaflow/quotaflow/internal/tlsfiles"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
 )
 
 // The admin commands talk to a checker's admin REST API (/api/v1).

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/quotaflow/quotaflow/checker/admin"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/schema"
 )
 

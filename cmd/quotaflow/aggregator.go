@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/schema"
 )

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/backtest"
+	"github.com/quotaflow/quotaflow/internal/app/backtest"
 	"github.com/quotaflow/quotaflow/internal/progress"
 )
 

@@ -17,10 +17,10 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/aggregator"
-	"github.com/quotaflow/quotaflow/checker/admin"
-	"github.com/quotaflow/quotaflow/internal/backtest"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
+	"github.com/quotaflow/quotaflow/internal/app/backtest"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

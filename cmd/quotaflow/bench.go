@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/loadgen"
+	"github.com/quotaflow/quotaflow/internal/app/loadgen"
 	"github.com/quotaflow/quotaflow/internal/progress"
 )
 

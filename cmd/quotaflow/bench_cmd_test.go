@@ -19,7 +19,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/loadgen"
+	"github.com/quotaflow/quotaflow/internal/app/loadgen"
 )
 
 const benchCmdRules = `rules:

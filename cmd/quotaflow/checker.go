@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/bucket"
-	"github.com/quotaflow/quotaflow/internal/daemon"
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.

@@ -24,7 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/natsauth"
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 )
 
 // TestCompose checks docker-compose.yml and deploy/Dockerfile against the binary they run, without

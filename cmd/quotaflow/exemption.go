@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/report"
+	"github.com/quotaflow/quotaflow/internal/app/report"
 )
 
 // quotaflow exemption: trusted subjects past chosen rules, through a checker's admin API.

@@ -22,9 +22,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
-	"github.com/quotaflow/quotaflow/internal/natsauth"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	"github.com/quotaflow/quotaflow/schema"
 )
 

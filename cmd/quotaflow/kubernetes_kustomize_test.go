@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/quotaflow/quotaflow/internal/natsauth"
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 )
 
 // ---- kustomize, the part of it the manifests use ----

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/clickhousetest"
-	"github.com/quotaflow/quotaflow/internal/natstest"
-	"github.com/quotaflow/quotaflow/internal/proctest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 var (

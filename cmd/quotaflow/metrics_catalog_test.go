@@ -15,10 +15,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/quotaflow/quotaflow/aggregator"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
-	"github.com/quotaflow/quotaflow/internal/natstest"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
 )
 
 // metricsCatalog lists the metric families quotaflow exports; deploy/prometheus's and

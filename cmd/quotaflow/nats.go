@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/natsauth"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/publisher"
 	"github.com/quotaflow/quotaflow/schema"

@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/natsauth"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )

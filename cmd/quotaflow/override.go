@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/quotaflow/quotaflow/checker/admin"
-	"github.com/quotaflow/quotaflow/internal/report"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
+	"github.com/quotaflow/quotaflow/internal/app/report"
 )
 
 // quotaflow override: limits changed for a while, through a checker's admin API.

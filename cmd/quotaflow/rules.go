@@ -12,9 +12,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/quotaflow/quotaflow/checker/admin"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/report"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
+	"github.com/quotaflow/quotaflow/internal/app/report"
 )
 
 // quotaflow rules: the rules of the rule store, through a checker's admin API.

@@ -9,10 +9,10 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/daemon"
 	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/natsauth"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 

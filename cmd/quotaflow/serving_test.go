@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 
-	"github.com/quotaflow/quotaflow/internal/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
 // TestCheckerExposure: with a callers file, the check port describes no services unless

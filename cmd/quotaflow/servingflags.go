@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/transport"
-	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 )
 

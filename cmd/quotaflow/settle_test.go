@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 )
 
 const settleTestRules = `

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/health"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/app/health"
+	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 )
 
 // unhealthyError is a status that found a dependency down or no process reporting (exit

@@ -12,11 +12,11 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
-	"github.com/quotaflow/quotaflow/internal/health"
-	"github.com/quotaflow/quotaflow/internal/redistest"
-	"github.com/quotaflow/quotaflow/internal/rulestore"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/health"
+	"github.com/quotaflow/quotaflow/internal/app/rulestore"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // fastHealth makes a daemon report its health every 100ms: the tests wait for reports.

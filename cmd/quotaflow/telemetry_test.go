@@ -13,7 +13,7 @@ import (
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/quotaflow/quotaflow/internal/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 )
 
 // TestTelemetry: /metrics shows the checks and the publisher's counters; with --otlp-endpoint

@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/quotaflow/quotaflow/internal/certtest"
-	"github.com/quotaflow/quotaflow/internal/clickhousetest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
 	"github.com/quotaflow/quotaflow/internal/stream"
+	"github.com/quotaflow/quotaflow/internal/testbed/certtest"
+	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 	"github.com/quotaflow/quotaflow/internal/tlsfiles"
 )
 

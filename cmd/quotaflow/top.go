@@ -14,7 +14,7 @@ import (
 	"golang.org/x/term"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )

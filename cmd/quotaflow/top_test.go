@@ -16,9 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/quotaflow/quotaflow/aggregator"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/stream"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 )
 
 // terminal is a child quotaflow process on a pseudo-terminal, whose screen output the test

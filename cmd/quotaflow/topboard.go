@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/events"
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/daemon"
-	"github.com/quotaflow/quotaflow/internal/daemontest"
-	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 

@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/quotaflow/quotaflow/internal/feed"
+	"github.com/quotaflow/quotaflow/internal/app/feed"
 )
 
 func runWatch(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/events"
-	"github.com/quotaflow/quotaflow/internal/rulestore/rulestoretest"
+	"github.com/quotaflow/quotaflow/aggregator/events"
+	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
 // TestWatchConfig: `quotaflow watch config` prints the rule store's configuration changes,

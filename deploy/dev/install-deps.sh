@@ -33,7 +33,7 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 # Debian puts clickhouse-server in /usr/sbin, which a user's PATH may lack.
 [ -x /usr/sbin/clickhouse-server ] || command -v clickhouse-server >/dev/null 2>&1 || missing+=(clickhouse-server)
 command -v clickhouse-client >/dev/null 2>&1 || missing+=(clickhouse-client)
-# ZooKeeper for the replicated ClickHouse tests: internal/zookeepertest runs its jar with Java
+# ZooKeeper for the replicated ClickHouse tests: internal/testbed/zookeepertest runs its jar with Java
 # (which the package pulls in) on ports of its own. The package has no command on PATH and
 # starts no service (that is zookeeperd, which is not needed).
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)

@@ -20,8 +20,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/quotaflow/quotaflow/internal/clickhousetest"
-	"github.com/quotaflow/quotaflow/internal/promtest"
+	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/promtest"
 )
 
 var chSrv *clickhousetest.Server

@@ -14,7 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/quotaflow/quotaflow/internal/promtest"
+	"github.com/quotaflow/quotaflow/internal/testbed/promtest"
 )
 
 // TestPromtool: promtool finds alerts.yml valid and its unit tests (alerts_test.yml) pass.

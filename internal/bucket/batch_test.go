@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaflow/quotaflow/internal/proctest"
+	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
 // pipelineCounter is a go-redis hook counting the pipelines of script calls and the calls

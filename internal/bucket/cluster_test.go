@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // TestNotSent: only an error that proves a script call never reached Redis may have the call

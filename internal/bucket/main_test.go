@@ -13,8 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaflow/quotaflow/internal/proctest"
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // srv is the package's Redis, shared by all tests: one server, or a cluster when the suite runs

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaflow/quotaflow/internal/redistest"
+	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // BenchmarkRedisMemoryPerKey measures Redis memory per bucket for each algorithm: it fills an

@@ -1,0 +1,57 @@
+package rulestore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/quotaflow/quotaflow/aggregator/events"
+)
+
+// SeedActor is the actor of the event that records a store's seeding from a rules file.
+const SeedActor = "seed"
+
+// maxDetail bounds an event's detail: a whole rules document with many users could exceed what
+// NATS takes in one message (1 MiB by default), and the write it records must not fail for it.
+const maxDetail = 256 << 10
+
+// configEvent builds the event of a configuration write: ev's action, actor and target, the
+// write's instant, and detail as compact JSON. Its id is the write's revision in the config
+// bucket, unique to the write: publishing the event again makes a copy the stream drops and the
+// aggregator does not store.
+func configEvent(ev *events.ConfigEvent, rev uint64, at time.Time, detail any) (*events.ConfigEvent, error) {
+	data, err := json.Marshal(detail)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s detail: %w", ev.Action, err)
+	}
+	if len(data) > maxDetail {
+		// A digest still tells whether two applied documents were the same.
+		sum := sha256.Sum256(data)
+		data, _ = json.Marshal(struct {
+			Truncated bool   `json:"truncated"`
+			Bytes     int    `json:"bytes"`
+			SHA256    string `json:"sha256"`
+		}{true, len(data), hex.EncodeToString(sum[:])})
+	}
+	out := *ev
+	out.ID = fmt.Sprintf("config-%s-%d", ev.Action, rev)
+	out.At = at.UTC()
+	out.Detail = data
+	return &out, nil
+}
+
+// publishConfig publishes the event of a stored configuration write. The write stands when the
+// event cannot be published; the error says so, so that the caller knows the audit misses it.
+func (s *Store) publishConfig(ctx context.Context, rev uint64, change *events.ConfigEvent, detail any) error {
+	ev, err := configEvent(change, rev, s.now(), detail)
+	if err == nil {
+		err = events.Publish(ctx, s.js, ev.NATSSubject(), ev.ID, ev)
+	}
+	if err != nil {
+		return fmt.Errorf("configuration changed, but its event was not published: %w", err)
+	}
+	return nil
+}
