@@ -131,7 +131,7 @@ func TestTierProtectionPolicy(t *testing.T) {
 	if len(ovs) != 1 || o.Source != "tier_protection" || o.Tier != "free" || o.Multiplier != 0.25 || o.Target() != "tier" {
 		t.Fatalf("overrides = %+v, want one tier_protection override of free times 0.25", ovs)
 	}
-	if limit := set.WithOverrides(ovs).Effective(mustRule(t, set, "r1"), "k", rules.DimensionUser, "u", "free", 0, time.Now()).Limit; limit != 3 {
+	if limit, _ := set.WithOverrides(ovs).Effective(mustRule(t, set, "r1"), rules.DimensionUser, "u", "free", 0, time.Now()); limit != 3 {
 		t.Errorf("r1's effective limit for free under protection = %d, want 10 × 0.25 rounded = 3", limit)
 	}
 	// No more load: the rate over the 2s window falls to 0 and the policy deletes its override
@@ -209,7 +209,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cur.Effective(mustRule(t, cur, "user-api-day"), "k", rules.DimensionUser, "u", "free", 0, time.Now()).Limit; got != 500 {
+	if got, _ := cur.Effective(mustRule(t, cur, "user-api-day"), rules.DimensionUser, "u", "free", 0, time.Now()); got != 500 {
 		t.Errorf("user-api-day's effective limit for free under protection = %d, want 1000 × 0.5 = 500", got)
 	}
 	if got := overrideActions(t, js, first.ID); !strings.HasPrefix(got, "created,renewed") || strings.Contains(got, "created,created") {

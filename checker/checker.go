@@ -182,7 +182,7 @@ func New(cfg Config) *Engine {
 		// mode, but Redis did not fail and the circuit stays closed.
 		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{
 			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log,
-			Layout: cfg.BucketLayout.layout(), SharedHashes: cfg.SharedHashes})
+			Layout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes})
 		store = e.ownStore
 	}
 	e.store.use(store, cfg.store == nil)
@@ -196,39 +196,24 @@ func New(cfg Config) *Engine {
 }
 
 // BucketLayout is how a checker writes the buckets in Redis (Config.BucketLayout;
-// docs/architecture.md, "Bucket state in Redis"). Each layout reads the buckets the others
-// wrote as keys; SharedBuckets and MixedBuckets read shared hashes' fields too.
-type BucketLayout uint8
+// docs/architecture.md, "Bucket state in Redis"): the store's own layouts, under the names an
+// embedding program uses. Each layout reads the buckets the others wrote as keys;
+// SharedBuckets and MixedBuckets read shared hashes' fields too.
+type BucketLayout = bucket.Layout
 
-// The bucket layouts.
+// The bucket layouts (bucket.Layout's, which say more).
 const (
 	// PreviousBuckets writes what the checkers of the versions before layouts read: keep it
 	// while one may still run, as in a rolling upgrade.
-	PreviousBuckets BucketLayout = iota
+	PreviousBuckets = bucket.LayoutPrevious
 	// CompactBuckets writes smaller states, which such a checker cannot read.
-	CompactBuckets
+	CompactBuckets = bucket.LayoutCompact
 	// SharedBuckets writes the buckets of fixed_window, gcra and token_bucket as fields of
-	// hashes that many buckets share, about half CompactBuckets' memory, and the others as
-	// CompactBuckets does. Only it and MixedBuckets read those fields.
-	SharedBuckets
-	// MixedBuckets writes what CompactBuckets writes but keeps a bucket that is a field a
-	// field: the step of a rolling switch between CompactBuckets and SharedBuckets, either
-	// way, during which checkers of it and of SharedBuckets share every bucket.
-	MixedBuckets
+	// hashes that many buckets share, about half CompactBuckets' memory.
+	SharedBuckets = bucket.LayoutShared
+	// MixedBuckets is the step of a rolling switch between CompactBuckets and SharedBuckets.
+	MixedBuckets = bucket.LayoutMixed
 )
-
-// layout is the bucket.Layout of l.
-func (l BucketLayout) layout() bucket.Layout {
-	switch l {
-	case CompactBuckets:
-		return bucket.LayoutCompact
-	case SharedBuckets:
-		return bucket.LayoutShared
-	case MixedBuckets:
-		return bucket.LayoutMixed
-	}
-	return bucket.LayoutPrevious
-}
 
 // DefaultMaxInFlight is Config.MaxInFlight's default. It is above what a checker answers
 // within the default RedisTimeout when it keeps up: a 2-core one decides about 15k checks/s, so

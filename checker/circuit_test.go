@@ -75,7 +75,11 @@ func TestCircuit(t *testing.T) {
 // context ends: the two things a caller can provoke that are not Redis failing.
 type faultyStore struct{ *bucket.Store }
 
-func (s faultyStore) Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
+func (s faultyStore) Send(ctx context.Context, reqs []bucket.Request) bucket.Pending {
+	return bucket.Done(s.check(ctx, reqs))
+}
+
+func (s faultyStore) check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
 	for i, r := range reqs {
 		for _, l := range r.Limits {
 			switch {

@@ -40,7 +40,7 @@ rules:
 		}
 		l := out.DecidingLimit()
 		fmt.Printf("allowed=%v rule=%s remaining=%d/%d state=%s waits=%v\n",
-			out.Allowed, l.Rule.ID, l.Result.Remaining, l.Limit.Capacity, out.State(), l.Result.RetryAfter > 0)
+			out.Allowed, l.Rule.ID, l.Result.Remaining, l.Limit.Capacity(), out.State(), l.Result.RetryAfter > 0)
 	}
 	n, ids, err := engine.Reset(ctx, checker.ResetRequest{Subject: alice})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
@@ -196,7 +197,7 @@ func TestClusterBalance(t *testing.T) {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.IntCmd, users)
 	for i := range users {
-		cmds[i] = pipe.ClusterKeySlot(ctx, limitKey(subjectTag(1, "user-"+strconv.Itoa(i)), &rules.Rule{Algorithm: bucket.TokenBucket, Window: time.Minute, Endpoint: "/api/*"}))
+		cmds[i] = pipe.ClusterKeySlot(ctx, limitKey(subjectTag(1, "user-"+strconv.Itoa(i)), &rules.Rule{Algorithm: algorithm.TokenBucket, Window: time.Minute, Endpoint: "/api/*"}))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)

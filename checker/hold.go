@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // holdStore is what Release and Renew need of the store: *bucket.Store's places held in flight.
@@ -95,7 +97,7 @@ func holdID(holder string, places []holdPlace) string {
 // parseHoldID decodes an ID's body (its MAC verified and cut off, its size checked by hold),
 // refusing any that does not name concurrency buckets.
 func parseHoldID(id string) (holder string, places []holdPlace, err error) {
-	bad := func(why string) error { return fieldErrorf("lease_id", "not a lease id: %s", why) }
+	bad := func(why string) error { return field.Errorf("lease_id", "not a lease id: %s", why) }
 	holder, enc, ok := strings.Cut(id, ".")
 	if !ok || holder == "" || len(holder) > bucket.MaxHolder {
 		return "", nil, bad("no holder")
@@ -121,7 +123,7 @@ func parseHoldID(id string) (holder string, places []holdPlace, err error) {
 // isConcurrencyKey reports whether key is a concurrency bucket's, "rl:{tag}:cc:…" (keyTag).
 func isConcurrencyKey(key string) bool {
 	tag := keyTag(key)
-	return tag != "" && strings.HasPrefix(key[len("rl:")+len(tag):], ":"+bucket.Concurrency.Code()+":")
+	return tag != "" && strings.HasPrefix(key[len("rl:")+len(tag):], ":"+algorithm.Concurrency.Code()+":")
 }
 
 // Release frees the places a check's hold has (Hold.ID), so that other checks may take them at
@@ -142,10 +144,10 @@ func (e *Engine) Renew(ctx context.Context, id string) (time.Time, error) {
 
 func (e *Engine) hold(ctx context.Context, id string, renew bool) (time.Time, error) {
 	if id == "" {
-		return time.Time{}, fieldErrorf("lease_id", "required")
+		return time.Time{}, field.Errorf("lease_id", "required")
 	}
 	if len(id) > maxHoldID {
-		return time.Time{}, fieldErrorf("lease_id", "not a lease id: longer than %d bytes", maxHoldID)
+		return time.Time{}, field.Errorf("lease_id", "not a lease id: longer than %d bytes", maxHoldID)
 	}
 	body, err := e.ids.verify(ctx, idKindLease, "lease_id", id)
 	if err != nil {

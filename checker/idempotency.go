@@ -9,12 +9,13 @@ import (
 	"strings"
 
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // ErrIdempotencyConflict is wrapped by the error of a check whose idempotency key was already
 // used by the same subjects, within its 5 minutes, for another request: another endpoint, cost
 // or asserted tier. (Under other subjects a key is another key.) The error is also a
-// *FieldError on "idempotency_key", so transports answer it as a broken request
+// *field.Error on "idempotency_key", so transports answer it as a broken request
 // (InvalidArgument; HTTP 409 where a conflict has a status of its own).
 //
 // A key replays an allowed check only for the same request (a retry): replaying it for any
@@ -28,7 +29,7 @@ var ErrIdempotencyConflict = bucket.ErrIdempotencyConflict
 // idempotencyConflict is the engine's answer to a store that found a key bound to another
 // request. The store's error is not kept: the caller can only act on the rule it broke.
 func idempotencyConflict() error {
-	return &FieldError{
+	return &field.Error{
 		Field: "idempotency_key",
 		Msg:   "already used with another request by these subjects (endpoint, cost or tier differ); use a new key per request",
 		Err:   ErrIdempotencyConflict,

@@ -168,7 +168,11 @@ func TestIdempotencyBinding(t *testing.T) {
 // its records elsewhere would: with an error of its own wrapping ErrIdempotencyConflict.
 type conflictStore struct{ *bucket.Store }
 
-func (s conflictStore) Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
+func (s conflictStore) Send(ctx context.Context, reqs []bucket.Request) bucket.Pending {
+	return bucket.Done(s.check(ctx, reqs))
+}
+
+func (s conflictStore) check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error) {
 	for i, r := range reqs {
 		if r.IdempotencyKey != "" {
 			return nil, fmt.Errorf("records: request %d: %w", i, ErrIdempotencyConflict)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -116,12 +117,12 @@ func (s *idSigner) sign(ctx context.Context, kind, body string) (string, error) 
 }
 
 // verify returns the body of id, an id of kind, when its MAC is one of the keys' for ctx's
-// caller; else an error naming field that wraps ErrIDNotIssued (or ErrUnavailable when no key
+// caller; else an error naming the field name that wraps ErrIDNotIssued (or ErrUnavailable when no key
 // can be read).
-func (s *idSigner) verify(ctx context.Context, kind, field, id string) (string, error) {
+func (s *idSigner) verify(ctx context.Context, kind, name, id string) (string, error) {
 	i := strings.LastIndexByte(id, '.')
 	if i < 0 || len(id)-i-1 != macLen {
-		return "", fieldErrorf(field, "not an id this service issued: no signature")
+		return "", field.Errorf(name, "not an id this service issued: no signature")
 	}
 	body, got := id[:i], id[i+1:]
 	keys, err := s.keyring(ctx)
@@ -134,7 +135,7 @@ func (s *idSigner) verify(ctx context.Context, kind, field, id string) (string, 
 			return body, nil
 		}
 	}
-	return "", fmt.Errorf("%s: %w", field, ErrIDNotIssued)
+	return "", fmt.Errorf("%s: %w", name, ErrIDNotIssued)
 }
 
 // IDDigest is what the decision stream and the audit keep of a reservation's or lease's id: 128

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // Redis keys follow rl:{dimension:identifier}:{algorithm}:{window}:{endpoint} (docs/architecture.md), with the
@@ -57,7 +57,7 @@ func limitKey(tag string, r *rules.Rule) string {
 	if u := r.Calendar.Unit; u.Valid() {
 		// A calendar window's own code and unit: "cw:1d" is no "fw:1d" (24h), whose windows
 		// are days of UTC since the epoch, with another state in another layout.
-		code, win = bucket.CalendarWindow.Code(), u.String()
+		code, win = algorithm.CalendarWindow.Code(), u.String()
 	}
 	var b strings.Builder
 	b.Grow(3 + len(tag) + 1 + len(code) + 1 + len(win) + 1 + len(r.Endpoint))
@@ -134,7 +134,7 @@ func allowanceKey(ns, id, name string) string {
 	b.WriteByte(':')
 	escapeTo(&b, id)
 	b.WriteString("}:")
-	b.WriteString(bucket.TokenBucket.Code())
+	b.WriteString(algorithm.TokenBucket.Code())
 	b.WriteString(":1m:")
 	escapeTo(&b, name)
 	return b.String()

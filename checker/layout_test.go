@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestBucketLayout: Config.BucketLayout reaches the store: the token bucket of the test rules
@@ -25,7 +25,7 @@ func TestBucketLayout(t *testing.T) {
 		{MixedBuckets, "string"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.layout.layout().String(), func(t *testing.T) {
+		t.Run(tt.layout.String(), func(t *testing.T) {
 			t.Parallel()
 			rdb := redisSrv.UniversalClient()
 			t.Cleanup(func() { rdb.Close() })
@@ -36,7 +36,7 @@ func TestBucketLayout(t *testing.T) {
 			if out, err := e.Check(ctx, userQuery(user, "/api/x")); err != nil || !out.Allowed {
 				t.Fatalf("check: got %+v, %v, want allowed", out, err)
 			}
-			key := limitKey(subjectTag(1, user), &rules.Rule{Algorithm: bucket.TokenBucket, Window: time.Hour, Endpoint: "/api/*"})
+			key := limitKey(subjectTag(1, user), &rules.Rule{Algorithm: algorithm.TokenBucket, Window: time.Hour, Endpoint: "/api/*"})
 			if got := rdb.Type(ctx, key).Val(); got != tt.want {
 				t.Errorf("TYPE %s = %q, want %q", key, got, tt.want)
 			}

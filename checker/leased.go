@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
@@ -44,10 +45,10 @@ func (e *Engine) decideLeased(ctx context.Context, pl plan, out *Outcome, cost i
 		for j := range req.Limits {
 			k := pl.at(i, j)
 			r := out.Limits[k].Rule
-			if r.Lease > 0 && req.Limits[j].Algorithm == bucket.FixedWindow {
+			if r.Lease > 0 && req.Limits[j].Algorithm == algorithm.FixedWindow {
 				res, tk, ok := e.leases.take(ctx, req.Limits[j], r.Lease, cost)
 				if ok {
-					out.Limits[k].Result = LimitResult(res)
+					out.Limits[k].Result = res
 					lz.decided++
 					lz.limits = append(lz.limits, k)
 					if tk.l != nil {

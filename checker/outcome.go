@@ -61,42 +61,14 @@ type LimitOutcome struct {
 	thresholds rules.Thresholds // the rule's warning thresholds, as the aggregator applies them
 }
 
-// Limit is a rule's limit as a check applies it: the rule's own or the user's custom limit,
-// overrides applied.
-type Limit struct {
-	// Limit is the number of units allowed per Window.
-	Limit  int64
-	Window time.Duration
-	// Capacity is the most a single check may consume: the burst of a token bucket, leaky
-	// bucket or GCRA rule (Limit when it sets none), Limit for the window algorithms.
-	Capacity int64
-}
+// Limit is a rule's limit as a check applies it, the bucket limit the store enforces: the rule's
+// own or the user's custom limit, overrides applied (bucketLimit). Its Capacity is the most a
+// single check may consume.
+type Limit = bucket.Limit
 
-// effectiveLimit is the public form of the limit the store enforces.
-func effectiveLimit(l *bucket.Limit) Limit {
-	return Limit{Limit: l.Limit, Window: l.Window, Capacity: l.Capacity()}
-}
-
-// LimitResult is a bucket's state after a check (or a peek) of one limit.
-type LimitResult struct {
-	Allowed bool
-	// Used is how much of the capacity is used after the check (rounded up).
-	Used int64
-	// Remaining is how much could still be consumed now (rounded down).
-	Remaining int64
-	// ResetAt is when the bucket is fully available again.
-	ResetAt time.Time
-	// RetryAfter is, when denied, how long until the check's cost would be allowed by this
-	// limit; 0 when allowed. It is never 0 when denied.
-	RetryAfter time.Duration
-	// Delay is, when allowed by a rule that delays instead of denying (on_limit: delay), how
-	// long the caller must wait before going on; 0 otherwise.
-	Delay time.Duration
-}
-
-// The store's result converts to LimitResult without a copy of its own: a field added to one
-// and not the other fails to compile here.
-var _ = LimitResult(bucket.LimitResult{})
+// LimitResult is a bucket's state after a check (or a peek) of one limit: the store's own
+// result, which the engine hands on as it is.
+type LimitResult = bucket.LimitResult
 
 // State is the limit's warning state as this answer sees it: throttled when it denied, warning
 // when its use is past the rule's warning threshold (rules.Thresholds.Enters, the test the
@@ -165,7 +137,7 @@ func (o *Outcome) summarize() {
 		if !o.Allowed {
 			continue
 		}
-		share := float64(l.Result.Used) / float64(l.Limit.Capacity)
+		share := float64(l.Result.Used) / float64(l.Limit.Capacity())
 		if share > bestShare || (share == bestShare && l.Result.Remaining < o.Limits[o.Decider].Result.Remaining) {
 			bestShare, o.Decider = share, i
 		}

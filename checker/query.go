@@ -1,7 +1,6 @@
 package checker
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,34 +20,12 @@ const (
 	MaxClockSkew = 24 * time.Hour
 )
 
-// FieldError is a request that broke a rule, naming the field; transports answer it with
-// InvalidArgument (HTTP 400, or the status of Err where it has one). The engine names a
-// Query's fields as the quotaflow.v1 messages do (subjects[1].identifier, endpoint, cost,
+// FieldError is a request that broke a rule, naming the field: the one error of bad input
+// (field.Error), named here for programs that embed the engine. The engine names a Query's
+// fields as the quotaflow.v1 messages do (subjects[1].identifier, endpoint, cost,
 // idempotency_key, tier); a transport that validates what it translates first names its own
 // (a header, a descriptor entry).
-type FieldError struct {
-	Field string
-	Msg   string
-	// Err, when set, is the sentinel of the rule broken (ErrIdempotencyConflict), for
-	// errors.Is; it is not part of the message, which Field and Msg say in full.
-	Err error
-}
-
-// Error implements error.
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
-// Unwrap returns Err.
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// fieldErrorf returns a FieldError about name.
-func fieldErrorf(name, format string, args ...any) *FieldError {
-	return &FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
-}
-
-// fieldError is err, a broken rule of package field, about name.
-func fieldError(name string, err error) *FieldError {
-	return &FieldError{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
-}
+type FieldError = field.Error
 
 // Subject is who a check counts against: a user, an IP, an API key, the global subject, or a
 // descriptor (DescriptorSubject).
@@ -141,29 +118,29 @@ func normalQuery(q *Query) (*Query, error) {
 		}
 		for _, o := range q.Subjects[:i] {
 			if o.Dimension == s.Dimension {
-				return nil, fieldErrorf(subjectField(i, "dimension"), "the query names two %s subjects; name one of each dimension", s.Dimension)
+				return nil, field.Errorf(subjectField(i, "dimension"), "the query names two %s subjects; name one of each dimension", s.Dimension)
 			}
 		}
 	}
 	ep, err := field.Endpoint(q.Endpoint, MaxEndpointLen)
 	if err != nil {
-		return nil, fieldError("endpoint", err)
+		return nil, field.Wrap("endpoint", err)
 	}
 	cost, err := field.Cost(q.Cost, MaxCost)
 	if err != nil {
-		return nil, fieldError("cost", err)
+		return nil, field.Wrap("cost", err)
 	}
 	if q.IdempotencyKey != "" {
 		if err := field.Text(q.IdempotencyKey, MaxIdempotentLen); err != nil {
-			return nil, fieldError("idempotency_key", err)
+			return nil, field.Wrap("idempotency_key", err)
 		}
 	}
 	if q.Reserve != 0 {
 		if q.Reserve < time.Millisecond || q.Reserve > MaxReservationTTL {
-			return nil, fieldErrorf("ttl_ms", "%d is no reservation TTL: want 1 to %d ms", q.Reserve.Milliseconds(), MaxReservationTTL.Milliseconds())
+			return nil, field.Errorf("ttl_ms", "%d is no reservation TTL: want 1 to %d ms", q.Reserve.Milliseconds(), MaxReservationTTL.Milliseconds())
 		}
 		if q.IdempotencyKey != "" {
-			return nil, fieldErrorf("idempotency_key", "a reservation cannot carry one: its id already makes its settle happen once")
+			return nil, field.Errorf("idempotency_key", "a reservation cannot carry one: its id already makes its settle happen once")
 		}
 	}
 	if ep == q.Endpoint && cost == q.Cost {
@@ -181,16 +158,16 @@ func checkSubject(s Subject, i int) error {
 	case rules.DimensionDescriptor:
 		return checkDescriptor(s, i)
 	case rules.DimensionGlobal:
-		return fieldErrorf(subjectField(i, "dimension"), "the global subject cannot be named: global rules apply to every request")
+		return field.Errorf(subjectField(i, "dimension"), "the global subject cannot be named: global rules apply to every request")
 	case rules.DimensionOrg:
 		if i >= 0 {
-			return fieldErrorf(subjectField(i, "dimension"), "an org cannot be named in a check: a check counts against its user's (else its API key's) org")
+			return field.Errorf(subjectField(i, "dimension"), "an org cannot be named in a check: a check counts against its user's (else its API key's) org")
 		}
 	default:
-		return fieldErrorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip, apikey or descriptor", s.Dimension)
+		return field.Errorf(subjectField(i, "dimension"), "unknown dimension %d: want user, ip, apikey or descriptor", s.Dimension)
 	}
 	if err := field.Text(s.ID, MaxIdentifierLen); err != nil {
-		return fieldError(subjectField(i, "identifier"), err)
+		return field.Wrap(subjectField(i, "identifier"), err)
 	}
 	return nil
 }
@@ -198,21 +175,21 @@ func checkSubject(s Subject, i int) error {
 // checkDescriptor validates the descriptor subject at index i of a query's subjects.
 func checkDescriptor(s Subject, i int) error {
 	if len(s.Entries) == 0 || len(s.Entries) > rules.MaxDescriptorEntries {
-		return fieldErrorf(subjectField(i, "entries"), "want 1 to %d entries, got %d", rules.MaxDescriptorEntries, len(s.Entries))
+		return field.Errorf(subjectField(i, "entries"), "want 1 to %d entries, got %d", rules.MaxDescriptorEntries, len(s.Entries))
 	}
 	for j, e := range s.Entries {
 		if err := field.Text(e.Key, MaxIdentifierLen); err != nil {
-			return fieldError(subjectField(i, fmt.Sprintf("entries[%d].key", j)), err)
+			return field.Wrap(subjectField(i, fmt.Sprintf("entries[%d].key", j)), err)
 		}
 		// A value may be empty (Envoy sends what its actions produce), never invalid text.
 		if e.Value != "" {
 			if err := field.Text(e.Value, MaxIdentifierLen); err != nil {
-				return fieldError(subjectField(i, fmt.Sprintf("entries[%d].value", j)), err)
+				return field.Wrap(subjectField(i, fmt.Sprintf("entries[%d].value", j)), err)
 			}
 		}
 	}
 	if want := DescriptorSubject(s.Entries).ID; s.ID != want {
-		return fieldErrorf(subjectField(i, "identifier"), "a descriptor's identifier is its entries written out (DescriptorSubject): want %q", want)
+		return field.Errorf(subjectField(i, "identifier"), "a descriptor's identifier is its entries written out (DescriptorSubject): want %q", want)
 	}
 	return nil
 }

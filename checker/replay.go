@@ -109,7 +109,7 @@ func (r *Replay) Decide(at time.Time, p *Planned, out *Outcome) {
 	results := r.local.CheckAll(at, p.pl.reqs)
 	for i, res := range results {
 		for j, lr := range res.Limits {
-			out.Limits[p.pl.at(i, j)].Result = LimitResult(lr)
+			out.Limits[p.pl.at(i, j)].Result = lr
 		}
 	}
 	out.summarize()

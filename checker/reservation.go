@@ -11,6 +11,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // reservationStore is what reservations need of the store: *bucket.Store's records of
@@ -138,7 +139,7 @@ func reservationID(name string, expires time.Time, tags []string) string {
 // parseReservationID decodes an ID's body (its MAC verified and cut off, its size checked by
 // settle) into its records' keys and expiry.
 func parseReservationID(id string) (keys []string, expires time.Time, err error) {
-	bad := func(why string) error { return fieldErrorf("reservation_id", "not a reservation id: %s", why) }
+	bad := func(why string) error { return field.Errorf("reservation_id", "not a reservation id: %s", why) }
 	f := strings.Split(id, ".")
 	if len(f) != 3 || f[0] == "" {
 		return nil, time.Time{}, bad("want name.expiry.slots")
@@ -210,7 +211,7 @@ func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucke
 // the outcome is unknown, and a retry settles what is left, never twice).
 func (e *Engine) Settle(ctx context.Context, id string, actual int64) (*Settlement, error) {
 	if actual < 0 || actual > MaxCost {
-		return nil, fieldErrorf("actual", "%d is not a cost: want 0 to %d", actual, int64(MaxCost))
+		return nil, field.Errorf("actual", "%d is not a cost: want 0 to %d", actual, int64(MaxCost))
 	}
 	return e.settle(ctx, id, actual, false)
 }
@@ -222,10 +223,10 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*Settlement, error) {
 
 func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel bool) (*Settlement, error) {
 	if id == "" {
-		return nil, fieldErrorf("reservation_id", "required")
+		return nil, field.Errorf("reservation_id", "required")
 	}
 	if len(id) > maxReservationID {
-		return nil, fieldErrorf("reservation_id", "not a reservation id: longer than %d bytes", maxReservationID)
+		return nil, field.Errorf("reservation_id", "not a reservation id: longer than %d bytes", maxReservationID)
 	}
 	body, err := e.ids.verify(ctx, idKindReservation, "reservation_id", id)
 	if err != nil {

@@ -39,16 +39,16 @@ func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, er
 	if ep != "" {
 		var err error
 		if ep, err = field.Endpoint(ep, MaxEndpointLen); err != nil {
-			return 0, nil, fieldError("endpoint", err)
+			return 0, nil, field.Wrap("endpoint", err)
 		}
 	}
 	if id := r.RuleID; id != "" {
 		rule, ok := set.Rule(id)
 		if !ok {
-			return 0, nil, fieldErrorf("rule_id", "no rule has id %q", id)
+			return 0, nil, field.Errorf("rule_id", "no rule has id %q", id)
 		}
 		if rule.Dimension != sub.Dimension {
-			return 0, nil, fieldErrorf("rule_id", "rule %q counts per %s, not per %s", id, rule.Dimension, sub.Dimension)
+			return 0, nil, field.Errorf("rule_id", "rule %q counts per %s, not per %s", id, rule.Dimension, sub.Dimension)
 		}
 	}
 	applies := map[*rules.Rule]bool{}

@@ -19,11 +19,14 @@ import (
 // store is known to be unreachable (a circuit closed again by a probe), and then decides by each
 // rule's fail mode.
 type bucketStore interface {
-	// Check evaluates every request in one round trip and charges each allowed one; a request
-	// with Peek set is evaluated without consuming anything (GetRemainingQuota, usage reports).
-	// A request whose IdempotencyKey is bound to another Fingerprint fails the call with an
-	// error wrapping ErrIdempotencyConflict, charging nothing.
-	Check(ctx context.Context, reqs []bucket.Request) ([]bucket.Result, error)
+	// Send starts the evaluation of every request, in one round trip, charging each allowed
+	// one; its Pending's Wait returns the results. A request with Peek set is evaluated without
+	// consuming anything (GetRemainingQuota, usage reports). A request whose IdempotencyKey is
+	// bound to another Fingerprint fails the call with an error wrapping
+	// ErrIdempotencyConflict, charging nothing. *bucket.Store queues the calls of many checks
+	// to leave together without a goroutine each (a batch's); a store that answers at once
+	// returns bucket.Done.
+	Send(ctx context.Context, reqs []bucket.Request) bucket.Pending
 	// Delete removes keys (a reset) and returns how many existed.
 	Delete(ctx context.Context, keys ...string) (int64, error)
 	// Ping reports whether the store answers.
@@ -144,12 +147,10 @@ type storeCall struct {
 	reqs    []bucket.Request
 	fail    failModes
 	start   time.Time
-	pending bucket.Pending
-	sent    bool // pending is the call
-	holds   bool // it holds a place of the guard's inFlight
+	pending bucket.Pending // the call, unless known
+	holds   bool           // it holds a place of the guard's inFlight
 	// known: results, degraded and err are the answer, which send knew (the circuit is open,
-	// or the call was shed). Otherwise, unless sent, results and err are what the store's Check
-	// returned at send, for wait to judge.
+	// or the call was shed).
 	known    bool
 	results  []bucket.Result
 	degraded bool
@@ -180,15 +181,7 @@ func (g *guard) send(ctx, bctx context.Context, reqs []bucket.Request, fail fail
 		c.holds = true
 	}
 	c.start = time.Now()
-	// *bucket.Store queues a check's calls to be waited for later, so that the checks of a
-	// batch leave together without a goroutine each. Any other store (a test's wrapper, even
-	// one embedding a *bucket.Store) is called here, through its own Check.
-	if s, ok := g.store.(*bucket.Store); ok {
-		c.pending, c.sent, c.known = s.Send(bctx, reqs), true, false
-		return c
-	}
-	c.results, c.err = g.store.Check(bctx, reqs)
-	c.known = false
+	c.pending, c.known = g.store.Send(bctx, reqs), false
 	return c
 }
 
@@ -197,10 +190,7 @@ func (g *guard) wait(c *storeCall) (results []bucket.Result, degraded bool, err 
 	if c.known {
 		return c.results, c.degraded, c.err
 	}
-	results, err = c.results, c.err
-	if c.sent {
-		results, err = c.pending.Wait()
-	}
+	results, err = c.pending.Wait()
 	g.observe(c.ctx, time.Since(c.start).Seconds())
 	if c.holds {
 		g.inFlight.Add(-1)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/field"
 )
@@ -45,7 +46,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 		return nil, ErrNoRules
 	}
 	if err := field.Text(user, MaxIdentifierLen); err != nil {
-		return nil, fieldError("user_id", err)
+		return nil, field.Wrap("user_id", err)
 	}
 	tier := set.TierOf(user)
 	u, _ := set.User(user)
@@ -62,8 +63,8 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 		peek := bucket.Request{Cost: 1, Peek: true}
 		for _, rule := range applyingRules(set, tier, sub.Dimension) {
 			custom := u.Limits[rule.ID] // user rules only: validated so
-			lim := set.Effective(rule, limitKey(tag, rule), sub.Dimension, sub.ID, tier, custom, now)
-			out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: custom, Limit: effectiveLimit(&lim)})
+			lim := bucketLimit(set, rule, limitKey(tag, rule), sub, tier, custom, now)
+			out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: custom, Limit: lim})
 			peek.Limits = append(peek.Limits, lim)
 		}
 		if len(peek.Limits) > 0 {
@@ -81,7 +82,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	i := 0
 	for _, res := range results {
 		for _, lr := range res.Limits {
-			out.Limits[i].Result = LimitResult(lr)
+			out.Limits[i].Result = lr
 			i++
 		}
 	}
@@ -134,11 +135,11 @@ func (e *Engine) Left(ctx context.Context, a Allowance) (LimitResult, error) {
 func (e *Engine) allowance(ctx context.Context, a Allowance, peek bool) (LimitResult, error) {
 	req := bucket.Request{Cost: 1, Peek: peek, Limits: []bucket.Limit{{
 		Key:       allowanceKey(a.Namespace, a.ID, a.Name),
-		Algorithm: bucket.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
+		Algorithm: algorithm.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
 	}}}
 	results, _, err := e.store.check(ctx, []bucket.Request{req}, allLocal)
 	if err != nil {
 		return LimitResult{}, err
 	}
-	return LimitResult(results[0].Limits[0]), nil
+	return results[0].Limits[0], nil
 }

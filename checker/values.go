@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // newValues bounds the distinct values each descriptor rule counts in a window on this checker
@@ -43,7 +44,7 @@ func (n *newValues) admit(clock func() time.Time, limits []LimitOutcome) error {
 			continue
 		}
 		if int64(len(w.seen)) >= r.MaxValues {
-			return fieldErrorf("custom_dimension", "rule %q counts %d distinct values in this window already on this checker (its max_values): a new one is refused until %s",
+			return field.Errorf("custom_dimension", "rule %q counts %d distinct values in this window already on this checker (its max_values): a new one is refused until %s",
 				r.ID, r.MaxValues, w.end.UTC().Format(time.RFC3339))
 		}
 	}

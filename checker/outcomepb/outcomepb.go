@@ -33,7 +33,7 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 		Endpoint:     l.Rule.Endpoint,
 		Algorithm:    l.Rule.Algorithm.String(),
 		Limit:        l.Limit.Limit,
-		Burst:        l.Limit.Capacity,
+		Burst:        l.Limit.Capacity(),
 		WindowMs:     l.Limit.Window.Milliseconds(),
 		Allowed:      l.Result.Allowed,
 		CurrentCount: l.Result.Used,

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // A candidate rule (candidate_of: <live rule id>) is a change proposed to a live rule, run
@@ -108,7 +108,7 @@ func completeCandidate(p *problems, where string, c, l *DocRule) DocRule {
 		inherit(&m.Timezone, l.Timezone)
 		inherit(&m.AnchorDay, l.AnchorDay)
 	}
-	if a, err := bucket.ParseAlgorithm(m.Algorithm); err == nil && a == bucket.Concurrency {
+	if a, err := algorithm.Parse(m.Algorithm); err == nil && a == algorithm.Concurrency {
 		// A denied check keeps a candidate's charge when only its live rule denied it (as if
 		// the candidate had replaced it): a place in flight so taken would have no holder to
 		// release it.

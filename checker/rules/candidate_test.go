@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestCandidate: a candidate takes what it leaves out from its live rule, is never matched on
@@ -26,15 +26,15 @@ rules:
 	live, _ := s.Rule("search")
 	tests := []struct {
 		id        string
-		algorithm bucket.Algorithm
+		algorithm algorithm.ID
 		limit     int64
 		window    time.Duration
 		burst     int64
 	}{
 		// Only the limit changed: the burst set on the live rule stays.
-		{"search-low", bucket.TokenBucket, 5, time.Minute, 20},
+		{"search-low", algorithm.TokenBucket, 5, time.Minute, 20},
 		// Another algorithm: the live rule's burst is not carried over; it defaults to the limit.
-		{"search-gcra", bucket.GCRA, 10, 10 * time.Second, 10},
+		{"search-gcra", algorithm.GCRA, 10, 10 * time.Second, 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.id, func(t *testing.T) {

@@ -19,8 +19,8 @@ rules:
 		t.Fatal(err)
 	}
 	q, _ := s.Rule("q")
-	if q.MaxDelay != 500*time.Millisecond || q.Bucket("k", 0).MaxDelay != 500*time.Millisecond {
-		t.Errorf("max delay %v, bucket's %v, want 500ms", q.MaxDelay, q.Bucket("k", 0).MaxDelay)
+	if q.MaxDelay != 500*time.Millisecond {
+		t.Errorf("max delay %v, want 500ms", q.MaxDelay)
 	}
 	if d, _ := s.Rule("d"); d.MaxDelay != 0 {
 		t.Errorf("a denying rule's max delay = %v, want 0", d.MaxDelay)

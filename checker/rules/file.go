@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 	"github.com/quotaflow/quotaflow/internal/urlpath"
 )
@@ -286,13 +286,13 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	}
 	if fr.Algorithm == "" {
 		p.add(where, "algorithm: required")
-	} else if r.Algorithm, err = bucket.ParseAlgorithm(fr.Algorithm); err != nil {
+	} else if r.Algorithm, err = algorithm.Parse(fr.Algorithm); err != nil {
 		p.add(where, "algorithm: %v", err)
 	}
 	switch {
 	case fr.Limit == "":
 		p.add(where, "limit: required")
-	case strings.TrimSpace(string(fr.Limit)) == "0" && r.Algorithm == bucket.FixedWindow:
+	case strings.TrimSpace(string(fr.Limit)) == "0" && r.Algorithm == algorithm.FixedWindow:
 		// A fixed window of 0 denies every check (Envoy's "banned" limits).
 	default:
 		if r.Limit, err = parseCount(string(fr.Limit)); err != nil {
@@ -312,7 +312,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		// counts from 1 (lua/calendar_window.lua).
 		p.add(where, "limit: 0 (a ban) needs a fixed_window of a fixed length (24h, not 1d); got a calendar window of %s", r.Calendar.Unit)
 	}
-	if r.Algorithm == bucket.Concurrency && r.Window > MaxHoldTTL {
+	if r.Algorithm == algorithm.Concurrency && r.Window > MaxHoldTTL {
 		p.add(where, "window: a concurrency rule's window is how long a place is held unless released, at most %s; got %s", MaxHoldTTL, r.Window)
 	}
 	r.Burst = r.Limit
@@ -334,7 +334,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if fr.FailMode != "" {
 		if r.FailMode, err = ParseFailMode(fr.FailMode); err != nil {
 			p.add(where, "fail_mode: %v", err)
-		} else if r.FailMode == FailLocal && r.Algorithm == bucket.Concurrency {
+		} else if r.FailMode == FailLocal && r.Algorithm == algorithm.Concurrency {
 			// A checker's own buckets never learn of releases, which go to Redis.
 			p.add(where, "fail_mode: local cannot count requests in flight (releases go to Redis); want open or closed")
 		}
@@ -349,14 +349,14 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 		switch n, err := parseCount(string(fr.MaxOverage)); {
 		case err != nil:
 			p.add(where, "max_overage: %v", err)
-		case r.Algorithm == bucket.Concurrency:
+		case r.Algorithm == algorithm.Concurrency:
 			p.add(where, "max_overage: a concurrency rule holds places, which a settle does not charge")
 		default:
 			r.MaxOverage = n
 		}
 	}
 	r.Shadow = r.Shadow || r.QuotaMode // a rule in quota mode never denies
-	if r.CountDenied && (r.Algorithm != bucket.FixedWindow || r.Calendar.Unit.Valid()) {
+	if r.CountDenied && (r.Algorithm != algorithm.FixedWindow || r.Calendar.Unit.Valid()) {
 		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())
 	}
 	return r, len(p.list) == n
@@ -378,7 +378,7 @@ func onLimit(p *problems, where string, fr *DocRule, r *Rule) time.Duration {
 		p.add(where, "on_limit: want deny or delay, got %q", fr.OnLimit)
 		return 0
 	}
-	if r.Algorithm.Valid() && r.Algorithm != bucket.GCRA && r.Algorithm != bucket.LeakyBucket {
+	if r.Algorithm.Valid() && r.Algorithm != algorithm.GCRA && r.Algorithm != algorithm.LeakyBucket {
 		p.add(where, "on_limit: delay spaces checks with a leaky bucket used as a queue: algorithm gcra or leaky_bucket, not %s", r.Algorithm)
 	}
 	if fr.MaxDelay == "" {
@@ -482,7 +482,7 @@ func ruleCalendar(p *problems, where string, fr *DocRule, r *Rule) calendar.Peri
 		}
 		return c
 	}
-	if r.Algorithm.Valid() && r.Algorithm != bucket.FixedWindow {
+	if r.Algorithm.Valid() && r.Algorithm != algorithm.FixedWindow {
 		p.add(where, "window: %s is a calendar window, which only fixed_window counts; algorithm is %s", c.Unit, r.Algorithm)
 	}
 	z := zoneOf(p, where, fr.Timezone, fr.AnchorDay)
@@ -528,7 +528,7 @@ func leaseSlice(p *problems, where string, l *DocLease, r *Rule) int64 {
 	if r.Dimension.Valid() && r.Dimension != DimensionGlobal {
 		p.add(where, "lease: only global rules are leased (one bucket every check shares); this rule counts per %s", r.Dimension)
 	}
-	if r.Algorithm.Valid() && r.Algorithm != bucket.FixedWindow {
+	if r.Algorithm.Valid() && r.Algorithm != algorithm.FixedWindow {
 		p.add(where, "lease: only fixed_window rules are leased (a slice is a share of one window's count); this rule is %s", r.Algorithm)
 	}
 	if r.Calendar.Unit.Valid() {

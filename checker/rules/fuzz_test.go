@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // refMatch is the matching rule written the slow, obvious way: score every rule's pattern
@@ -83,7 +83,7 @@ func FuzzParse(f *testing.F) {
 			}
 			// A ban (limit 0) is a fixed window's of a fixed length alone: the store refuses
 			// any other limit of 0.
-			ban := r.Limit == 0 && r.Burst == 0 && r.Algorithm == bucket.FixedWindow && !r.Calendar.Unit.Valid()
+			ban := r.Limit == 0 && r.Burst == 0 && r.Algorithm == algorithm.FixedWindow && !r.Calendar.Unit.Valid()
 			if (r.Limit < 1 || r.Burst < 1) && !ban || r.Window < MinWindow || !r.Algorithm.Valid() || !r.Dimension.Valid() {
 				t.Errorf("accepted invalid rule %+v", r)
 			}

@@ -1,15 +1,14 @@
 package rules
 
 import (
-	"fmt"
 	"math"
 	"regexp"
 	"slices"
 	"time"
 	"unicode/utf8"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/calendar"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Override changes limits for a while: a subject's, a tier's or one rule's. Limit replaces the
@@ -55,44 +54,33 @@ const (
 
 var overrideIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$`)
 
-// FieldError is a value that broke a rule: Field names it as the API spells it.
-type FieldError struct {
-	Field, Problem string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
-
-func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)}
-}
-
 // ValidateOverride checks o against the set's rules and tiers, naming the first field at fault.
 func (s *Set) ValidateOverride(o *Override) error {
 	switch {
 	case !overrideIDRE.MatchString(o.ID):
-		return fieldErr("id", "must match %s", overrideIDRE)
+		return field.Errorf("id", "must match %s", overrideIDRE)
 	case o.Limit != 0 && o.Multiplier != 0:
-		return fieldErr("limit", "give limit or multiplier, not both")
+		return field.Errorf("limit", "give limit or multiplier, not both")
 	case o.Limit == 0 && o.Multiplier == 0:
-		return fieldErr("limit", "give a limit (1 to %d) or a multiplier", MaxLimit)
+		return field.Errorf("limit", "give a limit (1 to %d) or a multiplier", MaxLimit)
 	case o.Limit < 0 || o.Limit > MaxLimit:
-		return fieldErr("limit", "want a whole number from 1 to %d, got %d", MaxLimit, o.Limit)
+		return field.Errorf("limit", "want a whole number from 1 to %d, got %d", MaxLimit, o.Limit)
 	case o.Multiplier < 0 || o.Multiplier > MaxMultiplier || math.IsNaN(o.Multiplier):
-		return fieldErr("multiplier", "want a number above 0 and at most %d, got %v", MaxMultiplier, o.Multiplier)
+		return field.Errorf("multiplier", "want a number above 0 and at most %d, got %v", MaxMultiplier, o.Multiplier)
 	case o.Reason == "":
-		return fieldErr("reason", "required: say why, for the audit")
+		return field.Errorf("reason", "required: say why, for the audit")
 	case len(o.Reason) > MaxReasonLen || !utf8.ValidString(o.Reason):
-		return fieldErr("reason", "at most %d bytes of valid UTF-8", MaxReasonLen)
+		return field.Errorf("reason", "at most %d bytes of valid UTF-8", MaxReasonLen)
 	case o.ExpiresAt.IsZero() || !o.ExpiresAt.After(o.CreatedAt):
-		return fieldErr("duration", "required: a positive Go duration such as 10m or 24h")
+		return field.Errorf("duration", "required: a positive Go duration such as 10m or 24h")
 	case o.ExpiresAt.Sub(o.CreatedAt) > MaxOverrideDuration:
-		return fieldErr("duration", "at most %s", MaxOverrideDuration)
+		return field.Errorf("duration", "at most %s", MaxOverrideDuration)
 	}
 	var rule *Rule
 	if o.RuleID != "" {
 		r, ok := s.byID[o.RuleID]
 		if !ok {
-			return fieldErr("rule_id", "no rule has id %q", o.RuleID)
+			return field.Errorf("rule_id", "no rule has id %q", o.RuleID)
 		}
 		rule = r
 	}
@@ -101,21 +89,21 @@ func (s *Set) ValidateOverride(o *Override) error {
 		d, err := ParseDimension(o.Dimension)
 		switch {
 		case err != nil || d == DimensionGlobal:
-			return fieldErr("dimension", "want user, ip or apikey, got %q (a global rule is overridden by its rule_id)", o.Dimension)
+			return field.Errorf("dimension", "want user, ip or apikey, got %q (a global rule is overridden by its rule_id)", o.Dimension)
 		case o.Identifier == "" || len(o.Identifier) > MaxIdentifierLen || !utf8.ValidString(o.Identifier):
-			return fieldErr("identifier", "must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
+			return field.Errorf("identifier", "must be 1 to %d bytes of valid UTF-8", MaxIdentifierLen)
 		case o.Tier != "":
-			return fieldErr("tier", "give a subject or a tier, not both")
+			return field.Errorf("tier", "give a subject or a tier, not both")
 		case rule != nil && rule.Dimension != d:
-			return fieldErr("rule_id", "rule %q counts per %s, not per %s", rule.ID, rule.Dimension, d)
+			return field.Errorf("rule_id", "rule %q counts per %s, not per %s", rule.ID, rule.Dimension, d)
 		}
 	case "tier":
 		if !s.HasTier(o.Tier) {
-			return fieldErr("tier", "%q is not a configured tier", o.Tier)
+			return field.Errorf("tier", "%q is not a configured tier", o.Tier)
 		}
 	default:
 		if rule == nil {
-			return fieldErr("rule_id", "required: an override targets a subject (dimension, identifier), a tier or a rule")
+			return field.Errorf("rule_id", "required: an override targets a subject (dimension, identifier), a tier or a rule")
 		}
 	}
 	return nil
@@ -196,17 +184,27 @@ func (s *Set) NextExpiry(now time.Time) time.Time {
 	return next
 }
 
-// Effective returns the bucket limit of rule r for a subject (dimension dim, id) of tier at
-// now: custom (a user's own limit, 0 for none) replaces the rule's, then the overrides apply;
-// a calendar rule's limit carries the periods around now in the subject's zone (Period). It does
-// not allocate.
-func (s *Set) Effective(r *Rule, key string, dim Dimension, id, tier string, custom int64, now time.Time) bucket.Limit {
-	if r.Calendar.Unit.Valid() {
-		l := s.effective(r, key, dim, id, tier, custom, now)
-		l.Periods = s.Period(r, dim, id, tier).Around(now)
-		return l
+// Effective returns rule r's limit and burst for a subject (dimension dim, id) of tier at now:
+// custom (a user's own limit, 0 for none) replaces the rule's, then the overrides apply (the
+// most specific limit replaces it, every multiplier scales it). The burst follows the limit when
+// the file left it to default, and scales with it. A calendar rule's periods are Period's. It
+// does not allocate.
+func (s *Set) Effective(r *Rule, dim Dimension, id, tier string, custom int64, now time.Time) (limit, burst int64) {
+	mult := 1.0
+	if s.ovr != nil {
+		custom, mult = s.overridden(r, dim, id, tier, custom, now)
 	}
-	return s.effective(r, key, dim, id, tier, custom, now)
+	limit, burst = r.Limit, r.Burst
+	if custom > 0 && custom != r.Limit {
+		if r.Burst == r.Limit || !r.Algorithm.HasBurst() {
+			burst = custom
+		}
+		limit = custom
+	}
+	if mult != 1 {
+		limit, burst = scale(limit, mult), scale(burst, mult)
+	}
+	return limit, burst
 }
 
 // Period is how calendar rule r cuts time for a subject (dimension dim, id) of tier: the rule's
@@ -224,10 +222,9 @@ func (s *Set) Period(r *Rule, dim Dimension, id, tier string) calendar.Period {
 	return p
 }
 
-func (s *Set) effective(r *Rule, key string, dim Dimension, id, tier string, custom int64, now time.Time) bucket.Limit {
-	if s.ovr == nil {
-		return r.Bucket(key, custom)
-	}
+// overridden returns the limit that replaces r's for the subject (custom when no override
+// names one) and the product of the multipliers that scale it.
+func (s *Set) overridden(r *Rule, dim Dimension, id, tier string, custom int64, now time.Time) (int64, float64) {
 	var best *Override
 	bestRank := 0
 	mult := 1.0
@@ -257,12 +254,7 @@ func (s *Set) effective(r *Rule, key string, dim Dimension, id, tier string, cus
 	if best != nil {
 		custom = best.Limit
 	}
-	l := r.Bucket(key, custom)
-	if mult != 1 {
-		l.Limit = scale(l.Limit, mult)
-		l.Burst = scale(l.Burst, mult)
-	}
-	return l
+	return custom, mult
 }
 
 func scale(n int64, f float64) int64 {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 const overrideDoc = `
@@ -137,7 +139,7 @@ func TestValidateOverride(t *testing.T) {
 			o := ok
 			tt.change(&o)
 			err := s.ValidateOverride(&o)
-			var fe *FieldError
+			var fe *field.Error
 			switch {
 			case tt.field == "" && err != nil:
 				t.Fatalf("ValidateOverride = %v, want nil", err)
@@ -194,9 +196,9 @@ func TestEffective(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			set := s.WithOverrides(tt.ovs)
-			l := set.Effective(tt.rule, "k", DimensionUser, "alice", tt.subjectTier, tt.custom, now)
-			if l.Limit != tt.limit || l.Burst != tt.bst {
-				t.Errorf("Effective = limit %d burst %d, want %d and %d", l.Limit, l.Burst, tt.limit, tt.bst)
+			limit, burst := set.Effective(tt.rule, DimensionUser, "alice", tt.subjectTier, tt.custom, now)
+			if limit != tt.limit || burst != tt.bst {
+				t.Errorf("Effective = limit %d burst %d, want %d and %d", limit, burst, tt.limit, tt.bst)
 			}
 		})
 	}
@@ -217,6 +219,6 @@ func BenchmarkEffectiveWithOverrides(b *testing.B) {
 	r, _ := set.Rule("u-min")
 	b.ReportAllocs()
 	for b.Loop() {
-		set.Effective(r, "k", DimensionUser, "alice", "free", 0, now)
+		set.Effective(r, DimensionUser, "alice", "free", 0, now)
 	}
 }

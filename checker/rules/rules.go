@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
@@ -108,7 +108,7 @@ type Rule struct {
 	// (urlpath.Normalize), as the endpoints they match.
 	Endpoint  string
 	Tier      string // empty: every tier
-	Algorithm bucket.Algorithm
+	Algorithm algorithm.ID
 	Limit     int64
 	Window    time.Duration
 	// Burst is the capacity of token bucket, leaky bucket and GCRA (Limit when not set in the
@@ -117,7 +117,7 @@ type Rule struct {
 	// MaxOverage is the most a reservation's settle charges the rule's bucket past the
 	// estimate, 0 for no bound of the rule's own. Whatever it says, a bucket no one caller owns
 	// (Dimension.Own false) takes an overage only as far as it fits and at most the estimate
-	// again (bucket.Limit.Pooled), so that one caller's settle cannot deny everyone.
+	// again, so that one caller's settle cannot deny everyone.
 	MaxOverage int64
 	Shadow     bool
 	FailMode   FailMode
@@ -205,24 +205,6 @@ func (r *Rule) PrefixBits(is4 bool) int {
 		return int(r.IPv6Prefix)
 	}
 	return DefaultIPv6Prefix
-}
-
-// Bucket returns the rule as a bucket limit for key, with limit overriding the rule's limit
-// when positive (per-user custom limits). The burst scales with the limit when the file left it
-// to default.
-func (r *Rule) Bucket(key string, limit int64) bucket.Limit {
-	l := bucket.Limit{Key: key, Algorithm: r.Algorithm, Limit: r.Limit, Window: r.Window, Burst: r.Burst, MaxDelay: r.MaxDelay,
-		OverageCap: r.MaxOverage, Pooled: !r.Dimension.Own()}
-	if r.Calendar.Unit.Valid() {
-		l.Algorithm = bucket.CalendarWindow
-	}
-	if limit > 0 && limit != r.Limit {
-		if r.Burst == r.Limit || !r.Algorithm.HasBurst() {
-			l.Burst = limit
-		}
-		l.Limit = limit
-	}
-	return l
 }
 
 // User is a user's tier and custom limits, cached in memory.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 const sample = `
@@ -91,7 +91,7 @@ func TestParseValues(t *testing.T) {
 	if !ok {
 		t.Fatal("rule user-api missing")
 	}
-	want := Rule{ID: "user-api", Dimension: DimensionUser, Endpoint: "/api/*", Algorithm: bucket.TokenBucket,
+	want := Rule{ID: "user-api", Dimension: DimensionUser, Endpoint: "/api/*", Algorithm: algorithm.TokenBucket,
 		Limit: 100, Window: time.Minute, Burst: 20, FailMode: FailOpen}
 	if !reflect.DeepEqual(*r, want) {
 		t.Errorf("user-api = %+v, want %+v", *r, want)
@@ -136,30 +136,27 @@ func TestImplicitTier(t *testing.T) {
 	}
 }
 
-func TestBucketCustomLimit(t *testing.T) {
+// TestCustomLimit: a user's custom limit replaces the rule's, and the burst follows it only
+// when the file left it to default (or the algorithm has none of its own).
+func TestCustomLimit(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name  string
-		rule  Rule
-		limit int64
-		want  bucket.Limit
+		name                 string
+		rule                 Rule
+		custom               int64
+		wantLimit, wantBurst int64
 	}{
-		{"no override", Rule{Dimension: DimensionUser, Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}, 0,
-			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}},
-		{"default burst follows the limit", Rule{Dimension: DimensionUser, Algorithm: bucket.GCRA, Limit: 10, Burst: 10, Window: time.Second}, 50,
-			bucket.Limit{Key: "k", Algorithm: bucket.GCRA, Limit: 50, Burst: 50, Window: time.Second}},
-		{"explicit burst is kept", Rule{Dimension: DimensionAPIKey, Algorithm: bucket.TokenBucket, Limit: 10, Burst: 3, Window: time.Second}, 50,
-			bucket.Limit{Key: "k", Algorithm: bucket.TokenBucket, Limit: 50, Burst: 3, Window: time.Second}},
-		{"window algorithm", Rule{Dimension: DimensionUser, Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second}, 7,
-			bucket.Limit{Key: "k", Algorithm: bucket.FixedWindow, Limit: 7, Burst: 7, Window: time.Second}},
-		{"a shared bucket, its overage bounded", Rule{Dimension: DimensionGlobal, Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second, MaxOverage: 4}, 0,
-			bucket.Limit{Key: "k", Algorithm: bucket.FixedWindow, Limit: 10, Burst: 10, Window: time.Second, OverageCap: 4, Pooled: true}},
+		{"no custom limit", Rule{Dimension: DimensionUser, Algorithm: algorithm.TokenBucket, Limit: 10, Burst: 10, Window: time.Second}, 0, 10, 10},
+		{"default burst follows the limit", Rule{Dimension: DimensionUser, Algorithm: algorithm.GCRA, Limit: 10, Burst: 10, Window: time.Second}, 50, 50, 50},
+		{"explicit burst is kept", Rule{Dimension: DimensionAPIKey, Algorithm: algorithm.TokenBucket, Limit: 10, Burst: 3, Window: time.Second}, 50, 50, 3},
+		{"window algorithm", Rule{Dimension: DimensionUser, Algorithm: algorithm.FixedWindow, Limit: 10, Burst: 10, Window: time.Second}, 7, 7, 7},
 	}
+	var s Set
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := tt.rule.Bucket("k", tt.limit); got != tt.want {
-				t.Errorf("Bucket = %+v, want %+v", got, tt.want)
+			if limit, burst := s.Effective(&tt.rule, tt.rule.Dimension, "u", "", tt.custom, time.Now()); limit != tt.wantLimit || burst != tt.wantBurst {
+				t.Errorf("Effective = limit %d burst %d, want %d and %d", limit, burst, tt.wantLimit, tt.wantBurst)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/field"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -68,23 +69,23 @@ func (s *Server) checkRateLimits(ctx context.Context, req *quotaflowv1.CheckRate
 	return &quotaflowv1.CheckRateLimitsResponse{Results: results}, nil
 }
 
-// errorResult is the result of check field (checks[i]) that failed with err, a Connect error
+// errorResult is the result of check name (checks[i]) that failed with err, a Connect error
 // from authorize or rpcError: its code, and a message naming checks[i].<field> when the error
 // is about a field.
-func errorResult(field string, err error) *quotaflowv1.CheckRateLimitsResult {
+func errorResult(name string, err error) *quotaflowv1.CheckRateLimitsResult {
 	code, msg := connect.CodeUnknown, err.Error()
 	if ce := new(connect.Error); errors.As(err, &ce) {
 		code, msg = ce.Code(), ce.Message()
 	}
-	e := &quotaflowv1.CheckError{Code: int32(code), Message: field + ": " + msg}
-	var fe *checker.FieldError
+	e := &quotaflowv1.CheckError{Code: int32(code), Message: name + ": " + msg}
+	var fe *field.Error
 	switch {
 	case errors.As(err, &fe):
-		e.Field = field + "." + fe.Field
-		e.Message = field + "." + fe.Error()
+		e.Field = name + "." + fe.Field
+		e.Message = name + "." + fe.Error()
 	case code == connect.CodePermissionDenied:
 		// authorize names the field itself (checks[i].tier).
-		e.Field, e.Message = field+".tier", msg
+		e.Field, e.Message = name+".tier", msg
 	}
 	return &quotaflowv1.CheckRateLimitsResult{Result: &quotaflowv1.CheckRateLimitsResult_Error{Error: e}}
 }

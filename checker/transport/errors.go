@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // rpcError maps an engine error to its Connect code: a broken request is InvalidArgument, no
@@ -17,7 +18,7 @@ import (
 // else is a failure of the store that no fail mode covers (a script error): Unavailable, and
 // logged, since the caller only learns that the check failed.
 func (s *Server) rpcError(err error) error {
-	var fe *checker.FieldError
+	var fe *field.Error
 	switch {
 	case errors.As(err, &fe):
 		return connect.NewError(connect.CodeInvalidArgument, err)
@@ -48,7 +49,7 @@ func httpStatus(err error) (int, string) {
 	if errors.Is(err, checker.ErrIdempotencyConflict) {
 		return http.StatusConflict, "conflict"
 	}
-	var fe *checker.FieldError
+	var fe *field.Error
 	if errors.As(err, &fe) {
 		return http.StatusBadRequest, "invalid_argument"
 	}

@@ -135,7 +135,7 @@ func denyStatus(qs url.Values) (int, error) {
 	case "403":
 		return http.StatusForbidden, nil
 	}
-	return 0, fieldErrorf("deny_status", "want 401, 403 or 429, got %q", v)
+	return 0, field.Errorf("deny_status", "want 401, 403 or 429, got %q", v)
 }
 
 // waitParam reads ?wait=: whether to hold an allowed answer until the request's slot.
@@ -146,7 +146,7 @@ func waitParam(qs url.Values) (bool, error) {
 	case "true", "1":
 		return true, nil
 	default:
-		return false, fieldErrorf("wait", "want true or false, got %q", v)
+		return false, field.Errorf("wait", "want true or false, got %q", v)
 	}
 }
 
@@ -331,7 +331,7 @@ func (fa *forwardAuth) query(r *http.Request, qs url.Values) (*checker.Query, er
 			continue
 		}
 		if err := field.Text(s.value, checker.MaxIdentifierLen); err != nil {
-			return nil, fieldError(s.header, err)
+			return nil, field.Wrap(s.header, err)
 		}
 		q.Subjects = append(q.Subjects, checker.Subject{Dimension: s.dim, ID: s.value})
 	}
@@ -342,7 +342,7 @@ func (fa *forwardAuth) query(r *http.Request, qs url.Values) (*checker.Query, er
 			continue
 		}
 		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
-			return nil, fieldError(d.Header, err)
+			return nil, field.Wrap(d.Header, err)
 		}
 		custom = append(custom, rules.Entry{Key: d.Dimension, Value: v})
 	}
@@ -358,7 +358,7 @@ func (fa *forwardAuth) query(r *http.Request, qs url.Values) (*checker.Query, er
 	}
 	var err error
 	if q.Endpoint, err = field.Endpoint(ep, checker.MaxEndpointLen); err != nil {
-		return nil, fieldError(name, err)
+		return nil, field.Wrap(name, err)
 	}
 	cost := h.Get("X-RateLimit-Cost")
 	if cost == "" {
@@ -367,17 +367,17 @@ func (fa *forwardAuth) query(r *http.Request, qs url.Values) (*checker.Query, er
 	if cost != "" {
 		n, err := strconv.ParseInt(cost, 10, 64)
 		if err != nil {
-			return nil, fieldErrorf("cost", "want a whole number, got %q", cost)
+			return nil, field.Errorf("cost", "want a whole number, got %q", cost)
 		}
 		q.Cost = n
 	}
 	if q.Cost, err = field.Cost(q.Cost, checker.MaxCost); err != nil {
-		return nil, fieldError("cost", err)
+		return nil, field.Wrap("cost", err)
 	}
 	if fa.IdempotencyHeader != "" {
 		if q.IdempotencyKey = h.Get(fa.IdempotencyHeader); q.IdempotencyKey != "" {
 			if err := field.Text(q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
-				return nil, fieldError(fa.IdempotencyHeader, err)
+				return nil, field.Wrap(fa.IdempotencyHeader, err)
 			}
 		}
 	}
@@ -394,7 +394,7 @@ func policies(o *checker.Outcome) string {
 	for i := range o.Limits {
 		l := &o.Limits[i]
 		if !l.Rule.Shadow {
-			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity)
+			p.Add(l.Rule.ID, l.Limit.Limit, l.Limit.Window, l.Limit.Capacity())
 		}
 	}
 	return p.String()

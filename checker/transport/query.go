@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -15,16 +14,6 @@ import (
 // validated here, by package field's rules (the engine's own), so that an error names the
 // message's field: the engine validates a Query again, in its own terms.
 
-// fieldErrorf returns a FieldError about name.
-func fieldErrorf(name, format string, args ...any) *checker.FieldError {
-	return &checker.FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
-}
-
-// fieldError is err, a broken rule of package field, about name.
-func fieldError(name string, err error) *checker.FieldError {
-	return &checker.FieldError{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
-}
-
 // checkQuery validates a CheckRateLimit request; now is the server's clock, which the
 // request's timestamp may not be more than MaxClockSkew from.
 func checkQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*checker.Query, error) {
@@ -34,12 +23,12 @@ func checkQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*checker.Q
 	}
 	if q.IdempotencyKey != "" {
 		if err := field.Text(q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
-			return nil, fieldError("idempotency_key", err)
+			return nil, field.Wrap("idempotency_key", err)
 		}
 	}
 	if q.Timestamp != 0 {
 		if skew := time.UnixMilli(q.Timestamp).Sub(now); skew > checker.MaxClockSkew || skew < -checker.MaxClockSkew {
-			return nil, fieldErrorf("timestamp", "%d (unix ms) is more than %s from the server's clock", q.Timestamp, checker.MaxClockSkew)
+			return nil, field.Errorf("timestamp", "%d (unix ms) is more than %s from the server's clock", q.Timestamp, checker.MaxClockSkew)
 		}
 	}
 	return q, nil
@@ -72,7 +61,7 @@ func resetRequest(r *quotaflowv1.ResetLimitRequest) (checker.ResetRequest, error
 		return rr, nil
 	case quotaflowv1.Dimension_DIMENSION_ORG:
 		if err := field.Text(r.GetIdentifier(), checker.MaxIdentifierLen); err != nil {
-			return rr, fieldError("identifier", err)
+			return rr, field.Wrap("identifier", err)
 		}
 		rr.Subject = checker.Subject{Dimension: rules.DimensionOrg, ID: r.GetIdentifier()}
 		return rr, nil
@@ -102,7 +91,7 @@ func parseSubjects(f subjectFields, dst []checker.Subject) ([]checker.Subject, e
 		}
 		for _, s := range dst {
 			if s.Dimension == d {
-				return fieldErrorf(prefix+"dimension", "the request names two %s subjects; name one of each dimension", d)
+				return field.Errorf(prefix+"dimension", "the request names two %s subjects; name one of each dimension", d)
 			}
 		}
 		dst = append(dst, checker.Subject{Dimension: d, ID: id})
@@ -122,7 +111,7 @@ func parseSubjects(f subjectFields, dst []checker.Subject) ([]checker.Subject, e
 				return nil, err
 			}
 			if len(custom) == rules.MaxDescriptorEntries {
-				return nil, fieldErrorf(prefix+"custom_dimension", "at most %d custom dimensions in one request", rules.MaxDescriptorEntries)
+				return nil, field.Errorf(prefix+"custom_dimension", "at most %d custom dimensions in one request", rules.MaxDescriptorEntries)
 			}
 			custom = append(custom, e)
 			continue
@@ -143,20 +132,20 @@ func customEntry(prefix string, s *quotaflowv1.Subject) (rules.Entry, error) {
 	switch d := s.GetDimension(); d {
 	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED, quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
 	default:
-		return rules.Entry{}, fieldErrorf(prefix+"dimension", "%s with a custom_dimension: leave dimension unset", d)
+		return rules.Entry{}, field.Errorf(prefix+"dimension", "%s with a custom_dimension: leave dimension unset", d)
 	}
 	if err := field.Text(s.GetCustomDimension(), checker.MaxIdentifierLen); err != nil {
-		return rules.Entry{}, fieldError(prefix+"custom_dimension", err)
+		return rules.Entry{}, field.Wrap(prefix+"custom_dimension", err)
 	}
 	if err := field.Text(s.GetIdentifier(), checker.MaxIdentifierLen); err != nil {
-		return rules.Entry{}, fieldError(prefix+"identifier", err)
+		return rules.Entry{}, field.Wrap(prefix+"identifier", err)
 	}
 	return rules.Entry{Key: s.GetCustomDimension(), Value: s.GetIdentifier()}, nil
 }
 
 func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Dimension, error) {
 	if err := field.Text(id, checker.MaxIdentifierLen); err != nil {
-		return 0, fieldError(prefix+"identifier", err)
+		return 0, field.Wrap(prefix+"identifier", err)
 	}
 	switch dim {
 	case quotaflowv1.Dimension_DIMENSION_USER:
@@ -166,15 +155,15 @@ func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Di
 	case quotaflowv1.Dimension_DIMENSION_API_KEY:
 		return rules.DimensionAPIKey, nil
 	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED:
-		return 0, fieldErrorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
+		return 0, field.Errorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
-		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
+		return 0, field.Errorf(prefix+"dimension", "DIMENSION_GLOBAL cannot be named: global rules apply to every request")
 	case quotaflowv1.Dimension_DIMENSION_ORG:
-		return 0, fieldErrorf(prefix+"dimension", "DIMENSION_ORG cannot be named in a check: a check counts against its user's (else its API key's) org")
+		return 0, field.Errorf(prefix+"dimension", "DIMENSION_ORG cannot be named in a check: a check counts against its user's (else its API key's) org")
 	case quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
-		return 0, fieldErrorf(prefix+"custom_dimension", "required with DIMENSION_DESCRIPTOR: name the custom dimension (tenant) in subjects")
+		return 0, field.Errorf(prefix+"custom_dimension", "required with DIMENSION_DESCRIPTOR: name the custom dimension (tenant) in subjects")
 	}
-	return 0, fieldErrorf(prefix+"dimension", "unknown dimension %d", int32(dim))
+	return 0, field.Errorf(prefix+"dimension", "unknown dimension %d", int32(dim))
 }
 
 // parseCommon validates what check and quota requests share: subjects, endpoint, cost.
@@ -184,10 +173,10 @@ func parseCommon(q *checker.Query, subjects subjectFields, endpoint string, cost
 		return err
 	}
 	if q.Endpoint, err = field.Endpoint(endpoint, checker.MaxEndpointLen); err != nil {
-		return fieldError("endpoint", err)
+		return field.Wrap("endpoint", err)
 	}
 	if q.Cost, err = field.Cost(cost, checker.MaxCost); err != nil {
-		return fieldError("cost", err)
+		return field.Wrap("cost", err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/field"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -27,7 +28,7 @@ func FuzzCheckRequest(f *testing.F) {
 		}
 		q, err := checkQuery(req, now)
 		if err != nil {
-			if fe := (*checker.FieldError)(nil); !errors.As(err, &fe) {
+			if fe := (*field.Error)(nil); !errors.As(err, &fe) {
 				t.Fatalf("error %v is not a FieldError", err)
 			}
 			return

@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
+	"github.com/quotaflow/quotaflow/internal/field"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -34,18 +35,18 @@ func (s *Server) Cancel(ctx context.Context, req *connect.Request[quotaflowv1.Ca
 // at least 1, a TTL within bounds (0: the default).
 func reserveQuery(r *quotaflowv1.ReserveRequest, now time.Time) (*checker.Query, error) {
 	if r.GetCheck() == nil {
-		return nil, fieldErrorf("check", "required: the check to reserve for")
+		return nil, field.Errorf("check", "required: the check to reserve for")
 	}
 	if r.GetCheck().GetCost() != 0 {
-		return nil, fieldErrorf("check.cost", "must be unset in a reservation: its cost is the estimate")
+		return nil, field.Errorf("check.cost", "must be unset in a reservation: its cost is the estimate")
 	}
 	if r.GetEstimate() < 1 || r.GetEstimate() > checker.MaxCost {
-		return nil, fieldErrorf("estimate", "%d is no estimate: want 1 to %d", r.GetEstimate(), int64(checker.MaxCost))
+		return nil, field.Errorf("estimate", "%d is no estimate: want 1 to %d", r.GetEstimate(), int64(checker.MaxCost))
 	}
 	ttl := checker.DefaultReservationTTL
 	if ms := r.GetTtlMs(); ms != 0 {
 		if ms < 1 || ms > checker.MaxReservationTTL.Milliseconds() {
-			return nil, fieldErrorf("ttl_ms", "%d is no reservation TTL: want 1 to %d (0: %d)", ms, checker.MaxReservationTTL.Milliseconds(), checker.DefaultReservationTTL.Milliseconds())
+			return nil, field.Errorf("ttl_ms", "%d is no reservation TTL: want 1 to %d (0: %d)", ms, checker.MaxReservationTTL.Milliseconds(), checker.DefaultReservationTTL.Milliseconds())
 		}
 		ttl = time.Duration(ms) * time.Millisecond
 	}

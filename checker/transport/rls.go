@@ -144,17 +144,17 @@ func (q *rlsQuery) costField() string {
 
 // rename turns a FieldError about the check into one about the RLS request.
 func (q *rlsQuery) rename(err error) error {
-	var fe *checker.FieldError
+	var fe *field.Error
 	if !errors.As(err, &fe) {
 		return err
 	}
 	switch fe.Field {
 	case "tier":
-		return &checker.FieldError{Field: q.tierField(), Msg: fe.Msg}
+		return &field.Error{Field: q.tierField(), Msg: fe.Msg}
 	case "cost":
-		return &checker.FieldError{Field: q.costField(), Msg: fe.Msg}
+		return &field.Error{Field: q.costField(), Msg: fe.Msg}
 	}
-	return &checker.FieldError{Field: q.field("." + fe.Field), Msg: fe.Msg}
+	return &field.Error{Field: q.field("." + fe.Field), Msg: fe.Msg}
 }
 
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService; see RLSHandler.
@@ -195,7 +195,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *ratelimitv3.RateLimit
 	if set := s.engine.Rules(); set != nil {
 		for i := range qs {
 			if t := qs[i].Tier; t != "" && !set.HasTier(t) {
-				return nil, s.rpcError(fieldErrorf(qs[i].tierField(), "%q is not a configured tier", t))
+				return nil, s.rpcError(field.Errorf(qs[i].tierField(), "%q is not a configured tier", t))
 			}
 		}
 	}
@@ -254,14 +254,14 @@ func moreRestrictive(ao *checker.Outcome, a *checker.LimitOutcome, bo *checker.O
 	case a.Result.Remaining != b.Result.Remaining:
 		return a.Result.Remaining < b.Result.Remaining
 	}
-	return a.Limit.Capacity < b.Limit.Capacity
+	return a.Limit.Capacity() < b.Limit.Capacity()
 }
 
 // rlsHeaders are the response headers Envoy adds to the response to the client.
 func rlsHeaders(out *checker.Outcome, l *checker.LimitOutcome) []*corev3.HeaderValue {
 	reset := ratelimitheader.CeilSeconds(ratelimitheader.CeilMillis(max(0, l.Result.ResetAt.Sub(out.Now))))
 	h := []*corev3.HeaderValue{
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity, 10)},
+		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(l.Limit.Capacity(), 10)},
 		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(max(0, l.Result.Remaining), 10)},
 		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
 	}
@@ -341,15 +341,15 @@ func rlsQueries(r *ratelimitv3.RateLimitRequest) ([]rlsQuery, error) {
 	domain := r.GetDomain()
 	if domain != "" {
 		if err := field.Text(domain, checker.MaxEndpointLen-1); err != nil {
-			return nil, fieldError("domain", err)
+			return nil, field.Wrap("domain", err)
 		}
 	}
 	ds := r.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, fieldErrorf("descriptors", "required: at least one descriptor")
+		return nil, field.Errorf("descriptors", "required: at least one descriptor")
 	case len(ds) > MaxRLSDescriptors:
-		return nil, fieldErrorf("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
+		return nil, field.Errorf("descriptors", "at most %d descriptors, got %d", MaxRLSDescriptors, len(ds))
 	}
 	qs := make([]rlsQuery, len(ds))
 	for i, d := range ds {
@@ -365,9 +365,9 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	entries := d.GetEntries()
 	switch {
 	case len(entries) == 0:
-		return fieldErrorf(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
+		return field.Errorf(q.field(".entries"), "required: at least one entry naming a subject (user_id, remote_address or api_key)")
 	case len(entries) > MaxRLSEntries:
-		return fieldErrorf(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
+		return field.Errorf(q.field(".entries"), "at most %d entries, got %d", MaxRLSEntries, len(entries))
 	}
 	q.Subjects = make([]checker.Subject, 0, 3)
 	endpointSet := false
@@ -381,7 +381,7 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 			continue
 		}
 		entryErr := func(suffix, format string, args ...any) error {
-			return fieldErrorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
+			return field.Errorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
 		}
 		v := e.GetValue()
 		if kind == rlsEndpoint {
@@ -424,18 +424,18 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 		q.Subjects = append(q.Subjects, checker.DescriptorSubject(custom))
 	}
 	if len(q.Subjects) == 0 {
-		return fieldErrorf(q.field(".entries"), "no subject (user_id, remote_address, api_key, or another key: a custom dimension)")
+		return field.Errorf(q.field(".entries"), "no subject (user_id, remote_address, api_key, or another key: a custom dimension)")
 	}
 	if !endpointSet {
 		// The domain names the endpoint: "/" + domain, in normal form like any other.
 		ep, err := field.Endpoint("/"+domain, checker.MaxEndpointLen)
 		if err != nil {
-			return fieldError("domain", err)
+			return field.Wrap("domain", err)
 		}
 		q.Endpoint = ep
 	}
 	if d.GetIsNegativeHits() {
-		return fieldErrorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
+		return field.Errorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
 	}
 	cost := uint64(hits)
 	if h := d.GetHitsAddend(); h != nil {
@@ -444,7 +444,7 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	// A hits_addend past the largest int64 is past MaxCost too: field.Cost refuses it as that.
 	var err error
 	if q.Cost, err = field.Cost(int64(min(cost, math.MaxInt64)), checker.MaxCost); err != nil {
-		return fieldError(q.costField(), err)
+		return field.Wrap(q.costField(), err)
 	}
 	return nil
 }
@@ -453,14 +453,14 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 // dimensions: descriptor rules match them (dimension: tenant, or a descriptor's path).
 func rlsCustom(custom *[]rules.Entry, q *rlsQuery, j int, e *rlcommonv3.RateLimitDescriptor_Entry) error {
 	if len(*custom) == rules.MaxDescriptorEntries {
-		return fieldErrorf(q.field(".entries"), "at most %d entries of custom dimensions (keys other than quotaflow's own)", rules.MaxDescriptorEntries)
+		return field.Errorf(q.field(".entries"), "at most %d entries of custom dimensions (keys other than quotaflow's own)", rules.MaxDescriptorEntries)
 	}
 	if err := field.Text(e.GetKey(), checker.MaxIdentifierLen); err != nil {
-		return fieldError(q.field(fmt.Sprintf(".entries[%d].key", j)), err)
+		return field.Wrap(q.field(fmt.Sprintf(".entries[%d].key", j)), err)
 	}
 	if v := e.GetValue(); v != "" {
 		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
-			return fieldError(q.field(fmt.Sprintf(".entries[%d].value", j)), err)
+			return field.Wrap(q.field(fmt.Sprintf(".entries[%d].value", j)), err)
 		}
 	}
 	*custom = append(*custom, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})

@@ -14,7 +14,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/field"
 )
 
@@ -156,7 +156,7 @@ func envoyRate(l *checker.LimitOutcome) *ratelimitv3.RateLimitResponse_RateLimit
 // as the reference computes it from the whole seconds of the clock (its CalculateReset: the
 // window minus the seconds into it), else until the limit is fully available again.
 func envoyReset(l *checker.LimitOutcome, now time.Time) *durationpb.Duration {
-	if w := l.Limit.Window; l.Rule.Algorithm == bucket.FixedWindow && w%time.Second == 0 && !l.Rule.Calendar.Unit.Valid() {
+	if w := l.Limit.Window; l.Rule.Algorithm == algorithm.FixedWindow && w%time.Second == 0 && !l.Rule.Calendar.Unit.Valid() {
 		sec := int64(w / time.Second)
 		return &durationpb.Duration{Seconds: sec - now.Unix()%sec}
 	}
@@ -173,23 +173,23 @@ func envoyDescriptors(req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoin
 	for i, d := range in {
 		where := fmt.Sprintf("descriptors[%d]", i)
 		if d.GetIsNegativeHits() {
-			return nil, fieldErrorf(where+".is_negative_hits", "not supported: quotaflow does not refill buckets on request")
+			return nil, field.Errorf(where+".is_negative_hits", "not supported: quotaflow does not refill buckets on request")
 		}
 		if d.GetLimit() != nil {
-			return nil, fieldErrorf(where+".limit", "not honoured: a request cannot set its own limit (the rules decide)")
+			return nil, field.Errorf(where+".limit", "not honoured: a request cannot set its own limit (the rules decide)")
 		}
 		es := d.GetEntries()
 		if len(es) > rules.MaxDescriptorEntries {
-			return nil, fieldErrorf(where+".entries", "at most %d entries, got %d", rules.MaxDescriptorEntries, len(es))
+			return nil, field.Errorf(where+".entries", "at most %d entries, got %d", rules.MaxDescriptorEntries, len(es))
 		}
 		entries := make([]rules.Entry, len(es))
 		for j, e := range es {
 			if err := field.Text(e.GetKey(), checker.MaxIdentifierLen); err != nil {
-				return nil, fieldError(fmt.Sprintf("%s.entries[%d].key", where, j), err)
+				return nil, field.Wrap(fmt.Sprintf("%s.entries[%d].key", where, j), err)
 			}
 			if v := e.GetValue(); v != "" {
 				if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
-					return nil, fieldError(fmt.Sprintf("%s.entries[%d].value", where, j), err)
+					return nil, field.Wrap(fmt.Sprintf("%s.entries[%d].value", where, j), err)
 				}
 			}
 			entries[j] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -199,7 +199,7 @@ func envoyDescriptors(req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoin
 			ds[i].hits = h.GetValue()
 		}
 		if ds[i].hits > checker.MaxCost {
-			return nil, fieldErrorf(where+".hits_addend", "%d is more than %d", ds[i].hits, checker.MaxCost)
+			return nil, field.Errorf(where+".hits_addend", "%d is more than %d", ds[i].hits, checker.MaxCost)
 		}
 		if len(entries) == 0 {
 			continue // no entry reaches a rule
@@ -222,8 +222,8 @@ func envoyDescriptors(req *ratelimitv3.RateLimitRequest, set *rules.Set, endpoin
 
 // renameField puts a check's FieldError under the descriptor it came from.
 func renameField(err error, prefix string) error {
-	if fe := (*checker.FieldError)(nil); errors.As(err, &fe) {
-		return &checker.FieldError{Field: prefix + "." + fe.Field, Msg: fe.Msg, Err: fe.Err}
+	if fe := (*field.Error)(nil); errors.As(err, &fe) {
+		return &field.Error{Field: prefix + "." + fe.Field, Msg: fe.Msg, Err: fe.Err}
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/backtest"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/progress"
 )
 
@@ -106,7 +107,7 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 	}
 	rep, err := run(ctx, req)
 	line.Clear()
-	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
+	if fe := (*field.Error)(nil); errors.As(err, &fe) {
 		return usageError{fmt.Errorf("--%s: %s", fe.Field, fe.Msg)}
 	}
 	if err != nil {

@@ -98,8 +98,7 @@ func benchAllowedBound(t *testing.T, set *rules.Set, tier string, args []string)
 		if r.Shadow {
 			continue
 		}
-		l := r.Bucket("", 0)
-		n := max(l.Burst, l.Limit) + int64(math.Ceil(float64(l.Limit)*run.Seconds()/l.Window.Seconds()))
+		n := max(r.Burst, r.Limit) + int64(math.Ceil(float64(r.Limit)*run.Seconds()/r.Window.Seconds()))
 		perSubject = min(perSubject, n)
 	}
 	if perSubject == math.MaxInt64 {

@@ -3,6 +3,8 @@ package bucket
 import (
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // step is one check of an algorithm case and what it must return for its only limit.
@@ -18,7 +20,7 @@ type step struct {
 // time) and Local (fixed time) must give the same numbers.
 type algCase struct {
 	name  string
-	alg   Algorithm
+	alg   algorithm.ID
 	limit int64
 	burst int64
 	steps []step
@@ -117,7 +119,7 @@ func TestGCRAExactFit(t *testing.T) {
 	s, _ := newStore(t)
 	local := NewLocal(0)
 	now := time.Now()
-	for _, a := range []Algorithm{GCRA, TokenBucket, LeakyBucket, SlidingWindowCounter} {
+	for _, a := range []algorithm.ID{algorithm.GCRA, algorithm.TokenBucket, algorithm.LeakyBucket, algorithm.SlidingWindowCounter} {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			lr := lim(key(t, "b"), a, 3, time.Hour, 0)

@@ -1,6 +1,10 @@
 package bucket
 
-import "math"
+import (
+	"math"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
+)
 
 // The algorithms for Local, with the formulas, rounding and float operations of the Lua
 // files (see lua/*.lua for each contract), so that Local and Store agree on every number.
@@ -30,7 +34,7 @@ type params struct {
 	limit, window, burst float64
 	// queue is a queue's longest delay in µs (Limit.MaxDelay), 0 for none.
 	queue float64
-	// start, first and second are a CalendarWindow's periods: the first's start and both
+	// start, first and second are a algorithm.CalendarWindow's periods: the first's start and both
 	// lengths, in µs.
 	start, first, second float64
 }
@@ -38,7 +42,7 @@ type params struct {
 // paramsOf is l as the twins take it.
 func paramsOf(l *Limit) params {
 	p := params{limit: float64(l.Limit), window: float64(l.windowUS()), burst: float64(l.Capacity()), queue: float64(l.MaxDelay.Microseconds())}
-	if l.Algorithm == CalendarWindow {
+	if l.Algorithm == algorithm.CalendarWindow {
 		p.start = float64(l.Periods.Start.UnixMicro())
 		p.first, p.second = float64(l.Periods.First.Microseconds()), float64(l.Periods.Second.Microseconds())
 	}
@@ -47,7 +51,7 @@ func paramsOf(l *Limit) params {
 
 // state is one bucket of Local. Which fields mean what depends on alg.
 type state struct {
-	alg Algorithm
+	alg algorithm.ID
 	// expires is when the state becomes equivalent to a missing one (the Redis TTL).
 	expires float64
 	a, b    float64 // tb: tokens, cap; lb: level; swc: current, previous count
@@ -71,8 +75,22 @@ type outcome struct {
 
 // evaluate mirrors the Lua module's eval of alg; s is nil for a missing bucket. next is
 // filled when ok, and for the window algorithms also when not (a counted denial commits it).
-func evaluate(alg Algorithm, s *state, p params, now, cost float64) outcome {
-	return algorithms[alg].eval(s, p, now, cost)
+func evaluate(alg algorithm.ID, s *state, p params, now, cost float64) outcome {
+	return evals[alg](s, p, now, cost)
+}
+
+// evals are the Go twins of the Lua modules' evals, for Local, indexed by algorithm (whose one
+// table is package algorithm's): adding an algorithm adds its twin here. TestAlgorithmTable
+// checks that every algorithm has one.
+var evals = [...]func(s *state, p params, now, cost float64) outcome{
+	algorithm.TokenBucket:          evalTokenBucket,
+	algorithm.LeakyBucket:          evalLeakyBucket,
+	algorithm.FixedWindow:          evalFixedWindow,
+	algorithm.SlidingWindowLog:     evalSlidingLog,
+	algorithm.SlidingWindowCounter: evalSlidingCounter,
+	algorithm.GCRA:                 evalGCRA,
+	algorithm.CalendarWindow:       evalCalendarWindow,
+	algorithm.Concurrency:          evalConcurrency,
 }
 
 func evalTokenBucket(s *state, p params, now, cost float64) outcome {
@@ -98,7 +116,7 @@ func evalTokenBucket(s *state, p params, now, cost float64) outcome {
 	after := nonneg(tk - cost)
 	o.ok = true
 	o.aused, o.arem, o.areset = fill(after)
-	o.next = state{alg: TokenBucket, a: after, b: p.burst, t: t,
+	o.next = state{alg: algorithm.TokenBucket, a: after, b: p.burst, t: t,
 		expires: now + ttlUS(t-now+(p.burst-after)*p.window/p.limit)}
 	return o
 }
@@ -121,7 +139,7 @@ func evalLeakyBucket(s *state, p params, now, cost float64) outcome {
 	after := lv + cost
 	o.ok = true
 	o.aused, o.arem, o.areset = meter(after)
-	o.next = state{alg: LeakyBucket, a: after, t: t, expires: now + ttlUS(t-now+after*p.window/p.limit)}
+	o.next = state{alg: algorithm.LeakyBucket, a: after, t: t, expires: now + ttlUS(t-now+after*p.window/p.limit)}
 	return o
 }
 
@@ -133,12 +151,12 @@ func evalFixedWindow(s *state, p params, now, cost float64) outcome {
 			wid, t = s.t, s.t*p.window
 		}
 	}
-	return windowed(FixedWindow, wid, (wid+1)*p.window, t, n, p, cost)
+	return windowed(algorithm.FixedWindow, wid, (wid+1)*p.window, t, n, p, cost)
 }
 
 // windowed is the outcome of a window algorithm's check of cost in the window wid, which holds
 // n and ends at reset; a denial waits from t until reset.
-func windowed(alg Algorithm, wid, reset, t, n float64, p params, cost float64) outcome {
+func windowed(alg algorithm.ID, wid, reset, t, n float64, p params, cost float64) outcome {
 	o := outcome{used: n, rem: nonneg(p.limit - n), reset: reset}
 	after := n + cost
 	// A denial's next is the as-if-charged state, which a counted request commits (Count).
@@ -165,7 +183,7 @@ func evalCalendarWindow(s *state, p params, now, cost float64) outcome {
 		n = s.n
 		wid = s.t
 	}
-	return windowed(CalendarWindow, wid, reset, now, n, p, cost)
+	return windowed(algorithm.CalendarWindow, wid, reset, now, n, p, cost)
 }
 
 // evalConcurrency is lua/concurrency.lua's eval, for Local, which has no releases: each charge
@@ -193,7 +211,7 @@ func evalConcurrency(s *state, p params, now, cost float64) outcome {
 	}
 	o.ok = true
 	o.aused, o.arem, o.areset = n+1, nonneg(p.limit-n-1), math.Max(last, now+p.window)
-	o.next = state{alg: Concurrency, log: append(live, logRun{t: now + p.window, n: 1}), expires: o.areset}
+	o.next = state{alg: algorithm.Concurrency, log: append(live, logRun{t: now + p.window, n: 1}), expires: o.areset}
 	return o
 }
 
@@ -228,7 +246,7 @@ func evalSlidingCounter(s *state, p params, now, cost float64) outcome {
 	if le(weighted+cost, L) {
 		o.ok = true
 		o.aused, o.arem, o.areset, _ = view(c + cost)
-		o.next = state{alg: SlidingWindowCounter, t: wid, a: c + cost, b: pv,
+		o.next = state{alg: algorithm.SlidingWindowCounter, t: wid, a: c + cost, b: pv,
 			expires: math.Ceil((wid+2)*W/1000) * 1000}
 		return o
 	}
@@ -287,20 +305,20 @@ func evalSlidingLog(s *state, p params, now, cost float64) outcome {
 	o.ok = true
 	o.aused, o.arem, o.areset = count+cost, nonneg(L-count-cost), t+W
 	// The log itself is extended by apply: eval must not touch the shared state.
-	o.next = state{alg: SlidingWindowLog, t: t, n: cost, expires: now + ttlUS(t+W-now)}
+	o.next = state{alg: algorithm.SlidingWindowLog, t: t, n: cost, expires: now + ttlUS(t+W-now)}
 	return o
 }
 
 // apply commits o, the allowed evaluation of one limit, to s. A sliding window log drops its
 // expired runs and appends the charge; every other state is replaced whole.
 func (s *state) apply(o *outcome, p params) {
-	if o.next.alg != SlidingWindowLog {
+	if o.next.alg != algorithm.SlidingWindowLog {
 		*s = o.next
 		return
 	}
 	t, cost := o.next.t, o.next.n
 	log := s.log
-	if s.alg != SlidingWindowLog {
+	if s.alg != algorithm.SlidingWindowLog {
 		log = log[:0]
 	}
 	i := 0
@@ -313,7 +331,7 @@ func (s *state) apply(o *outcome, p params) {
 	} else {
 		log = append(log, logRun{t: t, n: cost})
 	}
-	*s = state{alg: SlidingWindowLog, expires: o.next.expires, log: log}
+	*s = state{alg: algorithm.SlidingWindowLog, expires: o.next.expires, log: log}
 }
 
 func evalGCRA(s *state, p params, now, cost float64) outcome {
@@ -341,6 +359,6 @@ func evalGCRA(s *state, p params, now, cost float64) outcome {
 	if f9 >= 1e9 {
 		ip, f9 = ip+1, 0
 	}
-	o.next = state{alg: GCRA, t: now + ip, n: f9, expires: now + ttlUS(nd)}
+	o.next = state{alg: algorithm.GCRA, t: now + ip, n: f9, expires: now + ttlUS(nd)}
 	return o
 }

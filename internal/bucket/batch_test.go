@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
@@ -97,15 +98,15 @@ func TestStoreBatchExact(t *testing.T) {
 	t.Parallel()
 	const L, calls = 100, 1000
 	tests := []struct {
-		alg Algorithm
+		alg algorithm.ID
 		cfg StoreConfig
 	}{
-		{FixedWindow, StoreConfig{}},
-		{TokenBucket, StoreConfig{}},
-		{GCRA, StoreConfig{}},
-		{SlidingWindowLog, StoreConfig{}},
-		{SlidingWindowCounter, StoreConfig{Loops: 1, MaxBatch: 7}},
-		{LeakyBucket, StoreConfig{Loops: 16, MaxBatch: 1}},
+		{algorithm.FixedWindow, StoreConfig{}},
+		{algorithm.TokenBucket, StoreConfig{}},
+		{algorithm.GCRA, StoreConfig{}},
+		{algorithm.SlidingWindowLog, StoreConfig{}},
+		{algorithm.SlidingWindowCounter, StoreConfig{Loops: 1, MaxBatch: 7}},
+		{algorithm.LeakyBucket, StoreConfig{Loops: 16, MaxBatch: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s/loops=%d/max=%d", tt.alg, tt.cfg.Loops, tt.cfg.MaxBatch), func(t *testing.T) {
@@ -167,7 +168,7 @@ func TestStoreBatchPerServer(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			k := fmt.Sprintf("{per-server-%d-%d}:b", run, i) // a subject of its own: a slot of its own
-			if _, err := s.Check(context.Background(), []Request{one(lim(k, FixedWindow, 10, long, 0), 1)}); err != nil {
+			if _, err := s.Check(context.Background(), []Request{one(lim(k, algorithm.FixedWindow, 10, long, 0), 1)}); err != nil {
 				failed.Add(1)
 			}
 		})
@@ -210,7 +211,7 @@ func TestStoreConfig(t *testing.T) {
 	s := NewStoreWithConfig(c, StoreConfig{Loops: 1, MaxBatch: 2})
 	reqs := make([]Request, 5)
 	for i := range reqs {
-		reqs[i] = one(lim(key(t, fmt.Sprint(i)), FixedWindow, 5, long, 0), 1)
+		reqs[i] = one(lim(key(t, fmt.Sprint(i)), algorithm.FixedWindow, 5, long, 0), 1)
 	}
 	res, err := s.Check(ctxT(t), reqs)
 	if err != nil {
@@ -261,7 +262,7 @@ func TestStoreCloseWaits(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Check(ctx, []Request{one(lim("rl:{close}:x", FixedWindow, 5, long, 0), 1)})
+		_, err := s.Check(ctx, []Request{one(lim("rl:{close}:x", algorithm.FixedWindow, 5, long, 0), 1)})
 		done <- err
 	}()
 	accepted <- <-accepted // the loop is sending its batch
@@ -311,10 +312,10 @@ func flushUnderLoad(t *testing.T, flusher *redis.Client, s *Store) int64 {
 	t.Cleanup(func() { flusher.Close() })
 	const workers, each = 16, 60
 	limits := []Limit{
-		lim(key(t, "fw"), FixedWindow, 100000, long, 0),
-		lim(key(t, "tb"), TokenBucket, 100000, long, 0),
-		lim(key(t, "gcra"), GCRA, 100000, long, 0),
-		lim(key(t, "swl"), SlidingWindowLog, 100000, long, 0),
+		lim(key(t, "fw"), algorithm.FixedWindow, 100000, long, 0),
+		lim(key(t, "tb"), algorithm.TokenBucket, 100000, long, 0),
+		lim(key(t, "gcra"), algorithm.GCRA, 100000, long, 0),
+		lim(key(t, "swl"), algorithm.SlidingWindowLog, 100000, long, 0),
 	}
 	// Half the checks carry all limits of one subject (one script call), half are pipelined
 	// Checks of one request per limit, so both kinds meet the flushes.
@@ -384,7 +385,7 @@ func flushUnderLoad(t *testing.T, flusher *redis.Client, s *Store) int64 {
 func TestStoreRestartUnderLoad(t *testing.T) {
 	t.Parallel()
 	own, _, s := ownStore(t, StoreConfig{BatchTimeout: 300 * time.Millisecond})
-	req := one(lim("{restart}:b", FixedWindow, 1<<40, long, 0), 1)
+	req := one(lim("{restart}:b", algorithm.FixedWindow, 1<<40, long, 0), 1)
 
 	var ok, failed atomic.Int64
 	stop := make(chan struct{})
@@ -470,7 +471,7 @@ func TestStoreDeadlineWhilePaused(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			s := NewStoreWithConfig(c, StoreConfig{Loops: tt.loops})
 			t.Cleanup(func() { s.Close() })
-			l := lim(fmt.Sprintf("{pause}:%d", i), FixedWindow, 1000, long, 0)
+			l := lim(fmt.Sprintf("{pause}:%d", i), algorithm.FixedWindow, 1000, long, 0)
 			if _, err := s.Check(ctxT(t), []Request{one(l, 1)}); err != nil {
 				t.Fatalf("Check before the pause: %v", err)
 			}
@@ -532,7 +533,7 @@ func TestStoreDeadlineWhilePaused(t *testing.T) {
 func TestStoreContextEnded(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
-	l := lim(key(t, "b"), FixedWindow, 10, long, 0)
+	l := lim(key(t, "b"), algorithm.FixedWindow, 10, long, 0)
 	for _, mk := range []func() (context.Context, context.CancelFunc){
 		func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
 		func() (context.Context, context.CancelFunc) {
@@ -566,7 +567,7 @@ func TestStoreUnreachable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := s.Check(ctx, []Request{one(lim("{x}:b", GCRA, 1, time.Second, 0), 1)}); err == nil {
+	if _, err := s.Check(ctx, []Request{one(lim("{x}:b", algorithm.GCRA, 1, time.Second, 0), 1)}); err == nil {
 		t.Fatal("Check with nothing listening: nil error")
 	}
 	if d := time.Since(start); d > time.Second {
@@ -597,12 +598,12 @@ func TestCallerDeadlineBoundsOnlyItsWait(t *testing.T) {
 			for ctx.Err() == nil {
 				// Deadlines from 20 µs to 140 µs: some end in the queue, some in flight.
 				cctx, cancel := context.WithTimeout(ctx, time.Duration(20+i*40)*time.Microsecond)
-				_, _ = s.Check(cctx, []Request{one(lim(k, FixedWindow, 1e9, long, 0), 1)})
+				_, _ = s.Check(cctx, []Request{one(lim(k, algorithm.FixedWindow, 1e9, long, 0), 1)})
 				cancel()
 			}
 		})
 	}
-	victim := lim(key(t, "victim"), FixedWindow, 50, long, 0)
+	victim := lim(key(t, "victim"), algorithm.FixedWindow, 50, long, 0)
 	allowed := 0
 	for i := range 200 {
 		res, err := s.Check(context.Background(), []Request{one(victim, 1)})
@@ -632,7 +633,7 @@ func TestOnRoundTripReportsOutage(t *testing.T) {
 	got := make(chan error, 10)
 	s := NewStoreWithConfig(down, StoreConfig{Loops: 1, OnRoundTrip: func(err error) { got <- err }})
 	defer s.Close()
-	if _, err := s.Check(context.Background(), []Request{one(lim("rl:{down}:x", FixedWindow, 5, long, 0), 1)}); err == nil {
+	if _, err := s.Check(context.Background(), []Request{one(lim("rl:{down}:x", algorithm.FixedWindow, 5, long, 0), 1)}); err == nil {
 		t.Fatal("Check against a Redis that refuses connections: no error")
 	}
 	if err := <-got; !Unavailable(err) {
@@ -679,7 +680,7 @@ func TestLeftInFlightRefunded(t *testing.T) {
 
 	// With an idempotency key, the record the call wrote goes with its charge: a retry is
 	// decided afresh, not replayed as allowed with nothing charged.
-	l := lim("{left}:keyed", FixedWindow, 5, long, 0)
+	l := lim("{left}:keyed", algorithm.FixedWindow, 5, long, 0)
 	keyed := Request{Limits: []Limit{l}, Cost: 2, IdempotencyKey: "rl:{left}:i:k", Fingerprint: "fp"}
 	before := readRedisStats(t, c).calls
 	if err := c.Do(ctx, "CLIENT", "PAUSE", "300", "ALL").Err(); err != nil {
@@ -716,7 +717,7 @@ func TestSendThenWait(t *testing.T) {
 	k := key(t, "k")
 	var ps []Pending
 	for range 3 {
-		ps = append(ps, s.Send(ctx, []Request{one(lim(k, FixedWindow, 2, long, 0), 1)}))
+		ps = append(ps, s.Send(ctx, []Request{one(lim(k, algorithm.FixedWindow, 2, long, 0), 1)}))
 	}
 	allowed := 0
 	for i := range ps {
@@ -734,7 +735,7 @@ func TestSendThenWait(t *testing.T) {
 	if _, err := ps[0].Wait(); !errors.Is(err, errWaitedTwice) {
 		t.Errorf("second Wait: %v, want errWaitedTwice", err)
 	}
-	bad := s.Send(ctx, []Request{one(lim(k, FixedWindow, 2, long, 0), 0)})
+	bad := s.Send(ctx, []Request{one(lim(k, algorithm.FixedWindow, 2, long, 0), 0)})
 	if _, err := bad.Wait(); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("Wait of a check of cost 0: %v, want ErrInvalidRequest", err)
 	}

@@ -15,14 +15,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // benchLimits returns n limits of mixed algorithms for one subject, large enough never to
-// deny, so the benchmark measures the allowed path. (At 2^40 per hour a token bucket or GCRA
+// deny, so the benchmark measures the allowed path. (At 2^40 per hour a token bucket or algorithm.GCRA
 // key is full again, and expires, about 1 ms after a check: most checks write a new key.)
 func benchLimits(prefix string, n int) []Limit {
-	algs := []Algorithm{GCRA, TokenBucket, SlidingWindowCounter}
+	algs := []algorithm.ID{algorithm.GCRA, algorithm.TokenBucket, algorithm.SlidingWindowCounter}
 	ls := make([]Limit, n)
 	for i := range ls {
 		ls[i] = lim(fmt.Sprintf("{%s}:%d", prefix, i), algs[i%len(algs)], 1<<40, time.Hour, 0)
@@ -177,32 +178,32 @@ func BenchmarkStoreScript(b *testing.B) {
 		name string
 		req  func(p string) Request
 	}{
-		{"token_bucket", func(p string) Request { return one(lim(p+":tb", TokenBucket, 1<<40, time.Hour, 0), 1) }},
-		{"gcra", func(p string) Request { return one(lim(p+":g", GCRA, 1<<40, time.Hour, 0), 1) }},
-		{"fixed_window", func(p string) Request { return one(lim(p+":fw", FixedWindow, 1<<40, time.Hour, 0), 1) }},
+		{"token_bucket", func(p string) Request { return one(lim(p+":tb", algorithm.TokenBucket, 1<<40, time.Hour, 0), 1) }},
+		{"gcra", func(p string) Request { return one(lim(p+":g", algorithm.GCRA, 1<<40, time.Hour, 0), 1) }},
+		{"fixed_window", func(p string) Request { return one(lim(p+":fw", algorithm.FixedWindow, 1<<40, time.Hour, 0), 1) }},
 		{"sliding_window_counter", func(p string) Request {
-			return one(lim(p+":swc", SlidingWindowCounter, 1<<40, time.Hour, 0), 1)
+			return one(lim(p+":swc", algorithm.SlidingWindowCounter, 1<<40, time.Hour, 0), 1)
 		}},
-		{"leaky_bucket", func(p string) Request { return one(lim(p+":lb", LeakyBucket, 1<<40, time.Hour, 0), 1) }},
+		{"leaky_bucket", func(p string) Request { return one(lim(p+":lb", algorithm.LeakyBucket, 1<<40, time.Hour, 0), 1) }},
 		{"calendar_window", func(p string) Request {
 			return one(calLimit(p+":cw", 1<<40, calendar.Period{Unit: calendar.Month}.Around(time.Now())), 1)
 		}},
 		{"sliding_window_log", func(p string) Request {
-			return one(lim(p+":swl", SlidingWindowLog, 1<<40, time.Second, 0), 1)
+			return one(lim(p+":swl", algorithm.SlidingWindowLog, 1<<40, time.Second, 0), 1)
 		}},
 		{"mixed_3", func(p string) Request { return Request{Limits: benchLimits(p, 3), Cost: 1} }},
 		{"token_bucket_idem", func(p string) Request {
-			r := one(lim(p+":tbi", TokenBucket, 1<<40, time.Hour, 0), 1)
+			r := one(lim(p+":tbi", algorithm.TokenBucket, 1<<40, time.Hour, 0), 1)
 			r.IdempotencyKey = p + ":idem"
 			return r
 		}},
 		{"token_bucket_idem_fingerprint", func(p string) Request {
-			r := one(lim(p+":tbf", TokenBucket, 1<<40, time.Hour, 0), 1)
+			r := one(lim(p+":tbf", algorithm.TokenBucket, 1<<40, time.Hour, 0), 1)
 			r.IdempotencyKey = p + ":idem"
 			r.Fingerprint = "0123456789abcdef" // the size of checker's
 			return r
 		}},
-		{"peek_token_bucket", func(p string) Request { return peekReq(lim(p+":tb", TokenBucket, 1<<40, time.Hour, 0)) }},
+		{"peek_token_bucket", func(p string) Request { return peekReq(lim(p+":tb", algorithm.TokenBucket, 1<<40, time.Hour, 0)) }},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {

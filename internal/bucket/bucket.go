@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
@@ -15,25 +16,25 @@ type Limit struct {
 	// Key is the Redis key of the bucket. All keys of one Request share one hash tag, so they
 	// live in one Redis Cluster slot.
 	Key       string
-	Algorithm Algorithm
+	Algorithm algorithm.ID
 	// Limit is the number of units allowed per Window.
 	Limit  int64
 	Window time.Duration
-	// Burst is the capacity of token bucket, leaky bucket and GCRA; 0 means Limit. Window
+	// Burst is the capacity of token bucket, leaky bucket and algorithm.GCRA; 0 means Limit. Window
 	// algorithms ignore it.
 	Burst int64
-	// MaxDelay, for GCRA and LeakyBucket, makes the limit a queue (a leaky bucket used as
+	// MaxDelay, for algorithm.GCRA and algorithm.LeakyBucket, makes the limit a queue (a leaky bucket used as
 	// one): a charge the limit would deny is allowed after a delay instead, when that delay is
 	// at most MaxDelay, and charged at the slot it is given, so that the delayed charges are
 	// spaced exactly Window/Limit apart (per unit of cost). A charge whose delay would exceed
 	// MaxDelay is denied. LimitResult.Delay is the delay. 0: no queue.
 	MaxDelay time.Duration
-	// Holder is, for Concurrency, who holds the place a charge takes in flight (the id of a
+	// Holder is, for algorithm.Concurrency, who holds the place a charge takes in flight (the id of a
 	// concurrency lease, in the API's words; no relation to Store.Lease's budget slices): drawn
 	// at random by the caller, which proves itself its holder by knowing it (Store.Release,
 	// Store.Renew), 1 to MaxHolder bytes. The other algorithms ignore it.
 	Holder string
-	// Periods are, for CalendarWindow, two consecutive calendar periods around the caller's
+	// Periods are, for algorithm.CalendarWindow, two consecutive calendar periods around the caller's
 	// clock (calendar.Period.Around): the decision is made in the one that holds Redis's time,
 	// and Window is only the unit's nominal length. Other algorithms ignore them.
 	Periods calendar.Span

@@ -5,18 +5,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
 // redisNow is Redis's time, read through a peek of a throwaway fixed window.
 func redisNow(t *testing.T, s *Store) time.Time {
 	t.Helper()
-	return check(t, s, peekReq(lim(key(t, "clock"), FixedWindow, 1, time.Hour, 0))).Now
+	return check(t, s, peekReq(lim(key(t, "clock"), algorithm.FixedWindow, 1, time.Hour, 0))).Now
 }
 
-// calLimit is a CalendarWindow limit of limit units over sp.
+// calLimit is a algorithm.CalendarWindow limit of limit units over sp.
 func calLimit(k string, limit int64, sp calendar.Span) Limit {
-	return Limit{Key: k, Algorithm: CalendarWindow, Limit: limit, Window: sp.First, Periods: sp}
+	return Limit{Key: k, Algorithm: algorithm.CalendarWindow, Limit: limit, Window: sp.First, Periods: sp}
 }
 
 // TestCalendarWindowBoundary: checks count in the period that holds Redis's time, whatever the
@@ -95,7 +96,7 @@ func TestCalendarWindowExact(t *testing.T) {
 
 	// All or nothing: the second request's limit denies, so the first's calendar charge goes back.
 	cal := calLimit(key(t, "cw2"), 10, sp)
-	full := lim(key(t, "fw"), FixedWindow, 1, time.Hour, 0)
+	full := lim(key(t, "fw"), algorithm.FixedWindow, 1, time.Hour, 0)
 	check(t, s, one(full, 1))
 	res, err := s.Check(ctxT(t), []Request{one(cal, 4), one(full, 1)})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
@@ -109,7 +110,7 @@ func TestRefusedWithoutFailover(t *testing.T) {
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	req := one(lim(key(t, "refused"), FixedWindow, 10, time.Hour, 0), 1)
+	req := one(lim(key(t, "refused"), algorithm.FixedWindow, 10, time.Hour, 0), 1)
 	if _, err := s.Check(ctx, []Request{req}); err != nil {
 		t.Fatal(err)
 	}

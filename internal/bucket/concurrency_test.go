@@ -8,11 +8,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
-// ccLimit is a Concurrency limit of limit places held for ttl, taken by holder.
+// ccLimit is a algorithm.Concurrency limit of limit places held for ttl, taken by holder.
 func ccLimit(k string, limit int64, ttl time.Duration, holder string) Limit {
-	return Limit{Key: k, Algorithm: Concurrency, Limit: limit, Window: ttl, Holder: holder}
+	return Limit{Key: k, Algorithm: algorithm.Concurrency, Limit: limit, Window: ttl, Holder: holder}
 }
 
 // TestConcurrencyExact: N concurrent checks take exactly limit places; a release frees one for
@@ -107,15 +109,15 @@ func TestConcurrencyAllOrNothing(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
 	k, full, other := key(t, "cc"), key(t, "fw"), fmt.Sprintf("{%s-other}:fw", t.Name())
-	check(t, s, one(lim(full, FixedWindow, 1, time.Hour, 0), 1))
-	check(t, s, one(lim(other, FixedWindow, 1, time.Hour, 0), 1))
+	check(t, s, one(lim(full, algorithm.FixedWindow, 1, time.Hour, 0), 1))
+	check(t, s, one(lim(other, algorithm.FixedWindow, 1, time.Hour, 0), 1))
 	// Same subject: denied by the fixed window, nothing taken.
-	r := check(t, s, Request{Cost: 1, Limits: []Limit{ccLimit(k, 5, time.Minute, "a"), lim(full, FixedWindow, 1, time.Hour, 0)}})
+	r := check(t, s, Request{Cost: 1, Limits: []Limit{ccLimit(k, 5, time.Minute, "a"), lim(full, algorithm.FixedWindow, 1, time.Hour, 0)}})
 	if r.Allowed {
 		t.Fatal("allowed past a full fixed window")
 	}
 	// Another subject: taken, then refunded.
-	res, err := s.Check(ctxT(t), []Request{one(ccLimit(k, 5, time.Minute, "b"), 1), one(lim(other, FixedWindow, 1, time.Hour, 0), 1)})
+	res, err := s.Check(ctxT(t), []Request{one(ccLimit(k, 5, time.Minute, "b"), 1), one(lim(other, algorithm.FixedWindow, 1, time.Hour, 0), 1)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestStoreCount runs counted requests (Request.Count), Envoy's reference semantics: every hit
@@ -39,7 +41,7 @@ func TestStoreCount(t *testing.T) {
 // and used are each check's answer and reported count; every hit ends up counted.
 func testCount(t *testing.T, check func(Request) Result, limit int64, costs []int64, want []bool, used []int64) {
 	t.Helper()
-	l := lim(key(t, "c"), FixedWindow, limit, time.Hour, 0)
+	l := lim(key(t, "c"), algorithm.FixedWindow, limit, time.Hour, 0)
 	var sum int64
 	for i, cost := range costs {
 		req := one(l, cost)
@@ -64,9 +66,9 @@ func TestCountRefused(t *testing.T) {
 		name string
 		req  Request
 	}{
-		{"token bucket counted", Request{Cost: 1, Count: true, Limits: []Limit{lim(k, TokenBucket, 5, time.Second, 5)}}},
-		{"counted with a record", Request{Cost: 1, Count: true, IdempotencyKey: k + ":i", Limits: []Limit{lim(k, FixedWindow, 5, time.Second, 0)}}},
-		{"zero token bucket", Request{Cost: 1, Limits: []Limit{lim(k, TokenBucket, 0, time.Second, 0)}}},
+		{"token bucket counted", Request{Cost: 1, Count: true, Limits: []Limit{lim(k, algorithm.TokenBucket, 5, time.Second, 5)}}},
+		{"counted with a record", Request{Cost: 1, Count: true, IdempotencyKey: k + ":i", Limits: []Limit{lim(k, algorithm.FixedWindow, 5, time.Second, 0)}}},
+		{"zero token bucket", Request{Cost: 1, Limits: []Limit{lim(k, algorithm.TokenBucket, 0, time.Second, 0)}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

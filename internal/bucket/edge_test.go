@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,18 +22,18 @@ func TestStoreClockBack(t *testing.T) {
 	wid := ahead / wus
 	str := func(v int64) string { return strconv.FormatInt(v, 10) }
 	tests := []struct {
-		alg   Algorithm
+		alg   algorithm.ID
 		write func(ctx context.Context, k string) error
 	}{
-		{TokenBucket, func(ctx context.Context, k string) error {
+		{algorithm.TokenBucket, func(ctx context.Context, k string) error {
 			return c.HSet(ctx, k, "tk", "0", "ts", str(ahead), "cap", str(L)).Err()
 		}},
-		{LeakyBucket, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "lv", str(L), "ts", str(ahead)).Err() }},
-		{FixedWindow, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "w", str(wid), "n", str(L)).Err() }},
-		{SlidingWindowCounter, func(ctx context.Context, k string) error {
+		{algorithm.LeakyBucket, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "lv", str(L), "ts", str(ahead)).Err() }},
+		{algorithm.FixedWindow, func(ctx context.Context, k string) error { return c.HSet(ctx, k, "w", str(wid), "n", str(L)).Err() }},
+		{algorithm.SlidingWindowCounter, func(ctx context.Context, k string) error {
 			return c.HSet(ctx, k, "w", str(wid), "c", str(L), "p", "0").Err()
 		}},
-		{SlidingWindowLog, func(ctx context.Context, k string) error {
+		{algorithm.SlidingWindowLog, func(ctx context.Context, k string) error {
 			for j := 1; j <= L; j++ {
 				if err := c.ZAdd(ctx, k, zmember(ahead, j)).Err(); err != nil {
 					return err
@@ -40,7 +41,7 @@ func TestStoreClockBack(t *testing.T) {
 			}
 			return nil
 		}},
-		{GCRA, func(ctx context.Context, k string) error { return c.Set(ctx, k, str(ahead), 0).Err() }},
+		{algorithm.GCRA, func(ctx context.Context, k string) error { return c.Set(ctx, k, str(ahead), 0).Err() }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.alg.String(), func(t *testing.T) {

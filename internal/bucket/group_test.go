@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -56,12 +57,12 @@ func TestGroupCallsFailAlone(t *testing.T) {
 	if err := c.Set(ctx, retried, "same request", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	good := lim(key(t, "good"), GCRA, 10, long, 0)
-	conflict := one(lim(key(t, "idem-limit"), FixedWindow, 10, long, 0), 1)
+	good := lim(key(t, "good"), algorithm.GCRA, 10, long, 0)
+	conflict := one(lim(key(t, "idem-limit"), algorithm.FixedWindow, 10, long, 0), 1)
 	conflict.IdempotencyKey, conflict.Fingerprint = idem, "this request"
-	retry := one(lim(key(t, "retried-limit"), FixedWindow, 10, long, 0), 1)
+	retry := one(lim(key(t, "retried-limit"), algorithm.FixedWindow, 10, long, 0), 1)
 	retry.IdempotencyKey, retry.Fingerprint = retried, "same request"
-	reqs := []Request{one(good, 1), one(lim(wrong, TokenBucket, 10, long, 0), 1), conflict, one(good, 2), retry}
+	reqs := []Request{one(good, 1), one(lim(wrong, algorithm.TokenBucket, 10, long, 0), 1), conflict, one(good, 2), retry}
 	j := runJob(t, s, reqs)
 
 	var res Result
@@ -103,7 +104,7 @@ func TestBatchScriptMalformed(t *testing.T) {
 	ctx := ctxT(t)
 	k := key(t, "k")
 	c := serverOf(t, rdb, k)                       // on a cluster, the master that serves k
-	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (GCRA, 10 per minute), key
+	call := []any{"1 1 0 0 0 6 10 60000000 10", k} // head (algorithm.GCRA, 10 per minute), key
 	if testLayout.fields() {
 		call = append(call, sharedHash(k, 1)) // and its shared hash
 	}
@@ -163,7 +164,7 @@ func TestGroupElsewhere(t *testing.T) {
 			there = k
 		}
 	}
-	reqs := []Request{one(lim(here, GCRA, 10, long, 0), 1), one(lim(there, GCRA, 10, long, 0), 1)}
+	reqs := []Request{one(lim(here, algorithm.GCRA, 10, long, 0), 1), one(lim(there, algorithm.GCRA, 10, long, 0), 1)}
 	j := s.getJob()
 	defer putJob(j)
 	j.reserve(2, 16, 16, 64)
@@ -336,8 +337,8 @@ func TestLibraryRefused(t *testing.T) {
 		}
 		// A Check of two requests, one call: both charged or neither. Its two script calls
 		// travel as one group.
-		l1 := lim(key(t, fmt.Sprint("a", load)), FixedWindow, 5, long, 0)
-		l2 := lim(key(t, fmt.Sprint("b", load)), TokenBucket, 5, long, 0)
+		l1 := lim(key(t, fmt.Sprint("a", load)), algorithm.FixedWindow, 5, long, 0)
+		l2 := lim(key(t, fmt.Sprint("b", load)), algorithm.TokenBucket, 5, long, 0)
 		allowed := 0
 		for range 8 {
 			res, err := s.Check(ctxT(t), []Request{one(l1, 1), one(l2, 1)})

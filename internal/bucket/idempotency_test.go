@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,8 +27,12 @@ type idemCall struct {
 }
 
 func idemCalls() []idemCall {
-	tb := func(t *testing.T, sub string) Limit { return lim(subjectKey(t, sub, "tb"), TokenBucket, 5, long, 0) }
-	fw := func(t *testing.T, sub string) Limit { return lim(subjectKey(t, sub, "fw"), FixedWindow, 5, long, 0) }
+	tb := func(t *testing.T, sub string) Limit {
+		return lim(subjectKey(t, sub, "tb"), algorithm.TokenBucket, 5, long, 0)
+	}
+	fw := func(t *testing.T, sub string) Limit {
+		return lim(subjectKey(t, sub, "fw"), algorithm.FixedWindow, 5, long, 0)
+	}
 	rec := func(t *testing.T, r Request) Request {
 		r.IdempotencyKey, r.Fingerprint = subjectKey(t, "a", "idem"), "fp-1"
 		return r
@@ -48,7 +53,7 @@ func idemCalls() []idemCall {
 			return []Request{
 				rec(t, Request{Limits: []Limit{tb(t, "a")}, Cost: 2}),
 				{Limits: []Limit{fw(t, "b"), tb(t, "b")}, Cost: 2},
-				{Limits: []Limit{lim(subjectKey(t, "c", "g"), GCRA, 5, long, 0)}, Cost: 2},
+				{Limits: []Limit{lim(subjectKey(t, "c", "g"), algorithm.GCRA, 5, long, 0)}, Cost: 2},
 			}
 		}},
 		{"record on a shadow request", func(t *testing.T) []Request {
@@ -138,8 +143,8 @@ func TestStoreIdempotencyReplayWhenFull(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	a := lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)
-	b := lim(subjectKey(t, "b", "fw"), FixedWindow, 5, long, 0)
+	a := lim(subjectKey(t, "a", "tb"), algorithm.TokenBucket, 5, long, 0)
+	b := lim(subjectKey(t, "b", "fw"), algorithm.FixedWindow, 5, long, 0)
 	reqs := []Request{{Limits: []Limit{a}, Cost: 2, IdempotencyKey: subjectKey(t, "a", "idem"), Fingerprint: "fp"}, one(b, 2)}
 	if _, err := s.Check(ctx, reqs); err != nil {
 		t.Fatal(err)
@@ -218,8 +223,8 @@ func TestStoreIdempotencyDenied(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := ctxT(t)
-			a := lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)
-			b := lim(subjectKey(t, "b", "gcra"), GCRA, 5, long, 0)
+			a := lim(subjectKey(t, "a", "tb"), algorithm.TokenBucket, 5, long, 0)
+			b := lim(subjectKey(t, "b", "gcra"), algorithm.GCRA, 5, long, 0)
 			full := []Limit{a, b}[tt.deniedBy]
 			if r := check(t, s, one(full, 4)); !r.Allowed {
 				t.Fatal("filling: denied")
@@ -255,8 +260,8 @@ func TestStoreIdempotencyOneRecordPerCall(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
 	ctx := ctxT(t)
-	a := Request{Limits: []Limit{lim(subjectKey(t, "a", "tb"), TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "a", "idem")}
-	b := Request{Limits: []Limit{lim(subjectKey(t, "b", "tb"), TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "b", "idem")}
+	a := Request{Limits: []Limit{lim(subjectKey(t, "a", "tb"), algorithm.TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "a", "idem")}
+	b := Request{Limits: []Limit{lim(subjectKey(t, "b", "tb"), algorithm.TokenBucket, 5, long, 0)}, Cost: 1, IdempotencyKey: subjectKey(t, "b", "idem")}
 	_, err := s.Check(ctx, []Request{a, b})
 	if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "more than one request carries an idempotency key") {
 		t.Errorf("two records: %v, want ErrInvalidRequest saying so", err)

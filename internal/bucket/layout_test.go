@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -136,7 +137,7 @@ func TestLayoutCompactNotForOld(t *testing.T) {
 			check(t, stores["compact"], one(l, 7))
 			res, err := stores["old"].Check(ctxT(t), []Request{peekReq(l)})
 			switch a {
-			case FixedWindow, TokenBucket:
+			case algorithm.FixedWindow, algorithm.TokenBucket:
 				if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 					t.Errorf("old checker on a compact bucket: got %v, want a WRONGTYPE error", err)
 				}
@@ -167,13 +168,13 @@ func TestLayoutState(t *testing.T) {
 		value  string // the string's value, when it is known
 		expire int64  // PEXPIRETIME, when it is known
 	}{
-		{"fixed_window previous", "previous", lim("fw", FixedWindow, 10, time.Hour, 0), "hash", "listpack", "", (wid + 1) * hour / 1000},
-		{"fixed_window compact", "compact", lim("fw", FixedWindow, 10, time.Hour, 0), "string", "int", fwCompact(7), (wid + 1) * hour / 1000},
-		{"token_bucket previous", "previous", lim("tb", TokenBucket, 10, long, 0), "hash", "listpack", "", 0},
-		{"token_bucket compact", "compact", lim("tb", TokenBucket, 10, long, 0), "string", "embstr", "", 0},
-		{"gcra whole µs previous", "previous", lim("gcra", GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
-		{"gcra whole µs compact", "compact", lim("gcra", GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
-		{"gcra fraction compact", "compact", lim("gcra", GCRA, 3, time.Second, 10), "string", "embstr", "", 0},
+		{"fixed_window previous", "previous", lim("fw", algorithm.FixedWindow, 10, time.Hour, 0), "hash", "listpack", "", (wid + 1) * hour / 1000},
+		{"fixed_window compact", "compact", lim("fw", algorithm.FixedWindow, 10, time.Hour, 0), "string", "int", fwCompact(7), (wid + 1) * hour / 1000},
+		{"token_bucket previous", "previous", lim("tb", algorithm.TokenBucket, 10, long, 0), "hash", "listpack", "", 0},
+		{"token_bucket compact", "compact", lim("tb", algorithm.TokenBucket, 10, long, 0), "string", "embstr", "", 0},
+		{"gcra whole µs previous", "previous", lim("gcra", algorithm.GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
+		{"gcra whole µs compact", "compact", lim("gcra", algorithm.GCRA, 10, 10*time.Second, 0), "string", "int", "", 0},
+		{"gcra fraction compact", "compact", lim("gcra", algorithm.GCRA, 3, time.Second, 10), "string", "embstr", "", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -216,7 +217,7 @@ func TestLayoutFixedWindowAhead(t *testing.T) {
 	for _, ahead := range []int64{1, 3, 8} {
 		t.Run(strconv.FormatInt(ahead, 10), func(t *testing.T) {
 			t.Parallel()
-			l := lim(key(t, "b"), FixedWindow, L, time.Hour, 0)
+			l := lim(key(t, "b"), algorithm.FixedWindow, L, time.Hour, 0)
 			sw := wid + ahead
 			v := strconv.FormatInt(L*8+sw%8, 10)
 			end := time.UnixMilli((sw + 1) * hour / 1000)
@@ -304,7 +305,7 @@ func TestLayoutFixedWindowCharge(t *testing.T) {
 		if err := c.ConfigResetStat(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		l := lim(tt.key, FixedWindow, tt.limit, time.Hour, 0)
+		l := lim(tt.key, algorithm.FixedWindow, tt.limit, time.Hour, 0)
 		res := check(t, s, one(l, tt.cost))
 		checkInvariants(t, one(l, tt.cost), res)
 		got := res.Limits[0]

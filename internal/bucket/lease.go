@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // leaseSource is the lease script; see lease.lua for its contract. It lives beside this file,
@@ -55,7 +57,7 @@ func (s *Store) Lease(ctx context.Context, l Limit, want int64) (Grant, error) {
 	if err := l.validate(); err != nil {
 		return Grant{}, fmt.Errorf("bucket: lease %q: %w: %w", l.Key, ErrInvalidRequest, err)
 	}
-	if l.Algorithm != FixedWindow {
+	if l.Algorithm != algorithm.FixedWindow {
 		return Grant{}, fmt.Errorf("bucket: lease %q: %w: %w", l.Key, ErrInvalidRequest, errNotLeasable)
 	}
 	if want < 1 || want > maxValue {

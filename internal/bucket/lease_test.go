@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,7 +20,7 @@ func TestLease(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	l := lim(key(t, "fw"), FixedWindow, 10, time.Hour, 0)
+	l := lim(key(t, "fw"), algorithm.FixedWindow, 10, time.Hour, 0)
 
 	steps := []struct {
 		name      string
@@ -83,9 +84,9 @@ func TestLeaseInvalid(t *testing.T) {
 		l    Limit
 		want int64
 	}{
-		{"token bucket", lim(k, TokenBucket, 10, time.Second, 0), 1},
-		{"no key", lim("", FixedWindow, 10, time.Second, 0), 1},
-		{"zero want", lim(k, FixedWindow, 10, time.Second, 0), 0},
+		{"token bucket", lim(k, algorithm.TokenBucket, 10, time.Second, 0), 1},
+		{"no key", lim("", algorithm.FixedWindow, 10, time.Second, 0), 1},
+		{"zero want", lim(k, algorithm.FixedWindow, 10, time.Second, 0), 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,7 +95,7 @@ func TestLeaseInvalid(t *testing.T) {
 			}
 		})
 	}
-	if _, err := s.GiveBack(ctx, lim(k, FixedWindow, 10, time.Second, 0), 1, 0); !errors.Is(err, ErrInvalidRequest) {
+	if _, err := s.GiveBack(ctx, lim(k, algorithm.FixedWindow, 10, time.Second, 0), 1, 0); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("GiveBack of 0: got %v, want ErrInvalidRequest", err)
 	}
 }
@@ -106,7 +107,7 @@ func TestLeaseConcurrent(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	const limit = 1000
-	l := lim(key(t, "fw"), FixedWindow, limit, time.Hour, 0)
+	l := lim(key(t, "fw"), algorithm.FixedWindow, limit, time.Hour, 0)
 	var granted atomic.Int64
 	windows := sync.Map{}
 	var wg sync.WaitGroup
@@ -157,7 +158,7 @@ func TestLeaseCompactLayout(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	ctx := ctxT(t)
 	const w = time.Hour
-	l := lim(key(t, "fw"), FixedWindow, 10, w, 0)
+	l := lim(key(t, "fw"), algorithm.FixedWindow, 10, w, 0)
 	srv := serverOf(t, c, l.Key)
 	wid := time.Now().UnixMicro() / w.Microseconds()
 	if err := srv.Set(ctx, l.Key, 3*8+wid%8, 0).Err(); err != nil {
@@ -214,7 +215,7 @@ func TestLeaseCallsNotRetried(t *testing.T) {
 	defer rdb.Close()
 	s := NewStore(rdb)
 	defer s.Close()
-	l := lim("{lease}:k", FixedWindow, 100, time.Minute, 0)
+	l := lim("{lease}:k", algorithm.FixedWindow, 100, time.Minute, 0)
 	for _, tt := range []struct {
 		name string
 		run  func() error

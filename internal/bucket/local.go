@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // Local evaluates the algorithms in process, with the formulas and rounding of the Lua
@@ -192,7 +194,7 @@ func insertSorted(locks []int, s int) []int {
 
 // lookup returns the live state of key, or nil when it is missing, expired (a missing Redis
 // key) or of another algorithm (Redis keys include the algorithm, so that is a new bucket).
-func (sh *localShard) lookup(key string, alg Algorithm, now float64) *state {
+func (sh *localShard) lookup(key string, alg algorithm.ID, now float64) *state {
 	st := sh.m[key]
 	if st == nil {
 		return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
@@ -48,11 +49,11 @@ func TestMain(m *testing.M) {
 const long = 30 * 24 * time.Hour
 
 // allAlgorithms is every algorithm of the table that counts units, so that a new one is tested
-// like the others. A derived one (CalendarWindow, whose periods no generic window gives) and
-// one of held places (Concurrency, which counts checks in flight, not their cost) have tests of their
+// like the others. A derived one (algorithm.CalendarWindow, whose periods no generic window gives) and
+// one of held places (algorithm.Concurrency, which counts checks in flight, not their cost) have tests of their
 // own (calendar_test.go, concurrency_test.go).
-var allAlgorithms = slices.DeleteFunc(slices.Collect(eachAlgorithm), func(a Algorithm) bool {
-	return algorithms[a].derived || algorithms[a].holds
+var allAlgorithms = slices.DeleteFunc(slices.Collect(algorithm.All), func(a algorithm.ID) bool {
+	return a.Derived() || a.Holds()
 })
 
 func client(t testing.TB) redis.UniversalClient {
@@ -114,7 +115,7 @@ func check(t testing.TB, s *Store, req Request) Result {
 	return res[0]
 }
 
-func lim(k string, a Algorithm, limit int64, window time.Duration, burst int64) Limit {
+func lim(k string, a algorithm.ID, limit int64, window time.Duration, burst int64) Limit {
 	return Limit{Key: k, Algorithm: a, Limit: limit, Window: window, Burst: burst}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
@@ -33,7 +34,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 
 // memoryPerKey fills DB 63 with keys buckets of algorithm a written in layout l and reports the
 // growth of used_memory per key.
-func memoryPerKey(b *testing.B, a Algorithm, l Layout, keys int) {
+func memoryPerKey(b *testing.B, a algorithm.ID, l Layout, keys int) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 63, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	ctx := context.Background()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -20,7 +21,7 @@ func TestStoreNoScript(t *testing.T) {
 	limits := make([]Limit, 3)
 	remaining := make([]int64, len(limits))
 	for i := range limits {
-		limits[i] = lim(key(t, fmt.Sprint(i)), GCRA, 10, long, 0)
+		limits[i] = lim(key(t, fmt.Sprint(i)), algorithm.GCRA, 10, long, 0)
 		remaining[i] = 10
 	}
 	for round, idx := range [][]int{{0, 1, 2}, {0}, {1, 2}} {
@@ -82,8 +83,8 @@ func TestStoreRedisDown(t *testing.T) {
 	// The batches' own deadline is the callers' (as the engine sets it): a batch outliving its
 	// callers would still be sending when Redis comes back, and cache the script.
 	own, c, s := ownStore(t, StoreConfig{BatchTimeout: 300 * time.Millisecond})
-	l := lim("{down}:b", TokenBucket, 10, long, 0)
-	reqs := []Request{one(l, 1), one(lim("{down}:c", FixedWindow, 10, long, 0), 1)}
+	l := lim("{down}:b", algorithm.TokenBucket, 10, long, 0)
+	reqs := []Request{one(l, 1), one(lim("{down}:c", algorithm.FixedWindow, 10, long, 0), 1)}
 	if _, err := s.Check(ctxT(t), reqs); err != nil {
 		t.Fatalf("Check with Redis up: %v", err)
 	}
@@ -151,15 +152,15 @@ func TestStoreTTL(t *testing.T) {
 	s, c := newStore(t)
 	const W = 10 * time.Second
 	tests := []struct {
-		alg      Algorithm
+		alg      algorithm.ID
 		min, max time.Duration
 	}{
-		{TokenBucket, W/5 - time.Second, W / 5}, // one token to refill
-		{LeakyBucket, W/5 - time.Second, W / 5}, // one unit to leak
-		{GCRA, W/5 - time.Second, W / 5},        // one period
-		{FixedWindow, time.Millisecond, W},      // the end of the window
-		{SlidingWindowLog, W - time.Second, W},  // the window after the newest entry
-		{SlidingWindowCounter, W - time.Second, 2 * W},
+		{algorithm.TokenBucket, W/5 - time.Second, W / 5}, // one token to refill
+		{algorithm.LeakyBucket, W/5 - time.Second, W / 5}, // one unit to leak
+		{algorithm.GCRA, W/5 - time.Second, W / 5},        // one period
+		{algorithm.FixedWindow, time.Millisecond, W},      // the end of the window
+		{algorithm.SlidingWindowLog, W - time.Second, W},  // the window after the newest entry
+		{algorithm.SlidingWindowCounter, W - time.Second, 2 * W},
 	}
 	for _, tt := range tests {
 		t.Run(tt.alg.String(), func(t *testing.T) {
@@ -167,7 +168,7 @@ func TestStoreTTL(t *testing.T) {
 			l := lim(key(t, "b"), tt.alg, 5, W, 0)
 			check(t, s, one(l, 1))
 			ttl := bucketTTL(t, c, l)
-			if inField(l) && tt.alg != FixedWindow {
+			if inField(l) && tt.alg != algorithm.FixedWindow {
 				tt.max += time.Second // a field's expiry is rounded up to a second (lua/shared.lua)
 			}
 			if ttl < tt.min || ttl > tt.max {
@@ -226,8 +227,8 @@ func TestStoreDelete(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	// Different hash tags: the keys would be in different cluster slots.
-	a := lim("{a-"+key(t, "b")[1:], TokenBucket, 5, long, 0)
-	b := lim("{b-"+key(t, "b")[1:], SlidingWindowLog, 5, long, 0)
+	a := lim("{a-"+key(t, "b")[1:], algorithm.TokenBucket, 5, long, 0)
+	b := lim("{b-"+key(t, "b")[1:], algorithm.SlidingWindowLog, 5, long, 0)
 	check(t, s, one(a, 5))
 	check(t, s, one(b, 5))
 	n, err := s.Delete(ctx, a.Key, b.Key, key(t, "never-written"))
@@ -255,7 +256,7 @@ func TestLocalExactUnderConcurrency(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			loc := NewLocal(0)
-			limits := []Limit{lim("x", a, L, long, 0), lim("y", FixedWindow, 10*L, long, 0)}
+			limits := []Limit{lim("x", a, L, long, 0), lim("y", algorithm.FixedWindow, 10*L, long, 0)}
 			var allowed atomic.Int64
 			var wg sync.WaitGroup
 			now := time.Now()
@@ -293,7 +294,7 @@ func TestLocalEviction(t *testing.T) {
 	loc := NewLocal(max)
 	now := time.Now()
 	for i := range 20 * max {
-		loc.Check(now, one(lim(fmt.Sprint("k", i), TokenBucket, 5, time.Hour, 0), 1))
+		loc.Check(now, one(lim(fmt.Sprint("k", i), algorithm.TokenBucket, 5, time.Hour, 0), 1))
 	}
 	if n := loc.len(); n > max {
 		t.Errorf("%d keys held, want at most %d", n, max)
@@ -306,14 +307,14 @@ func TestLocalEviction(t *testing.T) {
 	const long = max / 16
 	loc = NewLocal(max)
 	for i := range max {
-		loc.Check(now, one(lim(fmt.Sprint("short", i), FixedWindow, 5, time.Millisecond, 0), 1))
+		loc.Check(now, one(lim(fmt.Sprint("short", i), algorithm.FixedWindow, 5, time.Millisecond, 0), 1))
 	}
 	later := now.Add(time.Second)
 	for i := range long {
-		loc.Check(later, one(lim(fmt.Sprint("long", i), GCRA, 5, time.Hour, 0), 1))
+		loc.Check(later, one(lim(fmt.Sprint("long", i), algorithm.GCRA, 5, time.Hour, 0), 1))
 	}
 	for i := range long {
-		if res := loc.Check(later, peekReq(lim(fmt.Sprint("long", i), GCRA, 5, time.Hour, 0))); res.Limits[0].Remaining != 4 {
+		if res := loc.Check(later, peekReq(lim(fmt.Sprint("long", i), algorithm.GCRA, 5, time.Hour, 0))); res.Limits[0].Remaining != 4 {
 			t.Fatalf("long-window key %d was evicted while expired keys were present", i)
 		}
 	}

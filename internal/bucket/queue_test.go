@@ -5,17 +5,19 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestQueue: a limit with a MaxDelay (a leaky bucket used as a queue) allows the charges past
 // its capacity after a delay, at slots spaced exactly window/limit apart per unit of cost, and
-// denies a charge whose delay would pass MaxDelay, with the wait until one would not. GCRA and
+// denies a charge whose delay would pass MaxDelay, with the wait until one would not. algorithm.GCRA and
 // leaky bucket, through Redis and through Local, alike.
 func TestQueue(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	for _, c := range twins(s, 3*time.Millisecond) {
-		for _, alg := range []Algorithm{GCRA, LeakyBucket} {
+		for _, alg := range []algorithm.ID{algorithm.GCRA, algorithm.LeakyBucket} {
 			t.Run(c.name+"/"+alg.String(), func(t *testing.T) {
 				// 10 in 10 s, one at once: a slot every second, 3.5 s of queue (long, so that a
 				// loaded machine's slow calls do not empty it).
@@ -56,7 +58,7 @@ func TestQueue(t *testing.T) {
 func TestQueueBatch(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	l := lim(key(t, "q"), GCRA, 10, time.Second, 2)
+	l := lim(key(t, "q"), algorithm.GCRA, 10, time.Second, 2)
 	l.MaxDelay = time.Second
 	reqs := []Request{one(l, 2), one(l, 2), one(l, 2)}
 	results := make([]Result, len(reqs))
@@ -87,10 +89,10 @@ func TestQueueBatch(t *testing.T) {
 	}
 }
 
-// TestQueueRefused: only GCRA and leaky bucket queue.
+// TestQueueRefused: only algorithm.GCRA and leaky bucket queue.
 func TestQueueRefused(t *testing.T) {
 	t.Parallel()
-	l := lim("{x}:a", TokenBucket, 10, time.Second, 10)
+	l := lim("{x}:a", algorithm.TokenBucket, 10, time.Second, 10)
 	l.MaxDelay = time.Second
 	req := one(l, 1)
 	if err := req.Validate(); !errors.Is(err, ErrInvalidRequest) {

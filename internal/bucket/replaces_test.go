@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestReplaces: a shadow request that Replaces an enforced limit (a candidate rule) is decided
@@ -15,9 +17,9 @@ func TestReplaces(t *testing.T) {
 	s, _ := newStore(t)
 	for _, c := range twins(s, time.Microsecond) {
 		t.Run(c.name, func(t *testing.T) {
-			live := lim(key(t, "live"), FixedWindow, 2, long, 0)
-			other := lim(key(t, "other"), FixedWindow, 6, long, 0)
-			cand := lim(key(t, "candidate"), FixedWindow, 4, long, 0)
+			live := lim(key(t, "live"), algorithm.FixedWindow, 2, long, 0)
+			other := lim(key(t, "other"), algorithm.FixedWindow, 6, long, 0)
+			cand := lim(key(t, "candidate"), algorithm.FixedWindow, 4, long, 0)
 			call := func() []Request {
 				return []Request{{Limits: []Limit{live, other}, Cost: 1}, {Limits: []Limit{cand}, Cost: 1, Shadow: true, Replaces: live.Key}}
 			}
@@ -37,8 +39,8 @@ func TestReplaces(t *testing.T) {
 			}
 
 			// Another enforced limit's denial refunds the candidate, as any shadow request.
-			spent := lim(key(t, "spent"), FixedWindow, 1, long, 0)
-			roomy := lim(key(t, "roomy"), FixedWindow, 10, long, 0)
+			spent := lim(key(t, "spent"), algorithm.FixedWindow, 1, long, 0)
+			roomy := lim(key(t, "roomy"), algorithm.FixedWindow, 10, long, 0)
 			c.check(t, []Request{one(spent, 1)})
 			res := c.check(t, []Request{{Limits: []Limit{roomy, spent}, Cost: 1}, {Limits: []Limit{cand2(t, roomy)}, Cost: 1, Shadow: true, Replaces: roomy.Key}})
 			if res[0].Allowed || !res[1].Allowed {
@@ -53,13 +55,13 @@ func TestReplaces(t *testing.T) {
 
 // cand2 is a candidate limit of the test beside live.
 func cand2(t *testing.T, live Limit) Limit {
-	return lim(live.Key+":candidate", FixedWindow, 10, long, 0)
+	return lim(live.Key+":candidate", algorithm.FixedWindow, 10, long, 0)
 }
 
 // TestReplacesShadowOnly: an enforced request cannot stand in for another limit.
 func TestReplacesShadowOnly(t *testing.T) {
 	t.Parallel()
-	req := Request{Cost: 1, Replaces: "k", Limits: []Limit{lim("{x}:a", FixedWindow, 1, time.Second, 0)}}
+	req := Request{Cost: 1, Replaces: "k", Limits: []Limit{lim("{x}:a", algorithm.FixedWindow, 1, time.Second, 0)}}
 	if err := req.Validate(); !errors.Is(err, errReplacesShadow) {
 		t.Errorf("Validate = %v, want errReplacesShadow", err)
 	}

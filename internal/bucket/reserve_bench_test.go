@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // BenchmarkReservation measures what a reservation costs Redis's scripts, per operation, from
@@ -20,7 +22,7 @@ func BenchmarkReservation(b *testing.B) {
 	var n int
 	for i := 0; i < b.N; i += perCall {
 		for j := range reqs {
-			reqs[j] = one(lim(fmt.Sprintf("{rsv-bench-%d}:tb", j), TokenBucket, 1<<40, time.Hour, 0), 40)
+			reqs[j] = one(lim(fmt.Sprintf("{rsv-bench-%d}:tb", j), algorithm.TokenBucket, 1<<40, time.Hour, 0), 40)
 		}
 		before := readRedisStats(b, c)
 		res, err := s.Check(ctx, reqs)

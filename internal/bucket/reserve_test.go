@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
@@ -115,7 +116,7 @@ func TestSettleErrors(t *testing.T) {
 		t.Errorf("Settle with Redis down: %v, want an unavailable error", err)
 	}
 	// A label that would not stay one field of the record is refused.
-	lr := one(lim(key(t, "lb"), FixedWindow, 10, long, 0), 1)
+	lr := one(lim(key(t, "lb"), algorithm.FixedWindow, 10, long, 0), 1)
 	lres := check(t, s, lr)
 	for _, bad := range []string{"two words", "line\nbreak", strings.Repeat("a", 513)} {
 		if err := s.Mark(ctx, time.Minute, []Mark{{Key: key(t, "lb") + ":rsv", Request: &lr, Result: &lres, Label: bad}}); !errors.Is(err, ErrInvalidRequest) {
@@ -123,7 +124,7 @@ func TestSettleErrors(t *testing.T) {
 		}
 	}
 	// An expired reservation keeps its estimate.
-	l := lim(key(t, "fw"), FixedWindow, 10, long, 0)
+	l := lim(key(t, "fw"), algorithm.FixedWindow, 10, long, 0)
 	req := one(l, 4)
 	res := check(t, s, req)
 	if err := s.Mark(ctx, 50*time.Millisecond, []Mark{{Key: l.Key + ":rsv", Request: &req, Result: &res}}); err != nil {
@@ -143,7 +144,7 @@ func TestSettleErrors(t *testing.T) {
 func TestSettleSlidingLogPartial(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	l := lim(key(t, "swl"), SlidingWindowLog, 20, long, 0)
+	l := lim(key(t, "swl"), algorithm.SlidingWindowLog, 20, long, 0)
 	rec := l.Key + ":rsv"
 	if !reserve(t, s, rec, l, 8) {
 		t.Fatal("reserve denied")
@@ -265,7 +266,7 @@ func TestSettleOverageBounds(t *testing.T) {
 	}
 	t.Run("repeated against a pooled bucket", func(t *testing.T) {
 		t.Parallel()
-		l := lim(key(t, "pool"), FixedWindow, 100, long, 0)
+		l := lim(key(t, "pool"), algorithm.FixedWindow, 100, long, 0)
 		l.Pooled = true
 		for i := range 5 {
 			rec := fmt.Sprintf("%s:rsv%d", l.Key, i)
@@ -314,7 +315,7 @@ func TestSettleOverageBounds(t *testing.T) {
 	})
 	t.Run("a record of before the bounds", func(t *testing.T) {
 		t.Parallel()
-		l := lim(key(t, "old"), FixedWindow, 10, long, 0)
+		l := lim(key(t, "old"), algorithm.FixedWindow, 10, long, 0)
 		l.Pooled = true
 		rec := l.Key + ":rsv"
 		if !reserve(t, s, rec, l, 2) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,8 +25,8 @@ var luaFiles embed.FS
 // call of a batch (batch.lua).
 func luaOrder(driver string) []string {
 	order := []string{"prelude.lua", "need.lua", "shared.lua"}
-	for a := range eachAlgorithm {
-		order = append(order, a.moduleName()+".lua")
+	for a := range algorithm.All {
+		order = append(order, a.Module()+".lua")
 	}
 	return append(order, "call.lua", driver)
 }

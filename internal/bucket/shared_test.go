@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
 // inShared reports whether LayoutShared keeps l's bucket in a field of a shared hash.
 func inShared(l Limit) bool {
-	return l.Algorithm == GCRA || l.Algorithm == TokenBucket || l.Algorithm == FixedWindow && l.Window >= time.Millisecond
+	return l.Algorithm == algorithm.GCRA || l.Algorithm == algorithm.TokenBucket || l.Algorithm == algorithm.FixedWindow && l.Window >= time.Millisecond
 }
 
 // inField reports whether the tests' layout keeps l's bucket in a field of a shared hash.
@@ -80,10 +81,10 @@ func TestSharedState(t *testing.T) {
 		state string // the field's state; a prefix for a token bucket (its ts follows)
 		exp   int64  // the field's expiry (ms), when known
 	}{
-		{lim("fw", FixedWindow, 10, time.Hour, 0), "7", (wid + 1) * hour / 1000},
-		{lim("tb", TokenBucket, 10, long, 0), "3:", 0},
-		{lim("gcra", GCRA, 10, 10*time.Second, 0), "", 0},
-		{lim("swl", SlidingWindowLog, 10, time.Hour, 0), "", 0},
+		{lim("fw", algorithm.FixedWindow, 10, time.Hour, 0), "7", (wid + 1) * hour / 1000},
+		{lim("tb", algorithm.TokenBucket, 10, long, 0), "3:", 0},
+		{lim("gcra", algorithm.GCRA, 10, 10*time.Second, 0), "", 0},
+		{lim("swl", algorithm.SlidingWindowLog, 10, time.Hour, 0), "", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.l.Algorithm.String(), func(t *testing.T) {
@@ -136,13 +137,13 @@ func TestSharedSweep(t *testing.T) {
 	c := client(t)
 	s := sharedStore(t, c, StoreConfig{})
 	later := sharedStore(t, c, StoreConfig{ClockOffset: 5 * time.Minute})
-	short := lim(key(t, "short"), GCRA, 10, time.Second, 0) // empty again within 1 s
-	hour := lim(key(t, "hour"), GCRA, 10, time.Hour, 0)     // 6 minutes per unit
+	short := lim(key(t, "short"), algorithm.GCRA, 10, time.Second, 0) // empty again within 1 s
+	hour := lim(key(t, "hour"), algorithm.GCRA, 10, time.Hour, 0)     // 6 minutes per unit
 	check(t, s, one(short, 5))
 	check(t, s, one(hour, 1))
 	// Five minutes on, the short bucket's field has expired, the hour's not; a write past "~"
 	// (now + 6 min + SLACK) sweeps.
-	fresh := lim(key(t, "fresh"), GCRA, 10, time.Hour, 0)
+	fresh := lim(key(t, "fresh"), algorithm.GCRA, 10, time.Hour, 0)
 	if sharedHash(fresh.Key, 1) != sharedHash(short.Key, 1) {
 		t.Fatalf("keys of one hash tag in two hashes")
 	}
@@ -160,12 +161,12 @@ func TestSharedSweep(t *testing.T) {
 	}
 
 	// A day's window keeps "~" ahead of every write: the fields it creates sweep instead.
-	day := lim(key(t, "day"), FixedWindow, 10, 24*time.Hour, 0)
+	day := lim(key(t, "day"), algorithm.FixedWindow, 10, 24*time.Hour, 0)
 	check(t, later, one(day, 1))
 	check(t, s, one(short, 5)) // expired for later
 	// One in 16 creations sweeps (by the clock's µs): 200 leave it once in 400,000 runs.
 	for i := range 200 {
-		check(t, later, one(lim(key(t, fmt.Sprint("new", i)), GCRA, 10, time.Minute, 0), 1))
+		check(t, later, one(lim(key(t, fmt.Sprint("new", i)), algorithm.GCRA, 10, time.Minute, 0), 1))
 		if _, state := field(t, c, short.Key); state == "" {
 			return
 		}
@@ -179,7 +180,7 @@ func TestSharedSweepMany(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	s := sharedStore(t, c, StoreConfig{})
-	l := lim(key(t, "b"), GCRA, 10, time.Hour, 0)
+	l := lim(key(t, "b"), algorithm.GCRA, 10, time.Hour, 0)
 	h := sharedHash(l.Key, 1)
 	args := []any{"~", "1"} // an old "~": the next write moves it and sweeps
 	for i := range 9000 {
@@ -205,7 +206,7 @@ func TestSharedMoves(t *testing.T) {
 	for _, from := range []Layout{LayoutPrevious, LayoutCompact} {
 		old := NewStoreWithConfig(c, StoreConfig{Layout: from})
 		t.Cleanup(func() { old.Close() })
-		for _, a := range []Algorithm{FixedWindow, GCRA, TokenBucket} {
+		for _, a := range []algorithm.ID{algorithm.FixedWindow, algorithm.GCRA, algorithm.TokenBucket} {
 			t.Run(from.String()+"/"+a.String(), func(t *testing.T) {
 				t.Parallel()
 				l := lim(key(t, "b"), a, 10, long, 0)
@@ -225,7 +226,7 @@ func TestSharedMoves(t *testing.T) {
 		}
 		t.Run(from.String()+"/lease", func(t *testing.T) {
 			t.Parallel()
-			l := lim(key(t, "b"), FixedWindow, 10, long, 0)
+			l := lim(key(t, "b"), algorithm.FixedWindow, 10, long, 0)
 			check(t, old, one(l, 3))
 			g, err := s.Lease(ctxT(t), l, 5)
 			if err != nil || g.Units != 5 || g.Remaining != 2 {
@@ -265,7 +266,7 @@ func TestSharedHashes(t *testing.T) {
 	}
 	c := client(t)
 	s := sharedStore(t, c, StoreConfig{SharedHashes: per})
-	l := lim(key(t, "b"), FixedWindow, 5, time.Hour, 0)
+	l := lim(key(t, "b"), algorithm.FixedWindow, 5, time.Hour, 0)
 	allowed := 0
 	for range 8 {
 		if check(t, s, one(l, 1)).Allowed {
@@ -337,7 +338,7 @@ func TestSharedRollingSwitch(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		stores = append(stores, s)
 	}
-	for _, a := range []Algorithm{FixedWindow, GCRA, TokenBucket} {
+	for _, a := range []algorithm.ID{algorithm.FixedWindow, algorithm.GCRA, algorithm.TokenBucket} {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), a, L, long, 0)
@@ -367,7 +368,7 @@ func TestSharedExpiredField(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		later[l] = s
 	}
-	for _, a := range []Algorithm{FixedWindow, GCRA, TokenBucket} {
+	for _, a := range []algorithm.ID{algorithm.FixedWindow, algorithm.GCRA, algorithm.TokenBucket} {
 		for _, writer := range []Layout{LayoutMixed, LayoutShared} {
 			t.Run(a.String()+"/"+writer.String(), func(t *testing.T) {
 				t.Parallel()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -41,7 +42,7 @@ func BenchmarkSlidingLogCost(b *testing.B) {
 			}
 			// The first use of a Lua table size grows the interpreter's memory for good: one
 			// check outside the measure keeps that out of the window's bytes.
-			warm := one(lim("{bench}:warm", SlidingWindowLog, 1_000_000, time.Hour, 0), cost)
+			warm := one(lim("{bench}:warm", algorithm.SlidingWindowLog, 1_000_000, time.Hour, 0), cost)
 			if _, err := s.Check(ctx, []Request{warm}); err != nil {
 				b.Fatal(err)
 			}
@@ -53,7 +54,7 @@ func BenchmarkSlidingLogCost(b *testing.B) {
 				if c.oneKey {
 					k = "{bench}:one"
 				}
-				req := one(lim(k, SlidingWindowLog, 1_000_000, time.Hour, 0), cost)
+				req := one(lim(k, algorithm.SlidingWindowLog, 1_000_000, time.Hour, 0), cost)
 				res, err := s.Check(ctx, []Request{req})
 				if err != nil || !res[0].Allowed {
 					b.Fatalf("check %d: %+v, %v", i, res, err)

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -15,7 +16,7 @@ func TestStoreSlidingLogCost(t *testing.T) {
 	s, c := newStore(t)
 	ctx := ctxT(t)
 	const L = 1_000_000
-	l := lim(key(t, "b"), SlidingWindowLog, L, time.Hour, 0)
+	l := lim(key(t, "b"), algorithm.SlidingWindowLog, L, time.Hour, 0)
 	res := check(t, s, one(l, L-1))
 	if !res.Allowed || res.Limits[0].Remaining != 1 {
 		t.Fatalf("cost %d of %d: got allowed %v remaining %d, want true 1", L-1, L, res.Allowed, res.Limits[0].Remaining)
@@ -54,7 +55,7 @@ func TestStoreSlidingLogRefund(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	const L = 10
-	l := lim(key(t, "b"), SlidingWindowLog, L, time.Hour, 0)
+	l := lim(key(t, "b"), algorithm.SlidingWindowLog, L, time.Hour, 0)
 	charge := func(cost int64) (Request, Result) {
 		req := one(l, cost)
 		res := check(t, s, req)
@@ -106,7 +107,7 @@ func TestStoreSlidingLogSameInstant(t *testing.T) {
 	t.Parallel()
 	s, c := newStore(t)
 	ctx := ctxT(t)
-	l := lim(key(t, "b"), SlidingWindowLog, 100, time.Hour, 0)
+	l := lim(key(t, "b"), algorithm.SlidingWindowLog, 100, time.Hour, 0)
 	ahead := float64(c.Time(ctx).Val().Add(time.Minute).UnixMicro())
 	if err := serverOf(t, c, l.Key).ZAdd(ctx, l.Key, redis.Z{Score: ahead, Member: "!1:1:1"}).Err(); err != nil {
 		t.Fatal(err)
@@ -170,7 +171,7 @@ func TestStoreSlidingLogLegacy(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			l := lim(key(t, "b"), SlidingWindowLog, tt.live+5, W, 0)
+			l := lim(key(t, "b"), algorithm.SlidingWindowLog, tt.live+5, W, 0)
 			if tt.new > 0 {
 				// An old checker appends at or after the newest entry.
 				res := check(t, s, one(l, tt.new))
@@ -226,8 +227,8 @@ func TestStoreSlidingLogMatchesLocal(t *testing.T) {
 	s, _ := newStore(t)
 	loc := NewLocal(0)
 	const L = 50
-	l := lim(key(t, "b"), SlidingWindowLog, L, time.Hour, 0)
-	deny := lim(key(t, "deny"), FixedWindow, 1, long, 0)
+	l := lim(key(t, "b"), algorithm.SlidingWindowLog, L, time.Hour, 0)
+	deny := lim(key(t, "deny"), algorithm.FixedWindow, 1, long, 0)
 	check(t, s, one(deny, 1))
 	costs := []int64{3, 1, 7, 2, 9, 20, 1, 4, 11, 6, 1, 1, 13, 5, 8, 30, 2, 50, 9, 40, 3}
 	denials := 0

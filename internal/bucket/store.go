@@ -88,9 +88,8 @@ var (
 	argEmpty   any = ""
 	argNoIdem  any = "0"
 	argIdemTTL any = strconv.FormatInt(IdempotencyTTL.Milliseconds(), 10)
-	// argCodes are the algorithm codes (the Algorithm in decimal), sized by the algorithms
-	// table and indexed by Algorithm.
-	argCodes = func() (codes [len(algorithms)]any) {
+	// argCodes are the algorithm codes (the algorithm.ID in decimal), indexed by algorithm.ID.
+	argCodes = func() (codes [len(evals)]any) {
 		for a := range codes {
 			codes[a] = strconv.Itoa(a)
 		}
@@ -163,6 +162,16 @@ type Pending struct {
 	// request whose script call writes it itself (-1: none, written once every reply is in).
 	rec, written int
 	nlims        int
+	// done marks a Pending made finished (Done): Wait returns res and err.
+	done bool
+	res  []Result
+}
+
+// Done returns a Pending already finished with results and err: what a store that answers at
+// once (a test's wrapper of Store that injects faults) returns from its Send, so that its
+// callers take the one path of Send and Wait.
+func Done(results []Result, err error) Pending {
+	return Pending{done: true, res: results, err: err}
 }
 
 // Send queues the script calls of a Check of reqs and returns at once (it blocks only while
@@ -222,6 +231,11 @@ func (s *Store) Send(ctx context.Context, reqs []Request) Pending {
 // Wait waits for the replies of p's calls and returns what Check returns. A second Wait
 // returns errWaitedTwice.
 func (p *Pending) Wait() ([]Result, error) {
+	if p.done {
+		res, err := p.res, p.err
+		p.done, p.res, p.err = false, nil, errWaitedTwice
+		return res, err
+	}
 	if p.err != nil || len(p.reqs) == 0 {
 		return nil, p.err
 	}

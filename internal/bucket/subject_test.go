@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestStoreAllOrNothing: one subject with [10/hour fresh, 1/hour used] is denied and the first
@@ -16,7 +18,7 @@ func TestStoreAllOrNothing(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			free := lim(key(t, "free"), a, 10, time.Hour, 0)
-			used := lim(key(t, "used"), FixedWindow, 1, long, 0)
+			used := lim(key(t, "used"), algorithm.FixedWindow, 1, long, 0)
 			if res := check(t, s, one(used, 1)); !res.Allowed {
 				t.Fatalf("using up the 1/hour limit: denied")
 			}
@@ -45,7 +47,7 @@ func TestLocalAllOrNothing(t *testing.T) {
 			t.Parallel()
 			loc := NewLocal(0)
 			free := lim("free", a, 10, time.Hour, 0)
-			used := lim("used", FixedWindow, 1, long, 0)
+			used := lim("used", algorithm.FixedWindow, 1, long, 0)
 			loc.Check(now, one(used, 1))
 			if res := loc.Check(now, Request{Limits: []Limit{free, used}, Cost: 1}); res.Allowed {
 				t.Fatalf("allowed with a used-up limit")
@@ -67,14 +69,14 @@ func TestStoreCrossSubjectRefund(t *testing.T) {
 			t.Parallel()
 			ctx := ctxT(t)
 			la := lim(key(t, "a"), a, 5, long, 0)
-			lb := lim(key(t, "b"), GCRA, 1, long, 0)
+			lb := lim(key(t, "b"), algorithm.GCRA, 1, long, 0)
 			if res := check(t, s, one(la, 2)); !res.Allowed {
 				t.Fatalf("charging A: denied")
 			}
 			check(t, s, one(lb, 1))
 			before := check(t, s, peekReq(la)).Limits[0]
 			var card int64
-			if a == SlidingWindowLog {
+			if a == algorithm.SlidingWindowLog {
 				card = c.ZCard(ctx, la.Key).Val()
 			}
 
@@ -98,7 +100,7 @@ func TestStoreCrossSubjectRefund(t *testing.T) {
 			if after.Remaining != before.Remaining || after.Used != before.Used {
 				t.Errorf("A after the refund: used %d remaining %d, want %d %d", after.Used, after.Remaining, before.Used, before.Remaining)
 			}
-			if a == SlidingWindowLog {
+			if a == algorithm.SlidingWindowLog {
 				if got := c.ZCard(ctx, la.Key).Val(); got != card {
 					t.Errorf("log entries after the refund: %d, want %d", got, card)
 				}
@@ -118,7 +120,7 @@ func TestStoreCheckAllAllowed(t *testing.T) {
 	for _, a := range allAlgorithms {
 		reqs = append(reqs, one(lim(key(t, a.Code()), a, 5, long, 0), 2))
 	}
-	reqs = append(reqs, Request{Limits: []Limit{lim(key(t, "peeked"), GCRA, 5, long, 0)}, Cost: 2, Peek: true})
+	reqs = append(reqs, Request{Limits: []Limit{lim(key(t, "peeked"), algorithm.GCRA, 5, long, 0)}, Cost: 2, Peek: true})
 	res, err := s.Check(ctxT(t), reqs)
 	if err != nil {
 		t.Fatalf("Check: %v", err)
@@ -176,7 +178,7 @@ func TestStoreCapacityChange(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			l := lim(key(t, "b"), TokenBucket, 100, long, 100)
+			l := lim(key(t, "b"), algorithm.TokenBucket, 100, long, 100)
 			check(t, s, one(l, 90))
 			loc.Check(now, one(l, 90))
 			l.Burst = tt.newBurst
@@ -193,7 +195,7 @@ func TestStoreCapacityChange(t *testing.T) {
 func TestStoreValidation(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	good := lim("k", GCRA, 1, time.Second, 0)
+	good := lim("k", algorithm.GCRA, 1, time.Second, 0)
 	tests := []struct {
 		name string
 		req  Request
@@ -202,13 +204,13 @@ func TestStoreValidation(t *testing.T) {
 		{"zero cost", Request{Limits: []Limit{good}}, "cost"},
 		{"negative cost", Request{Limits: []Limit{good}, Cost: -1}, "cost"},
 		{"no limits", Request{Cost: 1}, "no limits"},
-		{"empty key", one(Limit{Algorithm: GCRA, Limit: 1, Window: time.Second}, 1), "empty key"},
+		{"empty key", one(Limit{Algorithm: algorithm.GCRA, Limit: 1, Window: time.Second}, 1), "empty key"},
 		{"bad algorithm", one(Limit{Key: "k", Algorithm: 9, Limit: 1, Window: time.Second}, 1), "algorithm"},
 		{"zero algorithm", one(Limit{Key: "k", Limit: 1, Window: time.Second}, 1), "algorithm"},
-		{"zero limit", one(Limit{Key: "k", Algorithm: GCRA, Window: time.Second}, 1), "limit must"},
-		{"sub-µs window", one(Limit{Key: "k", Algorithm: GCRA, Limit: 1, Window: time.Nanosecond}, 1), "window"},
-		{"negative burst", one(Limit{Key: "k", Algorithm: GCRA, Limit: 1, Window: time.Second, Burst: -1}, 1), "burst"},
-		{"huge limit", one(Limit{Key: "k", Algorithm: GCRA, Limit: 1 << 60, Window: time.Second}, 1), "limit must"},
+		{"zero limit", one(Limit{Key: "k", Algorithm: algorithm.GCRA, Window: time.Second}, 1), "limit must"},
+		{"sub-µs window", one(Limit{Key: "k", Algorithm: algorithm.GCRA, Limit: 1, Window: time.Nanosecond}, 1), "window"},
+		{"negative burst", one(Limit{Key: "k", Algorithm: algorithm.GCRA, Limit: 1, Window: time.Second, Burst: -1}, 1), "burst"},
+		{"huge limit", one(Limit{Key: "k", Algorithm: algorithm.GCRA, Limit: 1 << 60, Window: time.Second}, 1), "limit must"},
 		{"same key twice", Request{Limits: []Limit{good, good}, Cost: 1}, "same key"},
 	}
 	for _, tt := range tests {
@@ -242,8 +244,8 @@ func TestStoreValidation(t *testing.T) {
 func TestStoreShadow(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
-	enforced := lim(key(t, "enforced"), FixedWindow, 5, long, 0)
-	shadow := lim(key(t, "shadow"), FixedWindow, 1, long, 0)
+	enforced := lim(key(t, "enforced"), algorithm.FixedWindow, 5, long, 0)
+	shadow := lim(key(t, "shadow"), algorithm.FixedWindow, 1, long, 0)
 	check(t, s, one(shadow, 1)) // the shadow limit is now spent
 	reqs := []Request{one(enforced, 1), {Limits: []Limit{shadow}, Cost: 1, Shadow: true}}
 	res, err := s.Check(ctxT(t), reqs)
@@ -258,8 +260,8 @@ func TestStoreShadow(t *testing.T) {
 		t.Errorf("enforced remaining = %d, want 4: a shadow denial must not refund", got)
 	}
 
-	spent := lim(key(t, "spent"), FixedWindow, 1, long, 0)
-	open := lim(key(t, "open"), FixedWindow, 5, long, 0)
+	spent := lim(key(t, "spent"), algorithm.FixedWindow, 1, long, 0)
+	open := lim(key(t, "open"), algorithm.FixedWindow, 5, long, 0)
 	check(t, s, one(spent, 1))
 	res, err = s.Check(ctxT(t), []Request{one(spent, 1), {Limits: []Limit{open}, Cost: 1, Shadow: true}})
 	if err != nil {

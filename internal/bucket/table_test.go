@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestAlgorithmTable checks the algorithms table against the Lua files it names: a module per
@@ -19,49 +21,49 @@ import (
 // code; call.lua's dispatch covering exactly the table's codes; and no module outside it.
 func TestAlgorithmTable(t *testing.T) {
 	t.Parallel()
-	names, codes := map[string]Algorithm{}, map[string]Algorithm{}
-	for a := range eachAlgorithm {
+	names, codes := map[string]algorithm.ID{}, map[string]algorithm.ID{}
+	for a := range algorithm.All {
 		t.Run(a.String(), func(t *testing.T) {
-			spec := algorithms[a]
-			if spec.name == "" || spec.code == "" || spec.eval == nil {
-				t.Fatalf("entry %d: got name %q, code %q, eval set %v; want all three", a, spec.name, spec.code, spec.eval != nil)
+			code := a.Code()
+			if int(a) >= len(evals) || evals[a] == nil {
+				t.Fatalf("algorithm %d has no Go twin (evals)", a)
 			}
-			if got, err := ParseAlgorithm(spec.name); err != nil || (got != a) != spec.derived {
-				t.Errorf("ParseAlgorithm(%q): got %v, %v; want %v (or, for a derived one, another)", spec.name, got, err, a)
+			if got, err := algorithm.Parse(a.String()); err != nil || (got != a) != a.Derived() {
+				t.Errorf("algorithm.Parse(%q): got %v, %v; want %v (or, for a derived one, another)", a.String(), got, err, a)
 			}
-			src, err := luaFiles.ReadFile("lua/" + a.moduleName() + ".lua")
+			src, err := luaFiles.ReadFile("lua/" + a.Module() + ".lua")
 			if err != nil {
 				t.Fatalf("module: %v", err)
 			}
 			arg := strconv.Itoa(int(a))
 			for _, want := range []string{
-				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund", spec.code),
+				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund", code),
 				fmt.Sprintf("if NEED_1 == '%[1]s' or NEED and NEED['%[1]s'] then\n", arg),
-				"function " + spec.code + "_eval(",
-				"function " + spec.code + "_commit(",
-				"function " + spec.code + "_refund(",
+				"function " + code + "_eval(",
+				"function " + code + "_commit(",
+				"function " + code + "_refund(",
 			} {
 				if !strings.Contains(string(src), want) {
-					t.Errorf("lua/%s.lua: no %q", a.moduleName(), want)
+					t.Errorf("lua/%s.lua: no %q", a.Module(), want)
 				}
 			}
-			if charge := spec.code + "_charge"; strings.Contains(string(src), charge) && !strings.Contains(string(src), "function "+charge+"(") {
-				t.Errorf("lua/%s.lua: names %s but does not define it", a.moduleName(), charge)
+			if charge := code + "_charge"; strings.Contains(string(src), charge) && !strings.Contains(string(src), "function "+charge+"(") {
+				t.Errorf("lua/%s.lua: names %s but does not define it", a.Module(), charge)
 			}
 		})
-		if prev, ok := names[a.moduleName()]; ok {
-			t.Errorf("module %q: both %d and %d", a.moduleName(), prev, a)
+		if prev, ok := names[a.Module()]; ok {
+			t.Errorf("module %q: both %d and %d", a.Module(), prev, a)
 		}
-		if prev, ok := codes[algorithms[a].code]; ok {
-			t.Errorf("code %q: both %d and %d", algorithms[a].code, prev, a)
+		if prev, ok := codes[a.Code()]; ok {
+			t.Errorf("code %q: both %d and %d", a.Code(), prev, a)
 		}
-		names[a.moduleName()], codes[algorithms[a].code] = a, a
+		names[a.Module()], codes[a.Code()] = a, a
 	}
 
 	t.Run("call.lua", func(t *testing.T) {
 		want := map[string]string{}
-		for a := range eachAlgorithm {
-			want[strconv.Itoa(int(a))] = algorithms[a].code
+		for a := range algorithm.All {
+			want[strconv.Itoa(int(a))] = a.Code()
 		}
 		if got := callDispatch(t); !maps.Equal(got, want) {
 			t.Errorf("modules: got code → functions %v, want %v (the table)", got, want)
@@ -130,20 +132,20 @@ func callDispatch(t *testing.T) map[string]string {
 func TestAlgorithmContract(t *testing.T) {
 	t.Parallel()
 	want := []struct {
-		alg        Algorithm
+		alg        algorithm.ID
 		name, code string
 		burst      bool
 	}{
-		{TokenBucket, "token_bucket", "tb", true},
-		{LeakyBucket, "leaky_bucket", "lb", true},
-		{FixedWindow, "fixed_window", "fw", false},
-		{SlidingWindowLog, "sliding_window_log", "swl", false},
-		{SlidingWindowCounter, "sliding_window_counter", "swc", false},
-		{GCRA, "gcra", "gcra", true},
-		{CalendarWindow, "fixed_window", "cw", false},
-		{Concurrency, "concurrency", "cc", false},
+		{algorithm.TokenBucket, "token_bucket", "tb", true},
+		{algorithm.LeakyBucket, "leaky_bucket", "lb", true},
+		{algorithm.FixedWindow, "fixed_window", "fw", false},
+		{algorithm.SlidingWindowLog, "sliding_window_log", "swl", false},
+		{algorithm.SlidingWindowCounter, "sliding_window_counter", "swc", false},
+		{algorithm.GCRA, "gcra", "gcra", true},
+		{algorithm.CalendarWindow, "fixed_window", "cw", false},
+		{algorithm.Concurrency, "concurrency", "cc", false},
 	}
-	if got := slices.Collect(eachAlgorithm); len(got) != len(want) {
+	if got := slices.Collect(algorithm.All); len(got) != len(want) {
 		t.Errorf("algorithms: got %v, want %d (a new one needs its row here)", got, len(want))
 	}
 	for _, w := range want {
@@ -154,8 +156,8 @@ func TestAlgorithmContract(t *testing.T) {
 		}
 	}
 	const list = "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra or concurrency"
-	if _, err := ParseAlgorithm("tokenbucket"); err == nil || err.Error() != `unknown algorithm "tokenbucket" (want `+list+")" {
-		t.Errorf("ParseAlgorithm(tokenbucket): got %v, want the list of names", err)
+	if _, err := algorithm.Parse("tokenbucket"); err == nil || err.Error() != `unknown algorithm "tokenbucket" (want `+list+")" {
+		t.Errorf("algorithm.Parse(tokenbucket): got %v, want the list of names", err)
 	}
 }
 
@@ -164,7 +166,7 @@ func TestAlgorithmOutsideTable(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	local := NewLocal(0)
-	for _, a := range []Algorithm{0, Algorithm(len(algorithms)), 255} {
+	for _, a := range []algorithm.ID{0, algorithm.ID(len(evals)), 255} {
 		t.Run(strconv.Itoa(int(a)), func(t *testing.T) {
 			t.Parallel()
 			if a.Valid() || a.HasBurst() || a.Code() != "invalid" || a.String() != fmt.Sprintf("algorithm(%d)", a) {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // TestStoreRetryAfter checks RetryAfter and ResetAt against each algorithm's formula, on long
@@ -14,25 +16,25 @@ func TestStoreRetryAfter(t *testing.T) {
 	const L = 5
 	T := long / L // one unit's period
 	tests := []struct {
-		alg  Algorithm
+		alg  algorithm.ID
 		cost int64
 		// want computes the expected retry after and reset from the denied result.
 		want func(res Result) (retry time.Duration, reset time.Time)
 		tol  time.Duration
 	}{
-		{TokenBucket, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
-		{TokenBucket, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
-		{LeakyBucket, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
-		{LeakyBucket, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
-		{GCRA, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
-		{GCRA, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
-		{FixedWindow, 1, func(r Result) (time.Duration, time.Time) {
+		{algorithm.TokenBucket, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
+		{algorithm.TokenBucket, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
+		{algorithm.LeakyBucket, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
+		{algorithm.LeakyBucket, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
+		{algorithm.GCRA, 1, func(r Result) (time.Duration, time.Time) { return T, r.Now.Add(long) }, time.Second},
+		{algorithm.GCRA, 3, func(r Result) (time.Duration, time.Time) { return 3 * T, r.Now.Add(long) }, time.Second},
+		{algorithm.FixedWindow, 1, func(r Result) (time.Duration, time.Time) {
 			end := windowEnd(r.Now, long)
 			return end.Sub(r.Now), end
 		}, 0},
-		{SlidingWindowLog, 1, func(r Result) (time.Duration, time.Time) { return long, r.Now.Add(long) }, time.Second},
-		{SlidingWindowLog, 3, func(r Result) (time.Duration, time.Time) { return long, r.Now.Add(long) }, time.Second},
-		{SlidingWindowCounter, 1, func(r Result) (time.Duration, time.Time) {
+		{algorithm.SlidingWindowLog, 1, func(r Result) (time.Duration, time.Time) { return long, r.Now.Add(long) }, time.Second},
+		{algorithm.SlidingWindowLog, 3, func(r Result) (time.Duration, time.Time) { return long, r.Now.Add(long) }, time.Second},
+		{algorithm.SlidingWindowCounter, 1, func(r Result) (time.Duration, time.Time) {
 			// c = 5, p = 0: in the next window weighted = 5 * (1 - pos) must reach 4.
 			end := windowEnd(r.Now, long)
 			return end.Sub(r.Now) + long/5, end.Add(long)
@@ -115,16 +117,16 @@ func TestLocalTiming(t *testing.T) {
 	t0 := start.Add(30 * time.Millisecond)
 	ms := time.Millisecond
 	tests := []struct {
-		alg   Algorithm
+		alg   algorithm.ID
 		retry time.Duration
 		reset time.Time
 	}{
-		{TokenBucket, 20 * ms, t0.Add(W)},
-		{LeakyBucket, 20 * ms, t0.Add(W)},
-		{GCRA, 20 * ms, t0.Add(W)},
-		{FixedWindow, 70 * ms, start.Add(W)},
-		{SlidingWindowLog, W, t0.Add(W)},
-		{SlidingWindowCounter, 90 * ms, start.Add(2 * W)},
+		{algorithm.TokenBucket, 20 * ms, t0.Add(W)},
+		{algorithm.LeakyBucket, 20 * ms, t0.Add(W)},
+		{algorithm.GCRA, 20 * ms, t0.Add(W)},
+		{algorithm.FixedWindow, 70 * ms, start.Add(W)},
+		{algorithm.SlidingWindowLog, W, t0.Add(W)},
+		{algorithm.SlidingWindowCounter, 90 * ms, start.Add(2 * W)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.alg.String(), func(t *testing.T) {
@@ -160,7 +162,7 @@ func TestLocalSlidingCounterWeight(t *testing.T) {
 	const W = 100 * time.Millisecond
 	start := time.UnixMicro(1_900_000_000_000_000)
 	loc := NewLocal(0)
-	l := lim("k", SlidingWindowCounter, 10, W, 0)
+	l := lim("k", algorithm.SlidingWindowCounter, 10, W, 0)
 	if res := loc.Check(start.Add(50*time.Millisecond), one(l, 10)); !res.Allowed {
 		t.Fatalf("first window: 10 of 10 denied")
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // maxValue bounds costs, limits, bursts and windows (in µs) so that every computation in the
@@ -49,7 +51,7 @@ func (r *Request) validate() error {
 		return errReplacesShadow
 	}
 	for i := range r.Limits {
-		if r.Count && r.Limits[i].Algorithm != FixedWindow {
+		if r.Count && r.Limits[i].Algorithm != algorithm.FixedWindow {
 			return fmt.Errorf("limit %d (%q): %w", i, r.Limits[i].Key, errCountAlgorithm)
 		}
 		if err := r.Limits[i].validate(); err != nil {
@@ -72,7 +74,7 @@ func (l *Limit) validate() error {
 		return errors.New("empty key")
 	case !l.Algorithm.Valid():
 		return fmt.Errorf("invalid algorithm %d", uint8(l.Algorithm))
-	case l.Limit == 0 && l.Algorithm == FixedWindow:
+	case l.Limit == 0 && l.Algorithm == algorithm.FixedWindow:
 		// A fixed window of 0 denies every charge: Envoy's "banned" limits.
 	case l.Limit < 1 || l.Limit > maxValue:
 		return fmt.Errorf("limit must be between 1 and %d (0 for a fixed window), got %d", int64(maxValue), l.Limit)
@@ -82,9 +84,9 @@ func (l *Limit) validate() error {
 		return fmt.Errorf("burst must be between 0 and %d, got %d", int64(maxValue), l.Burst)
 	case l.MaxDelay < 0 || l.MaxDelay.Microseconds() > maxValue:
 		return fmt.Errorf("max delay must be between 0 and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.MaxDelay)
-	case l.MaxDelay > 0 && l.Algorithm != GCRA && l.Algorithm != LeakyBucket:
+	case l.MaxDelay > 0 && l.Algorithm != algorithm.GCRA && l.Algorithm != algorithm.LeakyBucket:
 		return fmt.Errorf("only gcra and leaky_bucket limits queue (max delay), not %s", l.Algorithm)
-	case l.Algorithm == CalendarWindow:
+	case l.Algorithm == algorithm.CalendarWindow:
 		return l.validatePeriods()
 	case l.Algorithm.Holds() && (l.Holder == "" || len(l.Holder) > MaxHolder):
 		return fmt.Errorf("a concurrency limit needs a lease id of 1 to %d bytes, got %d", MaxHolder, len(l.Holder))
@@ -95,7 +97,7 @@ func (l *Limit) validate() error {
 // MaxHolder bounds Limit.Holder.
 const MaxHolder = 64
 
-// maxPeriod bounds each calendar period of a CalendarWindow: its length in seconds travels in
+// maxPeriod bounds each calendar period of a algorithm.CalendarWindow: its length in seconds travels in
 // 25 bits (lua/calendar_window.lua), which a leap year and a DST hour fill to 0.94.
 const maxPeriod = (1<<25 - 1) * time.Second
 
@@ -115,9 +117,9 @@ func (l *Limit) validatePeriods() error {
 func (l *Limit) windowUS() int64 { return l.Window.Microseconds() }
 
 // scriptArgs are the numbers the script gets in the places of a limit's window and burst:
-// those, or a CalendarWindow's periods (lua/calendar_window.lua).
+// those, or a algorithm.CalendarWindow's periods (lua/calendar_window.lua).
 func (l *Limit) scriptArgs() (w, b int64) {
-	if l.Algorithm == CalendarWindow {
+	if l.Algorithm == algorithm.CalendarWindow {
 		p := l.Periods
 		return p.Start.Unix(), int64(p.First/time.Second)<<25 | int64(p.Second/time.Second)
 	}

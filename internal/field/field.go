@@ -1,8 +1,10 @@
 // Package field holds the rules a check's fields obey, each written once: the engine applies
 // them to every Query (package checker), and the transports apply them first, on what they
 // translate, so that an error names the field in the caller's own terms (a header, a
-// descriptor entry, a message field). Errors say what the value broke and name no field: the
-// caller wraps them in a checker.FieldError with the field's name.
+// descriptor entry, a message field). Its rules' errors say what the value broke and name no
+// field: the caller wraps them in an Error with the field's name (Wrap). Error is the one error
+// of bad input in quotaflow, wherever a value is named: a check's fields, a rules document's, an
+// override's, an admin request's; transports answer it InvalidArgument (HTTP 400).
 package field
 
 import (
@@ -14,6 +16,34 @@ import (
 )
 
 var errRequired = errors.New("required")
+
+// Error is a value that broke a rule, naming its field as the caller spells it (a message
+// field, subjects[1].identifier; a header; a query parameter; an override's key). Transports
+// answer it InvalidArgument (HTTP 400, or the status of Err where it has one).
+type Error struct {
+	Field string
+	Msg   string
+	// Err, when set, is the sentinel of the rule broken (checker.ErrIdempotencyConflict), for
+	// errors.Is; it is not part of the message, which Field and Msg say in full.
+	Err error
+}
+
+// Error implements error: "field: what it broke".
+func (e *Error) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap returns Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an Error about name.
+func Errorf(name, format string, args ...any) *Error {
+	return &Error{Field: name, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Wrap is err, a broken rule of this package (or one that wraps a sentinel), about name: its
+// message, and the sentinel it wraps for errors.Is.
+func Wrap(name string, err error) *Error {
+	return &Error{Field: name, Msg: err.Error(), Err: errors.Unwrap(err)}
+}
 
 // Text reports why s is not 1 to max bytes of valid UTF-8, or nil.
 func Text(s string, max int) error {

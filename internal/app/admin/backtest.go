@@ -10,10 +10,11 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/backtest"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Backtester replays the decision audit through a rule set (backtest.Backtester). Its errors
-// are a *backtest.FieldError for a request it cannot run (answered 400), the context's, or
+// are a *field.Error for a request it cannot run (answered 400), the context's, or
 // reading the audit's (503).
 type Backtester interface {
 	Run(ctx context.Context, req backtest.Request) (*backtest.Report, error)
@@ -92,7 +93,7 @@ func (a *API) backtest(r *http.Request, _ caller) (int, any, error) {
 
 // backtestAnswer answers a backtest's report, or its error, in format.
 func backtestAnswer(rep *backtest.Report, err error, format string) (int, any, error) {
-	if fe := (*backtest.FieldError)(nil); errors.As(err, &fe) {
+	if fe := (*field.Error)(nil); errors.As(err, &fe) {
 		return 0, nil, badField(fe.Field, "%s", fe.Msg)
 	}
 	if err != nil {

@@ -12,11 +12,12 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/audit"
 	"github.com/quotaflow/quotaflow/internal/app/health"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Audit reads what the aggregators recorded in ClickHouse (audit.Reader): the usage series,
 // the subjects throttled most, a subject's billing period and recent decisions. Its errors
-// are a *checker.FieldError for a request that broke a rule (answered 400), the context's, or
+// are a *field.Error for a request that broke a rule (answered 400), the context's, or
 // ClickHouse's (503).
 type Audit interface {
 	Series(ctx context.Context, req audit.SeriesRequest) (*audit.Series, error)
@@ -31,7 +32,7 @@ var _ Audit = (*audit.Reader)(nil)
 // auditAnswer renders an Audit call's result: its field errors as every field error (400),
 // ClickHouse's as 503 naming it.
 func auditAnswer(v any, err error) (int, any, error) {
-	if fe := (*checker.FieldError)(nil); err == nil || errors.As(err, &fe) {
+	if fe := (*field.Error)(nil); err == nil || errors.As(err, &fe) {
 		return http.StatusOK, v, err
 	}
 	return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: err.Error()}
@@ -215,7 +216,7 @@ func (a *API) subjectLimits(r *http.Request, _ caller) (int, any, error) {
 	for i := range out.Limits {
 		l := &out.Limits[i]
 		res.Limits = append(res.Limits, subjectLimit{RuleID: l.Rule.ID, Endpoint: l.Rule.Endpoint, Algorithm: l.Rule.Algorithm.String(),
-			Window: l.Rule.WindowName(), Limit: l.Limit.Limit, Burst: l.Limit.Capacity, Shadow: l.Rule.Shadow,
+			Window: l.Rule.WindowName(), Limit: l.Limit.Limit, Burst: l.Limit.Capacity(), Shadow: l.Rule.Shadow,
 			Used: l.Result.Used, Remaining: l.Result.Remaining, ResetAt: l.Result.ResetAt.UTC(), State: l.State().String(),
 			Overrides: applyingOverrides(set, l.Rule, l.Subject.ID, out.Tier, now)})
 	}

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 )
 
@@ -62,8 +62,7 @@ func notFound(format string, args ...any) *Error {
 func writeAPIError(w http.ResponseWriter, err error) {
 	var (
 		ae *Error
-		fe *rules.FieldError
-		ce *checker.FieldError
+		fe *field.Error
 		ve *rules.ValidationError
 		me *http.MaxBytesError
 		re *rules.RemovalError
@@ -71,9 +70,7 @@ func writeAPIError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &ae):
 	case errors.As(err, &fe):
-		ae = badField(fe.Field, "%s", fe.Problem)
-	case errors.As(err, &ce):
-		ae = badField(ce.Field, "%s", ce.Msg)
+		ae = badField(fe.Field, "%s", fe.Msg)
 	case errors.As(err, &ve):
 		// The problems are listed once, in Problems; the message names a single one, or
 		// how many there are.

@@ -351,7 +351,7 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 		ul := userLimit{
 			RuleID: rule.ID, Dimension: rule.Dimension.String(), Endpoint: rule.Endpoint, Algorithm: rule.Algorithm.String(),
 			Window: rule.WindowName(), WindowMs: rule.Window.Milliseconds(), Shadow: rule.Shadow,
-			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity,
+			BaseLimit: rule.Limit, CustomLimit: l.Custom, Limit: l.Limit.Limit, Burst: l.Limit.Capacity(),
 			Overrides: applyingOverrides(set, rule, subjectOf(rule, user, u.Org), u.Tier, now),
 		}
 		if rule.Calendar.Unit.Valid() {

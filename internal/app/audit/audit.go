@@ -14,7 +14,6 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -52,12 +51,6 @@ func (r *Reader) Ping(ctx context.Context) error {
 		return fmt.Errorf("clickhouse: %w", err)
 	}
 	return nil
-}
-
-// fieldErrorf is a request that broke a rule, naming the field: the engine's one field error
-// (checker.FieldError), which the admin API answers 400 as it does a check's.
-func fieldErrorf(name, format string, args ...any) *checker.FieldError {
-	return &checker.FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Counts are checks by outcome. Denied counts only the limits' denials; Degraded the answers a

@@ -12,8 +12,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/app/audit"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -221,7 +221,7 @@ func TestBadInput(t *testing.T) {
 		}, "month"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			var fe *checker.FieldError
+			var fe *field.Error
 			if err := tt.call(); !errors.As(err, &fe) || fe.Field != tt.field {
 				t.Errorf("got %v, want an error naming %s", err, tt.field)
 			}

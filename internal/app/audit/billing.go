@@ -7,6 +7,8 @@ import (
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // BillingRequest asks for a subject's checks over one calendar month in a time zone.
@@ -38,11 +40,11 @@ type BillingDay struct {
 	Counts
 }
 
-// Billing returns the subject's checks per day of the month. Its errors are a *checker.FieldError
+// Billing returns the subject's checks per day of the month. Its errors are a *field.Error
 // (subject, month) or ClickHouse's.
 func (r *Reader) Billing(ctx context.Context, req BillingRequest) (*Billing, error) {
 	if err := ValidSubject(req.Subject); err != nil {
-		return nil, fieldErrorf("subject", "%v", err)
+		return nil, field.Errorf("subject", "%v", err)
 	}
 	loc := req.Location
 	if loc == nil {
@@ -53,11 +55,11 @@ func (r *Reader) Billing(ctx context.Context, req BillingRequest) (*Billing, err
 	}
 	start, err := time.ParseInLocation("2006-01", req.Month, loc)
 	if err != nil {
-		return nil, fieldErrorf("month", "%q is not a month as 2006-01", req.Month)
+		return nil, field.Errorf("month", "%q is not a month as 2006-01", req.Month)
 	}
 	end := start.AddDate(0, 1, 0)
 	if now := time.Now(); start.After(now) || end.Before(now.Add(-maxRetention)) {
-		return nil, fieldErrorf("month", "%s is outside the audit's retained history (%d days)", req.Month, int(maxRetention.Hours()/24))
+		return nil, field.Errorf("month", "%s is outside the audit's retained history (%d days)", req.Month, int(maxRetention.Hours()/24))
 	}
 	// Rows are summed per quarter hour and their day taken in Go: every zone's offset is a
 	// multiple of 15 minutes, so no quarter spans two days of any calendar, a day of 23 or 25

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // SeriesRequest asks for checks by outcome per tier or rule over the Span before To.
@@ -54,18 +56,18 @@ func rollupOf(span time.Duration) (table, column string, step time.Duration) {
 	return "usage_day", "toUInt32(toDateTime(day))", 24 * time.Hour
 }
 
-// Series returns checks by outcome per bucket of req's span. Its errors are a *checker.FieldError
+// Series returns checks by outcome per bucket of req's span. Its errors are a *field.Error
 // (by, span) or ClickHouse's.
 func (r *Reader) Series(ctx context.Context, req SeriesRequest) (*Series, error) {
 	key := map[string]string{"tier": "tier", "rule": "rule_id"}[req.By]
 	if key == "" {
-		return nil, fieldErrorf("by", "%q is not tier or rule", req.By)
+		return nil, field.Errorf("by", "%q is not tier or rule", req.By)
 	}
 	if req.Span == 0 {
 		req.Span = time.Hour
 	}
 	if req.Span < time.Minute || req.Span > MaxSpan {
-		return nil, fieldErrorf("span", "%s is not 1m to %s", req.Span, MaxSpan)
+		return nil, field.Errorf("span", "%s is not 1m to %s", req.Span, MaxSpan)
 	}
 	if req.To.IsZero() {
 		req.To = time.Now()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // TopRequest asks for the subjects denied most over the Span before To.
@@ -26,19 +28,19 @@ type SubjectRow struct {
 const maxRetention = 90 * 24 * time.Hour
 
 // Top returns the subjects whose checks were denied most by their limits (fail-mode denials
-// apart), with their tier. Its errors are a *checker.FieldError (span, n) or ClickHouse's.
+// apart), with their tier. Its errors are a *field.Error (span, n) or ClickHouse's.
 func (r *Reader) Top(ctx context.Context, req TopRequest) ([]SubjectRow, error) {
 	if req.Span == 0 {
 		req.Span = time.Hour
 	}
 	if req.Span < time.Minute || req.Span > maxRetention {
-		return nil, fieldErrorf("span", "%s is not 1m to %s (the audit's retention)", req.Span, maxRetention)
+		return nil, field.Errorf("span", "%s is not 1m to %s (the audit's retention)", req.Span, maxRetention)
 	}
 	if req.N == 0 {
 		req.N = 10
 	}
 	if req.N < 1 || req.N > 100 {
-		return nil, fieldErrorf("n", "%d is not 1 to 100", req.N)
+		return nil, field.Errorf("n", "%d is not 1 to 100", req.N)
 	}
 	if req.To.IsZero() {
 		req.To = time.Now()
@@ -97,16 +99,16 @@ type Decision struct {
 const recentSpan = 24 * time.Hour
 
 // Recent returns the subject's latest checks of the last day, the newest first, at most n
-// (0: 50; at most 500). Its errors are a *checker.FieldError (subject, n) or ClickHouse's.
+// (0: 50; at most 500). Its errors are a *field.Error (subject, n) or ClickHouse's.
 func (r *Reader) Recent(ctx context.Context, subject string, n int) ([]Decision, error) {
 	if err := ValidSubject(subject); err != nil {
-		return nil, fieldErrorf("subject", "%v", err)
+		return nil, field.Errorf("subject", "%v", err)
 	}
 	if n == 0 {
 		n = 50
 	}
 	if n < 1 || n > 500 {
-		return nil, fieldErrorf("n", "%d is not 1 to 500", n)
+		return nil, field.Errorf("n", "%d is not 1 to 500", n)
 	}
 	now := time.Now()
 	q := fmt.Sprintf(`SELECT time_us, endpoint, tier, rule_id, cost, allowed, degraded, limit_value, remaining, delay_us

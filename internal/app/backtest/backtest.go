@@ -17,6 +17,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -30,7 +31,7 @@ type Config struct {
 	MaxBuckets int
 	// MaxRules bounds the rules one backtest replays (0: none), MaxRecords the audit rows it
 	// reads, its warm-up's included (0: none): past either, Run refuses the request with a
-	// *FieldError naming rules or from before reading anything. MaxPlanBytes bounds the cache
+	// *field.Error naming rules or from before reading anything. MaxPlanBytes bounds the cache
 	// of planned checks (0: 256 MiB). Together with MaxBuckets they bound a backtest's memory;
 	// the admin API's, which run inside a checker, are small (docs/backtest.md).
 	MaxRules     int
@@ -79,19 +80,6 @@ func (p Progress) Fraction() float64 {
 	return min(max(float64(p.At.Sub(p.From))/float64(span), 0), 1)
 }
 
-// FieldError is a request that broke a rule, naming the field; the admin API answers it 400.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-// Error implements error.
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
-func fieldErrorf(name, format string, args ...any) *FieldError {
-	return &FieldError{Field: name, Msg: fmt.Sprintf(format, args...)}
-}
-
 // maxTop bounds Request.Top: the subjects are counted in memory, ten times as many as listed.
 const maxTop = 1000
 
@@ -134,7 +122,7 @@ func New(cfg Config) *Backtester {
 	return &Backtester{cfg: cfg, log: log.With("component", "backtest")}
 }
 
-// Run replays the history req names and reports it. Its errors are a *FieldError for a request
+// Run replays the history req names and reports it. Its errors are a *field.Error for a request
 // that cannot be run (no rules, an empty or future window, a window outside the audit's
 // retention, a rule the rules do not have), the context's, or reading the audit's.
 func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
@@ -143,7 +131,7 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 		return nil, err
 	}
 	if n := len(req.Rules.Rules()); b.cfg.MaxRules > 0 && n > b.cfg.MaxRules {
-		return nil, fieldErrorf("rules", "%d rules; a backtest here replays at most %d (quotaflow backtest runs larger ones in a process of its own)", n, b.cfg.MaxRules)
+		return nil, field.Errorf("rules", "%d rules; a backtest here replays at most %d (quotaflow backtest runs larger ones in a process of its own)", n, b.cfg.MaxRules)
 	}
 	if !validDatabase(b.cfg.Database) {
 		return nil, fmt.Errorf("backtest: database %q is no plain name", b.cfg.Database)
@@ -162,7 +150,7 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 		return nil, err
 	}
 	if b.cfg.MaxRecords > 0 && int64(rows) > b.cfg.MaxRecords {
-		return nil, fieldErrorf("from", "the window and its warm-up hold %d audit rows; a backtest here reads at most %d: narrow from and to (quotaflow backtest runs larger ones in a process of its own)", rows, b.cfg.MaxRecords)
+		return nil, field.Errorf("from", "the window and its warm-up hold %d audit rows; a backtest here reads at most %d: narrow from and to (quotaflow backtest runs larger ones in a process of its own)", rows, b.cfg.MaxRecords)
 	}
 	began := time.Now()
 	rep := newReport(req)
@@ -194,7 +182,7 @@ func (b *Backtester) Run(ctx context.Context, req Request) (*Report, error) {
 // validate checks req against the audit's retention at now.
 func validate(req *Request, now time.Time) error {
 	if req.Rules == nil {
-		return fieldErrorf("rules", "none given")
+		return field.Errorf("rules", "none given")
 	}
 	if err := validateWindow(req, now); err != nil {
 		return err
@@ -206,22 +194,22 @@ func validate(req *Request, now time.Time) error {
 // a zero To is now.
 func validateWindow(req *Request, now time.Time) error {
 	if req.From.IsZero() {
-		return fieldErrorf("from", "required")
+		return field.Errorf("from", "required")
 	}
 	if req.To.IsZero() {
 		req.To = now
 	}
 	if !req.From.Before(req.To) {
-		return fieldErrorf("to", "%s is not after from (%s)", req.To.Format(time.RFC3339), req.From.Format(time.RFC3339))
+		return field.Errorf("to", "%s is not after from (%s)", req.To.Format(time.RFC3339), req.From.Format(time.RFC3339))
 	}
 	if req.From.After(now) {
-		return fieldErrorf("from", "%s is in the future", req.From.Format(time.RFC3339))
+		return field.Errorf("from", "%s is in the future", req.From.Format(time.RFC3339))
 	}
 	if days := schema.Retention(schema.Decisions).Days; req.From.Before(now.AddDate(0, 0, -days)) {
-		return fieldErrorf("from", "%s is outside the audit's retained history (%d days)", req.From.Format(time.RFC3339), days)
+		return field.Errorf("from", "%s is outside the audit's retained history (%d days)", req.From.Format(time.RFC3339), days)
 	}
 	if req.Top < 0 || req.Top > maxTop {
-		return fieldErrorf("top", "%d is not 0 to %d", req.Top, maxTop)
+		return field.Errorf("top", "%d is not 0 to %d", req.Top, maxTop)
 	}
 	return nil
 }
@@ -230,11 +218,11 @@ func validateWindow(req *Request, now time.Time) error {
 func validateFilters(req *Request) error {
 	if req.Rule != "" {
 		if _, ok := req.Rules.Rule(req.Rule); !ok {
-			return fieldErrorf("rule", "no rule %q in the rules given", req.Rule)
+			return field.Errorf("rule", "no rule %q in the rules given", req.Rule)
 		}
 	}
 	if req.Tier != "" && !req.Rules.HasTier(req.Tier) {
-		return fieldErrorf("tier", "no tier %q in the rules given", req.Tier)
+		return field.Errorf("tier", "no tier %q in the rules given", req.Tier)
 	}
 	return validateSubject(req.Subject)
 }
@@ -245,7 +233,7 @@ func validateSubject(subject string) error {
 		return nil
 	}
 	if _, err := parseSubject(subject); err != nil {
-		return fieldErrorf("subject", "%v", err)
+		return field.Errorf("subject", "%v", err)
 	}
 	return nil
 }

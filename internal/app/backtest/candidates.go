@@ -42,7 +42,7 @@ const (
 // (the rows name their rules); when given, Rule and Tier are checked against it. A zero From
 // is the start of the audit's retained history.
 //
-// Its errors are a *FieldError for a request that cannot be run, the context's, or reading
+// Its errors are a *field.Error for a request that cannot be run, the context's, or reading
 // the audit's.
 func (b *Backtester) LiveCandidates(ctx context.Context, req Request) (*Report, error) {
 	now := time.Now()

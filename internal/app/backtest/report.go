@@ -11,7 +11,8 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
-	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Report is what a backtest found. Checks were allowed or denied "then" (recorded) and
@@ -204,7 +205,7 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 		rp.Decide(at, p, &r.out)
 		out = &r.out
 	}
-	var fe *checker.FieldError
+	var fe *field.Error
 	if err != nil && !errors.As(err, &fe) {
 		// A row the replay cannot read as a check (written by hand): counted, not compared.
 		if reported {
@@ -381,8 +382,8 @@ type divergence struct {
 func (r *Report) diverge(rec *Record, out *checker.Outcome, reason string) {
 	for _, l := range limitsOf(out) {
 		span := l.Limit.Window
-		if l.Limit.Limit > 0 && l.Limit.Capacity > l.Limit.Limit {
-			span = time.Duration(float64(span) * float64(l.Limit.Capacity) / float64(l.Limit.Limit))
+		if l.Limit.Limit > 0 && l.Limit.Capacity() > l.Limit.Limit {
+			span = time.Duration(float64(span) * float64(l.Limit.Capacity()) / float64(l.Limit.Limit))
 		}
 		r.diverged[l.Rule.ID+"|"+l.Subject.ID] = divergence{reason, rec.TimeUS + span.Microseconds()}
 	}
@@ -453,7 +454,7 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 		if l.Rule.Lease > 0 {
 			return ReasonLeased
 		}
-		if l.Rule.Algorithm == bucket.Concurrency {
+		if l.Rule.Algorithm == algorithm.Concurrency {
 			return ReasonConcurrency
 		}
 	}
@@ -487,7 +488,7 @@ func sameLimit(rec *Record, replayed []checker.LimitOutcome) bool {
 		return true
 	}
 	for _, l := range replayed {
-		if l.Rule.ID == rec.Rule && l.Limit.Capacity == rec.Limit {
+		if l.Rule.ID == rec.Rule && l.Limit.Capacity() == rec.Limit {
 			return true
 		}
 	}

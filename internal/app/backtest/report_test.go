@@ -10,6 +10,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 const reportRules = `
@@ -207,9 +208,9 @@ func TestValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			err := validate(&tt.req, now)
-			fe, ok := err.(*FieldError)
+			fe, ok := err.(*field.Error)
 			if !ok || fe.Field != tt.field {
-				t.Errorf("got %v, want a FieldError about %s", err, tt.field)
+				t.Errorf("got %v, want a field.Error about %s", err, tt.field)
 			}
 		})
 	}

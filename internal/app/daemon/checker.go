@@ -306,7 +306,7 @@ func drain(pub *publisher.Client, timeout time.Duration) error {
 // serve builds the engine and the ports and starts serving them.
 func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
-	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: bucketLayout(cfg.BucketLayout), SharedHashes: cfg.SharedHashes, Logger: log, InstanceID: tel.Instance,
+	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes, Logger: log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
 		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName}
 	if s.pub != nil {
@@ -460,17 +460,4 @@ func redisName(rdb redis.UniversalClient) string {
 		return c.Options().Addr
 	}
 	return fmt.Sprintf("%T", rdb)
-}
-
-// bucketLayout is the checker.BucketLayout of l.
-func bucketLayout(l bucket.Layout) checker.BucketLayout {
-	switch l {
-	case bucket.LayoutCompact:
-		return checker.CompactBuckets
-	case bucket.LayoutShared:
-		return checker.SharedBuckets
-	case bucket.LayoutMixed:
-		return checker.MixedBuckets
-	}
-	return checker.PreviousBuckets
 }

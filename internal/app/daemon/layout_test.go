@@ -7,7 +7,8 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
-// TestBucketLayout: --bucket-layout's every value reaches the checker as its own layout.
+// TestBucketLayout: each of the checker's public layout names is the store's layout of that
+// name, so that --bucket-layout's every value reaches the checker as its own layout.
 func TestBucketLayout(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -19,8 +20,8 @@ func TestBucketLayout(t *testing.T) {
 		{bucket.LayoutShared, checker.SharedBuckets},
 		{bucket.LayoutMixed, checker.MixedBuckets},
 	} {
-		if got := bucketLayout(tt.in); got != tt.want {
-			t.Errorf("bucketLayout(%v) = %d, want %d", tt.in, got, tt.want)
+		if got := checker.BucketLayout(tt.in); got != tt.want {
+			t.Errorf("layout %v = %d, want %d", tt.in, got, tt.want)
 		}
 	}
 }

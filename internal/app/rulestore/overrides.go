@@ -11,6 +11,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // PutOverride validates o against the current configuration and stores it until its expiry,
@@ -26,7 +27,7 @@ func (s *Store) PutOverride(ctx context.Context, o rules.Override) error {
 	}
 	ttl := time.Until(o.ExpiresAt)
 	if ttl < time.Second {
-		return &rules.FieldError{Field: "duration", Problem: "the override would expire within a second"}
+		return &field.Error{Field: "duration", Msg: "the override would expire within a second"}
 	}
 	data, err := json.Marshal(o)
 	if err != nil {
@@ -79,9 +80,9 @@ func (s *Store) RenewOverride(ctx context.Context, id string, expires time.Time,
 	ttl := time.Until(expires)
 	switch {
 	case ttl < time.Second:
-		return &rules.FieldError{Field: "duration", Problem: "the override would expire within a second"}
+		return &field.Error{Field: "duration", Msg: "the override would expire within a second"}
 	case expires.Sub(o.CreatedAt) > rules.MaxOverrideDuration:
-		return &rules.FieldError{Field: "duration", Problem: fmt.Sprintf("at most %s", rules.MaxOverrideDuration)}
+		return &field.Error{Field: "duration", Msg: fmt.Sprintf("at most %s", rules.MaxOverrideDuration)}
 	}
 	o.ExpiresAt = expires
 	data, err := json.Marshal(o)

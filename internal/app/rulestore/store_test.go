@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
 )
 
@@ -207,7 +208,7 @@ func TestOverrideLifecycle(t *testing.T) {
 	}
 	bad := short
 	bad.ID, bad.RuleID = "bad", "nope"
-	var fe *rules.FieldError
+	var fe *field.Error
 	if err := s.PutOverride(ctx, bad); !errors.As(err, &fe) || fe.Field != "rule_id" {
 		t.Errorf("PutOverride naming an unknown rule = %v, want a FieldError on rule_id", err)
 	}
@@ -272,7 +273,7 @@ func TestRenewOverride(t *testing.T) {
 	if err := s.RenewOverride(ctx, o.ID, renewed, "t"); err != nil {
 		t.Fatal(err)
 	}
-	var fe *rules.FieldError
+	var fe *field.Error
 	if err := s.RenewOverride(ctx, o.ID, now, "t"); !errors.As(err, &fe) || fe.Field != "duration" {
 		t.Errorf("RenewOverride to a past instant = %v, want a FieldError on duration", err)
 	}
