@@ -7,6 +7,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -62,24 +63,6 @@ func (c *columns) filter(keep func(p int, seq uint64) bool) int {
 	clear(c.rows[len(kept):])
 	c.rows = kept
 	return dropped
-}
-
-func dimension(d quotaflowv1.Dimension) string {
-	switch d {
-	case quotaflowv1.Dimension_DIMENSION_USER:
-		return "user"
-	case quotaflowv1.Dimension_DIMENSION_IP:
-		return "ip"
-	case quotaflowv1.Dimension_DIMENSION_API_KEY:
-		return "api_key"
-	case quotaflowv1.Dimension_DIMENSION_GLOBAL:
-		return "global"
-	case quotaflowv1.Dimension_DIMENSION_ORG:
-		return "org"
-	case quotaflowv1.Dimension_DIMENSION_DESCRIPTOR:
-		return "descriptor"
-	}
-	return "unspecified"
 }
 
 // kind is a row's kind column (schema migration 0007): ” for a check.
@@ -142,10 +125,10 @@ func (c *columns) appendTo(b driver.Batch) error {
 		d := r.d
 		ids[i], checkers[i] = d.Id, d.CheckerId
 		times[i], timeUS[i] = time.UnixMicro(d.TimeUs).UTC(), d.TimeUs
-		dims[i], subjectIDs[i] = dimension(d.GetSubject().GetDimension()), d.GetSubject().GetIdentifier()
+		dims[i], subjectIDs[i] = stream.DimensionName(d.GetSubject().GetDimension()), d.GetSubject().GetIdentifier()
 		ss := make([]string, len(d.Subjects))
 		for j, s := range d.Subjects {
-			ss[j] = dimension(s.Dimension) + ":" + s.Identifier
+			ss[j] = stream.DimensionName(s.Dimension) + ":" + s.Identifier
 		}
 		subjects[i] = ss
 		tiers[i], endpoints[i], rules[i], algos[i] = d.Tier, d.Endpoint, d.RuleId, d.Algorithm
@@ -158,7 +141,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lLimit[i], lWindow[i], lCount[i], lRemaining[i], lRetry[i], lBurst[i] = make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k), make([]int64, k)
 		lAllowed[i], lShadow[i], lDegraded[i], lReset[i] = make([]uint8, k), make([]uint8, k), make([]uint8, k), make([]time.Time, k)
 		for j, l := range d.Limits {
-			lRule[i][j], lDim[i][j], lID[i][j], lEndpoint[i][j], lAlgo[i][j] = l.RuleId, dimension(l.Dimension), l.Identifier, l.Endpoint, l.Algorithm
+			lRule[i][j], lDim[i][j], lID[i][j], lEndpoint[i][j], lAlgo[i][j] = l.RuleId, stream.DimensionName(l.Dimension), l.Identifier, l.Endpoint, l.Algorithm
 			lLimit[i][j], lWindow[i][j], lAllowed[i][j], lCount[i][j], lRemaining[i][j] = l.Limit, l.WindowMs, b2u(l.Allowed), l.CurrentCount, l.Remaining
 			lReset[i][j], lRetry[i][j], lShadow[i][j], lState[i][j] = time.Unix(l.ResetAt, 0).UTC(), l.RetryAfterMs, b2u(l.Shadow), state(l.State)
 			lDegraded[i][j], lFail[i][j], lBurst[i][j], lCandidate[i][j] = b2u(l.Degraded), l.FailMode, l.Burst, l.CandidateOf

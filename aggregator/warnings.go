@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -218,7 +219,7 @@ func (m *machine) change(st *wstate, to uint8, at int64, cause string) {
 	}
 	m.out = append(m.out, transition{from: from, to: to, ev: events.Transition{
 		ID:   transitionID(m.stream, st, at, to),
-		Tier: st.Tier, Dimension: dimension(st.Dim), Subject: st.ID, RuleID: st.Rule,
+		Tier: st.Tier, Dimension: stream.DimensionName(st.Dim), Subject: st.ID, RuleID: st.Rule,
 		From: stateNames[from], To: stateNames[to], UsageRatio: st.Usage, Limit: st.Limit,
 		Remaining: st.Remaining, WindowMs: st.WindowMs, At: time.UnixMicro(at).UTC(), Cause: cause,
 	}})

@@ -111,6 +111,12 @@ type Query struct {
 // made 1. It returns q itself when q already is (every query from a transport, which
 // validated it first), else a copy: q is the caller's, which may check it from several
 // goroutines.
+//
+// A transport's query is thus validated twice, and that stays: the transport validates first
+// with the same rules (package field) to name the field as its caller wrote it (a header, a
+// descriptor entry, checks[3].subjects[1]); the engine validates again because a program that
+// embeds it passes Queries no transport saw, and nothing a caller sets can tell the engine that
+// its query was checked. The second pass allocates nothing on a query already normal.
 func normalQuery(q *Query) (*Query, error) {
 	for i, s := range q.Subjects {
 		if err := checkSubject(s, i); err != nil {

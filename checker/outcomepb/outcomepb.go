@@ -13,6 +13,15 @@ import (
 )
 
 // Statuses renders every evaluated limit of o, in o.Limits' order (o.Decider indexes it too).
+//
+// A consuming check renders them twice, once for its event (publisher.Decision, inside the
+// engine's Check) and once for its answer (the transport, after Check returns), and that stays:
+// the engine hands the decision to its sink before it returns, speaks no protobuf
+// (checker.TestAPISpeaksOwnTypes), and a DurableSink holds the check until the event is in its
+// spool, so the event cannot wait for the answer's rendering; and the event's messages belong
+// to the publisher, which marshals them later on its own goroutine, while the answer's are
+// marshalled by the RPC stack: one slice shared by both would tie the two lifetimes together
+// for about a microsecond per limit (BenchmarkCheckRPC).
 func Statuses(o *checker.Outcome) []*quotaflowv1.LimitStatus {
 	if len(o.Limits) == 0 {
 		return nil
@@ -74,23 +83,34 @@ func State(s checker.State) quotaflowv1.State {
 	return quotaflowv1.State_STATE_UNSPECIFIED
 }
 
-// Dimension is d in quotaflow.v1's enum.
+// dimensions is the one table of the rules' dimensions in quotaflow.v1's enum, indexed by
+// rules.Dimension: Dimension reads it, RulesDimension its inverse.
+var dimensions = [...]quotaflowv1.Dimension{
+	rules.DimensionUser:       quotaflowv1.Dimension_DIMENSION_USER,
+	rules.DimensionIP:         quotaflowv1.Dimension_DIMENSION_IP,
+	rules.DimensionAPIKey:     quotaflowv1.Dimension_DIMENSION_API_KEY,
+	rules.DimensionGlobal:     quotaflowv1.Dimension_DIMENSION_GLOBAL,
+	rules.DimensionOrg:        quotaflowv1.Dimension_DIMENSION_ORG,
+	rules.DimensionDescriptor: quotaflowv1.Dimension_DIMENSION_DESCRIPTOR,
+}
+
+// Dimension is d in quotaflow.v1's enum, DIMENSION_UNSPECIFIED for none.
 func Dimension(d rules.Dimension) quotaflowv1.Dimension {
-	switch d {
-	case rules.DimensionUser:
-		return quotaflowv1.Dimension_DIMENSION_USER
-	case rules.DimensionIP:
-		return quotaflowv1.Dimension_DIMENSION_IP
-	case rules.DimensionAPIKey:
-		return quotaflowv1.Dimension_DIMENSION_API_KEY
-	case rules.DimensionGlobal:
-		return quotaflowv1.Dimension_DIMENSION_GLOBAL
-	case rules.DimensionOrg:
-		return quotaflowv1.Dimension_DIMENSION_ORG
-	case rules.DimensionDescriptor:
-		return quotaflowv1.Dimension_DIMENSION_DESCRIPTOR
+	if int(d) < len(dimensions) {
+		return dimensions[d]
 	}
 	return quotaflowv1.Dimension_DIMENSION_UNSPECIFIED
+}
+
+// RulesDimension is the rules' dimension of d, false for DIMENSION_UNSPECIFIED and values the
+// rules do not know.
+func RulesDimension(d quotaflowv1.Dimension) (rules.Dimension, bool) {
+	for rd, pd := range dimensions {
+		if pd == d && d != quotaflowv1.Dimension_DIMENSION_UNSPECIFIED {
+			return rules.Dimension(rd), true
+		}
+	}
+	return 0, false
 }
 
 // ceilUnix is t in whole unix seconds, rounded up: a reset is never reported earlier than it is.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/outcomepb"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/field"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -148,12 +149,9 @@ func checkSubject(prefix string, dim quotaflowv1.Dimension, id string) (rules.Di
 		return 0, field.Wrap(prefix+"identifier", err)
 	}
 	switch dim {
-	case quotaflowv1.Dimension_DIMENSION_USER:
-		return rules.DimensionUser, nil
-	case quotaflowv1.Dimension_DIMENSION_IP:
-		return rules.DimensionIP, nil
-	case quotaflowv1.Dimension_DIMENSION_API_KEY:
-		return rules.DimensionAPIKey, nil
+	case quotaflowv1.Dimension_DIMENSION_USER, quotaflowv1.Dimension_DIMENSION_IP, quotaflowv1.Dimension_DIMENSION_API_KEY:
+		d, _ := outcomepb.RulesDimension(dim)
+		return d, nil
 	case quotaflowv1.Dimension_DIMENSION_UNSPECIFIED:
 		return 0, field.Errorf(prefix+"dimension", "required: DIMENSION_USER, DIMENSION_IP or DIMENSION_API_KEY")
 	case quotaflowv1.Dimension_DIMENSION_GLOBAL:

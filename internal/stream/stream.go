@@ -120,3 +120,33 @@ func Describe(d *quotaflowv1.Decision) string {
 		time.UnixMicro(d.TimeUs).UTC().Format("15:04:05.000000"), verdict, subject, d.Endpoint, rule,
 		strings.ToLower(strings.TrimPrefix(d.State.String(), "STATE_")), d.Tier, d.Id, strings.Join(flags, " "))
 }
+
+// dimensionNames are the names of the decisions' dimensions in the audit and the events
+// ("user", "api_key", "unspecified"): quotaflowv1.Dimension's own names, lower case and without
+// their prefix, so that a dimension added to the enum is named without another table.
+var dimensionNames = func() map[quotaflowv1.Dimension]string {
+	names := make(map[quotaflowv1.Dimension]string, len(quotaflowv1.Dimension_name))
+	for v, n := range quotaflowv1.Dimension_name {
+		names[quotaflowv1.Dimension(v)] = strings.ToLower(strings.TrimPrefix(n, "DIMENSION_"))
+	}
+	return names
+}()
+
+// DimensionName is d as the audit's rows and the warning events name it ("api_key"),
+// "unspecified" for a value the enum does not know.
+func DimensionName(d quotaflowv1.Dimension) string {
+	if n, ok := dimensionNames[d]; ok {
+		return n
+	}
+	return dimensionNames[quotaflowv1.Dimension_DIMENSION_UNSPECIFIED]
+}
+
+// ParseDimensionName is the dimension the audit names name (DimensionName's inverse).
+func ParseDimensionName(name string) (quotaflowv1.Dimension, bool) {
+	for d, n := range dimensionNames {
+		if n == name && d != quotaflowv1.Dimension_DIMENSION_UNSPECIFIED {
+			return d, true
+		}
+	}
+	return 0, false
+}

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/outcomepb"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/field"
+	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
 // Report is what a backtest found. Checks were allowed or denied "then" (recorded) and
@@ -590,20 +592,24 @@ func query(rec *Record) (*checker.Query, error) {
 	return q, nil
 }
 
-// auditDimensions maps the audit's dimension names (the aggregator's) to the rules'.
-var auditDimensions = map[string]rules.Dimension{
-	"user": rules.DimensionUser, "ip": rules.DimensionIP, "api_key": rules.DimensionAPIKey, "apikey": rules.DimensionAPIKey,
-	"descriptor": rules.DimensionDescriptor,
+// auditDimension is the rules' dimension of an audit's dimension name (stream.DimensionName),
+// or of its name in rules files (apikey).
+func auditDimension(name string) (rules.Dimension, bool) {
+	if pd, ok := stream.ParseDimensionName(name); ok {
+		return outcomepb.RulesDimension(pd)
+	}
+	d, err := rules.ParseDimension(name)
+	return d, err == nil
 }
 
 // parseSubject reads a subject as the audit writes one, "dimension:identifier".
 func parseSubject(s string) (checker.Subject, error) {
 	dim, id, ok := strings.Cut(s, ":")
-	d, known := auditDimensions[dim]
+	d, known := auditDimension(dim)
 	switch {
 	case !ok || id == "":
 		return checker.Subject{}, fmt.Errorf("%q: want dimension:identifier (user:alice)", s)
-	case !known:
+	case !known || d == rules.DimensionGlobal || d == rules.DimensionOrg:
 		return checker.Subject{}, fmt.Errorf("%q: unknown dimension %q (want user, ip, api_key or descriptor)", s, dim)
 	case d == rules.DimensionDescriptor:
 		return checker.ParseDescriptorSubject(id)
