@@ -186,7 +186,7 @@ func New(cfg Config) *Engine {
 		store = e.ownStore
 	}
 	e.store.use(store, cfg.store == nil)
-	if l, ok := store.(leaser); ok {
+	if l, ok := store.(allotter); ok {
 		e.leases = newLeaseTable(l, e.store, e.log, e.tel)
 	}
 	if cfg.Rules != nil {

@@ -11,14 +11,14 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
-// leaser is what a store that can lease offers: *bucket.Store. A store without it (the fault
+// allotter is what a store that can lease offers: *bucket.Store. A store without it (the fault
 // injecting stores of this package's tests) decides leased rules as ordinary ones.
-type leaser interface {
+type allotter interface {
 	Lease(ctx context.Context, l bucket.Limit, want int64) (bucket.Grant, error)
 	GiveBack(ctx context.Context, l bucket.Limit, window, units int64) (int64, error)
 }
 
-var _ leaser = (*bucket.Store)(nil)
+var _ allotter = (*bucket.Store)(nil)
 
 // leaseTable decides the checks of leased rules (rules.Rule.Lease: global fixed_window rules)
 // from slices of their windows leased from Redis, so that a key every check shares costs Redis
@@ -55,7 +55,7 @@ var _ leaser = (*bucket.Store)(nil)
 // before it and what it leaves; units already leased under the old one count. A rule change
 // that leaves a key's limit as it was keeps its slice.
 type leaseTable struct {
-	store leaser
+	store allotter
 	g     *guard
 	log   *slog.Logger
 	epoch time.Time
@@ -108,7 +108,7 @@ type taken struct {
 	units int64
 }
 
-func newLeaseTable(store leaser, g *guard, log *slog.Logger, tel *instruments) *leaseTable {
+func newLeaseTable(store allotter, g *guard, log *slog.Logger, tel *instruments) *leaseTable {
 	return &leaseTable{store: store, g: g, log: log, epoch: time.Now(), tel: tel, m: make(map[leaseKey]*lease)}
 }
 

@@ -243,16 +243,41 @@ func usersOf(p *problems, docUsers map[string]DocUser, tiers map[string]Tier, by
 	return users
 }
 
-func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule, bool) {
+// rule validates the file's rule fr (at index, for the problems' places) into a Rule, adding
+// every problem it finds to p; ok is false when it found any. Each step reads a few of the
+// file's fields: what the rule counts by and matches, its count (algorithm, limit, window,
+// burst), and how it behaves (shadow, fail mode, prefixes, lease, delay, overage).
+func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (r Rule, ok bool) {
 	where := index
 	if fr.ID != "" {
 		where = fmt.Sprintf("rule %q (%s)", fr.ID, index)
 	}
 	n := len(p.list)
-	r := Rule{ID: fr.ID, Endpoint: fr.Endpoint, Tier: fr.Tier, FailMode: FailOpen}
+	r = Rule{ID: fr.ID, Endpoint: fr.Endpoint, Tier: fr.Tier, FailMode: FailOpen}
 	if !nameRE.MatchString(fr.ID) {
 		p.add(where, "id: required, and must match %s", nameRE)
 	}
+	fr.dimension(p, where, &r)
+	descriptorFields(p, where, fr, &r)
+	if err := ValidatePattern(fr.Endpoint); err != nil {
+		p.add(where, "endpoint: %v", err)
+	}
+	if fr.Tier != "" {
+		if _, ok := tiers[fr.Tier]; !ok {
+			p.add(where, "tier: %q is not declared under tiers:", fr.Tier)
+		}
+	}
+	if r.Unlimited {
+		return r, len(p.list) == n
+	}
+	fr.count(p, where, &r)
+	fr.behaviour(p, where, &r)
+	return r, len(p.list) == n
+}
+
+// dimension reads what r counts by: a dimension, or a custom dimension's name (a descriptor of
+// its one key), and a descriptor rule's descriptor.
+func (fr *DocRule) dimension(p *problems, where string, r *Rule) {
 	var err error
 	switch {
 	case fr.Dimension == "":
@@ -272,18 +297,12 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 			p.add(where, "descriptor: only descriptor rules (dimension: descriptor) match a descriptor; this rule counts per %s", r.Dimension)
 		}
 	}
-	descriptorFields(p, where, fr, &r)
-	if err := ValidatePattern(fr.Endpoint); err != nil {
-		p.add(where, "endpoint: %v", err)
-	}
-	if fr.Tier != "" {
-		if _, ok := tiers[fr.Tier]; !ok {
-			p.add(where, "tier: %q is not declared under tiers:", fr.Tier)
-		}
-	}
-	if r.Unlimited {
-		return r, len(p.list) == n
-	}
+}
+
+// count reads how r counts: its algorithm, limit, window (a duration or a calendar period) and
+// burst.
+func (fr *DocRule) count(p *problems, where string, r *Rule) {
+	var err error
 	if fr.Algorithm == "" {
 		p.add(where, "algorithm: required")
 	} else if r.Algorithm, err = algorithm.Parse(fr.Algorithm); err != nil {
@@ -306,7 +325,7 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	} else if r.Window, err = parseWindow(string(fr.Window)); err != nil {
 		p.add(where, "window: %v", err)
 	}
-	r.Calendar = ruleCalendar(p, where, fr, &r)
+	r.Calendar = ruleCalendar(p, where, fr, r)
 	if r.Limit == 0 && r.Calendar.Unit.Valid() && fr.Limit != "" {
 		// A ban is a fixed window's count that never allows; a calendar period's bucket
 		// counts from 1 (lua/calendar_window.lua).
@@ -326,6 +345,12 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 			r.Burst = b
 		}
 	}
+}
+
+// behaviour reads how r behaves besides counting: shadow, fail mode, an ip rule's networks, a
+// lease, a delay, an overage bound, and counting denied hits.
+func (fr *DocRule) behaviour(p *problems, where string, r *Rule) {
+	var err error
 	if fr.Shadow != "" {
 		if r.Shadow, err = strconv.ParseBool(string(fr.Shadow)); err != nil {
 			p.add(where, "shadow: want true or false, got %q", fr.Shadow)
@@ -342,9 +367,9 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	r.IPv6Prefix = prefixBits(p, where, "ipv6_prefix", fr.IPv6Prefix, 128, r.Dimension)
 	r.IPv4Prefix = prefixBits(p, where, "ipv4_prefix", fr.IPv4Prefix, 32, r.Dimension)
 	if fr.Lease != nil {
-		r.Lease = leaseSlice(p, where, fr.Lease, &r)
+		r.Lease = leaseSlice(p, where, fr.Lease, r)
 	}
-	r.MaxDelay = onLimit(p, where, fr, &r)
+	r.MaxDelay = onLimit(p, where, fr, r)
 	if fr.MaxOverage != "" {
 		switch n, err := parseCount(string(fr.MaxOverage)); {
 		case err != nil:
@@ -359,7 +384,6 @@ func (fr *DocRule) rule(p *problems, index string, tiers map[string]Tier) (Rule,
 	if r.CountDenied && (r.Algorithm != algorithm.FixedWindow || r.Calendar.Unit.Valid()) {
 		p.add(where, "count_denied: only a fixed_window of a fixed length counts the hits over its limit; got %s of %s", r.Algorithm, r.WindowName())
 	}
-	return r, len(p.list) == n
 }
 
 // onLimit validates a rule's on_limit and max_delay and returns its MaxDelay: a queue (delay

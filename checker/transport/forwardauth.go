@@ -68,22 +68,7 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	body := forwardAuthBody{Allowed: out.Allowed, Tier: out.Tier, Degraded: out.Degraded, DecisionID: out.ID}
 	w.Header().Set("X-Quotaflow-Decision-Id", out.ID)
-	if l := out.DecidingLimit(); l != nil {
-		d := outcomepb.Status(l)
-		body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, out.State().String()
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Burst, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
-		h.Set("X-RateLimit-State", body.State)
-		reset := ratelimitheader.CeilMillis(l.Result.ResetAt.Sub(out.Now))
-		h.Set("RateLimit", ratelimitheader.Limit(d.RuleId, d.Remaining, ratelimitheader.CeilSeconds(max(0, reset))))
-		h.Set("RateLimit-Policy", policies(out))
-		if !out.Allowed {
-			secs := ratelimitheader.CeilSeconds(d.RetryAfterMs)
-			body.RetryAfter = &secs
-			h.Set("Retry-After", strconv.FormatInt(secs, 10))
-		}
-	}
+	limitHeaders(h, &body, out)
 	if out.Degraded {
 		h.Set("X-RateLimit-Degraded", "true")
 	}
@@ -114,6 +99,29 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", contentType)
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(body)
+}
+
+// limitHeaders sets the headers and body members of out's deciding limit: its numbers, the
+// IETF RateLimit and RateLimit-Policy fields and, for a denial, Retry-After.
+func limitHeaders(h http.Header, body *forwardAuthBody, out *checker.Outcome) {
+	l := out.DecidingLimit()
+	if l == nil {
+		return
+	}
+	d := outcomepb.Status(l)
+	body.RuleID, body.Limit, body.Remaining, body.ResetAt, body.State = d.RuleId, d.Burst, d.Remaining, d.ResetAt, out.State().String()
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Burst, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetAt, 10))
+	h.Set("X-RateLimit-State", body.State)
+	reset := ratelimitheader.CeilMillis(l.Result.ResetAt.Sub(out.Now))
+	h.Set("RateLimit", ratelimitheader.Limit(d.RuleId, d.Remaining, ratelimitheader.CeilSeconds(max(0, reset))))
+	h.Set("RateLimit-Policy", policies(out))
+	if !out.Allowed {
+		secs := ratelimitheader.CeilSeconds(d.RetryAfterMs)
+		body.RetryAfter = &secs
+		h.Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
 }
 
 // The problem type of draft-ietf-httpapi-ratelimit-headers-11, section "Problem Types".

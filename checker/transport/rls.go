@@ -374,50 +374,24 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 	var custom []rules.Entry // the entries of other keys: the descriptor's custom dimensions
 	for j, e := range entries {
 		kind, ok := rlsKeys[e.GetKey()]
-		if !ok {
+		switch {
+		case !ok:
 			if err := rlsCustom(&custom, q, j, e); err != nil {
 				return err
 			}
-			continue
-		}
-		entryErr := func(suffix, format string, args ...any) error {
-			return field.Errorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
-		}
-		v := e.GetValue()
-		if kind == rlsEndpoint {
+		case kind == rlsEndpoint:
 			if endpointSet {
-				return entryErr(".key", "a second endpoint (path or endpoint) in one descriptor")
+				return q.entryError(j, ".key", "a second endpoint (path or endpoint) in one descriptor")
 			}
-			ep, err := field.Endpoint(v, checker.MaxEndpointLen)
+			ep, err := field.Endpoint(e.GetValue(), checker.MaxEndpointLen)
 			if err != nil {
-				return &badEndpoint{desc: i, err: entryErr(".value", "%s", err)}
+				return &badEndpoint{desc: i, err: q.entryError(j, ".value", "%s", err)}
 			}
 			q.Endpoint, endpointSet = ep, true
-			continue
-		}
-		if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
-			return entryErr(".value", "%s", err)
-		}
-		switch kind {
-		case rlsTier:
-			if q.tierEntry >= 0 {
-				return entryErr(".key", "a second tier in one descriptor")
-			}
-			q.Tier, q.tierEntry = v, j
 		default:
-			dim := rules.DimensionUser
-			switch kind {
-			case rlsIP:
-				dim = rules.DimensionIP
-			case rlsAPIKey:
-				dim = rules.DimensionAPIKey
+			if err := q.subjectEntry(j, kind, e.GetValue()); err != nil {
+				return err
 			}
-			for _, s := range q.Subjects {
-				if s.Dimension == dim {
-					return entryErr(".key", "a second %s subject in one descriptor; name one of each dimension", dim)
-				}
-			}
-			q.Subjects = append(q.Subjects, checker.Subject{Dimension: dim, ID: v})
 		}
 	}
 	if custom != nil {
@@ -434,6 +408,44 @@ func rlsDescriptor(q *rlsQuery, i int, d *rlcommonv3.RateLimitDescriptor, domain
 		}
 		q.Endpoint = ep
 	}
+	return q.hits(d, hits)
+}
+
+// entryError is a problem of the field suffix of entry j of the query's descriptor.
+func (q *rlsQuery) entryError(j int, suffix, format string, args ...any) error {
+	return field.Errorf(q.field(fmt.Sprintf(".entries[%d]%s", j, suffix)), format, args...)
+}
+
+// subjectEntry reads entry j, of a key that names a tier or a subject, with value v.
+func (q *rlsQuery) subjectEntry(j int, kind rlsKey, v string) error {
+	if err := field.Text(v, checker.MaxIdentifierLen); err != nil {
+		return q.entryError(j, ".value", "%s", err)
+	}
+	if kind == rlsTier {
+		if q.tierEntry >= 0 {
+			return q.entryError(j, ".key", "a second tier in one descriptor")
+		}
+		q.Tier, q.tierEntry = v, j
+		return nil
+	}
+	dim := rules.DimensionUser
+	switch kind {
+	case rlsIP:
+		dim = rules.DimensionIP
+	case rlsAPIKey:
+		dim = rules.DimensionAPIKey
+	}
+	for _, s := range q.Subjects {
+		if s.Dimension == dim {
+			return q.entryError(j, ".key", "a second %s subject in one descriptor; name one of each dimension", dim)
+		}
+	}
+	q.Subjects = append(q.Subjects, checker.Subject{Dimension: dim, ID: v})
+	return nil
+}
+
+// hits sets the query's cost from the descriptor's hits_addend, else the request's hits.
+func (q *rlsQuery) hits(d *rlcommonv3.RateLimitDescriptor, hits uint32) error {
 	if d.GetIsNegativeHits() {
 		return field.Errorf(q.field(".is_negative_hits"), "not supported: quotaflow does not refill buckets on request")
 	}

@@ -250,29 +250,7 @@ func (p *Pending) Wait() ([]Result, error) {
 		return nil, fmt.Errorf("bucket: %w", err)
 	}
 
-	results := make([]Result, len(reqs))
-	lrs := make([]LimitResult, p.nlims)
-	var firstErr error
-	var failed []bool // allocated only when a request failed
-	denied := false
-	for i := range reqs {
-		n := len(reqs[i].Limits)
-		results[i].Limits, lrs = lrs[:n:n], lrs[n:]
-		if err := parseReply(j.calls[i].cmd, &results[i]); err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("bucket: request %d: %w", i, err)
-				failed = make([]bool, len(reqs))
-			}
-			failed[i] = true
-			continue
-		}
-		if !reqs[i].Peek && !reqs[i].Shadow && !results[i].Allowed {
-			denied = true
-		}
-		if !reqs[i].Peek && !results[i].Replayed {
-			fillDelays(&reqs[i], &results[i])
-		}
-	}
+	results, failed, denied, firstErr := p.parse(j)
 	replay := rec >= 0 && (failed == nil || !failed[rec]) && results[rec].Replayed
 	if firstErr == nil && !denied && !replay {
 		putJob(j)
@@ -315,6 +293,33 @@ func (p *Pending) Wait() ([]Result, error) {
 		return nil, err
 	}
 	return replayed(reqs, results, replay), nil
+}
+
+// parse reads the replies of p's calls (job j): the results, which requests failed (nil when
+// none did; firstErr is the first failure), and whether an enforced request denied.
+func (p *Pending) parse(j *job) (results []Result, failed []bool, denied bool, firstErr error) {
+	reqs := p.reqs
+	results = make([]Result, len(reqs))
+	lrs := make([]LimitResult, p.nlims)
+	for i := range reqs {
+		n := len(reqs[i].Limits)
+		results[i].Limits, lrs = lrs[:n:n], lrs[n:]
+		if err := parseReply(j.calls[i].cmd, &results[i]); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("bucket: request %d: %w", i, err)
+				failed = make([]bool, len(reqs))
+			}
+			failed[i] = true
+			continue
+		}
+		if !reqs[i].Peek && !reqs[i].Shadow && !results[i].Allowed {
+			denied = true
+		}
+		if !reqs[i].Peek && !results[i].Replayed {
+			fillDelays(&reqs[i], &results[i])
+		}
+	}
+	return results, failed, denied, firstErr
 }
 
 // fillDelays sets the Delay of each allowed limit of res, the charge of r, that is a queue.

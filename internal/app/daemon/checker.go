@@ -306,88 +306,21 @@ func drain(pub *publisher.Client, timeout time.Duration) error {
 // serve builds the engine and the ports and starts serving them.
 func (s *checkerStart) serve() error {
 	cfg, log, tel := s.cfg, s.log, s.tel
-	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes, Logger: log, InstanceID: tel.Instance,
-		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
-		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName}
-	if s.pub != nil {
-		ecfg.Decisions = s.pub
-	}
-	engine := checker.New(ecfg)
-	s.c.onClose(engine.Close)
-	if s.nc != nil && !cfg.Health.Disabled() {
-		hcfg := cfg.Health
-		hcfg.Replicas, hcfg.Logger = max(1, cfg.Publisher.Replicas), log
-		rep := health.Start(s.js, &health.Checker{Engine: engine, NATS: s.nc}, hcfg)
-		s.c.onClose(rep.Close)
-	}
-	// One failure budget per source address for both APIs: a token guessed at one is a token
-	// guessed at the other.
+	engine := s.engine()
 	lockout := auth.NewLockout(engine, auth.LockoutConfig{FailuresPerMinute: cfg.Admin.AuthFailuresPerMinute,
 		TrustedProxies: cfg.Transport.ForwardAuth.TrustedProxies, Logger: log})
-	tcfg := cfg.Transport
-	tcfg.Lockout, tcfg.Logger = lockout, log
-	if tcfg.Callers == nil {
-		tcfg.Callers = new(auth.Registry)
-	}
-	// The admin API's write tokens are admin callers of the check API too: reset is
-	// authenticated as the admin API is.
-	writers := map[string]string{}
-	for tok, who := range cfg.Admin.Tokens {
-		if who.Role == admin.RoleWrite {
-			writers[tok] = who.Name
-		}
-	}
-	tcfg.Callers.SetAdminTokens(writers)
-	front := transport.New(engine, tcfg)
-	acfg := cfg.Admin
-	acfg.Lockout, acfg.Logger = lockout, log
-	if s.follower != nil { // else nil: the admin API answers 503
-		acfg.Store, acfg.JetStream = s.follower, s.js
-	}
-	if cfg.AuditClickHouseDSN != "" {
-		conn, db, err := schema.Open(cfg.AuditClickHouseDSN, cfg.AuditClickHouseTLS)
-		if err != nil {
-			return fmt.Errorf("backtest clickhouse: %w", err)
-		}
-		s.c.onClose(conn.Close)
-		bcfg := backtest.InChecker
-		bcfg.Conn, bcfg.Database, bcfg.Logger = conn, db, log
-		acfg.Backtester = backtest.New(bcfg)
-		if acfg.Audit, err = audit.New(audit.Config{Conn: conn, Database: db}); err != nil {
-			return fmt.Errorf("backtest clickhouse: %w", err)
-		}
-	}
-	mux := http.NewServeMux()
-	if cfg.MetricsListen == "" {
-		mux.Handle("GET /metrics", tel.Metrics)
-	} else if err := s.serveMetrics(); err != nil {
+	front, tcfg := s.front(engine, lockout)
+	acfg, err := s.adminConfig(lockout)
+	if err != nil {
 		return err
 	}
-	adminMux := mux
-	if cfg.AdminListen != "" {
-		adminMux = http.NewServeMux()
-	}
-	adminMux.Handle("/api/v1/", admin.New(engine, acfg).Handler())
-	pages := console.Handler()
-	adminMux.Handle(console.Path, pages)
-	adminMux.Handle(strings.TrimSuffix(console.Path, "/"), pages)
-	mux.Handle("/", front.Handler())
-	ln, err := net.Listen("tcp", cfg.Listen)
+	mux, adminMux, err := s.muxes(engine, front, acfg)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
-	scheme := "http://"
-	if cfg.Transport.TLS != nil {
-		scheme = "https://"
+	if err := s.listen(front, mux, adminMux); err != nil {
+		return err
 	}
-	s.c.url, s.c.adminURL = scheme+ln.Addr().String(), scheme+ln.Addr().String()
-	if cfg.AdminListen != "" {
-		if err := s.serveAdmin(adminMux, scheme); err != nil {
-			ln.Close()
-			return err
-		}
-	}
-	s.c.goServe(func(ctx context.Context) error { return front.Serve(ctx, ln, mux, cfg.ShutdownTimeout) })
 	log.Info("checker listening", "url", s.c.url, "rules", cfg.RulesFile, "rules_from", s.source,
 		"rule_count", len(s.set.Rules()), "redis", redisName(cfg.Redis), "nats", cfg.NATSURL, "instance", tel.Instance,
 		"admin_tokens", len(cfg.Admin.Tokens))
@@ -408,6 +341,116 @@ func (s *checkerStart) serve() error {
 			return nil
 		})
 	}
+	return nil
+}
+
+// engine builds the decision engine, publishing to the decision stream when there is one, and
+// its health reports.
+func (s *checkerStart) engine() *checker.Engine {
+	cfg, tel := s.cfg, s.tel
+	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes, Logger: s.log, InstanceID: tel.Instance,
+		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
+		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName}
+	if s.pub != nil {
+		ecfg.Decisions = s.pub
+	}
+	engine := checker.New(ecfg)
+	s.c.onClose(engine.Close)
+	if s.nc != nil && !cfg.Health.Disabled() {
+		hcfg := cfg.Health
+		hcfg.Replicas, hcfg.Logger = max(1, cfg.Publisher.Replicas), s.log
+		rep := health.Start(s.js, &health.Checker{Engine: engine, NATS: s.nc}, hcfg)
+		s.c.onClose(rep.Close)
+	}
+	return engine
+}
+
+// front builds the check API's transports. lockout is one failure budget per source address
+// for both APIs: a token guessed at one is a token guessed at the other.
+func (s *checkerStart) front(engine *checker.Engine, lockout *auth.Lockout) (*transport.Server, transport.Config) {
+	tcfg := s.cfg.Transport
+	tcfg.Lockout, tcfg.Logger = lockout, s.log
+	if tcfg.Callers == nil {
+		tcfg.Callers = new(auth.Registry)
+	}
+	// The admin API's write tokens are admin callers of the check API too: reset is
+	// authenticated as the admin API is.
+	writers := map[string]string{}
+	for tok, who := range s.cfg.Admin.Tokens {
+		if who.Role == admin.RoleWrite {
+			writers[tok] = who.Name
+		}
+	}
+	tcfg.Callers.SetAdminTokens(writers)
+	return transport.New(engine, tcfg), tcfg
+}
+
+// adminConfig is the admin API's configuration: the rule store it writes (none: it answers
+// 503), and the backtests and audit reads of ClickHouse when configured.
+func (s *checkerStart) adminConfig(lockout *auth.Lockout) (admin.Config, error) {
+	cfg := s.cfg
+	acfg := cfg.Admin
+	acfg.Lockout, acfg.Logger = lockout, s.log
+	if s.follower != nil {
+		acfg.Store, acfg.JetStream = s.follower, s.js
+	}
+	if cfg.AuditClickHouseDSN == "" {
+		return acfg, nil
+	}
+	conn, db, err := schema.Open(cfg.AuditClickHouseDSN, cfg.AuditClickHouseTLS)
+	if err != nil {
+		return acfg, fmt.Errorf("backtest clickhouse: %w", err)
+	}
+	s.c.onClose(conn.Close)
+	bcfg := backtest.InChecker
+	bcfg.Conn, bcfg.Database, bcfg.Logger = conn, db, s.log
+	acfg.Backtester = backtest.New(bcfg)
+	if acfg.Audit, err = audit.New(audit.Config{Conn: conn, Database: db}); err != nil {
+		return acfg, fmt.Errorf("backtest clickhouse: %w", err)
+	}
+	return acfg, nil
+}
+
+// muxes routes the check port (the check API, and /metrics unless it has its own port) and the
+// admin port (the admin API and the console: the check port too unless AdminListen is set).
+func (s *checkerStart) muxes(engine *checker.Engine, front *transport.Server, acfg admin.Config) (mux, adminMux *http.ServeMux, err error) {
+	mux = http.NewServeMux()
+	if s.cfg.MetricsListen == "" {
+		mux.Handle("GET /metrics", s.tel.Metrics)
+	} else if err := s.serveMetrics(); err != nil {
+		return nil, nil, err
+	}
+	adminMux = mux
+	if s.cfg.AdminListen != "" {
+		adminMux = http.NewServeMux()
+	}
+	adminMux.Handle("/api/v1/", admin.New(engine, acfg).Handler())
+	pages := console.Handler()
+	adminMux.Handle(console.Path, pages)
+	adminMux.Handle(strings.TrimSuffix(console.Path, "/"), pages)
+	mux.Handle("/", front.Handler())
+	return mux, adminMux, nil
+}
+
+// listen opens the check port (and the admin port when it has its own) and serves them.
+func (s *checkerStart) listen(front *transport.Server, mux, adminMux *http.ServeMux) error {
+	cfg := s.cfg
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	scheme := "http://"
+	if cfg.Transport.TLS != nil {
+		scheme = "https://"
+	}
+	s.c.url, s.c.adminURL = scheme+ln.Addr().String(), scheme+ln.Addr().String()
+	if cfg.AdminListen != "" {
+		if err := s.serveAdmin(adminMux, scheme); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	s.c.goServe(func(ctx context.Context) error { return front.Serve(ctx, ln, mux, cfg.ShutdownTimeout) })
 	return nil
 }
 
