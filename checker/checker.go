@@ -115,7 +115,7 @@ type Engine struct {
 	instanceID  string
 	decisionSeq atomic.Uint64
 	olc         *overLimitCache // nil when disabled
-	leases      *leaseTable     // nil when the store cannot lease
+	allotments      *allotments     // nil when the store cannot lease
 	tel         *instruments
 	counts      counts           // Counts, for health reports
 	clock       func() time.Time // time.Now but in tests (Config.clock)
@@ -187,7 +187,7 @@ func New(cfg Config) *Engine {
 	}
 	e.store.use(store, cfg.store == nil)
 	if l, ok := store.(allotter); ok {
-		e.leases = newLeaseTable(l, e.store, e.log, e.tel)
+		e.allotments = newAllotments(l, e.store, e.log, e.tel)
 	}
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
@@ -237,8 +237,8 @@ func (e *Engine) SetRules(set *rules.Set) {
 	if e.olc != nil {
 		e.olc.clear() // a raised limit must not be denied from the cache
 	}
-	if e.leases != nil {
-		e.leases.bump() // slices of limits the new rules changed go back at their key's next check
+	if e.allotments != nil {
+		e.allotments.bump() // slices of limits the new rules changed go back at their key's next check
 	}
 }
 
@@ -251,8 +251,8 @@ func (e *Engine) Rules() *rules.Set { return e.rules.Load() }
 // Close stops background work (the store's batch loops, the probe) and closes the Redis client
 // if the Engine made it. Checks must not be in flight.
 func (e *Engine) Close() error {
-	if e.leases != nil {
-		e.leases.close() // unused slices go back to Redis while the store still runs
+	if e.allotments != nil {
+		e.allotments.close() // unused slices go back to Redis while the store still runs
 	}
 	e.store.close()
 	var err error

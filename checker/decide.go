@@ -46,7 +46,7 @@ type started struct {
 	// decided: out is the answer (or err the error) without a store call.
 	decided bool
 	pl      plan
-	lz      leasedPart
+	lz      allottedPart
 	sentAt  int64
 	call    storeCall
 }
@@ -92,12 +92,12 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 	}
 	// Leased limits are decided from this process's slices; the rest goes to the store.
 	// A reservation's charge goes to Redis, where its settle finds it.
-	if e.leases != nil && !peek && q.IdempotencyKey == "" && q.Reserve == 0 {
-		if pl, c.lz = e.decideLeased(ctx, pl, out, q.Cost); c.lz.decided > 0 {
-			e.tel.leased.Add(ctx, 1)
+	if e.allotments != nil && !peek && q.IdempotencyKey == "" && q.Reserve == 0 {
+		if pl, c.lz = e.decideAllotted(ctx, pl, out, q.Cost); c.lz.decided > 0 {
+			e.tel.allotted.Add(ctx, 1)
 		}
 		if c.lz.denied || len(pl.reqs) == 0 {
-			e.leasedOnly(&c.lz, out)
+			e.allottedOnly(&c.lz, out)
 			return
 		}
 	}
@@ -130,7 +130,7 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 	ctx, q, out, pl, lz, peek := c.ctx, c.q, c.out, &c.pl, &c.lz, c.peek
 	results, degraded, err := e.store.wait(&c.call)
 	if err != nil {
-		e.leases.giveBackAll(lz)
+		e.allotments.giveBackAll(lz)
 	}
 	if errors.Is(err, ErrIdempotencyConflict) {
 		return nil, idempotencyConflict()
@@ -155,16 +155,16 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 		out.Now = res.Now
 		if !pl.reqs[i].Shadow && !pl.reqs[i].Peek && !res.Allowed {
 			// The store denied: the units taken from slices go back to them.
-			e.leases.giveBackAll(lz)
+			e.allotments.giveBackAll(lz)
 		}
 	}
 	out.summarize()
 	if out.Allowed && len(places) > 0 {
 		// Without an id the places free themselves at their expiry.
-		if id, err := e.ids.sign(ctx, idKindLease, holdID(holder, places)); err != nil {
+		if id, err := e.ids.sign(ctx, idKindLease, leaseID(holder, places)); err != nil {
 			e.log.Warn("concurrency lease not signed: its places free themselves at their expiry", "err", err)
 		} else {
-			out.Hold = &Hold{ID: id, ExpiresAt: out.Now.Add(minTTL(places))}
+			out.Lease = &Lease{ID: id, ExpiresAt: out.Now.Add(minTTL(places))}
 		}
 	}
 	if out.Allowed && q.Reserve > 0 && !peek && !degraded {
@@ -236,7 +236,7 @@ func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, co
 			continue
 		}
 		for j, lr := range results[i].Limits {
-			if e.leases != nil && out.Limits[pl.at(i, j)].Rule.Lease > 0 {
+			if e.allotments != nil && out.Limits[pl.at(i, j)].Rule.Allotment > 0 {
 				continue
 			}
 			if pl.reqs[i].Limits[j].Algorithm.Holds() {

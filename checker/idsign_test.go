@@ -92,10 +92,10 @@ func TestLeaseIDsSigned(t *testing.T) {
 	e := newEngine(t, Config{Rules: mustRules(t, holdRules), DisableOverLimitCache: true, Caller: testCaller})
 	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: checkertest.ID(t, "u")}}, Endpoint: "/gen", Cost: 1}
 	out, err := e.Check(as("A"), q)
-	if err != nil || out.Hold == nil {
+	if err != nil || out.Lease == nil {
 		t.Fatalf("check: %+v, %v", out, err)
 	}
-	id := out.Hold.ID
+	id := out.Lease.ID
 	day := resign(id, func(b string) string {
 		holder, enc, _ := strings.Cut(b, ".")
 		raw, _ := base64.RawURLEncoding.DecodeString(enc)

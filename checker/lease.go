@@ -2,380 +2,206 @@ package checker
 
 import (
 	"context"
-	"log/slog"
-	"slices"
-	"sync"
-	"sync/atomic"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
-// allotter is what a store that can lease offers: *bucket.Store. A store without it (the fault
-// injecting stores of this package's tests) decides leased rules as ordinary ones.
-type allotter interface {
-	Lease(ctx context.Context, l bucket.Limit, want int64) (bucket.Grant, error)
-	GiveBack(ctx context.Context, l bucket.Limit, window, units int64) (int64, error)
+// holdStore is what Release and Renew need of the store: *bucket.Store's places held in flight.
+type holdStore interface {
+	Release(ctx context.Context, key, holder string) (time.Time, error)
+	Renew(ctx context.Context, key, holder string, ttl time.Duration) (time.Time, error)
 }
 
-var _ allotter = (*bucket.Store)(nil)
+var _ holdStore = (*bucket.Store)(nil)
 
-// leaseTable decides the checks of leased rules (rules.Rule.Lease: global fixed_window rules)
-// from slices of their windows leased from Redis, so that a key every check shares costs Redis
-// one script call per slice instead of one per check.
-//
-// It never admits more than the limit in any window, over any number of checkers. A slice is
-// taken by one script call (bucket.Store.Lease) that counts its units in the window's counter
-// as a charge would, all of them at once and never past the limit: the units of every slice of
-// a window, leased by any checker, plus its ordinary charges, are at most the limit. A checker
-// admits a check only with units of its slice, each unit once (taken under the lease's mutex),
-// and gives back to Redis only units it has taken out of use first. So the checks admitted in a
-// window are at most the units leased in it, provided every one of them is admitted within that
-// window. The slice is used only until an instant on this process's monotonic clock: the time
-// the lease call was sent plus what Redis said was left of the window (Reset - Now). The call
-// was sent no later than Redis read its clock, so that instant is no later than the window's
-// end: latency can only shorten a slice's life, never stretch it into the next window (the
-// argument of overLimitCache). A grant that names a later window than the slice held proves
-// the old window over: the old slice is dropped, never used. A checker killed (kill -9) with
-// units in hand never gives them back: they are lost to that window, never admitted twice.
-//
-// It under-admits by a bounded amount: a checker holds at most max(slice, cost) units
-// (refills ask for what tops the slice up, and one call is in flight per key at a time), so
-// at most checkers × slice units of a window go unused, those of idle and killed checkers
-// included. A window whose counter was spent is not asked again until its end (spent): units
-// another checker gives back meanwhile are lost to this one, which errs towards denying.
-//
-// A slice is leased under one limit and used only by checks under that limit: a key has one
-// slice per effective limit (tier overrides give one global key several at once, which must
-// not evict each other at every check). After a rule change (SetRules, which overrides and
-// their expiry go through), the first check of a key under the new rules retires the key's
-// slices of other limits, leased under older rules: their unused units are given back to
-// Redis by the next lease call, before it leases (so that a lowered limit finds them
-// returned, not the window spent). A lowered limit thus admits no more than what was leased
-// before it and what it leaves; units already leased under the old one count. A rule change
-// that leaves a key's limit as it was keeps its slice.
-type leaseTable struct {
-	store allotter
-	g     *guard
-	log   *slog.Logger
-	epoch time.Time
-	tel   *instruments
-
-	gen    atomic.Uint64 // the rule set's generation (bump)
-	mu     sync.RWMutex  // every check reads m; new keys and limits write it
-	m      map[leaseKey]*lease
-	closed bool
-	bg     sync.WaitGroup // refills and give-backs in the background
+// Lease is what an allowed check holds of its concurrency limits (rules of algorithm
+// concurrency): a place in flight in each, until Release, or until ExpiresAt when never
+// released or renewed, so that a client that crashes leaks nothing: the API's concurrency
+// lease (ReleaseLease, RenewLease). A checker's slice of a global budget is an allotment
+// (allotment.go), another thing.
+type Lease struct {
+	// ID names the lease for Release and Renew: a random holder, the buckets it holds places in
+	// with their TTLs, and a MAC binding them to the caller it was issued to (idsign.go), which
+	// alone may use it.
+	ID string
+	// ExpiresAt is when the first of its places frees itself.
+	ExpiresAt time.Time
 }
 
-// leaseKey names a slice: a bucket key and the limit it is leased under.
-type leaseKey struct {
-	key   string
-	limit int64
+// The outcomes of Release and Renew that are the caller's, not the store's.
+var (
+	// ErrLeaseNotHeld is an ID that holds nothing: never granted, already released, or expired
+	// and since taken by another check. A second Release of one ID is this, never a second
+	// free.
+	ErrLeaseNotHeld = errors.New("lease not held: unknown, or already released")
+	// ErrLeaseExpired is a lease whose places freed themselves at their expiry: another check may
+	// have them now, so it cannot be renewed.
+	ErrLeaseExpired = errors.New("lease expired: its places freed themselves")
+)
+
+// maxHoldID bounds an ID (holder, TTLs and keys), so that a forged one costs no more to refuse.
+const maxHoldID = 4096
+
+// maxHoldPlaces bounds the places an ID names: each costs Release and Renew a Redis call, so an
+// ID forged with many would make one request cost Redis many. A check holds one place per
+// concurrency rule of its subjects, far fewer.
+const maxHoldPlaces = 16
+
+// holdPlace is one bucket a lease holds a place in, and the place's TTL (the rule's window).
+type holdPlace struct {
+	key string
+	ttl time.Duration
 }
 
-// lease is one key's slice in this process, under one limit.
-type lease struct {
-	gen    atomic.Uint64 // the rule set's generation it was last looked up in
-	mu     sync.Mutex
-	limit  bucket.Limit // what the slice was leased under
-	wid    int64        // its window's id
-	avail  int64        // units not yet used
-	until  int64        // the slice is usable while now < until (ns since the table's epoch)
-	spent  bool         // the window had nothing left at the last grant
-	remain int64        // what the window had left for everyone at the last grant
-	reset  time.Time    // the window's end on Redis's clock
-	refill *refill      // the lease call in flight, nil when none
-	owed   []owed       // retired units, given back by the next lease call before it leases
-}
-
-// owed is units of a retired slice that go back to Redis.
-type owed struct {
-	limit      bucket.Limit
-	wid, units int64
-}
-
-// refill is a lease call in flight; done is closed once its grant is applied or it failed.
-type refill struct {
-	done chan struct{}
-	ok   bool
-}
-
-// taken is a unit count taken from a slice for a check, to give back if the check is denied.
-type taken struct {
-	l     *lease
-	wid   int64
-	units int64
-}
-
-func newLeaseTable(store allotter, g *guard, log *slog.Logger, tel *instruments) *leaseTable {
-	return &leaseTable{store: store, g: g, log: log, epoch: time.Now(), tel: tel, m: make(map[leaseKey]*lease)}
-}
-
-func (t *leaseTable) now() int64 { return int64(time.Since(t.epoch)) }
-
-// bump starts a new generation of rules: the next lookup of each key retires its slices of
-// the limits the new rules no longer give it.
-func (t *leaseTable) bump() { t.gen.Add(1) }
-
-// get returns the slice of lim's key under lim's limit, made when there is none. The first
-// lookup of a generation retires the key's slices of other limits from older generations
-// into it, to be given back by its next lease call.
-func (t *leaseTable) get(lim bucket.Limit) *lease {
-	k := leaseKey{lim.Key, lim.Limit}
-	cur := t.gen.Load()
-	t.mu.RLock()
-	l, ok := t.m[k]
-	t.mu.RUnlock()
-	if ok && l.gen.Load() == cur {
-		return l
+// minTTL is the shortest TTL of places: when the first of them frees itself.
+func minTTL(places []holdPlace) time.Duration {
+	m := places[0].ttl
+	for _, p := range places[1:] {
+		m = min(m, p.ttl)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if l, ok = t.m[k]; !ok {
-		l = &lease{limit: lim}
-		t.m[k] = l
-	}
-	l.gen.Store(cur)
-	now := t.now()
-	for ko, o := range t.m {
-		if ko.key != lim.Key || ko.limit == lim.Limit || o.gen.Load() >= cur {
-			continue
+	return m
+}
+
+// newHolder draws a holder: 128 random bits, base64url.
+func newHolder() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// leaseID encodes a holder and its places: "<holder>.<base64url of one "<ttl_ms> <key>" line per
+// place>".
+func leaseID(holder string, places []holdPlace) string {
+	var b strings.Builder
+	for i, p := range places {
+		if i > 0 {
+			b.WriteByte('\n')
 		}
-		delete(t.m, ko)
-		o.mu.Lock()
-		t.retireLocked(o, now)
-		ow := o.owed
-		o.owed = nil
-		o.mu.Unlock()
-		if len(ow) > 0 {
-			l.mu.Lock()
-			// Asked again even if its window looked spent: the units go back first.
-			l.owed, l.spent = append(l.owed, ow...), false
-			l.mu.Unlock()
-		}
+		b.WriteString(strconv.FormatInt(p.ttl.Milliseconds(), 10))
+		b.WriteByte(' ')
+		b.WriteString(p.key)
 	}
-	return l
+	return holder + "." + base64.RawURLEncoding.EncodeToString([]byte(b.String()))
 }
 
-// take decides lim for a check of cost from this process's slice, leasing one when it has
-// none or too little: decided false means it could not (Redis unavailable, the circuit open,
-// ctx ended while waiting for another check's lease call) and the limit is to be decided the
-// ordinary way, by the store and its fail modes. Allowed, the units are taken: the caller
-// gives them back (giveBack) if the check is denied by another limit.
-func (t *leaseTable) take(ctx context.Context, lim bucket.Limit, slice, cost int64) (res bucket.LimitResult, tk taken, decided bool) {
-	l := t.get(lim)
-	for {
-		now := t.now()
-		l.mu.Lock()
-		live := now < l.until
+// parseLeaseID decodes an ID's body (its MAC verified and cut off, its size checked by lease),
+// refusing any that does not name concurrency buckets.
+func parseLeaseID(id string) (holder string, places []holdPlace, err error) {
+	bad := func(why string) error { return field.Errorf("lease_id", "not a lease id: %s", why) }
+	holder, enc, ok := strings.Cut(id, ".")
+	if !ok || holder == "" || len(holder) > bucket.MaxHolder {
+		return "", nil, bad("no holder")
+	}
+	raw, derr := base64.RawURLEncoding.DecodeString(enc)
+	if derr != nil || len(raw) == 0 {
+		return "", nil, bad("no places")
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		ms, key, ok := strings.Cut(line, " ")
+		n, perr := strconv.ParseInt(ms, 10, 64)
+		if !ok || perr != nil || n < 1 || n > int64(rules.MaxHoldTTL/time.Millisecond) || !isConcurrencyKey(key) {
+			return "", nil, bad("a place that is no concurrency bucket")
+		}
+		if len(places) == maxHoldPlaces {
+			return "", nil, bad(fmt.Sprintf("more than %d places", maxHoldPlaces))
+		}
+		places = append(places, holdPlace{key: key, ttl: time.Duration(n) * time.Millisecond})
+	}
+	return holder, places, nil
+}
+
+// isConcurrencyKey reports whether key is a concurrency bucket's, "rl:{tag}:cc:…" (keyTag).
+func isConcurrencyKey(key string) bool {
+	tag := keyTag(key)
+	return tag != "" && strings.HasPrefix(key[len("rl:")+len(tag):], ":"+algorithm.Concurrency.Code()+":")
+}
+
+// Release frees the places a check's lease holds (Lease.ID), so that other checks may take them at
+// once. A malformed ID is a FieldError naming lease_id; one that holds nothing is an error
+// wrapping ErrHoldNotHeld (a second release of one ID too: never a second free), one whose
+// places had freed themselves ErrHoldExpired, both naming lease_id; with the store
+// unreachable, ErrUnavailable: the places then free themselves at their expiry.
+func (e *Engine) Release(ctx context.Context, id string) error {
+	_, err := e.lease(ctx, id, false)
+	return err
+}
+
+// Renew extends a lease's places by their TTLs from now and returns the new expiry of the first;
+// errors as Release's.
+func (e *Engine) Renew(ctx context.Context, id string) (time.Time, error) {
+	return e.lease(ctx, id, true)
+}
+
+func (e *Engine) lease(ctx context.Context, id string, renew bool) (time.Time, error) {
+	if id == "" {
+		return time.Time{}, field.Errorf("lease_id", "required")
+	}
+	if len(id) > maxHoldID {
+		return time.Time{}, field.Errorf("lease_id", "not a lease id: longer than %d bytes", maxHoldID)
+	}
+	body, err := e.ids.verify(ctx, idKindLease, "lease_id", id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	holder, places, err := parseLeaseID(body)
+	if err != nil {
+		return time.Time{}, err
+	}
+	hs, ok := e.store.store.(holdStore)
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w: this store holds no places", ErrUnavailable)
+	}
+	var first time.Time
+	held, expired := 0, 0
+	for _, p := range places {
+		var at time.Time
+		if renew {
+			at, err = hs.Renew(ctx, p.key, holder, p.ttl)
+		} else {
+			at, err = hs.Release(ctx, p.key, holder)
+		}
 		switch {
-		case live && l.avail >= cost:
-			l.avail -= cost
-			res = l.result(true, now)
-			tk = taken{l: l, wid: l.wid, units: cost}
-			var rf *refill
-			var want int64
-			var ow []owed
-			if l.refill == nil && !l.spent && l.avail*2 < slice {
-				// Topped up before it runs dry, so that checks rarely wait for a lease call.
-				rf, want, ow = &refill{done: make(chan struct{})}, slice-l.avail, l.owed
-				l.refill, l.owed = rf, nil
-			}
-			l.mu.Unlock()
-			if rf != nil {
-				t.bg.Add(1)
-				go func() {
-					defer t.bg.Done()
-					t.lease(l, lim, want, rf, ow)
-				}()
-			}
-			return res, tk, true
-		case live && l.spent:
-			res = l.result(false, now)
-			l.mu.Unlock()
-			return res, taken{}, true
-		case l.refill == nil:
-			if t.g.circuit.open() {
-				l.mu.Unlock()
-				return res, taken{}, false
-			}
-			want := max(slice, cost)
-			if live {
-				want -= l.avail
-			}
-			rf, ow := &refill{done: make(chan struct{})}, l.owed
-			l.refill, l.owed = rf, nil
-			l.mu.Unlock()
-			t.bg.Add(1)
-			go func() {
-				defer t.bg.Done()
-				t.lease(l, lim, want, rf, ow)
-			}()
-			if !t.wait(ctx, rf) {
-				return res, taken{}, false
-			}
+		case errors.Is(err, bucket.ErrNotHeld):
+		case errors.Is(err, bucket.ErrExpired):
+			expired++
+		case err != nil:
+			return time.Time{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		default:
-			rf := l.refill
-			l.mu.Unlock()
-			if !t.wait(ctx, rf) {
-				return res, taken{}, false
+			held++
+			if first.IsZero() || at.Before(first) {
+				first = at
 			}
 		}
 	}
-}
-
-// wait waits for the lease call rf, at most the store's timeout (a check's bound on a store
-// call) and while ctx lasts, and reports whether it succeeded in time. A check that stops
-// waiting goes to the store; the call goes on, and its grant serves the checks after it.
-func (t *leaseTable) wait(ctx context.Context, rf *refill) bool {
-	timer := time.NewTimer(t.g.timeout)
-	defer timer.Stop()
-	select {
-	case <-rf.done:
-		return rf.ok
-	case <-ctx.Done():
-	case <-timer.C:
-	}
-	return false
-}
-
-// callTimeout bounds a lease or give-back call. Like a batch's (minBatchTimeout), it is longer
-// than a check waits: no check is bound by it, and a process starved of CPU that reads the
-// reply late must not lose the units it was granted.
-func (t *leaseTable) callTimeout() time.Duration { return max(t.g.timeout, minBatchTimeout) }
-
-// lease gives back ow, then runs one lease call of want units for l and applies its grant; it
-// reports whether the call succeeded. The calls have deadlines of their own, not a check's:
-// the grant is for every check of the key, and a grant nobody applies is lost to the window.
-// They tell the circuit nothing: a lease that fails sends its checks to the store, whose
-// batcher reports the outcome of its round trips, and the circuit it opens stops the leases.
-func (t *leaseTable) lease(l *lease, lim bucket.Limit, want int64, rf *refill, ow []owed) bool {
-	for _, o := range ow {
-		t.giveBackNow(o)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.callTimeout())
-	sentAt := t.now()
-	g, err := t.store.Lease(ctx, lim, want)
-	cancel()
-	if err != nil {
-		t.log.Warn("leasing a slice failed; its checks go to the store", "key", lim.Key, "err", err)
-	} else {
-		t.tel.leaseUnits.Add(context.Background(), g.Units)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.refill = nil
-	rf.ok = err == nil
-	close(rf.done)
-	if err != nil {
-		return false
-	}
-	until := sentAt + int64(g.Reset.Sub(g.Now))
-	now := t.now()
+	sub := tagSubject(keyTag(places[0].key))
 	switch {
-	case now < l.until && g.Window == l.wid:
-		l.avail += g.Units
-		l.until = max(l.until, until)
-	case now < l.until && g.Window < l.wid:
-		// A grant of a window older than the slice held: it cannot be used now. Not
-		// reached while one call is in flight per key; kept for the argument's sake.
-		return true
-	default:
-		// A new window, or none was live: a grant of a later window than the slice proves
-		// that slice's window over on Redis, so its units are dropped, never used.
-		l.wid, l.avail, l.until = g.Window, g.Units, until
+	case held == 0 && expired > 0:
+		e.publishEvent(ctx, &Query{}, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id, Expired: true}}, sub)
+		return time.Time{}, fmt.Errorf("lease_id: %w", ErrLeaseExpired)
+	case held == 0:
+		return time.Time{}, fmt.Errorf("lease_id: %w", ErrLeaseNotHeld)
+	case !renew:
+		e.publishEvent(ctx, &Query{}, &Outcome{Allowed: true, Now: time.Now(), ID: e.nextDecisionID(), Decider: -1,
+			Released: &Released{LeaseID: id}}, sub)
 	}
-	l.spent, l.remain, l.reset = g.Remaining == 0, g.Remaining, g.Reset
-	return true
+	return first, nil
 }
 
-// result describes l's window to a check at now: what this process knows is left is its own
-// slice and what the window had left for everyone at the last grant.
-func (l *lease) result(allowed bool, now int64) bucket.LimitResult {
-	left := l.avail + l.remain
-	res := bucket.LimitResult{Allowed: allowed, Used: max(0, l.limit.Limit-left), Remaining: left, ResetAt: l.reset}
-	if !allowed {
-		res.RetryAfter = max(time.Duration(l.until-now), time.Microsecond)
-	}
-	return res
-}
-
-// giveBack returns units taken for a check that was denied to their slice, while its window
-// lasts; after that they are lost with it. They were never admitted.
-func (t *leaseTable) giveBack(tk taken) {
-	if tk.l == nil {
-		return
-	}
-	l := tk.l
-	l.mu.Lock()
-	if l.wid == tk.wid && t.now() < l.until && l.limit.Limit > 0 {
-		l.avail += tk.units
-	}
-	l.mu.Unlock()
-}
-
-// retireLocked takes l's slice out of use; its units are owed to Redis. l.mu is held.
-func (t *leaseTable) retireLocked(l *lease, now int64) {
-	if now < l.until && l.avail > 0 {
-		l.owed = append(l.owed, owed{limit: l.limit, wid: l.wid, units: l.avail})
-	}
-	l.avail, l.until, l.spent = 0, 0, false
-}
-
-// giveBackNow gives o back to Redis; a failure loses its units to their window.
-func (t *leaseTable) giveBackNow(o owed) {
-	ctx, cancel := context.WithTimeout(context.Background(), t.callTimeout())
-	defer cancel()
-	n, err := t.store.GiveBack(ctx, o.limit, o.wid, o.units)
-	if err != nil {
-		t.log.Warn("giving back a leased slice failed; its units are lost to the window", "key", o.limit.Key, "units", o.units, "err", err)
-		return
-	}
-	t.tel.leaseReturned.Add(context.Background(), n)
-}
-
-// forget drops the slices of keys without giving them back (a reset deletes their buckets):
-// the next checks lease from the reset counter. Other checkers keep the slices they hold
-// until their window ends, at most a slice each on top of the reset window's limit.
-func (t *leaseTable) forget(keys []string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k, l := range t.m {
-		if !slices.Contains(keys, k.key) {
-			continue
-		}
-		delete(t.m, k)
-		l.mu.Lock()
-		l.avail, l.until, l.spent, l.owed = 0, 0, false, nil
-		l.mu.Unlock()
-	}
-}
-
-// close gives every slice back to Redis, once the calls in the background are done (each
-// within the store's timeout): a checker that stops leaves its unused units to the others.
-// Checks must not be in flight.
-func (t *leaseTable) close() {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return
-	}
-	t.closed = true
-	t.mu.Unlock()
-	t.bg.Wait()
-	now := t.now()
-	var ow []owed
-	t.mu.RLock()
-	for _, l := range t.m {
-		l.mu.Lock()
-		t.retireLocked(l, now)
-		ow = append(ow, l.owed...)
-		l.owed = nil
-		l.mu.Unlock()
-	}
-	t.mu.RUnlock()
-	for _, o := range ow {
-		t.giveBackNow(o)
-	}
+// Released is a lease's release, or its expiry found by a release or renewal, as the decision
+// stream records it.
+type Released struct {
+	LeaseID string
+	// Expired is set when its places had freed themselves at their expiry.
+	Expired bool
 }

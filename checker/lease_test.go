@@ -2,582 +2,187 @@ package checker
 
 import (
 	"context"
-	"fmt"
+	"encoding/base64"
+	"errors"
+	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
-// leaseEndpoint is an endpoint of the test's own: a global rule's bucket is one key for every
-// check, so tests sharing the package's Redis (and -count repetitions) keep apart by endpoint.
-func leaseEndpoint(t *testing.T) string {
-	return fmt.Sprintf("/lease/%s/%d", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), time.Now().UnixNano())
-}
-
-// leasedRules is a global fixed_window rule of limit and slice at endpoint, and a per-user rule
-// of userLimit on the same endpoint.
-func leasedRules(endpoint string, limit, slice, userLimit int) string {
-	return fmt.Sprintf(`rules:
-  - {id: hot, dimension: global, endpoint: %q, algorithm: fixed_window, limit: %d, window: 1h, lease: {slice: %d}}
-  - {id: per-user, dimension: user, endpoint: %q, algorithm: fixed_window, limit: %d, window: 1h}
-`, endpoint, limit, slice, endpoint, userLimit)
-}
-
-// countingSink counts the decisions published, by result.
-type countingSink struct{ allowed, denied atomic.Int64 }
-
-func (s *countingSink) Publish(_ string, _ *Query, out *Outcome) {
-	if out.Allowed {
-		s.allowed.Add(1)
-	} else {
-		s.denied.Add(1)
-	}
-}
-
-// windowKey is the Redis key of the hot rule's bucket.
-func windowKey(endpoint string) string { return "rl:{global}:fw:1h:" + endpoint }
-
-// sameWindow fails the test's numbers only within one window: it skips when the hour turned
-// between the first and last of resets (a leased rule's windows are aligned to the hour).
-func sameWindow(t *testing.T, resets *sync.Map) {
-	t.Helper()
-	n := 0
-	resets.Range(func(any, any) bool { n++; return true })
-	if n > 1 {
-		t.Skipf("the window turned during the test (%d windows)", n)
-	}
-}
-
-// TestLeasedExact: three engines, each with its own store, share a leased global rule; far more
-// concurrent checks than the limit, spread over them, admit exactly the limit, every decision
-// is published, and each check's units are leased from Redis once: the window's counter is the
-// limit. A checker holds what it leased until its own checks use it, so with enough checks on
-// every engine none is left unused.
-func TestLeasedExact(t *testing.T) {
-	t.Parallel()
-	const limit, slice = 1000, 64
-	ep := leaseEndpoint(t)
-	tests := []struct {
-		name string
-		cost int64
-	}{
-		{"cost 1", 1},
-		{"cost 3", 3},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ep := ep + "/" + strings.ReplaceAll(tt.name, " ", "")
-			set := mustRules(t, leasedRules(ep, limit, slice, 1_000_000))
-			sinks := make([]*countingSink, 3)
-			engines := make([]*Engine, 3)
-			for i := range engines {
-				sinks[i] = &countingSink{}
-				engines[i] = newEngine(t, Config{Rules: set, Decisions: sinks[i]})
-			}
-			checks := 3 * limit / int(tt.cost)
-			var allowed, failed atomic.Int64
-			var resets sync.Map
-			var wg sync.WaitGroup
-			for w := range 24 {
-				wg.Go(func() {
-					e := engines[w%3]
-					for i := w; i < checks; i += 24 {
-						q := userQuery(fmt.Sprintf("u%d", i%50), ep)
-						q.Cost = tt.cost
-						out, err := e.Check(context.Background(), q)
-						if err != nil || out.Degraded {
-							failed.Add(1)
-							continue
-						}
-						if out.Allowed {
-							allowed.Add(tt.cost)
-							resets.Store(out.Limits[0].Result.ResetAt.Unix(), true)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			sameWindow(t, &resets)
-			if n := failed.Load(); n > 0 {
-				t.Fatalf("%d checks failed or were degraded", n)
-			}
-			// A partial grant can leave an engine fewer units than a cost: at most cost-1 each.
-			if got, least := allowed.Load(), int64(limit)-3*(tt.cost-1); got > limit || got < least {
-				t.Errorf("%d checks of cost %d over 3 engines admitted %d units, want %d to %d", checks, tt.cost, got, least, limit)
-			}
-			var published, publishedAllowed int64
-			for _, s := range sinks {
-				published += s.allowed.Load() + s.denied.Load()
-				publishedAllowed += s.allowed.Load()
-			}
-			if published != int64(checks) || publishedAllowed*tt.cost != allowed.Load() {
-				t.Errorf("published %d decisions (%d allowed), want %d (%d allowed)", published, publishedAllowed, checks, allowed.Load()/tt.cost)
-			}
-			rdb := redisSrv.UniversalClient()
-			defer rdb.Close()
-			n, err := rdb.HGet(context.Background(), windowKey(ep), "n").Int64()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n > limit || n < allowed.Load() {
-				t.Errorf("the window's counter is %d, want from the %d admitted to the limit %d", n, allowed.Load(), limit)
-			}
-		})
-	}
-}
-
-// TestLeasedAllOrNothing: a check denied by another limit gives its leased units back to the
-// slice, so they admit other checks: a user allowed 5 of 40 checks costs the leased rule 5
-// units, and other users then get exactly the rest of its limit.
-func TestLeasedAllOrNothing(t *testing.T) {
-	t.Parallel()
-	const limit, slice, userLimit = 100, 10, 5
-	ep := leaseEndpoint(t)
-	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, limit, slice, userLimit))})
-	ctx := context.Background()
-	count := func(user string, n int) (allowed int) {
-		for range n {
-			out, err := e.Check(ctx, userQuery(user, ep))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if out.Allowed {
-				allowed++
-			}
-		}
-		return allowed
-	}
-	if got := count("greedy", 40); got != userLimit {
-		t.Fatalf("user limited to %d: got %d of 40 allowed", userLimit, got)
-	}
-	total := userLimit
-	for u := range 40 {
-		total += count(fmt.Sprintf("other-%d", u), userLimit)
-	}
-	if total != limit {
-		t.Errorf("admitted %d in all, want exactly the leased rule's limit %d (units of denied checks given back)", total, limit)
-	}
-	out, err := e.Check(ctx, userQuery("late", ep))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := out.DecidingLimit()
-	if out.Allowed || d == nil || d.Rule.ID != "hot" || d.Result.RetryAfter <= 0 || d.Result.Remaining != 0 {
-		t.Errorf("check past the limit: got allowed %v, deciding %+v; want denied by hot with a retry", out.Allowed, d)
-	}
-}
-
-// TestLeasedLimitLowered: a limit lowered mid-window counts what was leased before it and no
-// more: the first check under the new rules gives the old slice's unused units back before it
-// leases under the new limit. Also when a check saw the new limit before SetRules did (an
-// override expiring by the clock is seen by Effective before the rule store rebuilds the set):
-// that check finds the window spent, and the first check after SetRules gives the old slice
-// back and asks again.
-func TestLeasedLimitLowered(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		swap func(e *Engine, set *rules.Set)
-	}{
-		{"rule change", func(e *Engine, set *rules.Set) { e.SetRules(set) }},
-		{"limit seen before the rule change", func(e *Engine, set *rules.Set) {
-			e.rules.Store(set)
-			if _, err := e.Check(context.Background(), userQuery("gap", set.Rules()[0].Endpoint)); err != nil {
-				t.Fatal(err)
-			}
-			e.SetRules(set)
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			ep := leaseEndpoint(t)
-			e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
-			ctx := context.Background()
-			for range 10 {
-				if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
-					t.Fatalf("check under the limit: %v, %v", out, err)
-				}
-			}
-			tt.swap(e, mustRules(t, leasedRules(ep, 50, 20, 1_000_000)))
-			allowed := 0
-			for range 100 {
-				out, err := e.Check(ctx, userQuery("u", ep))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if out.Allowed {
-					allowed++
-				}
-			}
-			if allowed != 40 {
-				t.Errorf("after lowering the limit to 50 with 10 admitted: %d more allowed, want 40", allowed)
-			}
-		})
-	}
-}
-
-// TestLeasedBypass: peeks and checks with an idempotency key are not leased: they go to Redis,
-// whose counter the leases share, and a retried check replays.
-func TestLeasedBypass(t *testing.T) {
-	t.Parallel()
-	ep := leaseEndpoint(t)
-	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 100, 10, 1_000_000))})
-	ctx := context.Background()
-	if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
-		t.Fatalf("first check: %v, %v", out, err)
-	}
-	out, err := e.Peek(ctx, userQuery("u", ep))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range out.Limits {
-		if got := l.Result.Used; l.Rule.ID == "hot" && got != 10 {
-			t.Errorf("peek: got used %d of hot, want the leased slice, 10", got)
-		}
-	}
-	q := userQuery("u", ep)
-	q.IdempotencyKey = "retry-" + ep
-	first, err := e.Check(ctx, q)
-	if err != nil || !first.Allowed || first.Replayed {
-		t.Fatalf("check with a key: %+v, %v", first, err)
-	}
-	again, err := e.Check(ctx, q)
-	if err != nil || !again.Allowed || !again.Replayed {
-		t.Fatalf("retry: got %+v, %v; want allowed and replayed", again, err)
-	}
-	rdb := redisSrv.UniversalClient()
-	defer rdb.Close()
-	if n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64(); err != nil || n != 11 {
-		t.Errorf("counter after a slice and a keyed check and its replay: got %d, %v; want 11", n, err)
-	}
-}
-
-// TestLeasedUnavailable: a leased rule whose slice cannot be leased (Redis stopped) is decided
-// by its fail mode like any other, and flagged degraded.
-func TestLeasedUnavailable(t *testing.T) {
-	t.Parallel()
-	ep := leaseEndpoint(t)
-	srv, stop := stalledRedis(t)
-	rdb := srv.Client(0)
-	t.Cleanup(func() { rdb.Close() })
-	doc := fmt.Sprintf(`rules:
-  - {id: open, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 10}}
-  - {id: closed, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 10}, fail_mode: closed}
-`, ep+"/open", ep+"/closed")
-	e := newEngine(t, Config{Redis: rdb, Rules: mustRules(t, doc), RedisTimeout: 100 * time.Millisecond})
-	stop()
-	tests := []struct {
-		endpoint    string
-		wantAllowed bool
-	}{
-		{ep + "/open", true},
-		{ep + "/closed", false},
-	}
-	for _, tt := range tests {
-		out, err := e.Check(context.Background(), userQuery("u", tt.endpoint))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out.Allowed != tt.wantAllowed || !out.Degraded {
-			t.Errorf("%s with Redis stalled: got allowed %v degraded %v, want allowed %v degraded", tt.endpoint, out.Allowed, out.Degraded, tt.wantAllowed)
-		}
-	}
-}
-
-// TestLeasedWindows: across many short windows, three engines on a leased rule never admit
-// more than the limit in any window of Redis's clock. In even windows each engine decides one
-// check, and so holds most of a slice when the window ends; odd windows are spent by many
-// checks. A check is counted in a window only when it was sent and answered within it (this
-// machine's clock is Redis's), so that its decision surely fell in it: a slice used past its
-// window's end would admit its leftover units on top of the next window's limit.
-func TestLeasedWindows(t *testing.T) {
-	t.Parallel()
-	const limit, slice = 50, 16
-	const window = 100 * time.Millisecond
-	ep := leaseEndpoint(t)
-	doc := fmt.Sprintf(`rules:
-  - {id: hot, dimension: global, endpoint: %q, algorithm: fixed_window, limit: %d, window: 100ms, lease: {slice: %d}}
-`, ep, limit, slice)
-	set := mustRules(t, doc)
-	engines := make([]*Engine, 3)
-	for i := range engines {
-		engines[i] = newEngine(t, Config{Rules: set})
-	}
-	wid := func() int64 { return time.Now().UnixMicro() / window.Microseconds() }
-	var mu sync.Mutex
-	within := map[int64]int{} // odd window id -> checks admitted surely within it
-	end := wid() + 20
-	var wg sync.WaitGroup
-	for w := range 24 {
-		wg.Go(func() {
-			e := engines[w%3]
-			var quiet int64 = -1 // the last even window this worker checked in
-			for {
-				sent := wid()
-				if sent >= end {
-					return
-				}
-				if sent%2 == 0 {
-					if w < 3 && quiet != sent {
-						quiet = sent
-					} else {
-						// Pacing, not an assertion: wait for the odd window.
-						time.Sleep(time.Until(time.UnixMicro((sent + 1) * window.Microseconds())))
-						continue
-					}
-				}
-				out, err := e.Check(context.Background(), userQuery("u", ep))
-				got := wid()
-				if err != nil || out.Degraded {
-					t.Errorf("check: %v, degraded %v", err, out != nil && out.Degraded)
-					return
-				}
-				if out.Allowed && sent == got && got%2 == 1 {
-					mu.Lock()
-					within[got]++
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	full := 0
-	for wid, n := range within {
-		if n > limit {
-			t.Errorf("window %d: %d checks admitted within it, more than the limit %d", wid, n, limit)
-		}
-		if n >= limit-3*slice {
-			full++
-		}
-	}
-	// The test means something only if odd windows were spent (500 checks/s do it).
-	if full < 3 {
-		t.Skipf("only %d of %d windows had their limit nearly admitted (%v): too slow a machine to spend them", full, len(within), within)
-	}
-}
-
-// TestLeasedReset: a reset of a leased rule drops this checker's slice with the bucket: the
-// window then admits its limit afresh, not the limit plus what the old slice held.
-func TestLeasedReset(t *testing.T) {
-	t.Parallel()
-	const limit = 200
-	ep := leaseEndpoint(t)
-	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, limit, 50, 1_000_000))})
-	ctx := context.Background()
-	admit := func(n int) (allowed int) {
-		for range n {
-			out, err := e.Check(ctx, userQuery("u", ep))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if out.Allowed {
-				allowed++
-			}
-		}
-		return allowed
-	}
-	if got := admit(10); got != 10 {
-		t.Fatalf("before the reset: %d of 10 allowed", got)
-	}
-	if _, ids, err := e.Reset(ctx, ResetRequest{Subject: globalSubject, RuleID: "hot"}); err != nil || len(ids) != 1 {
-		t.Fatalf("reset: %v, %v", ids, err)
-	}
-	if got := admit(2 * limit); got != limit {
-		t.Errorf("after the reset: %d allowed, want the limit %d (the old slice dropped)", got, limit)
-	}
-}
-
-// counterSum is the sum of counter name's data points in r.
-func counterSum(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == name {
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
-}
-
-// TestLeasedShadowAndMetrics: a shadow leased rule reports its denial without denying, and
-// checks decided from slices are counted with the units leased.
-func TestLeasedShadowAndMetrics(t *testing.T) {
-	t.Parallel()
-	ep := leaseEndpoint(t)
-	doc := fmt.Sprintf(`rules:
-  - {id: hot-shadow, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 5, window: 1h, shadow: true, lease: {slice: 2}}
-`, ep)
-	reader := sdkmetric.NewManualReader()
-	e := newEngine(t, Config{Rules: mustRules(t, doc), Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")})
-	shadowDenied := 0
-	for range 8 {
-		out, err := e.Check(context.Background(), userQuery("u", ep))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !out.Allowed {
-			t.Fatalf("a shadow rule denied a check: %+v", out)
-		}
-		if len(out.Limits) != 1 || out.Limits[0].Rule.ID != "hot-shadow" {
-			t.Fatalf("limits: got %+v, want hot-shadow's alone", out.Limits)
-		}
-		if !out.Limits[0].Result.Allowed {
-			shadowDenied++
-		}
-	}
-	if shadowDenied != 3 {
-		t.Errorf("shadow limit of 5: %d of 8 checks reported denied, want 3", shadowDenied)
-	}
-	tests := []struct {
-		metric string
-		want   int64
-	}{
-		{"quotaflow.checks.leased", 8},
-		{"quotaflow.lease.units", 5},
-	}
-	for _, tt := range tests {
-		if got := counterSum(t, reader, tt.metric); got != tt.want {
-			t.Errorf("%s: got %d, want %d", tt.metric, got, tt.want)
-		}
-	}
-}
-
-// TestLeasedCloseGivesBack: an engine that closes gives its unused units back, and a rule
-// change that leaves a key's limit as it was keeps its slice (no lease call for it).
-func TestLeasedCloseGivesBack(t *testing.T) {
-	t.Parallel()
-	ep := leaseEndpoint(t)
-	e := newEngine(t, Config{Rules: mustRules(t, leasedRules(ep, 1000, 100, 1_000_000))})
-	ctx := context.Background()
-	rdb := redisSrv.UniversalClient()
-	defer rdb.Close()
-	counter := func() int64 {
-		n, err := rdb.HGet(ctx, windowKey(ep), "n").Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	for range 10 {
-		if out, err := e.Check(ctx, userQuery("u", ep)); err != nil || !out.Allowed {
-			t.Fatalf("check: %v, %v", out, err)
-		}
-	}
-	e.SetRules(mustRules(t, leasedRules(ep, 1000, 100, 5)))
-	for range 5 {
-		if out, err := e.Check(ctx, userQuery("v", ep)); err != nil || !out.Allowed {
-			t.Fatalf("check after the rule change: %v, %v", out, err)
-		}
-	}
-	if got := counter(); got != 100 {
-		t.Errorf("counter after a rule change keeping the limit: got %d, want the one slice of 100", got)
-	}
-	e.Close()
-	if got := counter(); got != 15 {
-		t.Errorf("counter after Close: got %d, want the 15 used", got)
-	}
-}
-
-// TestLeasedTierLimits: a tier multiplier gives one global key two limits at once, one per
-// tier; each keeps its own slice, so checks alternating between the tiers lease one slice
-// each instead of evicting each other's at every check.
-func TestLeasedTierLimits(t *testing.T) {
-	t.Parallel()
-	ep := leaseEndpoint(t)
-	doc := fmt.Sprintf(`default_tier: free
-tiers: {free: {}, premium: {}}
+const holdRules = `
+default_tier: free
+tiers: {free: {}}
 rules:
-  - {id: hot, dimension: global, endpoint: %q, algorithm: fixed_window, limit: 1000, window: 1h, lease: {slice: 100}}
-`, ep)
-	now := time.Now()
-	set := mustRules(t, doc).WithOverrides([]rules.Override{{ID: "half", Tier: "free", Multiplier: 0.5, Reason: "test", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}})
-	reader := sdkmetric.NewManualReader()
-	e := newEngine(t, Config{Rules: set, Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")})
-	limits := map[string]int64{}
-	for i := range 100 {
-		q := userQuery("u", ep)
-		q.Tier = []string{"free", "premium"}[i%2]
-		out, err := e.Check(context.Background(), q)
-		if err != nil || !out.Allowed {
-			t.Fatalf("check %d: %+v, %v", i, out, err)
-		}
-		limits[q.Tier] = out.Limits[0].Limit.Limit
-	}
-	if limits["free"] != 500 || limits["premium"] != 1000 {
-		t.Fatalf("effective limits: got %v, want free 500, premium 1000", limits)
-	}
-	tests := []struct {
-		metric string
-		want   int64
-	}{
-		{"quotaflow.lease.units", 200},
-		{"quotaflow.lease.returned", 0},
-	}
-	for _, tt := range tests {
-		if got := counterSum(t, reader, tt.metric); got != tt.want {
-			t.Errorf("%s after 100 checks alternating between two tiers: got %d, want %d", tt.metric, got, tt.want)
-		}
-	}
-}
+  - {id: inflight, dimension: user, endpoint: /gen, algorithm: concurrency, limit: 3, window: 30s}
+  - {id: per-minute, dimension: user, endpoint: /gen, algorithm: fixed_window, limit: 100, window: 1m}
+`
 
-// TestLeasedWithKeyedChecks: checks with an idempotency key, charged in Redis on the counter the
-// slices are leased from, mixed with leased ones over three engines, admit exactly the limit:
-// a keyed check denied once the window is spent must not keep the other checks from the units
-// an engine still holds (the over-limit cache does not remember leased rules' denials).
-func TestLeasedWithKeyedChecks(t *testing.T) {
+// TestHolds: N concurrent checks of a concurrency rule are granted exactly its limit, each with
+// a lease; releasing one lets the next in; a second release of it, or a release by a forged or
+// unknown id, frees nothing; a renew moves the expiry.
+func TestHolds(t *testing.T) {
 	t.Parallel()
-	const limit, slice = 1000, 64
-	ep := leaseEndpoint(t)
-	set := mustRules(t, leasedRules(ep, limit, slice, 1_000_000))
-	engines := make([]*Engine, 3)
-	for i := range engines {
-		engines[i] = newEngine(t, Config{Rules: set})
-	}
-	var allowed, failed atomic.Int64
-	var resets sync.Map
+	e := newEngine(t, Config{Rules: mustRules(t, holdRules), DisableOverLimitCache: true})
+	user := checkertest.ID(t, "u")
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/gen", Cost: 7}
+	ctx := context.Background()
+	var mu sync.Mutex
+	var holds []*Lease
 	var wg sync.WaitGroup
-	for w := range 24 {
+	for range 10 {
 		wg.Go(func() {
-			e := engines[w%3]
-			for i := w; i < 3*limit; i += 24 {
-				q := userQuery(fmt.Sprintf("u%d", i%50), ep)
-				if i%7 == 0 {
-					q.IdempotencyKey = fmt.Sprintf("k-%s-%d", ep, i)
-				}
-				out, err := e.Check(context.Background(), q)
-				if err != nil || out.Degraded {
-					failed.Add(1)
-					continue
-				}
-				if out.Allowed {
-					allowed.Add(1)
-					resets.Store(out.Limits[0].Result.ResetAt.Unix(), true)
-				}
+			out, err := e.Check(ctx, q)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if out.Allowed != (out.Lease != nil) {
+				t.Errorf("allowed %v with lease %v: want a lease exactly when allowed", out.Allowed, out.Lease)
+			}
+			if out.Lease != nil {
+				mu.Lock()
+				holds = append(holds, out.Lease)
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	sameWindow(t, &resets)
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d checks failed or were degraded", n)
+	if len(holds) != 3 {
+		t.Fatalf("10 concurrent checks of 3 places: %d granted, want exactly 3", len(holds))
 	}
-	if got := allowed.Load(); got != limit {
-		t.Errorf("%d checks, a seventh with an idempotency key, admitted %d, want exactly %d", 3*limit, got, limit)
+	if d := time.Until(holds[0].ExpiresAt); d < 25*time.Second || d > 31*time.Second {
+		t.Errorf("hold expires in %s, want the rule's 30s", d)
+	}
+	if out, _ := e.Check(ctx, q); out.Allowed {
+		t.Fatal("a 4th check while 3 are held: allowed")
+	}
+	if err := e.Release(ctx, holds[0].ID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := e.Release(ctx, holds[0].ID); !errors.Is(err, ErrLeaseNotHeld) {
+		t.Errorf("second Release: %v, want ErrHoldNotHeld", err)
+	}
+	out, err := e.Check(ctx, q)
+	if err != nil || !out.Allowed {
+		t.Fatalf("after a release: %v, %v; want allowed", out, err)
+	}
+	exp, err := e.Renew(ctx, holds[1].ID)
+	if err != nil || !exp.After(holds[1].ExpiresAt) {
+		t.Errorf("Renew: %v, %v; want an expiry after %v", exp, err, holds[1].ExpiresAt)
+	}
+	// Another holder of the same places (an id with the holder replaced) is refused unread:
+	// its signature does not verify.
+	_, enc, _ := strings.Cut(holds[2].ID, ".")
+	if err := e.Release(ctx, newHolder()+"."+enc); !errors.Is(err, ErrIDNotIssued) {
+		t.Errorf("Release by another holder: %v, want ErrIDNotIssued", err)
+	}
+	// A peek takes no place.
+	if p, err := e.Peek(ctx, q); err != nil || p.Lease != nil {
+		t.Errorf("Peek: hold %v, %v; want none", p.Lease, err)
+	}
+}
+
+// TestHoldIDRefused: an ID that is malformed, or that names any bucket but a concurrency one (a
+// sliding log is a sorted set too), is a FieldError naming lease_id, and reaches no store, even
+// signed.
+func TestHoldIDRefused(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, holdRules)})
+	places := func(lines string) string { return base64.RawURLEncoding.EncodeToString([]byte(lines)) }
+	for _, id := range []string{
+		"",
+		"no-dot",
+		"holder.!!!",
+		"holder." + places("1000 rl:{user:x}:swl:1m:/gen"),
+		"holder." + places("1000 rl:{user:x%7D:cc:}:fw:1m:/gen"),
+		"holder." + places("0 rl:{user:x}:cc:30s:/gen"),
+		"holder." + places("99999999999 rl:{user:x}:cc:30s:/gen"),
+		"holder." + places("1000 other:{user:x}:cc:30s:/gen"),
+		strings.Repeat("h", 65) + "." + places("1000 rl:{user:x}:cc:30s:/gen"),
+		strings.Repeat("x", 5000),
+		"holder." + places(strings.TrimSuffix(strings.Repeat("1000 rl:{user:x}:cc:30s:/gen\n", 17), "\n")),
+	} {
+		// Signed, as if the engine had issued them, so that the parser is what refuses them
+		// (but the empty and the oversized, refused before any signature is computed).
+		if id != "" && len(id) < maxHoldID {
+			signed, err := e.ids.sign(context.Background(), idKindLease, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id = signed
+		}
+		err := e.Release(context.Background(), id)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "lease_id" || strings.Contains(fe.Msg, "signature") {
+			t.Errorf("Release(%.60q): %v, want a FieldError naming lease_id, from its parser", id, err)
+		}
+	}
+}
+
+// leaseSink keeps the lease events the engine publishes.
+type leaseSink struct {
+	mu  sync.Mutex
+	got []Released
+	sub []Subject
+}
+
+func (s *leaseSink) Publish(_ string, q *Query, out *Outcome) {
+	if r := out.Released; r != nil {
+		s.mu.Lock()
+		s.got, s.sub = append(s.got, *r), append(s.sub, q.Subjects...)
+		s.mu.Unlock()
+	}
+}
+
+// TestHoldEvents: a release is published as a lease event of its subject, once (a second
+// release publishes nothing); a release of a lease whose place freed itself (in a bucket a
+// later place keeps) is published as expired.
+func TestHoldEvents(t *testing.T) {
+	t.Parallel()
+	sink := &leaseSink{}
+	e := newEngine(t, Config{DisableOverLimitCache: true, Decisions: sink, Rules: mustRules(t, `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: inflight, dimension: user, endpoint: /gen, algorithm: concurrency, limit: 3, window: 1s}
+`)})
+	ctx := context.Background()
+	user := checkertest.ID(t, "u")
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/gen"}
+	a, err := e.Check(ctx, q)
+	if err != nil || a.Lease == nil {
+		t.Fatalf("check: %v, %v", a, err)
+	}
+	b, _ := e.Check(ctx, q)
+	if err := e.Release(ctx, a.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, a.Lease.ID); !errors.Is(err, ErrLeaseNotHeld) {
+		t.Fatalf("second release: %v", err)
+	}
+	// A later place keeps the bucket (which expires with its last place) past b's expiry.
+	time.Sleep(300 * time.Millisecond)
+	if c, err := e.Check(ctx, q); err != nil || c.Lease == nil {
+		t.Fatalf("third check: %v, %v", c, err)
+	}
+	time.Sleep(time.Until(b.Lease.ExpiresAt.Add(100 * time.Millisecond)))
+	if err := e.Release(ctx, b.Lease.ID); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("release after the expiry: %v, want ErrHoldExpired", err)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	want := []Released{{LeaseID: a.Lease.ID}, {LeaseID: b.Lease.ID, Expired: true}}
+	if len(sink.got) != 2 || sink.got[0] != want[0] || sink.got[1] != want[1] {
+		t.Errorf("lease events %+v, want %+v", sink.got, want)
+	}
+	for _, s := range sink.sub {
+		if !reflect.DeepEqual(s, Subject{Dimension: rules.DimensionUser, ID: user}) {
+			t.Errorf("lease event of %+v, want the user %s", s, user)
+		}
 	}
 }

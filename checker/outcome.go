@@ -36,9 +36,9 @@ type Outcome struct {
 	// Exemption is the id of the exemption that let the check past one or more matching rules
 	// (rules.Exemption): the check was decided by the others; empty for none.
 	Exemption string
-	// Hold is, for an allowed check of concurrency rules, the places it holds in flight until
+	// Lease is, for an allowed check of concurrency rules, the places it holds in flight until
 	// Engine.Release; nil otherwise (a peek, a denial, a replay, a fail mode's decision).
-	Hold *Hold
+	Lease *Lease
 	// Reservation is, for an allowed check with Query.Reserve, the charge kept for its settle;
 	// nil otherwise (a denial, a fail mode's decision, no limit to settle).
 	Reservation *Reservation

@@ -75,7 +75,7 @@ func TestReservations(t *testing.T) {
 	user := checkertest.ID(t, "u")
 
 	out, err := e.Check(ctx, reserveQuery(user, 40))
-	if err != nil || !out.Allowed || out.Reservation == nil || out.Hold == nil {
+	if err != nil || !out.Allowed || out.Reservation == nil || out.Lease == nil {
 		t.Fatalf("reserve of 40: %+v, %v; want allowed with a reservation and a lease", out, err)
 	}
 	r := out.Reservation

@@ -89,8 +89,8 @@ func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, er
 	if e.olc != nil {
 		e.olc.forget(keys)
 	}
-	if e.leases != nil {
-		e.leases.forget(keys) // the reset bucket's slices start again from the new counter
+	if e.allotments != nil {
+		e.allotments.forget(keys) // the reset bucket's slices start again from the new counter
 	}
 	n, err := e.store.delete(ctx, keys)
 	if err != nil {

@@ -21,9 +21,9 @@ type instruments struct {
 	redis    metric.Float64Histogram
 	cacheHit metric.Int64Counter
 	shed     metric.Int64Counter
-	// leased counts checks with a limit decided from a leased slice; leaseUnits the units
-	// leased, leaseReturned those given back to Redis unused.
-	leased, leaseUnits, leaseReturned metric.Int64Counter
+	// allotted counts checks with a limit decided from a allotted slice; allotUnits the units
+	// allotted, allotReturned those given back to Redis unused.
+	allotted, allotUnits, allotReturned metric.Int64Counter
 	// by result: allowed, denied; and degraded variants. Each is a slice of one option, passed
 	// on as it is (opts...): a variadic call with a lone option allocates its slice each time.
 	addAllowed, addDenied, addAllowedDegraded, addDeniedDegraded []metric.AddOption
@@ -63,15 +63,15 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 		"Checks and peeks answered at once by their rules' fail modes, without a Redis call, because the checker had its maximum in flight (overload, not a Redis outage).")); err != nil {
 		return nil, err
 	}
-	if in.leased, err = m.Int64Counter("quotaflow.checks.leased", metric.WithDescription(
+	if in.allotted, err = m.Int64Counter("quotaflow.checks.leased", metric.WithDescription(
 		"Checks (and the decisions published for them) with a leased rule decided from this checker's slice of its window, without a Redis call for it.")); err != nil {
 		return nil, err
 	}
-	if in.leaseUnits, err = m.Int64Counter("quotaflow.lease.units", metric.WithDescription(
+	if in.allotUnits, err = m.Int64Counter("quotaflow.lease.units", metric.WithDescription(
 		"Units of leased rules' windows this checker leased from Redis; those it never uses are lost to the window (at most one slice per checker and window).")); err != nil {
 		return nil, err
 	}
-	if in.leaseReturned, err = m.Int64Counter("quotaflow.lease.returned", metric.WithDescription(
+	if in.allotReturned, err = m.Int64Counter("quotaflow.lease.returned", metric.WithDescription(
 		"Leased units this checker gave back to Redis unused (a rule change, a changed limit, shutdown).")); err != nil {
 		return nil, err
 	}

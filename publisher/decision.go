@@ -51,7 +51,7 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 			d.Shadow = true
 		}
 	}
-	if h := out.Hold; h != nil {
+	if h := out.Lease; h != nil {
 		d.LeaseId = checker.IDDigest(h.ID)
 	}
 	if q.Reserve > 0 {

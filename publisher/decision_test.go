@@ -27,7 +27,7 @@ func TestDecisionKinds(t *testing.T) {
 		out  *checker.Outcome
 		want *quotaflowv1.Decision
 	}{
-		{"check", &checker.Query{Subjects: sub, Cost: 2}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Hold: &checker.Hold{ID: "h.x"}},
+		{"check", &checker.Query{Subjects: sub, Cost: 2}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Lease: &checker.Lease{ID: "h.x"}},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_UNSPECIFIED, Cost: 2, LeaseId: hx}},
 		{"reserve", &checker.Query{Subjects: sub, Cost: 40, Reserve: time.Minute}, &checker.Outcome{Allowed: true, Now: now, Decider: -1, Reservation: &checker.Reservation{ID: "r.1.x", Estimate: 40}},
 			&quotaflowv1.Decision{Kind: quotaflowv1.Kind_KIND_RESERVE, Cost: 40, EstimatedCost: 40, ReservationId: r1x}},

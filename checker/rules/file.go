@@ -367,7 +367,7 @@ func (fr *DocRule) behaviour(p *problems, where string, r *Rule) {
 	r.IPv6Prefix = prefixBits(p, where, "ipv6_prefix", fr.IPv6Prefix, 128, r.Dimension)
 	r.IPv4Prefix = prefixBits(p, where, "ipv4_prefix", fr.IPv4Prefix, 32, r.Dimension)
 	if fr.Lease != nil {
-		r.Lease = leaseSlice(p, where, fr.Lease, r)
+		r.Allotment = allotmentOf(p, where, fr.Lease, r)
 	}
 	r.MaxDelay = onLimit(p, where, fr, r)
 	if fr.MaxOverage != "" {
@@ -542,12 +542,12 @@ func zoneOf(p *problems, where, tz string, anchor Scalar) Zone {
 	return z
 }
 
-// leaseSlice validates a rule's lease: a slice of 1 to the limit, on a global fixed_window
+// allotmentOf validates a rule's lease: a slice of 1 to the limit, on a global fixed_window
 // rule only. A lease is a share of one window's count taken ahead of the checks it pays for:
 // only a window algorithm can be split that way exactly (a token bucket's or GCRA's budget
 // refills continuously, and a slice taken now would be spent at a later, fuller, instant),
 // and only a key every check shares is hot enough to be worth a slice per checker.
-func leaseSlice(p *problems, where string, l *DocLease, r *Rule) int64 {
+func allotmentOf(p *problems, where string, l *DocLease, r *Rule) int64 {
 	n := len(p.list)
 	if r.Dimension.Valid() && r.Dimension != DimensionGlobal {
 		p.add(where, "lease: only global rules are leased (one bucket every check shares); this rule counts per %s", r.Dimension)

@@ -125,12 +125,12 @@ type Rule struct {
 	// every address of one network shares a bucket, since a client owns a whole IPv6 /64 (and
 	// may own more). 0 means DefaultIPv6Prefix and DefaultIPv4Prefix.
 	IPv6Prefix, IPv4Prefix uint8
-	// Lease is the slice a checker leases of this rule's window at a time, 0 for a rule that
+	// Allotment is the slice a checker leases of this rule's window at a time, 0 for a rule that
 	// is not leased: a global fixed_window rule whose limit is far above what one Redis core
 	// decides, whose checks each checker then decides from its own slice without a Redis call
 	// (checker's lease table gives the argument that this never admits more than the limit).
-	// At most Lease units per checker may go unused in a window.
-	Lease int64
+	// At most Allotment units per checker may go unused in a window.
+	Allotment int64
 	// Calendar, when its Unit is set, makes the rule's windows calendar periods (a window of
 	// 1d, 1w, 1mo or 1y in the file): days, weeks, months or years from local midnight in
 	// Calendar.Location, months from Calendar.AnchorDay. Window is then the unit's nominal

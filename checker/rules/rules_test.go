@@ -102,11 +102,11 @@ func TestParseValues(t *testing.T) {
 	if r, _ := s.Rule("user-orders"); !r.Shadow {
 		t.Error("user-orders: shadow = false, want true")
 	}
-	if r, _ := s.Rule("global-hot"); r.Lease != 250 {
-		t.Errorf("global-hot lease slice = %d, want 250", r.Lease)
+	if r, _ := s.Rule("global-hot"); r.Allotment != 250 {
+		t.Errorf("global-hot lease slice = %d, want 250", r.Allotment)
 	}
-	if r, _ := s.Rule("global-api"); r.Lease != 0 {
-		t.Errorf("global-api lease slice = %d, want 0 (not leased)", r.Lease)
+	if r, _ := s.Rule("global-api"); r.Allotment != 0 {
+		t.Errorf("global-api lease slice = %d, want 0 (not leased)", r.Allotment)
 	}
 	if r, _ := s.Rule("ip-all"); r.FailMode != FailLocal {
 		t.Errorf("ip-all fail mode = %s, want local", r.FailMode)

@@ -63,9 +63,9 @@ func (s *Server) leaseError(err error) error {
 	switch {
 	case errors.Is(err, checker.ErrIDNotIssued):
 		return connect.NewError(connect.CodePermissionDenied, err)
-	case errors.Is(err, checker.ErrHoldNotHeld):
+	case errors.Is(err, checker.ErrLeaseNotHeld):
 		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, checker.ErrHoldExpired):
+	case errors.Is(err, checker.ErrLeaseExpired):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	}
 	return s.rpcError(err)

@@ -10,7 +10,7 @@ import (
 )
 
 // The concurrency leases of quotaflow.v1.RateLimiter: a check's places in flight
-// (checker.Hold), released or renewed by their id. The caller needs the check permission; it
+// (checker.Lease), released or renewed by their id. The caller needs the check permission; it
 // is the holder by knowing the id.
 
 // ReleaseLease implements quotaflow.v1.RateLimiter.

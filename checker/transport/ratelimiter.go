@@ -80,7 +80,7 @@ func render(q *checker.Query, out *checker.Outcome) *quotaflowv1.CheckRateLimitR
 	if q.Timestamp != 0 {
 		resp.ClockSkewMs = q.Timestamp - out.Now.UnixMilli()
 	}
-	if h := out.Hold; h != nil {
+	if h := out.Lease; h != nil {
 		resp.LeaseId, resp.LeaseExpiresAtMs = h.ID, h.ExpiresAt.UnixMilli()
 	}
 	if d := outcomepb.Deciding(out, resp.Limits); d != nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // holdSource is the script of Release and Renew; see hold.lua for its contract. Like
-// lease.lua, it lives beside this file, not under lua/, whose files are parts of the check
+// allot.lua, it lives beside this file, not under lua/, whose files are parts of the check
 // script.
 //
 //go:embed hold.lua

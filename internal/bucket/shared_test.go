@@ -228,7 +228,7 @@ func TestSharedMoves(t *testing.T) {
 			t.Parallel()
 			l := lim(key(t, "b"), algorithm.FixedWindow, 10, long, 0)
 			check(t, old, one(l, 3))
-			g, err := s.Lease(ctxT(t), l, 5)
+			g, err := s.Allot(ctxT(t), l, 5)
 			if err != nil || g.Units != 5 || g.Remaining != 2 {
 				t.Fatalf("lease of 5 after 3: %+v, %v; want 5 granted, 2 remaining", g, err)
 			}

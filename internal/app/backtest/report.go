@@ -453,7 +453,7 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 	}
 	lims := limitsOf(out)
 	for _, l := range lims {
-		if l.Rule.Lease > 0 {
+		if l.Rule.Allotment > 0 {
 			return ReasonLeased
 		}
 		if l.Rule.Algorithm == algorithm.Concurrency {

@@ -8,8 +8,8 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
-// leasedPart is what a check took from slices: given back when the check is denied.
-type leasedPart struct {
+// allottedPart is what a check took from slices: given back when the check is denied.
+type allottedPart struct {
 	taken   []taken
 	decided int  // limits decided from slices
 	denied  bool // an enforced one denied
@@ -17,18 +17,18 @@ type leasedPart struct {
 	limits []int
 }
 
-// decideLeased decides the leased limits of pl from this process's slices (leaseTable), writes
+// decideAllotted decides the allotted limits of pl from this process's slices (allotments), writes
 // their results into out, and returns the plan of what is left for the store, with each
 // limit's index in out. A check stays all-or-nothing: the units it takes from slices go back to
-// them when another limit denies it (giveBackAll). A limit whose slice could not be leased
+// them when another limit denies it (giveBackAll). A limit whose slice could not be allotted
 // (Redis unavailable) stays in the plan, decided by the store and its fail mode like any other
-// (its charge counts in the same window counter as leases). Checks with an idempotency key are
-// not leased: their record must be written in the same script call as their charges.
-func (e *Engine) decideLeased(ctx context.Context, pl plan, out *Outcome, cost int64) (plan, leasedPart) {
-	var lz leasedPart
+// (its charge counts in the same window counter as allotments). Checks with an idempotency key are
+// not allotted: their record must be written in the same script call as their charges.
+func (e *Engine) decideAllotted(ctx context.Context, pl plan, out *Outcome, cost int64) (plan, allottedPart) {
+	var lz allottedPart
 	leased := false
 	for i := range out.Limits {
-		if out.Limits[i].Rule.Lease > 0 {
+		if out.Limits[i].Rule.Allotment > 0 {
 			leased = true
 			break
 		}
@@ -45,8 +45,8 @@ func (e *Engine) decideLeased(ctx context.Context, pl plan, out *Outcome, cost i
 		for j := range req.Limits {
 			k := pl.at(i, j)
 			r := out.Limits[k].Rule
-			if r.Lease > 0 && req.Limits[j].Algorithm == algorithm.FixedWindow {
-				res, tk, ok := e.leases.take(ctx, req.Limits[j], r.Lease, cost)
+			if r.Allotment > 0 && req.Limits[j].Algorithm == algorithm.FixedWindow {
+				res, tk, ok := e.allotments.take(ctx, req.Limits[j], r.Allotment, cost)
 				if ok {
 					out.Limits[k].Result = res
 					lz.decided++
@@ -78,12 +78,12 @@ func (e *Engine) decideLeased(ctx context.Context, pl plan, out *Outcome, cost i
 	return rest, lz
 }
 
-// leasedOnly finishes a check decided from slices alone: every limit was leased, or a leased one
+// allottedOnly finishes a check decided from slices alone: every limit was allotted, or a allotted one
 // denied it, in which case the store is not called and the outcome holds only the limits
 // decided from slices, the only ones evaluated (as an over-limit cache hit holds only its own).
-func (e *Engine) leasedOnly(lz *leasedPart, out *Outcome) {
+func (e *Engine) allottedOnly(lz *allottedPart, out *Outcome) {
 	if lz.denied {
-		e.leases.giveBackAll(lz)
+		e.allotments.giveBackAll(lz)
 		limits := make([]LimitOutcome, 0, len(lz.limits))
 		for _, k := range lz.limits {
 			limits = append(limits, out.Limits[k])
@@ -95,7 +95,7 @@ func (e *Engine) leasedOnly(lz *leasedPart, out *Outcome) {
 }
 
 // giveBackAll gives the units lz took back to their slices, once.
-func (t *leaseTable) giveBackAll(lz *leasedPart) {
+func (t *allotments) giveBackAll(lz *allottedPart) {
 	if t == nil {
 		return
 	}

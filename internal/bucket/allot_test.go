@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestLease: a lease takes units of a fixed_window bucket's window as charges would, a partial
-// grant when less is left, and leases, charges and peeks share one counter; given-back units
-// can be leased or charged again.
+// TestLease: an allotment takes units of a fixed_window bucket's window as charges would, a partial
+// grant when less is left, and allotments, charges and peeks share one counter; given-back units
+// can be allotted or charged again.
 func TestLease(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
@@ -36,7 +36,7 @@ func TestLease(t *testing.T) {
 	var window int64
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
-			g, err := s.Lease(ctx, l, st.want)
+			g, err := s.Allot(ctx, l, st.want)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +62,7 @@ func TestLease(t *testing.T) {
 	if res := check(t, s, one(l, 2)); !res.Allowed || res.Limits[0].Used != 9 {
 		t.Errorf("charge of 2 after giving back 3: got allowed %v used %d, want allowed, used 9", res.Allowed, res.Limits[0].Used)
 	}
-	if g, err := s.Lease(ctx, l, 5); err != nil || g.Units != 1 {
+	if g, err := s.Allot(ctx, l, 5); err != nil || g.Units != 1 {
 		t.Errorf("lease after the charge: got %+v, %v; want 1 unit", g, err)
 	}
 	if given, err := s.GiveBack(ctx, l, window-1, 5); err != nil || given != 0 {
@@ -73,7 +73,7 @@ func TestLease(t *testing.T) {
 	}
 }
 
-// TestLeaseInvalid: only a valid fixed_window limit and a positive want can be leased.
+// TestLeaseInvalid: only a valid fixed_window limit and a positive want can be allotted.
 func TestLeaseInvalid(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
@@ -90,7 +90,7 @@ func TestLeaseInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := s.Lease(ctx, tt.l, tt.want); !errors.Is(err, ErrInvalidRequest) {
+			if _, err := s.Allot(ctx, tt.l, tt.want); !errors.Is(err, ErrInvalidRequest) {
 				t.Errorf("Lease: got %v, want ErrInvalidRequest", err)
 			}
 		})
@@ -100,7 +100,7 @@ func TestLeaseInvalid(t *testing.T) {
 	}
 }
 
-// TestLeaseConcurrent: concurrent leases and charges of one window never grant more than its
+// TestLeaseConcurrent: concurrent allotments and charges of one window never grant more than its
 // limit between them, and grant all of it.
 func TestLeaseConcurrent(t *testing.T) {
 	t.Parallel()
@@ -126,7 +126,7 @@ func TestLeaseConcurrent(t *testing.T) {
 					}
 					continue
 				}
-				g, err := s.Lease(ctx, l, 7)
+				g, err := s.Allot(ctx, l, 7)
 				if err != nil {
 					t.Error(err)
 					return
@@ -142,7 +142,7 @@ func TestLeaseConcurrent(t *testing.T) {
 	if n != 1 {
 		t.Skipf("the hour turned during the test (%d windows)", n)
 	}
-	// Charges of 3 may leave up to 2 units nobody can take by charge; leases take what is left.
+	// Charges of 3 may leave up to 2 units nobody can take by charge; allotments take what is left.
 	if got := granted.Load(); got != limit {
 		t.Errorf("granted %d units between leases and charges, want exactly %d", got, limit)
 	}
@@ -150,7 +150,7 @@ func TestLeaseConcurrent(t *testing.T) {
 
 // TestLeaseCompactLayout: a fixed_window key in the compact layout (a string n*8 + wid%8
 // expiring at its window's end, which --bucket-layout compact writes in the versions that have
-// it) is leased from and given back to in place, its count and layout kept.
+// it) is allotted from and given back to in place, its count and layout kept.
 func TestLeaseCompactLayout(t *testing.T) {
 	t.Parallel()
 	_, c := newStore(t)
@@ -167,7 +167,7 @@ func TestLeaseCompactLayout(t *testing.T) {
 	if err := srv.PExpireAt(ctx, l.Key, time.UnixMicro((wid+1)*w.Microseconds())).Err(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := s.Lease(ctx, l, 5)
+	g, err := s.Allot(ctx, l, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestLeaseCompactLayout(t *testing.T) {
 	}
 }
 
-// TestLeaseCallsNotRetried: a lease or give-back whose connection closes after the call was
+// TestLeaseCallsNotRetried: an allotment or give-back whose connection closes after the call was
 // written may have run, so go-redis must not send it again, even with retries configured: a
 // give-back run twice would hand its units out twice. The server counts the calls it reads.
 func TestLeaseCallsNotRetried(t *testing.T) {
@@ -220,7 +220,7 @@ func TestLeaseCallsNotRetried(t *testing.T) {
 		name string
 		run  func() error
 	}{
-		{"lease", func() error { _, err := s.Lease(ctxT(t), l, 10); return err }},
+		{"lease", func() error { _, err := s.Allot(ctxT(t), l, 10); return err }},
 		{"give back", func() error { _, err := s.GiveBack(ctxT(t), l, 1, 10); return err }},
 	} {
 		calls.Store(0)

@@ -14,9 +14,9 @@ import (
 	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 )
 
-// TestLeasedFailover: with the master of the global subject killed under leased load, every
+// TestLeasedFailover: with the master of the global subject killed under allotted load, every
 // check is answered within its deadline (from the slice while it lasts, then by the rule's fail
-// mode, reported degraded), and once the replica is promoted checks are exact again and leased
+// mode, reported degraded), and once the replica is promoted checks are exact again and allotted
 // again, without a new engine.
 func TestLeasedFailover(t *testing.T) {
 	t.Parallel()

@@ -13,9 +13,9 @@ import (
 )
 
 // TestLeasedReshardUnderLoad: the slot of the global subject moves from one master to another
-// (redis-cli --cluster reshard) while three engines decide a leased rule's checks, leasing as
+// (redis-cli --cluster reshard) while three engines decide a allotted rule's checks, allotting as
 // they go. No check fails or is degraded, and once the engines close (giving back what they
-// hold) the window's counter is exactly the checks admitted: no lease was lost or counted
+// hold) the window's counter is exactly the checks admitted: no allotment was lost or counted
 // twice by a redirection.
 func TestLeasedReshardUnderLoad(t *testing.T) {
 	t.Parallel()

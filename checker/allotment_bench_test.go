@@ -10,7 +10,7 @@ import (
 )
 
 // hotRules are one global fixed_window rule far above what one Redis core decides (a billion
-// per second, never reached), as an ordinary rule and as a leased one.
+// per second, never reached), as an ordinary rule and as a allotted one.
 const hotRules = `rules:
 - {id: hot, dimension: global, endpoint: /hot, algorithm: fixed_window, limit: 1000000000, window: 1s}
 - {id: hot-leased, dimension: global, endpoint: /hot-leased, algorithm: fixed_window, limit: 1000000000, window: 1s, lease: {slice: 1000}}
@@ -18,7 +18,7 @@ const hotRules = `rules:
 
 // BenchmarkHotGlobalKey measures Engine.Check of one hot global key (issue 22, item 3): every
 // check of every caller counts against one bucket, ordinary (one script call on that one key
-// per check, so one Redis core decides them all) and leased (one lease call per slice of 1000,
+// per check, so one Redis core decides them all) and allotted (one allotment call per slice of 1000,
 // the checks decided in process). The checks are of users no rule counts, as a gateway's.
 //
 //	go test -run='^$' -bench=HotGlobalKey -benchtime=3s ./checker/

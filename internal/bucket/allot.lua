@@ -1,10 +1,10 @@
 -- lease: a slice of a fixed_window bucket's budget, taken by one checker to decide checks in
--- its own process, or the part of it that checker did not use, given back (Store.Lease,
--- Store.GiveBack; checker's leased rules). It is a script of its own, not a mode of check.lua:
--- every file under lua/ is part of the one check script, and a lease is no check.
+-- its own process, or the part of it that checker did not use, given back (Store.Allot,
+-- Store.GiveBack; checker's allotted rules). It is a script of its own, not a mode of check.lua:
+-- every file under lua/ is part of the one check script, and an allotment is no check.
 --
--- The bucket is the one lua/fixed_window.lua keeps, in the same state, so leases, ordinary
--- charges and peeks of one key count against one counter: every unit a lease grants is counted
+-- The bucket is the one lua/fixed_window.lua keeps, in the same state, so allotments, ordinary
+-- charges and peeks of one key count against one counter: every unit an allotment grants is counted
 -- in the window's n when granted, whether or not its checker ever admits a check with it.
 --
 -- KEYS[1]  the fixed_window bucket key, in either of fixed_window's layouts (see below)
@@ -29,13 +29,13 @@
 --   {w = window id, n = count}; the compact one (--bucket-layout compact, in the versions that
 --   have it) a string "<n * 8 + wid % 8>" expiring at its window's end, whose window is the
 --   current one when its low bits say so and else (wid + 1) * W = PEXPIRETIME * 1000 (see
---   lua/fixed_window.lua where it has that layout). A lease reads both; it writes a count of
+--   lua/fixed_window.lua where it has that layout). An allotment reads both; it writes a count of
 --   the stored window in the key's own layout (SET KEEPTTL keeps a compact key compact), and a
 --   new window as a hash, which every version reads (a compact writer converts it at its next
---   charge): so leases work whatever layout the checkers write, and write what all can read.
+--   charge): so allotments work whatever layout the checkers write, and write what all can read.
 -- Shared hashes (the mixed and shared layouts, FIELDS; Store sends this file after its
 --   layout's lines and lua/shared.lua): the bucket may be a field of KEYS[2], as
---   lua/fixed_window.lua keeps it. A lease reads and writes where fixed_window does: a shared
+--   lua/fixed_window.lua keeps it. An allotment reads and writes where fixed_window does: a shared
 --   writer (SHARED) the field first, then the key, whose state it moves into the field; a
 --   mixed one the key first, then the field; a bucket with a field, live or expired, is
 --   written there.
