@@ -108,7 +108,7 @@ type Engine struct {
 	rdb         redis.UniversalClient // closed by Close when ownsRedis
 	ownsRedis   bool
 	ownStore    *bucket.Store // the default Store, stopped by Close
-	store       *guard
+	guard       *guard
 	rules       atomic.Pointer[rules.Set]
 	sink        DecisionSink
 	durable     DurableSink // sink, when it can hold a check until its decision is durable
@@ -161,7 +161,7 @@ func New(cfg Config) *Engine {
 	if maxInFlight == 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
-	e.store = newGuard(guardConfig{
+	e.guard = newGuard(guardConfig{
 		timeout: timeout, probeEvery: cfg.ProbeInterval, localMaxKeys: cfg.LocalMaxKeys,
 		circuitFailures: cfg.CircuitFailures, maxInFlight: int64(maxInFlight), log: e.log,
 		observe: e.tel.redis.Record, shed: e.tel.shed.Add,
@@ -181,13 +181,13 @@ func New(cfg Config) *Engine {
 		// starved of CPU by a burst reads its replies late, its checks are decided by fail
 		// mode, but Redis did not fail and the circuit stays closed.
 		e.ownStore = bucket.NewStoreWithConfig(e.rdb, bucket.StoreConfig{
-			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.store.circuit.record, Logger: e.log,
+			BatchTimeout: max(timeout, minBatchTimeout), OnRoundTrip: e.guard.circuit.record, Logger: e.log,
 			Layout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes})
 		store = e.ownStore
 	}
-	e.store.use(store, cfg.store == nil)
+	e.guard.use(store, cfg.store == nil)
 	if l, ok := store.(allotter); ok {
-		e.allotments = newAllotments(l, e.store, e.log, e.tel)
+		e.allotments = newAllotments(l, e.guard, e.log, e.tel)
 	}
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
@@ -254,7 +254,7 @@ func (e *Engine) Close() error {
 	if e.allotments != nil {
 		e.allotments.close() // unused slices go back to Redis while the store still runs
 	}
-	e.store.close()
+	e.guard.close()
 	var err error
 	if e.ownStore != nil {
 		err = e.ownStore.Close() // stops the batch loops
@@ -271,7 +271,7 @@ func (e *Engine) Ready(ctx context.Context) error {
 	if e.rules.Load() == nil {
 		return ErrNoRules
 	}
-	return e.store.ping(ctx)
+	return e.guard.ping(ctx)
 }
 
 var (

@@ -180,7 +180,7 @@ rules:
 	if allowed.Load() > 100 || failed.Load() != 0 {
 		t.Errorf("%d concurrent checks: %d allowed by Redis, %d failed; want at most 100 allowed, none failed", checks, allowed.Load(), failed.Load())
 	}
-	if e.store.circuit.open() {
+	if e.guard.circuit.open() {
 		t.Error("the circuit opened during a burst, with Redis answering")
 	}
 	// Redis may still be working through the burst's calls (each batch runs for up to a

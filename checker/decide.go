@@ -105,7 +105,7 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 		c.sentAt = e.olc.now()
 	}
 	c.pl, c.decided = pl, false
-	c.call = e.store.send(c.ctx, d.of(e.store), pl.reqs, func(i, j int) rules.FailMode {
+	c.call = e.guard.send(c.ctx, d.of(e.guard), pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.at(i, j)].Rule.FailMode
 	})
 }
@@ -128,7 +128,7 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 		return c.out, c.err
 	}
 	ctx, q, out, pl, lz, peek := c.ctx, c.q, c.out, &c.pl, &c.lz, c.peek
-	results, degraded, err := e.store.wait(&c.call)
+	results, degraded, err := e.guard.wait(&c.call)
 	if err != nil {
 		e.allotments.giveBackAll(lz)
 	}

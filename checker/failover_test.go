@@ -335,7 +335,7 @@ rules:
 	if got := degraded.Load(); got != 0 {
 		t.Errorf("%d checks decided by the fail mode after the cluster was healthy again, want 0", got)
 	}
-	if n := idle.store.circuit.failures.Load(); n != 0 || idle.store.circuit.open() {
-		t.Errorf("idle checker's circuit: %d failures counted, open %t; want 0, closed: a refused call that was re-sent is no failure", n, idle.store.circuit.open())
+	if n := idle.guard.circuit.failures.Load(); n != 0 || idle.guard.circuit.open() {
+		t.Errorf("idle checker's circuit: %d failures counted, open %t; want 0, closed: a refused call that was re-sent is no failure", n, idle.guard.circuit.open())
 	}
 }

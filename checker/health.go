@@ -46,10 +46,10 @@ type Outage struct {
 
 // Outage reports whether Redis is unreachable now (the circuit is open) and since when.
 func (e *Engine) Outage() (Outage, bool) {
-	if !e.store.circuit.open() {
+	if !e.guard.circuit.open() {
 		return Outage{}, false
 	}
-	if o := e.store.outage.Load(); o != nil {
+	if o := e.guard.outage.Load(); o != nil {
 		return *o, true
 	}
 	// Opened a moment ago: opened has not stored the outage yet.

@@ -157,7 +157,7 @@ func (e *Engine) lease(ctx context.Context, id string, renew bool) (time.Time, e
 	if err != nil {
 		return time.Time{}, err
 	}
-	hs, ok := e.store.store.(holdStore)
+	hs, ok := e.guard.store.(holdStore)
 	if !ok {
 		return time.Time{}, fmt.Errorf("%w: this store holds no places", ErrUnavailable)
 	}

@@ -165,7 +165,7 @@ func parseReservationID(id string) (keys []string, expires time.Time, err error)
 // record per request that charged a limit a settle changes, and sets out.Reservation. A failure
 // to record is ErrUnavailable and sets none: the estimate stays charged, never settled.
 func (e *Engine) reserve(ctx context.Context, q *Query, pl plan, results []bucket.Result, out *Outcome) error {
-	rs, ok := e.store.store.(reservationStore)
+	rs, ok := e.guard.store.(reservationStore)
 	if !ok {
 		return fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
 	}
@@ -236,7 +236,7 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	if err != nil {
 		return nil, err
 	}
-	rs, ok := e.store.store.(reservationStore)
+	rs, ok := e.guard.store.(reservationStore)
 	if !ok {
 		return nil, fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
 	}

@@ -92,7 +92,7 @@ func (e *Engine) Reset(ctx context.Context, r ResetRequest) (int64, []string, er
 	if e.allotments != nil {
 		e.allotments.forget(keys) // the reset bucket's slices start again from the new counter
 	}
-	n, err := e.store.delete(ctx, keys)
+	n, err := e.guard.delete(ctx, keys)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -61,9 +61,9 @@ func stalledRedis(t *testing.T) (*redistest.Server, func() (resume func())) {
 func waitInFlight(t *testing.T, e *Engine, n int64) {
 	t.Helper()
 	giveUp := time.Now().Add(time.Minute)
-	for e.store.inFlight.Load() != n {
+	for e.guard.inFlight.Load() != n {
 		if time.Now().After(giveUp) {
-			t.Fatalf("%d calls in flight, want %d", e.store.inFlight.Load(), n)
+			t.Fatalf("%d calls in flight, want %d", e.guard.inFlight.Load(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -172,10 +172,10 @@ func TestMaxInFlightSheds(t *testing.T) {
 	if got := shedCount(t, reader); got != shed {
 		t.Errorf("quotaflow.checks.shed %d, want %d", got, shed)
 	}
-	if got := e.store.inFlight.Load(); got != maxInFlight || len(waiting) != 0 {
+	if got := e.guard.inFlight.Load(); got != maxInFlight || len(waiting) != 0 {
 		t.Errorf("%d in flight, %d answered while Redis is stopped; want %d in flight, none answered", got, len(waiting), maxInFlight)
 	}
-	if e.store.circuit.open() {
+	if e.guard.circuit.open() {
 		t.Error("shed checks opened the circuit")
 	}
 
@@ -187,7 +187,7 @@ func TestMaxInFlightSheds(t *testing.T) {
 			t.Errorf("check that waited for Redis: %+v, want an exact allow", out)
 		}
 	}
-	if got := e.store.inFlight.Load(); got != 0 {
+	if got := e.guard.inFlight.Load(); got != 0 {
 		t.Errorf("%d in flight after every check returned, want 0", got)
 	}
 	// Shed checks never reached Redis: only the waiters charged the bucket.

@@ -74,7 +74,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 	if len(peeks) == 0 {
 		return out, nil
 	}
-	results, _, err := e.store.check(ctx, peeks, nil)
+	results, _, err := e.guard.check(ctx, peeks, nil)
 	if err != nil {
 		out.Err = err
 		return out, nil
@@ -137,7 +137,7 @@ func (e *Engine) allowance(ctx context.Context, a Allowance, peek bool) (LimitRe
 		Key:       allowanceKey(a.Namespace, a.ID, a.Name),
 		Algorithm: algorithm.TokenBucket, Limit: a.PerMinute, Window: time.Minute, Burst: a.PerMinute,
 	}}}
-	results, _, err := e.store.check(ctx, []bucket.Request{req}, allLocal)
+	results, _, err := e.guard.check(ctx, []bucket.Request{req}, allLocal)
 	if err != nil {
 		return LimitResult{}, err
 	}

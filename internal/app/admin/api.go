@@ -28,13 +28,13 @@ import (
 	"github.com/quotaflow/quotaflow/internal/bearer"
 )
 
-// Store is the configuration store the admin API reads and writes (the rule store in NATS KV in
+// RuleStore is the configuration store the admin API reads and writes (the rule store in NATS KV in
 // production). Every write is validated by the store against the whole configuration and
 // refused whole; the checkers see the change through their own watch, not through this API.
 // Its errors rules.ErrNotFound, rules.ErrExists and rules.ErrNotSeeded are answered 404, 409
 // and 503. Every write names its actor, the calling token's name (an override's its Creator),
 // which the store records with the change on the events stream.
-type Store interface {
+type RuleStore interface {
 	Current(ctx context.Context) (*rules.Set, error)
 	Apply(ctx context.Context, doc *rules.Document, actor string, opts rules.ApplyOptions) (rules.Changes, error)
 	CreateRule(ctx context.Context, rule rules.DocRule, actor string) error
@@ -65,8 +65,8 @@ type Token struct {
 
 // Config configures the admin API. The zero value is usable: an API that refuses every call.
 type Config struct {
-	// Store is where the configuration lives; nil answers every /api/v1 call with 503.
-	Store Store
+	// RuleStore is where the configuration lives; nil answers every /api/v1 call with 503.
+	RuleStore RuleStore
 	// Tokens maps a bearer token to its holder. None: every call is refused with 401, so that
 	// the API is never open by default.
 	Tokens map[string]Token
@@ -109,7 +109,7 @@ const maxAdminBody = 1 << 20
 type API struct {
 	engine *checker.Engine
 	log    *slog.Logger
-	store  Store
+	store  RuleStore
 	tokens map[string]Token // by hex SHA-256 of the token
 	read   int64
 	write  int64
@@ -133,7 +133,7 @@ func New(engine *checker.Engine, cfg Config) *API {
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.Store, tokens: make(map[string]Token, len(cfg.Tokens)),
+	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.RuleStore, tokens: make(map[string]Token, len(cfg.Tokens)),
 		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute), backtester: cfg.Backtester,
 		audit: cfg.Audit, js: cfg.JetStream}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its

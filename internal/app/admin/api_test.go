@@ -22,7 +22,7 @@ import (
 )
 
 // The rule store is what the admin API writes to.
-var _ Store = (*rulestore.Store)(nil)
+var _ RuleStore = (*rulestore.Store)(nil)
 
 const adminRules = `
 default_tier: free
@@ -61,7 +61,7 @@ func newAdminEnvConfig(t *testing.T, doc string, checkerCfg checker.Config, cfg 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Store = store
+	cfg.RuleStore = store
 	if cfg.ReadPerMinute == 0 && cfg.WritePerMinute == 0 {
 		// The fixed test tokens' buckets are shared by every test of the run (and -count=N).
 		cfg.ReadPerMinute, cfg.WritePerMinute = 1e6, 1e6

@@ -27,7 +27,7 @@ func TestAdminAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ciToken = "test-ci-write-token"
-	env := newEnv(t, checker.Config{Rules: set}, Config{Store: store, ReadPerMinute: 1e6, WritePerMinute: 1e6,
+	env := newEnv(t, checker.Config{Rules: set}, Config{RuleStore: store, ReadPerMinute: 1e6, WritePerMinute: 1e6,
 		Tokens: map[string]Token{writeToken: {"alice-ops", RoleWrite}, ciToken: {"ci-pipeline", RoleWrite}}})
 
 	rule := `{"id":"reports","dimension":"user","endpoint":"/reports","algorithm":"fixed_window","limit":1,"window":"1h"}`

@@ -56,7 +56,7 @@ func newFuzzAdminEnv(f *testing.F) *fuzzAdminEnv {
 	if err != nil {
 		f.Fatal(err)
 	}
-	cfg := Config{Store: store, ReadPerMinute: 1e6, WritePerMinute: 1e6,
+	cfg := Config{RuleStore: store, ReadPerMinute: 1e6, WritePerMinute: 1e6,
 		Tokens: map[string]Token{writeToken: {"alice-ops", RoleWrite}}}
 	env := newEnv(f, checker.Config{Rules: set, RedisTimeout: 200 * time.Millisecond}, cfg)
 

@@ -30,7 +30,7 @@ func TestLiveFeedBounds(t *testing.T) {
 	if _, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: stream.Name, Subjects: []string{stream.SubjectPrefix + ".>"}}); err != nil {
 		t.Fatal(err)
 	}
-	env := newEnv(t, checker.Config{Rules: set}, Config{Store: store, JetStream: js, ReadPerMinute: 1e6, WritePerMinute: 1e6,
+	env := newEnv(t, checker.Config{Rules: set}, Config{RuleStore: store, JetStream: js, ReadPerMinute: 1e6, WritePerMinute: 1e6,
 		Tokens:               map[string]Token{writeToken: {"alice-ops", RoleWrite}, readToken: {"dashboard", RoleRead}},
 		MaxLiveFeedsPerToken: 2, MaxLiveFeedDuration: 2 * time.Second})
 	open := func(token string) (*http.Response, time.Time) {

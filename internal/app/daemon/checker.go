@@ -37,7 +37,7 @@ import (
 // The checker's parts meet here: each implements an interface the package that uses it owns.
 var (
 	_ checker.DurableSink = (*publisher.Client)(nil)
-	_ admin.Store         = (*rulestore.Follower)(nil)
+	_ admin.RuleStore         = (*rulestore.Follower)(nil)
 )
 
 // CheckerConfig configures a checker. The zero value is usable: a checker on 127.0.0.1:8080
@@ -392,7 +392,7 @@ func (s *checkerStart) adminConfig(lockout *auth.Lockout) (admin.Config, error) 
 	acfg := cfg.Admin
 	acfg.Lockout, acfg.Logger = lockout, s.log
 	if s.follower != nil {
-		acfg.Store, acfg.JetStream = s.follower, s.js
+		acfg.RuleStore, acfg.JetStream = s.follower, s.js
 	}
 	if cfg.AuditClickHouseDSN == "" {
 		return acfg, nil
