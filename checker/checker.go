@@ -115,7 +115,7 @@ type Engine struct {
 	instanceID  string
 	decisionSeq atomic.Uint64
 	olc         *overLimitCache // nil when disabled
-	allotments      *allotments     // nil when the store cannot lease
+	allotments  *allotments     // nil when the store cannot lease
 	tel         *instruments
 	counts      counts           // Counts, for health reports
 	clock       func() time.Time // time.Now but in tests (Config.clock)

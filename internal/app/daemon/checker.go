@@ -37,7 +37,7 @@ import (
 // The checker's parts meet here: each implements an interface the package that uses it owns.
 var (
 	_ checker.DurableSink = (*publisher.Client)(nil)
-	_ admin.RuleStore         = (*rulestore.Follower)(nil)
+	_ admin.RuleStore     = (*rulestore.Follower)(nil)
 )
 
 // CheckerConfig configures a checker. The zero value is usable: a checker on 127.0.0.1:8080
