@@ -8,6 +8,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -97,7 +98,7 @@ func TestMigrateDegradedOldRows(t *testing.T) {
 	waitRollups := func(want uint64) {
 		t.Helper()
 		for _, table := range []string{"usage_minute", "usage_hour", "usage_day"} {
-			eventually(t, 10*time.Second, table+" holds the rows", func() error {
+			poll.Until(t, 10*time.Second, table+" holds the rows", func() error {
 				var n uint64
 				err := c.QueryRow(ctx, fmt.Sprintf("SELECT sum(requests) FROM %s.%s", db, table)).Scan(&n)
 				if err == nil && n != want {
