@@ -391,7 +391,31 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
-	log := cfg.Logger.With("component", "publisher")
+	c, err := makeClient(nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Meter != nil {
+		if err := c.observe(cfg.Meter); err != nil {
+			return nil, fmt.Errorf("publisher: metrics: %w", err)
+		}
+	}
+	if err := c.openSpool(); err != nil {
+		return nil, err
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(6)
+	go c.batchLoop()
+	go c.commitLoop()
+	go c.watchLoop()
+	go c.replayLoop()
+	go c.ensureLoop()
+	go c.maintainLoop()
+	return c, nil
+}
+
+// makeClient makes a client of cfg on nc, its goroutines not started, its spool not open.
+func makeClient(nc *nats.Conn, cfg Config) (*Client, error) {
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout), jetstream.WithDefaultTimeout(cfg.AckTimeout))
 	if err != nil {
@@ -404,7 +428,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:       cfg,
-		log:       log,
+		log:       cfg.Logger.With("component", "publisher"),
 		nc:        nc,
 		js:        js,
 		jsReplay:  jsReplay,
@@ -426,15 +450,6 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	c.cond = sync.NewCond(&c.modeMu)
 	c.expiry = time.AfterFunc(time.Hour, c.expire)
 	c.expiry.Stop()
-	if cfg.Meter != nil {
-		if err := c.observe(cfg.Meter); err != nil {
-			return nil, fmt.Errorf("publisher: metrics: %w", err)
-		}
-	}
-	c.spool, err = openSpool(cfg.SpoolDir, cfg.SpoolMaxBytes, cfg.SegmentBytes, log, c.drop)
-	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
-	}
 	for p := range c.subjects {
 		c.subjects[p] = stream.Subject(cfg.SubjectPrefix, p)
 	}
@@ -446,23 +461,26 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	for p := range c.seqs {
 		c.seqs[p].n.Store(start)
 	}
+	return c, nil
+}
+
+// openSpool opens (creating) the spool folder and, when it holds decisions a previous client
+// left, closes the batches that client left open.
+func (c *Client) openSpool() error {
+	var err error
+	c.spool, err = openSpool(c.cfg.SpoolDir, c.cfg.SpoolMaxBytes, c.cfg.SegmentBytes, c.log, c.drop)
+	if err != nil {
+		return fmt.Errorf("publisher: %w", err)
+	}
 	if n := c.spool.pendingBytes(); n > 0 {
-		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
+		c.log.Info("spool holds unpublished decisions, replaying", "spool_dir", c.cfg.SpoolDir, "bytes", n)
 		// The batches a crashed client left open are whole now: no fragment joins them.
 		if err := c.spool.mark(); err != nil {
 			c.spool.close()
-			return nil, fmt.Errorf("publisher: %w", err)
+			return fmt.Errorf("publisher: %w", err)
 		}
 	}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.wg.Add(6)
-	go c.batchLoop()
-	go c.commitLoop()
-	go c.watchLoop()
-	go c.replayLoop()
-	go c.ensureLoop()
-	go c.maintainLoop()
-	return c, nil
+	return nil
 }
 
 // PublishDecision hands d to the client, which owns it from now on, and returns at once. When
