@@ -14,6 +14,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
@@ -57,12 +58,15 @@ func TestConfigEventsStored(t *testing.T) {
 		{"SELECT count() FROM %s.overrides", 1},
 		{"SELECT count() FROM %s.state_transitions", 1},
 	}
-	waitRows := func(when string) {
+	// checkRows waits until every table holds its rows, then checks it holds no more.
+	checkRows := func(when string) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && slices.ContainsFunc(tables, func(c rowCount) bool { return e.count(c.query) < c.want }) {
-			time.Sleep(50 * time.Millisecond)
-		}
+		poll.Until(t, 30*time.Second, when, func() error {
+			if i := slices.IndexFunc(tables, func(c rowCount) bool { return e.count(c.query) < c.want }); i >= 0 {
+				return fmt.Errorf("%s: fewer than %d", fmt.Sprintf(tables[i].query, e.db), tables[i].want)
+			}
+			return nil
+		})
 		time.Sleep(300 * time.Millisecond) // a duplicate would arrive meanwhile
 		for _, tt := range tables {
 			if got := e.count(tt.query); got != tt.want {
@@ -70,7 +74,7 @@ func TestConfigEventsStored(t *testing.T) {
 			}
 		}
 	}
-	waitRows("first delivery")
+	checkRows("first delivery")
 	if got := a.Stats().EventsStored; got != 6 {
 		t.Errorf("stats: %d events stored, want 6", got)
 	}
@@ -117,7 +121,7 @@ func TestConfigEventsStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	tables[0].want, tables[1].want = 5, 5
-	waitRows("after redelivery")
+	checkRows("after redelivery")
 	if got := b.Stats().EventsStored; got != 1 {
 		t.Errorf("second aggregator stored %d events, want only the new one", got)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/quotaflow/quotaflow/aggregator"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // TestInsertGone: the wait a recheck makes after a failed insert sees a query the server still
@@ -26,10 +27,10 @@ func TestInsertGone(t *testing.T) {
 	go func() {
 		done <- ch.Exec(clickhouse.Context(ctx, clickhouse.WithQueryID(id)), "SELECT sleep(2)")
 	}()
-	waitFor(t, "the query to run", func() bool {
+	poll.Until(t, time.Minute, "the query to run", poll.True(func() bool {
 		var n uint64
 		return ch.QueryRow(ctx, "SELECT count() FROM system.processes WHERE query_id = ?", id).Scan(&n) == nil && n > 0
-	})
+	}))
 	if err := aggregator.InsertGone(ctx, ch, 200*time.Millisecond, id); err == nil {
 		t.Fatal("InsertGone returned nil while the query runs, want an error")
 	}

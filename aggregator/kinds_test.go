@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -70,8 +71,8 @@ func TestKindsStored(t *testing.T) {
 	} {
 		// The views write the rollups within the insert, after its decisions are visible.
 		var got uint64
-		waitFor(t, fmt.Sprintf("%s = %d", fmt.Sprintf(q, e.db), want), func() bool {
+		poll.Until(t, time.Minute, fmt.Sprintf("%s = %d", fmt.Sprintf(q, e.db), want), poll.True(func() bool {
 			return e.ch.QueryRow(context.Background(), fmt.Sprintf(q, e.db)).Scan(&got) == nil && got == want
-		})
+		}))
 	}
 }

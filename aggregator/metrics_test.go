@@ -14,6 +14,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // gauges reads a meter's gauges: name → the value of each attribute set (encoded).
@@ -96,15 +97,15 @@ func TestLagMetrics(t *testing.T) {
 		age, ok2 := g.value("quotaflow.aggregator.consumer.lag_seconds")
 		return ok1 && ok2 && lag == 0 && age == 0
 	}
-	waitFor(t, "lag 0 once caught up", caughtUp) // measured every second
+	poll.Until(t, time.Minute, "lag 0 once caught up", poll.True(caughtUp)) // measured every second
 
 	ch.fail.Store(true)
 	start := time.Now()
 	e.publish(200, 20)
-	waitFor(t, "lag_seconds past 1s while inserts fail", func() bool {
+	poll.Until(t, time.Minute, "lag_seconds past 1s while inserts fail", poll.True(func() bool {
 		age, _ := g.value("quotaflow.aggregator.consumer.lag_seconds")
 		return age >= 1
-	})
+	}))
 	age, _ := g.value("quotaflow.aggregator.consumer.lag_seconds")
 	if elapsed := time.Since(start).Seconds(); age > elapsed {
 		t.Errorf("lag_seconds %.2f, more than the %.2fs since the first message not stored was published", age, elapsed)
@@ -118,7 +119,7 @@ func TestLagMetrics(t *testing.T) {
 
 	ch.fail.Store(false)
 	e.waitStored(400)
-	waitFor(t, "lag 0 once the backlog is stored", caughtUp)
+	poll.Until(t, time.Minute, "lag 0 once the backlog is stored", poll.True(caughtUp))
 }
 
 // TestTierProtectionGauges: the leader's evaluation of a tier_protection policy reports the tier's
@@ -156,13 +157,13 @@ func TestTierProtectionGauges(t *testing.T) {
 		m := g.read()
 		return len(m["quotaflow.aggregator.tier.allowed"]) == 0 && len(m["quotaflow.aggregator.tier.capacity"]) == 0
 	}
-	waitFor(t, "tier free reported above its capacity (250 > 100)", reports(250, 100))
+	poll.Until(t, time.Minute, "tier free reported above its capacity (250 > 100)", poll.True(reports(250, 100)))
 	rate.Store(40)
-	waitFor(t, "tier free reported below its capacity (40)", reports(40, 100))
+	poll.Until(t, time.Minute, "tier free reported below its capacity (40)", poll.True(reports(40, 100)))
 	countFails.Store(true)
-	waitFor(t, "no report while the count fails", silent)
+	poll.Until(t, time.Minute, "no report while the count fails", poll.True(silent))
 	countFails.Store(false)
-	waitFor(t, "tier free reported again", reports(40, 100))
+	poll.Until(t, time.Minute, "tier free reported again", poll.True(reports(40, 100)))
 	leader.Store(false)
-	waitFor(t, "no report from an aggregator that is not the leader", silent)
+	poll.Until(t, time.Minute, "no report from an aggregator that is not the leader", poll.True(silent))
 }

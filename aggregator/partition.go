@@ -40,20 +40,10 @@ type item struct {
 // others to the writer.
 func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 	defer close(pt.done)
-	wait := min(time.Second, a.cfg.PinnedTTL/4)
-	var cons jetstream.Consumer
 	b := retry.Backoff{Max: a.cfg.MaxBackoff}
-	for {
-		var err error
-		cctx, cancel := apiContext(ctx)
-		cons, err = a.js.Consumer(cctx, a.cfg.Stream, ConsumerName(pt.p))
-		cancel()
-		if err == nil {
-			break
-		}
-		if !retry.Sleep(ctx, b.Next()) {
-			return
-		}
+	cons, ok := a.partitionConsumer(ctx, pt.p, &b)
+	if !ok {
+		return
 	}
 	// The partition's warning states are this goroutine's alone: decisions and timers take
 	// turns, so no lock is needed.
@@ -61,6 +51,7 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 	if w == nil {
 		return
 	}
+	wait := min(time.Second, a.cfg.PinnedTTL/4)
 	var items []item
 	caughtUp := false
 	for ctx.Err() == nil {
@@ -69,7 +60,9 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 		if caughtUp && !a.tickWarnings(ctx, w) {
 			return
 		}
-		batch, err := cons.Fetch(a.cfg.FetchBatch, jetstream.FetchMaxWait(wait), jetstream.FetchPriorityGroup(PriorityGroup))
+		var fetched int
+		var err error
+		items, fetched, err = a.fetch(cons, pt.p, wait, items[:0])
 		if err != nil {
 			a.log.Debug("fetch failed", "partition", pt.p, "err", err)
 			if !retry.Sleep(ctx, b.Next()) {
@@ -78,59 +71,90 @@ func (a *Aggregator) fetchLoop(ctx context.Context, pt *partition) {
 			continue
 		}
 		b = retry.Backoff{Max: a.cfg.MaxBackoff}
-		items = items[:0]
-		fetched := 0
-		for msg := range batch.Messages() {
-			fetched++
-			it, err := decode(pt.p, msg)
-			if err != nil {
-				// A message that is not a DecisionBatch can never be stored: terminate it so it
-				// does not block the partition, and say so loudly.
-				a.log.Error("undecodable stream message terminated", "partition", pt.p, "err", err)
-				msg.Term()
-				continue
-			}
-			items = append(items, it)
-		}
 		caughtUp = fetched < a.cfg.FetchBatch
-		if len(items) == 0 {
-			continue
-		}
-		// Read before the lookup: an insert committed after this read may be missing from
-		// its answer, and the writer checks those inserts itself (see pending.recent).
-		commits := a.commits.Load()
-		for i := range items {
-			items[i].commits = commits
-		}
-		stored, ok := a.lookupStored(ctx, pt.p, items)
-		if !ok {
-			return // cancelled: the messages are redelivered to whoever owns the partition
-		}
-		// Warning states first: the transitions are published and the states saved before the
-		// writer may ack the messages, so a message acked is a message applied.
-		w.m.th = thresholdsOf(a.rules())
-		for _, it := range items {
-			if !stored[it.seq] {
-				w.m.apply(it.seq, it.decisions)
-			}
-		}
-		if a.saveWarnings(ctx, w) != nil {
-			return // released while NATS failed: the messages go to the next owner, unacked
-		}
-		for _, it := range items {
-			if stored[it.seq] {
-				a.skipped.Add(int64(len(it.decisions)))
-				a.m.skipped.Add(context.Background(), int64(len(it.decisions)))
-				it.msg.Ack()
-				continue
-			}
-			select {
-			case a.items <- it:
-			case <-ctx.Done():
-				return
-			}
+		if len(items) > 0 && !a.handOn(ctx, pt, w, items) {
+			return
 		}
 	}
+}
+
+// partitionConsumer looks partition p's consumer up, retrying with b until ctx ends; ok is
+// false when it ended.
+func (a *Aggregator) partitionConsumer(ctx context.Context, p int, b *retry.Backoff) (cons jetstream.Consumer, ok bool) {
+	for {
+		cctx, cancel := apiContext(ctx)
+		cons, err := a.js.Consumer(cctx, a.cfg.Stream, ConsumerName(p))
+		cancel()
+		if err == nil {
+			return cons, true
+		}
+		if !retry.Sleep(ctx, b.Next()) {
+			return nil, false
+		}
+	}
+}
+
+// fetch pulls up to FetchBatch messages of partition p, waiting at most wait for them, and
+// appends the decodable ones to items; fetched counts them all.
+func (a *Aggregator) fetch(cons jetstream.Consumer, p int, wait time.Duration, items []item) (_ []item, fetched int, _ error) {
+	batch, err := cons.Fetch(a.cfg.FetchBatch, jetstream.FetchMaxWait(wait), jetstream.FetchPriorityGroup(PriorityGroup))
+	if err != nil {
+		return items, 0, err
+	}
+	for msg := range batch.Messages() {
+		fetched++
+		it, err := decode(p, msg)
+		if err != nil {
+			// A message that is not a DecisionBatch can never be stored: terminate it so it
+			// does not block the partition, and say so loudly.
+			a.log.Error("undecodable stream message terminated", "partition", p, "err", err)
+			msg.Term()
+			continue
+		}
+		items = append(items, it)
+	}
+	return items, fetched, nil
+}
+
+// handOn applies a fetched batch to the partition's warning states and hands the messages
+// ClickHouse does not hold yet to the writer, acking the others. It reports false when the
+// fetcher must stop: ctx ended, or the partition was released.
+func (a *Aggregator) handOn(ctx context.Context, pt *partition, w *warnings, items []item) bool {
+	// Read before the lookup: an insert committed after this read may be missing from
+	// its answer, and the writer checks those inserts itself (see pending.recent).
+	commits := a.commits.Load()
+	for i := range items {
+		items[i].commits = commits
+	}
+	stored, ok := a.lookupStored(ctx, pt.p, items)
+	if !ok {
+		return false // cancelled: the messages are redelivered to whoever owns the partition
+	}
+	// Warning states first: the transitions are published and the states saved before the
+	// writer may ack the messages, so a message acked is a message applied.
+	w.m.th = thresholdsOf(a.rules())
+	for _, it := range items {
+		if !stored[it.seq] {
+			w.m.apply(it.seq, it.decisions)
+		}
+	}
+	if a.saveWarnings(ctx, w) != nil {
+		return false // released while NATS failed: the messages go to the next owner, unacked
+	}
+	for _, it := range items {
+		if stored[it.seq] {
+			a.skipped.Add(int64(len(it.decisions)))
+			a.m.skipped.Add(context.Background(), int64(len(it.decisions)))
+			it.msg.Ack()
+			continue
+		}
+		select {
+		case a.items <- it:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // lookupStored returns which of the items' stream sequences ClickHouse already holds,

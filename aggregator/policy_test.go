@@ -3,6 +3,7 @@ package aggregator_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
@@ -53,22 +55,21 @@ func runPolicies(t *testing.T, cfg aggregator.PolicyConfig) {
 	})
 }
 
-// waitOverrides polls the store until ok holds of the overrides in force.
-func waitOverrides(t *testing.T, store *rulestore.Store, what string, ok func([]rules.Override) bool) []rules.Override {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+// overridesWhere is the condition that ok holds of the overrides in force, which it stores in
+// *got unless got is nil.
+func overridesWhere(store *rulestore.Store, got *[]rules.Override, ok func([]rules.Override) bool) func() error {
+	return func() error {
 		ovs, err := store.Overrides(context.Background())
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if ok(ovs) {
-			return ovs
+		if got != nil {
+			*got = ovs
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 20s, %s: overrides %+v", what, ovs)
+		if !ok(ovs) {
+			return fmt.Errorf("overrides %+v", ovs)
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -91,7 +92,8 @@ func TestPenaltyPolicy(t *testing.T) {
 	publishTransition(t, js, "brief", events.StateThrottled, events.StateWarning, now.Add(-900*time.Millisecond))
 	runPolicies(t, aggregator.PolicyConfig{Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond})
 
-	ovs := waitOverrides(t, store, "want a penalty for abuser", func(ovs []rules.Override) bool { return len(ovs) > 0 })
+	var ovs []rules.Override
+	poll.Until(t, 20*time.Second, "want a penalty for abuser", overridesWhere(store, &ovs, func(ovs []rules.Override) bool { return len(ovs) > 0 }))
 	if len(ovs) != 1 {
 		t.Fatalf("overrides = %+v, want one penalty", ovs)
 	}
@@ -105,7 +107,7 @@ func TestPenaltyPolicy(t *testing.T) {
 	// The abuser stops being throttled: the penalty expires by itself and is not made again
 	// from the throttled time it already paid for.
 	publishTransition(t, js, "abuser", events.StateThrottled, events.StateWarning, time.Now())
-	waitOverrides(t, store, "want the penalty expired", func(ovs []rules.Override) bool { return len(ovs) == 0 })
+	poll.Until(t, 20*time.Second, "want the penalty expired", overridesWhere(store, nil, func(ovs []rules.Override) bool { return len(ovs) == 0 }))
 	time.Sleep(500 * time.Millisecond)
 	if ovs, _ := store.Overrides(context.Background()); len(ovs) != 0 {
 		t.Errorf("after the penalty expired: overrides %+v, want none (no second penalty for the same throttled time)", ovs)
@@ -126,7 +128,8 @@ func TestTierProtectionPolicy(t *testing.T) {
 	})
 	// 600 decisions: half of tier free, two thirds of those allowed = 200 > capacity 100.
 	e.publish(600, 50)
-	ovs := waitOverrides(t, store, "want tier protection for free", func(ovs []rules.Override) bool { return len(ovs) > 0 })
+	var ovs []rules.Override
+	poll.Until(t, 20*time.Second, "want tier protection for free", overridesWhere(store, &ovs, func(ovs []rules.Override) bool { return len(ovs) > 0 }))
 	o := ovs[0]
 	if len(ovs) != 1 || o.Source != "tier_protection" || o.Tier != "free" || o.Multiplier != 0.25 || o.Target() != "tier" {
 		t.Fatalf("overrides = %+v, want one tier_protection override of free times 0.25", ovs)
@@ -136,7 +139,7 @@ func TestTierProtectionPolicy(t *testing.T) {
 	}
 	// No more load: the rate over the 2s window falls to 0 and the policy deletes its override
 	// (well before the 3s it would take to expire by itself, since it is checked every 100ms).
-	waitOverrides(t, store, "want tier protection lifted", func(ovs []rules.Override) bool { return len(ovs) == 0 })
+	poll.Until(t, 20*time.Second, "want tier protection lifted", overridesWhere(store, nil, func(ovs []rules.Override) bool { return len(ovs) == 0 }))
 	// Renewals in between are the same override kept in force while the load lasted.
 	if got := overrideActions(t, js, o.ID); strings.ReplaceAll(got, "renewed,", "") != "created,deleted" {
 		t.Errorf("events of %s: %s, want created,deleted (lifted by the policy, not left to expire), renewals between", o.ID, got)
@@ -194,13 +197,16 @@ rules:
 		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
 		TierRate: overCapacity,
 	})
-	first := waitOverrides(t, store, "want tier protection for free", func(ovs []rules.Override) bool { return len(ovs) > 0 })[0]
-	ovs := waitOverrides(t, store, "want the protection renewed", func(ovs []rules.Override) bool {
+	var protected []rules.Override
+	poll.Until(t, 20*time.Second, "want tier protection for free", overridesWhere(store, &protected, func(ovs []rules.Override) bool { return len(ovs) > 0 }))
+	first := protected[0]
+	var ovs []rules.Override
+	poll.Until(t, 20*time.Second, "want the protection renewed", overridesWhere(store, &ovs, func(ovs []rules.Override) bool {
 		if len(ovs) != 1 || ovs[0].ID != first.ID {
 			t.Fatalf("overrides = %+v, want only %s, renewed in place", ovs, first.ID)
 		}
 		return ovs[0].ExpiresAt.After(first.ExpiresAt)
-	})
+	}))
 	if o := ovs[0]; o.Multiplier != 0.5 || !o.CreatedAt.Equal(first.CreatedAt) {
 		t.Errorf("renewed override = %+v, want ×0.5 made at %v", o, first.CreatedAt)
 	}
@@ -235,7 +241,8 @@ func TestTierProtectionRemovesStackedOverrides(t *testing.T) {
 		Rules: func() *rules.Set { return set }, Store: store, JetStream: js, Interval: 50 * time.Millisecond,
 		TierRate: func(context.Context, string, time.Time) (int64, error) { return 1000, nil },
 	})
-	ovs := waitOverrides(t, store, "want one override left", func(ovs []rules.Override) bool { return len(ovs) == 1 })
+	var ovs []rules.Override
+	poll.Until(t, 20*time.Second, "want one override left", overridesWhere(store, &ovs, func(ovs []rules.Override) bool { return len(ovs) == 1 }))
 	if ovs[0].ID != "tier-protection-new" {
 		t.Errorf("override left = %s, want the newer, tier-protection-new", ovs[0].ID)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // hookedConn is the real ClickHouse connection with hooks around the aggregator's inserts into
@@ -118,7 +119,7 @@ func TestRedeliveryDuringInsertIsStoredOnce(t *testing.T) {
 	waitClosed(t, started, "the first insert")
 	// Its ack wait expires; the redelivered copy is fetched and looked up: the first lookup
 	// was the original's, the second the copy's, both before the held insert is sent.
-	waitFor(t, "the redelivered copy's lookup", func() bool { return conn.looked.Load() >= 2 })
+	poll.Until(t, time.Minute, "the redelivered copy's lookup", poll.True(func() bool { return conn.looked.Load() >= 2 }))
 	close(release)
 	e.waitStoredOnce(stop)
 }
@@ -151,19 +152,8 @@ func TestNoInsertRetryBeforeRecheck(t *testing.T) {
 	_, stop := e.startWith(e.config("lost"))
 	e.publish(50, 50) // one message, on partition 1
 	// Nothing else is published before the recheck failed: the failure is the recheck's.
-	waitFor(t, "a failed recheck", func() bool { at := lostAt.Load(); return at > 0 && conn.lookups.Load() > at })
+	poll.Until(t, time.Minute, "a failed recheck", poll.True(func() bool { at := lostAt.Load(); return at > 0 && conn.lookups.Load() > at }))
 	e.waitStoredOnce(stop)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen within 60s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func waitClosed(t *testing.T, c <-chan struct{}, what string) {

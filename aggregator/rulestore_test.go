@@ -12,6 +12,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
@@ -60,14 +61,14 @@ func TestRuleStoreTasks(t *testing.T) {
 	if got := describe(e.waitTransitions(1)); len(got) != 1 || got[0] != "carol:normal>warning/decision" {
 		t.Errorf("transitions %v, want carol normal>warning at 60%% (the store's threshold)", got)
 	}
-	waitOverrides(t, store, "want a penalty for abuser", func(ovs []rules.Override) bool {
+	poll.Until(t, 20*time.Second, "want a penalty for abuser", overridesWhere(store, nil, func(ovs []rules.Override) bool {
 		for _, o := range ovs {
 			if o.Source == "penalty" && o.Identifier == "abuser" {
 				return true
 			}
 		}
 		return false
-	})
+	}))
 	var actions string
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if actions = overrideActions(t, js, "ov-carol"); actions == "created,expired" {

@@ -18,6 +18,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -304,14 +305,18 @@ func TestEventsStored(t *testing.T) {
 	count := func() uint64 {
 		return e.count("SELECT count() FROM %s.overrides WHERE override_id = 'ov1' AND event_id LIKE '" + e.stream + "-%%'")
 	}
-	waitFor := func(want uint64) {
-		deadline := time.Now().Add(30 * time.Second)
-		for count() < want && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+	// atLeast is the condition that overrides holds want rows; the tests then wait 300ms more,
+	// for a duplicate that would arrive meanwhile.
+	atLeast := func(want uint64) func() error {
+		return func() error {
+			if n := count(); n < want {
+				return fmt.Errorf("overrides holds %d rows, want %d", n, want)
+			}
+			return nil
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
-	waitFor(3)
+	poll.Until(t, 30*time.Second, "3 override rows", atLeast(3))
+	time.Sleep(300 * time.Millisecond)
 	if got := count(); got != 3 {
 		t.Fatalf("overrides holds %d rows, want 3", got)
 	}
@@ -329,7 +334,8 @@ func TestEventsStored(t *testing.T) {
 	if err := events.Publish(ctx, e.js, evs[2].NATSSubject(), evs[2].ID, evs[2]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(4)
+	poll.Until(t, 30*time.Second, "the redelivered override row", atLeast(4))
+	time.Sleep(300 * time.Millisecond)
 	if got := count(); got != 4 {
 		t.Errorf("after redelivery overrides holds %d rows, want 4", got)
 	}

@@ -2,6 +2,7 @@ package checker
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
@@ -56,16 +58,14 @@ func stalledRedis(t *testing.T) (*redistest.Server, func() (resume func())) {
 	}
 }
 
-// waitInFlight waits until n calls wait for the store: a condition, not a duration (the minute
-// only turns a hang into a failure).
-func waitInFlight(t *testing.T, e *Engine, n int64) {
-	t.Helper()
-	giveUp := time.Now().Add(time.Minute)
-	for e.guard.inFlight.Load() != n {
-		if time.Now().After(giveUp) {
-			t.Fatalf("%d calls in flight, want %d", e.guard.inFlight.Load(), n)
+// inFlight is the condition that n calls wait for the store: a condition, not a duration (the
+// minute its callers give it only turns a hang into a failure).
+func inFlight(e *Engine, n int64) func() error {
+	return func() error {
+		if got := e.guard.inFlight.Load(); got != n {
+			return fmt.Errorf("%d calls in flight, want %d", got, n)
 		}
-		time.Sleep(time.Millisecond)
+		return nil
 	}
 }
 
@@ -129,7 +129,7 @@ func TestMaxInFlightSheds(t *testing.T) {
 			waiting <- out
 		})
 	}
-	waitInFlight(t, e, maxInFlight)
+	poll.Until(t, time.Minute, "the calls in flight", inFlight(e, maxInFlight))
 
 	for _, tt := range []struct {
 		endpoint      string
@@ -237,7 +237,7 @@ func TestMaxInFlightUnbounded(t *testing.T) {
 				})
 			}
 			if tt.maxInFlight == 0 {
-				waitInFlight(t, e, checks) // all queued for Redis, none shed
+				poll.Until(t, time.Minute, "the calls in flight", inFlight(e, checks)) // all queued for Redis, none shed
 			}
 			resume()
 			wg.Wait()

@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -89,11 +91,11 @@ func benchPublish(b *testing.B, nc *nats.Conn, rate int) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		c = newClient(b, nc, cfg)
 		publish = c.PublishDecision
-		waitFor(b, 10*time.Second, "direct mode", func() bool {
+		poll.Until(b, 10*time.Second, "direct mode", poll.True(func() bool {
 			c.modeMu.Lock()
 			defer c.modeMu.Unlock()
 			return c.mode == modeDirect
-		})
+		}))
 	}
 	runtime.GC()
 	var mem0, mem1 runtime.MemStats
@@ -120,7 +122,7 @@ func benchPublish(b *testing.B, nc *nats.Conn, rate int) {
 	}
 	publishing := time.Since(start)
 	if c != nil {
-		waitAcked(b, c)
+		poll.Until(b, time.Minute, "the decisions acked", acked(c, b.N))
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
@@ -184,7 +186,7 @@ func BenchmarkPublishDurable(b *testing.B) {
 			cfg.Logger = slog.New(slog.DiscardHandler)
 			cfg.NoSpoolWait = mode == "memory"
 			c := newClient(b, nc, cfg)
-			waitFor(b, 10*time.Second, "stream ready", func() bool { return c.streamReady.Load() })
+			poll.Until(b, 10*time.Second, "stream ready", poll.True(func() bool { return c.streamReady.Load() }))
 			var n atomic.Int64
 			cpu0 := cpuTime()
 			b.ReportAllocs()
@@ -198,7 +200,7 @@ func BenchmarkPublishDurable(b *testing.B) {
 					c.PublishDurable(context.Background(), "bench", q, out)
 				}
 			})
-			waitAcked(b, c)
+			poll.Until(b, time.Minute, "the decisions acked", acked(c, b.N))
 			elapsed := time.Since(start)
 			b.StopTimer()
 			cpu := cpuTime() - cpu0
@@ -226,15 +228,12 @@ func BenchmarkPublishDurable(b *testing.B) {
 	}
 }
 
-// waitAcked waits until the stream acked b.N decisions of c, failing the benchmark after a
-// minute.
-func waitAcked(b *testing.B, c *Client) {
-	b.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for st := c.Stats(); st.Published+st.Replayed < int64(b.N); st = c.Stats() {
-		if time.Now().After(deadline) {
-			b.Fatalf("not all decisions acked within a minute: %+v", st)
+// acked is the condition that the stream acked n decisions of c.
+func acked(c *Client, n int) func() error {
+	return func() error {
+		if st := c.Stats(); st.Published+st.Replayed < int64(n) {
+			return fmt.Errorf("not all %d decisions acked: %+v", n, st)
 		}
-		time.Sleep(time.Millisecond)
+		return nil
 	}
 }

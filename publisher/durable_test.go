@@ -14,6 +14,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -117,7 +118,7 @@ func TestPublishDurableInSpool(t *testing.T) {
 	next.SpoolDir, next.InstanceID = crashed, "next"
 	b := newClient(t, nc, next)
 	// Never sent by the crashed client, they are first sends: Published.
-	waitFor(t, 10*time.Second, "spool published", func() bool { return b.Stats().Published == int64(len(want)) })
+	poll.Until(t, 10*time.Second, "spool published", poll.True(func() bool { return b.Stats().Published == int64(len(want)) }))
 	closeClient(t, b, 5*time.Second)
 	for _, m := range checkStream(t, nc, cfg, want, true) {
 		if !strings.HasPrefix(m.msgID, "crashed.") {
@@ -262,7 +263,7 @@ func TestPublishDurableUnwritable(t *testing.T) {
 		if st.Unspooled != 1 || st.Spooled != 0 || st.Dropped != 0 {
 			t.Errorf("stats while the write stalls %+v, want the check let go (1 unspooled), nothing spooled or dropped", st)
 		}
-		waitFor(t, 10*time.Second, "the stalled decision written", func() bool { return c.Stats().Spooled == 1 })
+		poll.Until(t, 10*time.Second, "the stalled decision written", poll.True(func() bool { return c.Stats().Spooled == 1 }))
 		got := spoolFileDecisions(t, cfg.SpoolDir)
 		if len(got["stalled"]) != 1 || !proto.Equal(got["stalled"][0], d) {
 			t.Errorf("spool file holds %v, want the stalled decision once", got)
@@ -278,11 +279,11 @@ func TestPublishDurableNoWait(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.NoSpoolWait = true
 	c := newClient(t, nc, cfg)
-	waitFor(t, 10*time.Second, "direct mode", func() bool {
+	poll.Until(t, 10*time.Second, "direct mode", poll.True(func() bool {
 		c.modeMu.Lock()
 		defer c.modeMu.Unlock()
 		return c.mode == modeDirect
-	})
+	}))
 	want := publishDurable(c, 4, 100)
 	closeClient(t, c, 10*time.Second)
 	if st := c.Stats(); st.Published != int64(len(want)) || st.Spooled != 0 {

@@ -134,18 +134,6 @@ func decision(id, identifier string, seq int64) *quotaflowv1.Decision {
 	}
 }
 
-// waitFor polls cond every few milliseconds until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // streamMsg is a message read back from the stream.
 type streamMsg struct {
 	subject   string

@@ -40,6 +40,33 @@
 // longer, it is answered anyway and counted in Stats.Unspooled; with NoSpoolWait,
 // PublishDurable is Publish.
 //
+// The two paths stay two (the flag --spool-wait 0 sets NoSpoolWait, which takes the queue's
+// path): each guarantees what the other cannot, and serving both with one would give one of
+// them up.
+//
+//   - The queue's path needs no disk while NATS is up: in Direct mode a batch goes from memory
+//     to JetStream, and the spool is written only in Spooling mode (which a failed publish
+//     starts) and for overflow batches. While NATS takes the batches and the queue has room,
+//     a full, failing or slow spool loses and delays nothing. PublishDurable's path writes every decision to the spool
+//     before it can reach NATS: a round the spool cannot take is dropped even with NATS up,
+//     so are the decisions past QueueSize when the disk falls behind, and every decision is
+//     written and read back by the replayer. --spool-wait 0 chooses the former, and
+//     TestPublishDurableNoWait holds it to that: published directly, none spooled.
+//   - PublishDurable's path makes an answered decision survive a kill -9; the queue's path
+//     holds its decisions in memory (queue, batches, unacked publishes) until the stream acks
+//     them. For that the durable batches' boundaries are in the spool (fragments under an id
+//     given when the batch opens, closed by a marker), so that a replay after a crash makes
+//     the same messages under the same ids; and the replayer is their only publisher. Were
+//     they also sent from memory in Direct mode, the cursor, which moves only past what the
+//     replayer saw acked, would leave them to be sent again after a crash: a duplicate the
+//     stream drops only within its DuplicateWindow.
+//
+// Both keep every decision exactly once in the stream, the same way: a batch's message id is
+// fixed before its first publish and every retry or replay sends it under that id. The paths
+// share the per-partition batch sequences (msgID), so their ids never meet, and the spool and
+// its replayer, which publishes whole records (the queue's) and closed fragment batches (the
+// durable path's) in spool order.
+//
 // The spool is a folder of append-only segment files (00000000000000000001.seg, ...) of
 // records [uint32 length][uint32 CRC-32C][payload], the payload being the partition, the
 // message id and the number of decisions (uvarints, the id length-prefixed) followed by the
@@ -300,7 +327,9 @@ const (
 	modeDirect               // to JetStream
 )
 
-// Client publishes decisions. Its methods are safe for concurrent use.
+// Client publishes decisions, on the queue's path (Publish, PublishDecision) or the durable
+// path (PublishDurable); the package doc says why these are two. Its methods are safe for
+// concurrent use.
 type Client struct {
 	cfg      Config
 	log      *slog.Logger
@@ -391,7 +420,31 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
-	log := cfg.Logger.With("component", "publisher")
+	c, err := makeClient(nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Meter != nil {
+		if err := c.observe(cfg.Meter); err != nil {
+			return nil, fmt.Errorf("publisher: metrics: %w", err)
+		}
+	}
+	if err := c.openSpool(); err != nil {
+		return nil, err
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(6)
+	go c.batchLoop()
+	go c.commitLoop()
+	go c.watchLoop()
+	go c.replayLoop()
+	go c.ensureLoop()
+	go c.maintainLoop()
+	return c, nil
+}
+
+// makeClient makes a client of cfg on nc, its goroutines not started, its spool not open.
+func makeClient(nc *nats.Conn, cfg Config) (*Client, error) {
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout), jetstream.WithDefaultTimeout(cfg.AckTimeout))
 	if err != nil {
@@ -404,7 +457,7 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:       cfg,
-		log:       log,
+		log:       cfg.Logger.With("component", "publisher"),
 		nc:        nc,
 		js:        js,
 		jsReplay:  jsReplay,
@@ -426,15 +479,6 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	c.cond = sync.NewCond(&c.modeMu)
 	c.expiry = time.AfterFunc(time.Hour, c.expire)
 	c.expiry.Stop()
-	if cfg.Meter != nil {
-		if err := c.observe(cfg.Meter); err != nil {
-			return nil, fmt.Errorf("publisher: metrics: %w", err)
-		}
-	}
-	c.spool, err = openSpool(cfg.SpoolDir, cfg.SpoolMaxBytes, cfg.SegmentBytes, log, c.drop)
-	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
-	}
 	for p := range c.subjects {
 		c.subjects[p] = stream.Subject(cfg.SubjectPrefix, p)
 	}
@@ -446,23 +490,26 @@ func New(nc *nats.Conn, cfg Config) (*Client, error) {
 	for p := range c.seqs {
 		c.seqs[p].n.Store(start)
 	}
+	return c, nil
+}
+
+// openSpool opens (creating) the spool folder and, when it holds decisions a previous client
+// left, closes the batches that client left open.
+func (c *Client) openSpool() error {
+	var err error
+	c.spool, err = openSpool(c.cfg.SpoolDir, c.cfg.SpoolMaxBytes, c.cfg.SegmentBytes, c.log, c.drop)
+	if err != nil {
+		return fmt.Errorf("publisher: %w", err)
+	}
 	if n := c.spool.pendingBytes(); n > 0 {
-		log.Info("spool holds unpublished decisions, replaying", "spool_dir", cfg.SpoolDir, "bytes", n)
+		c.log.Info("spool holds unpublished decisions, replaying", "spool_dir", c.cfg.SpoolDir, "bytes", n)
 		// The batches a crashed client left open are whole now: no fragment joins them.
 		if err := c.spool.mark(); err != nil {
 			c.spool.close()
-			return nil, fmt.Errorf("publisher: %w", err)
+			return fmt.Errorf("publisher: %w", err)
 		}
 	}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.wg.Add(6)
-	go c.batchLoop()
-	go c.commitLoop()
-	go c.watchLoop()
-	go c.replayLoop()
-	go c.ensureLoop()
-	go c.maintainLoop()
-	return c, nil
+	return nil
 }
 
 // PublishDecision hands d to the client, which owns it from now on, and returns at once. When

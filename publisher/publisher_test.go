@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -49,10 +50,10 @@ func TestPublishAll(t *testing.T) {
 				want[id] = decision(id, d.Subject.Identifier, int64(i))
 				c.PublishDecision(d)
 			}
-			waitFor(t, 10*time.Second, "all decisions acked", func() bool {
+			poll.Until(t, 10*time.Second, "all decisions acked", poll.True(func() bool {
 				st := c.Stats()
 				return st.Published+st.Replayed == int64(tt.n)
-			})
+			}))
 			closeClient(t, c, 5*time.Second)
 			st := c.Stats()
 			if st.Dropped != 0 || st.Queued != 0 || st.Pending != 0 || st.SpoolBytes != 0 {
@@ -97,7 +98,7 @@ func runOutage(t *testing.T, nc *nats.Conn, stop func(), start func() error) {
 	cfg := testConfig(t)
 	c := newClient(t, nc, cfg)
 	g := startPublishers(c, 4, 10)
-	waitFor(t, 10*time.Second, "first decisions published directly", func() bool { return c.Stats().Published > 0 })
+	poll.Until(t, 10*time.Second, "first decisions published directly", poll.True(func() bool { return c.Stats().Published > 0 }))
 	time.Sleep(100 * time.Millisecond)
 	stop()
 	time.Sleep(300 * time.Millisecond)
@@ -107,9 +108,9 @@ func runOutage(t *testing.T, nc *nats.Conn, stop func(), start func() error) {
 	}
 	restarted := time.Now()
 	// The client goes back to publishing directly once the spool is replayed.
-	waitFor(t, 10*time.Second, "direct publishing after the outage", func() bool {
+	poll.Until(t, 10*time.Second, "direct publishing after the outage", poll.True(func() bool {
 		return c.Stats().Published > during.Published
-	})
+	}))
 	direct := time.Since(restarted)
 	time.Sleep(100 * time.Millisecond)
 	sent, slowest, slow := g.halt()
@@ -148,7 +149,7 @@ func TestRestartWithSpool(t *testing.T) {
 		want[id] = decision(id, fmt.Sprintf("user-%d", i%40), int64(i))
 		a.PublishDecision(decision(id, fmt.Sprintf("user-%d", i%40), int64(i)))
 	}
-	waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
+	poll.Until(t, 10*time.Second, "all decisions spooled", poll.True(func() bool { return a.Stats().Spooled == n }))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := a.Close(ctx); err == nil {
@@ -161,7 +162,7 @@ func TestRestartWithSpool(t *testing.T) {
 	nc := connect(t)
 	cfg.InstanceID = "second"
 	b := newClient(t, nc, cfg)
-	waitFor(t, 10*time.Second, "spool replayed", func() bool { return b.Stats().Replayed == n })
+	poll.Until(t, 10*time.Second, "spool replayed", poll.True(func() bool { return b.Stats().Replayed == n }))
 	closeClient(t, b, 5*time.Second)
 	if st := b.Stats(); st.Dropped != 0 || st.SpoolBytes != 0 {
 		t.Errorf("second client's stats %+v, want nothing dropped or left", st)
@@ -267,7 +268,7 @@ func TestTornTail(t *testing.T) {
 				all[i] = decision(id, fmt.Sprintf("user-%d", i%3), int64(i))
 				a.PublishDecision(decision(id, all[i].Subject.Identifier, int64(i)))
 			}
-			waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
+			poll.Until(t, 10*time.Second, "all decisions spooled", poll.True(func() bool { return a.Stats().Spooled == n }))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 			defer cancel()
 			a.Close(ctx)
@@ -295,7 +296,7 @@ func TestTornTail(t *testing.T) {
 
 			nc := connect(t)
 			b := newClient(t, nc, cfg)
-			waitFor(t, 10*time.Second, "complete records replayed", func() bool { return b.Stats().Replayed == wantReplayed })
+			poll.Until(t, 10*time.Second, "complete records replayed", poll.True(func() bool { return b.Stats().Replayed == wantReplayed }))
 			closeClient(t, b, 5*time.Second)
 			checkStream(t, nc, cfg, want, true)
 			if st := b.Stats(); st.Replayed != wantReplayed || st.Dropped != 0 {
@@ -357,10 +358,10 @@ func TestSpoolFull(t *testing.T) {
 		all[i] = decision(id, "user-1", int64(i))
 		a.PublishDecision(decision(id, "user-1", int64(i)))
 	}
-	waitFor(t, 10*time.Second, "every decision spooled or dropped", func() bool {
+	poll.Until(t, 10*time.Second, "every decision spooled or dropped", poll.True(func() bool {
 		st := a.Stats()
 		return st.Spooled+st.Dropped == n
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	a.Close(ctx)
@@ -381,7 +382,7 @@ func TestSpoolFull(t *testing.T) {
 	nc := connect(t)
 	cfg.Logger = testLogger(t)
 	b := newClient(t, nc, cfg)
-	waitFor(t, 10*time.Second, "spool replayed", func() bool { return b.Stats().Replayed == st.Spooled })
+	poll.Until(t, 10*time.Second, "spool replayed", poll.True(func() bool { return b.Stats().Replayed == st.Spooled }))
 	closeClient(t, b, 5*time.Second)
 	// Everything was spooled in order, so the spool kept the first decisions.
 	want := map[string]*quotaflowv1.Decision{}

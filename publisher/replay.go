@@ -158,10 +158,9 @@ func (st *replayState) safe() spoolPos {
 // the next round starts over from the cursor and publishes again under the same message ids:
 // the stream drops those it already has.
 func (c *Client) replayRound(st *replayState) (atEnd bool, failure error) {
-	its := st.items[:0]
 	defer func() {
-		clear(its)
-		st.items = its[:0]
+		clear(st.items)
+		st.items = st.items[:0]
 	}()
 	if !st.valid {
 		st.reset()
@@ -170,79 +169,15 @@ func (c *Client) replayRound(st *replayState) (atEnd bool, failure error) {
 	if st.byID == nil {
 		st.byID = map[string]*openReplay{}
 	}
-	send := func(partition int, id string, count int64, data []byte, first bool) error {
-		fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(partition, int(count), data), jetstream.WithMsgID(id))
-		if errors.Is(err, nats.ErrMaxPayload) {
-			// The server will never take it: drop it rather than block the spool.
-			c.drop(count, "batch larger than the server's max payload")
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		its = append(its, replayItem{fut: fut, count: count, first: first})
-		c.pending.Add(count)
-		return nil
-	}
-	skip := false // an unreadable record at st.pos: its segment is given up after the acks
-read:
-	for len(its) < c.cfg.MaxPending {
-		rec, ok, err := c.spool.read(st.pos)
-		if err != nil {
-			c.log.Error("unreadable spool record: skipping the rest of its segment", "err", err)
-			skip = true
-			break
-		}
-		if !ok {
-			atEnd = true
-			break
-		}
-		switch {
-		case !rec.fragment:
-			err = send(rec.partition, rec.id, rec.count, rec.data, false)
-		case rec.marker():
-			for _, b := range st.open {
-				if err = send(b.partition, b.id, b.count, b.data, true); err != nil {
-					break
-				}
-			}
-			clear(st.open)
-			st.open = st.open[:0]
-			clear(st.byID)
-		default:
-			b := st.byID[rec.id]
-			if b == nil {
-				b = &openReplay{partition: rec.partition, id: rec.id, first: st.pos}
-				st.open = append(st.open, b)
-				st.byID[rec.id] = b
-			}
-			b.data = append(b.data, rec.data...)
-			b.count += rec.count
-		}
-		if err != nil {
-			failure = err
-			break read
-		}
-		st.pos = rec.end
-	}
-	for _, it := range its {
-		var err error
-		select {
-		case <-it.fut.Ok():
-		case err = <-it.fut.Err():
-		case <-c.abort:
-			err = errAborted
-		}
-		c.pending.Add(-it.count)
-		if err != nil && failure == nil {
-			failure = err
-		}
+	atEnd, skip, failure := c.replayRead(st)
+	if err := c.replayAcks(st); failure == nil {
+		failure = err
 	}
 	if failure != nil {
 		st.reset()
 		return false, failure
 	}
-	for _, it := range its {
+	for _, it := range st.items {
 		if it.first {
 			c.published.Add(it.count)
 		} else {
@@ -256,6 +191,94 @@ read:
 	}
 	c.spool.commit(st.safe())
 	return atEnd, nil
+}
+
+// replayRead reads the spool from st.pos and sends what it reads, until the round has
+// MaxPending messages in flight. atEnd: it read up to the end of the spool; skip: the record at
+// st.pos is unreadable, and its segment is to be given up after the acks.
+func (c *Client) replayRead(st *replayState) (atEnd, skip bool, failure error) {
+	for len(st.items) < c.cfg.MaxPending {
+		rec, ok, err := c.spool.read(st.pos)
+		if err != nil {
+			c.log.Error("unreadable spool record: skipping the rest of its segment", "err", err)
+			return false, true, nil
+		}
+		if !ok {
+			return true, false, nil
+		}
+		if err := c.replayRecord(st, &rec); err != nil {
+			return false, false, err
+		}
+		st.pos = rec.end
+	}
+	return false, false, nil
+}
+
+// replayRecord sends a whole record as its own message, adds a fragment to its open batch, or,
+// at a marker, sends every open batch.
+func (c *Client) replayRecord(st *replayState, rec *spoolRecord) error {
+	switch {
+	case !rec.fragment:
+		return c.replaySend(st, rec.partition, rec.id, rec.count, rec.data, false)
+	case rec.marker():
+		var err error
+		for _, b := range st.open {
+			if err = c.replaySend(st, b.partition, b.id, b.count, b.data, true); err != nil {
+				break
+			}
+		}
+		clear(st.open)
+		st.open = st.open[:0]
+		clear(st.byID)
+		return err
+	default:
+		b := st.byID[rec.id]
+		if b == nil {
+			b = &openReplay{partition: rec.partition, id: rec.id, first: st.pos}
+			st.open = append(st.open, b)
+			st.byID[rec.id] = b
+		}
+		b.data = append(b.data, rec.data...)
+		b.count += rec.count
+		return nil
+	}
+}
+
+// replaySend publishes one message of the round under its id, and adds it to the round's
+// items to await.
+func (c *Client) replaySend(st *replayState, partition int, id string, count int64, data []byte, first bool) error {
+	fut, err := c.jsReplay.PublishMsgAsync(c.newMsg(partition, int(count), data), jetstream.WithMsgID(id))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// The server will never take it: drop it rather than block the spool.
+		c.drop(count, "batch larger than the server's max payload")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	st.items = append(st.items, replayItem{fut: fut, count: count, first: first})
+	c.pending.Add(count)
+	return nil
+}
+
+// replayAcks waits for the ack of every message of the round, even after one fails (each
+// counted in pending until then), and returns the first failure.
+func (c *Client) replayAcks(st *replayState) error {
+	var failure error
+	for _, it := range st.items {
+		var err error
+		select {
+		case <-it.fut.Ok():
+		case err = <-it.fut.Err():
+		case <-c.abort:
+			err = errAborted
+		}
+		c.pending.Add(-it.count)
+		if err != nil && failure == nil {
+			failure = err
+		}
+	}
+	return failure
 }
 
 // ensureLoop creates or updates the stream until it succeeds, and again whenever a publish

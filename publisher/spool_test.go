@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -148,13 +149,13 @@ func TestCrashRecovery(t *testing.T) {
 		want[id] = decision(id, fmt.Sprintf("user-%d", i%30), int64(i))
 		a.PublishDecision(decision(id, fmt.Sprintf("user-%d", i%30), int64(i)))
 	}
-	waitFor(t, 10*time.Second, "all decisions spooled", func() bool { return a.Stats().Spooled == n })
+	poll.Until(t, 10*time.Second, "all decisions spooled", poll.True(func() bool { return a.Stats().Spooled == n }))
 	// The maintenance loop hands the spool's buffer to the OS every FlushInterval.
-	waitFor(t, 5*time.Second, "spool written to the OS", func() bool {
+	poll.Until(t, 5*time.Second, "spool written to the OS", poll.True(func() bool {
 		a.spool.mu.Lock()
 		defer a.spool.mu.Unlock()
 		return a.spool.flushed == a.spool.segs[len(a.spool.segs)-1].size
-	})
+	}))
 	crashed := t.TempDir()
 	entries, err := os.ReadDir(cfg.SpoolDir)
 	if err != nil {
@@ -170,7 +171,7 @@ func TestCrashRecovery(t *testing.T) {
 	cfg.SpoolDir = crashed
 	nc := connect(t)
 	b := newClient(t, nc, cfg)
-	waitFor(t, 10*time.Second, "spool replayed", func() bool { return b.Stats().Replayed == n })
+	poll.Until(t, 10*time.Second, "spool replayed", poll.True(func() bool { return b.Stats().Replayed == n }))
 	closeClient(t, b, 5*time.Second)
 	checkStream(t, nc, cfg, want, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)

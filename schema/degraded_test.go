@@ -8,6 +8,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -94,20 +95,22 @@ func TestMigrateDegradedOldRows(t *testing.T) {
 		err := c.QueryRow(ctx, fmt.Sprintf(sums, db, table)).Scan(&got[0], &got[1], &got[2], &got[3])
 		return got, err
 	}
-	waitRollups := func(want uint64) {
-		t.Helper()
-		for _, table := range []string{"usage_minute", "usage_hour", "usage_day"} {
-			eventually(t, 10*time.Second, table+" holds the rows", func() error {
+	// rollupsHold is the condition that every rollup table counts want requests.
+	rollupsHold := func(want uint64) func() error {
+		return func() error {
+			for _, table := range []string{"usage_minute", "usage_hour", "usage_day"} {
 				var n uint64
-				err := c.QueryRow(ctx, fmt.Sprintf("SELECT sum(requests) FROM %s.%s", db, table)).Scan(&n)
-				if err == nil && n != want {
-					err = fmt.Errorf("%d requests, want %d", n, want)
+				if err := c.QueryRow(ctx, fmt.Sprintf("SELECT sum(requests) FROM %s.%s", db, table)).Scan(&n); err != nil {
+					return err
 				}
-				return err
-			})
+				if n != want {
+					return fmt.Errorf("%s: %d requests, want %d", table, n, want)
+				}
+			}
+			return nil
 		}
 	}
-	waitRollups(14)
+	poll.Until(t, 30*time.Second, "the rollups holding the rows", rollupsHold(14))
 	if _, applied, err := schema.Migrate(ctx, c, db); err != nil || len(applied) != len(ms) {
 		t.Fatalf("Migrate over the old schema applied %v, %v; want every migration (none was recorded)", applied, err)
 	}
@@ -131,7 +134,7 @@ func TestMigrateDegradedOldRows(t *testing.T) {
 	if err := insertDegradedRows(ctx, c, db, "new", at, rows); err != nil {
 		t.Fatal(err)
 	}
-	waitRollups(28)
+	poll.Until(t, 30*time.Second, "the rollups holding the rows", rollupsHold(28))
 	check("new rows", [4]uint64{28, 16, 9, 5})
 	for _, table := range []string{"usage_minute", "usage_hour", "usage_day"} {
 		if err := c.Exec(ctx, "OPTIMIZE TABLE "+db+"."+table+" FINAL"); err != nil {

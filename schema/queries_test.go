@@ -15,6 +15,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -323,7 +324,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		{"SELECT count() FROM " + db + ".decisions", uint64(total) + uint64(len(kinds))},
 		{"SELECT count() FROM " + db + ".config_changes", uint64(len(changes))},
 	} {
-		eventually(t, 10*time.Second, "the fixture readable", func() error {
+		poll.Until(t, 10*time.Second, "the fixture readable", func() error {
 			got, err := count(ctx, read, q.query)
 			if err == nil && got != q.want {
 				err = fmt.Errorf("%s = %d, want %d", q.query, got, q.want)

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/backtest"
 	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/zookeepertest"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -102,22 +103,6 @@ func count(ctx context.Context, c driver.Conn, q string) (uint64, error) {
 	return n, err
 }
 
-// eventually polls f until it returns nil or the timeout passes, and returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		err := f()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestReplicated runs the replicated layout on Debian's ClickHouse 18.16: two replicas of one
 // shard sharing one ZooKeeper. It migrates through one replica, inserts through one and reads
 // through the other (Distributed tables), keeps inserting through one while the other is
@@ -195,7 +180,7 @@ func TestReplicated(t *testing.T) {
 		}
 	}
 	// The migrations' record is replicated: through replica 2 there is nothing left to apply.
-	eventually(t, 10*time.Second, "schema_migrations replicated", func() error {
+	poll.Until(t, 10*time.Second, "schema_migrations replicated", func() error {
 		n, err := count(ctx, rc.get(1), "SELECT uniqExact(version) FROM "+db+".schema_migrations")
 		if err == nil && n != uint64(len(ms)) {
 			err = fmt.Errorf("%d versions", n)
@@ -234,7 +219,8 @@ func TestReplicated(t *testing.T) {
 		}
 		inserted.Add(rowsPerBatch)
 	}
-	took := eventually(t, 10*time.Second, "replica 2 reads replica 1's inserts", func() error {
+	lastInsert := time.Now()
+	poll.Until(t, 10*time.Second, "replica 2 reads replica 1's inserts", func() error {
 		n, err := count(ctx, rc.get(1), "SELECT count() FROM "+db+".decisions")
 		if err == nil && n != uint64(inserted.Load()) {
 			err = fmt.Errorf("%d of %d rows", n, inserted.Load())
@@ -242,7 +228,7 @@ func TestReplicated(t *testing.T) {
 		return err
 	})
 	t.Logf("%d decisions in %d inserts through replica 1 read through replica 2 %s after the first insert (%s after the last)",
-		inserted.Load(), first, time.Since(start).Round(time.Millisecond), took.Round(time.Millisecond))
+		inserted.Load(), first, time.Since(start).Round(time.Millisecond), time.Since(lastInsert).Round(time.Millisecond))
 
 	// A retried insert block is dropped, retried through the same replica or the other.
 	t.Run("dedup", func(t *testing.T) {
@@ -258,7 +244,7 @@ func TestReplicated(t *testing.T) {
 			// Each replicated table has a queue of its own: replica 2 may hold the block's
 			// decisions before its rollups (seen: usage_minute_local 200 short). Every table's
 			// queue is waited for, not the decisions' alone.
-			eventually(t, 10*time.Second, fmt.Sprintf("replica %d has the block", i+1), func() error {
+			poll.Until(t, 10*time.Second, fmt.Sprintf("replica %d has the block", i+1), func() error {
 				if err := syncReplica(ctx, rc.get(i), db); err != nil {
 					return err
 				}
@@ -414,7 +400,7 @@ func TestReplicated(t *testing.T) {
 			}
 		}
 		for i := range cl.Replicas {
-			eventually(t, 10*time.Second, fmt.Sprintf("replica %d drops the old partitions", i+1), func() error {
+			poll.Until(t, 10*time.Second, fmt.Sprintf("replica %d drops the old partitions", i+1), func() error {
 				for _, q := range []struct {
 					query string
 					want  uint64
@@ -507,7 +493,8 @@ const rowsPerBatch = 200
 func converge(t *testing.T, rc *replicaConns, db string, n uint64) {
 	t.Helper()
 	for i := range rc.cl.Replicas {
-		took := eventually(t, 30*time.Second, fmt.Sprintf("replica %d catches up", i+1), func() error {
+		start := time.Now()
+		poll.Until(t, 30*time.Second, fmt.Sprintf("replica %d catches up", i+1), func() error {
 			c, err := rc.conn(i)
 			if err != nil {
 				return err
@@ -521,7 +508,7 @@ func converge(t *testing.T, rc *replicaConns, db string, n uint64) {
 			}
 			return err
 		})
-		t.Logf("replica %d holds all %d decisions of %s, every table synced, %s after the writer stopped", i+1, n, db, took.Round(time.Millisecond))
+		t.Logf("replica %d holds all %d decisions of %s, every table synced, %s after the writer stopped", i+1, n, db, time.Since(start).Round(time.Millisecond))
 	}
 }
 

@@ -236,35 +236,14 @@ func (l Layout) MigrateSteps(ctx context.Context, conn driver.Conn, db string, s
 	if err != nil {
 		return d, nil, err
 	}
-	exists, err := l.checkServer(ctx, conn, db)
+	if err := l.bootstrap(ctx, conn, db); err != nil {
+		return d, nil, err
+	}
+	done, unlock, err := l.readDoneLocked(ctx, conn, db, len(ms))
 	if err != nil {
 		return d, nil, err
 	}
-	// On one server the bootstrap always runs, as it always did; on a cluster only while the
-	// table is missing here, as an ON CLUSTER statement waits for every server.
-	if !l.Replicated() || !exists {
-		for _, q := range []string{"CREATE DATABASE IF NOT EXISTS " + db + l.onCluster(), l.migrationsTable(db)} {
-			if err := conn.Exec(l.ddlContext(ctx), q); err != nil {
-				return d, nil, fmt.Errorf("bootstrap schema_migrations: %w", err)
-			}
-		}
-	}
-	done, err := readDone(ctx, conn, db)
-	if err != nil {
-		return d, nil, err
-	}
-	if len(done) < len(ms) {
-		// Migrators take turns (lock.go): a migration that re-creates a view must not drop
-		// the one another migrator made, while that one's aggregator already inserts.
-		unlock, err := l.lock(ctx, conn, db)
-		if err != nil {
-			return d, nil, err
-		}
-		defer unlock()
-		if done, err = readDone(ctx, conn, db); err != nil {
-			return d, nil, err
-		}
-	}
+	defer unlock()
 	var applied []string
 	pending := 0
 	for _, m := range ms {
@@ -279,29 +258,76 @@ func (l Layout) MigrateSteps(ctx context.Context, conn driver.Conn, db string, s
 		if step != nil {
 			step(Step{Name: fmt.Sprintf("%04d_%s", m.Version, m.Name), Index: len(applied) + 1, Pending: pending})
 		}
-		stmts, err := m.Render(db, d, l)
-		if err != nil {
+		if err := l.apply(ctx, conn, db, d, m); err != nil {
 			return d, applied, err
-		}
-		for _, s := range stmts {
-			if err := conn.Exec(l.ddlContext(ctx), s); err != nil && !columnExisted(d, s, err) {
-				return d, applied, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
-			}
-		}
-		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".schema_migrations (version, name, dialect, server_version, applied_at)")
-		if err != nil {
-			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
-		}
-		if err := b.Append(uint32(m.Version), m.Name, d.String(), d.Version, time.Now()); err != nil {
-			b.Abort()
-			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
-		}
-		if err := b.Send(); err != nil {
-			return d, applied, fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
 		}
 		applied = append(applied, fmt.Sprintf("%04d_%s", m.Version, m.Name))
 	}
 	return d, applied, nil
+}
+
+// bootstrap creates the database and schema_migrations.
+func (l Layout) bootstrap(ctx context.Context, conn driver.Conn, db string) error {
+	exists, err := l.checkServer(ctx, conn, db)
+	if err != nil {
+		return err
+	}
+	// On one server the bootstrap always runs, as it always did; on a cluster only while the
+	// table is missing here, as an ON CLUSTER statement waits for every server.
+	if l.Replicated() && exists {
+		return nil
+	}
+	for _, q := range []string{"CREATE DATABASE IF NOT EXISTS " + db + l.onCluster(), l.migrationsTable(db)} {
+		if err := conn.Exec(l.ddlContext(ctx), q); err != nil {
+			return fmt.Errorf("bootstrap schema_migrations: %w", err)
+		}
+	}
+	return nil
+}
+
+// readDoneLocked reads the versions applied; when some of the n migrations are not, it takes
+// the migration lock and reads them again under it. The caller calls unlock once it is done.
+func (l Layout) readDoneLocked(ctx context.Context, conn driver.Conn, db string, n int) (done map[uint32]bool, unlock func(), err error) {
+	done, err = readDone(ctx, conn, db)
+	if err != nil || len(done) >= n {
+		return done, func() {}, err
+	}
+	// Migrators take turns (lock.go): a migration that re-creates a view must not drop
+	// the one another migrator made, while that one's aggregator already inserts.
+	unlock, err = l.lock(ctx, conn, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	if done, err = readDone(ctx, conn, db); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return done, unlock, nil
+}
+
+// apply runs migration m's statements and records it in schema_migrations.
+func (l Layout) apply(ctx context.Context, conn driver.Conn, db string, d Dialect, m Migration) error {
+	stmts, err := m.Render(db, d, l)
+	if err != nil {
+		return err
+	}
+	for _, s := range stmts {
+		if err := conn.Exec(l.ddlContext(ctx), s); err != nil && !columnExisted(d, s, err) {
+			return fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+	}
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".schema_migrations (version, name, dialect, server_version, applied_at)")
+	if err != nil {
+		return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	if err := b.Append(uint32(m.Version), m.Name, d.String(), d.Version, time.Now()); err != nil {
+		b.Abort()
+		return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	return nil
 }
 
 // readDone returns the versions recorded in db.schema_migrations.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 const callers = `
@@ -162,20 +164,12 @@ func TestFollow(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.Follow(ctx, path, 10*time.Millisecond, slog.New(slog.DiscardHandler))
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 5s: %s", what)
-			}
-		}
-	}
 	write("callers: [{name: rotated, token: rotated-token-000001, permissions: [check]}]\n")
-	eventually("the rotated token works and the old one no longer does", func() bool {
+	poll.Until(t, 5*time.Second, "the rotated token works and the old one no longer does", poll.True(func() bool {
 		_, oldErr := r.Authenticate("Bearer orders-api-token-0001", nil)
 		c, err := r.Authenticate("Bearer rotated-token-000001", nil)
 		return oldErr != nil && err == nil && c.Name == "rotated"
-	})
+	}))
 	write("callers: [{name: broken\n")
 	time.Sleep(100 * time.Millisecond)
 	if c, err := r.Authenticate("Bearer rotated-token-000001", nil); err != nil || c.Name != "rotated" {

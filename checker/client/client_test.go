@@ -12,6 +12,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
 
 	"github.com/quotaflow/quotaflow/checker/client"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 func orders(u string) client.Request {
@@ -121,16 +122,16 @@ func TestCoalescing(t *testing.T) {
 			chk.hold.Store(&release)
 			var wg sync.WaitGroup
 			wg.Go(func() { check(0) })
-			waitFor(t, "the first check at the checker", func() bool { return chk.calls.Load() == before+1 })
+			poll.Until(t, 10*time.Second, "the first check at the checker", poll.True(func() bool { return chk.calls.Load() == before+1 }))
 			for i := 1; i < n; i++ {
 				wg.Go(func() { check(i) })
 			}
 			// Release the first only once the others' way out is certain, or its return would
 			// send those queued so far.
 			if tt.batchMax < n {
-				waitFor(t, "the full batch at the checker", func() bool { return chk.calls.Load() == before+2 })
+				poll.Until(t, 10*time.Second, "the full batch at the checker", poll.True(func() bool { return chk.calls.Load() == before+2 }))
 			} else {
-				waitFor(t, "the other checks queued", func() bool { return c.PendingChecks() == n-1 })
+				poll.Until(t, 10*time.Second, "the other checks queued", poll.True(func() bool { return c.PendingChecks() == n-1 }))
 			}
 			close(release)
 			wg.Wait()
@@ -175,16 +176,6 @@ func TestCoalescingIdle(t *testing.T) {
 	}
 	if got := chk.calls.Load() - before; got != 3 {
 		t.Errorf("3 checks one after another made %d calls, want 3", got)
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
 	}
 }
 

@@ -11,21 +11,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
-
-// waitReady polls until the server is ready again, for at most 10s.
-func waitReady(t *testing.T, srv *checker.Engine) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for srv.Ready(context.Background()) != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready 10s after redis came back: %v", srv.Ready(context.Background()))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // newFailureEnv serves a checker on a Redis of its own, with a short deadline and probe, so that
 // the test can stop and stall that Redis.
@@ -37,7 +26,7 @@ func newFailureEnv(t *testing.T, sink checker.DecisionSink) (*redistest.Server, 
 	// Load the script and warm the connection pool, so that the first asserted check is not
 	// the slow one.
 	mustCheck(t, env.client("connect"), checkReq("warm-up", "/fm/local"))
-	waitReady(t, env.engine)
+	poll.Until(t, 10*time.Second, "the checker ready", func() error { return env.engine.Ready(context.Background()) })
 	return rs, env
 }
 
@@ -94,7 +83,7 @@ func TestRedisDown(t *testing.T) {
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitReady(t, env.engine)
+	poll.Until(t, 10*time.Second, "the checker ready", func() error { return env.engine.Ready(context.Background()) })
 	got = mustCheck(t, c, checkReq("u", "/fm/closed"))
 	if !got.Allowed || got.Degraded {
 		t.Errorf("after recovery: allowed %v degraded %v, want an exact allow (the restarted redis is empty)", got.Allowed, got.Degraded)
@@ -118,7 +107,7 @@ func TestRedisSlow(t *testing.T) {
 	if got.Allowed || !got.Degraded {
 		t.Errorf("with redis stalled: allowed %v degraded %v, want a degraded fail-closed denial", got.Allowed, got.Degraded)
 	}
-	waitReady(t, env.engine)
+	poll.Until(t, 10*time.Second, "the checker ready", func() error { return env.engine.Ready(context.Background()) })
 	// u2's timed-out command ran when the pause ended (a sent command cannot be taken back), so
 	// look at fresh subjects. On an overloaded machine a check may still miss the deadline while
 	// the connections that timed out are replaced, and a round trip sent during the stall may

@@ -21,6 +21,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/backtest"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -111,7 +112,9 @@ func TestBacktest(t *testing.T) {
 	if allowed.Load() == 0 || allowed.Load() == n-15 || single == 0 || single == n-15 {
 		t.Fatalf("%d of %d allowed: want both answers", allowed.Load(), n-15)
 	}
-	waitRows(ctx, t, db, n)
+	if err := poll.Wait(ctx, "the audit's decisions", decisionsStored(t, db, n)); err != nil {
+		t.Fatal(err)
+	}
 
 	dsn := chSrv.DSN(db)
 	from := start.Add(-time.Second).UTC().Format(time.RFC3339Nano)
@@ -219,20 +222,23 @@ func TestBacktest(t *testing.T) {
 	}
 }
 
-// waitRows waits until db's audit holds n decisions.
-func waitRows(ctx context.Context, t *testing.T, db string, n int64) {
+// decisionsStored is the condition that db's audit holds at least n decisions; its connection
+// closes with the test.
+func decisionsStored(t *testing.T, db string, n int64) func(context.Context) error {
 	t.Helper()
 	c, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	var got uint64
-	for ctx.Err() == nil {
-		if c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions", db)).Scan(&got) == nil && int64(got) >= n {
-			return
+	t.Cleanup(func() { c.Close() })
+	return func(ctx context.Context) error {
+		var got uint64
+		if err := c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.decisions", db)).Scan(&got); err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		if int64(got) < n {
+			return fmt.Errorf("%s.decisions holds %d decisions, want %d", db, got, n)
+		}
+		return nil
 	}
-	t.Fatalf("%s.decisions holds %d decisions, want %d", db, got, n)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/backtest"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -84,7 +85,9 @@ func TestLiveCandidates(t *testing.T) {
 	for range 4 {
 		check(userB, "10.78.0.1")
 	}
-	waitRows(ctx, t, db, 11)
+	if err := poll.Wait(ctx, "the audit's decisions", decisionsStored(t, db, 11)); err != nil {
+		t.Fatal(err)
+	}
 
 	// The recorded answers, side by side: raise would have allowed 2 of A's checks the live
 	// rule denied; lower would have denied 1 of A's and 2 of B's that it allowed.
@@ -209,7 +212,9 @@ rules:
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	waitRows(ctx, t, db, 4)
+	if err := poll.Wait(ctx, "the audit's decisions", decisionsStored(t, db, 4)); err != nil {
+		t.Fatal(err)
+	}
 	c, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)

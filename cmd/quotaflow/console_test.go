@@ -22,6 +22,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -66,19 +67,16 @@ func within(t *testing.T, ctx context.Context, d time.Duration, what string, act
 	}
 }
 
-// waitTrue polls a JavaScript expression in the page until it is true.
-func waitTrue(t *testing.T, ctx context.Context, d time.Duration, what, expr string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		if ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](expr)); err == nil && ok {
-			return
+// pageTrue is the condition that a JavaScript expression in the page is true; while it is not,
+// its error shows the page.
+func pageTrue(ctx context.Context, expr string) func() error {
+	return func() error {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](expr))
+		if err == nil && ok {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
-			t.Fatalf("%s: %s still false after %s; page:\n%s", what, expr, d, text)
-		}
-		time.Sleep(100 * time.Millisecond)
+		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
+		return fmt.Errorf("%s still false (%v); page:\n%s", expr, err, text)
 	}
 }
 
@@ -128,10 +126,9 @@ func TestConsole(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS("#token"), "console-write"),
 		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#app")))
-	waitTrue(t, ctx, 20*time.Second, "the live feed connects", `document.querySelector("#live-status").textContent.startsWith("Live")`)
-	waitTrue(t, ctx, 20*time.Second, "the processes' own reports",
-		`!!document.querySelector('#processes tr[data-role="checker"][data-instance^="console-"]') && !!document.querySelector('#processes tr[data-role="aggregator"]') &&
-		document.querySelector('#processes tr[data-role="checker"]').innerText.includes("redis ok")`)
+	poll.Until(t, 20*time.Second, "the live feed connects", pageTrue(ctx, `document.querySelector("#live-status").textContent.startsWith("Live")`))
+	poll.Until(t, 20*time.Second, "the processes' own reports", pageTrue(ctx, `!!document.querySelector('#processes tr[data-role="checker"][data-instance^="console-"]') && !!document.querySelector('#processes tr[data-role="aggregator"]') &&
+		document.querySelector('#processes tr[data-role="checker"]').innerText.includes("redis ok")`))
 	t.Logf("console loaded and signed in in %s", time.Since(began).Round(time.Millisecond))
 	type pageWeight struct {
 		Transfer, Decoded float64
@@ -161,8 +158,7 @@ func TestConsole(t *testing.T) {
 			t.Fatalf("check %d of %s: allowed %v, want %v", i+1, user, got.Allowed, i < 5)
 		}
 	}
-	waitTrue(t, ctx, 30*time.Second, "a live throttled transition",
-		fmt.Sprintf(`!!document.querySelector('#live-list li[data-to="throttled"][data-subject="user:%s"]')`, user))
+	poll.Until(t, 30*time.Second, "a live throttled transition", pageTrue(ctx, fmt.Sprintf(`!!document.querySelector('#live-list li[data-to="throttled"][data-subject="user:%s"]')`, user)))
 	stop := make(chan struct{})
 	go func() { // checks/s: a denied check every 50 ms while the page counts them
 		for {
@@ -174,7 +170,7 @@ func TestConsole(t *testing.T) {
 			}
 		}
 	}()
-	waitTrue(t, ctx, 10*time.Second, "the denied checks/s counter", `Number(document.querySelector("#rate-denied").textContent) > 0`)
+	poll.Until(t, 10*time.Second, "the denied checks/s counter", pageTrue(ctx, `Number(document.querySelector("#rate-denied").textContent) > 0`))
 	close(stop)
 
 	// An override made through the console's form: the next check meets a limit of 50.
@@ -188,7 +184,7 @@ func TestConsole(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS(`#override-form [name="duration"]`), "1h"),
 		chromedp.SendKeys(chromedp.CSS(`#override-form [name="reason"]`), "console test"),
 		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)))
-	waitTrue(t, ctx, 10*time.Second, "the override listed", fmt.Sprintf(`[...document.querySelectorAll("#overrides tbody tr")].some((r) => r.innerText.includes("user:%s"))`, user))
+	poll.Until(t, 10*time.Second, "the override listed", pageTrue(ctx, fmt.Sprintf(`[...document.querySelectorAll("#overrides tbody tr")].some((r) => r.innerText.includes("user:%s"))`, user)))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got := check()
@@ -227,12 +223,12 @@ func TestConsole(t *testing.T) {
 	}
 	within(t, ctx, 20*time.Second, "open the subject view", chromedp.Navigate(p.url+"/console/#subject/user:"+user),
 		chromedp.WaitVisible(chromedp.CSS(`#subject-limits tr[data-rule="console-api"][data-limit="50"]`)))
-	waitTrue(t, ctx, 20*time.Second, "the subject's recent decisions", `document.querySelectorAll("#subject-decisions tbody tr").length >= 9`)
+	poll.Until(t, 20*time.Second, "the subject's recent decisions", pageTrue(ctx, `document.querySelectorAll("#subject-decisions tbody tr").length >= 9`))
 
 	// On a phone-sized screen nothing runs off the side.
 	within(t, ctx, 10*time.Second, "phone-sized", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.url+"/console/#live"),
 		chromedp.WaitVisible(chromedp.CSS(".rates")))
-	waitTrue(t, ctx, 5*time.Second, "no horizontal scroll at 390 px", `document.documentElement.scrollWidth <= window.innerWidth`)
+	poll.Until(t, 5*time.Second, "no horizontal scroll at 390 px", pageTrue(ctx, `document.documentElement.scrollWidth <= window.innerWidth`))
 
 	// A checker whose ClickHouse is unreachable: a banner says so, and the live feed works.
 	blind := startChecker(t, "console-blind", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
@@ -243,7 +239,7 @@ func TestConsole(t *testing.T) {
 	within(t, ctx, 30*time.Second, "sign in to the checker without ClickHouse",
 		chromedp.Navigate(blind.url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#login")),
 		chromedp.SendKeys(chromedp.CSS("#token"), "console-read"), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)), chromedp.WaitVisible(chromedp.CSS("#app")))
-	waitTrue(t, ctx, 20*time.Second, "the ClickHouse banner", `!!document.querySelector('#banners [data-part="clickhouse"]')`)
+	poll.Until(t, 20*time.Second, "the ClickHouse banner", pageTrue(ctx, `!!document.querySelector('#banners [data-part="clickhouse"]')`))
 	req, _ := http.NewRequest("GET", blind.url+"/api/v1/usage", nil)
 	req.Header.Set("Authorization", "Bearer console-read")
 	if resp, err := http.DefaultClient.Do(req); err != nil {
@@ -255,12 +251,12 @@ func TestConsole(t *testing.T) {
 			t.Errorf("usage without ClickHouse: %d %s; want 503 saying what failed", resp.StatusCode, b)
 		}
 	}
-	waitTrue(t, ctx, 20*time.Second, "the live feed without ClickHouse", `document.querySelector("#live-status").textContent.startsWith("Live")`)
+	poll.Until(t, 20*time.Second, "the live feed without ClickHouse", pageTrue(ctx, `document.querySelector("#live-status").textContent.startsWith("Live")`))
 
 	// NATS down: a banner says so, and the usage view still answers from ClickHouse.
 	within(t, ctx, 20*time.Second, "back to the first checker", chromedp.Navigate(p.url+"/console/#live"), chromedp.WaitVisible(chromedp.CSS("#app")))
 	ns.Close()
-	waitTrue(t, ctx, 20*time.Second, "the NATS banner", `!!document.querySelector('#banners [data-part="nats"]')`)
+	poll.Until(t, 20*time.Second, "the NATS banner", pageTrue(ctx, `!!document.querySelector('#banners [data-part="nats"]')`))
 	within(t, ctx, 20*time.Second, "usage without NATS", chromedp.Navigate(p.url+"/console/#usage"),
 		chromedp.WaitVisible(chromedp.CSS(`#usage-totals tr[data-key="free"]`)))
 	if strings.Contains(p.log.String(), "panic") {
@@ -283,7 +279,9 @@ func TestConsoleAPI(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	waitRows(ctx, t, db, 7)
+	if err := poll.Wait(ctx, "the audit's decisions", decisionsStored(t, db, 7)); err != nil {
+		t.Fatal(err)
+	}
 	get := func(path, token string) (int, string, string) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1"+path, nil)

@@ -16,6 +16,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -84,7 +85,9 @@ func TestDegradedRollups(t *testing.T) {
 		t.Fatalf("answers:\n%s\nwant:\n%s", g, want)
 	}
 
-	waitRows(ctx, t, db, 10)
+	if err := poll.Wait(ctx, "the audit's decisions", decisionsStored(t, db, 10)); err != nil {
+		t.Fatal(err)
+	}
 	c, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -57,7 +58,7 @@ func TestServeNATSAuth(t *testing.T) {
 		}
 	})
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
-	waitServing(t, client, done, logs)
+	poll.Until(t, 30*time.Second, "serve answering", serving(t, client, done, logs))
 	natsURL := "nats://" + natsAddr
 	auth := filepath.Join(natsDir, "auth")
 
@@ -164,22 +165,20 @@ func allowedOf(t *testing.T, client quotaflowv1connect.RateLimiterClient, user s
 	return allowed
 }
 
-// waitServing waits until the check API answers, failing with the logs if serve exits first.
-func waitServing(t *testing.T, client quotaflowv1connect.RateLimiterClient, done <-chan error, logs func() string) {
-	t.Helper()
+// serving is the condition that the check API answers; it fails the test with the logs if serve
+// exits first.
+func serving(t *testing.T, client quotaflowv1connect.RateLimiterClient, done <-chan error, logs func() string) func() error {
 	req := connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{Identifier: "probe",
 		Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/api/items"})
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := client.GetRemainingQuota(context.Background(), req); err == nil {
-			return
-		}
+	return func() error {
 		select {
 		case err := <-done:
 			t.Fatalf("serve exited at start: %v\n%s", err, logs())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve not answering within 30s\n%s", logs())
+		if _, err := client.GetRemainingQuota(context.Background(), req); err != nil {
+			return fmt.Errorf("%w\n%s", err, logs())
 		}
+		return nil
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 	"github.com/quotaflow/quotaflow/publisher"
@@ -116,7 +117,7 @@ func TestNATSCluster(t *testing.T) {
 	js := cl.JetStream(t)
 	// The node to kill leads the decision stream.
 	var leader string
-	waitFor(t, ctx, 30*time.Second, "the decision stream's leader", func(ctx context.Context) error {
+	poll.Until(t, 30*time.Second, "the decision stream's leader", eachWithin(ctx, func(ctx context.Context) error {
 		info, err := streamInfo(ctx, js, stream.Name)
 		if err != nil {
 			return err
@@ -126,7 +127,7 @@ func TestNATSCluster(t *testing.T) {
 			return fmt.Errorf("no leader yet")
 		}
 		return nil
-	})
+	}))
 	victim := -1
 	for i, name := range cl.Names {
 		if name == leader {
@@ -165,7 +166,7 @@ func TestNATSCluster(t *testing.T) {
 		}
 	}
 	for i, c := range checkers {
-		waitFor(t, ctx, 20*time.Second, fmt.Sprintf("override on checker %d", i), func(ctx context.Context) error {
+		poll.Until(t, 20*time.Second, fmt.Sprintf("override on checker %d", i), eachWithin(ctx, func(ctx context.Context) error {
 			resp, err := c.CheckRateLimit(ctx, userCheckAt("ncl-ov-"+run, "/w"))
 			if err != nil {
 				return err
@@ -174,9 +175,9 @@ func TestNATSCluster(t *testing.T) {
 				return fmt.Errorf("limit %d, want 30 (10 × 3)", resp.Msg.Limit)
 			}
 			return nil
-		})
+		}))
 	}
-	waitFor(t, ctx, 45*time.Second, "a new stream leader", func(ctx context.Context) error {
+	poll.Until(t, 45*time.Second, "a new stream leader", eachWithin(ctx, func(ctx context.Context) error {
 		info, err := streamInfo(ctx, js, stream.Name)
 		if err != nil {
 			return err
@@ -185,7 +186,7 @@ func TestNATSCluster(t *testing.T) {
 			return fmt.Errorf("leader %q", info.Cluster.Leader)
 		}
 		return nil
-	})
+	}))
 	moved := time.Since(killed)
 	time.Sleep(time.Until(killed.Add(3 * time.Second)))
 	during := answered(&mu, ids) - before
@@ -201,7 +202,7 @@ func TestNATSCluster(t *testing.T) {
 	want := answered(&mu, ids)
 
 	// The restarted node is a current replica of the stream and of every partition's consumer.
-	waitFor(t, ctx, 30*time.Second, "the restarted node current everywhere", func(ctx context.Context) error {
+	poll.Until(t, 30*time.Second, "the restarted node current everywhere", eachWithin(ctx, func(ctx context.Context) error {
 		info, err := streamInfo(ctx, js, stream.Name)
 		if err != nil {
 			return err
@@ -223,7 +224,7 @@ func TestNATSCluster(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}))
 
 	c, err := chSrv.Conn()
 	if err != nil {
@@ -243,12 +244,12 @@ func TestNATSCluster(t *testing.T) {
 			diagnoseStream(t, js, c, db)
 		}
 	}()
-	waitFor(t, ctx, 60*time.Second, "every decision in ClickHouse", func(ctx context.Context) error {
+	poll.Until(t, 60*time.Second, "every decision in ClickHouse", eachWithin(ctx, func(ctx context.Context) error {
 		if n := count("SELECT count() FROM %s.decisions WHERE endpoint = '/api/x'"); n < uint64(want) {
 			return fmt.Errorf("%d of %d decisions stored", n, want)
 		}
 		return nil
-	})
+	}))
 	stored = true
 	time.Sleep(time.Second) // a duplicate would arrive now
 	for _, q := range []string{
@@ -262,7 +263,7 @@ func TestNATSCluster(t *testing.T) {
 
 	// Warning transitions: published once each, stored once each.
 	var published []string
-	waitFor(t, ctx, 30*time.Second, "warn user's transitions published", func(ctx context.Context) error {
+	poll.Until(t, 30*time.Second, "warn user's transitions published", eachWithin(ctx, func(ctx context.Context) error {
 		published = nil
 		for _, m := range natstest.Messages(t, js, events.Stream, "quotaflow.warnings.>") {
 			var ev struct {
@@ -278,16 +279,16 @@ func TestNATSCluster(t *testing.T) {
 			return fmt.Errorf("published %v", published)
 		}
 		return nil
-	})
+	}))
 	if got, want := strings.Join(published, ", "), wantTransitions(t, js, warnUser); got != want {
 		t.Errorf("transitions of %s published: %s, want %s once each", warnUser, got, want)
 	}
-	waitFor(t, ctx, 30*time.Second, "warn user's transitions stored", func(ctx context.Context) error {
+	poll.Until(t, 30*time.Second, "warn user's transitions stored", eachWithin(ctx, func(ctx context.Context) error {
 		if n := count("SELECT count() FROM %s.state_transitions WHERE subject = '" + warnUser + "'"); n < 2 {
 			return fmt.Errorf("%d stored", n)
 		}
 		return nil
-	})
+	}))
 	if n := count("SELECT count() FROM %s.state_transitions WHERE subject = '" + warnUser + "'"); n != uint64(len(published)) {
 		t.Errorf("%d transitions of %s stored, want the %d published", n, warnUser, len(published))
 	}
@@ -298,7 +299,7 @@ func TestNATSCluster(t *testing.T) {
 			logGoroutines(t, "quotaflow/aggregator.")
 		}
 	}()
-	waitFor(t, ctx, 30*time.Second, "partitions split evenly", func(ctx context.Context) error {
+	poll.Until(t, 30*time.Second, "partitions split evenly", eachWithin(ctx, func(ctx context.Context) error {
 		var owned []int
 		for _, u := range aggURLs {
 			n, err := ownedPartitions(u)
@@ -311,7 +312,7 @@ func TestNATSCluster(t *testing.T) {
 			return fmt.Errorf("owned %v", owned)
 		}
 		return nil
-	})
+	}))
 	sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
 	if info, err := streamInfo(sctx, js, stream.Name); err == nil && want > 0 {
 		t.Logf("the decision stream holds %d bytes in %d messages for %d decisions: %.0f bytes per decision per replica",
@@ -368,23 +369,14 @@ func currentReplica(c *jetstream.ClusterInfo, node string) error {
 	return fmt.Errorf("%s is not a current replica (leader %s, replicas %+v)", node, c.Leader, c.Replicas)
 }
 
-// waitFor polls cond until it returns nil, failing the test after timeout with its last error.
-// Each call gets a context of its own that ends after 3 s: a request in flight when its NATS
-// server dies is never answered, and would otherwise wait for the test's deadline.
-func waitFor(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+// eachWithin gives each look of cond a context of its own that ends after 3 s: a request in
+// flight when its NATS server dies is never answered, and would otherwise wait for the test's
+// deadline.
+func eachWithin(ctx context.Context, cond func(ctx context.Context) error) func() error {
+	return func() error {
 		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := cond(actx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("%s: not within %v: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		defer cancel()
+		return cond(actx)
 	}
 }
 

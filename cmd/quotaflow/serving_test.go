@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"connectrpc.com/grpcreflect"
 
 	"github.com/quotaflow/quotaflow/internal/testbed/checkertest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // TestCheckerExposure: with a callers file, the check port describes no services unless
@@ -55,7 +57,7 @@ func TestCheckerExposure(t *testing.T) {
 					t.Errorf("checker: %v\n%s", err, out.String())
 				}
 			}()
-			waitReady(t, "http://"+addr)
+			poll.Until(t, 10*time.Second, "the checker ready", ready("http://"+addr))
 
 			for _, opts := range [][]connect.ClientOption{{connect.WithGRPC()}, {connect.WithGRPCWeb()}} {
 				// A connection of its own each: the port sorts a connection once, by its first
@@ -109,19 +111,18 @@ func getStatus(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
-func waitReady(t *testing.T, base string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+// ready is the condition that base's /readyz answers 200.
+func ready(base string) func() error {
+	return func() error {
 		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checker not ready: %v", err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s", resp.Status)
 		}
+		return nil
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,27 +17,30 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
 // fastHealth makes a daemon report its health every 100ms: the tests wait for reports.
 func fastHealth(c *daemon.CheckerConfig) { c.Health.Interval = 100 * time.Millisecond }
 
-// waitStatus runs quotaflow status with args until ok accepts its output, and returns that
-// output and exit status; it fails the test at ctx's end with the last output.
-func waitStatus(ctx context.Context, t *testing.T, args []string, ok func(stdout string, code int) bool) (string, int) {
-	t.Helper()
-	var stdout, stderr string
-	var code int
-	for ctx.Err() == nil {
-		stdout, stderr, code = runCmd(ctx, append([]string{"status"}, args...), nil)
-		if ok(stdout, code) {
-			return stdout, code
+// statusRun is one run of quotaflow status.
+type statusRun struct {
+	stdout, stderr string
+	code           int
+}
+
+// statusShows is the condition that quotaflow status with args shows what ok accepts; it keeps
+// its last run in *last.
+func statusShows(args []string, last *statusRun, ok func(stdout string, code int) bool) func(context.Context) error {
+	return func(ctx context.Context) error {
+		stdout, stderr, code := runCmd(ctx, append([]string{"status"}, args...), nil)
+		*last = statusRun{stdout, stderr, code}
+		if !ok(stdout, code) {
+			return fmt.Errorf("quotaflow status %v: exit %d\n%s%s", args, code, stdout, stderr)
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
 	}
-	t.Fatalf("quotaflow status %v never showed what was awaited; last: exit %d\n%s%s", args, code, stdout, stderr)
-	return "", 0
 }
 
 // TestStatus runs the real pipeline — two checkers each on its own Redis, an aggregator with
@@ -85,9 +89,13 @@ func TestStatus(t *testing.T) {
 	args := []string{"--nats-url", ns.URL}
 
 	t.Run("all up", func(t *testing.T) {
-		out, _ := waitStatus(ctx, t, args, func(out string, code int) bool {
+		var run statusRun
+		if err := poll.Wait(ctx, "every process reporting", statusShows(args, &run, func(out string, code int) bool {
 			return code == 0 && strings.Contains(out, "PROCESSES (3 reporting)")
-		})
+		})); err != nil {
+			t.Fatal(err)
+		}
+		out := run.stdout
 		t.Logf("quotaflow status:\n%s", out)
 		for _, want := range []*regexp.Regexp{
 			regexp.MustCompile(`(?m)^checker\s+status-up-\S+\s+.*\s+ok\s+ok\s+-\s`),
@@ -103,7 +111,7 @@ func TestStatus(t *testing.T) {
 			}
 		}
 		// The checks sent show as a rate in some report of the checker that took them.
-		waitStatus(ctx, t, append([]string{"--format", "json"}, args...), func(out string, _ int) bool {
+		err := poll.Wait(ctx, "a checker's rate", statusShows(append([]string{"--format", "json"}, args...), &run, func(out string, _ int) bool {
 			var st status
 			if err := json.Unmarshal([]byte(out), &st); err != nil {
 				t.Fatalf("status --format json: %v\n%s", err, out)
@@ -116,15 +124,22 @@ func TestStatus(t *testing.T) {
 			// Checks go on until a report sees some: a rate is over one interval only.
 			up.client.CheckRateLimit(ctx, userCheck("status-more"))
 			return false
-		})
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("redis down for one checker", func(t *testing.T) {
 		own.Stop()
-		out, code := waitStatus(ctx, t, args, func(out string, _ int) bool {
+		var run statusRun
+		if err := poll.Wait(ctx, "the lost checker's Redis down", statusShows(args, &run, func(out string, _ int) bool {
 			return regexp.MustCompile(`(?m)^checker\s+status-lost-\S+\s+.*\s+DOWN \d+s\s+ok\s`).MatchString(out) &&
 				strings.Contains(out, "rule user-min (open)")
-		})
+		})); err != nil {
+			t.Fatal(err)
+		}
+		out, code := run.stdout, run.code
 		t.Logf("quotaflow status:\n%s", out)
 		if code != 4 {
 			t.Errorf("exit status %d with a Redis down, want 4", code)

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaflow/quotaflow/internal/algorithm"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
@@ -410,14 +411,14 @@ func TestStoreRestartUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "checks before the restart", func() bool { return ok.Load() > 100 })
+	poll.Until(t, 10*time.Second, "checks before the restart", poll.True(func() bool { return ok.Load() > 100 }))
 	own.Stop()
-	waitFor(t, "errors during the outage", func() bool { return failed.Load() > 10 })
+	poll.Until(t, 10*time.Second, "errors during the outage", poll.True(func() bool { return failed.Load() > 10 }))
 	if err := own.Start(); err != nil {
 		t.Fatalf("restart redis: %v", err)
 	}
 	okAt := ok.Load()
-	waitFor(t, "checks after the restart", func() bool { return ok.Load() > okAt+100 })
+	poll.Until(t, 10*time.Second, "checks after the restart", poll.True(func() bool { return ok.Load() > okAt+100 }))
 	close(stop)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -431,17 +432,6 @@ func TestStoreRestartUnderLoad(t *testing.T) {
 		t.Fatalf("Check after the restart: %+v, %v", res, err)
 	}
 	t.Logf("%d checks succeeded, %d failed", ok.Load(), failed.Load())
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestStoreDeadlineWhilePaused: with Redis stalled by CLIENT PAUSE, a caller returns at its

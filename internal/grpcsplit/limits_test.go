@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -58,16 +59,6 @@ func (b *logBuffer) String() string {
 }
 
 func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
-
-// waitFor polls cond for up to 10 s: a bound on a hang, not a timing assertion.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
-	}
-}
 
 // TestAcceptErrorsPass: accept failures that pass (no file handle left, as with 20,000 idle
 // connections) are logged and retried, and the port goes on serving; they used to end Serve,
@@ -261,7 +252,7 @@ func TestLongAnswerOutlivesReadTimeout(t *testing.T) {
 	}
 	defer c.Close()
 	io.WriteString(c, "POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-	waitFor(t, "the request to reach the handler", func() bool { return e.httpCalls.Load() == 1 })
+	poll.Until(t, 10*time.Second, "the request to reach the handler", poll.True(func() bool { return e.httpCalls.Load() == 1 }))
 	time.Sleep(10 * short) // well past the read timeout: what is asserted is the context, not a time
 	close(e.release)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -343,7 +334,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 		open = append(open, c)
 	}
-	waitFor(t, "the cap's warning", func() bool { return strings.Contains(logs.String(), "connection limit reached") })
+	poll.Until(t, 10*time.Second, "the cap's warning", poll.True(func() bool { return strings.Contains(logs.String(), "connection limit reached") }))
 	if !strings.Contains(logs.String(), "max_conns=2") {
 		t.Errorf("the warning does not name the cap:\n%s", logs.String())
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -151,18 +152,6 @@ func (e *testEnv) check(t *testing.T, user, endpoint string) *quotaflowv1.CheckR
 		t.Fatal(err)
 	}
 	return resp.Msg
-}
-
-// eventually polls cond every 10ms until it holds or within passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestAdminAuth(t *testing.T) {
@@ -361,7 +350,7 @@ func TestAdminRuleChanges(t *testing.T) {
 	if got := env.call(t, "GET", "/api/v1/rules/reports", readToken, nil); got.status != 200 || got.body["limit"] != float64(1) {
 		t.Errorf("GET new rule = %d %s, want 200 with limit 1", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the checker enforces the new rule", func() bool { return env.quota(t, user, "/reports").RuleId == "reports" })
+	poll.Until(t, 5*time.Second, "the checker enforces the new rule", poll.True(func() bool { return env.quota(t, user, "/reports").RuleId == "reports" }))
 	env.check(t, user, "/reports")
 	if r := env.check(t, user, "/reports"); r.Allowed {
 		t.Errorf("second check of a limit-1 rule allowed")
@@ -369,14 +358,14 @@ func TestAdminRuleChanges(t *testing.T) {
 	if got := env.call(t, "PUT", "/api/v1/rules/reports", writeToken, `{"dimension":"user","endpoint":"/reports","algorithm":"fixed_window","limit":3,"window":"1h"}`); got.status != 200 {
 		t.Fatalf("PUT rule = %d %s, want 200", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the raised limit is enforced", func() bool { return env.quota(t, user, "/reports").Remaining == 2 })
+	poll.Until(t, 5*time.Second, "the raised limit is enforced", poll.True(func() bool { return env.quota(t, user, "/reports").Remaining == 2 }))
 	if got := env.call(t, "DELETE", "/api/v1/rules/reports", writeToken, nil); got.status != 204 {
 		t.Fatalf("DELETE rule = %d %s, want 204", got.status, got.raw)
 	}
 	if got := env.call(t, "GET", "/api/v1/rules/reports", readToken, nil); got.status != 404 || got.body["error"] != "not_found" {
 		t.Errorf("GET deleted rule = %d %s, want 404 not_found", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the deleted rule stops applying", func() bool { return env.quota(t, user, "/reports").RuleId == "" })
+	poll.Until(t, 5*time.Second, "the deleted rule stops applying", poll.True(func() bool { return env.quota(t, user, "/reports").RuleId == "" }))
 
 	// The whole document is replaced by PUT /rules, removing what it lacks only when told to
 	// prune: without, each item it would remove is named and nothing changes; a dry run
@@ -399,7 +388,7 @@ func TestAdminRuleChanges(t *testing.T) {
 	if got := env.call(t, "PUT", "/api/v1/rules?prune=true", writeToken, doc); got.status != 200 || got.body["rules"] != float64(1) {
 		t.Fatalf("PUT /rules?prune=true = %d %s, want 200 and 1 rule", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the applied document is enforced", func() bool { return env.quota(t, user, "/anything").RuleId == "only" })
+	poll.Until(t, 5*time.Second, "the applied document is enforced", poll.True(func() bool { return env.quota(t, user, "/anything").RuleId == "only" }))
 }
 
 func nilIfEmpty(s string) any {
@@ -423,7 +412,7 @@ func TestAdminOverrideKeepsCounter(t *testing.T) {
 	if got.status != 201 || got.body["creator"] != "alice-ops" || got.body["source"] != "admin" || got.body["identifier"] != user {
 		t.Fatalf("POST override = %d %s, want 201 created by alice-ops from admin for %s", got.status, got.raw, user)
 	}
-	eventually(t, 5*time.Second, "the override is enforced", func() bool { return env.quota(t, user, "/orders").Limit == 20 })
+	poll.Until(t, 5*time.Second, "the override is enforced", poll.True(func() bool { return env.quota(t, user, "/orders").Limit == 20 }))
 	if q := env.quota(t, user, "/orders"); q.Remaining != 11 {
 		t.Errorf("remaining after raising 10 to 20 with 9 used = %d, want 11", q.Remaining)
 	}
@@ -443,7 +432,7 @@ func TestAdminOverrideKeepsCounter(t *testing.T) {
 	if got := env.call(t, "DELETE", "/api/v1/overrides/"+oid, writeToken, nil); got.status != 404 {
 		t.Errorf("DELETE deleted override = %d %s, want 404", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the rule's limit is back", func() bool { return env.quota(t, user, "/orders").Limit == 10 })
+	poll.Until(t, 5*time.Second, "the rule's limit is back", poll.True(func() bool { return env.quota(t, user, "/orders").Limit == 10 }))
 }
 
 // TestAdminOverrideExpires: an override vanishes by itself at its expiry, from the store and
@@ -464,8 +453,8 @@ func TestAdminOverrideExpires(t *testing.T) {
 		t.Fatalf("POST override = %d %s", got.status, got.raw)
 	}
 	expires, _ := time.Parse(time.RFC3339Nano, got.body["expires_at"].(string))
-	eventually(t, 5*time.Second, "the override is enforced", func() bool { return env.check(t, user, "/tiny").Allowed })
-	eventually(t, 6*time.Second, "the checker enforces the old limit after expiry", func() bool { return env.quota(t, user, "/tiny").Limit == 2 })
+	poll.Until(t, 5*time.Second, "the override is enforced", poll.True(func() bool { return env.check(t, user, "/tiny").Allowed }))
+	poll.Until(t, 6*time.Second, "the checker enforces the old limit after expiry", poll.True(func() bool { return env.quota(t, user, "/tiny").Limit == 2 }))
 	if late := time.Since(expires); late < -50*time.Millisecond {
 		t.Errorf("the override stopped applying %s before its expiry", -late)
 	} else {
@@ -474,9 +463,9 @@ func TestAdminOverrideExpires(t *testing.T) {
 	if r := env.check(t, user, "/tiny"); r.Allowed {
 		t.Errorf("check after expiry allowed, want the old limit (2, used up) to deny")
 	}
-	eventually(t, 5*time.Second, "the expired override leaves the list", func() bool {
+	poll.Until(t, 5*time.Second, "the expired override leaves the list", poll.True(func() bool {
 		return len(env.call(t, "GET", "/api/v1/overrides", readToken, nil).body["overrides"].([]any)) == 0
-	})
+	}))
 }
 
 func TestAdminUserLimits(t *testing.T) {
@@ -493,10 +482,10 @@ func TestAdminUserLimits(t *testing.T) {
 	if tierOvr.status != 201 {
 		t.Fatalf("POST tier override = %d %s", tierOvr.status, tierOvr.raw)
 	}
-	eventually(t, 5*time.Second, "the tier and the override are enforced", func() bool {
+	poll.Until(t, 5*time.Second, "the tier and the override are enforced", poll.True(func() bool {
 		q := env.quota(t, user, "/search")
 		return q.Tier == "premium" && q.Limit == 16
-	})
+	}))
 	env.check(t, user, "/orders")
 	env.check(t, user, "/orders")
 

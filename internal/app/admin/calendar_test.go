@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/calendar"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 const calendarAdminRules = `
@@ -52,10 +53,10 @@ func TestCalendarUserZone(t *testing.T) {
 	}
 	ny, _ := time.LoadLocation("America/New_York")
 	wantReset := calendar.Period{Unit: calendar.Month, Location: ny, AnchorDay: 15}.Next(time.Now())
-	eventually(t, 5*time.Second, "the user's zone is enforced", func() bool {
+	poll.Until(t, 5*time.Second, "the user's zone is enforced", poll.True(func() bool {
 		l := limits()
 		return l.Timezone == "America/New_York" && l.AnchorDay == 15
-	})
+	}))
 	env.check(t, user, "/monthly")
 	if l := limits(); l.ResetAt == nil || !l.ResetAt.Equal(wantReset) || l.Used == nil || *l.Used != 1 {
 		t.Errorf("after a check: used %v, reset %v; want 1 used, reset at %s (the 15th in New York)", l.Used, l.ResetAt, wantReset)
@@ -63,5 +64,5 @@ func TestCalendarUserZone(t *testing.T) {
 	if got := env.call(t, "PUT", "/api/v1/users/"+user+"/timezone", writeToken, `{"timezone":""}`); got.status != 200 {
 		t.Fatalf("PUT empty zone = %d %s", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the rule's zone is back", func() bool { return limits().Timezone == "Asia/Tokyo" })
+	poll.Until(t, 5*time.Second, "the rule's zone is back", poll.True(func() bool { return limits().Timezone == "Asia/Tokyo" }))
 }

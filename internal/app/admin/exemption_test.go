@@ -6,6 +6,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // TestExemptionThroughAPI: an exemption put through the API is listed, reaches the checker
@@ -29,7 +30,7 @@ func TestExemptionThroughAPI(t *testing.T) {
 	if got := env.call(t, "GET", "/api/v1/exemptions", readToken, nil); got.status != 200 || len(got.body["exemptions"].([]any)) != 1 {
 		t.Fatalf("GET: %d %s, want the one exemption", got.status, got.raw)
 	}
-	eventually(t, 10*time.Second, "the checker exempting the user", func() bool { return check().Exemption == "ci" })
+	poll.Until(t, 10*time.Second, "the checker exempting the user", poll.True(func() bool { return check().Exemption == "ci" }))
 	for range 3 { // cost 10 of a limit of 10, three times: only the exemption lets them all pass
 		if out := check(); !out.Allowed {
 			t.Fatalf("exempt check denied: %+v", out)
@@ -41,5 +42,5 @@ func TestExemptionThroughAPI(t *testing.T) {
 	if got := env.call(t, "DELETE", "/api/v1/exemptions/ci", writeToken, nil); got.status != 204 {
 		t.Fatalf("DELETE: %d %s", got.status, got.raw)
 	}
-	eventually(t, 10*time.Second, "the exemption gone from the checker", func() bool { return !check().Allowed })
+	poll.Until(t, 10*time.Second, "the exemption gone from the checker", poll.True(func() bool { return !check().Allowed }))
 }

@@ -102,58 +102,13 @@ func (a *API) serveLive(w http.ResponseWriter, r *http.Request, keep func(*event
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 
-	var (
-		mu    sync.Mutex // one writer at a time
-		rates Rates
-	)
-	send := func(event string, v any) error {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
-	if err := send("hello", map[string]string{"instance": a.engine.InstanceID()}); err != nil {
+	f := &liveFeed{w: w, rc: rc}
+	if err := f.send("hello", map[string]string{"instance": a.engine.InstanceID()}); err != nil {
 		return
 	}
 	errs := make(chan error, 2)
-	go func() {
-		errs <- broker.Tail(ctx, a.js, events.Stream, []string{events.WarningsPrefix + ".>"}, false, func(m jetstream.Msg) (bool, error) {
-			var t events.Transition
-			if json.Unmarshal(m.Data(), &t) != nil || !keep(&t) {
-				return false, nil
-			}
-			return false, send("transition", &t)
-		})
-	}()
-	go func() {
-		errs <- broker.Tail(ctx, a.js, stream.Name, nil, false, func(m jetstream.Msg) (bool, error) {
-			var b quotaflowv1.DecisionBatch
-			if proto.Unmarshal(m.Data(), &b) != nil {
-				return false, nil
-			}
-			mu.Lock()
-			for _, d := range b.Decisions {
-				switch {
-				case d.GetDegraded():
-					rates.Degraded++
-				case !d.GetAllowed():
-					rates.Denied++
-				case d.GetDelayUs() > 0:
-					rates.Delayed++
-				default:
-					rates.Allowed++
-				}
-			}
-			mu.Unlock()
-			return false, nil
-		})
-	}()
+	go func() { errs <- a.tailTransitions(ctx, f, keep) }()
+	go func() { errs <- a.tailDecisions(ctx, f) }()
 	tick := time.NewTicker(rateInterval)
 	defer tick.Stop()
 	for {
@@ -163,18 +118,90 @@ func (a *API) serveLive(w http.ResponseWriter, r *http.Request, keep func(*event
 		case err := <-errs:
 			if ctx.Err() == nil {
 				a.log.Warn("live feed ended", "err", err)
-				_ = send("error", map[string]string{"message": fmt.Sprintf("live feed: %v", err)})
+				_ = f.send("error", map[string]string{"message": fmt.Sprintf("live feed: %v", err)})
 			}
 			return
 		case now := <-tick.C:
-			mu.Lock()
-			r := rates
-			rates = Rates{}
-			mu.Unlock()
-			r.At = now.UTC()
-			if send("rates", r) != nil {
+			if f.send("rates", f.takeRates(now)) != nil {
 				return
 			}
 		}
 	}
+}
+
+// liveFeed is one client's live feed: the events written to it, and the rates counted since
+// the last "rates" event. Its tails and its ticker write from their own goroutines.
+type liveFeed struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+
+	mu    sync.Mutex // one writer at a time; guards rates
+	rates Rates
+}
+
+// send writes one event and flushes it to the client.
+func (f *liveFeed) send(event string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := fmt.Fprintf(f.w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+		return err
+	}
+	return f.rc.Flush()
+}
+
+// count adds a batch's decisions to the rates, by outcome.
+func (f *liveFeed) count(b *quotaflowv1.DecisionBatch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range b.Decisions {
+		switch {
+		case d.GetDegraded():
+			f.rates.Degraded++
+		case !d.GetAllowed():
+			f.rates.Denied++
+		case d.GetDelayUs() > 0:
+			f.rates.Delayed++
+		default:
+			f.rates.Allowed++
+		}
+	}
+}
+
+// takeRates returns the rates counted since the last call, stamped now, and starts over.
+func (f *liveFeed) takeRates(now time.Time) Rates {
+	f.mu.Lock()
+	r := f.rates
+	f.rates = Rates{}
+	f.mu.Unlock()
+	r.At = now.UTC()
+	return r
+}
+
+// tailTransitions sends the warning transitions that keep accepts, from now on, until ctx
+// ends or the feed fails.
+func (a *API) tailTransitions(ctx context.Context, f *liveFeed, keep func(*events.Transition) bool) error {
+	return broker.Tail(ctx, a.js, events.Stream, []string{events.WarningsPrefix + ".>"}, false, func(m jetstream.Msg) (bool, error) {
+		var t events.Transition
+		if json.Unmarshal(m.Data(), &t) != nil || !keep(&t) {
+			return false, nil
+		}
+		return false, f.send("transition", &t)
+	})
+}
+
+// tailDecisions counts the decisions of every checker into the feed's rates, from now on,
+// until ctx ends or the stream fails.
+func (a *API) tailDecisions(ctx context.Context, f *liveFeed) error {
+	return broker.Tail(ctx, a.js, stream.Name, nil, false, func(m jetstream.Msg) (bool, error) {
+		var b quotaflowv1.DecisionBatch
+		if proto.Unmarshal(m.Data(), &b) != nil {
+			return false, nil
+		}
+		f.count(&b)
+		return false, nil
+	})
 }

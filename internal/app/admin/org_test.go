@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 const orgAdminRules = `
@@ -42,7 +44,7 @@ func TestUserOrg(t *testing.T) {
 	if got := env.call(t, "PUT", "/api/v1/users/"+user+"/org", writeToken, `{"org":"`+org+`"}`); got.status != 200 {
 		t.Fatalf("PUT org = %d %s", got.status, got.raw)
 	}
-	eventually(t, 5*time.Second, "the org is enforced", func() bool { return limits().Org == org })
+	poll.Until(t, 5*time.Second, "the org is enforced", poll.True(func() bool { return limits().Org == org }))
 	env.check(t, user, "/llm")
 	l := limits()
 	if len(l.Limits) != 2 || l.Limits[1].RuleID != "org-day" || l.Limits[1].Dimension != "org" ||

@@ -2,12 +2,16 @@ package health_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 var natsSrv *natstest.Server
@@ -26,23 +30,21 @@ func (s *source) Observe(_ context.Context, r *health.Report, _ time.Duration) {
 	r.Dependencies[health.Redis] = health.Dependency{State: s.redis}
 }
 
-// waitList lists the reports until ok accepts them, failing the test at ctx's end.
-func waitList(ctx context.Context, t *testing.T, ok func([]health.Report) bool) []health.Report {
-	t.Helper()
-	js := natsSrv.JetStream(t)
-	for {
+// listed is the condition that ok accepts the reports listed, which it stores in *got unless
+// got is nil.
+func listed(js jetstream.JetStream, got *[]health.Report, ok func([]health.Report) bool) func(context.Context) error {
+	return func(ctx context.Context) error {
 		rs, err := health.List(ctx, js)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if ok(rs) {
-			return rs
+		if got != nil {
+			*got = rs
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("reports never as awaited; last: %+v", rs)
-		case <-time.After(20 * time.Millisecond):
+		if !ok(rs) {
+			return fmt.Errorf("reports %+v", rs)
 		}
+		return nil
 	}
 }
 
@@ -59,12 +61,15 @@ func TestReporter(t *testing.T) {
 	chk := health.Start(js, &source{role: health.RoleChecker, instance: "c.1", redis: health.StateOK}, cfg)
 	agg := health.Start(js, &source{role: health.RoleAggregator, instance: "a-1", redis: health.StateDown}, cfg)
 	var first time.Time
-	rs := waitList(ctx, t, func(rs []health.Report) bool {
+	var rs []health.Report
+	if err := poll.Wait(ctx, "both reports, a few intervals on", listed(js, &rs, func(rs []health.Report) bool {
 		if len(rs) == 2 && first.IsZero() {
 			first = rs[0].Dependencies[health.Redis].Since
 		}
 		return len(rs) == 2 && rs[0].At.Sub(rs[0].Started) > 3*cfg.Interval
-	})
+	})); err != nil {
+		t.Fatal(err)
+	}
 	if rs[0].Role != health.RoleChecker || rs[0].Instance != "c.1" || rs[1].Role != health.RoleAggregator {
 		t.Errorf("reports %+v: want the checker c.1 first, then the aggregator", rs)
 	}
@@ -80,7 +85,9 @@ func TestReporter(t *testing.T) {
 	if err := chk.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitList(ctx, t, func(rs []health.Report) bool { return len(rs) == 1 && rs[0].Role == health.RoleAggregator })
+	if err := poll.Wait(ctx, "the aggregator's report alone", listed(js, nil, func(rs []health.Report) bool { return len(rs) == 1 && rs[0].Role == health.RoleAggregator })); err != nil {
+		t.Fatal(err)
+	}
 	if err := agg.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +100,10 @@ func TestReporter(t *testing.T) {
 	if _, err := kv.Put(ctx, health.Key(health.RoleChecker, "killed"), []byte(`{"role":"checker","instance":"killed"}`)); err != nil {
 		t.Fatal(err)
 	}
-	waitList(ctx, t, func(rs []health.Report) bool { return len(rs) == 1 && rs[0].Instance == "killed" })
-	waitList(ctx, t, func(rs []health.Report) bool { return len(rs) == 0 })
+	if err := poll.Wait(ctx, "the killed process's report alone", listed(js, nil, func(rs []health.Report) bool { return len(rs) == 1 && rs[0].Instance == "killed" })); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll.Wait(ctx, "no report", listed(js, nil, func(rs []health.Report) bool { return len(rs) == 0 })); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // fingerprint names a set's rules and users, in a stable order.
@@ -121,7 +122,7 @@ rules:
 		go func() { defer wg.Done(); follower.Watch(wctx, w.apply) }()
 	}
 	watch()
-	waitFor(t, func() bool { return len(ws[0].seen()) == 1 })
+	poll.Until(t, 10*time.Second, "the first watch applying the set", poll.True(func() bool { return len(ws[0].seen()) == 1 }))
 	applied := make(chan error, 1)
 	go func() { applied <- applyAll(ctx, s, next, "test") }()
 	for range 4 {
@@ -133,7 +134,7 @@ rules:
 	watch() // after the change
 
 	for i, w := range ws {
-		waitFor(t, func() bool { seen := w.seen(); return len(seen) > 0 && seen[len(seen)-1] == want[1] })
+		poll.Until(t, 10*time.Second, "every watch applying the changed set", poll.True(func() bool { seen := w.seen(); return len(seen) > 0 && seen[len(seen)-1] == want[1] }))
 		seen := w.seen()
 		if !slices.Equal(seen, want) && !slices.Equal(seen, want[1:]) {
 			t.Errorf("watcher %d saw %d configurations:\n  %s\nwant the old, then the new:\n  %s", i, len(seen), strings.Join(seen, "\n  "), strings.Join(want, "\n  "))
@@ -171,16 +172,6 @@ rules:
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
-// waitFor polls cond for up to 10 s: a bound on a hang, not a timing assertion.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-	}
-}
 
 // TestLegacyUserKeys: a store written before generations (users.<id> keys, a document naming
 // none) reads, takes a user's change, and moves to a generation at the next Apply.

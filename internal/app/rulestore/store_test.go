@@ -173,7 +173,8 @@ func TestOverrideLifecycle(t *testing.T) {
 	sets := make(chan *rules.Set, 100)
 	go s.Watch(ctx, func(set *rules.Set) { sets <- set })
 	go s.PublishExpiries(ctx)
-	waitFor := func(what string, ok func(*rules.Set) bool) {
+	// nextSetWhere reads the sets the watch delivers until ok accepts one.
+	nextSetWhere := func(what string, ok func(*rules.Set) bool) {
 		t.Helper()
 		for {
 			select {
@@ -186,7 +187,7 @@ func TestOverrideLifecycle(t *testing.T) {
 			}
 		}
 	}
-	waitFor("the seeded rules apply", func(set *rules.Set) bool { return len(set.Rules()) == 2 })
+	nextSetWhere("the seeded rules apply", func(set *rules.Set) bool { return len(set.Rules()) == 2 })
 
 	now := time.Now()
 	short := rules.Override{ID: "short", Dimension: "user", Identifier: "alice", Limit: 3, Reason: "test", Creator: "t", Source: "admin", CreatedAt: now, ExpiresAt: now.Add(2 * time.Second)}
@@ -212,14 +213,14 @@ func TestOverrideLifecycle(t *testing.T) {
 	if err := s.PutOverride(ctx, bad); !errors.As(err, &fe) || fe.Field != "rule_id" {
 		t.Errorf("PutOverride naming an unknown rule = %v, want a FieldError on rule_id", err)
 	}
-	waitFor("both overrides apply", func(set *rules.Set) bool { return len(set.Overrides()) == 2 })
+	nextSetWhere("both overrides apply", func(set *rules.Set) bool { return len(set.Overrides()) == 2 })
 	if err := s.DeleteOverride(ctx, "long", "t"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteOverride(ctx, "long", "t"); !errors.Is(err, rules.ErrNotFound) {
 		t.Errorf("second DeleteOverride = %v, want rules.ErrNotFound", err)
 	}
-	waitFor("the short one expires by itself", func(set *rules.Set) bool { return len(set.Overrides()) == 0 })
+	nextSetWhere("the short one expires by itself", func(set *rules.Set) bool { return len(set.Overrides()) == 0 })
 	if ovs, err := s.Overrides(ctx); err != nil || len(ovs) != 0 {
 		t.Errorf("Overrides after expiry = %v, %v; want none", ovs, err)
 	}

@@ -34,33 +34,8 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 	}
 	defer ow.Stop()
 
-	var doc *rules.Document
-	var gen string                                 // of doc's users
-	users := map[string]map[string]rules.DocUser{} // by generation, then id
-	overrides := map[string]rules.Override{}
-	configReady, overridesReady := false, false
-	expiry := time.NewTimer(time.Hour)
-	expiry.Stop()
-	defer expiry.Stop()
-	rebuild := func() {
-		if !configReady || !overridesReady || doc == nil {
-			return
-		}
-		set, err := doc.CompileWithUsers(users[gen])
-		if err != nil {
-			s.log.Error("stored configuration does not compile; keeping the last good one", "err", err)
-			return
-		}
-		ovs := make([]rules.Override, 0, len(overrides))
-		for _, o := range overrides {
-			ovs = append(ovs, o)
-		}
-		set = set.WithOverrides(ovs)
-		if next := set.NextExpiry(s.now()); !next.IsZero() {
-			expiry.Reset(time.Until(next))
-		}
-		apply(set)
-	}
+	w := newWatchState(s, apply)
+	defer w.expiry.Stop()
 	// A watch created while its NATS server dies may never deliver the end of its initial
 	// values; the caller restarts a watch that returns.
 	initial := time.NewTimer(initialValuesTimeout)
@@ -70,65 +45,119 @@ func (s *Store) Watch(ctx context.Context, apply func(*rules.Set)) error {
 		case <-ctx.Done():
 			return nil
 		case <-initial.C:
-			if !configReady || !overridesReady {
+			if !w.configReady || !w.overridesReady {
 				return fmt.Errorf("watch: the initial values did not all arrive within %v", initialValuesTimeout)
 			}
-		case <-expiry.C:
-			rebuild()
+		case <-w.expiry.C:
+			w.rebuild()
 		case e, ok := <-cw.Updates():
 			if !ok {
 				return unlessEnded(ctx, errors.New("config watcher stopped"))
 			}
-			if e == nil {
-				configReady = true
-				rebuild()
-				continue
-			}
-			if e.Key() == rulesetKey {
-				if e.Operation() != jetstream.KeyValuePut {
-					continue // the document is replaced, never removed
-				}
-				d, g, err := decodeDoc(e.Value())
-				if err != nil {
-					s.log.Error("stored rules unreadable; keeping the last good ones", "err", err)
-					continue
-				}
-				doc, gen = d, g
-			} else if g, id, ok := parseUserKey(e.Key()); ok {
-				// Users of another generation are kept for the document that will name them
-				// (an Apply writes them first), and change nothing enforced yet.
-				if !s.watchUser(users, g, id, e) || g != gen {
-					continue
-				}
-			} else {
-				continue
-			}
-			if configReady {
-				rebuild()
-			}
+			w.configEntry(e)
 		case e, ok := <-ow.Updates():
 			if !ok {
 				return unlessEnded(ctx, errors.New("overrides watcher stopped"))
 			}
-			if e == nil {
-				overridesReady = true
-				rebuild()
-				continue
-			}
-			if e.Operation() != jetstream.KeyValuePut {
-				delete(overrides, e.Key())
-			} else {
-				var o rules.Override
-				if err := json.Unmarshal(e.Value(), &o); err != nil {
-					s.log.Error("stored override unreadable; skipped", "override", e.Key(), "err", err)
-					continue
-				}
-				overrides[e.Key()] = o
-			}
-			if overridesReady {
-				rebuild()
-			}
+			w.overrideEntry(e)
 		}
+	}
+}
+
+// watchState is what a Watch has read of the buckets, from which it compiles the set it applies.
+type watchState struct {
+	s     *Store
+	apply func(*rules.Set)
+
+	doc       *rules.Document
+	gen       string                              // of doc's users
+	users     map[string]map[string]rules.DocUser // by generation, then id
+	overrides map[string]rules.Override
+	// configReady and overridesReady say that a bucket's initial values are all read: until
+	// both are, a set would lack some of the store's content.
+	configReady, overridesReady bool
+	expiry                      *time.Timer // at the next override's expiry
+}
+
+func newWatchState(s *Store, apply func(*rules.Set)) *watchState {
+	w := &watchState{s: s, apply: apply, users: map[string]map[string]rules.DocUser{},
+		overrides: map[string]rules.Override{}, expiry: time.NewTimer(time.Hour)}
+	w.expiry.Stop()
+	return w
+}
+
+// rebuild compiles and applies the set once both buckets' initial values are read, and sets
+// the expiry timer to the next override's end.
+func (w *watchState) rebuild() {
+	if !w.configReady || !w.overridesReady || w.doc == nil {
+		return
+	}
+	set, err := w.doc.CompileWithUsers(w.users[w.gen])
+	if err != nil {
+		w.s.log.Error("stored configuration does not compile; keeping the last good one", "err", err)
+		return
+	}
+	ovs := make([]rules.Override, 0, len(w.overrides))
+	for _, o := range w.overrides {
+		ovs = append(ovs, o)
+	}
+	set = set.WithOverrides(ovs)
+	if next := set.NextExpiry(w.s.now()); !next.IsZero() {
+		w.expiry.Reset(time.Until(next))
+	}
+	w.apply(set)
+}
+
+// configEntry takes a change of the config bucket (nil: the end of its initial values).
+func (w *watchState) configEntry(e jetstream.KeyValueEntry) {
+	if e == nil {
+		w.configReady = true
+		w.rebuild()
+		return
+	}
+	if e.Key() == rulesetKey {
+		if e.Operation() != jetstream.KeyValuePut {
+			return // the document is replaced, never removed
+		}
+		d, g, err := decodeDoc(e.Value())
+		if err != nil {
+			w.s.log.Error("stored rules unreadable; keeping the last good ones", "err", err)
+			return
+		}
+		w.doc, w.gen = d, g
+	} else if g, id, ok := parseUserKey(e.Key()); ok {
+		// Users of another generation are kept for the document that will name them
+		// (an Apply writes them first), and change nothing enforced yet.
+		if !w.s.watchUser(w.users, g, id, e) || g != w.gen {
+			return
+		}
+	} else {
+		return
+	}
+	if w.configReady {
+		w.rebuild()
+	}
+}
+
+// overrideEntry takes a change of the overrides bucket (nil: the end of its initial values).
+func (w *watchState) overrideEntry(e jetstream.KeyValueEntry) {
+	if e == nil {
+		w.overridesReady = true
+		w.rebuild()
+		return
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(w.overrides, e.Key())
+	} else {
+		var o rules.Override
+		if err := json.Unmarshal(e.Value(), &o); err != nil {
+			w.s.log.Error("stored override unreadable; skipped", "override", e.Key(), "err", err)
+			return
+		}
+		w.overrides[e.Key()] = o
+	}
+	if w.overridesReady {
+		w.rebuild()
 	}
 }
 

@@ -5,6 +5,7 @@ package daemontest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 )
 
 // startTimeout bounds a daemon's start and its first ready answer: a NATS cluster electing its
@@ -52,7 +54,9 @@ func Checker(t testing.TB, cfg daemon.CheckerConfig) *daemon.Checker {
 		t.Fatalf("start checker: %v", err)
 	}
 	t.Cleanup(func() { closeAtEnd(t, "checker", d) })
-	waitReady(ctx, t, d.URL(), d.Done())
+	if err := poll.Wait(ctx, d.URL()+" ready", ready(t, d.URL(), d.Done())); err != nil {
+		t.Fatalf("not within %s: %v", startTimeout, err)
+	}
 	return d
 }
 
@@ -89,24 +93,24 @@ func closeAtEnd(t testing.TB, what string, d interface {
 	}
 }
 
-// waitReady polls base's /readyz until it answers 200, the daemon stops or ctx ends.
-func waitReady(ctx context.Context, t testing.TB, base string, done <-chan struct{}) {
-	t.Helper()
+// ready is the condition that base's /readyz answers 200; it fails the test when the daemon
+// stops (done) first.
+func ready(t testing.TB, base string, done <-chan struct{}) func(context.Context) error {
 	hc := &http.Client{Timeout: time.Second}
-	for {
+	return func(ctx context.Context) error {
 		resp, err := hc.Get(base + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
+			err = fmt.Errorf("/readyz: %s", resp.Status)
 		}
 		select {
 		case <-done:
 			t.Fatalf("%s stopped before it was ready", base)
-		case <-ctx.Done():
-			t.Fatalf("%s not ready within %s: %v", base, startTimeout, err)
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
+		return err
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
@@ -90,7 +91,7 @@ func (c *Cluster) create() error {
 	if err := redisCLI(ctx, args...); err != nil {
 		return fmt.Errorf("create cluster: %w%s", err, logTails(c.nodes))
 	}
-	if err := await(ctx, "cluster to form", func(ctx context.Context) error { return c.health(ctx, true) }); err != nil {
+	if err := poll.Wait(ctx, "cluster to form", func(ctx context.Context) error { return c.health(ctx, true) }); err != nil {
 		return fmt.Errorf("%w%s", err, logTails(c.nodes))
 	}
 	masters, err := c.Masters(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,7 +211,7 @@ func (c *Cluster) shape(seer *Node, view []clusterNode) (string, []clusterNode, 
 // slot is served by a running master, and every running replica follows its master. A killed
 // node may stay down.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	if err := await(ctx, "healthy cluster", func(ctx context.Context) error { return c.health(ctx, false) }); err != nil {
+	if err := poll.Wait(ctx, "healthy cluster", func(ctx context.Context) error { return c.health(ctx, false) }); err != nil {
 		return fmt.Errorf("%w%s", err, logTails(c.nodes))
 	}
 	return nil

@@ -21,8 +21,6 @@ const (
 	// groupTimeout bounds the start of a cluster or Sentinel group, from the first process to the
 	// last replica attached: a cold start takes a few seconds, a loaded test machine more.
 	groupTimeout = 30 * time.Second
-	// pollEvery is the pause between two looks at a group's state.
-	pollEvery = 50 * time.Millisecond
 	// askTimeout bounds one question to one server, so that a stalled server delays a wait by
 	// this much instead of stopping it.
 	askTimeout = time.Second
@@ -182,22 +180,6 @@ func logTails(nodes []*Node) string {
 		b.WriteString(n.logTail())
 	}
 	return b.String()
-}
-
-// await calls check every pollEvery until it returns nil or ctx ends; then the error names
-// what it waited for and carries check's last complaint.
-func await(ctx context.Context, what string, check func(ctx context.Context) error) error {
-	for {
-		err := check(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for %s: %w (last: %w)", what, ctx.Err(), err)
-		case <-time.After(pollEvery):
-		}
-	}
 }
 
 // closeNodes closes every node that is not nil, at once: each Close waits for its process.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 )
 
@@ -73,7 +74,7 @@ func (s *Sentinel) start(ports []int, quorum int) error {
 		return err
 	}
 	s.nodes = append(s.nodes, replica)
-	if err := await(ctx, "replica to follow the master", func(ctx context.Context) error {
+	if err := poll.Wait(ctx, "replica to follow the master", func(ctx context.Context) error {
 		return linkUp(ctx, replica)
 	}); err != nil {
 		return fmt.Errorf("%w%s", err, logTails(s.nodes))
@@ -105,7 +106,7 @@ func (s *Sentinel) start(ports []int, quorum int) error {
 		s.ask = append(s.ask, redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1,
 			DialTimeout: askTimeout, ContextTimeoutEnabled: true}))
 	}
-	if err := await(ctx, "sentinels to know the group", s.known); err != nil {
+	if err := poll.Wait(ctx, "sentinels to know the group", s.known); err != nil {
 		return fmt.Errorf("%w%s", err, logTails(append(s.Nodes(), s.sentinels...)))
 	}
 	return nil
@@ -254,7 +255,7 @@ func (s *Sentinel) reported(ctx context.Context, i int) (string, error) {
 // and that master says it is one, and returns its address.
 func (s *Sentinel) WaitFailover(ctx context.Context, oldMasterAddr string) (string, error) {
 	var addr string
-	err := await(ctx, "failover from "+oldMasterAddr, func(ctx context.Context) error {
+	err := poll.Wait(ctx, "failover from "+oldMasterAddr, func(ctx context.Context) error {
 		var err error
 		if addr, err = s.masterAddr(ctx); err != nil {
 			return err

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/testbed/poll"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
 
@@ -43,8 +44,15 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("Master after the failover: %v, %v; want %s", m, err, addr)
 	}
 	// The client follows the sentinels to the new master, which has the write and takes more.
-	if got := eventually(ctx, func() (string, error) { return rdb.Get(ctx, "bucket").Result() }); got != "kept" {
-		t.Errorf("get through the failover client after the failover: %q", got)
+	// A client may see errors for a moment after a failover, until it finds the new master.
+	var got string
+	err = poll.Wait(ctx, "the write through the failover client", func(ctx context.Context) error {
+		var err error
+		got, err = rdb.Get(ctx, "bucket").Result()
+		return err
+	})
+	if err != nil || got != "kept" {
+		t.Errorf("get through the failover client after the failover: %q, %v", got, err)
 	}
 	if err := rdb.Set(ctx, "after", "written", 0).Err(); err != nil {
 		t.Fatalf("set through the failover client after the failover: %v", err)
@@ -53,21 +61,6 @@ func TestSentinelFailover(t *testing.T) {
 	defer n.Close()
 	if got, err := n.Get(ctx, "after").Result(); err != nil || got != "written" {
 		t.Errorf("the new master %s has %q, %v; want the client's write", n.Options().Addr, got, err)
-	}
-}
-
-// eventually calls get until it succeeds or ctx ends, and returns its last value: a client
-// may see errors for a moment after a failover, until it finds the new master.
-func eventually(ctx context.Context, get func() (string, error)) string {
-	for {
-		v, err := get()
-		if err == nil || ctx.Err() != nil {
-			return v
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
 	}
 }
 
