@@ -64,7 +64,7 @@ type Transition struct {
 
 // NATSSubject is the transition's subject: quotaflow.warnings.<tier>.<dimension>.
 func (t *Transition) NATSSubject() string {
-	return WarningsPrefix + "." + Token(t.Tier) + "." + Token(t.Dimension)
+	return WarningsPrefix + "." + token(t.Tier) + "." + token(t.Dimension)
 }
 
 // String is the transition as one line, for people watching the stream (quotaflow watch
@@ -159,7 +159,7 @@ type ConfigEvent struct {
 }
 
 // NATSSubject is the event's subject: quotaflow.config.<action>.
-func (e *ConfigEvent) NATSSubject() string { return ConfigPrefix + "." + Token(e.Action) }
+func (e *ConfigEvent) NATSSubject() string { return ConfigPrefix + "." + token(e.Action) }
 
 // Target is what the change is about: the rule's id, the user's id, the exemption's id, or ""
 // for the whole document.
@@ -192,8 +192,8 @@ func (e *ConfigEvent) String() string {
 	return line
 }
 
-// Token makes s safe as one NATS subject token.
-func Token(s string) string {
+// token makes s safe as one NATS subject token.
+func token(s string) string {
 	if s == "" {
 		return "_"
 	}

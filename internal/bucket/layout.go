@@ -51,8 +51,8 @@ func (l Layout) String() string {
 	return fmt.Sprintf("layout(%d)", uint8(l))
 }
 
-// ParseLayout returns the layout named s ("previous", "compact", "shared" or "mixed").
-func ParseLayout(s string) (Layout, error) {
+// parseLayout returns the layout named s ("previous", "compact", "shared" or "mixed").
+func parseLayout(s string) (Layout, error) {
 	for l, name := range layoutNames {
 		if name == s {
 			return Layout(l), nil
@@ -66,7 +66,7 @@ func (l Layout) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
 
 // UnmarshalText sets l to the layout named text (ParseLayout).
 func (l *Layout) UnmarshalText(text []byte) error {
-	v, err := ParseLayout(string(text))
+	v, err := parseLayout(string(text))
 	if err != nil {
 		return err
 	}

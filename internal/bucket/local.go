@@ -142,7 +142,7 @@ func (l *Local) decide(now time.Time, reqs []Request, res []Result) {
 		// A counted request (Count) commits every limit, a denied one's as if charged, and
 		// reports an allowed one's after values, as call.lua's fields does in mode "6"; an
 		// allowed request of a denied call is refunded, so it commits nothing.
-		charged := res[i].Allowed && !req.Peek && (!denied || Kept(reqs, res, i))
+		charged := res[i].Allowed && !req.Peek && (!denied || kept(reqs, res, i))
 		count := req.Count && !req.Peek && !res[i].Allowed
 		for j := range req.Limits {
 			res[i].Limits[j] = l.commit(&outs[k], ps[k], &req.Limits[j], shardOf[k], req, float64(req.Cost), nowUS, charged, count)

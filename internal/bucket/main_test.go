@@ -29,7 +29,7 @@ var testLayout Layout
 
 func TestMain(m *testing.M) {
 	if v := os.Getenv("QUOTAFLOW_TEST_LAYOUT"); v != "" {
-		l, err := ParseLayout(v)
+		l, err := parseLayout(v)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bucket: QUOTAFLOW_TEST_LAYOUT: %v\n", err)
 			os.Exit(2)

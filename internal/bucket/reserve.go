@@ -38,9 +38,9 @@ var (
 	ErrSettled = errors.New("bucket: reservation already settled")
 )
 
-// SettledTTL is how long a settled reservation's record stays, so that a retried settle is told
+// settledTTL is how long a settled reservation's record stays, so that a retried settle is told
 // ErrSettled rather than ErrUnknownReservation.
-const SettledTTL = 10 * time.Minute
+const settledTTL = 10 * time.Minute
 
 // Mark is one request's part of a reservation: Key is its record's key, in the slot of the
 // request's limits; Request and Result are its charge (allowed, not refunded). Label is the
@@ -249,7 +249,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		}
 	}
 	args = append(args, strconv.Itoa(n), strconv.FormatInt(actual-estimate, 10), "5",
-		strconv.FormatInt(SettledTTL.Milliseconds(), 10), rec)
+		strconv.FormatInt(settledTTL.Milliseconds(), 10), rec)
 	for _, f := range limits {
 		token := f[4]
 		if token == "-" {

@@ -264,7 +264,7 @@ func (p *Pending) Wait() ([]Result, error) {
 	var refund []int
 	for i := range reqs {
 		if (failed == nil || !failed[i]) && !reqs[i].Peek && results[i].Allowed && !results[i].Replayed &&
-			(firstErr != nil || replay || !Kept(reqs, results, i)) {
+			(firstErr != nil || replay || !kept(reqs, results, i)) {
 			refund = append(refund, i)
 		}
 	}
@@ -331,10 +331,10 @@ func fillDelays(r *Request, res *Result) {
 	}
 }
 
-// Kept reports whether request i of a decided call keeps its charge although the call was
+// kept reports whether request i of a decided call keeps its charge although the call was
 // denied: a request that Replaces an enforced limit, when that limit is the only enforced one
 // that denied. It reads each limit's Allowed, so results must be those of a whole call.
-func Kept(reqs []Request, results []Result, i int) bool {
+func kept(reqs []Request, results []Result, i int) bool {
 	key := reqs[i].Replaces
 	if key == "" {
 		return false

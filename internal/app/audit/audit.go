@@ -67,8 +67,8 @@ type Counts struct {
 // subjectDimensions are the dimensions the audit writes subjects with (dimension:identifier).
 var subjectDimensions = []string{"user", "ip", "api_key", "descriptor", "global"}
 
-// ValidSubject checks a subject as the audit writes them: dimension:identifier.
-func ValidSubject(s string) error {
+// validSubject checks a subject as the audit writes them: dimension:identifier.
+func validSubject(s string) error {
 	dim, id, ok := strings.Cut(s, ":")
 	switch {
 	case !ok || id == "":

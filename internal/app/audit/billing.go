@@ -43,7 +43,7 @@ type BillingDay struct {
 // Billing returns the subject's checks per day of the month. Its errors are a *field.Error
 // (subject, month) or ClickHouse's.
 func (r *Reader) Billing(ctx context.Context, req BillingRequest) (*Billing, error) {
-	if err := ValidSubject(req.Subject); err != nil {
+	if err := validSubject(req.Subject); err != nil {
 		return nil, field.Errorf("subject", "%v", err)
 	}
 	loc := req.Location

@@ -101,7 +101,7 @@ const recentSpan = 24 * time.Hour
 // Recent returns the subject's latest checks of the last day, the newest first, at most n
 // (0: 50; at most 500). Its errors are a *field.Error (subject, n) or ClickHouse's.
 func (r *Reader) Recent(ctx context.Context, subject string, n int) ([]Decision, error) {
-	if err := ValidSubject(subject); err != nil {
+	if err := validSubject(subject); err != nil {
 		return nil, field.Errorf("subject", "%v", err)
 	}
 	if n == 0 {

@@ -133,28 +133,28 @@ type HourRow struct {
 
 // The reasons a replayed answer differs from the recorded one, the first that applies.
 const (
-	// ReasonFailMode: the recorded answer was a fail mode's, Redis unreachable.
-	ReasonFailMode = "fail_mode"
-	// ReasonLeased: a leased rule applied, decided from a checker's slice of its budget.
-	ReasonLeased = "leased"
-	// ReasonConcurrency: a concurrency rule applied, whose places the replay never releases.
-	ReasonConcurrency = "concurrency"
-	// ReasonRules: other rules or limits decided then: the rules given differ from those of
+	// reasonFailMode: the recorded answer was a fail mode's, Redis unreachable.
+	reasonFailMode = "fail_mode"
+	// reasonLeased: a leased rule applied, decided from a checker's slice of its budget.
+	reasonLeased = "leased"
+	// reasonConcurrency: a concurrency rule applied, whose places the replay never releases.
+	reasonConcurrency = "concurrency"
+	// reasonRules: other rules or limits decided then: the rules given differ from those of
 	// the time, or an override applied then.
-	ReasonRules = "rules_differ"
-	// ReasonSettled: a bucket of the check had been changed by a reservation's settle or a
+	reasonRules = "rules_differ"
+	// reasonSettled: a bucket of the check had been changed by a reservation's settle or a
 	// lease event, which the replay does not apply.
-	ReasonSettled = "settled"
+	reasonSettled = "settled"
 	// ReasonRefund: a bucket of the check had just been charged by a check that another of
 	// its limits denied; Redis refunds such a charge a round trip later, and this check came
 	// in between, while the replay refunds at once. The denial may be of the same instant
 	// (one batch script run), replayed after this check: the audit does not keep their order.
 	ReasonRefund = "refund_window"
-	// ReasonHistory: none of the above; the buckets' state came from before the replayed
+	// reasonHistory: none of the above; the buckets' state came from before the replayed
 	// history (a window longer than the warm-up). A changed answer in a bucket whose replayed
 	// state an earlier changed answer made differ, while a charge lasts in it, gets that
 	// earlier answer's reason instead (diverge).
-	ReasonHistory = "history"
+	reasonHistory = "history"
 )
 
 type ruleKey struct{ rule, tier string }
@@ -333,7 +333,7 @@ func (r *Report) compare(rec *Record, out *checker.Outcome, at time.Time) {
 	reason := r.reason(rec, out)
 	r.Reasons[reason]++
 	r.diverge(rec, out, reason)
-	if reason == ReasonHistory {
+	if reason == reasonHistory {
 		p := pendingChange{record: r.Records}
 		for _, l := range limitsOf(out) {
 			p.keys = append(p.keys, l.Rule.ID+"|"+l.Subject.ID)
@@ -356,12 +356,12 @@ func (r *Report) resolve() {
 		if !slices.ContainsFunc(p.keys, func(k string) bool { return r.noted[k] > p.record }) {
 			continue
 		}
-		if r.Reasons[ReasonHistory]--; r.Reasons[ReasonHistory] == 0 {
-			delete(r.Reasons, ReasonHistory)
+		if r.Reasons[reasonHistory]--; r.Reasons[reasonHistory] == 0 {
+			delete(r.Reasons, reasonHistory)
 		}
 		r.Reasons[ReasonRefund]++
 		for _, k := range p.keys {
-			if d, ok := r.diverged[k]; ok && d.reason == ReasonHistory {
+			if d, ok := r.diverged[k]; ok && d.reason == reasonHistory {
 				d.reason = ReasonRefund
 				r.diverged[k] = d
 			}
@@ -449,23 +449,23 @@ func decider(out *checker.Outcome) *checker.LimitOutcome {
 // reason explains a changed answer (the Reason constants, the first that applies).
 func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 	if rec.Degraded {
-		return ReasonFailMode
+		return reasonFailMode
 	}
 	lims := limitsOf(out)
 	for _, l := range lims {
 		if l.Rule.Allotment > 0 {
-			return ReasonLeased
+			return reasonLeased
 		}
 		if l.Rule.Algorithm == algorithm.Concurrency {
-			return ReasonConcurrency
+			return reasonConcurrency
 		}
 	}
 	if out == nil || !sameLimit(rec, lims) {
-		return ReasonRules
+		return reasonRules
 	}
 	for _, l := range lims {
 		if r.tainted[l.Subject.ID] {
-			return ReasonSettled
+			return reasonSettled
 		}
 	}
 	for _, l := range lims {
@@ -479,7 +479,7 @@ func (r *Report) reason(rec *Record, out *checker.Outcome) string {
 			return d.reason
 		}
 	}
-	return ReasonHistory
+	return reasonHistory
 }
 
 // sameLimit reports whether the rule that decided rec then was replayed with the limit it had

@@ -51,14 +51,14 @@ func TestReportReasons(t *testing.T) {
 	}{
 		{"same answers", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil), rec(3, "alice", "/a", false, nil)}, ""},
 		{"fail mode", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
-			rec(3, "alice", "/a", true, func(r *Record) { r.Degraded = true })}, ReasonFailMode},
+			rec(3, "alice", "/a", true, func(r *Record) { r.Degraded = true })}, reasonFailMode},
 		{"override then", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
-			rec(3, "alice", "/a", true, func(r *Record) { r.Limit = 4 })}, ReasonRules},
+			rec(3, "alice", "/a", true, func(r *Record) { r.Limit = 4 })}, reasonRules},
 		{"settled before", []Record{rec(1, "alice", "/a", true, nil), rec(2, "alice", "/a", true, nil),
 			rec(2, "alice", "", true, func(r *Record) { r.Kind = "cancel" }),
-			rec(3, "alice", "/a", true, nil)}, ReasonSettled},
-		{"concurrency", []Record{rec(1, "alice", "/conn", true, nil), rec(2, "alice", "/conn", true, nil)}, ReasonConcurrency},
-		{"history before the replay", []Record{rec(1, "alice", "/a", false, nil)}, ReasonHistory},
+			rec(3, "alice", "/a", true, nil)}, reasonSettled},
+		{"concurrency", []Record{rec(1, "alice", "/conn", true, nil), rec(2, "alice", "/conn", true, nil)}, reasonConcurrency},
+		{"history before the replay", []Record{rec(1, "alice", "/a", false, nil)}, reasonHistory},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,10 +102,10 @@ rules:
 		want  map[string]int64
 	}{
 		// Redis allowed the third check (used 2 of 2); the replay, one charge ahead, denies it.
-		{"within the window", rec(30*time.Second, true, 2), map[string]int64{ReasonRules: 2}},
+		{"within the window", rec(30*time.Second, true, 2), map[string]int64{reasonRules: 2}},
 		// Minutes later, the charge the replay made is long gone: a difference then (a
 		// denial Redis gave a fresh window) is history.
-		{"after the window", rec(3*time.Minute, false, 2), map[string]int64{ReasonRules: 1, ReasonHistory: 1}},
+		{"after the window", rec(3*time.Minute, false, 2), map[string]int64{reasonRules: 1, reasonHistory: 1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -150,7 +150,7 @@ func TestReportRows(t *testing.T) {
 	if rep.Skipped.Unreadable != 1 {
 		t.Errorf("got %d unreadable rows, want 1", rep.Skipped.Unreadable)
 	}
-	if rep.Checks != 4 || rep.NewlyDenied != 1 || rep.NewlyAllowed != 0 || rep.Reasons[ReasonRules] != 1 {
+	if rep.Checks != 4 || rep.NewlyDenied != 1 || rep.NewlyAllowed != 0 || rep.Reasons[reasonRules] != 1 {
 		t.Fatalf("got checks %d, newly denied %d, allowed %d, reasons %v; want 4, 1, 0, one rules_differ",
 			rep.Checks, rep.NewlyDenied, rep.NewlyAllowed, rep.Reasons)
 	}
@@ -264,7 +264,7 @@ rules:
 			Subject: "alice", Tier: "", Endpoint: "/a", Cost: 1, Allowed: true, Rule: "per-user", Limit: 5})
 	}
 	rep.finish(0)
-	if rep.NewlyDenied != 2 || rep.Reasons[ReasonRules] != 2 || len(rep.Reasons) != 1 {
+	if rep.NewlyDenied != 2 || rep.Reasons[reasonRules] != 2 || len(rep.Reasons) != 1 {
 		t.Errorf("got %d newly denied, reasons %v; want 2, both rules_differ", rep.NewlyDenied, rep.Reasons)
 	}
 }
@@ -317,7 +317,7 @@ rules:
 		// bob's (denied: the global bucket held alice's charge); the replay meets bob first.
 		{"same instant", 0, map[string]int64{ReasonRefund: 1}},
 		// A denial after bob's check charged nothing bob saw.
-		{"a microsecond later", time.Microsecond, map[string]int64{ReasonHistory: 1}},
+		{"a microsecond later", time.Microsecond, map[string]int64{reasonHistory: 1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -330,7 +330,7 @@ rules:
 			}
 			rep.finish(0)
 			if rep.NewlyAllowed != 1 || len(rep.Reasons) != len(tt.want) || rep.Reasons[ReasonRefund] != tt.want[ReasonRefund] ||
-				rep.Reasons[ReasonHistory] != tt.want[ReasonHistory] {
+				rep.Reasons[reasonHistory] != tt.want[reasonHistory] {
 				t.Errorf("got %d newly allowed, reasons %v; want 1, %v", rep.NewlyAllowed, rep.Reasons, tt.want)
 			}
 		})

@@ -11,8 +11,8 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator/events"
 )
 
-// SeedActor is the actor of the event that records a store's seeding from a rules file.
-const SeedActor = "seed"
+// seedActor is the actor of the event that records a store's seeding from a rules file.
+const seedActor = "seed"
 
 // maxDetail bounds an event's detail: a whole rules document with many users could exceed what
 // NATS takes in one message (1 MiB by default), and the write it records must not fail for it.

@@ -17,7 +17,7 @@ import (
 
 // TestConfigEvents: every accepted write publishes exactly one config event naming its actor,
 // its action and target, what it wrote and when; a refused write publishes none. The seeding
-// is recorded once, by SeedActor.
+// is recorded once, by seedActor.
 func TestConfigEvents(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -29,8 +29,8 @@ func TestConfigEvents(t *testing.T) {
 		}
 	}
 	seen := readConfigEvents(t, js)
-	if len(seen) != 1 || seen[0].Action != events.ConfigRulesSeeded || seen[0].Actor != SeedActor {
-		t.Fatalf("after seeding twice: events %+v, want one rules_seeded by %q", seen, SeedActor)
+	if len(seen) != 1 || seen[0].Action != events.ConfigRulesSeeded || seen[0].Actor != seedActor {
+		t.Fatalf("after seeding twice: events %+v, want one rules_seeded by %q", seen, seedActor)
 	}
 
 	ipMin := rules.DocRule{ID: "ip-min", Dimension: "ip", Endpoint: "*", Algorithm: "fixed_window", Limit: "100", Window: "1m"}

@@ -133,10 +133,10 @@ func bind(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*Store
 	return &Store{js: js, config: config, overrides: overrides, log: log, now: time.Now}, nil
 }
 
-// UserKey is the KV key of a user of generation gen: users.<gen>.<id in base64>, user ids may
+// userKey is the KV key of a user of generation gen: users.<gen>.<id in base64>, user ids may
 // hold any UTF-8, keys may not. Generation "" is that of stores written before generations:
 // users.<id in base64>.
-func UserKey(gen, id string) string {
+func userKey(gen, id string) string {
 	enc := base64.RawURLEncoding.EncodeToString([]byte(id))
 	if gen == "" {
 		return userPrefix + enc
@@ -294,7 +294,7 @@ func (s *Store) Current(ctx context.Context) (*rules.Set, error) {
 // that the store wins.
 //
 // The seeding is no admin change, but it is the configuration every later change starts from,
-// so it is recorded too: a "rules_seeded" event by SeedActor, published only by the checker
+// so it is recorded too: a "rules_seeded" event by seedActor, published only by the checker
 // that seeded. An event that cannot be published is logged rather than failing the seeding,
 // which a checker needs to start.
 func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
@@ -321,7 +321,7 @@ func (s *Store) Seed(ctx context.Context, doc *rules.Document) (bool, error) {
 	} else if err != nil {
 		return false, fmt.Errorf("seed rules: %w", err)
 	}
-	if err := s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesSeeded, Actor: SeedActor}, doc); err != nil {
+	if err := s.publishConfig(ctx, rev, &events.ConfigEvent{Action: events.ConfigRulesSeeded, Actor: seedActor}, doc); err != nil {
 		s.log.Warn("rule store seeded, but its event was not published", "err", err)
 	}
 	return true, nil
@@ -443,7 +443,7 @@ func (s *Store) putUser(ctx context.Context, gen, id string, u rules.DocUser) (u
 	if err != nil {
 		return 0, fmt.Errorf("encode user %q: %w", id, err)
 	}
-	rev, err := s.config.Put(ctx, UserKey(gen, id), data)
+	rev, err := s.config.Put(ctx, userKey(gen, id), data)
 	if err != nil {
 		return 0, fmt.Errorf("write user %q: %w", id, err)
 	}
@@ -633,9 +633,9 @@ func (s *Store) updateUser(ctx context.Context, id string, change func(*rules.Do
 		}
 		var rev uint64
 		if r, ok := sn.userRevs[id]; ok {
-			rev, err = s.config.Update(ctx, UserKey(sn.gen, id), data, r)
+			rev, err = s.config.Update(ctx, userKey(sn.gen, id), data, r)
 		} else {
-			rev, err = s.config.Create(ctx, UserKey(sn.gen, id), data)
+			rev, err = s.config.Create(ctx, userKey(sn.gen, id), data)
 		}
 		if err == nil {
 			_, gen, gerr := s.getDoc(ctx)
@@ -647,7 +647,7 @@ func (s *Store) updateUser(ctx context.Context, id string, change func(*rules.Do
 				return s.publishConfig(ctx, rev, ev, u)
 			}
 			// Written to the generation an Apply just replaced: unreferenced, do it again.
-			s.removeKey(ctx, UserKey(sn.gen, id))
+			s.removeKey(ctx, userKey(sn.gen, id))
 		} else if !casFailed(err) {
 			return fmt.Errorf("write user %q: %w", id, err)
 		}

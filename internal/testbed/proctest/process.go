@@ -20,8 +20,8 @@ import (
 
 // Defaults for Config.Timeout and Config.Poll.
 const (
-	DefaultTimeout = 10 * time.Second
-	DefaultPoll    = 20 * time.Millisecond
+	defaultTimeout = 10 * time.Second
+	defaultPoll    = 20 * time.Millisecond
 )
 
 // tailSize bounds each log tail an error carries: enough for the lines a server prints as it
@@ -152,7 +152,7 @@ func (p *Process) awaitReady(cmd *exec.Cmd, done <-chan struct{}, out *tail) err
 	if p.cfg.Ready == nil {
 		return nil
 	}
-	timeout := orDefault(p.cfg.Timeout, DefaultTimeout)
+	timeout := orDefault(p.cfg.Timeout, defaultTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for {
@@ -168,7 +168,7 @@ func (p *Process) awaitReady(cmd *exec.Cmd, done <-chan struct{}, out *tail) err
 			<-done
 			return fmt.Errorf("%s did not answer within %gs: %w%s",
 				p.cfg.Name, timeout.Seconds(), err, p.logTail(out))
-		case <-time.After(orDefault(p.cfg.Poll, DefaultPoll)):
+		case <-time.After(orDefault(p.cfg.Poll, defaultPoll)):
 		}
 	}
 }
