@@ -17,7 +17,7 @@ type allottedPart struct {
 	limits []int
 }
 
-// decideAllotted decides the allotted limits of pl from this process's slices (allotments), writes
+// decideAllotted decides the allotted limits of pl from this process's allotments (allotments), writes
 // their results into out, and returns the plan of what is left for the store, with each
 // limit's index in out. A check stays all-or-nothing: the units it takes from slices go back to
 // them when another limit denies it (giveBackAll). A limit whose slice could not be allotted
@@ -26,14 +26,14 @@ type allottedPart struct {
 // not allotted: their record must be written in the same script call as their charges.
 func (e *Engine) decideAllotted(ctx context.Context, pl plan, out *Outcome, cost int64) (plan, allottedPart) {
 	var lz allottedPart
-	leased := false
+	allotted := false
 	for i := range out.Limits {
 		if out.Limits[i].Rule.Allotment > 0 {
-			leased = true
+			allotted = true
 			break
 		}
 	}
-	if !leased {
+	if !allotted {
 		return pl, lz
 	}
 	var rest plan

@@ -90,7 +90,7 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 		out.summarize()
 		return
 	}
-	// Leased limits are decided from this process's slices; the rest goes to the store.
+	// Allotted limits are decided from this process's allotments; the rest goes to the store.
 	// A reservation's charge goes to Redis, where its settle finds it.
 	if e.allotments != nil && !peek && q.IdempotencyKey == "" && q.Reserve == 0 {
 		if pl, c.lz = e.decideAllotted(ctx, pl, out, q.Cost); c.lz.decided > 0 {
@@ -227,7 +227,7 @@ func (e *Engine) fromCache(pl plan, out *Outcome, cost int64) bool {
 	return true
 }
 
-// cacheDenials remembers the enforced buckets that denied. Not those of leased rules (a check
+// cacheDenials remembers the enforced buckets that denied. Not those of allotted rules (a check
 // with an idempotency key charges them in Redis): their slices answer a spent window without
 // Redis already, and a cached denial would keep the checks from the units this checker holds.
 func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, cost, sentAt int64) {

@@ -128,8 +128,8 @@ func isConcurrencyKey(key string) bool {
 
 // Release frees the places a check's lease holds (Lease.ID), so that other checks may take them at
 // once. A malformed ID is a FieldError naming lease_id; one that holds nothing is an error
-// wrapping ErrHoldNotHeld (a second release of one ID too: never a second free), one whose
-// places had freed themselves ErrHoldExpired, both naming lease_id; with the store
+// wrapping ErrLeaseNotHeld (a second release of one ID too: never a second free), one whose
+// places had freed themselves ErrLeaseExpired, both naming lease_id; with the store
 // unreachable, ErrUnavailable: the places then free themselves at their expiry.
 func (e *Engine) Release(ctx context.Context, id string) error {
 	_, err := e.lease(ctx, id, false)

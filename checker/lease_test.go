@@ -65,7 +65,7 @@ func TestHolds(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	if err := e.Release(ctx, holds[0].ID); !errors.Is(err, ErrLeaseNotHeld) {
-		t.Errorf("second Release: %v, want ErrHoldNotHeld", err)
+		t.Errorf("second Release: %v, want ErrLeaseNotHeld", err)
 	}
 	out, err := e.Check(ctx, q)
 	if err != nil || !out.Allowed {
@@ -172,7 +172,7 @@ rules:
 	}
 	time.Sleep(time.Until(b.Lease.ExpiresAt.Add(100 * time.Millisecond)))
 	if err := e.Release(ctx, b.Lease.ID); !errors.Is(err, ErrLeaseExpired) {
-		t.Fatalf("release after the expiry: %v, want ErrHoldExpired", err)
+		t.Fatalf("release after the expiry: %v, want ErrLeaseExpired", err)
 	}
 	sink.mu.Lock()
 	defer sink.mu.Unlock()

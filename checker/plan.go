@@ -13,8 +13,8 @@ import (
 // plan is a check's bucket requests (one per subject's enforced limits, one per its shadow
 // limits and one per candidate rule), in the form the store takes them, and where each
 // request's results go in the outcome: first[i] is the index in Outcome.Limits of
-// reqs[i].Limits[0], and of its other limits in order, unless idx is set (a plan whose leased
-// limits were taken out, by decideLeased), which then holds the index of every limit.
+// reqs[i].Limits[0], and of its other limits in order, unless idx is set (a plan whose allotted
+// limits were taken out, by decideAllotted), which then holds the index of every limit.
 type plan struct {
 	reqs  []bucket.Request
 	first []int

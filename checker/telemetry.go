@@ -63,6 +63,7 @@ func newInstruments(m metric.Meter, t trace.Tracer, ratio float64) (*instruments
 		"Checks and peeks answered at once by their rules' fail modes, without a Redis call, because the checker had its maximum in flight (overload, not a Redis outage).")); err != nil {
 		return nil, err
 	}
+	// The metrics keep the names they were published under (the rules file's word, lease).
 	if in.allotted, err = m.Int64Counter("quotaflow.checks.leased", metric.WithDescription(
 		"Checks (and the decisions published for them) with a leased rule decided from this checker's slice of its window, without a Redis call for it.")); err != nil {
 		return nil, err
