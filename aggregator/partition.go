@@ -182,26 +182,48 @@ func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map
 
 // storedSeqs returns the stream sequences of partition p in [lo, hi] that are stored.
 func (a *Aggregator) storedSeqs(ctx context.Context, p int, lo, hi uint64) (map[uint64]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
-	defer cancel()
 	q := fmt.Sprintf("SELECT DISTINCT stream_seq FROM %s.ingested_messages WHERE partition = %d AND stream_seq >= %d AND stream_seq <= %d", a.cfg.Database, p, lo, hi)
-	rows, err := a.ch.Query(ctx, q)
+	stored, err := a.seqs(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
 	}
+	return stored, nil
+}
+
+// storedDecisions returns the stream sequences of pp's messages (partition p) whose decisions
+// the decisions table holds, read within the batch's span of decision times so that ClickHouse
+// reads only the parts of that span. Only a recheck after a failed insert asks: the table's
+// order (tier, subject, time) makes it a scan of those parts, where ingested_messages is a
+// lookup by its key.
+func (a *Aggregator) storedDecisions(ctx context.Context, p int, pp *partPending) (map[uint64]bool, error) {
+	from, to := pp.first/1e6, pp.last/1e6+1 // whole seconds around the span
+	q := fmt.Sprintf("SELECT DISTINCT stream_seq FROM %s.decisions WHERE partition = %d AND stream_seq >= %d AND stream_seq <= %d AND time >= toDateTime(%d) AND time <= toDateTime(%d)",
+		a.cfg.Database, p, pp.lo, pp.hi, from, to)
+	stored, err := a.seqs(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("look up stored decisions of partition %d: %w", p, err)
+	}
+	return stored, nil
+}
+
+// seqs runs q, a query of one column of stream sequences, within the insert timeout.
+func (a *Aggregator) seqs(ctx context.Context, q string) (map[uint64]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.InsertTimeout)
+	defer cancel()
+	rows, err := a.ch.Query(ctx, q)
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
-	stored := map[uint64]bool{}
+	seqs := map[uint64]bool{}
 	for rows.Next() {
 		var seq uint64
 		if err := rows.Scan(&seq); err != nil {
-			return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
+			return nil, err
 		}
-		stored[seq] = true
+		seqs[seq] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("look up stored messages of partition %d: %w", p, err)
-	}
-	return stored, nil
+	return seqs, rows.Err()
 }
 
 func decode(p int, msg jetstream.Msg) (item, error) {

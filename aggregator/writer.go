@@ -49,6 +49,9 @@ type partPending struct {
 	seqs   map[uint64]bool // in this batch: a message redelivered meanwhile is not added twice
 	lo, hi uint64
 	pin    string
+	// first and last are the earliest and latest decision times in the batch (unix µs): the
+	// span a recheck reads the decisions table in (storedDecisions).
+	first, last int64
 }
 
 // flushRequest asks the writer to insert and ack what it holds now.
@@ -137,6 +140,10 @@ func (a *Aggregator) add(b *pending, it item) {
 	pp.lo, pp.hi, pp.pin = min(pp.lo, it.seq), max(pp.hi, it.seq), it.pin
 	batchID := it.msg.Headers().Get(stream.MsgIDHeader)
 	for _, d := range it.decisions {
+		if pp.first == 0 || d.TimeUs < pp.first {
+			pp.first = d.TimeUs
+		}
+		pp.last = max(pp.last, d.TimeUs)
 		b.rows.add(d, it.p, it.seq, batchID)
 	}
 }
@@ -325,6 +332,17 @@ func (a *Aggregator) recheck(ctx context.Context, b *pending) error {
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		// An insert cut off by a server's death can leave its decisions committed and the
+		// view that records its messages (ingested_messages_mv) not: the decisions table
+		// itself says what is stored.
+		rows, err := a.storedDecisions(ctx, p, pp)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for seq := range rows {
+			stored[seq] = true
 		}
 		drop[p] = stored
 	}
