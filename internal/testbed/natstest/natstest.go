@@ -202,10 +202,12 @@ func natsURL(port int) string {
 type proc = proctest.Process
 
 // Messages returns every message the stream holds now on subjects (all of them when none),
-// oldest first, read with an ordered consumer that changes nothing on the server.
+// oldest first, read with an ordered consumer that changes nothing on the server. It reads
+// until the consumer has nothing pending: a fetch can come back empty before the end (a
+// cluster whose stream leader just changed), which must not cut the list short.
 func Messages(t testing.TB, js jetstream.JetStream, stream string, subjects ...string) []jetstream.Msg {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: subjects})
 	if err != nil {
@@ -213,7 +215,7 @@ func Messages(t testing.TB, js jetstream.JetStream, stream string, subjects ...s
 	}
 	var out []jetstream.Msg
 	for {
-		batch, err := c.FetchNoWait(100)
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(250*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,8 +224,18 @@ func Messages(t testing.TB, js jetstream.JetStream, stream string, subjects ...s
 			n++
 			out = append(out, m)
 		}
-		if n == 0 {
+		if n > 0 {
+			continue
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 {
 			return out
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read stream %s: %d messages pending after %d read: %v", stream, info.NumPending, len(out), ctx.Err())
 		}
 	}
 }
