@@ -7,11 +7,11 @@ import (
 	"cmp"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -184,7 +184,7 @@ func Exemptions(w io.Writer, ex []rules.DocExemption) error {
 
 // Override is one override on one line: its id, target, change and expiry.
 func Override(o *rules.Override) string {
-	return fmt.Sprintf("override %s: %s %s until %s", o.ID, target(o), change(o), o.ExpiresAt.Local().Format(time.RFC3339))
+	return fmt.Sprintf("override %s: %s %s until %s", o.ID, events.OverrideTarget(o), events.OverrideChange(o), o.ExpiresAt.Local().Format(time.RFC3339))
 }
 
 // Overrides prints a table of overrides, with the time each has left as of now.
@@ -192,33 +192,8 @@ func Overrides(w io.Writer, overrides []rules.Override, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTARGET\tCHANGE\tEXPIRES\tLEFT\tSOURCE\tCREATOR\tREASON")
 	for _, o := range overrides {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, target(&o), change(&o),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, events.OverrideTarget(&o), events.OverrideChange(&o),
 			o.ExpiresAt.Local().Format(time.RFC3339), o.ExpiresAt.Sub(now).Round(time.Second), o.Source, o.Creator, o.Reason)
 	}
 	return tw.Flush()
-}
-
-// target is what an override applies to: a subject, a tier or a rule, narrowed to a rule.
-func target(o *rules.Override) string {
-	var t string
-	switch o.Target() {
-	case "subject":
-		t = o.Dimension + ":" + o.Identifier
-	case "tier":
-		t = "tier:" + o.Tier
-	default:
-		return "rule:" + o.RuleID
-	}
-	if o.RuleID != "" {
-		t += " rule:" + o.RuleID
-	}
-	return t
-}
-
-// change is what an override does to the limit.
-func change(o *rules.Override) string {
-	if o.Multiplier != 0 {
-		return "limit×" + strconv.FormatFloat(o.Multiplier, 'g', -1, 64)
-	}
-	return "limit=" + strconv.FormatInt(o.Limit, 10)
 }
