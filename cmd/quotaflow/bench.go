@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"net/url"
 	"strings"
 	"time"
 
@@ -52,10 +50,9 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	// Checked here rather than left to loadgen, whose zero values mean defaults: a flag set to
-	// 0 or "" is an error, and the message names the flag.
-	if err := o.validate(); err != nil {
-		return usageError{err}
+	// Validate, not Run's checks: Run reads a flag set to 0 or "" as its default.
+	if err := o.config(nil).Validate(); err != nil {
+		return usageError{o.flagErr(err)}
 	}
 	line := progress.New(stderr)
 	cfg := o.config(nil)
@@ -64,13 +61,9 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	}
 	rep, err := loadgen.Run(ctx, cfg)
 	line.Clear()
-	var ce *loadgen.ConfigError
-	switch {
-	case errors.As(err, &ce) && ce.Field == "Target":
-		// grpc-go rejects some URLs that validate accepts.
-		return usageError{fmt.Errorf("--target: %w", ce.Err)}
-	case err != nil:
-		return usageError{err}
+	if err != nil {
+		// grpc-go rejects some URLs that Validate accepts.
+		return usageError{o.flagErr(err)}
 	}
 	if o.json {
 		return rep.WriteJSON(stdout)
@@ -81,38 +74,16 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	return nil
 }
 
-func (o *benchOptions) validate() error {
+// flagErr names the flag of a loadgen.ConfigError: each is its field's name in lower case.
+func (o *benchOptions) flagErr(err error) error {
+	var ce *loadgen.ConfigError
 	switch {
-	case o.protocol != "connect" && o.protocol != "grpc" && o.protocol != "rls" && o.protocol != "gubernator":
-		return fmt.Errorf("--protocol: want connect, grpc, rls or gubernator, got %q", o.protocol)
-	case o.concurrency < 1 || o.concurrency > loadgen.MaxConcurrency:
-		return fmt.Errorf("--concurrency: want 1 to %d, got %d", loadgen.MaxConcurrency, o.concurrency)
-	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):
-		return fmt.Errorf("--rate: want a positive number of checks per second (or 0 for a closed loop), got %v", o.rate)
-	case o.duration <= 0:
-		return fmt.Errorf("--duration: want more than 0, got %s", o.duration)
-	case o.warmup < 0:
-		return fmt.Errorf("--warmup: want 0 or more, got %s", o.warmup)
-	case o.timeout <= 0:
-		return fmt.Errorf("--timeout: want more than 0, got %s", o.timeout)
-	case o.batch < 1 || o.batch > loadgen.MaxBatch:
-		return fmt.Errorf("--batch: want 1 to %d checks per RPC, got %d", loadgen.MaxBatch, o.batch)
-	case o.batch > 1 && o.protocol != "connect" && o.protocol != "grpc":
+	case errors.Is(err, loadgen.ErrBatchProtocol):
 		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", o.protocol)
-	case o.keys < 1 || o.keys > loadgen.MaxKeys:
-		return fmt.Errorf("--keys: want 1 to %d, got %d", loadgen.MaxKeys, o.keys)
-	case !strings.HasPrefix(o.endpoint, "/"):
-		return fmt.Errorf("--endpoint: want a path starting with /, got %q", o.endpoint)
-	case o.distribution != "uniform" && o.distribution != "zipf" && o.distribution != "hot":
-		return fmt.Errorf("--distribution: want uniform, zipf or hot, got %q", o.distribution)
-	case o.dimension != "user" && o.dimension != "ip" && o.dimension != "apikey":
-		return fmt.Errorf("--dimension: want user, ip or apikey, got %q", o.dimension)
+	case errors.As(err, &ce):
+		return fmt.Errorf("--%s: %w", strings.ToLower(ce.Field), ce.Err)
 	}
-	u, err := url.Parse(o.target)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--target: want an http:// or https:// URL, got %q", o.target)
-	}
-	return nil
+	return err
 }
 
 // config returns the run o asks for, with progress going to show (nil: none).

@@ -11,6 +11,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -119,6 +122,15 @@ func (s Decision) Write(w io.Writer) error {
 			time.Duration(l.RetryAfterMs)*time.Millisecond, state)
 	}
 	return tw.Flush()
+}
+
+// ProtoJSON is a response as --json prints it: indented, every field present, zero or not.
+func ProtoJSON(msg proto.Message) (string, error) {
+	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
+	if err != nil {
+		return "", fmt.Errorf("encode response: %w", err)
+	}
+	return string(b), nil
 }
 
 // enumName is a proto enum value's name as people say it: STATE_WARNING is "warning".
