@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/stream"
@@ -99,24 +97,6 @@ func registerReaderCreds(fs *flagSet, creds *string) {
 func fileExists(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
-}
-
-// readerConn connects a command that reads NATS, named name, with the credentials file creds
-// ("" none).
-func readerConn(url, name, creds string, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append(opts, nats.Name(name))
-	if creds != "" {
-		o, err := broker.CredentialsOption(creds)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, o)
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("nats connect %s: %w", url, err)
-	}
-	return nc, nil
 }
 
 // flagErr names the flag of a start-up error that one flag caused, and makes it a usage

@@ -26,8 +26,8 @@ const rulesHelp = `  quotaflow rules list              the rules of the rule sto
 `
 
 func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "rules", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": rulesDelete,
+	return subcommand(ctx, "rules", map[string]verb{
+		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": deleteVerb("rules", "rule", "a rule id", "Removes one rule (argument: its id).", (*admin.Client).DeleteRule),
 		"import-envoy": rulesImportEnvoy,
 	}, rulesHelp, args, getenv, stdout, stderr)
 }
@@ -110,20 +110,6 @@ Every checker enforces the new rules within a fraction of a second.`, stderr)
 		return err
 	}
 	report.Applied(stdout, *file, res.Rules, res.Users, res.Changes, opts.DryRun)
-	return nil
-}
-
-func rulesDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules delete", "Removes one rule (argument: its id).", stderr)
-	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
-	if err != nil {
-		return err
-	}
-	if err := c.DeleteRule(ctx, pos[0]); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
 	return nil
 }
 

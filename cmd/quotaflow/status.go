@@ -8,9 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 )
@@ -53,7 +50,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := readStatus(ctx, natsURL, creds)
+	st, err := dashboard.ReadStatus(ctx, dashboard.StatusConfig{NATSURL: natsURL, Credentials: creds})
 	if err != nil {
 		return err
 	}
@@ -70,20 +67,6 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 		return unhealthyError{st.Problems}
 	}
 	return nil
-}
-
-// readStatus connects to NATS and reads the status.
-func readStatus(ctx context.Context, natsURL, creds string) (*dashboard.Status, error) {
-	nc, err := readerConn(natsURL, "quotaflow status", creds, nats.Timeout(5*time.Second))
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	return dashboard.ReadStatus(ctx, js)
 }
 
 // registerHealthInterval adds --health-interval, the time between a daemon's health reports.

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
@@ -27,8 +28,28 @@ type Status struct {
 	Problems []string `json:"problems"`
 }
 
-// ReadStatus reads the health reports and the overrides from js and judges them.
-func ReadStatus(ctx context.Context, js jetstream.JetStream) (*Status, error) {
+// StatusConfig says where the status is read. The zero value reads nats.DefaultURL without
+// credentials.
+type StatusConfig struct {
+	NATSURL string // "" means nats.DefaultURL
+	// Credentials authenticates the connection (a credentials file, "" none): the operator
+	// role's, which may read the health reports and the rule store.
+	Credentials string
+}
+
+// ReadStatus reads the health reports and the overrides and judges them; ctx bounds the
+// reads, the connection taking at most 5s.
+func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
+	nc, js, err := connect(cfg.NATSURL, "quotaflow status", cfg.Credentials, nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	return readStatus(ctx, js)
+}
+
+// readStatus reads the health reports and the overrides from js and judges them.
+func readStatus(ctx context.Context, js jetstream.JetStream) (*Status, error) {
 	st := &Status{At: time.Now(), Problems: []string{}, FailMode: []string{}}
 	var err error
 	if st.Processes, err = health.List(ctx, js); err != nil {

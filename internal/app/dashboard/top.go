@@ -28,9 +28,14 @@ const (
 	Redraw      = "\x1b[H\x1b[2J"
 )
 
-// TopConfig is how quotaflow top looks. The zero value is usable: a frame a second, checks
-// counted over 10s, no warning transitions read back, 20 rows.
+// TopConfig is where quotaflow top reads and how it looks. The zero value is usable: the
+// streams of nats.DefaultURL, a frame a second, checks counted over 10s, no warning
+// transitions read back, 20 rows.
 type TopConfig struct {
+	NATSURL string // "" means nats.DefaultURL
+	// Credentials authenticates the connection (a credentials file, "" none): the operator
+	// role's, which may read both streams.
+	Credentials string
 	// Interval is how often the screen is redrawn; 0 means 1s.
 	Interval time.Duration
 	// Window is the sliding window the subjects' checks are counted over, in whole seconds;
@@ -56,12 +61,16 @@ func (c TopConfig) withDefaults() TopConfig {
 	return c
 }
 
-// Top follows the decision stream and the warning transitions of js. On a terminal (out and
-// in both) it redraws the board every interval until q, Ctrl-C or ctx's end, and gives the
+// Top follows the decision stream and the warning transitions. On a terminal (out and in both) it redraws the board every interval until q, Ctrl-C or ctx's end, and gives the
 // terminal back as it was; otherwise it prints one snapshot after the first interval, so that
 // a pipe or a file gets plain text.
-func Top(ctx context.Context, js jetstream.JetStream, cfg TopConfig, out io.Writer, in *os.File) error {
+func Top(ctx context.Context, cfg TopConfig, out io.Writer, in *os.File) error {
 	cfg = cfg.withDefaults()
+	nc, js, err := connect(cfg.NATSURL, "quotaflow top", cfg.Credentials)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
 	board := newTopBoard(cfg.Window)
 	stop, err := followTop(ctx, js, board, cfg.Since)
 	if err != nil {
