@@ -96,3 +96,29 @@ func TestConfigEventTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestOverrideSpelling: the one spelling of an override's target and change, which the events,
+// quotaflow override and quotaflow status share.
+func TestOverrideSpelling(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name               string
+		o                  rules.Override
+		wantTarget, change string
+	}{
+		{"subject", rules.Override{Dimension: "user", Identifier: "alice", Limit: 200}, "user:alice", "limit=200"},
+		{"subject on a rule", rules.Override{Dimension: "ip", Identifier: "10.0.0.1", RuleID: "r", Multiplier: 0.5}, "ip:10.0.0.1 rule:r", "limit×0.5"},
+		{"tier", rules.Override{Tier: "free", Multiplier: 2}, "tier:free", "limit×2"},
+		{"rule", rules.Override{RuleID: "r", Limit: 5}, "rule:r", "limit=5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := OverrideTarget(&tt.o); got != tt.wantTarget {
+				t.Errorf("OverrideTarget = %q, want %q", got, tt.wantTarget)
+			}
+			if got := OverrideChange(&tt.o); got != tt.change {
+				t.Errorf("OverrideChange = %q, want %q", got, tt.change)
+			}
+		})
+	}
+}
