@@ -45,7 +45,7 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 func (p *publishFlags) validate() error {
 	c := &p.cfg
 	switch {
-	case p.natsURL != "" && !strings.HasPrefix(p.natsURL, "nats://") && !strings.HasPrefix(p.natsURL, "tls://"):
+	case p.natsURL != "" && !isNATSURL(p.natsURL):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
 	case c.Partitions < 1 || c.Partitions > stream.MaxPartitions:
 		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, c.Partitions)
@@ -66,6 +66,11 @@ func (p *publishFlags) validate() error {
 	}
 	c.NoSpoolWait = c.SpoolWait == 0
 	return errors.Join(checkCreds("nats-creds", p.natsCreds), checkCreds("nats-admin-creds", p.natsAdminCreds))
+}
+
+// isNATSURL reports whether url is one the NATS client dials: nats://, or tls:// for TLS.
+func isNATSURL(url string) bool {
+	return strings.HasPrefix(url, "nats://") || strings.HasPrefix(url, "tls://")
 }
 
 // checkCreds refuses a credentials file that cannot be read or is not one, naming its flag.

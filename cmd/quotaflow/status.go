@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -40,7 +39,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 			return fmt.Errorf("--format: want text or json, got %q", format)
 		case timeout <= 0:
 			return fmt.Errorf("--timeout: want more than 0, got %s", timeout)
-		case !strings.HasPrefix(natsURL, "nats://") && !strings.HasPrefix(natsURL, "tls://"):
+		case !isNATSURL(natsURL):
 			return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", natsURL)
 		}
 		return nil
@@ -54,13 +53,11 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 	if err != nil {
 		return err
 	}
+	write := st.Write
 	if format == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return err
-		}
-	} else if err := st.Write(stdout); err != nil {
+		write = st.WriteJSON
+	}
+	if err := write(stdout); err != nil {
 		return err
 	}
 	if len(st.Problems) > 0 {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
@@ -48,7 +47,7 @@ func checkTop(o *dashboard.TopConfig) error {
 		return fmt.Errorf("--since: want 0 or more, got %s", o.Since)
 	case o.Rows < 1:
 		return fmt.Errorf("--rows: want at least 1, got %d", o.Rows)
-	case !strings.HasPrefix(o.NATSURL, "nats://") && !strings.HasPrefix(o.NATSURL, "tls://"):
+	case !isNATSURL(o.NATSURL):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", o.NATSURL)
 	}
 	return nil

@@ -20,10 +20,10 @@ import (
 )
 
 // The terminal's escapes that top writes: the alternate screen keeps the operator's
-// scrollback as it was, and the cursor is hidden while the screen is redrawn. Exported for
-// the tests that read a terminal's output.
+// scrollback as it was, and the cursor is hidden while the screen is redrawn. LeaveScreen and
+// Redraw are exported for the tests that read a terminal's output.
 const (
-	EnterScreen = "\x1b[?1049h\x1b[?25l"
+	enterScreen = "\x1b[?1049h\x1b[?25l"
 	LeaveScreen = "\x1b[?25h\x1b[?1049l"
 	Redraw      = "\x1b[H\x1b[2J"
 )
@@ -142,7 +142,7 @@ func topScreen(ctx context.Context, board *topBoard, cfg TopConfig, out, in *os.
 		return fmt.Errorf("terminal: %w", err)
 	}
 	defer term.Restore(int(in.Fd()), state)
-	io.WriteString(out, EnterScreen)
+	io.WriteString(out, enterScreen)
 	defer io.WriteString(out, LeaveScreen)
 	quit := make(chan struct{})
 	go readKeys(in, quit)
