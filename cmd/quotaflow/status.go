@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
-	"github.com/quotaflow/quotaflow/internal/app/health"
 )
 
 // unhealthyError is a status that found a dependency down or no process reporting (exit
@@ -64,16 +63,4 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 		return unhealthyError{st.Problems}
 	}
 	return nil
-}
-
-// registerHealthInterval adds --health-interval, the time between a daemon's health reports.
-func registerHealthInterval(fs *flagSet, cfg *health.Config) {
-	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
-	fs.fromEnv("health-interval")
-	fs.check(func() error {
-		if cfg.Interval >= 0 && cfg.Interval < 100*time.Millisecond {
-			return fmt.Errorf("--health-interval: want at least 100ms, or negative for no reports, got %s", cfg.Interval)
-		}
-		return nil
-	})
 }
