@@ -60,10 +60,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		defer shutdown()
 	}
 	if credsDir != "" {
-		p.natsCreds = natsauth.SeedFile(credsDir, natsauth.Checker)
-		p.natsAdminCreds = natsauth.SeedFile(credsDir, natsauth.Admin)
-		a.cfg.NATSCredentials = natsauth.SeedFile(credsDir, natsauth.Aggregator)
-		c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+		useRoleCreds(credsDir, &c, &p, &a)
 	}
 	if a.ch.dsn == "" {
 		d, err := c.start(ctx, &p, log)
@@ -104,6 +101,15 @@ func startEmbeddedNATS(listen, dir, credsDir string, p *publishFlags, log *slog.
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}, nil
+}
+
+// useRoleCreds connects the checker, its admin API and the aggregator each with its own
+// role's credentials from dir.
+func useRoleCreds(dir string, c *checkerFlags, p *publishFlags, a *aggregatorFlags) {
+	p.natsCreds = natsauth.SeedFile(dir, natsauth.Checker)
+	p.natsAdminCreds = natsauth.SeedFile(dir, natsauth.Admin)
+	a.cfg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
+	c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
 }
 
 // joinServe gives serve's aggregator what it shares with the checker (NATS, partitions,
