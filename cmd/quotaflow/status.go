@@ -25,21 +25,22 @@ aggregators' lag, partitions and leader, the active overrides (those a policy ma
 
 Exit status: 0 every process sees every dependency up; 4 a dependency is down somewhere, or no
 process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
-	var natsURL, creds, format string
+	var cfg dashboard.StatusConfig
+	var format string
 	var timeout time.Duration
-	fs.StringVar(&natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` the processes report to")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` the processes report to")
 	fs.StringVar(&format, "format", "text", "`format`: text (one screen) or json")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for NATS")
 	fs.fromEnv("nats-url")
-	registerReaderCreds(fs, &creds)
+	registerReaderCreds(fs, &cfg.Credentials)
 	fs.check(func() error {
 		switch {
 		case format != "text" && format != "json":
 			return fmt.Errorf("--format: want text or json, got %q", format)
 		case timeout <= 0:
 			return fmt.Errorf("--timeout: want more than 0, got %s", timeout)
-		case !isNATSURL(natsURL):
-			return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", natsURL)
+		case !isNATSURL(cfg.NATSURL):
+			return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", cfg.NATSURL)
 		}
 		return nil
 	})
@@ -48,7 +49,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := dashboard.ReadStatus(ctx, dashboard.StatusConfig{NATSURL: natsURL, Credentials: creds})
+	st, err := dashboard.ReadStatus(ctx, cfg)
 	if err != nil {
 		return err
 	}
