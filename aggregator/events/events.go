@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,22 +101,38 @@ func (e *OverrideEvent) NATSSubject() string { return OverridesPrefix + "." + e.
 // String is the event as one line, for people watching the stream (quotaflow watch overrides).
 func (e *OverrideEvent) String() string {
 	o := e.Override
-	target := o.Target() + " " + o.Tier
-	if o.Target() == "subject" {
-		target = o.Target() + " " + o.Dimension + ":" + o.Identifier
-	} else if o.Target() == "rule" {
-		target = "rule"
+	return fmt.Sprintf("%s %-7s %-20s %-32s %-12s until %s by %s (%s) reason=%q",
+		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), o.ID, OverrideTarget(&o), OverrideChange(&o),
+		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
+}
+
+// OverrideTarget is what an override applies to, spelled as every view of overrides spells it
+// (these events, quotaflow override and quotaflow status), so that an operator matches them by
+// eye: a subject (user:alice), a tier (tier:free) or a rule (rule:r), and a subject's or
+// tier's narrowed to one rule (user:alice rule:r).
+func OverrideTarget(o *rules.Override) string {
+	var t string
+	switch o.Target() {
+	case "subject":
+		t = o.Dimension + ":" + o.Identifier
+	case "tier":
+		t = "tier:" + o.Tier
+	default:
+		return "rule:" + o.RuleID
 	}
 	if o.RuleID != "" {
-		target += " rule=" + o.RuleID
+		t += " rule:" + o.RuleID
 	}
-	change := fmt.Sprintf("x%g", o.Multiplier)
-	if o.Limit != 0 {
-		change = fmt.Sprintf("limit=%d", o.Limit)
+	return t
+}
+
+// OverrideChange is what an override does to the limit, in the spelling OverrideTarget's
+// views share: limit=200 replaces it, limit×0.5 scales it.
+func OverrideChange(o *rules.Override) string {
+	if o.Multiplier != 0 {
+		return "limit×" + strconv.FormatFloat(o.Multiplier, 'g', -1, 64)
 	}
-	return fmt.Sprintf("%s %-7s %-20s %-32s %-12s until %s by %s (%s) reason=%q",
-		e.At.UTC().Format("2006-01-02 15:04:05"), strings.ToUpper(e.Action), o.ID, target, change,
-		o.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e.Actor, o.Source, o.Reason)
+	return "limit=" + strconv.FormatInt(o.Limit, 10)
 }
 
 // The configuration change actions: every write of the rule store but overrides, which have

@@ -21,10 +21,10 @@ func TestString(t *testing.T) {
 			"2026-11-24 10:00:00.000001 free       user:bob                 orders           normal    → warning   usage=0.90 1/10 window=60000ms cause=decision id=wt-1"},
 		{"subject override", &OverrideEvent{Action: OverrideCreated, At: at, Actor: "alice", Override: rules.Override{ID: "ovr-1",
 			Dimension: "user", Identifier: "bob", RuleID: "orders", Limit: 20, Source: "admin", Reason: "launch", ExpiresAt: at.Add(time.Hour)}},
-			`2026-11-24 10:00:00 CREATED ovr-1                subject user:bob rule=orders     limit=20     until 2026-11-24 11:00:00 by alice (admin) reason="launch"`},
+			`2026-11-24 10:00:00 CREATED ovr-1                user:bob rule:orders             limit=20     until 2026-11-24 11:00:00 by alice (admin) reason="launch"`},
 		{"tier override", &OverrideEvent{Action: OverrideExpired, At: at, Actor: "system", Override: rules.Override{ID: "ovr-2",
 			Tier: "free", Multiplier: 0.5, Source: "policy", ExpiresAt: at}},
-			`2026-11-24 10:00:00 EXPIRED ovr-2                tier free                        x0.5         until 2026-11-24 10:00:00 by system (policy) reason=""`},
+			`2026-11-24 10:00:00 EXPIRED ovr-2                tier:free                        limit×0.5    until 2026-11-24 10:00:00 by system (policy) reason=""`},
 		{"rule config", &ConfigEvent{ID: "config-rule_created-7", Action: ConfigRuleCreated, At: at, Actor: "alice-ops", RuleID: "orders"},
 			"2026-11-24 10:00:00 RULE_CREATED  rule orders                      by alice-ops id=config-rule_created-7"},
 		{"user config", &ConfigEvent{ID: "config-user_tier_set-9", Action: ConfigUserTierSet, At: at, Actor: "alice-ops", UserID: "bob", Tier: "premium"},
@@ -94,5 +94,31 @@ func TestConfigEventTarget(t *testing.T) {
 		if got := tt.ev.Target(); got != tt.want {
 			t.Errorf("%s: Target() = %q, want %q", tt.ev.Action, got, tt.want)
 		}
+	}
+}
+
+// TestOverrideSpelling: the one spelling of an override's target and change, which the events,
+// quotaflow override and quotaflow status share.
+func TestOverrideSpelling(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name               string
+		o                  rules.Override
+		wantTarget, change string
+	}{
+		{"subject", rules.Override{Dimension: "user", Identifier: "alice", Limit: 200}, "user:alice", "limit=200"},
+		{"subject on a rule", rules.Override{Dimension: "ip", Identifier: "10.0.0.1", RuleID: "r", Multiplier: 0.5}, "ip:10.0.0.1 rule:r", "limit×0.5"},
+		{"tier", rules.Override{Tier: "free", Multiplier: 2}, "tier:free", "limit×2"},
+		{"rule", rules.Override{RuleID: "r", Limit: 5}, "rule:r", "limit=5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := OverrideTarget(&tt.o); got != tt.wantTarget {
+				t.Errorf("OverrideTarget = %q, want %q", got, tt.wantTarget)
+			}
+			if got := OverrideChange(&tt.o); got != tt.change {
+				t.Errorf("OverrideChange = %q, want %q", got, tt.change)
+			}
+		})
 	}
 }

@@ -36,8 +36,11 @@ func registerAdminClient(fs *flagSet) *admin.Client {
 	return c
 }
 
+// verb runs one verb of a command group (quotaflow rules list) with the verb's arguments.
+type verb = func(context.Context, []string, func(string) string, io.Writer, io.Writer) error
+
 // subcommand dispatches "quotaflow <group> <verb> ...".
-func subcommand(ctx context.Context, group string, verbs map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error,
+func subcommand(ctx context.Context, group string, verbs map[string]verb,
 	help string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(stdout, "Usage:\n%s\nRun quotaflow %s <verb> --help for a verb's flags.\n", help, group)
@@ -51,4 +54,22 @@ func subcommand(ctx context.Context, group string, verbs map[string]func(context
 		return usageError{fmt.Errorf("%s: unknown verb %q\nUsage:\n%s", group, args[0], help)}
 	}
 	return run(ctx, args[1:], getenv, stdout, stderr)
+}
+
+// deleteVerb is the delete verb of the group of noun: it removes the item its one argument
+// (anID) names with del, and says so.
+func deleteVerb(group, noun, anID, synopsis string, del func(*admin.Client, context.Context, string) error) verb {
+	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+		fs := newFlagSet(group+" delete", synopsis, stderr)
+		c := registerAdminClient(fs)
+		pos, err := fs.parseArgs(args, getenv, 1, anID)
+		if err != nil {
+			return err
+		}
+		if err := del(c, ctx, pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "deleted %s %s\n", noun, pos[0])
+		return nil
+	}
 }

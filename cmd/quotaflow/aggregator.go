@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
@@ -57,7 +56,7 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 func (a *aggregatorFlags) validate() error {
 	g := &a.cfg.Aggregator
 	switch {
-	case !strings.HasPrefix(a.cfg.NATSURL, "nats://") && !strings.HasPrefix(a.cfg.NATSURL, "tls://"):
+	case !isNATSURL(a.cfg.NATSURL):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.cfg.NATSURL)
 	case g.Partitions < 1 || g.Partitions > stream.MaxPartitions:
 		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, g.Partitions)

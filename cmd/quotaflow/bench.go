@@ -5,23 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/loadgen"
 	"github.com/quotaflow/quotaflow/internal/progress"
 )
-
-// benchOptions are bench's flags.
-type benchOptions struct {
-	target, protocol, distribution, endpoint, dimension, keyPrefix, domain string
-	concurrency, keys, batch                                               int
-	rate                                                                   float64
-	duration, warmup, timeout                                              time.Duration
-	json                                                                   bool
-}
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", `Puts load on a checker and reports throughput and latency: checks/s, p50, p90, p99 and
@@ -32,47 +21,42 @@ answered); with --rate an open loop (checks start on a fixed schedule whatever t
 and latency counts from each check's scheduled time, so a target that falls behind shows as
 latency instead of being hidden). On a terminal, progress is shown on one line of stderr,
 updated every second; piped, stderr gets none. The report goes to stdout.`, stderr)
-	var o benchOptions
-	fs.StringVar(&o.target, "target", "http://127.0.0.1:8080", "checker base `URL`")
+	var cfg loadgen.Config
+	var asJSON bool
+	fs.StringVar(&cfg.Target, "target", "http://127.0.0.1:8080", "checker base `URL`")
 	fs.fromEnv("target")
-	fs.StringVar(&o.protocol, "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) rls (Envoy's ShouldRateLimit over gRPC) or gubernator (gubernator's GetRateLimits over gRPC, to compare with that peer)")
-	fs.IntVar(&o.concurrency, "concurrency", 64, "closed loop: `N` workers; open loop: at most N checks in flight")
-	fs.Float64Var(&o.rate, "rate", 0, "open loop at `R` checks per second in total (0: closed loop)")
-	fs.IntVar(&o.batch, "batch", 1, fmt.Sprintf("`N` checks per RPC, sent as one CheckRateLimits (--protocol connect or grpc; at most %d); --concurrency then counts RPCs", loadgen.MaxBatch))
-	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
-	fs.DurationVar(&o.warmup, "warmup", 0, "load to send before measuring, not counted in the report")
-	fs.IntVar(&o.keys, "keys", 10000, fmt.Sprintf("number of distinct subjects (at most %d)", loadgen.MaxKeys))
-	fs.StringVar(&o.distribution, "distribution", "uniform", "how checks pick their subject, a `distribution`: uniform; zipf (Zipf s=1.1: subject n is picked in proportion to 1/(n+1)^1.1); hot (90% of checks go to 1% of the subjects)")
-	fs.StringVar(&o.endpoint, "endpoint", "/api/v1/orders", "`path` every check names as its endpoint")
-	fs.StringVar(&o.dimension, "dimension", "user", "`dimension` of the subjects: user, ip or apikey")
-	fs.StringVar(&o.keyPrefix, "key-prefix", "bench-", "subject identifiers are this `prefix` and a number")
-	fs.StringVar(&o.domain, "domain", "quotaflow", "RLS `domain` (--protocol rls)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of each check; one that misses it counts as an error")
-	fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (checks_per_sec, p50_ms, p90_ms, p99_ms, p999_ms, allowed, denied, errors, degraded and more)")
+	fs.StringVar((*string)(&cfg.Protocol), "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) rls (Envoy's ShouldRateLimit over gRPC) or gubernator (gubernator's GetRateLimits over gRPC, to compare with that peer)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "closed loop: `N` workers; open loop: at most N checks in flight")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "open loop at `R` checks per second in total (0: closed loop)")
+	fs.IntVar(&cfg.Batch, "batch", 1, fmt.Sprintf("`N` checks per RPC, sent as one CheckRateLimits (--protocol connect or grpc; at most %d); --concurrency then counts RPCs", loadgen.MaxBatch))
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to measure")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "load to send before measuring, not counted in the report")
+	fs.IntVar(&cfg.Keys, "keys", 10000, fmt.Sprintf("number of distinct subjects (at most %d)", loadgen.MaxKeys))
+	fs.StringVar((*string)(&cfg.Distribution), "distribution", "uniform", "how checks pick their subject, a `distribution`: uniform; zipf (Zipf s=1.1: subject n is picked in proportion to 1/(n+1)^1.1); hot (90% of checks go to 1% of the subjects)")
+	fs.StringVar(&cfg.Endpoint, "endpoint", "/api/v1/orders", "`path` every check names as its endpoint")
+	fs.StringVar((*string)(&cfg.Dimension), "dimension", "user", "`dimension` of the subjects: user, ip or apikey")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "bench-", "subject identifiers are this `prefix` and a number")
+	fs.StringVar(&cfg.Domain, "domain", "quotaflow", "RLS `domain` (--protocol rls)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Second, "deadline of each check; one that misses it counts as an error")
+	fs.BoolVar(&asJSON, "json", false, "print the report as one JSON object (checks_per_sec, p50_ms, p90_ms, p99_ms, p999_ms, allowed, denied, errors, degraded and more)")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	// Checked here rather than left to loadgen, whose zero values mean defaults: a flag set to
-	// 0 or "" is an error, and the message names the flag.
-	if err := o.validate(); err != nil {
-		return usageError{err}
+	// Validate, not Run's checks: Run reads a flag set to 0 or "" as its default.
+	if err := cfg.Validate(); err != nil {
+		return usageError{benchFlagErr(err, cfg.Protocol)}
 	}
 	line := progress.New(stderr)
-	cfg := o.config(nil)
 	if line.On() {
 		cfg.Progress = line
 	}
 	rep, err := loadgen.Run(ctx, cfg)
 	line.Clear()
-	var ce *loadgen.ConfigError
-	switch {
-	case errors.As(err, &ce) && ce.Field == "Target":
-		// grpc-go rejects some URLs that validate accepts.
-		return usageError{fmt.Errorf("--target: %w", ce.Err)}
-	case err != nil:
-		return usageError{err}
+	if err != nil {
+		// grpc-go rejects some URLs that Validate accepts.
+		return usageError{benchFlagErr(err, cfg.Protocol)}
 	}
-	if o.json {
+	if asJSON {
 		return rep.WriteJSON(stdout)
 	}
 	// The text report's write error is dropped so that the exit status of a text run stays
@@ -81,57 +65,15 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	return nil
 }
 
-func (o *benchOptions) validate() error {
+// benchFlagErr names the flag of a loadgen.ConfigError: each is its field's name in lower
+// case. A batch of a protocol without batches names both flags.
+func benchFlagErr(err error, protocol loadgen.Protocol) error {
+	var ce *loadgen.ConfigError
 	switch {
-	case o.protocol != "connect" && o.protocol != "grpc" && o.protocol != "rls" && o.protocol != "gubernator":
-		return fmt.Errorf("--protocol: want connect, grpc, rls or gubernator, got %q", o.protocol)
-	case o.concurrency < 1 || o.concurrency > loadgen.MaxConcurrency:
-		return fmt.Errorf("--concurrency: want 1 to %d, got %d", loadgen.MaxConcurrency, o.concurrency)
-	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):
-		return fmt.Errorf("--rate: want a positive number of checks per second (or 0 for a closed loop), got %v", o.rate)
-	case o.duration <= 0:
-		return fmt.Errorf("--duration: want more than 0, got %s", o.duration)
-	case o.warmup < 0:
-		return fmt.Errorf("--warmup: want 0 or more, got %s", o.warmup)
-	case o.timeout <= 0:
-		return fmt.Errorf("--timeout: want more than 0, got %s", o.timeout)
-	case o.batch < 1 || o.batch > loadgen.MaxBatch:
-		return fmt.Errorf("--batch: want 1 to %d checks per RPC, got %d", loadgen.MaxBatch, o.batch)
-	case o.batch > 1 && o.protocol != "connect" && o.protocol != "grpc":
-		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", o.protocol)
-	case o.keys < 1 || o.keys > loadgen.MaxKeys:
-		return fmt.Errorf("--keys: want 1 to %d, got %d", loadgen.MaxKeys, o.keys)
-	case !strings.HasPrefix(o.endpoint, "/"):
-		return fmt.Errorf("--endpoint: want a path starting with /, got %q", o.endpoint)
-	case o.distribution != "uniform" && o.distribution != "zipf" && o.distribution != "hot":
-		return fmt.Errorf("--distribution: want uniform, zipf or hot, got %q", o.distribution)
-	case o.dimension != "user" && o.dimension != "ip" && o.dimension != "apikey":
-		return fmt.Errorf("--dimension: want user, ip or apikey, got %q", o.dimension)
+	case errors.Is(err, loadgen.ErrBatchProtocol):
+		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)
+	case errors.As(err, &ce):
+		return fmt.Errorf("--%s: %w", strings.ToLower(ce.Field), ce.Err)
 	}
-	u, err := url.Parse(o.target)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--target: want an http:// or https:// URL, got %q", o.target)
-	}
-	return nil
-}
-
-// config returns the run o asks for, with progress going to show (nil: none).
-func (o *benchOptions) config(show io.Writer) loadgen.Config {
-	return loadgen.Config{
-		Target:       o.target,
-		Protocol:     loadgen.Protocol(o.protocol),
-		Concurrency:  o.concurrency,
-		Rate:         o.rate,
-		Batch:        o.batch,
-		Duration:     o.duration,
-		Warmup:       o.warmup,
-		Timeout:      o.timeout,
-		Keys:         o.keys,
-		Distribution: loadgen.Distribution(o.distribution),
-		Endpoint:     o.endpoint,
-		Dimension:    loadgen.Dimension(o.dimension),
-		KeyPrefix:    o.keyPrefix,
-		Domain:       o.domain,
-		Progress:     show,
-	}
+	return err
 }

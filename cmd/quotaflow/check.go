@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/checker/client"
@@ -32,58 +31,14 @@ limit. Name at least one subject (--user, --ip, --api-key, --custom). Exit statu
 1 on an error, 2 on a bad command line.`, stderr)
 	var rf rpcFlags
 	rf.register(fs)
-	var (
-		user, ip, apiKey, endpoint, tier, idem string
-		custom                                 []string
-		cost, estimate                         int64
-		peek, asJSON                           bool
-		reserveTTL                             time.Duration
-	)
-	fs.StringVar(&user, "user", "", "user id subject")
-	fs.StringVar(&ip, "ip", "", "client IP subject")
-	fs.StringVar(&apiKey, "api-key", "", "API key subject")
-	fs.Func("custom", "a custom dimension's value, `name=value` (tenant=acme); repeat it for several, in order", func(v string) error {
-		if name, value, ok := strings.Cut(v, "="); !ok || name == "" || value == "" {
-			return fmt.Errorf("want name=value (tenant=acme), got %q", v)
-		}
-		custom = append(custom, v)
-		return nil
-	})
-	fs.StringVar(&endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
-	fs.Int64Var(&cost, "cost", 1, "units the call consumes")
-	fs.StringVar(&tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
-	fs.StringVar(&idem, "idempotency-key", "", "makes a retry of an allowed check replay it, uncharged, for 5 minutes (a denied check is decided afresh)")
-	fs.BoolVar(&peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
-	fs.Int64Var(&estimate, "estimate", 0, "reserve this many units instead of --cost, settled later with quotaflow settle (Reserve)")
-	fs.DurationVar(&reserveTTL, "reserve-ttl", 0, "how long a reservation waits for its settle before its estimate stands (0: the checker's 5m)")
-	fs.BoolVar(&asJSON, "json", false, "print the response as JSON")
+	var f checkFlags
+	f.register(fs)
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	var subjects []*quotaflowv1.Subject
-	for _, s := range []struct {
-		dim quotaflowv1.Dimension
-		id  string
-	}{{quotaflowv1.Dimension_DIMENSION_USER, user}, {quotaflowv1.Dimension_DIMENSION_IP, ip}, {quotaflowv1.Dimension_DIMENSION_API_KEY, apiKey}} {
-		if s.id != "" {
-			subjects = append(subjects, &quotaflowv1.Subject{Dimension: s.dim, Identifier: s.id})
-		}
-	}
-	for _, c := range custom {
-		name, value, _ := strings.Cut(c, "=")
-		subjects = append(subjects, &quotaflowv1.Subject{CustomDimension: name, Identifier: value})
-	}
-	if len(subjects) == 0 {
-		return usageError{errors.New("name a subject: --user, --ip, --api-key or --custom")}
-	}
-	if endpoint == "" {
-		return usageError{errors.New("--endpoint is required")}
-	}
-	if estimate != 0 && (cost != 1 || peek || idem != "") {
-		return usageError{errors.New("--estimate: a reservation's cost is its estimate; leave out --cost, --peek and --idempotency-key")}
-	}
-	if reserveTTL != 0 && estimate == 0 {
-		return usageError{errors.New("--reserve-ttl: only with --estimate")}
+	subjects := f.subjects()
+	if err := f.validate(subjects); err != nil {
+		return usageError{err}
 	}
 	rpc, err := rf.client()
 	if err != nil {
@@ -91,42 +46,16 @@ limit. Name at least one subject (--user, --ip, --api-key, --custom). Exit statu
 	}
 	ctx, cancel := context.WithTimeout(ctx, rf.timeout)
 	defer cancel()
-	var (
-		msg     proto.Message
-		summary report.Decision
-	)
-	switch {
-	case estimate != 0:
-		resp, err := rpc.Reserve(ctx, connect.NewRequest(&quotaflowv1.ReserveRequest{
-			Check: &quotaflowv1.CheckRateLimitRequest{Subjects: subjects, Endpoint: endpoint, Tier: tier,
-				Timestamp: time.Now().UnixMilli()},
-			Estimate: estimate, TtlMs: reserveTTL.Milliseconds()}))
-		if err != nil {
-			return fmt.Errorf("Reserve: %w", err)
-		}
-		msg, summary = resp.Msg, report.ReserveDecision(resp.Msg)
-	case peek:
-		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
-			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier}))
-		if err != nil {
-			return fmt.Errorf("GetRemainingQuota: %w", err)
-		}
-		msg, summary = resp.Msg, report.QuotaDecision(resp.Msg)
-	default:
-		resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-			Subjects: subjects, Endpoint: endpoint, Cost: cost, Tier: tier, IdempotencyKey: idem,
-			Timestamp: time.Now().UnixMilli()}))
-		if err != nil {
-			return fmt.Errorf("CheckRateLimit: %w", err)
-		}
-		msg, summary = resp.Msg, report.CheckDecision(resp.Msg)
+	msg, summary, err := f.ask(ctx, rpc, subjects)
+	if err != nil {
+		return err
 	}
-	if asJSON {
-		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
+	if f.asJSON {
+		b, err := report.ProtoJSON(msg)
 		if err != nil {
-			return fmt.Errorf("encode response: %w", err)
+			return err
 		}
-		fmt.Fprintln(stdout, string(b))
+		fmt.Fprintln(stdout, b)
 	} else if err := summary.Write(stdout); err != nil {
 		return err
 	}
@@ -134,6 +63,100 @@ limit. Name at least one subject (--user, --ip, --api-key, --custom). Exit statu
 		return deniedError{summary.RetryAfter}
 	}
 	return nil
+}
+
+// checkFlags say what check asks: of which subjects, on which endpoint, in which call.
+type checkFlags struct {
+	user, ip, apiKey, endpoint, tier, idem string
+	custom                                 []string
+	cost, estimate                         int64
+	peek, asJSON                           bool
+	reserveTTL                             time.Duration
+}
+
+func (f *checkFlags) register(fs *flagSet) {
+	fs.StringVar(&f.user, "user", "", "user id subject")
+	fs.StringVar(&f.ip, "ip", "", "client IP subject")
+	fs.StringVar(&f.apiKey, "api-key", "", "API key subject")
+	fs.Func("custom", "a custom dimension's value, `name=value` (tenant=acme); repeat it for several, in order", func(v string) error {
+		if name, value, ok := strings.Cut(v, "="); !ok || name == "" || value == "" {
+			return fmt.Errorf("want name=value (tenant=acme), got %q", v)
+		}
+		f.custom = append(f.custom, v)
+		return nil
+	})
+	fs.StringVar(&f.endpoint, "endpoint", "", "endpoint being called, e.g. /api/v1/orders (required)")
+	fs.Int64Var(&f.cost, "cost", 1, "units the call consumes")
+	fs.StringVar(&f.tier, "tier", "", "tier to check under (default: the subjects' configured tier); needs a caller token with the assert-tier permission")
+	fs.StringVar(&f.idem, "idempotency-key", "", "makes a retry of an allowed check replay it, uncharged, for 5 minutes (a denied check is decided afresh)")
+	fs.BoolVar(&f.peek, "peek", false, "report the remaining quota without consuming (GetRemainingQuota)")
+	fs.Int64Var(&f.estimate, "estimate", 0, "reserve this many units instead of --cost, settled later with quotaflow settle (Reserve)")
+	fs.DurationVar(&f.reserveTTL, "reserve-ttl", 0, "how long a reservation waits for its settle before its estimate stands (0: the checker's 5m)")
+	fs.BoolVar(&f.asJSON, "json", false, "print the response as JSON")
+}
+
+// subjects are the subjects the flags name: user, IP, API key, then the custom ones in order.
+func (f *checkFlags) subjects() []*quotaflowv1.Subject {
+	var subjects []*quotaflowv1.Subject
+	for _, s := range []struct {
+		dim quotaflowv1.Dimension
+		id  string
+	}{{quotaflowv1.Dimension_DIMENSION_USER, f.user}, {quotaflowv1.Dimension_DIMENSION_IP, f.ip}, {quotaflowv1.Dimension_DIMENSION_API_KEY, f.apiKey}} {
+		if s.id != "" {
+			subjects = append(subjects, &quotaflowv1.Subject{Dimension: s.dim, Identifier: s.id})
+		}
+	}
+	for _, c := range f.custom {
+		name, value, _ := strings.Cut(c, "=")
+		subjects = append(subjects, &quotaflowv1.Subject{CustomDimension: name, Identifier: value})
+	}
+	return subjects
+}
+
+// validate refuses a check of nobody, of no endpoint, or mixing a reservation with the flags
+// of a plain check.
+func (f *checkFlags) validate(subjects []*quotaflowv1.Subject) error {
+	switch {
+	case len(subjects) == 0:
+		return errors.New("name a subject: --user, --ip, --api-key or --custom")
+	case f.endpoint == "":
+		return errors.New("--endpoint is required")
+	case f.estimate != 0 && (f.cost != 1 || f.peek || f.idem != ""):
+		return errors.New("--estimate: a reservation's cost is its estimate; leave out --cost, --peek and --idempotency-key")
+	case f.reserveTTL != 0 && f.estimate == 0:
+		return errors.New("--reserve-ttl: only with --estimate")
+	}
+	return nil
+}
+
+// ask makes the call the flags choose (Reserve, GetRemainingQuota or CheckRateLimit) and
+// returns its response and decision.
+func (f *checkFlags) ask(ctx context.Context, rpc quotaflowv1connect.RateLimiterClient, subjects []*quotaflowv1.Subject) (proto.Message, report.Decision, error) {
+	switch {
+	case f.estimate != 0:
+		resp, err := rpc.Reserve(ctx, connect.NewRequest(&quotaflowv1.ReserveRequest{
+			Check: &quotaflowv1.CheckRateLimitRequest{Subjects: subjects, Endpoint: f.endpoint, Tier: f.tier,
+				Timestamp: time.Now().UnixMilli()},
+			Estimate: f.estimate, TtlMs: f.reserveTTL.Milliseconds()}))
+		if err != nil {
+			return nil, report.Decision{}, fmt.Errorf("Reserve: %w", err)
+		}
+		return resp.Msg, report.ReserveDecision(resp.Msg), nil
+	case f.peek:
+		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
+			Subjects: subjects, Endpoint: f.endpoint, Cost: f.cost, Tier: f.tier}))
+		if err != nil {
+			return nil, report.Decision{}, fmt.Errorf("GetRemainingQuota: %w", err)
+		}
+		return resp.Msg, report.QuotaDecision(resp.Msg), nil
+	}
+	resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+		Subjects: subjects, Endpoint: f.endpoint, Cost: f.cost, Tier: f.tier, IdempotencyKey: f.idem,
+		Timestamp: time.Now().UnixMilli()}))
+	if err != nil {
+		return nil, report.Decision{}, fmt.Errorf("CheckRateLimit: %w", err)
+	}
+	return resp.Msg, report.CheckDecision(resp.Msg), nil
 }
 
 // checkProtocols are the values of --protocol.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
@@ -56,6 +57,18 @@ func (c *checkerFlags) register(fs *flagSet) {
 	c.tls.register(fs)
 	c.redis.register(fs)
 	c.serving.register(fs)
+}
+
+// registerHealthInterval adds --health-interval, the time between a daemon's health reports.
+func registerHealthInterval(fs *flagSet, cfg *health.Config) {
+	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
+	fs.fromEnv("health-interval")
+	fs.check(func() error {
+		if cfg.Interval >= 0 && cfg.Interval < 100*time.Millisecond {
+			return fmt.Errorf("--health-interval: want at least 100ms, or negative for no reports, got %s", cfg.Interval)
+		}
+		return nil
+	})
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"strings"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/report"
 )
 
@@ -19,8 +19,9 @@ const exemptionHelp = `  quotaflow exemption set ID (--user ID|--ip IP|CIDR|--ap
 `
 
 func runExemption(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "exemption", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"set": exemptionSet, "list": exemptionList, "delete": exemptionDelete,
+	return subcommand(ctx, "exemption", map[string]verb{
+		"set": exemptionSet, "list": exemptionList,
+		"delete": deleteVerb("exemption", "exemption", "an exemption id", "Removes an exemption (argument: its id).", (*admin.Client).DeleteExemption),
 	}, exemptionHelp, args, getenv, stdout, stderr)
 }
 
@@ -81,18 +82,4 @@ func exemptionList(ctx context.Context, args []string, getenv func(string) strin
 		return err
 	}
 	return report.Exemptions(stdout, ex)
-}
-
-func exemptionDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("exemption delete", "Removes an exemption (argument: its id).", stderr)
-	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 1, "an exemption id")
-	if err != nil {
-		return err
-	}
-	if err := c.DeleteExemption(ctx, pos[0]); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "deleted exemption %s\n", pos[0])
-	return nil
 }

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/stream"
@@ -47,7 +45,7 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 func (p *publishFlags) validate() error {
 	c := &p.cfg
 	switch {
-	case p.natsURL != "" && !strings.HasPrefix(p.natsURL, "nats://") && !strings.HasPrefix(p.natsURL, "tls://"):
+	case p.natsURL != "" && !isNATSURL(p.natsURL):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
 	case c.Partitions < 1 || c.Partitions > stream.MaxPartitions:
 		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, c.Partitions)
@@ -68,6 +66,11 @@ func (p *publishFlags) validate() error {
 	}
 	c.NoSpoolWait = c.SpoolWait == 0
 	return errors.Join(checkCreds("nats-creds", p.natsCreds), checkCreds("nats-admin-creds", p.natsAdminCreds))
+}
+
+// isNATSURL reports whether url is one the NATS client dials: nats://, or tls:// for TLS.
+func isNATSURL(url string) bool {
+	return strings.HasPrefix(url, "nats://") || strings.HasPrefix(url, "tls://")
 }
 
 // checkCreds refuses a credentials file that cannot be read or is not one, naming its flag.
@@ -99,24 +102,6 @@ func registerReaderCreds(fs *flagSet, creds *string) {
 func fileExists(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
-}
-
-// readerConn connects a command that reads NATS, named name, with the credentials file creds
-// ("" none).
-func readerConn(url, name, creds string, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append(opts, nats.Name(name))
-	if creds != "" {
-		o, err := broker.CredentialsOption(creds)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, o)
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("nats connect %s: %w", url, err)
-	}
-	return nc, nil
 }
 
 // flagErr names the flag of a start-up error that one flag caused, and makes it a usage

@@ -19,8 +19,9 @@ const overrideHelp = `  quotaflow override set [--user ID|--ip IP|--api-key KEY|
 `
 
 func runOverride(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "override", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"set": overrideSet, "list": overrideList, "delete": overrideDelete,
+	return subcommand(ctx, "override", map[string]verb{
+		"set": overrideSet, "list": overrideList,
+		"delete": deleteVerb("override", "override", "an override id", "Removes an override (argument: its id) before its expiry.", (*admin.Client).DeleteOverride),
 	}, overrideHelp, args, getenv, stdout, stderr)
 }
 
@@ -88,18 +89,4 @@ func overrideList(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	return report.Overrides(stdout, overrides, time.Now())
-}
-
-func overrideDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("override delete", "Removes an override (argument: its id) before its expiry.", stderr)
-	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 1, "an override id")
-	if err != nil {
-		return err
-	}
-	if err := c.DeleteOverride(ctx, pos[0]); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "deleted override %s\n", pos[0])
-	return nil
 }

@@ -10,8 +10,6 @@ import (
 	"os"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/report"
@@ -28,8 +26,8 @@ const rulesHelp = `  quotaflow rules list              the rules of the rule sto
 `
 
 func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "rules", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": rulesDelete,
+	return subcommand(ctx, "rules", map[string]verb{
+		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": deleteVerb("rules", "rule", "a rule id", "Removes one rule (argument: its id).", (*admin.Client).DeleteRule),
 		"import-envoy": rulesImportEnvoy,
 	}, rulesHelp, args, getenv, stdout, stderr)
 }
@@ -69,21 +67,7 @@ func rulesGet(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	// JSON is YAML: read as a node tree it keeps the fields' order and numbers as numbers
-	// (rules.Scalar would encode them quoted); dropping the styles prints block YAML.
-	var n yaml.Node
-	if err := yaml.Unmarshal(raw, &n); err != nil {
-		return fmt.Errorf("decode rule: %w", err)
-	}
-	plainStyle(&n)
-	return yaml.NewEncoder(stdout).Encode(&n)
-}
-
-func plainStyle(n *yaml.Node) {
-	n.Style = 0
-	for _, c := range n.Content {
-		plainStyle(c)
-	}
+	return report.RuleYAML(stdout, raw)
 }
 
 func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -119,42 +103,13 @@ Every checker enforces the new rules within a fraction of a second.`, stderr)
 	}
 	res, err := c.ApplyRules(ctx, doc, opts)
 	if ae := (*admin.Error)(nil); errors.As(err, &ae) && ae.Code == "failed_precondition" {
-		for _, item := range ae.Problems {
-			fmt.Fprintf(stdout, "- %s\n", item)
-		}
+		report.Lacking(stdout, ae.Problems)
 		return fmt.Errorf("rules file %s: refused, nothing was changed: the file lacks %d item(s) the rule store holds (listed above); add them to the file, or apply with --prune to remove them", *file, len(ae.Problems))
 	}
 	if err != nil {
 		return err
 	}
-	for _, l := range []struct {
-		mark  string
-		items []string
-	}{{"+", res.Added}, {"~", res.Changed}, {"-", res.Removed}} {
-		for _, item := range l.items {
-			fmt.Fprintf(stdout, "%s %s\n", l.mark, item)
-		}
-	}
-	verb := "applied"
-	if opts.DryRun {
-		verb = "dry run, nothing changed:"
-	}
-	fmt.Fprintf(stdout, "%s %s: %d rules, %d users; %d added, %d changed, %d removed\n", verb, *file, res.Rules, res.Users,
-		len(res.Added), len(res.Changed), len(res.Removed))
-	return nil
-}
-
-func rulesDelete(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules delete", "Removes one rule (argument: its id).", stderr)
-	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
-	if err != nil {
-		return err
-	}
-	if err := c.DeleteRule(ctx, pos[0]); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "deleted rule %s\n", pos[0])
+	report.Applied(stdout, *file, res.Rules, res.Users, res.Changes, opts.DryRun)
 	return nil
 }
 
@@ -175,25 +130,15 @@ quotaflow then get the reference service's answers (docs/envoy.md).`, stderr)
 	if _, err := doc.Compile(); err != nil {
 		return fmt.Errorf("rules import-envoy: the converted rules are refused: %w", err)
 	}
-	raw, err := json.Marshal(doc)
+	b, err := report.RulesFile(doc, "Converted by quotaflow rules import-envoy from "+strings.Join(paths, ", "))
 	if err != nil {
-		return fmt.Errorf("encode rules: %w", err)
-	}
-	var n yaml.Node
-	if err := yaml.Unmarshal(raw, &n); err != nil {
-		return fmt.Errorf("encode rules: %w", err)
-	}
-	plainStyle(&n)
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "# Converted by quotaflow rules import-envoy from %s.\n", strings.Join(paths, ", "))
-	if err := yaml.NewEncoder(&b).Encode(&n); err != nil {
-		return fmt.Errorf("encode rules: %w", err)
-	}
-	if *out == "" {
-		_, err := stdout.Write(b.Bytes())
 		return err
 	}
-	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
+	if *out == "" {
+		_, err := stdout.Write(b)
+		return err
+	}
+	if err := os.WriteFile(*out, b, 0o644); err != nil {
 		return fmt.Errorf("rules import-envoy: %w", err)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %d rules\n", *out, len(doc.Rules))

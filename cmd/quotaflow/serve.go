@@ -50,38 +50,17 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		return err
 	}
 	if embedded {
-		if err := os.MkdirAll(natsDir, 0o755); err != nil {
-			return fmt.Errorf("--nats-dir: %w", err)
-		}
 		if credsDir == "" {
 			credsDir = filepath.Join(natsDir, "auth")
 		}
-		keys, err := natsauth.Ensure(credsDir)
-		if err != nil {
-			return fmt.Errorf("--nats-creds-dir: %w", err)
-		}
-		users, err := natsauth.Config{Partitions: p.cfg.Partitions}.Users(keys)
+		shutdown, err := startEmbeddedNATS(natsListen, natsDir, credsDir, &p, log)
 		if err != nil {
 			return err
 		}
-		ns, err := broker.Embedded("quotaflow-dev", natsListen, natsDir, users)
-		if err != nil {
-			return fmt.Errorf("--nats-listen: %w", err)
-		}
-		url := ns.ClientURL()
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-		p.natsURL = url
-		log.Info("embedded NATS listening", "url", url, "jetstream_dir", natsDir,
-			"operator_credentials", natsauth.SeedFile(credsDir, natsauth.Operator))
+		defer shutdown()
 	}
 	if credsDir != "" {
-		p.natsCreds = natsauth.SeedFile(credsDir, natsauth.Checker)
-		p.natsAdminCreds = natsauth.SeedFile(credsDir, natsauth.Admin)
-		a.cfg.NATSCredentials = natsauth.SeedFile(credsDir, natsauth.Aggregator)
-		c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+		useRoleCreds(credsDir, &c, &p, &a)
 	}
 	if a.ch.dsn == "" {
 		d, err := c.start(ctx, &p, log)
@@ -90,13 +69,56 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		}
 		return serveUntil(ctx, d)
 	}
-	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
-	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
-	a.cfg.Health = c.cfg.Health
-	if err := a.validate(); err != nil {
+	if err := a.joinServe(&c, &p); err != nil {
 		return usageError{err}
 	}
 	return serveWithAggregator(ctx, &c, &p, &a, log)
+}
+
+// startEmbeddedNATS starts serve's own NATS server on listen with its data in dir, admitting
+// only the users of the role credentials in credsDir (written on the first start), and points
+// p at it. shutdown stops the server and waits for it.
+func startEmbeddedNATS(listen, dir, credsDir string, p *publishFlags, log *slog.Logger) (shutdown func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("--nats-dir: %w", err)
+	}
+	keys, err := natsauth.Ensure(credsDir)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-creds-dir: %w", err)
+	}
+	users, err := natsauth.Config{Partitions: p.cfg.Partitions}.Users(keys)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := broker.Embedded("quotaflow-dev", listen, dir, users)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen: %w", err)
+	}
+	p.natsURL = ns.ClientURL()
+	log.Info("embedded NATS listening", "url", p.natsURL, "jetstream_dir", dir,
+		"operator_credentials", natsauth.SeedFile(credsDir, natsauth.Operator))
+	return func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}, nil
+}
+
+// useRoleCreds connects the checker, its admin API and the aggregator each with its own
+// role's credentials from dir.
+func useRoleCreds(dir string, c *checkerFlags, p *publishFlags, a *aggregatorFlags) {
+	p.natsCreds = natsauth.SeedFile(dir, natsauth.Checker)
+	p.natsAdminCreds = natsauth.SeedFile(dir, natsauth.Admin)
+	a.cfg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
+	c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+}
+
+// joinServe gives serve's aggregator what it shares with the checker (NATS, partitions,
+// replicas, instance id, health reports) and checks its flags.
+func (a *aggregatorFlags) joinServe(c *checkerFlags, p *publishFlags) error {
+	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
+	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
+	a.cfg.Health = c.cfg.Health
+	return a.validate()
 }
 
 // serveWithAggregator runs the checker and an aggregator in one process, with one telemetry:

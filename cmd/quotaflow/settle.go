@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/quotaflow/quotaflow/internal/app/report"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
@@ -69,19 +70,14 @@ settle changes nothing and fails.`, stderr)
 		if err != nil {
 			return fmt.Errorf("Cancel: %w", err)
 		}
-		fmt.Fprintf(stdout, "cancelled: %d refunded, %d left (decision %s)\n", resp.Msg.Estimate, resp.Msg.Remaining, resp.Msg.DecisionId)
+		fmt.Fprintln(stdout, report.Cancelled(resp.Msg))
 		return nil
 	}
 	resp, err := rpc.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: id, Actual: actual}))
 	if err != nil {
 		return fmt.Errorf("Settle: %w", err)
 	}
-	m := resp.Msg
-	over := ""
-	if m.Overage {
-		over = "  OVERAGE (charged past the limit)"
-	}
-	fmt.Fprintf(stdout, "settled: estimate %d, actual %d, %d left%s (decision %s)\n", m.Estimate, m.Actual, m.Remaining, over, m.DecisionId)
+	fmt.Fprintln(stdout, report.Settled(resp.Msg))
 	return nil
 }
 
@@ -114,7 +110,7 @@ a second release fails.`, stderr)
 		if err != nil {
 			return fmt.Errorf("RenewLease: %w", err)
 		}
-		fmt.Fprintf(stdout, "renewed until %s\n", time.UnixMilli(resp.Msg.ExpiresAtMs).UTC().Format(time.RFC3339))
+		fmt.Fprintln(stdout, report.Renewed(resp.Msg))
 		return nil
 	}
 	if _, err := rpc.ReleaseLease(ctx, connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: id})); err != nil {

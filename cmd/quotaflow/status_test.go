@@ -14,6 +14,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/dashboard"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
@@ -102,8 +103,8 @@ func TestStatus(t *testing.T) {
 			regexp.MustCompile(`(?m)^checker\s+status-lost-\S+\s+.*\s+ok\s+ok\s+-\s`),
 			regexp.MustCompile(`(?m)^aggregator\s+status-agg-\S+\s+.*\s+-\s+ok\s+ok\s+-\s+\d+ msgs, \d+ partitions`),
 			regexp.MustCompile(`(?m)^OVERRIDES \(2 active\)`),
-			regexp.MustCompile(`(?m)^\s+by-hand\s+user:vip\s+limit 50\s+.*\sops\s+launch$`),
-			regexp.MustCompile(`(?m)^\s+penalty-x\s+user:abuser rule user-min\s+×0.5\s+.*\spolicy penalty\s+denied too often$`),
+			regexp.MustCompile(`(?m)^\s+by-hand\s+user:vip\s+limit=50\s+.*\sops\s+launch$`),
+			regexp.MustCompile(`(?m)^\s+penalty-x\s+user:abuser rule:user-min\s+limit×0.5\s+.*\spolicy penalty\s+denied too often$`),
 			regexp.MustCompile(`(?m)^ANSWERING BY FAIL MODE NOW\n  none$`),
 		} {
 			if !want.MatchString(out) {
@@ -112,7 +113,7 @@ func TestStatus(t *testing.T) {
 		}
 		// The checks sent show as a rate in some report of the checker that took them.
 		err := poll.Wait(ctx, "a checker's rate", statusShows(append([]string{"--format", "json"}, args...), &run, func(out string, _ int) bool {
-			var st status
+			var st dashboard.Status
 			if err := json.Unmarshal([]byte(out), &st); err != nil {
 				t.Fatalf("status --format json: %v\n%s", err, out)
 			}

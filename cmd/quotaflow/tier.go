@@ -12,7 +12,7 @@ const tierHelp = `  quotaflow tier set USER TIER      move a user to a tier (wha
 `
 
 func runTier(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "tier", map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
+	return subcommand(ctx, "tier", map[string]verb{
 		"set": tierSet,
 	}, tierHelp, args, getenv, stdout, stderr)
 }

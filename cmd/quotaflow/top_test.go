@@ -17,6 +17,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/app/dashboard"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 )
@@ -79,8 +80,8 @@ func (term *terminal) screen() string {
 	term.mu.Lock()
 	defer term.mu.Unlock()
 	s := term.out.String()
-	if i := strings.LastIndex(s, redraw); i >= 0 {
-		s = s[i+len(redraw):]
+	if i := strings.LastIndex(s, dashboard.Redraw); i >= 0 {
+		s = s[i+len(dashboard.Redraw):]
 	}
 	return s
 }
@@ -185,7 +186,7 @@ func TestTop(t *testing.T) {
 	if !term.canonical(t) {
 		t.Error("the terminal was left in raw mode after top exited")
 	}
-	term.waitOutput(ctx, t, "the alternate screen left", func(s string) bool { return strings.HasSuffix(s, leaveScreen) })
+	term.waitOutput(ctx, t, "the alternate screen left", func(s string) bool { return strings.HasSuffix(s, dashboard.LeaveScreen) })
 }
 
 // TestTopPiped: with stdout not a terminal, top prints one plain snapshot after the first

@@ -73,7 +73,7 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 	out, stderr, code = runCmd(ctx, []string{"watch", "overrides", "--nats-url", ns.URL, "--all", "--count", "2"}, nil)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "CREATED") || !strings.Contains(lines[1], "EXPIRED") ||
-		!strings.Contains(lines[0], "subject user:carol") || !strings.Contains(lines[0], `reason="launch"`) {
+		!strings.Contains(lines[0], "user:carol") || !strings.Contains(lines[0], `reason="launch"`) {
 		t.Errorf("watch overrides: exit %d, %q %s; want the override created, then expired", code, out, stderr)
 	}
 

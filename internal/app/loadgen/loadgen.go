@@ -8,6 +8,7 @@
 package loadgen
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -164,8 +165,18 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate checks a Config with its defaults set.
-func (c *Config) validate() error {
+// ErrBatchProtocol is a ConfigError's cause when Batch asks for batches of a protocol that has
+// none: only ProtocolConnect and ProtocolGRPC have CheckRateLimits.
+var ErrBatchProtocol = errors.New("batches are CheckRateLimits calls, of protocol connect or grpc")
+
+// Validate reports the first field of c that Run would refuse, as a *ConfigError. Unlike Run,
+// it reads a zero field as given rather than as its default, and refuses the zeros that are
+// outside a field's range: it is for callers that set every field, such as a command line,
+// where a zero is a mistake and not "the default".
+func (c Config) Validate() error { return c.validate(true) }
+
+// validate checks a Config; strict also refuses the zero values that Run reads as defaults.
+func (c *Config) validate(strict bool) error {
 	switch {
 	case c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC && c.Protocol != ProtocolRLS && c.Protocol != ProtocolGubernator:
 		return configErrorf("Protocol", "want connect, grpc, rls or gubernator, got %q", c.Protocol)
@@ -179,14 +190,14 @@ func (c *Config) validate() error {
 		return configErrorf("Warmup", "want 0 or more, got %s", c.Warmup)
 	case c.Timeout <= 0:
 		return configErrorf("Timeout", "want more than 0, got %s", c.Timeout)
+	case c.Batch < 0 || c.Batch > MaxBatch || strict && c.Batch == 0:
+		return configErrorf("Batch", "want 1 to %d checks per RPC, got %d", MaxBatch, c.Batch)
+	case c.Batch > 1 && c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC:
+		return &ConfigError{Field: "Batch", Err: fmt.Errorf("%w, not %s", ErrBatchProtocol, c.Protocol)}
 	case c.Keys < 1 || c.Keys > MaxKeys:
 		return configErrorf("Keys", "want 1 to %d, got %d", MaxKeys, c.Keys)
 	case !strings.HasPrefix(c.Endpoint, "/"):
 		return configErrorf("Endpoint", "want a path starting with /, got %q", c.Endpoint)
-	case c.Batch < 0 || c.Batch > MaxBatch:
-		return configErrorf("Batch", "want 0 to %d checks per RPC, got %d", MaxBatch, c.Batch)
-	case c.Batch > 1 && c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC:
-		return configErrorf("Batch", "batches are CheckRateLimits calls, of protocol connect or grpc, not %s", c.Protocol)
 	case c.Distribution != DistributionUniform && c.Distribution != DistributionZipf && c.Distribution != DistributionHot:
 		return configErrorf("Distribution", "want uniform, zipf or hot, got %q", c.Distribution)
 	}

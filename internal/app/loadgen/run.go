@@ -24,7 +24,7 @@ const errorPause = 10 * time.Millisecond
 // *ConfigError.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
 	newCall, closeTarget, err := newTarget(&cfg)
@@ -37,74 +37,92 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // run is Run with a valid cfg and its target's calls.
 func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newRunner(cfg)
+	if cfg.Rate > 0 {
+		r.interval = float64(time.Second) * float64(r.perCall) / cfg.Rate
+		r.slots = make(chan time.Time, cfg.Concurrency)
+		go pace(runCtx, r.start, r.end, r.interval, r.slots)
+	}
+	seed := uint64(time.Now().UnixNano())
+	var workers sync.WaitGroup
+	for w := 0; w < cfg.Concurrency; w++ {
+		call := newCall()
+		picker, _ := newKeyPicker(cfg.Distribution, cfg.Keys, seed+uint64(w)) // validated by Run
+		workers.Go(func() { r.work(ctx, runCtx, call, picker) })
+	}
+	stopProgress := startProgress(cfg.Progress, r.start, r.measureFrom, r.warm, r.measured)
+	workers.Wait()
+	finished := time.Now()
+	stopProgress()
+	return r.report(ctx, finished)
+}
+
+// runner is what a run's workers share: the subjects, the schedule and the two tallies, of
+// the warm-up and of the measured part.
+type runner struct {
+	cfg                     *Config
+	ids                     []string
+	start, measureFrom, end time.Time
+	perCall                 int            // checks per call
+	interval                float64        // open loop: nanoseconds between slots
+	slots                   chan time.Time // open loop: due times, from pace
+	sent                    atomic.Int64   // open loop: measured slots sent
+	warm, measured          *stats
+}
+
+func newRunner(cfg *Config) *runner {
 	ids := make([]string, cfg.Keys)
 	for i := range ids {
 		ids[i] = cfg.KeyPrefix + strconv.Itoa(i)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	warm, measured := &stats{}, &stats{}
 	start := time.Now()
 	measureFrom := start.Add(cfg.Warmup)
-	end := measureFrom.Add(cfg.Duration)
-	var (
-		sent    atomic.Int64 // open loop: measured slots sent
-		workers sync.WaitGroup
-		slots   chan time.Time // open loop: due times, from pace
-	)
-	perCall := max(cfg.Batch, 1) // checks per call
-	interval := 0.0
-	if cfg.Rate > 0 {
-		interval = float64(time.Second) * float64(perCall) / cfg.Rate
-		slots = make(chan time.Time, cfg.Concurrency)
-		go pace(runCtx, start, end, interval, slots)
-	}
-	seed := uint64(time.Now().UnixNano())
-	for w := 0; w < cfg.Concurrency; w++ {
-		workers.Add(1)
-		call := newCall()
-		picker, _ := newKeyPicker(cfg.Distribution, cfg.Keys, seed+uint64(w)) // validated by Run
-		batch := make([]string, perCall)
-		go func() {
-			defer workers.Done()
-			for {
-				var from time.Time // what latency counts from
-				if slots != nil {
-					at, ok := <-slots
-					if !ok {
-						return
-					}
-					from = at
-				} else if from = time.Now(); !from.Before(end) || runCtx.Err() != nil {
-					return
-				}
-				st := measured
-				if from.Before(measureFrom) {
-					st = warm
-				} else if slots != nil {
-					sent.Add(1)
-				}
-				for i := range batch {
-					batch[i] = ids[picker.next()]
-				}
-				cctx, ccancel := context.WithTimeout(runCtx, cfg.Timeout)
-				a, err := call(cctx, batch)
-				ccancel()
-				if err != nil && ended(ctx) {
-					return // interrupted: not the target's error
-				}
-				st.done(a, len(batch)-a.allowed-a.denied, err, time.Since(from))
-				if err != nil && slots == nil && !retry.Sleep(runCtx, errorPause) {
-					return
-				}
-			}
-		}()
-	}
-	stopProgress := startProgress(cfg.Progress, start, measureFrom, warm, measured)
-	workers.Wait()
-	finished := time.Now()
-	stopProgress()
+	return &runner{cfg: cfg, ids: ids, start: start, measureFrom: measureFrom, end: measureFrom.Add(cfg.Duration),
+		perCall: max(cfg.Batch, 1), warm: &stats{}, measured: &stats{}}
+}
 
+// work is one worker: it sends calls, at the open loop's slots or one after another, until
+// the run ends or ctx (the caller's) is done; runCtx ends the run's calls with it.
+func (r *runner) work(ctx, runCtx context.Context, call call, picker *keyPicker) {
+	batch := make([]string, r.perCall)
+	for {
+		var from time.Time // what latency counts from
+		if r.slots != nil {
+			at, ok := <-r.slots
+			if !ok {
+				return
+			}
+			from = at
+		} else if from = time.Now(); !from.Before(r.end) || runCtx.Err() != nil {
+			return
+		}
+		st := r.measured
+		if from.Before(r.measureFrom) {
+			st = r.warm
+		} else if r.slots != nil {
+			r.sent.Add(1)
+		}
+		for i := range batch {
+			batch[i] = r.ids[picker.next()]
+		}
+		cctx, ccancel := context.WithTimeout(runCtx, r.cfg.Timeout)
+		a, err := call(cctx, batch)
+		ccancel()
+		if err != nil && ended(ctx) {
+			return // interrupted: not the target's error
+		}
+		st.done(a, len(batch)-a.allowed-a.denied, err, time.Since(from))
+		if err != nil && r.slots == nil && !retry.Sleep(runCtx, errorPause) {
+			return
+		}
+	}
+}
+
+// report is what the run measured, finished at finished; ctx done means it was interrupted.
+func (r *runner) report(ctx context.Context, finished time.Time) *Report {
+	cfg, measured := r.cfg, r.measured
 	rep := &Report{
 		Protocol: string(cfg.Protocol), Mode: "closed", Concurrency: cfg.Concurrency, Rate: cfg.Rate, Batch: cfg.Batch, Keys: cfg.Keys,
 		Distribution: string(cfg.Distribution), Interrupted: ctx.Err() != nil,
@@ -114,14 +132,15 @@ func run(ctx context.Context, cfg *Config, newCall func() call) *Report {
 		cfg:          *cfg,
 	}
 	rep.Checks = rep.Allowed + rep.Denied + rep.Errors
-	if elapsed := finished.Sub(measureFrom); elapsed > 0 {
+	if elapsed := finished.Sub(r.measureFrom); elapsed > 0 {
 		rep.DurationS = round3(elapsed.Seconds())
 		rep.ChecksPerSec = round3(float64(rep.Allowed+rep.Denied) / elapsed.Seconds())
 	}
 	if cfg.Rate > 0 {
 		rep.Mode = "open"
-		if due := slotsBefore(start, end, interval) - slotsBefore(start, measureFrom, interval); !rep.Interrupted && due > sent.Load() {
-			rep.Missed = uint64(due-sent.Load()) * uint64(perCall)
+		due := slotsBefore(r.start, r.end, r.interval) - slotsBefore(r.start, r.measureFrom, r.interval)
+		if !rep.Interrupted && due > r.sent.Load() {
+			rep.Missed = uint64(due-r.sent.Load()) * uint64(r.perCall)
 		}
 	}
 	h := &measured.hist

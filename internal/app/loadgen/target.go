@@ -108,48 +108,70 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	if err != nil {
 		return nil, nil, &ConfigError{Field: "Target", Err: err}
 	}
-	base := strings.TrimSuffix(cfg.Target, "/")
-	dim := dimensions[cfg.Dimension]
 	if cfg.Protocol == ProtocolConnect {
-		tr := &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        cfg.Concurrency,
-			MaxIdleConnsPerHost: cfg.Concurrency,
-			IdleConnTimeout:     90 * time.Second,
-			DisableCompression:  true,
-			Protocols:           new(http.Protocols),
-		}
-		tr.Protocols.SetHTTP1(true)
-		// Responses are not compressed: the generator and the checker share the CPU, and
-		// gateways do not compress these small messages either.
-		rpc := client.NewRPC(base, client.RPCConfig{HTTPClient: &http.Client{Transport: tr},
-			Options: []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}})
-		return func() call {
-			if cfg.Batch > 1 {
-				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
-				return func(ctx context.Context, ids []string) (answers, error) {
-					fill(ids)
-					resp, err := rpc.CheckRateLimits(ctx, connect.NewRequest(req))
-					if err != nil {
-						return answers{}, err
-					}
-					return batchCounts(resp.Msg.Results, len(ids))
-				}
-			}
-			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return single(func(ctx context.Context, id string) (bool, bool, error) {
-				msg.Identifier = id
-				resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
-				if err != nil {
-					return false, false, err
-				}
-				return resp.Msg.Allowed, resp.Msg.Degraded, nil
-			})
-		}, tr.CloseIdleConnections, nil
+		return connectTarget(cfg)
 	}
 	// grpc, rls and gubernator: grpc-go clients on one HTTP/2 connection, as Envoy and gRPC
 	// services call.
+	conn, err := grpcConn(u)
+	if err != nil {
+		return nil, nil, &ConfigError{Field: "Target", Err: err}
+	}
+	closeConn := func() { conn.Close() }
+	switch cfg.Protocol {
+	case ProtocolGRPC:
+		return grpcCalls(cfg, quotaflowv1.NewRateLimiterClient(conn)), closeConn, nil
+	case ProtocolGubernator:
+		return gubernatorCalls(cfg, conn), closeConn, nil
+	}
+	return rlsCalls(cfg, ratelimitv3.NewRateLimitServiceClient(conn)), closeConn, nil
+}
+
+// connectTarget is newTarget for ProtocolConnect: Connect over HTTP/1.1, as a web service
+// behind a gateway calls.
+func connectTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        cfg.Concurrency,
+		MaxIdleConnsPerHost: cfg.Concurrency,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		Protocols:           new(http.Protocols),
+	}
+	tr.Protocols.SetHTTP1(true)
+	// Responses are not compressed: the generator and the checker share the CPU, and
+	// gateways do not compress these small messages either.
+	rpc := client.NewRPC(strings.TrimSuffix(cfg.Target, "/"), client.RPCConfig{HTTPClient: &http.Client{Transport: tr},
+		Options: []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}})
+	dim := dimensions[cfg.Dimension].dim
+	return func() call {
+		if cfg.Batch > 1 {
+			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Batch)
+			return func(ctx context.Context, ids []string) (answers, error) {
+				fill(ids)
+				resp, err := rpc.CheckRateLimits(ctx, connect.NewRequest(req))
+				if err != nil {
+					return answers{}, err
+				}
+				return batchCounts(resp.Msg.Results, len(ids))
+			}
+		}
+		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint}
+		return single(func(ctx context.Context, id string) (bool, bool, error) {
+			msg.Identifier = id
+			resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
+			if err != nil {
+				return false, false, err
+			}
+			return resp.Msg.Allowed, resp.Msg.Degraded, nil
+		})
+	}, tr.CloseIdleConnections, nil
+}
+
+// grpcConn is one HTTP/2 connection to u's host, at its scheme's port when it names none,
+// over TLS for https.
+func grpcConn(u *url.URL) (*grpc.ClientConn, error) {
 	host := u.Host
 	if u.Port() == "" {
 		port := "80"
@@ -162,47 +184,54 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	if u.Scheme == "https" {
 		creds = credentials.NewTLS(&tls.Config{ServerName: u.Hostname()})
 	}
-	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return nil, nil, &ConfigError{Field: "Target", Err: err}
-	}
-	if cfg.Protocol == ProtocolGRPC {
-		rpc := quotaflowv1.NewRateLimiterClient(conn)
-		return func() call {
-			if cfg.Batch > 1 {
-				req, fill := batchRequest(dim.dim, cfg.Endpoint, cfg.Batch)
-				return func(ctx context.Context, ids []string) (answers, error) {
-					fill(ids)
-					resp, err := rpc.CheckRateLimits(ctx, req)
-					if err != nil {
-						return answers{}, err
-					}
-					return batchCounts(resp.Results, len(ids))
-				}
-			}
-			msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim.dim, Endpoint: cfg.Endpoint}
-			return single(func(ctx context.Context, id string) (bool, bool, error) {
-				msg.Identifier = id
-				resp, err := rpc.CheckRateLimit(ctx, msg)
-				if err != nil {
-					return false, false, err
-				}
-				return resp.Allowed, resp.Degraded, nil
-			})
-		}, func() { conn.Close() }, nil
-	}
-	if cfg.Protocol == ProtocolGubernator {
-		return func() call {
-			one := gubernatorCall(conn, cfg.Endpoint)
-			return single(func(ctx context.Context, id string) (bool, bool, error) {
-				allowed, err := one(ctx, id)
-				return allowed, false, err
-			})
-		}, func() { conn.Close() }, nil
-	}
-	rls := ratelimitv3.NewRateLimitServiceClient(conn)
+	return grpc.NewClient(host, grpc.WithTransportCredentials(creds))
+}
+
+// grpcCalls makes the calls of ProtocolGRPC: CheckRateLimit, or CheckRateLimits of a batch.
+func grpcCalls(cfg *Config, rpc quotaflowv1.RateLimiterClient) func() call {
+	dim := dimensions[cfg.Dimension].dim
 	return func() call {
-		subject := &rlcommonv3.RateLimitDescriptor_Entry{Key: dim.rlsKey}
+		if cfg.Batch > 1 {
+			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Batch)
+			return func(ctx context.Context, ids []string) (answers, error) {
+				fill(ids)
+				resp, err := rpc.CheckRateLimits(ctx, req)
+				if err != nil {
+					return answers{}, err
+				}
+				return batchCounts(resp.Results, len(ids))
+			}
+		}
+		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint}
+		return single(func(ctx context.Context, id string) (bool, bool, error) {
+			msg.Identifier = id
+			resp, err := rpc.CheckRateLimit(ctx, msg)
+			if err != nil {
+				return false, false, err
+			}
+			return resp.Allowed, resp.Degraded, nil
+		})
+	}
+}
+
+// gubernatorCalls makes the calls of ProtocolGubernator, whose answers say nothing of
+// degradation.
+func gubernatorCalls(cfg *Config, conn *grpc.ClientConn) func() call {
+	return func() call {
+		one := gubernatorCall(conn, cfg.Endpoint)
+		return single(func(ctx context.Context, id string) (bool, bool, error) {
+			allowed, err := one(ctx, id)
+			return allowed, false, err
+		})
+	}
+}
+
+// rlsCalls makes the calls of ProtocolRLS: ShouldRateLimit of one descriptor, the subject and
+// the endpoint's path.
+func rlsCalls(cfg *Config, rls ratelimitv3.RateLimitServiceClient) func() call {
+	rlsKey := dimensions[cfg.Dimension].rlsKey
+	return func() call {
+		subject := &rlcommonv3.RateLimitDescriptor_Entry{Key: rlsKey}
 		req := &ratelimitv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*rlcommonv3.RateLimitDescriptor{{
 			Entries: []*rlcommonv3.RateLimitDescriptor_Entry{subject, {Key: "path", Value: cfg.Endpoint}},
 		}}}
@@ -220,5 +249,5 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 			}
 			return false, false, fmt.Errorf("ShouldRateLimit: overall code %s", resp.OverallCode)
 		})
-	}, func() { conn.Close() }, nil
+	}
 }

@@ -1,17 +1,22 @@
 // Package report renders quotaflow's answers for people at a terminal: a check's decision
-// with every limit it evaluated, the rules of a rules document, the overrides in force. Each
-// is aligned text; the commands that print them offer JSON for programs.
+// with every limit it evaluated, a settlement, the rules of a rules document (as a table or as
+// YAML) and what applying one changed, the overrides in force. Each is aligned text; the
+// commands that print them offer JSON for programs. It is apart from the commands so that
+// each command keeps to its flags, and one answer reads alike wherever it is printed.
 package report
 
 import (
 	"cmp"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -121,6 +126,15 @@ func (s Decision) Write(w io.Writer) error {
 	return tw.Flush()
 }
 
+// ProtoJSON is a response as --json prints it: indented, every field present, zero or not.
+func ProtoJSON(msg proto.Message) (string, error) {
+	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
+	if err != nil {
+		return "", fmt.Errorf("encode response: %w", err)
+	}
+	return string(b), nil
+}
+
 // enumName is a proto enum value's name as people say it: STATE_WARNING is "warning".
 func enumName(name, prefix string) string {
 	return strings.ToLower(strings.TrimPrefix(name, prefix))
@@ -184,7 +198,7 @@ func Exemptions(w io.Writer, ex []rules.DocExemption) error {
 
 // Override is one override on one line: its id, target, change and expiry.
 func Override(o *rules.Override) string {
-	return fmt.Sprintf("override %s: %s %s until %s", o.ID, target(o), change(o), o.ExpiresAt.Local().Format(time.RFC3339))
+	return fmt.Sprintf("override %s: %s %s until %s", o.ID, events.OverrideTarget(o), events.OverrideChange(o), o.ExpiresAt.Local().Format(time.RFC3339))
 }
 
 // Overrides prints a table of overrides, with the time each has left as of now.
@@ -192,33 +206,8 @@ func Overrides(w io.Writer, overrides []rules.Override, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTARGET\tCHANGE\tEXPIRES\tLEFT\tSOURCE\tCREATOR\tREASON")
 	for _, o := range overrides {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, target(&o), change(&o),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.ID, events.OverrideTarget(&o), events.OverrideChange(&o),
 			o.ExpiresAt.Local().Format(time.RFC3339), o.ExpiresAt.Sub(now).Round(time.Second), o.Source, o.Creator, o.Reason)
 	}
 	return tw.Flush()
-}
-
-// target is what an override applies to: a subject, a tier or a rule, narrowed to a rule.
-func target(o *rules.Override) string {
-	var t string
-	switch o.Target() {
-	case "subject":
-		t = o.Dimension + ":" + o.Identifier
-	case "tier":
-		t = "tier:" + o.Tier
-	default:
-		return "rule:" + o.RuleID
-	}
-	if o.RuleID != "" {
-		t += " rule:" + o.RuleID
-	}
-	return t
-}
-
-// change is what an override does to the limit.
-func change(o *rules.Override) string {
-	if o.Multiplier != 0 {
-		return "limit×" + strconv.FormatFloat(o.Multiplier, 'g', -1, 64)
-	}
-	return "limit=" + strconv.FormatInt(o.Limit, 10)
 }

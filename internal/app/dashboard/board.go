@@ -1,4 +1,4 @@
-package main
+package dashboard
 
 import (
 	"cmp"
@@ -111,47 +111,7 @@ type busyRow struct {
 // frame renders the board at now as lines of at most width characters (0: no bound), with at
 // most rows subjects.
 func (b *topBoard) frame(now time.Time, width, rows int) []string {
-	b.mu.Lock()
-	from := now.Unix() - int64(b.window/time.Second)
-	sums := map[string]*busyRow{}
-	for sec, slot := range b.slots {
-		if sec <= from {
-			continue
-		}
-		for subj, c := range slot {
-			r := sums[subj]
-			if r == nil {
-				r = &busyRow{subject: subj}
-				sums[subj] = r
-			}
-			r.allowed += c.allowed
-			r.denied += c.denied
-		}
-	}
-	throttles := make([]events.Transition, 0, len(b.throttles))
-	for _, t := range b.throttles {
-		throttles = append(throttles, t)
-	}
-	note := b.note
-	b.mu.Unlock()
-
-	busy := make([]*busyRow, 0, len(sums))
-	for _, r := range sums {
-		busy = append(busy, r)
-	}
-	slices.SortFunc(busy, func(x, y *busyRow) int {
-		if c := cmp.Compare(y.allowed+y.denied, x.allowed+x.denied); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.subject, y.subject)
-	})
-	// Throttled before warned, then the most recent first.
-	slices.SortFunc(throttles, func(x, y events.Transition) int {
-		if x.To != y.To {
-			return cmp.Compare(stateRank(x.To), stateRank(y.To))
-		}
-		return y.At.Compare(x.At)
-	})
+	busy, throttles, note := b.read(now)
 	secs := b.window.Seconds()
 	lines := []string{
 		fmt.Sprintf("quotaflow top  %s  window %s  (q quits)", now.Format(time.TimeOnly), b.window),
@@ -187,6 +147,52 @@ func (b *topBoard) frame(now time.Time, width, rows int) []string {
 		}
 	}
 	return lines
+}
+
+// read returns, as of now, the subjects' sums over the window, the busiest first, the
+// throttles, throttled before warned and then the most recent first, and the note.
+func (b *topBoard) read(now time.Time) (busy []*busyRow, throttles []events.Transition, note string) {
+	b.mu.Lock()
+	from := now.Unix() - int64(b.window/time.Second)
+	sums := map[string]*busyRow{}
+	for sec, slot := range b.slots {
+		if sec <= from {
+			continue
+		}
+		for subj, c := range slot {
+			r := sums[subj]
+			if r == nil {
+				r = &busyRow{subject: subj}
+				sums[subj] = r
+			}
+			r.allowed += c.allowed
+			r.denied += c.denied
+		}
+	}
+	throttles = make([]events.Transition, 0, len(b.throttles))
+	for _, t := range b.throttles {
+		throttles = append(throttles, t)
+	}
+	note = b.note
+	b.mu.Unlock()
+
+	busy = make([]*busyRow, 0, len(sums))
+	for _, r := range sums {
+		busy = append(busy, r)
+	}
+	slices.SortFunc(busy, func(x, y *busyRow) int {
+		if c := cmp.Compare(y.allowed+y.denied, x.allowed+x.denied); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.subject, y.subject)
+	})
+	slices.SortFunc(throttles, func(x, y events.Transition) int {
+		if x.To != y.To {
+			return cmp.Compare(stateRank(x.To), stateRank(y.To))
+		}
+		return y.At.Compare(x.At)
+	})
+	return busy, throttles, note
 }
 
 func stateRank(s string) int {
