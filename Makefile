@@ -22,7 +22,7 @@ test: deps vet
 ## test-cluster: the packages whose tests share one Redis (the buckets, the engine, its
 ## transports and admin API) run again with that Redis a 3-master cluster: the same table
 ## tests, on the other topology
-CLUSTER_PACKAGES := ./internal/bucket/ ./checker/...
+CLUSTER_PACKAGES := ./internal/bucket/ ./checker/... ./internal/app/admin/
 test-cluster:
 	QUOTAFLOW_TEST_REDIS=cluster $(GO) test -race -count=1 $(CLUSTER_PACKAGES)
 
