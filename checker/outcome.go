@@ -52,9 +52,11 @@ type Outcome struct {
 
 // LimitOutcome is one rule applied to one subject.
 type LimitOutcome struct {
-	Rule     *rules.Rule
-	Subject  Subject
-	Limit    Limit // the effective limit, overrides and custom limits applied
+	Rule    *rules.Rule
+	Subject Subject
+	// Limit is the effective limit, overrides and custom limits applied: the bucket limit the
+	// store was sent, shared with the check's plan.
+	Limit    *Limit
 	Result   LimitResult
 	Degraded bool // decided by the rule's fail mode
 

@@ -144,7 +144,7 @@ func (p *planner) request(sub Subject, tag string, rs []*rules.Rule, shadow bool
 		}
 		req.Limits = append(req.Limits, lim)
 		req.Count = req.Count || r.CountDenied
-		p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: r, Subject: sub, Limit: lim, thresholds: p.set.Thresholds(r.ID)})
+		p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: r, Subject: sub, thresholds: p.set.Thresholds(r.ID)})
 	}
 	if len(req.Limits) == 0 {
 		return nil
@@ -152,6 +152,11 @@ func (p *planner) request(sub Subject, tag string, rs []*rules.Rule, shadow bool
 	req.Cost, req.Peek, req.Shadow = p.q.Cost, p.peek, shadow
 	p.pl.reqs = append(p.pl.reqs, req)
 	p.pl.first = append(p.pl.first, first)
+	// Each outcome points at its limit in the request, complete now: no copy of a limit per
+	// check, and the answer reports exactly what the store was sent.
+	for k := range req.Limits {
+		p.out.Limits[first+k].Limit = &req.Limits[k]
+	}
 	return nil
 }
 
@@ -194,10 +199,11 @@ func (p *planner) candidates(sub Subject, tag string, rs []*rules.Rule, custom m
 				continue
 			}
 			lim := bucketLimit(p.set, c, limitKey(tag, c), sub, p.out.Tier, custom[c.ID], p.now)
-			p.pl.reqs = append(p.pl.reqs, bucket.Request{Limits: []bucket.Limit{lim}, Cost: p.q.Cost, Peek: p.peek, Shadow: true, Replaces: replaces})
+			lims := []bucket.Limit{lim}
+			p.pl.reqs = append(p.pl.reqs, bucket.Request{Limits: lims, Cost: p.q.Cost, Peek: p.peek, Shadow: true, Replaces: replaces})
 			p.pl.first = append(p.pl.first, len(p.out.Limits))
 			p.pl.candidates = true
-			p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: c, Subject: sub, Limit: lim, thresholds: p.set.Thresholds(c.ID)})
+			p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: c, Subject: sub, Limit: &lims[0], thresholds: p.set.Thresholds(c.ID)})
 		}
 	}
 }
