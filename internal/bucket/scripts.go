@@ -28,7 +28,24 @@ func luaOrder(driver string) []string {
 	for a := range algorithm.All {
 		order = append(order, a.Module()+".lua")
 	}
-	return append(order, "call.lua", driver)
+	return append(order, dispatchName, "call.lua", driver)
+}
+
+// dispatchName stands in luaOrder for the dispatch, which is derived, not a file.
+const dispatchName = "(dispatch)"
+
+// dispatch is the chunk that defines call.lua's MODULES from the algorithm table: each
+// algorithm's module functions under its code, when this run built its module (need.lua).
+// Every module declares its four functions (local <code>_eval, _commit, _refund, _charge),
+// _charge nil where it has none.
+func dispatch() string {
+	var b strings.Builder
+	b.WriteString("local MODULES = {}\n")
+	for a := range algorithm.All {
+		c := a.Code()
+		fmt.Fprintf(&b, "if %[1]s_eval then MODULES['%[2]d'] = {%[1]s_eval, %[1]s_commit, %[1]s_refund, %[1]s_charge} end\n", c, a)
+	}
+	return b.String()
 }
 
 // script is the check or batch script of one Layout, with its SHA1 and source boxed once as
@@ -127,7 +144,11 @@ func layoutHead(l Layout) string {
 func mustConcat(driver string) string {
 	var b strings.Builder
 	for _, name := range luaOrder(driver) {
-		b.WriteString(mustRead(name))
+		if name == dispatchName {
+			b.WriteString(dispatch())
+		} else {
+			b.WriteString(mustRead(name))
+		}
 		b.WriteByte('\n')
 	}
 	return b.String()

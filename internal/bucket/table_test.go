@@ -37,7 +37,7 @@ func TestAlgorithmTable(t *testing.T) {
 			}
 			arg := strconv.Itoa(int(a))
 			for _, want := range []string{
-				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund", code),
+				fmt.Sprintf("local %[1]s_eval, %[1]s_commit, %[1]s_refund, %[1]s_charge\n", code),
 				fmt.Sprintf("if NEED_1 == '%[1]s' or NEED and NEED['%[1]s'] then\n", arg),
 				"function " + code + "_eval(",
 				"function " + code + "_commit(",
@@ -47,7 +47,7 @@ func TestAlgorithmTable(t *testing.T) {
 					t.Errorf("lua/%s.lua: no %q", a.Module(), want)
 				}
 			}
-			if charge := code + "_charge"; strings.Contains(string(src), charge) && !strings.Contains(string(src), "function "+charge+"(") {
+			if charge := code + "_charge"; strings.Count(string(src), charge) > 1 && !strings.Contains(string(src), "function "+charge+"(") {
 				t.Errorf("lua/%s.lua: names %s but does not define it", a.Module(), charge)
 			}
 		})
@@ -83,9 +83,9 @@ func TestAlgorithmTable(t *testing.T) {
 		}
 		for _, driver := range []string{"check.lua", "batch.lua"} {
 			order := luaOrder(driver)
-			if len(order) != len(names)+5 || order[0] != "prelude.lua" || order[1] != "need.lua" || order[2] != "shared.lua" ||
-				order[len(order)-2] != "call.lua" || order[len(order)-1] != driver {
-				t.Errorf("luaOrder(%q): got %v, want prelude.lua, need.lua, shared.lua, the %d modules, call.lua, %s", driver, order, len(names), driver)
+			if len(order) != len(names)+6 || order[0] != "prelude.lua" || order[1] != "need.lua" || order[2] != "shared.lua" ||
+				order[len(order)-3] != dispatchName || order[len(order)-2] != "call.lua" || order[len(order)-1] != driver {
+				t.Errorf("luaOrder(%q): got %v, want prelude.lua, need.lua, shared.lua, the %d modules, the dispatch, call.lua, %s", driver, order, len(names), driver)
 			}
 		}
 	})
@@ -94,19 +94,16 @@ func TestAlgorithmTable(t *testing.T) {
 // driverFiles are the Lua files that are no algorithm's module.
 var driverFiles = []string{"prelude", "need", "shared", "call", "check", "batch"}
 
-// dispatchLine is one entry of call.lua's MODULES, the dispatch on the algorithm code.
+// dispatchLine is one entry of MODULES, the dispatch on the algorithm code (dispatch).
 var dispatchLine = regexp.MustCompile(`^if (\w+)_eval then MODULES\['(\d+)'\] = \{(\w+)_eval, (\w+)_commit, (\w+)_refund(?:, (\w+)_charge)?\} end$`)
 
-// callDispatch returns the function prefix each code selects in call.lua's MODULES: the lines
-// after its "local MODULES = {}".
+// callDispatch returns the function prefix each code selects in MODULES (dispatch, the chunk
+// before call.lua): the lines after its "local MODULES = {}".
 func callDispatch(t *testing.T) map[string]string {
 	t.Helper()
-	src, err := luaFiles.ReadFile("lua/call.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := dispatch()
 	var got map[string]string
-	for n, line := range strings.Split(string(src), "\n") {
+	for n, line := range strings.Split(src, "\n") {
 		switch {
 		case line == "local MODULES = {}":
 			got = map[string]string{}
@@ -115,15 +112,15 @@ func callDispatch(t *testing.T) map[string]string {
 		case got != nil:
 			m := dispatchLine.FindStringSubmatch(line)
 			if m == nil || m[1] != m[3] || m[1] != m[4] || m[1] != m[5] || m[6] != "" && m[1] != m[6] {
-				t.Fatalf("call.lua:%d: got %q, want `if <p>_eval then MODULES['<code>'] = {<p>_eval, <p>_commit, <p>_refund[, <p>_charge]} end`", n+1, line)
+				t.Fatalf("dispatch:%d: got %q, want `if <p>_eval then MODULES['<code>'] = {<p>_eval, <p>_commit, <p>_refund[, <p>_charge]} end`", n+1, line)
 			}
 			if _, dup := got[m[2]]; dup {
-				t.Errorf("call.lua:%d: code %s dispatched twice", n+1, m[2])
+				t.Errorf("dispatch:%d: code %s dispatched twice", n+1, m[2])
 			}
 			got[m[2]] = m[1]
 		}
 	}
-	t.Fatal("call.lua: no MODULES dispatch")
+	t.Fatal("dispatch: no MODULES")
 	return nil
 }
 

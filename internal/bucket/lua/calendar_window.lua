@@ -21,7 +21,7 @@
 -- retry = reset - now.
 -- Refund: n -= cost when the charge's period (from charge_now) is still the stored one.
 -- Commands: HMGET; on commit HSET (+ PEXPIREAT for a new period).
-local cw_eval, cw_commit, cw_refund
+local cw_eval, cw_commit, cw_refund, cw_charge
 if NEED_1 == '7' or NEED and NEED['7'] then
   -- cw_period returns the start (Unix s) and the end (µs) of the period of W and B holding t
   -- (µs), or raises the error above.

@@ -67,20 +67,14 @@
 -- costs; now_us, formatted once per run, is a string, as tostring would keep only 14 digits.
 -- A cost above a limit's capacity can never fit; its retry_after is then at least one window.
 
--- MODULES maps an algorithm code to the eval, commit and refund functions of its module (and
--- its charge, the quick path of a batch's one-limit charge, where it has one: batch.lua), for
--- the modules this run built (need.lua): a table each, built here at chunk level, since a
--- dispatch function would capture all six modules' functions as upvalues, and each capture
--- costs a walk of the chunk's open upvalues on every run.
-local MODULES = {}
-if tb_eval then MODULES['1'] = {tb_eval, tb_commit, tb_refund} end
-if gcra_eval then MODULES['6'] = {gcra_eval, gcra_commit, gcra_refund} end
-if fw_eval then MODULES['3'] = {fw_eval, fw_commit, fw_refund, fw_charge} end
-if swc_eval then MODULES['5'] = {swc_eval, swc_commit, swc_refund} end
-if lb_eval then MODULES['2'] = {lb_eval, lb_commit, lb_refund} end
-if swl_eval then MODULES['4'] = {swl_eval, swl_commit, swl_refund} end
-if cw_eval then MODULES['7'] = {cw_eval, cw_commit, cw_refund} end
-if cc_eval then MODULES['8'] = {cc_eval, cc_commit, cc_refund} end
+-- MODULES (defined before this file, by the dispatch that scripts.go derives from the algorithm
+-- table: one line per algorithm, `if <code>_eval then MODULES['<n>'] = {<code>_eval,
+-- <code>_commit, <code>_refund, <code>_charge} end`) maps an algorithm code to the eval, commit
+-- and refund functions of its module (and its charge, the quick path of a batch's one-limit
+-- charge, where it has one: batch.lua), for the modules this run built (need.lua): a table
+-- each, built at chunk level, since a dispatch function would capture all the modules'
+-- functions as upvalues, and each capture costs a walk of the chunk's open upvalues on every
+-- run.
 
 -- modules returns the eval, commit and refund functions of algorithm code c (nil for a code
 -- without a module, or one this run did not build).

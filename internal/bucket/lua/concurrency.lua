@@ -15,7 +15,7 @@
 -- Refund: remove the id.
 -- Commands: ZCOUNT, ZRANGE of the last expiry (+ ZRANGEBYSCORE of the first live one when
 -- denied); on commit ZREMRANGEBYSCORE, ZADD, ZRANGE of the last, PEXPIREAT; on refund ZREM.
-local cc_eval, cc_commit, cc_refund
+local cc_eval, cc_commit, cc_refund, cc_charge
 if NEED_1 == '8' or NEED and NEED['8'] then
   -- cc_last returns the expiry of the last lease, or nil.
   local function cc_last(key)

@@ -24,7 +24,7 @@
 -- the key, but a bucket with no key and a field is read and written there.
 -- Commands: GET, and on commit SET PX. Shared: fget (GET only for a bucket with no field),
 -- and on commit fset (+ DEL of a key it was read from); a refund to nothing HDEL.
-local gcra_eval, gcra_commit, gcra_refund
+local gcra_eval, gcra_commit, gcra_refund, gcra_charge
 if NEED_1 == '6' or NEED and NEED['6'] then
   -- load returns TAT - now, at least 0, and where its field is to be written (shared.lua),
   -- nil for its key: the field's expiry as read (0 for none), or -1 for a shared writer's

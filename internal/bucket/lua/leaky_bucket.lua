@@ -11,7 +11,7 @@
 -- TTL: until the level reaches 0, when a missing key means the same.
 -- Refund: level = max(0, level - cost).
 -- Commands: HMGET, and on commit HSET + PEXPIRE.
-local lb_eval, lb_commit, lb_refund
+local lb_eval, lb_commit, lb_refund, lb_charge
 if NEED_1 == '2' or NEED and NEED['2'] then
   -- load returns the level at t = max(now, ts), leaked.
   local function load(key, L, W, now)

@@ -16,7 +16,7 @@
 -- Refund: cost comes off the count of the charge's window (from charge_now) when that window
 -- is still the current or the previous one.
 -- Commands: HMGET, and on commit HSET (+ PEXPIREAT for a new window).
-local swc_eval, swc_commit, swc_refund
+local swc_eval, swc_commit, swc_refund, swc_charge
 if NEED_1 == '5' or NEED and NEED['5'] then
   local function load(key, W, now)
     local wid = floor(now / W)

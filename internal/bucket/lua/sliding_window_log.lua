@@ -38,7 +38,7 @@
 -- expired ones are dropped. A refund token of the old script then finds nothing to remove,
 -- which errs towards denying. An old script reading new entries counts each as one unit: during
 -- a rolling upgrade a check of cost > 1 made by a new checker counts 1 on the old ones.
-local swl_eval, swl_commit, swl_refund
+local swl_eval, swl_commit, swl_refund, swl_charge
 if NEED_1 == '4' or NEED and NEED['4'] then
   local M = 4503599627370496 -- 2^52
   local BATCH = 500          -- members per ZADD/ZREM, within unpack's stack

@@ -26,7 +26,7 @@
 -- (WRONGTYPE); on commit SET PX (compact) or HSET + PEXPIRE (previous;
 -- DEL first over a compact key). Shared: fget first, and the above only when the bucket has
 -- no field; fset on commit (+ DEL of a key it was read from).
-local tb_eval, tb_commit, tb_refund
+local tb_eval, tb_commit, tb_refund, tb_charge
 if NEED_1 == '1' or NEED and NEED['1'] then
   -- load returns the tokens at t = max(now, ts), refilled and adjusted to B, and what holds
   -- the state: 's' a compact string, true a hash whose cap is B already, false anything else
