@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/loadgen"
@@ -44,7 +43,7 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	}
 	// Validate, not Run's checks: Run reads a flag set to 0 or "" as its default.
 	if err := cfg.Validate(); err != nil {
-		return usageError{benchFlagErr(err, cfg.Protocol)}
+		return benchFlagErr(err, cfg.Protocol)
 	}
 	line := progress.New(stderr)
 	if line.On() {
@@ -54,7 +53,7 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	line.Clear()
 	if err != nil {
 		// grpc-go rejects some URLs that Validate accepts.
-		return usageError{benchFlagErr(err, cfg.Protocol)}
+		return benchFlagErr(err, cfg.Protocol)
 	}
 	if asJSON {
 		return rep.WriteJSON(stdout)
@@ -65,15 +64,15 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	return nil
 }
 
-// benchFlagErr names the flag of a loadgen.ConfigError: each is its field's name in lower
-// case. A batch of a protocol without batches names both flags.
+// benchFlagErr makes a run's error a usage error, naming the flag of a loadgen.ConfigError:
+// each is its field's name. A batch of a protocol without batches names both flags.
 func benchFlagErr(err error, protocol loadgen.Protocol) error {
-	var ce *loadgen.ConfigError
-	switch {
-	case errors.Is(err, loadgen.ErrBatchProtocol):
-		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)
-	case errors.As(err, &ce):
-		return fmt.Errorf("--%s: %w", strings.ToLower(ce.Field), ce.Err)
+	if errors.Is(err, loadgen.ErrBatchProtocol) {
+		return usageError{fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)}
+	}
+	var ue usageError
+	if err = fieldFlagErr(err, nil); !errors.As(err, &ue) {
+		return usageError{err}
 	}
 	return err
 }
