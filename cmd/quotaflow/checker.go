@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
@@ -52,23 +50,17 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen", "admin-listen", "id-keys-file")
-	c.admin.register(fs)
+	c.admin.register(fs, &c.cfg)
 	c.callers.register(fs)
 	c.tls.register(fs)
 	c.redis.register(fs)
-	c.serving.register(fs)
+	c.serving.register(fs, &c.cfg)
 }
 
 // registerHealthInterval adds --health-interval, the time between a daemon's health reports.
 func registerHealthInterval(fs *flagSet, cfg *health.Config) {
 	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
 	fs.fromEnv("health-interval")
-	fs.check(func() error {
-		if cfg.Interval >= 0 && cfg.Interval < 100*time.Millisecond {
-			return fmt.Errorf("--health-interval: want at least 100ms, or negative for no reports, got %s", cfg.Interval)
-		}
-		return nil
-	})
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.
@@ -128,24 +120,38 @@ func checkerGCPercent(getenv func(string) string) (int, bool) {
 	return 400, true
 }
 
-// validate checks the flags of a checker, completes its config and returns its logger.
+// checkerFlagNames are the flags of daemon.CheckerConfig's fields not spelled as the field
+// (fieldFlagErr), or named in another field's error.
+var checkerFlagNames = map[string]string{
+	"RulesFile": "rules", "NATSURL": "nats-url", "NATSCredentials": "nats-creds",
+	"NATSAdminCredentials": "nats-admin-creds", "Tracing.SampleRatio": "trace-sample-ratio",
+	"Publisher.Replicas": "stream-replicas", "Publisher.MaxAge": "stream-max-age",
+	"Publisher.DuplicateWindow": "stream-duplicate-window", "Publisher.MaxBatch": "publish-batch",
+	"Publisher.FlushInterval": "publish-flush", "Transport.Conns.MaxConns": "max-connections",
+	"Admin.ReadPerMinute": "admin-read-per-minute", "Admin.WritePerMinute": "admin-write-per-minute",
+	"Admin.AuthFailuresPerMinute": "admin-auth-failures-per-minute",
+	"AuditClickHouseDSN":          "audit-clickhouse-dsn", "IDKeys": "id-keys-file", "Health.Interval": "health-interval",
+}
+
+// checkerFlagErr names the flag of a daemon.CheckerConfig's field error.
+func checkerFlagErr(err error) error {
+	if errors.Is(err, daemon.ErrRulesRequired) {
+		return usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
+	}
+	return fieldFlagErr(err, checkerFlagNames)
+}
+
+// validate completes the checker's config from its flags, checks it and returns its logger.
 func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
 	cfg := &c.cfg
-	if cfg.RulesFile == "" && p.natsURL == "" {
-		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
-	}
-	if strings.ContainsAny(cfg.InstanceID, " .*>\t\r\n") || len(cfg.InstanceID) > 64 {
-		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", cfg.InstanceID)}
-	}
-	if r := cfg.Tracing.SampleRatio; r <= 0 || r > 1 {
-		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", r)}
-	}
-	if n := cfg.SharedHashes; n < 1 || n > 1<<16 {
-		return nil, usageError{fmt.Errorf("--shared-hashes: want 1 to 65536 hashes per cluster slot, got %d", n)}
+	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
+	cfg.Publisher.NoSpoolWait = cfg.Publisher.SpoolWait == 0
+	cfg.NATSCredentials, cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+	if err := cfg.Validate(); err != nil {
+		return nil, checkerFlagErr(err)
 	}
 	var err error
-	for _, check := range []func() error{p.validate, c.admin.validate, c.serving.validate,
-		c.callers.validate,
+	for _, check := range []func() error{c.admin.validate, c.serving.validate, c.callers.validate,
 		func() (err error) { cfg.IDKeys, err = readIDKeys(c.idKeysFile); return err },
 		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
 		func() (err error) { cfg.NATSTLS, err = p.natsTLS.config(""); return err },
@@ -154,11 +160,9 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 			return nil, usageError{err}
 		}
 	}
-	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
-	cfg.NATSCredentials, cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
-	cfg.Admin, cfg.AuditClickHouseDSN = c.admin.config(), c.admin.auditDSN
+	cfg.Admin.Tokens = c.admin.tokens
 	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
-	c.serving.apply(cfg, c.callers.callersFile)
+	cfg.Transport.HideReflection = c.serving.reflection == "off" || c.serving.reflection == "auto" && c.callers.callersFile != ""
 	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)
 	return cfg.Logger, err
 }
@@ -186,28 +190,8 @@ func serveUntil(ctx context.Context, d interface {
 	return d.Close()
 }
 
-// readIDKeys reads --id-keys-file: one key per line, blank lines and # comments skipped.
+// readIDKeys reads --id-keys-file (daemon.ReadIDKeys).
 func readIDKeys(path string) ([][]byte, error) {
-	if path == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--id-keys-file: %w", err)
-	}
-	var keys [][]byte
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if len(line) < 32 {
-			return nil, fmt.Errorf("--id-keys-file: %s:%d: a key of %d characters, want at least 32 (openssl rand -hex 32)", path, i+1, len(line))
-		}
-		keys = append(keys, []byte(line))
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("--id-keys-file: %s holds no key", path)
-	}
-	return keys, nil
+	keys, err := daemon.ReadIDKeys(path)
+	return keys, fieldFlagErr(err, checkerFlagNames)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
@@ -40,37 +39,6 @@ func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
 	fs.DurationVar(&p.cfg.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
 	fs.fromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
 		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
-}
-
-func (p *publishFlags) validate() error {
-	c := &p.cfg
-	switch {
-	case p.natsURL != "" && !isNATSURL(p.natsURL):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
-	case c.Partitions < 1 || c.Partitions > stream.MaxPartitions:
-		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, c.Partitions)
-	case c.Replicas < 1 || c.Replicas > 5:
-		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", c.Replicas)
-	case c.DuplicateWindow <= 0 || c.DuplicateWindow > c.MaxAge:
-		return fmt.Errorf("--stream-duplicate-window: want more than 0 and at most --stream-max-age (%s), got %s", c.MaxAge, c.DuplicateWindow)
-	case c.MaxBatch < 1:
-		return fmt.Errorf("--publish-batch: want at least 1, got %d", c.MaxBatch)
-	case c.FlushInterval < time.Millisecond:
-		return fmt.Errorf("--publish-flush: want at least 1ms, got %s", c.FlushInterval)
-	case c.SpoolMaxBytes < 1<<20:
-		return fmt.Errorf("--spool-max-bytes: want at least 1 MiB, got %d", c.SpoolMaxBytes)
-	case c.SpoolDir == "":
-		return errors.New("--spool-dir: required with --nats-url")
-	case c.SpoolWait < 0:
-		return fmt.Errorf("--spool-wait: want 0 (no wait) or more, got %s", c.SpoolWait)
-	}
-	c.NoSpoolWait = c.SpoolWait == 0
-	return errors.Join(checkCreds("nats-creds", p.natsCreds), checkCreds("nats-admin-creds", p.natsAdminCreds))
-}
-
-// isNATSURL reports whether url is one the NATS client dials: nats://, or tls:// for TLS.
-func isNATSURL(url string) bool {
-	return strings.HasPrefix(url, "nats://") || strings.HasPrefix(url, "tls://")
 }
 
 // checkCreds refuses a credentials file that cannot be read or is not one, naming its flag.

@@ -70,7 +70,7 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		return serveUntil(ctx, d)
 	}
 	if err := a.joinServe(&c, &p); err != nil {
-		return usageError{err}
+		return err
 	}
 	return serveWithAggregator(ctx, &c, &p, &a, log)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
+	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 // unhealthyError is a status that found a dependency down or no process reporting (exit
@@ -39,7 +40,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 			return fmt.Errorf("--format: want text or json, got %q", format)
 		case timeout <= 0:
 			return fmt.Errorf("--timeout: want more than 0, got %s", timeout)
-		case !isNATSURL(cfg.NATSURL):
+		case !broker.IsURL(cfg.NATSURL):
 			return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", cfg.NATSURL)
 		}
 		return nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
+	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -47,7 +48,7 @@ func checkTop(o *dashboard.TopConfig) error {
 		return fmt.Errorf("--since: want 0 or more, got %s", o.Since)
 	case o.Rows < 1:
 		return fmt.Errorf("--rows: want at least 1, got %d", o.Rows)
-	case !isNATSURL(o.NATSURL):
+	case !broker.IsURL(o.NATSURL):
 		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", o.NATSURL)
 	}
 	return nil
