@@ -83,3 +83,6 @@ func flagErr(err error) error {
 	}
 	return err
 }
+
+// natsURLFlag names the flag of a NATSURL field (fieldFlagErr), which kebab case would not.
+var natsURLFlag = map[string]string{"NATSURL": "nats-url"}

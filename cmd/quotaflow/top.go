@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
-	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -29,27 +27,9 @@ When stdout is not a terminal (a pipe, a file), it prints one snapshot after the
 	fs.IntVar(&cfg.Rows, "rows", 20, "most subjects and throttles listed (fewer when the terminal is shorter)")
 	fs.fromEnv("nats-url")
 	registerReaderCreds(fs, &cfg.Credentials)
-	fs.check(func() error { return checkTop(&cfg) })
+	fs.check(func() error { return fieldFlagErr(cfg.Validate(), natsURLFlag) })
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
 	return dashboard.Top(ctx, cfg, stdout, os.Stdin)
-}
-
-// checkTop refuses top's flags out of their ranges, where TopConfig would read a zero as its
-// default.
-func checkTop(o *dashboard.TopConfig) error {
-	switch {
-	case o.Interval < 10*time.Millisecond:
-		return fmt.Errorf("--interval: want at least 10ms, got %s", o.Interval)
-	case o.Window < time.Second || o.Window%time.Second != 0:
-		return fmt.Errorf("--window: want whole seconds, at least 1s, got %s", o.Window)
-	case o.Since < 0:
-		return fmt.Errorf("--since: want 0 or more, got %s", o.Since)
-	case o.Rows < 1:
-		return fmt.Errorf("--rows: want at least 1, got %d", o.Rows)
-	case !broker.IsURL(o.NATSURL):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", o.NATSURL)
-	}
-	return nil
 }
