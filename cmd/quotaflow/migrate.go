@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/app/report"
 	"github.com/quotaflow/quotaflow/internal/progress"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -84,14 +84,6 @@ migration being applied is shown on one line of stderr; piped, stderr gets none.
 	if err != nil {
 		return err
 	}
-	where := "database " + db
-	if c.cluster != "" {
-		where += " on cluster " + c.cluster
-	}
-	fmt.Fprintf(stdout, "clickhouse %s (%s dialect), %s: applied %d migration(s)", d.Version, d, where, len(applied))
-	if len(applied) > 0 {
-		fmt.Fprintf(stdout, ": %s", strings.Join(applied, ", "))
-	}
-	fmt.Fprintln(stdout)
+	fmt.Fprintln(stdout, report.Migrated(d, db, c.cluster, applied))
 	return nil
 }
