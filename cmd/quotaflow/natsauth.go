@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/stream"
@@ -35,29 +33,17 @@ server, under <--nats-dir>/auth.`, stderr)
 	fs.IntVar(&cfg.Partitions, "partitions", stream.Partitions, "partitions of the decision stream, as the checkers' --partitions: the aggregators' consumers, one per partition, are closed to the other roles")
 	fs.fromEnv("partitions")
 	fs.check(func() error {
-		switch {
-		case dir == "":
+		if dir == "" {
 			return errors.New("--dir: required")
-		case cfg.Partitions < 1 || cfg.Partitions > stream.MaxPartitions:
-			return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, cfg.Partitions)
 		}
-		return nil
+		return fieldFlagErr(cfg.Validate(), nil)
 	})
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	keys, err := natsauth.Ensure(dir)
+	path, err := cfg.Write(dir)
 	if err != nil {
 		return err
-	}
-	conf, err := cfg.ServerConfig(keys)
-	if err != nil {
-		return err
-	}
-	// Public keys only: the server must read it, whoever it runs as.
-	path := filepath.Join(dir, natsauth.ServerFile)
-	if err := os.WriteFile(path, conf, 0o644); err != nil {
-		return fmt.Errorf("nats users: %w", err)
 	}
 	for _, role := range natsauth.Roles {
 		fmt.Fprintf(stdout, "%-10s %s\n", role, natsauth.SeedFile(dir, role))
