@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,8 +11,6 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -72,7 +69,10 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	if err := a.joinServe(&c, &p); err != nil {
 		return err
 	}
-	return serveWithAggregator(ctx, &c, &p, &a, log)
+	if c.cfg.Redis, err = c.redis.client(ctx); err != nil {
+		return err
+	}
+	return flagErr(daemon.ServePair(ctx, c.cfg, a.cfg))
 }
 
 // startEmbeddedNATS starts serve's own NATS server on listen with its data in dir, admitting
@@ -119,38 +119,4 @@ func (a *aggregatorFlags) joinServe(c *checkerFlags, p *publishFlags) error {
 	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
 	a.cfg.Health = c.cfg.Health
 	return a.validate()
-}
-
-// serveWithAggregator runs the checker and an aggregator in one process, with one telemetry:
-// the checker's /metrics serves the aggregator's instruments (quotaflow_aggregator_*) too.
-// Either failing stops both.
-func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	c.cfg.Tracing.Instance = instance.Named(c.cfg.InstanceID)
-	tel, err := telemetry.Setup(ctx, c.cfg.Tracing)
-	if err != nil {
-		return err
-	}
-	defer daemon.CloseTelemetry(tel)
-	a.cfg.Telemetry, a.cfg.Logger, c.cfg.Telemetry = tel, log, tel
-	if c.cfg.AuditClickHouseDSN == "" {
-		// The admin API's backtests read the audit this aggregator writes.
-		c.cfg.AuditClickHouseDSN, c.cfg.AuditClickHouseTLS = a.cfg.ClickHouseDSN, a.cfg.ClickHouseTLS
-	}
-	// The checker first: its admin connection creates the rule store, which the aggregator's
-	// role may only bind.
-	chk, err := c.start(ctx, p, log)
-	if err != nil {
-		return err
-	}
-	agg, err := daemon.StartAggregator(ctx, a.cfg)
-	if err != nil {
-		return errors.Join(flagErr(err), chk.Close())
-	}
-	select {
-	case <-ctx.Done():
-	case <-agg.Done():
-	case <-chk.Done():
-	}
-	// The checker first: its last decisions drain to the stream while the aggregator still runs.
-	return errors.Join(chk.Close(), agg.Close())
 }
