@@ -75,16 +75,7 @@ func (a *aggregatorFlags) validate() error {
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("aggregator", `Consumes the QUOTAFLOW_DECISIONS stream into ClickHouse: every decision into
-quotaflow.decisions (kept 90 days) and, through materialized views, the usage rollups
-usage_minute (30 days), usage_hour and usage_day (1 year). Applies the schema migrations at
-start. Run several: they split the stream's partitions, one active consumer per partition,
-and take over a dead one's partitions after --pinned-ttl. Every decision is stored exactly
-once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.
-It also computes each subject's warning state per rule (normal, warning, throttled, with the
-rule store's thresholds), publishes every transition on quotaflow.warnings.<tier>.<dimension>
-(QUOTAFLOW_EVENTS) exactly once, and stores the events stream (transitions, override and
-configuration changes) in state_transitions (90 days), overrides and config_changes (1 year).`, stderr)
+	fs := newFlagSet("aggregator", help("aggregator"), stderr)
 	var a aggregatorFlags
 	a.register(fs, false)
 	if err := fs.parse(args, getenv); err != nil {

@@ -17,16 +17,7 @@ import (
 )
 
 func runBacktest(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("backtest", `Replays the checks of the ClickHouse decision audit through a rules file, with the same
-algorithm code as the checkers, and reports which answers would change: per rule and tier,
-the subjects most affected, and per hour. Replaying the rules that decided reproduces the
-recorded answers (every difference left is explained by a reason: a fail mode's answer, an
-override, a lease, a settled reservation). The history before --from (the rules' longest
-window, at most a day) is replayed too, unreported, so that buckets start as Redis had them.
---from and --to take RFC 3339 times or durations before now (24h).
-With --live-candidates it replays nothing: it compares what the candidate rules of the rules
-in force (candidate_of:) answered on live traffic with what their live rules answered, both
-recorded in the audit, from --from (default: the whole retained history).`, stderr)
+	fs := newFlagSet("backtest", help("backtest"), stderr)
 	var f backtestFlags
 	f.register(fs)
 	if err := fs.parse(args, getenv); err != nil {

@@ -12,14 +12,7 @@ import (
 )
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", `Puts load on a checker and reports throughput and latency: checks/s, p50, p90, p99 and
-p99.9, allowed, denied and errors, and of the answers those the checker's fail modes gave
-(degraded: Redis did not answer in time; Connect and gRPC only). Without --rate it is a
-closed loop (--concurrency workers, each sending its next check as soon as the last is
-answered); with --rate an open loop (checks start on a fixed schedule whatever the answers,
-and latency counts from each check's scheduled time, so a target that falls behind shows as
-latency instead of being hidden). On a terminal, progress is shown on one line of stderr,
-updated every second; piped, stderr gets none. The report goes to stdout.`, stderr)
+	fs := newFlagSet("bench", help("bench"), stderr)
 	var cfg loadgen.Config
 	var asJSON bool
 	fs.StringVar(&cfg.Target, "target", "http://127.0.0.1:8080", "checker base `URL`")

@@ -21,9 +21,7 @@ func (e deniedError) Error() string {
 }
 
 func runCheck(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("check", `Asks a checker whether a request may go ahead, and prints the decision and every evaluated
-limit. Name at least one subject (--user, --ip, --api-key, --custom). Exit status: 0 allowed, 3 denied,
-1 on an error, 2 on a bad command line.`, stderr)
+	fs := newFlagSet("check", help("check"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var f checkFlags

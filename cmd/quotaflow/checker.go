@@ -80,15 +80,7 @@ func newLogger(levelName, format string, w io.Writer) (*slog.Logger, error) {
 }
 
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("checker", `Serves quotaflow.v1.RateLimiter over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c), with gRPC
-reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz, all on one port.
-Buckets live in Redis; the rules file is validated at start and any problem stops the start.
-With --nats-url every decision is published to the QUOTAFLOW_DECISIONS stream (spooled on disk
-while NATS is unreachable; on SIGTERM the queue and the spool are drained first), and the rules,
-tiers, users and overrides come from the rule store in NATS KV (seeded from --rules when empty),
-watched so that every change is enforced within a fraction of a second. The admin REST API under
-/api/v1 (rules, tiers, overrides; bearer tokens from --admin-token or --admin-tokens-file)
-writes to that store. Unless GOGC is set, the checker runs with GOGC=400.`, stderr)
+	fs := newFlagSet("checker", help("checker"), stderr)
 	var c checkerFlags
 	var p publishFlags
 	c.register(fs)

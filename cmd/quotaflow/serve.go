@@ -14,13 +14,7 @@ import (
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", `The all-in-one for development: a checker that publishes every decision, and, when no
---nats-url is given, an embedded NATS server with JetStream (real nats-server code) listening on
---nats-listen with its data in --nats-dir, so NATS clients (quotaflow watch, nats-sub) can
-attach. With --clickhouse-dsn it also runs the aggregator, which stores every decision in
-ClickHouse. The rules live in the rule store in that NATS (seeded from --rules on first start;
-change them with quotaflow rules|override|tier and --admin-token). Ctrl-C stops taking checks,
-drains the decisions to the stream, finishes the aggregator's insert in flight and stops NATS.`, stderr)
+	fs := newFlagSet("serve", help("serve"), stderr)
 	var c checkerFlags
 	var p publishFlags
 	var a aggregatorFlags

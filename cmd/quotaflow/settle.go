@@ -31,10 +31,7 @@ func (f *rpcFlags) client() (quotaflowv1connect.RateLimiterClient, error) {
 }
 
 func runSettle(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("settle", `Settles a reservation (quotaflow check --estimate printed its id) at the units the work
-actually took: the difference to the estimate is charged, even past a limit (an overage), or
-refunded. With --cancel the whole estimate is refunded. A reservation settles once: a second
-settle changes nothing and fails.`, stderr)
+	fs := newFlagSet("settle", help("settle"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var (
@@ -71,9 +68,7 @@ settle changes nothing and fails.`, stderr)
 }
 
 func runRelease(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("release", `Releases the places in flight of a concurrency lease (an allowed check printed its id), or
-with --renew holds them for their rules' windows from now. Only the lease's holder knows its id;
-a second release fails.`, stderr)
+	fs := newFlagSet("release", help("release"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var (

@@ -10,15 +10,7 @@ import (
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("top", `A live terminal view for operators on a server without a browser: the busiest subjects over
-the last --window (checks per second, allowed and denied), from the decision stream, and the
-subjects warned or throttled now, from the warning transitions of the events stream (read
-back --since to know the current ones). The screen is redrawn every --interval; q or Ctrl-C
-quits and gives the terminal back as it was. Reads both streams with ephemeral ordered
-consumers, so it changes nothing on the server.
-
-When stdout is not a terminal (a pipe, a file), it prints one snapshot after the first
---interval and exits, so that top | mail or a cron job gets plain text.`, stderr)
+	fs := newFlagSet("top", help("top"), stderr)
 	var cfg dashboard.TopConfig
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.DurationVar(&cfg.Interval, "interval", time.Second, "how often the screen is redrawn")
