@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"runtime/debug"
@@ -13,6 +12,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.
@@ -64,19 +64,9 @@ func registerHealthInterval(fs *flagSet, cfg *health.Config) {
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.
-func newLogger(levelName, format string, w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(levelName)); err != nil {
-		return nil, usageError{fmt.Errorf("--log-level: %w", err)}
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, usageError{fmt.Errorf("--log-format: want text or json, got %q", format)}
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	log, err := telemetry.NewLogger(level, format, w)
+	return log, fieldFlagErr(err, nil)
 }
 
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

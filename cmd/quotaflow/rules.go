@@ -75,20 +75,7 @@ func rulesApply(ctx context.Context, args []string, getenv func(string) string, 
 	if *file == "" {
 		return usageError{errors.New("rules apply: -f FILE is required")}
 	}
-	data, err := os.ReadFile(*file)
-	if err != nil {
-		return fmt.Errorf("read rules file: %w", err)
-	}
-	doc, err := rules.Decode(data)
-	if err != nil {
-		return fmt.Errorf("rules file %s: %w", *file, err)
-	}
-	// The checker validates the document again, but only here do its problems have the file's
-	// lines, and are they printed once (the API's error lists them in its message and again).
-	if _, err := doc.Compile(); err != nil {
-		return fmt.Errorf("rules file %s: refused, nothing was changed: %w", *file, err)
-	}
-	res, err := c.ApplyRules(ctx, doc, opts)
+	res, err := c.ApplyRulesFile(ctx, *file, opts)
 	if ae := (*admin.Error)(nil); errors.As(err, &ae) && ae.Code == "failed_precondition" {
 		report.Lacking(stdout, ae.Problems)
 		return fmt.Errorf("rules file %s: refused, nothing was changed: the file lacks %d item(s) the rule store holds (listed above); add them to the file, or apply with --prune to remove them", *file, len(ae.Problems))
