@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"io"
-	"log/slog"
-	"os"
 	"path/filepath"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
-	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -44,7 +41,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		if credsDir == "" {
 			credsDir = filepath.Join(natsDir, "auth")
 		}
-		shutdown, err := startEmbeddedNATS(natsListen, natsDir, credsDir, &p, log)
+		shutdown, err := startEmbeddedNATS(daemon.EmbeddedNATSConfig{Listen: natsListen, Dir: natsDir,
+			CredentialsDir: credsDir, Partitions: p.cfg.Partitions, Logger: log}, &p)
 		if err != nil {
 			return err
 		}
@@ -69,28 +67,19 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	return flagErr(daemon.ServePair(ctx, c.cfg, a.cfg))
 }
 
-// startEmbeddedNATS starts serve's own NATS server on listen with its data in dir, admitting
-// only the users of the role credentials in credsDir (written on the first start), and points
-// p at it. shutdown stops the server and waits for it.
-func startEmbeddedNATS(listen, dir, credsDir string, p *publishFlags, log *slog.Logger) (shutdown func(), err error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("--nats-dir: %w", err)
-	}
-	keys, err := natsauth.Ensure(credsDir)
+// startEmbeddedNATS starts serve's own NATS server and points p at it. shutdown stops the
+// server and waits for it. Its errors name the flag at fault, but are not usage errors: the
+// flags were fine, the server could not start with them.
+func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, p *publishFlags) (shutdown func(), err error) {
+	ns, err := daemon.StartEmbeddedNATS(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--nats-creds-dir: %w", err)
-	}
-	users, err := natsauth.Config{Partitions: p.cfg.Partitions}.Users(keys)
-	if err != nil {
+		var ue usageError
+		if errors.As(fieldFlagErr(err, map[string]string{"Listen": "nats-listen", "Dir": "nats-dir", "CredentialsDir": "nats-creds-dir"}), &ue) {
+			return nil, ue.err
+		}
 		return nil, err
 	}
-	ns, err := broker.Embedded("quotaflow-dev", listen, dir, users)
-	if err != nil {
-		return nil, fmt.Errorf("--nats-listen: %w", err)
-	}
 	p.natsURL = ns.ClientURL()
-	log.Info("embedded NATS listening", "url", p.natsURL, "jetstream_dir", dir,
-		"operator_credentials", natsauth.SeedFile(credsDir, natsauth.Operator))
 	return func() {
 		ns.Shutdown()
 		ns.WaitForShutdown()
