@@ -22,6 +22,7 @@ type checkerFlags struct {
 	logFormat      string
 	overLimitCache bool
 	idKeysFile     string
+	natsTLS        clientTLSFlags
 	admin          adminFlags
 	callers        callerFlags
 	tls            serverTLSFlags
@@ -72,20 +73,18 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("checker", help("checker"), stderr)
 	var c checkerFlags
-	var p publishFlags
 	c.register(fs)
-	p.register(fs, "quotaflow-spool")
+	c.registerPublish(fs, "quotaflow-spool")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	log, err := c.validate(&p, stderr)
-	if err != nil {
+	if _, err := c.validate(stderr); err != nil {
 		return err
 	}
 	if pct, ok := checkerGCPercent(getenv); ok {
 		debug.SetGCPercent(pct)
 	}
-	d, err := c.start(ctx, &p, log)
+	d, err := c.start(ctx)
 	if err != nil {
 		return err
 	}
@@ -124,11 +123,9 @@ func checkerFlagErr(err error) error {
 }
 
 // validate completes the checker's config from its flags, checks it and returns its logger.
-func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
+func (c *checkerFlags) validate(stderr io.Writer) (*slog.Logger, error) {
 	cfg := &c.cfg
-	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
-	cfg.Publisher.NoSpoolWait = cfg.Publisher.SpoolWait == 0
-	cfg.NATSCredentials, cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+	cfg.DisableOverLimitCache, cfg.Publisher.NoSpoolWait = !c.overLimitCache, cfg.Publisher.SpoolWait == 0
 	if err := cfg.Validate(); err != nil {
 		return nil, checkerFlagErr(err)
 	}
@@ -136,7 +133,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 	for _, check := range []func() error{c.admin.validate, c.serving.validate, c.callers.validate,
 		func() (err error) { cfg.IDKeys, err = readIDKeys(c.idKeysFile); return err },
 		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
-		func() (err error) { cfg.NATSTLS, err = p.natsTLS.config(""); return err },
+		func() (err error) { cfg.NATSTLS, err = c.natsTLS.config(""); return err },
 	} {
 		if err = check(); err != nil {
 			return nil, usageError{err}
@@ -150,7 +147,7 @@ func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger
 }
 
 // start connects the Redis the flags name and starts the checker.
-func (c *checkerFlags) start(ctx context.Context, p *publishFlags, log *slog.Logger) (*daemon.Checker, error) {
+func (c *checkerFlags) start(ctx context.Context) (*daemon.Checker, error) {
 	rdb, err := c.redis.client(ctx)
 	if err != nil {
 		return nil, err

@@ -13,11 +13,10 @@ import (
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", help("serve"), stderr)
 	var c checkerFlags
-	var p publishFlags
 	var a aggregatorFlags
 	var natsListen, natsDir, credsDir string
 	c.register(fs)
-	p.register(fs, ".dev/spool")
+	c.registerPublish(fs, ".dev/spool")
 	a.register(fs, true)
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
@@ -29,11 +28,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	embedded := p.natsURL == ""
+	embedded := c.cfg.NATSURL == ""
 	if embedded {
-		p.natsURL = "nats://" + natsListen // validated below; replaced by the server's own URL
+		c.cfg.NATSURL = "nats://" + natsListen // validated below; replaced by the server's own URL
 	}
-	log, err := c.validate(&p, stderr)
+	log, err := c.validate(stderr)
 	if err != nil {
 		return err
 	}
@@ -42,23 +41,23 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			credsDir = filepath.Join(natsDir, "auth")
 		}
 		shutdown, err := startEmbeddedNATS(daemon.EmbeddedNATSConfig{Listen: natsListen, Dir: natsDir,
-			CredentialsDir: credsDir, Partitions: p.cfg.Partitions, Logger: log}, &p)
+			CredentialsDir: credsDir, Partitions: c.cfg.Publisher.Partitions, Logger: log}, &c.cfg)
 		if err != nil {
 			return err
 		}
 		defer shutdown()
 	}
 	if credsDir != "" {
-		useRoleCreds(credsDir, &c, &p, &a)
+		useRoleCreds(credsDir, &c.cfg, &a.cfg)
 	}
 	if a.ch.dsn == "" {
-		d, err := c.start(ctx, &p, log)
+		d, err := c.start(ctx)
 		if err != nil {
 			return err
 		}
 		return serveUntil(ctx, d)
 	}
-	if err := a.joinServe(&c, &p); err != nil {
+	if err := a.joinServe(&c); err != nil {
 		return err
 	}
 	if c.cfg.Redis, err = c.redis.client(ctx); err != nil {
@@ -67,10 +66,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	return flagErr(daemon.ServePair(ctx, c.cfg, a.cfg))
 }
 
-// startEmbeddedNATS starts serve's own NATS server and points p at it. shutdown stops the
+// startEmbeddedNATS starts serve's own NATS server and points the checker at it. shutdown stops the
 // server and waits for it. Its errors name the flag at fault, but are not usage errors: the
 // flags were fine, the server could not start with them.
-func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, p *publishFlags) (shutdown func(), err error) {
+func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, checker *daemon.CheckerConfig) (shutdown func(), err error) {
 	ns, err := daemon.StartEmbeddedNATS(cfg)
 	if err != nil {
 		var ue usageError
@@ -79,7 +78,7 @@ func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, p *publishFlags) (shutdown
 		}
 		return nil, err
 	}
-	p.natsURL = ns.ClientURL()
+	checker.NATSURL = ns.ClientURL()
 	return func() {
 		ns.Shutdown()
 		ns.WaitForShutdown()
@@ -88,18 +87,17 @@ func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, p *publishFlags) (shutdown
 
 // useRoleCreds connects the checker, its admin API and the aggregator each with its own
 // role's credentials from dir.
-func useRoleCreds(dir string, c *checkerFlags, p *publishFlags, a *aggregatorFlags) {
-	p.natsCreds = natsauth.SeedFile(dir, natsauth.Checker)
-	p.natsAdminCreds = natsauth.SeedFile(dir, natsauth.Admin)
-	a.cfg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
-	c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+func useRoleCreds(dir string, checker *daemon.CheckerConfig, agg *daemon.AggregatorConfig) {
+	checker.NATSCredentials = natsauth.SeedFile(dir, natsauth.Checker)
+	checker.NATSAdminCredentials = natsauth.SeedFile(dir, natsauth.Admin)
+	agg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
 }
 
 // joinServe gives serve's aggregator what it shares with the checker (NATS, partitions,
 // replicas, instance id, health reports) and checks its flags.
-func (a *aggregatorFlags) joinServe(c *checkerFlags, p *publishFlags) error {
-	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
-	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
+func (a *aggregatorFlags) joinServe(c *checkerFlags) error {
+	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = c.cfg.NATSURL, c.natsTLS, c.cfg.Publisher.Partitions
+	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = c.cfg.Publisher.Replicas, c.cfg.InstanceID
 	a.cfg.Health = c.cfg.Health
 	return a.validate()
 }
