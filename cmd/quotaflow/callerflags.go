@@ -2,11 +2,8 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"strings"
-
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
@@ -36,30 +33,13 @@ func (c *callerFlags) register(fs *flagSet) {
 
 // validate parses the proxies and loads the callers file.
 func (c *callerFlags) validate() error {
-	for _, s := range strings.Split(c.trustedProxies, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return fmt.Errorf("--trusted-proxies: %q is neither a CIDR nor an address", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		c.fa.TrustedProxies = append(c.fa.TrustedProxies, p.Masked())
+	var err error
+	if c.fa.TrustedProxies, err = transport.ParseTrustedProxies(strings.Split(c.trustedProxies, ",")); err != nil {
+		return fieldFlagErr(err, nil)
 	}
-	for _, pair := range strings.Split(c.dimensions, ",") {
-		if pair = strings.TrimSpace(pair); pair == "" {
-			continue
-		}
-		name, header, ok := strings.Cut(pair, "=")
-		name, header = strings.TrimSpace(name), strings.TrimSpace(header)
-		if !ok || name == "" || header == "" || !httpguts.ValidHeaderFieldName(header) {
-			return fmt.Errorf("--forward-auth-dimension-headers: %q is not name=header (tenant=X-Tenant-Id)", pair)
-		}
-		c.fa.DimensionHeaders = append(c.fa.DimensionHeaders, transport.DimensionHeader{Dimension: name, Header: header})
+	c.fa.DimensionHeaders, err = transport.ParseDimensionHeaders(strings.Split(c.dimensions, ","))
+	if err != nil {
+		return fieldFlagErr(err, map[string]string{"DimensionHeaders": "forward-auth-dimension-headers"})
 	}
 	c.callers = new(auth.Registry)
 	if c.callersFile != "" {
