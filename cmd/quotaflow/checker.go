@@ -52,7 +52,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen", "admin-listen", "id-keys-file")
 	c.admin.register(fs, &c.cfg)
-	c.callers.register(fs)
+	c.callers.register(fs, &c.cfg)
 	c.tls.register(fs)
 	c.redis.register(fs)
 	c.serving.register(fs, &c.cfg)
@@ -140,8 +140,7 @@ func (c *checkerFlags) validate(stderr io.Writer) (*slog.Logger, error) {
 		}
 	}
 	cfg.Admin.Tokens = c.admin.tokens
-	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
-	cfg.Transport.HideReflection = c.serving.reflection == "off" || c.serving.reflection == "auto" && c.callers.callersFile != ""
+	cfg.Transport.HideReflection = c.serving.reflection == "off" || c.serving.reflection == "auto" && cfg.CallersFile != ""
 	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)
 	return cfg.Logger, err
 }
