@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,17 +33,7 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		var b bytes.Buffer
-		json.Indent(&b, raw, "", "  ")
-		fmt.Fprintln(stdout, b.String())
-		return nil
-	}
-	var doc rules.Document
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		return fmt.Errorf("decode rules: %w", err)
-	}
-	return report.Rules(stdout, &doc)
+	return report.RulesDocument(stdout, raw, *asJSON)
 }
 
 func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
