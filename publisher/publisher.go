@@ -115,6 +115,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -245,6 +246,31 @@ func (cfg Config) withDefaults() Config {
 }
 
 // validate reports a configuration the stream or the message ids cannot work with.
+// Validate reports the first field of cfg outside its range, as a *field.Error naming it (a
+// message naming another field names it as the field it is: MaxAge). Unlike New, it reads a
+// zero field as given rather than as its default: it is for callers that set every field,
+// such as a command line, where a zero is a mistake and not "the default". SpoolWait 0 is
+// given as no wait (NoSpoolWait).
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.Partitions < 1 || cfg.Partitions > stream.MaxPartitions:
+		return field.Errorf("Partitions", "want 1 to %d, got %d", stream.MaxPartitions, cfg.Partitions)
+	case cfg.Replicas < 1 || cfg.Replicas > 5:
+		return field.Errorf("Replicas", "want 1 to 5, got %d", cfg.Replicas)
+	case cfg.DuplicateWindow <= 0 || cfg.DuplicateWindow > cfg.MaxAge:
+		return field.Errorf("DuplicateWindow", "want more than 0 and at most MaxAge (%s), got %s", cfg.MaxAge, cfg.DuplicateWindow)
+	case cfg.MaxBatch < 1:
+		return field.Errorf("MaxBatch", "want at least 1, got %d", cfg.MaxBatch)
+	case cfg.FlushInterval < time.Millisecond:
+		return field.Errorf("FlushInterval", "want at least 1ms, got %s", cfg.FlushInterval)
+	case cfg.SpoolMaxBytes < 1<<20:
+		return field.Errorf("SpoolMaxBytes", "want at least 1 MiB, got %d", cfg.SpoolMaxBytes)
+	case cfg.SpoolWait < 0:
+		return field.Errorf("SpoolWait", "want 0 (no wait) or more, got %s", cfg.SpoolWait)
+	}
+	return nil
+}
+
 func (cfg Config) validate() error {
 	switch {
 	case cfg.Stream == "" || strings.ContainsAny(cfg.Stream, ".*> \t\r\n"):

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
+	"golang.org/x/net/http/httpguts"
 )
 
 // forwardAuth serves gateways (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth,
@@ -416,4 +417,45 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, map[string]string{"error": code, "message": msg})
+}
+
+// ParseTrustedProxies reads ForwardAuthConfig.TrustedProxies: each entry a network (CIDR) or
+// an address (a network of its own), blank entries skipped. Its error is a *field.Error
+// about TrustedProxies naming the entry.
+func ParseTrustedProxies(entries []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range entries {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, field.Errorf("TrustedProxies", "%q is neither a CIDR nor an address", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// ParseDimensionHeaders reads ForwardAuthConfig.DimensionHeaders: each entry name=header
+// (tenant=X-Tenant-Id), blank entries skipped. Its error is a *field.Error about
+// DimensionHeaders naming the entry.
+func ParseDimensionHeaders(entries []string) ([]DimensionHeader, error) {
+	var out []DimensionHeader
+	for _, pair := range entries {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		name, header, ok := strings.Cut(pair, "=")
+		name, header = strings.TrimSpace(name), strings.TrimSpace(header)
+		if !ok || name == "" || header == "" || !httpguts.ValidHeaderFieldName(header) {
+			return nil, field.Errorf("DimensionHeaders", "%q is not name=header (tenant=X-Tenant-Id)", pair)
+		}
+		out = append(out, DimensionHeader{Dimension: name, Header: header})
+	}
+	return out, nil
 }

@@ -39,11 +39,12 @@ func registerAdminClient(fs *flagSet) *admin.Client {
 // verb runs one verb of a command group (quotaflow rules list) with the verb's arguments.
 type verb = func(context.Context, []string, func(string) string, io.Writer, io.Writer) error
 
-// subcommand dispatches "quotaflow <group> <verb> ...".
+// subcommand dispatches "quotaflow <group> <verb> ...", whose verbs help/<group>.txt lists.
 func subcommand(ctx context.Context, group string, verbs map[string]verb,
-	help string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	verbHelp := help(group) + "\n"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(stdout, "Usage:\n%s\nRun quotaflow %s <verb> --help for a verb's flags.\n", help, group)
+		fmt.Fprintf(stdout, "Usage:\n%s\nRun quotaflow %s <verb> --help for a verb's flags.\n", verbHelp, group)
 		if len(args) == 0 {
 			return usageError{fmt.Errorf("%s: name a verb", group)}
 		}
@@ -51,7 +52,7 @@ func subcommand(ctx context.Context, group string, verbs map[string]verb,
 	}
 	run, ok := verbs[args[0]]
 	if !ok {
-		return usageError{fmt.Errorf("%s: unknown verb %q\nUsage:\n%s", group, args[0], help)}
+		return usageError{fmt.Errorf("%s: unknown verb %q\nUsage:\n%s", group, args[0], verbHelp)}
 	}
 	return run(ctx, args[1:], getenv, stdout, stderr)
 }

@@ -204,7 +204,7 @@ func TestAdminTokensFile(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			a := adminFlags{tokensFile: writeFile(t, "tokens.yaml", tt.file), token: tt.flagToken, readPerMinute: 1, writePerMinute: 1, authFailures: 1}
+			a := adminFlags{tokensFile: writeFile(t, "tokens.yaml", tt.file), token: tt.flagToken}
 			err := a.validate()
 			switch {
 			case tt.wantErr == "" && err != nil:

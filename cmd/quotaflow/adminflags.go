@@ -6,46 +6,29 @@ import (
 	"os"
 
 	"github.com/quotaflow/quotaflow/internal/app/admin"
-	"github.com/quotaflow/quotaflow/schema"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 )
 
 // adminFlags configure the admin REST API of the commands that run a checker.
 type adminFlags struct {
-	token          string
-	tokensFile     string
-	readPerMinute  int
-	writePerMinute int
-	authFailures   int
-	auditDSN       string
-	tokens         map[string]admin.Token // loaded by validate
+	token      string
+	tokensFile string
+	tokens     map[string]admin.Token // loaded by validate
 }
 
-func (a *adminFlags) register(fs *flagSet) {
+func (a *adminFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
 	fs.StringVar(&a.token, "admin-token", "", "bearer `token` with write access to the admin API under /api/v1 (name \"admin\"); without any token the API refuses every call")
 	fs.StringVar(&a.tokensFile, "admin-tokens-file", "", "YAML `file` of admin API tokens: tokens: [{token: ..., name: ..., role: read|write}]")
-	fs.IntVar(&a.readPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
-	fs.IntVar(&a.writePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
-	fs.IntVar(&a.authFailures, "admin-auth-failures-per-minute", 10, "failed authentications allowed per source address per minute, counted alike by the admin API and every protocol of the check API; past it the address's credentials are refused (429, ResourceExhausted) until its bucket refills")
-	fs.StringVar(&a.auditDSN, "audit-clickhouse-dsn", "", "ClickHouse native-protocol `DSN` whose decision audit and usage rollups the admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage and subject views; empty: they answer 503 (quotaflow serve with an aggregator uses its --clickhouse-dsn)")
-	fs.StringVar(&a.auditDSN, "backtest-clickhouse-dsn", "", "the old name of --audit-clickhouse-dsn")
+	fs.IntVar(&cfg.Admin.ReadPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
+	fs.IntVar(&cfg.Admin.WritePerMinute, "admin-write-per-minute", 100, "admin API writes allowed per token per minute")
+	fs.IntVar(&cfg.Admin.AuthFailuresPerMinute, "admin-auth-failures-per-minute", 10, "failed authentications allowed per source address per minute, counted alike by the admin API and every protocol of the check API; past it the address's credentials are refused (429, ResourceExhausted) until its bucket refills")
+	fs.StringVar(&cfg.AuditClickHouseDSN, "audit-clickhouse-dsn", "", "ClickHouse native-protocol `DSN` whose decision audit and usage rollups the admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage and subject views; empty: they answer 503 (quotaflow serve with an aggregator uses its --clickhouse-dsn)")
+	fs.StringVar(&cfg.AuditClickHouseDSN, "backtest-clickhouse-dsn", "", "the old name of --audit-clickhouse-dsn")
 	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute", "audit-clickhouse-dsn")
 }
 
+// validate loads the tokens of --admin-tokens-file and --admin-token.
 func (a *adminFlags) validate() error {
-	if a.readPerMinute < 1 {
-		return fmt.Errorf("--admin-read-per-minute: want at least 1, got %d", a.readPerMinute)
-	}
-	if a.writePerMinute < 1 {
-		return fmt.Errorf("--admin-write-per-minute: want at least 1, got %d", a.writePerMinute)
-	}
-	if a.authFailures < 1 {
-		return fmt.Errorf("--admin-auth-failures-per-minute: want at least 1, got %d", a.authFailures)
-	}
-	if a.auditDSN != "" {
-		if _, err := schema.ParseDSN(a.auditDSN); err != nil {
-			return fmt.Errorf("--audit-clickhouse-dsn: %w", err)
-		}
-	}
 	a.tokens = map[string]admin.Token{}
 	if a.tokensFile != "" {
 		data, err := os.ReadFile(a.tokensFile)
@@ -63,9 +46,4 @@ func (a *adminFlags) validate() error {
 		a.tokens[a.token] = admin.Token{Name: "admin", Role: admin.RoleWrite}
 	}
 	return nil
-}
-
-func (a *adminFlags) config() admin.Config {
-	return admin.Config{Tokens: a.tokens, ReadPerMinute: a.readPerMinute, WritePerMinute: a.writePerMinute,
-		AuthFailuresPerMinute: a.authFailures}
 }

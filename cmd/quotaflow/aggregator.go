@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/stream"
-	"github.com/quotaflow/quotaflow/schema"
 )
 
 type aggregatorFlags struct {
@@ -52,80 +50,39 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 		"warning-grace", "policy-interval")
 }
 
-// validate checks the flags and completes the config.
+// aggregatorFlagNames are the flags of daemon.AggregatorConfig's fields not spelled as the
+// field (fieldFlagErr), or named in another field's error.
+var aggregatorFlagNames = map[string]string{
+	"NATSURL": "nats-url", "NATSCredentials": "nats-creds", "Aggregator.Replicas": "stream-replicas",
+	"Aggregator.InsertTimeout": "insert-timeout", "Aggregator.FlushInterval": "flush-interval",
+	"ClickHouseDSN": "clickhouse-dsn", "Health.Interval": "health-interval",
+}
+
+// validate completes the config from the flags and checks it.
 func (a *aggregatorFlags) validate() error {
-	g := &a.cfg.Aggregator
-	switch {
-	case !isNATSURL(a.cfg.NATSURL):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", a.cfg.NATSURL)
-	case g.Partitions < 1 || g.Partitions > stream.MaxPartitions:
-		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, g.Partitions)
-	case g.Replicas < 1 || g.Replicas > 5:
-		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", g.Replicas)
-	case g.BatchRows < 1:
-		return fmt.Errorf("--batch-rows: want at least 1, got %d", g.BatchRows)
-	case g.FlushInterval < time.Millisecond:
-		return fmt.Errorf("--flush-interval: want at least 1ms, got %s", g.FlushInterval)
-	case g.InsertTimeout < 100*time.Millisecond:
-		return fmt.Errorf("--insert-timeout: want at least 100ms, got %s", g.InsertTimeout)
-	case g.PinnedTTL <= g.InsertTimeout:
-		return fmt.Errorf("--pinned-ttl: want more than --insert-timeout (%s), got %s", g.InsertTimeout, g.PinnedTTL)
-	case g.AckWait <= g.FlushInterval+g.InsertTimeout:
-		return fmt.Errorf("--ack-wait: want more than --flush-interval plus --insert-timeout (%s), got %s", g.FlushInterval+g.InsertTimeout, g.AckWait)
-	case g.RetentionInterval < time.Second:
-		return fmt.Errorf("--retention-interval: want at least 1s, got %s", g.RetentionInterval)
-	case g.PolicyInterval < 10*time.Millisecond || g.PolicyInterval > time.Hour:
-		return fmt.Errorf("--policy-interval: want 10ms to 1h, got %s", g.PolicyInterval)
-	case g.WarningGrace < 0 || g.WarningGrace > time.Minute:
-		return fmt.Errorf("--warning-grace: want 0 to 1m, got %s", g.WarningGrace)
-	case !validInstance(g.InstanceID):
-		return fmt.Errorf("--instance-id: at most 64 letters, digits, '-' or '_', got %q", g.InstanceID)
-	}
-	if _, err := schema.ParseDSN(a.ch.dsn); err != nil {
-		return fmt.Errorf("--clickhouse-dsn: %w", err)
-	}
-	if err := checkCreds("nats-creds", a.cfg.NATSCredentials); err != nil {
-		return err
+	a.cfg.ClickHouseDSN, a.cfg.Aggregator.Cluster = a.ch.dsn, a.ch.cluster
+	if err := a.cfg.Validate(); err != nil {
+		return fieldFlagErr(err, aggregatorFlagNames)
 	}
 	var err error
 	if a.cfg.NATSTLS, err = a.natsTLS.config(""); err != nil {
-		return err
+		return usageError{err}
 	}
-	a.cfg.ClickHouseDSN, g.Cluster = a.ch.dsn, a.ch.cluster
-	a.cfg.ClickHouseTLS, err = a.ch.tls.config("")
-	return err
-}
-
-func validInstance(s string) bool {
-	if len(s) > 64 {
-		return false
+	if a.cfg.ClickHouseTLS, err = a.ch.tls.config(""); err != nil {
+		return usageError{err}
 	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
+	return nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("aggregator", `Consumes the QUOTAFLOW_DECISIONS stream into ClickHouse: every decision into
-quotaflow.decisions (kept 90 days) and, through materialized views, the usage rollups
-usage_minute (30 days), usage_hour and usage_day (1 year). Applies the schema migrations at
-start. Run several: they split the stream's partitions, one active consumer per partition,
-and take over a dead one's partitions after --pinned-ttl. Every decision is stored exactly
-once; while ClickHouse is down nothing is acked and JetStream keeps the backlog.
-It also computes each subject's warning state per rule (normal, warning, throttled, with the
-rule store's thresholds), publishes every transition on quotaflow.warnings.<tier>.<dimension>
-(QUOTAFLOW_EVENTS) exactly once, and stores the events stream (transitions, override and
-configuration changes) in state_transitions (90 days), overrides and config_changes (1 year).`, stderr)
+	fs := newFlagSet("aggregator", help("aggregator"), stderr)
 	var a aggregatorFlags
 	a.register(fs, false)
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
 	if err := a.validate(); err != nil {
-		return usageError{err}
+		return err
 	}
 	log, err := newLogger(a.logLevel, a.logFormat, stderr)
 	if err != nil {

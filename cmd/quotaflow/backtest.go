@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -18,16 +17,7 @@ import (
 )
 
 func runBacktest(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("backtest", `Replays the checks of the ClickHouse decision audit through a rules file, with the same
-algorithm code as the checkers, and reports which answers would change: per rule and tier,
-the subjects most affected, and per hour. Replaying the rules that decided reproduces the
-recorded answers (every difference left is explained by a reason: a fail mode's answer, an
-override, a lease, a settled reservation). The history before --from (the rules' longest
-window, at most a day) is replayed too, unreported, so that buckets start as Redis had them.
---from and --to take RFC 3339 times or durations before now (24h).
-With --live-candidates it replays nothing: it compares what the candidate rules of the rules
-in force (candidate_of:) answered on live traffic with what their live rules answered, both
-recorded in the audit, from --from (default: the whole retained history).`, stderr)
+	fs := newFlagSet("backtest", help("backtest"), stderr)
 	var f backtestFlags
 	f.register(fs)
 	if err := fs.parse(args, getenv); err != nil {
@@ -39,7 +29,7 @@ recorded in the audit, from --from (default: the whole retained history).`, stde
 	}
 	line := progress.New(stderr)
 	if line.On() && !f.live {
-		req.Progress = showBacktest(line)
+		req.Progress = func(p backtest.Progress) { line.Printf("backtest: %s", p) }
 	}
 	// The replay's garbage is short-lived and its live heap small (bounded buckets): fewer
 	// collections leave more of a core to the replay (measured: docs/backtest.md).
@@ -116,11 +106,11 @@ func (f *backtestFlags) request(now time.Time) (backtest.Request, error) {
 		from = "1h"
 	}
 	if from != "" {
-		if req.From, err = parseWhen(from, now); err != nil {
+		if req.From, err = backtest.ParseWhen(from, now); err != nil {
 			return req, fmt.Errorf("--from: %w", err)
 		}
 	}
-	if req.To, err = parseWhen(f.to, now); err != nil {
+	if req.To, err = backtest.ParseWhen(f.to, now); err != nil {
 		return req, fmt.Errorf("--to: %w", err)
 	}
 	return req, nil
@@ -143,30 +133,4 @@ func (f *backtestFlags) run(ctx context.Context, req backtest.Request) (*backtes
 		return bt.LiveCandidates(ctx, req)
 	}
 	return bt.Run(ctx, req)
-}
-
-// parseWhen reads an RFC 3339 time, or a duration before now.
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if d, err := time.ParseDuration(s); err == nil {
-		if d < 0 {
-			return time.Time{}, fmt.Errorf("%q: a duration before now cannot be negative", s)
-		}
-		return now.Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2026-11-27T10:00:00Z) nor a duration before now (24h)", s)
-	}
-	return t, nil
-}
-
-// showBacktest shows a backtest's progress on line.
-func showBacktest(line *progress.Line) func(backtest.Progress) {
-	return func(p backtest.Progress) {
-		at := "warm-up"
-		if !p.At.Before(p.From) {
-			at = fmt.Sprintf("%3.0f%%", 100*p.Fraction())
-		}
-		line.Printf("backtest: %s, %s audit rows, %s", at, strings.TrimSpace(fmt.Sprintf("%9d", p.Records)), p.Elapsed.Round(time.Second))
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/loadgen"
@@ -13,14 +12,7 @@ import (
 )
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", `Puts load on a checker and reports throughput and latency: checks/s, p50, p90, p99 and
-p99.9, allowed, denied and errors, and of the answers those the checker's fail modes gave
-(degraded: Redis did not answer in time; Connect and gRPC only). Without --rate it is a
-closed loop (--concurrency workers, each sending its next check as soon as the last is
-answered); with --rate an open loop (checks start on a fixed schedule whatever the answers,
-and latency counts from each check's scheduled time, so a target that falls behind shows as
-latency instead of being hidden). On a terminal, progress is shown on one line of stderr,
-updated every second; piped, stderr gets none. The report goes to stdout.`, stderr)
+	fs := newFlagSet("bench", help("bench"), stderr)
 	var cfg loadgen.Config
 	var asJSON bool
 	fs.StringVar(&cfg.Target, "target", "http://127.0.0.1:8080", "checker base `URL`")
@@ -44,7 +36,7 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	}
 	// Validate, not Run's checks: Run reads a flag set to 0 or "" as its default.
 	if err := cfg.Validate(); err != nil {
-		return usageError{benchFlagErr(err, cfg.Protocol)}
+		return benchFlagErr(err, cfg.Protocol)
 	}
 	line := progress.New(stderr)
 	if line.On() {
@@ -54,7 +46,7 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	line.Clear()
 	if err != nil {
 		// grpc-go rejects some URLs that Validate accepts.
-		return usageError{benchFlagErr(err, cfg.Protocol)}
+		return benchFlagErr(err, cfg.Protocol)
 	}
 	if asJSON {
 		return rep.WriteJSON(stdout)
@@ -65,15 +57,15 @@ updated every second; piped, stderr gets none. The report goes to stdout.`, stde
 	return nil
 }
 
-// benchFlagErr names the flag of a loadgen.ConfigError: each is its field's name in lower
-// case. A batch of a protocol without batches names both flags.
+// benchFlagErr makes a run's error a usage error, naming the flag of a loadgen.ConfigError:
+// each is its field's name. A batch of a protocol without batches names both flags.
 func benchFlagErr(err error, protocol loadgen.Protocol) error {
-	var ce *loadgen.ConfigError
-	switch {
-	case errors.Is(err, loadgen.ErrBatchProtocol):
-		return fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)
-	case errors.As(err, &ce):
-		return fmt.Errorf("--%s: %w", strings.ToLower(ce.Field), ce.Err)
+	if errors.Is(err, loadgen.ErrBatchProtocol) {
+		return usageError{fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)}
+	}
+	var ue usageError
+	if err = fieldFlagErr(err, nil); !errors.As(err, &ue) {
+		return usageError{err}
 	}
 	return err
 }

@@ -2,73 +2,56 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"strings"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/transport"
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
 )
 
-// callerFlags configure who may call the check API and what forward-auth believes.
+// callerFlags configure who may call the check API and what forward-auth believes, in the
+// checker's config: its callers file and forward-auth settings.
 type callerFlags struct {
-	callersFile    string
 	trustedProxies string
 	dimensions     string
-	fa             transport.ForwardAuthConfig
-	callers        *auth.Registry // loaded by validate
+	cfg            *daemon.CheckerConfig
 }
 
-func (c *callerFlags) register(fs *flagSet) {
-	fs.StringVar(&c.callersFile, "callers-file", "", "YAML `file` of the check API's callers and their permissions (check, assert-tier, reset, admin), reloaded when it changes; without it anyone may check, nobody may assert a tier, and reset needs an admin write token")
+func (c *callerFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
+	c.cfg = cfg
+	fa := &cfg.Transport.ForwardAuth
+	fs.StringVar(&cfg.CallersFile, "callers-file", "", "YAML `file` of the check API's callers and their permissions (check, assert-tier, reset, admin), reloaded when it changes; without it anyone may check, nobody may assert a tier, and reset needs an admin write token")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "comma-separated `CIDRs` of the proxies whose X-Forwarded-For, X-Real-Ip and X-Client-Ip forward-auth believes; without any, the client IP is the connection's address")
-	fs.StringVar(&c.fa.UserHeader, "forward-auth-user-header", "X-User-Id", "forward-auth `header` naming the user")
-	fs.StringVar(&c.fa.APIKeyHeader, "forward-auth-api-key-header", "X-Api-Key", "forward-auth `header` naming the API key")
-	fs.StringVar(&c.fa.EndpointHeader, "forward-auth-endpoint-header", "", "forward-auth `header` naming the endpoint (default X-Forwarded-Uri, then X-Original-URI, then ?endpoint=)")
-	fs.StringVar(&c.fa.IdempotencyHeader, "forward-auth-idempotency-header", "", "forward-auth `header` carrying an idempotency key, set by the gateway and stripped from clients (default: none, idempotency off)")
+	fs.StringVar(&fa.UserHeader, "forward-auth-user-header", "X-User-Id", "forward-auth `header` naming the user")
+	fs.StringVar(&fa.APIKeyHeader, "forward-auth-api-key-header", "X-Api-Key", "forward-auth `header` naming the API key")
+	fs.StringVar(&fa.EndpointHeader, "forward-auth-endpoint-header", "", "forward-auth `header` naming the endpoint (default X-Forwarded-Uri, then X-Original-URI, then ?endpoint=)")
+	fs.StringVar(&fa.IdempotencyHeader, "forward-auth-idempotency-header", "", "forward-auth `header` carrying an idempotency key, set by the gateway and stripped from clients (default: none, idempotency off)")
 	fs.StringVar(&c.dimensions, "forward-auth-dimension-headers", "", "forward-auth custom dimensions, comma-separated `name=header` pairs (tenant=X-Tenant-Id): a header present is that dimension's value; set by the gateway and stripped from clients")
-	fs.IntVar(&c.fa.MaxWaiting, "max-waiting", transport.DefaultMaxWaiting, "most delayed forward-auth requests held at once by ?wait=true (on_limit: delay); past it a delayed request is answered at once with its wait in X-Quotaflow-Delay-Ms (still charged at its slot); negative: none held")
+	fs.IntVar(&fa.MaxWaiting, "max-waiting", transport.DefaultMaxWaiting, "most delayed forward-auth requests held at once by ?wait=true (on_limit: delay); past it a delayed request is answered at once with its wait in X-Quotaflow-Delay-Ms (still charged at its slot); negative: none held")
 	fs.fromEnv("callers-file", "trusted-proxies", "forward-auth-user-header", "forward-auth-api-key-header",
 		"forward-auth-endpoint-header", "forward-auth-idempotency-header", "forward-auth-dimension-headers", "max-waiting")
 }
 
-// validate parses the proxies and loads the callers file.
+// validate parses the proxies and the dimension headers, and loads the callers file.
 func (c *callerFlags) validate() error {
-	for _, s := range strings.Split(c.trustedProxies, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return fmt.Errorf("--trusted-proxies: %q is neither a CIDR nor an address", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		c.fa.TrustedProxies = append(c.fa.TrustedProxies, p.Masked())
+	fa, file := &c.cfg.Transport.ForwardAuth, c.cfg.CallersFile
+	var err error
+	if fa.TrustedProxies, err = transport.ParseTrustedProxies(strings.Split(c.trustedProxies, ",")); err != nil {
+		return fieldFlagErr(err, nil)
 	}
-	for _, pair := range strings.Split(c.dimensions, ",") {
-		if pair = strings.TrimSpace(pair); pair == "" {
-			continue
-		}
-		name, header, ok := strings.Cut(pair, "=")
-		name, header = strings.TrimSpace(name), strings.TrimSpace(header)
-		if !ok || name == "" || header == "" || !httpguts.ValidHeaderFieldName(header) {
-			return fmt.Errorf("--forward-auth-dimension-headers: %q is not name=header (tenant=X-Tenant-Id)", pair)
-		}
-		c.fa.DimensionHeaders = append(c.fa.DimensionHeaders, transport.DimensionHeader{Dimension: name, Header: header})
+	fa.DimensionHeaders, err = transport.ParseDimensionHeaders(strings.Split(c.dimensions, ","))
+	if err != nil {
+		return fieldFlagErr(err, map[string]string{"DimensionHeaders": "forward-auth-dimension-headers"})
 	}
-	c.callers = new(auth.Registry)
-	if c.callersFile != "" {
-		data, err := os.ReadFile(c.callersFile)
+	c.cfg.Transport.Callers = new(auth.Registry)
+	if file != "" {
+		data, err := os.ReadFile(file)
 		if err != nil {
 			return fmt.Errorf("--callers-file: %w", err)
 		}
-		if err := c.callers.Load(data); err != nil {
-			return fmt.Errorf("--callers-file %s: %w", c.callersFile, err)
+		if err := c.cfg.Transport.Callers.Load(data); err != nil {
+			return fmt.Errorf("--callers-file %s: %w", file, err)
 		}
 	}
 	return nil

@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
 // checkerFlags are the checker's settings, shared by the commands that run one.
@@ -24,6 +22,7 @@ type checkerFlags struct {
 	logFormat      string
 	overLimitCache bool
 	idKeysFile     string
+	natsTLS        clientTLSFlags
 	admin          adminFlags
 	callers        callerFlags
 	tls            serverTLSFlags
@@ -52,66 +51,40 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen", "admin-listen", "id-keys-file")
-	c.admin.register(fs)
-	c.callers.register(fs)
+	c.admin.register(fs, &c.cfg)
+	c.callers.register(fs, &c.cfg)
 	c.tls.register(fs)
 	c.redis.register(fs)
-	c.serving.register(fs)
+	c.serving.register(fs, &c.cfg)
 }
 
 // registerHealthInterval adds --health-interval, the time between a daemon's health reports.
 func registerHealthInterval(fs *flagSet, cfg *health.Config) {
 	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
 	fs.fromEnv("health-interval")
-	fs.check(func() error {
-		if cfg.Interval >= 0 && cfg.Interval < 100*time.Millisecond {
-			return fmt.Errorf("--health-interval: want at least 100ms, or negative for no reports, got %s", cfg.Interval)
-		}
-		return nil
-	})
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.
-func newLogger(levelName, format string, w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(levelName)); err != nil {
-		return nil, usageError{fmt.Errorf("--log-level: %w", err)}
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, usageError{fmt.Errorf("--log-format: want text or json, got %q", format)}
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	log, err := telemetry.NewLogger(level, format, w)
+	return log, fieldFlagErr(err, nil)
 }
 
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("checker", `Serves quotaflow.v1.RateLimiter over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c), with gRPC
-reflection and health, GET /ratelimit/check for gateways, /healthz and /readyz, all on one port.
-Buckets live in Redis; the rules file is validated at start and any problem stops the start.
-With --nats-url every decision is published to the QUOTAFLOW_DECISIONS stream (spooled on disk
-while NATS is unreachable; on SIGTERM the queue and the spool are drained first), and the rules,
-tiers, users and overrides come from the rule store in NATS KV (seeded from --rules when empty),
-watched so that every change is enforced within a fraction of a second. The admin REST API under
-/api/v1 (rules, tiers, overrides; bearer tokens from --admin-token or --admin-tokens-file)
-writes to that store. Unless GOGC is set, the checker runs with GOGC=400.`, stderr)
+	fs := newFlagSet("checker", help("checker"), stderr)
 	var c checkerFlags
-	var p publishFlags
 	c.register(fs)
-	p.register(fs, "quotaflow-spool")
+	c.registerPublish(fs, "quotaflow-spool")
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	log, err := c.validate(&p, stderr)
-	if err != nil {
+	if _, err := c.validate(stderr); err != nil {
 		return err
 	}
 	if pct, ok := checkerGCPercent(getenv); ok {
 		debug.SetGCPercent(pct)
 	}
-	d, err := c.start(ctx, &p, log)
+	d, err := c.start(ctx)
 	if err != nil {
 		return err
 	}
@@ -128,43 +101,52 @@ func checkerGCPercent(getenv func(string) string) (int, bool) {
 	return 400, true
 }
 
-// validate checks the flags of a checker, completes its config and returns its logger.
-func (c *checkerFlags) validate(p *publishFlags, stderr io.Writer) (*slog.Logger, error) {
+// checkerFlagNames are the flags of daemon.CheckerConfig's fields not spelled as the field
+// (fieldFlagErr), or named in another field's error.
+var checkerFlagNames = map[string]string{
+	"RulesFile": "rules", "NATSURL": "nats-url", "NATSCredentials": "nats-creds",
+	"NATSAdminCredentials": "nats-admin-creds", "Tracing.SampleRatio": "trace-sample-ratio",
+	"Publisher.Replicas": "stream-replicas", "Publisher.MaxAge": "stream-max-age",
+	"Publisher.DuplicateWindow": "stream-duplicate-window", "Publisher.MaxBatch": "publish-batch",
+	"Publisher.FlushInterval": "publish-flush", "Transport.Conns.MaxConns": "max-connections",
+	"Admin.ReadPerMinute": "admin-read-per-minute", "Admin.WritePerMinute": "admin-write-per-minute",
+	"Admin.AuthFailuresPerMinute": "admin-auth-failures-per-minute",
+	"AuditClickHouseDSN":          "audit-clickhouse-dsn", "IDKeys": "id-keys-file", "Health.Interval": "health-interval",
+}
+
+// checkerFlagErr names the flag of a daemon.CheckerConfig's field error.
+func checkerFlagErr(err error) error {
+	if errors.Is(err, daemon.ErrRulesRequired) {
+		return usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
+	}
+	return fieldFlagErr(err, checkerFlagNames)
+}
+
+// validate completes the checker's config from its flags, checks it and returns its logger.
+func (c *checkerFlags) validate(stderr io.Writer) (*slog.Logger, error) {
 	cfg := &c.cfg
-	if cfg.RulesFile == "" && p.natsURL == "" {
-		return nil, usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
-	}
-	if strings.ContainsAny(cfg.InstanceID, " .*>\t\r\n") || len(cfg.InstanceID) > 64 {
-		return nil, usageError{fmt.Errorf("--instance-id: at most 64 characters, without spaces, '.', '*' or '>', got %q", cfg.InstanceID)}
-	}
-	if r := cfg.Tracing.SampleRatio; r <= 0 || r > 1 {
-		return nil, usageError{fmt.Errorf("--trace-sample-ratio: want more than 0 and at most 1, got %v", r)}
-	}
-	if n := cfg.SharedHashes; n < 1 || n > 1<<16 {
-		return nil, usageError{fmt.Errorf("--shared-hashes: want 1 to 65536 hashes per cluster slot, got %d", n)}
+	cfg.DisableOverLimitCache, cfg.Publisher.NoSpoolWait = !c.overLimitCache, cfg.Publisher.SpoolWait == 0
+	if err := cfg.Validate(); err != nil {
+		return nil, checkerFlagErr(err)
 	}
 	var err error
-	for _, check := range []func() error{p.validate, c.admin.validate, c.serving.validate,
-		c.callers.validate,
+	for _, check := range []func() error{c.admin.validate, c.serving.validate, c.callers.validate,
 		func() (err error) { cfg.IDKeys, err = readIDKeys(c.idKeysFile); return err },
 		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
-		func() (err error) { cfg.NATSTLS, err = p.natsTLS.config(""); return err },
+		func() (err error) { cfg.NATSTLS, err = c.natsTLS.config(""); return err },
 	} {
 		if err = check(); err != nil {
 			return nil, usageError{err}
 		}
 	}
-	cfg.NATSURL, cfg.Publisher, cfg.DisableOverLimitCache = p.natsURL, p.cfg, !c.overLimitCache
-	cfg.NATSCredentials, cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
-	cfg.Admin, cfg.AuditClickHouseDSN = c.admin.config(), c.admin.auditDSN
-	cfg.Transport.Callers, cfg.Transport.ForwardAuth, cfg.CallersFile = c.callers.callers, c.callers.fa, c.callers.callersFile
-	c.serving.apply(cfg, c.callers.callersFile)
+	cfg.Admin.Tokens = c.admin.tokens
+	cfg.Transport.HideReflection = c.serving.reflection == "off" || c.serving.reflection == "auto" && cfg.CallersFile != ""
 	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)
 	return cfg.Logger, err
 }
 
 // start connects the Redis the flags name and starts the checker.
-func (c *checkerFlags) start(ctx context.Context, p *publishFlags, log *slog.Logger) (*daemon.Checker, error) {
+func (c *checkerFlags) start(ctx context.Context) (*daemon.Checker, error) {
 	rdb, err := c.redis.client(ctx)
 	if err != nil {
 		return nil, err
@@ -186,28 +168,8 @@ func serveUntil(ctx context.Context, d interface {
 	return d.Close()
 }
 
-// readIDKeys reads --id-keys-file: one key per line, blank lines and # comments skipped.
+// readIDKeys reads --id-keys-file (daemon.ReadIDKeys).
 func readIDKeys(path string) ([][]byte, error) {
-	if path == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--id-keys-file: %w", err)
-	}
-	var keys [][]byte
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if len(line) < 32 {
-			return nil, fmt.Errorf("--id-keys-file: %s:%d: a key of %d characters, want at least 32 (openssl rand -hex 32)", path, i+1, len(line))
-		}
-		keys = append(keys, []byte(line))
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("--id-keys-file: %s holds no key", path)
-	}
-	return keys, nil
+	keys, err := daemon.ReadIDKeys(path)
+	return keys, fieldFlagErr(err, checkerFlagNames)
 }

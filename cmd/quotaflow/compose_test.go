@@ -474,13 +474,12 @@ var composeValidators = map[string]func(args []string, getenv func(string) strin
 	"checker": func(args []string, getenv func(string) string) error {
 		fs := newFlagSet("checker", "", io.Discard)
 		var c checkerFlags
-		var p publishFlags
 		c.register(fs)
-		p.register(fs, "quotaflow-spool")
+		c.registerPublish(fs, "quotaflow-spool")
 		if err := fs.parse(args, getenv); err != nil {
 			return err
 		}
-		_, err := c.validate(&p, io.Discard)
+		_, err := c.validate(io.Discard)
 		if err == nil {
 			var rdb interface{ Close() error }
 			if rdb, err = c.redis.client(context.Background()); err == nil {

@@ -13,22 +13,15 @@ import (
 
 // quotaflow exemption: trusted subjects past chosen rules, through a checker's admin API.
 
-const exemptionHelp = `  quotaflow exemption set ID (--user ID|--ip IP|CIDR|--api-key KEY|--dimension NAME --value V) [--rules R1,R2] --reason TEXT
-  quotaflow exemption list
-  quotaflow exemption delete ID
-`
-
 func runExemption(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "exemption", map[string]verb{
 		"set": exemptionSet, "list": exemptionList,
 		"delete": deleteVerb("exemption", "exemption", "an exemption id", "Removes an exemption (argument: its id).", (*admin.Client).DeleteExemption),
-	}, exemptionHelp, args, getenv, stdout, stderr)
+	}, args, getenv, stdout, stderr)
 }
 
 func exemptionSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("exemption set", `Creates or replaces an exemption (argument: its id): the checks of a user, an API key, an IP
-network or a custom dimension's value pass --rules (default: every rule), and are still
-recorded, flagged with the exemption's id. Recorded as a config event like any change.`, stderr)
+	fs := newFlagSet("exemption set", help("exemption-set"), stderr)
 	c := registerAdminClient(fs)
 	var user, ip, apiKey, dim, value, ruleList, reason string
 	fs.StringVar(&user, "user", "", "user id to exempt")

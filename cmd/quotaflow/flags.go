@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
+	"unicode"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/suggest"
 )
 
@@ -154,4 +157,44 @@ func (fs *flagSet) isSet(name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// fieldFlagErr makes err, when it is a Config's *field.Error, a usage error naming the flag of
+// its field: packages name a Config's fields, only cmd knows their flags. flags spells the
+// flag of each field (a path within the Config: Publisher.Partitions) whose flag is not its
+// last name in kebab case (Rate: --rate, SharedHashes: --shared-hashes), and of each field
+// that a message names (want more than InsertTimeout): the message names its flag instead.
+func fieldFlagErr(err error, flags map[string]string) error {
+	var fe *field.Error
+	if !errors.As(err, &fe) {
+		return err
+	}
+	parent := fe.Field[:strings.LastIndex(fe.Field, ".")+1]
+	msg := fe.Msg
+	for name, flag := range flags {
+		word, sibling := strings.CutPrefix(name, parent)
+		if !sibling && strings.Contains(name, ".") || strings.Contains(word, ".") {
+			continue // neither a sibling of the field nor a field of the whole Config
+		}
+		msg = regexp.MustCompile(`\b`+word+`\b`).ReplaceAllLiteralString(msg, "--"+flag)
+	}
+	name, ok := flags[fe.Field]
+	if !ok {
+		name = kebab(fe.Field[len(parent):])
+	}
+	return usageError{fmt.Errorf("--%s: %s", name, msg)}
+}
+
+// kebab spells a field's name as a flag's: InstanceID as instance-id.
+func kebab(name string) string {
+	r := []rune(name)
+	var b strings.Builder
+	for i, c := range r {
+		lower := unicode.ToLower(c)
+		if i > 0 && c != lower && (unicode.IsLower(r[i-1]) || i+1 < len(r) && unicode.IsLower(r[i+1])) {
+			b.WriteByte('-')
+		}
+		b.WriteRune(lower)
+	}
+	return b.String()
 }

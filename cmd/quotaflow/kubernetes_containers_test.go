@@ -43,11 +43,10 @@ var kubeCommands = map[string]func() kubeCommand{
 	"checker": func() kubeCommand {
 		fs := newFlagSet("checker", "", io.Discard)
 		var c checkerFlags
-		var p publishFlags
 		c.register(fs)
-		p.register(fs, "quotaflow-spool")
+		c.registerPublish(fs, "quotaflow-spool")
 		return kubeCommand{fs, func() error {
-			_, err := c.validate(&p, io.Discard)
+			_, err := c.validate(io.Discard)
 			return err
 		}}
 	},

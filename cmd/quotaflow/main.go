@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -87,23 +88,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `quotaflow: rate limits and quotas decided from Redis, accounted through NATS and ClickHouse.
-
-Usage:
-  quotaflow <command> [flags]
-
-Commands:
-`)
+	head, tail, _ := strings.Cut(help("quotaflow")+"\n", "{{commands}}\n")
+	fmt.Fprint(w, head)
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, `  help       show this help, or a command's: quotaflow help <command>
-
-Run quotaflow --version for the version.
-
-Every flag can also be set by the environment variable named in its help; a flag on the
-command line wins over the environment.
-`)
+	fmt.Fprint(w, tail)
 }
 
 // usageError is a command line that could not be understood (exit status 2).

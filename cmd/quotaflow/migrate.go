@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/quotaflow/quotaflow/internal/app/report"
 	"github.com/quotaflow/quotaflow/internal/progress"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -57,13 +57,7 @@ func (c *clickhouseFlags) open() (driver.Conn, string, error) {
 const migrateTimeout = time.Minute
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("migrate", `Applies quotaflow's ClickHouse schema migrations (the aggregator also does at start).
-Idempotent: migrations already recorded in <database>.schema_migrations are skipped. The
-server's version picks the dialect: TTL, LowCardinality and DateTime64 from ClickHouse 22.8 on,
-plain types (Debian's 18.16) before. With --clickhouse-cluster the tables are replicated over
-that cluster (every statement runs ON CLUSTER, so every server must be up) and read through
-Distributed tables; without it they live on the one server the DSN names. On a terminal, the
-migration being applied is shown on one line of stderr; piped, stderr gets none.`, stderr)
+	fs := newFlagSet("migrate", help("migrate"), stderr)
 	var c clickhouseFlags
 	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
 	if err := fs.parse(args, getenv); err != nil {
@@ -84,14 +78,6 @@ migration being applied is shown on one line of stderr; piped, stderr gets none.
 	if err != nil {
 		return err
 	}
-	where := "database " + db
-	if c.cluster != "" {
-		where += " on cluster " + c.cluster
-	}
-	fmt.Fprintf(stdout, "clickhouse %s (%s dialect), %s: applied %d migration(s)", d.Version, d, where, len(applied))
-	if len(applied) > 0 {
-		fmt.Fprintf(stdout, ": %s", strings.Join(applied, ", "))
-	}
-	fmt.Fprintln(stdout)
+	fmt.Fprintln(stdout, report.Migrated(d, db, c.cluster, applied))
 	return nil
 }

@@ -5,73 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/stream"
-	"github.com/quotaflow/quotaflow/publisher"
 	"github.com/quotaflow/quotaflow/schema"
 )
-
-// publishFlags configure the decision stream of the commands that run a checker.
-type publishFlags struct {
-	natsURL        string
-	natsTLS        clientTLSFlags
-	natsCreds      string // the checker role's
-	natsAdminCreds string // the admin role's, for the admin API's writes
-	cfg            publisher.Config
-}
-
-func (p *publishFlags) register(fs *flagSet, defaultSpool string) {
-	fs.StringVar(&p.natsURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
-	p.natsTLS.register(fs, "nats", "NATS")
-	fs.StringVar(&p.natsCreds, "nats-creds", "", "NATS credentials `file` of the checker role (an nkey seed, or a user JWT .creds file; `quotaflow nats-auth` writes them): publishes decisions and health, reads the rule store")
-	fs.StringVar(&p.natsAdminCreds, "nats-admin-creds", "", "NATS credentials `file` of the admin role, with which the admin API writes the rule store and seeds it when empty; with --nats-creds and without it the rule store is read-only here")
-	fs.StringVar(&p.cfg.SpoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
-	fs.Int64Var(&p.cfg.SpoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
-	fs.IntVar(&p.cfg.Partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
-	fs.IntVar(&p.cfg.Replicas, "stream-replicas", 1, "replicas of every stream and bucket quotaflow creates in NATS (decisions, events, rule store); at most the servers of the NATS cluster, 1 for a server outside a cluster; the same on every checker and aggregator")
-	fs.DurationVar(&p.cfg.MaxAge, "stream-max-age", 72*time.Hour, "how long the stream keeps decisions: the buffer for a downstream outage")
-	fs.DurationVar(&p.cfg.DuplicateWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
-	fs.IntVar(&p.cfg.MaxBatch, "publish-batch", 512, "most decisions in one message")
-	fs.DurationVar(&p.cfg.FlushInterval, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
-	fs.DurationVar(&p.cfg.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
-	fs.fromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
-		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
-}
-
-func (p *publishFlags) validate() error {
-	c := &p.cfg
-	switch {
-	case p.natsURL != "" && !isNATSURL(p.natsURL):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", p.natsURL)
-	case c.Partitions < 1 || c.Partitions > stream.MaxPartitions:
-		return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, c.Partitions)
-	case c.Replicas < 1 || c.Replicas > 5:
-		return fmt.Errorf("--stream-replicas: want 1 to 5, got %d", c.Replicas)
-	case c.DuplicateWindow <= 0 || c.DuplicateWindow > c.MaxAge:
-		return fmt.Errorf("--stream-duplicate-window: want more than 0 and at most --stream-max-age (%s), got %s", c.MaxAge, c.DuplicateWindow)
-	case c.MaxBatch < 1:
-		return fmt.Errorf("--publish-batch: want at least 1, got %d", c.MaxBatch)
-	case c.FlushInterval < time.Millisecond:
-		return fmt.Errorf("--publish-flush: want at least 1ms, got %s", c.FlushInterval)
-	case c.SpoolMaxBytes < 1<<20:
-		return fmt.Errorf("--spool-max-bytes: want at least 1 MiB, got %d", c.SpoolMaxBytes)
-	case c.SpoolDir == "":
-		return errors.New("--spool-dir: required with --nats-url")
-	case c.SpoolWait < 0:
-		return fmt.Errorf("--spool-wait: want 0 (no wait) or more, got %s", c.SpoolWait)
-	}
-	c.NoSpoolWait = c.SpoolWait == 0
-	return errors.Join(checkCreds("nats-creds", p.natsCreds), checkCreds("nats-admin-creds", p.natsAdminCreds))
-}
-
-// isNATSURL reports whether url is one the NATS client dials: nats://, or tls:// for TLS.
-func isNATSURL(url string) bool {
-	return strings.HasPrefix(url, "nats://") || strings.HasPrefix(url, "tls://")
-}
 
 // checkCreds refuses a credentials file that cannot be read or is not one, naming its flag.
 func checkCreds(flag, path string) error {
@@ -114,4 +54,28 @@ func flagErr(err error) error {
 		return usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
 	}
 	return err
+}
+
+// natsURLFlag names the flag of a NATSURL field (fieldFlagErr), which kebab case would not.
+var natsURLFlag = map[string]string{"NATSURL": "nats-url"}
+
+// registerPublish adds the flags of the decision stream and its NATS: the commands that run a
+// checker publish its decisions.
+func (c *checkerFlags) registerPublish(fs *flagSet, defaultSpool string) {
+	p := &c.cfg.Publisher
+	fs.StringVar(&c.cfg.NATSURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
+	c.natsTLS.register(fs, "nats", "NATS")
+	fs.StringVar(&c.cfg.NATSCredentials, "nats-creds", "", "NATS credentials `file` of the checker role (an nkey seed, or a user JWT .creds file; `quotaflow nats-auth` writes them): publishes decisions and health, reads the rule store")
+	fs.StringVar(&c.cfg.NATSAdminCredentials, "nats-admin-creds", "", "NATS credentials `file` of the admin role, with which the admin API writes the rule store and seeds it when empty; with --nats-creds and without it the rule store is read-only here")
+	fs.StringVar(&p.SpoolDir, "spool-dir", defaultSpool, "`folder` of the on-disk spool that keeps decisions while NATS is unreachable")
+	fs.Int64Var(&p.SpoolMaxBytes, "spool-max-bytes", 1<<30, "size bound of the spool; past it decisions are dropped, loudly")
+	fs.IntVar(&p.Partitions, "partitions", stream.Partitions, "partitions of the decision stream (subjects quotaflow.decisions.<n>); the same on every checker")
+	fs.IntVar(&p.Replicas, "stream-replicas", 1, "replicas of every stream and bucket quotaflow creates in NATS (decisions, events, rule store); at most the servers of the NATS cluster, 1 for a server outside a cluster; the same on every checker and aggregator")
+	fs.DurationVar(&p.MaxAge, "stream-max-age", 72*time.Hour, "how long the stream keeps decisions: the buffer for a downstream outage")
+	fs.DurationVar(&p.DuplicateWindow, "stream-duplicate-window", 2*time.Minute, "window in which the stream drops a re-published batch (each id held costs the server ~100 bytes)")
+	fs.IntVar(&p.MaxBatch, "publish-batch", 512, "most decisions in one message")
+	fs.DurationVar(&p.FlushInterval, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
+	fs.DurationVar(&p.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
+	fs.fromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
+		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
 }

@@ -5,59 +5,30 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
 func runNATSAuth(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("nats-auth", `Writes the NATS credentials of quotaflow's roles into --dir, and the nats-server
-configuration of their users:
-
-  checker.nk     the checkers' (--nats-creds): publish decisions and health, read the rules
-  aggregator.nk  the aggregators' (--nats-creds): consume decisions, publish warnings,
-                 write the policies' overrides
-  admin.nk       the admin API's (a checker's --nats-admin-creds): write the rules and overrides
-  operator.nk    read-only (quotaflow watch, top, status, and services that follow warnings)
-  nats-users.conf  the users and their permissions: include it in the server's configuration
-                 (include ./nats-users.conf)
-
-Each is an nkey seed, written 0600 in a folder of mode 0700; seeds already there are kept, so
-running it again rewrites only nats-users.conf (after a change of --partitions, say). Without
-the seed a process cannot connect, and with one it can do only what its role needs:
-docs/security.md says what each still allows. quotaflow serve does the same for its embedded
-server, under <--nats-dir>/auth.`, stderr)
+	fs := newFlagSet("nats-auth", help("nats-auth"), stderr)
 	var dir string
 	var cfg natsauth.Config
 	fs.StringVar(&dir, "dir", "", "`folder` of the credentials (required)")
 	fs.IntVar(&cfg.Partitions, "partitions", stream.Partitions, "partitions of the decision stream, as the checkers' --partitions: the aggregators' consumers, one per partition, are closed to the other roles")
 	fs.fromEnv("partitions")
 	fs.check(func() error {
-		switch {
-		case dir == "":
+		if dir == "" {
 			return errors.New("--dir: required")
-		case cfg.Partitions < 1 || cfg.Partitions > stream.MaxPartitions:
-			return fmt.Errorf("--partitions: want 1 to %d, got %d", stream.MaxPartitions, cfg.Partitions)
 		}
-		return nil
+		return fieldFlagErr(cfg.Validate(), nil)
 	})
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	keys, err := natsauth.Ensure(dir)
+	path, err := cfg.Write(dir)
 	if err != nil {
 		return err
-	}
-	conf, err := cfg.ServerConfig(keys)
-	if err != nil {
-		return err
-	}
-	// Public keys only: the server must read it, whoever it runs as.
-	path := filepath.Join(dir, natsauth.ServerFile)
-	if err := os.WriteFile(path, conf, 0o644); err != nil {
-		return fmt.Errorf("nats users: %w", err)
 	}
 	for _, role := range natsauth.Roles {
 		fmt.Fprintf(stdout, "%-10s %s\n", role, natsauth.SeedFile(dir, role))

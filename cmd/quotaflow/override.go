@@ -13,23 +13,15 @@ import (
 
 // quotaflow override: limits changed for a while, through a checker's admin API.
 
-const overrideHelp = `  quotaflow override set [--user ID|--ip IP|--api-key KEY|--tier T] [--rule RULE] (--limit N|--multiplier F) --duration D --reason TEXT
-  quotaflow override list
-  quotaflow override delete ID
-`
-
 func runOverride(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "override", map[string]verb{
 		"set": overrideSet, "list": overrideList,
 		"delete": deleteVerb("override", "override", "an override id", "Removes an override (argument: its id) before its expiry.", (*admin.Client).DeleteOverride),
-	}, overrideHelp, args, getenv, stdout, stderr)
+	}, args, getenv, stdout, stderr)
 }
 
 func overrideSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("override set", `Changes a limit for a while: a subject's (--user, --ip, --api-key), a tier's (--tier) or, with
---rule alone, one rule's for everyone. --rule narrows a subject's or tier's override to that
-rule. --limit replaces the limit (what was consumed is kept: 90 used of 100 raised to 200 leaves
-110); --multiplier scales it. The override vanishes by itself after --duration.`, stderr)
+	fs := newFlagSet("override set", help("override-set"), stderr)
 	c := registerAdminClient(fs)
 	var (
 		user, ip, apiKey, tier, rule, reason, id string

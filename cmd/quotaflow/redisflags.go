@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -46,9 +44,8 @@ func splitList(s string) []string {
 	return out
 }
 
-// client returns a client of the named topology. A cluster or a
-// Sentinel group must answer at start (a wrong seed list is an error, not a degraded state);
-// one server may be down, its rules' fail modes deciding meanwhile.
+// client returns a client of the topology the flags name (bucket.RedisConfig.Client), after
+// refusing flags of two topologies or of none.
 func (r *redisFlags) client(ctx context.Context) (redis.UniversalClient, error) {
 	cfg := bucket.RedisConfig{Cluster: splitList(r.cluster), Sentinels: splitList(r.sentinels), MasterName: r.master,
 		Username: r.username, Password: r.password}
@@ -76,29 +73,18 @@ func (r *redisFlags) client(ctx context.Context) (redis.UniversalClient, error) 
 		}
 	}
 	if r.files.set() || r.tls {
-		serverName := ""
-		if cfg.URL != "" {
-			if u, err := redis.ParseURL(cfg.URL); err == nil {
-				serverName, _, _ = net.SplitHostPort(u.Addr)
-			}
-		}
-		tlsCfg, err := tlsfiles.Client(r.files.ca, r.files.cert, r.files.key, serverName) // --redis-tls alone: the system's roots
+		tlsCfg, err := tlsfiles.Client(r.files.ca, r.files.cert, r.files.key, "") // --redis-tls alone: the system's roots
 		if err != nil {
 			return nil, usageError{fmt.Errorf("--redis-ca-file, --redis-cert-file, --redis-key-file: %w", err)}
 		}
 		cfg.TLS = tlsCfg
 	}
-	rdb, err := bucket.NewRedisClient(cfg)
-	if err != nil {
+	rdb, err := cfg.Client(ctx)
+	switch {
+	case errors.Is(err, bucket.ErrNoAnswer):
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	case err != nil:
 		return nil, usageError{fmt.Errorf("%s: %w", flag, err)}
-	}
-	if flag != "--redis-url" {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := bucket.Reachable(rctx, rdb); err != nil {
-			rdb.Close()
-			return nil, fmt.Errorf("%s: no server answered at start: %w", flag, err)
-		}
 	}
 	return rdb, nil
 }

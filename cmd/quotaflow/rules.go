@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,19 +15,11 @@ import (
 
 // quotaflow rules: the rules of the rule store, through a checker's admin API.
 
-const rulesHelp = `  quotaflow rules list              the rules of the rule store
-  quotaflow rules get ID            one rule, as YAML
-  quotaflow rules apply -f FILE     replace rules, tiers, users and policies with a rules file
-  quotaflow rules delete ID         remove a rule (refused while a user's limit names it)
-  quotaflow rules import-envoy PATH...
-                                    envoyproxy/ratelimit configuration as a rules file
-`
-
 func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "rules", map[string]verb{
 		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": deleteVerb("rules", "rule", "a rule id", "Removes one rule (argument: its id).", (*admin.Client).DeleteRule),
 		"import-envoy": rulesImportEnvoy,
-	}, rulesHelp, args, getenv, stdout, stderr)
+	}, args, getenv, stdout, stderr)
 }
 
 func rulesList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -43,17 +33,7 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		var b bytes.Buffer
-		json.Indent(&b, raw, "", "  ")
-		fmt.Fprintln(stdout, b.String())
-		return nil
-	}
-	var doc rules.Document
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		return fmt.Errorf("decode rules: %w", err)
-	}
-	return report.Rules(stdout, &doc)
+	return report.RulesDocument(stdout, raw, *asJSON)
 }
 
 func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -71,12 +51,7 @@ func rulesGet(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules apply", `Replaces the rule store's whole configuration (rules, tiers, users, warnings, policies) with a
-rules file; overrides stay. The checker validates it as a whole: a file with any problem
-changes nothing. Prints what it adds (+), changes (~) and removes (-). What the store holds
-and the file lacks (an exemption or a user set through the admin API, say) is removed only
-with --prune: without it the apply is refused, naming each such item, and nothing changes.
-Every checker enforces the new rules within a fraction of a second.`, stderr)
+	fs := newFlagSet("rules apply", help("rules-apply"), stderr)
 	c := registerAdminClient(fs)
 	file := fs.String("f", "", "rules `file` (YAML or JSON; required)")
 	var opts rules.ApplyOptions
@@ -88,20 +63,7 @@ Every checker enforces the new rules within a fraction of a second.`, stderr)
 	if *file == "" {
 		return usageError{errors.New("rules apply: -f FILE is required")}
 	}
-	data, err := os.ReadFile(*file)
-	if err != nil {
-		return fmt.Errorf("read rules file: %w", err)
-	}
-	doc, err := rules.Decode(data)
-	if err != nil {
-		return fmt.Errorf("rules file %s: %w", *file, err)
-	}
-	// The checker validates the document again, but only here do its problems have the file's
-	// lines, and are they printed once (the API's error lists them in its message and again).
-	if _, err := doc.Compile(); err != nil {
-		return fmt.Errorf("rules file %s: refused, nothing was changed: %w", *file, err)
-	}
-	res, err := c.ApplyRules(ctx, doc, opts)
+	res, err := c.ApplyRulesFile(ctx, *file, opts)
 	if ae := (*admin.Error)(nil); errors.As(err, &ae) && ae.Code == "failed_precondition" {
 		report.Lacking(stdout, ae.Problems)
 		return fmt.Errorf("rules file %s: refused, nothing was changed: the file lacks %d item(s) the rule store holds (listed above); add them to the file, or apply with --prune to remove them", *file, len(ae.Problems))
@@ -114,10 +76,7 @@ Every checker enforces the new rules within a fraction of a second.`, stderr)
 }
 
 func rulesImportEnvoy(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules import-envoy", `Converts envoyproxy/ratelimit configuration files (each PATH a file, or a directory whose
-*.yaml and *.yml files are read) into a quotaflow rules file, printed or written to --out,
-which a checker loads with --rules (or quotaflow rules apply -f). Envoy's descriptors to
-quotaflow then get the reference service's answers (docs/envoy.md).`, stderr)
+	fs := newFlagSet("rules import-envoy", help("rules-import-envoy"), stderr)
 	out := fs.String("out", "", "write the rules `file` here instead of standard output")
 	paths, err := fs.parseArgs(args, getenv, -1, "one or more configuration files or directories")
 	if err != nil {

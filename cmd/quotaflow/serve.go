@@ -3,33 +3,20 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
-	"os"
 	"path/filepath"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
-	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/instance"
-	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", `The all-in-one for development: a checker that publishes every decision, and, when no
---nats-url is given, an embedded NATS server with JetStream (real nats-server code) listening on
---nats-listen with its data in --nats-dir, so NATS clients (quotaflow watch, nats-sub) can
-attach. With --clickhouse-dsn it also runs the aggregator, which stores every decision in
-ClickHouse. The rules live in the rule store in that NATS (seeded from --rules on first start;
-change them with quotaflow rules|override|tier and --admin-token). Ctrl-C stops taking checks,
-drains the decisions to the stream, finishes the aggregator's insert in flight and stops NATS.`, stderr)
+	fs := newFlagSet("serve", help("serve"), stderr)
 	var c checkerFlags
-	var p publishFlags
 	var a aggregatorFlags
 	var natsListen, natsDir, credsDir string
 	c.register(fs)
-	p.register(fs, ".dev/spool")
+	c.registerPublish(fs, ".dev/spool")
 	a.register(fs, true)
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
@@ -41,11 +28,11 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	embedded := p.natsURL == ""
+	embedded := c.cfg.NATSURL == ""
 	if embedded {
-		p.natsURL = "nats://" + natsListen // validated below; replaced by the server's own URL
+		c.cfg.NATSURL = "nats://" + natsListen // validated below; replaced by the server's own URL
 	}
-	log, err := c.validate(&p, stderr)
+	log, err := c.validate(stderr)
 	if err != nil {
 		return err
 	}
@@ -53,50 +40,45 @@ drains the decisions to the stream, finishes the aggregator's insert in flight a
 		if credsDir == "" {
 			credsDir = filepath.Join(natsDir, "auth")
 		}
-		shutdown, err := startEmbeddedNATS(natsListen, natsDir, credsDir, &p, log)
+		shutdown, err := startEmbeddedNATS(daemon.EmbeddedNATSConfig{Listen: natsListen, Dir: natsDir,
+			CredentialsDir: credsDir, Partitions: c.cfg.Publisher.Partitions, Logger: log}, &c.cfg)
 		if err != nil {
 			return err
 		}
 		defer shutdown()
 	}
 	if credsDir != "" {
-		useRoleCreds(credsDir, &c, &p, &a)
+		useRoleCreds(credsDir, &c.cfg, &a.cfg)
 	}
 	if a.ch.dsn == "" {
-		d, err := c.start(ctx, &p, log)
+		d, err := c.start(ctx)
 		if err != nil {
 			return err
 		}
 		return serveUntil(ctx, d)
 	}
-	if err := a.joinServe(&c, &p); err != nil {
-		return usageError{err}
+	if err := a.joinServe(&c); err != nil {
+		return err
 	}
-	return serveWithAggregator(ctx, &c, &p, &a, log)
+	if c.cfg.Redis, err = c.redis.client(ctx); err != nil {
+		return err
+	}
+	return flagErr(daemon.ServePair(ctx, c.cfg, a.cfg))
 }
 
-// startEmbeddedNATS starts serve's own NATS server on listen with its data in dir, admitting
-// only the users of the role credentials in credsDir (written on the first start), and points
-// p at it. shutdown stops the server and waits for it.
-func startEmbeddedNATS(listen, dir, credsDir string, p *publishFlags, log *slog.Logger) (shutdown func(), err error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("--nats-dir: %w", err)
-	}
-	keys, err := natsauth.Ensure(credsDir)
+// startEmbeddedNATS starts serve's own NATS server and points the checker at it. shutdown stops the
+// server and waits for it. Its errors name the flag at fault, but are not usage errors: the
+// flags were fine, the server could not start with them.
+func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, checker *daemon.CheckerConfig) (shutdown func(), err error) {
+	ns, err := daemon.StartEmbeddedNATS(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--nats-creds-dir: %w", err)
-	}
-	users, err := natsauth.Config{Partitions: p.cfg.Partitions}.Users(keys)
-	if err != nil {
+		var ue usageError
+		if errors.As(fieldFlagErr(err, map[string]string{"Listen": "nats-listen", "Dir": "nats-dir", "CredentialsDir": "nats-creds-dir"}), &ue) {
+			return nil, ue.err
+		}
 		return nil, err
 	}
-	ns, err := broker.Embedded("quotaflow-dev", listen, dir, users)
-	if err != nil {
-		return nil, fmt.Errorf("--nats-listen: %w", err)
-	}
-	p.natsURL = ns.ClientURL()
-	log.Info("embedded NATS listening", "url", p.natsURL, "jetstream_dir", dir,
-		"operator_credentials", natsauth.SeedFile(credsDir, natsauth.Operator))
+	checker.NATSURL = ns.ClientURL()
 	return func() {
 		ns.Shutdown()
 		ns.WaitForShutdown()
@@ -105,52 +87,17 @@ func startEmbeddedNATS(listen, dir, credsDir string, p *publishFlags, log *slog.
 
 // useRoleCreds connects the checker, its admin API and the aggregator each with its own
 // role's credentials from dir.
-func useRoleCreds(dir string, c *checkerFlags, p *publishFlags, a *aggregatorFlags) {
-	p.natsCreds = natsauth.SeedFile(dir, natsauth.Checker)
-	p.natsAdminCreds = natsauth.SeedFile(dir, natsauth.Admin)
-	a.cfg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
-	c.cfg.NATSCredentials, c.cfg.NATSAdminCredentials = p.natsCreds, p.natsAdminCreds
+func useRoleCreds(dir string, checker *daemon.CheckerConfig, agg *daemon.AggregatorConfig) {
+	checker.NATSCredentials = natsauth.SeedFile(dir, natsauth.Checker)
+	checker.NATSAdminCredentials = natsauth.SeedFile(dir, natsauth.Admin)
+	agg.NATSCredentials = natsauth.SeedFile(dir, natsauth.Aggregator)
 }
 
 // joinServe gives serve's aggregator what it shares with the checker (NATS, partitions,
 // replicas, instance id, health reports) and checks its flags.
-func (a *aggregatorFlags) joinServe(c *checkerFlags, p *publishFlags) error {
-	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = p.natsURL, p.natsTLS, p.cfg.Partitions
-	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = p.cfg.Replicas, c.cfg.InstanceID
+func (a *aggregatorFlags) joinServe(c *checkerFlags) error {
+	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = c.cfg.NATSURL, c.natsTLS, c.cfg.Publisher.Partitions
+	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = c.cfg.Publisher.Replicas, c.cfg.InstanceID
 	a.cfg.Health = c.cfg.Health
 	return a.validate()
-}
-
-// serveWithAggregator runs the checker and an aggregator in one process, with one telemetry:
-// the checker's /metrics serves the aggregator's instruments (quotaflow_aggregator_*) too.
-// Either failing stops both.
-func serveWithAggregator(ctx context.Context, c *checkerFlags, p *publishFlags, a *aggregatorFlags, log *slog.Logger) error {
-	c.cfg.Tracing.Instance = instance.Named(c.cfg.InstanceID)
-	tel, err := telemetry.Setup(ctx, c.cfg.Tracing)
-	if err != nil {
-		return err
-	}
-	defer daemon.CloseTelemetry(tel)
-	a.cfg.Telemetry, a.cfg.Logger, c.cfg.Telemetry = tel, log, tel
-	if c.cfg.AuditClickHouseDSN == "" {
-		// The admin API's backtests read the audit this aggregator writes.
-		c.cfg.AuditClickHouseDSN, c.cfg.AuditClickHouseTLS = a.cfg.ClickHouseDSN, a.cfg.ClickHouseTLS
-	}
-	// The checker first: its admin connection creates the rule store, which the aggregator's
-	// role may only bind.
-	chk, err := c.start(ctx, p, log)
-	if err != nil {
-		return err
-	}
-	agg, err := daemon.StartAggregator(ctx, a.cfg)
-	if err != nil {
-		return errors.Join(flagErr(err), chk.Close())
-	}
-	select {
-	case <-ctx.Done():
-	case <-agg.Done():
-	case <-chk.Done():
-	}
-	// The checker first: its last decisions drain to the stream while the aggregator still runs.
-	return errors.Join(chk.Close(), agg.Close())
 }

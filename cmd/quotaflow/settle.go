@@ -7,10 +7,7 @@ import (
 	"io"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/quotaflow/quotaflow/internal/app/report"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
@@ -34,10 +31,7 @@ func (f *rpcFlags) client() (quotaflowv1connect.RateLimiterClient, error) {
 }
 
 func runSettle(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("settle", `Settles a reservation (quotaflow check --estimate printed its id) at the units the work
-actually took: the difference to the estimate is charged, even past a limit (an overage), or
-refunded. With --cancel the whole estimate is refunded. A reservation settles once: a second
-settle changes nothing and fails.`, stderr)
+	fs := newFlagSet("settle", help("settle"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var (
@@ -65,26 +59,16 @@ settle changes nothing and fails.`, stderr)
 	}
 	ctx, stop := context.WithTimeout(ctx, rf.timeout)
 	defer stop()
-	if cancel {
-		resp, err := rpc.Cancel(ctx, connect.NewRequest(&quotaflowv1.CancelRequest{ReservationId: id}))
-		if err != nil {
-			return fmt.Errorf("Cancel: %w", err)
-		}
-		fmt.Fprintln(stdout, report.Cancelled(resp.Msg))
-		return nil
-	}
-	resp, err := rpc.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: id, Actual: actual}))
+	line, err := report.Settle(ctx, rpc, id, actual, cancel)
 	if err != nil {
-		return fmt.Errorf("Settle: %w", err)
+		return err
 	}
-	fmt.Fprintln(stdout, report.Settled(resp.Msg))
+	fmt.Fprintln(stdout, line)
 	return nil
 }
 
 func runRelease(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("release", `Releases the places in flight of a concurrency lease (an allowed check printed its id), or
-with --renew holds them for their rules' windows from now. Only the lease's holder knows its id;
-a second release fails.`, stderr)
+	fs := newFlagSet("release", help("release"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var (
@@ -105,17 +89,10 @@ a second release fails.`, stderr)
 	}
 	ctx, stop := context.WithTimeout(ctx, rf.timeout)
 	defer stop()
-	if renew {
-		resp, err := rpc.RenewLease(ctx, connect.NewRequest(&quotaflowv1.RenewLeaseRequest{LeaseId: id}))
-		if err != nil {
-			return fmt.Errorf("RenewLease: %w", err)
-		}
-		fmt.Fprintln(stdout, report.Renewed(resp.Msg))
-		return nil
+	line, err := report.Release(ctx, rpc, id, renew)
+	if err != nil {
+		return err
 	}
-	if _, err := rpc.ReleaseLease(ctx, connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: id})); err != nil {
-		return fmt.Errorf("ReleaseLease: %w", err)
-	}
-	fmt.Fprintln(stdout, "released")
+	fmt.Fprintln(stdout, line)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
+	"github.com/quotaflow/quotaflow/internal/broker"
 )
 
 // unhealthyError is a status that found a dependency down or no process reporting (exit
@@ -17,14 +18,7 @@ type unhealthyError struct{ problems []string }
 func (e unhealthyError) Error() string { return "unhealthy: " + strings.Join(e.problems, "; ") }
 
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", `Shows on one screen how quotaflow is doing, as each of its processes sees it: every checker's
-and aggregator's view of Redis, NATS and ClickHouse (from the health reports they put in NATS
-every 2s, bucket QUOTAFLOW_HEALTH), the checks per second each checker decides, the
-aggregators' lag, partitions and leader, the active overrides (those a policy made marked
-"policy"), and what is answered by fail mode right now.
-
-Exit status: 0 every process sees every dependency up; 4 a dependency is down somewhere, or no
-process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
+	fs := newFlagSet("status", help("status"), stderr)
 	var cfg dashboard.StatusConfig
 	var format string
 	var timeout time.Duration
@@ -39,7 +33,7 @@ process reports; 1 NATS could not be asked; 2 bad flags.`, stderr)
 			return fmt.Errorf("--format: want text or json, got %q", format)
 		case timeout <= 0:
 			return fmt.Errorf("--timeout: want more than 0, got %s", timeout)
-		case !isNATSURL(cfg.NATSURL):
+		case !broker.IsURL(cfg.NATSURL):
 			return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", cfg.NATSURL)
 		}
 		return nil

@@ -8,13 +8,10 @@ import (
 
 // quotaflow tier: users' tiers, through a checker's admin API.
 
-const tierHelp = `  quotaflow tier set USER TIER      move a user to a tier (what the user consumed is kept)
-`
-
 func runTier(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "tier", map[string]verb{
 		"set": tierSet,
-	}, tierHelp, args, getenv, stdout, stderr)
+	}, args, getenv, stdout, stderr)
 }
 
 func tierSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

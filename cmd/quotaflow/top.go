@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -11,15 +10,7 @@ import (
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("top", `A live terminal view for operators on a server without a browser: the busiest subjects over
-the last --window (checks per second, allowed and denied), from the decision stream, and the
-subjects warned or throttled now, from the warning transitions of the events stream (read
-back --since to know the current ones). The screen is redrawn every --interval; q or Ctrl-C
-quits and gives the terminal back as it was. Reads both streams with ephemeral ordered
-consumers, so it changes nothing on the server.
-
-When stdout is not a terminal (a pipe, a file), it prints one snapshot after the first
---interval and exits, so that top | mail or a cron job gets plain text.`, stderr)
+	fs := newFlagSet("top", help("top"), stderr)
 	var cfg dashboard.TopConfig
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
 	fs.DurationVar(&cfg.Interval, "interval", time.Second, "how often the screen is redrawn")
@@ -28,27 +19,9 @@ When stdout is not a terminal (a pipe, a file), it prints one snapshot after the
 	fs.IntVar(&cfg.Rows, "rows", 20, "most subjects and throttles listed (fewer when the terminal is shorter)")
 	fs.fromEnv("nats-url")
 	registerReaderCreds(fs, &cfg.Credentials)
-	fs.check(func() error { return checkTop(&cfg) })
+	fs.check(func() error { return fieldFlagErr(cfg.Validate(), natsURLFlag) })
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
 	return dashboard.Top(ctx, cfg, stdout, os.Stdin)
-}
-
-// checkTop refuses top's flags out of their ranges, where TopConfig would read a zero as its
-// default.
-func checkTop(o *dashboard.TopConfig) error {
-	switch {
-	case o.Interval < 10*time.Millisecond:
-		return fmt.Errorf("--interval: want at least 10ms, got %s", o.Interval)
-	case o.Window < time.Second || o.Window%time.Second != 0:
-		return fmt.Errorf("--window: want whole seconds, at least 1s, got %s", o.Window)
-	case o.Since < 0:
-		return fmt.Errorf("--since: want 0 or more, got %s", o.Since)
-	case o.Rows < 1:
-		return fmt.Errorf("--rows: want at least 1, got %d", o.Rows)
-	case !isNATSURL(o.NATSURL):
-		return fmt.Errorf("--nats-url: want a nats:// or tls:// URL, got %q", o.NATSURL)
-	}
-	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+
+	"github.com/quotaflow/quotaflow/internal/app/report"
 )
 
 func runVersion(_ context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -13,40 +15,6 @@ func runVersion(_ context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	bi, _ := debug.ReadBuildInfo()
-	_, err := fmt.Fprintln(stdout, version(bi))
+	_, err := fmt.Fprintln(stdout, report.Version(bi))
 	return err
-}
-
-// version describes a build: "quotaflow v1.2.0 (rev 0123abcd4567, modified; go1.26.0)". A
-// binary built by go install ...@v1.2.0 carries its module version; one built in a checkout
-// says (devel) and names the commit it was built from.
-func version(bi *debug.BuildInfo) string {
-	if bi == nil {
-		return "quotaflow (unknown version: built without module information)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, modified string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			modified = s.Value
-		}
-	}
-	out := "quotaflow " + v + " ("
-	if rev != "" {
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		out += "rev " + rev
-		if modified == "true" {
-			out += ", modified"
-		}
-		out += "; "
-	}
-	return out + bi.GoVersion + ")"
 }

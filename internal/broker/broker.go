@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -71,6 +72,11 @@ func Connect(c Client, log *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("nats connect %s: %w", c.URL, err)
 	}
 	return nc, nil
+}
+
+// IsURL reports whether url is one the NATS client dials: nats://, or tls:// for TLS.
+func IsURL(url string) bool {
+	return strings.HasPrefix(url, "nats://") || strings.HasPrefix(url, "tls://")
 }
 
 // CredentialsOption authenticates with the credentials file path: a NATS credentials file (a

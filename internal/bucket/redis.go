@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,7 +25,8 @@ type RedisConfig struct {
 	// carries its own).
 	Username, Password string
 	// TLS, when set, is the TLS the servers are reached with; with a URL it replaces the one a
-	// rediss:// URL implies (and needs rediss://).
+	// rediss:// URL implies (and needs rediss://), the server named as the URL's host unless
+	// TLS names one.
 	TLS *tls.Config
 }
 
@@ -77,9 +79,35 @@ func NewRedisClient(cfg RedisConfig) (redis.UniversalClient, error) {
 		if opts.TLSConfig == nil {
 			return nil, errors.New("TLS files need a rediss:// URL")
 		}
+		serverName := opts.TLSConfig.ServerName // the URL's host, which its certificate names
 		opts.TLSConfig = cfg.TLS
+		if cfg.TLS.ServerName == "" {
+			opts.TLSConfig = cfg.TLS.Clone()
+			opts.TLSConfig.ServerName = serverName
+		}
 	}
 	return redis.NewClient(opts), nil
+}
+
+// ErrNoAnswer is Client's error when no server of a cluster or a Sentinel group answered.
+var ErrNoAnswer = errors.New("no server answered at start")
+
+// Client returns a client of cfg's topology (NewRedisClient). A Redis Cluster or a Sentinel
+// group must answer within 5s, or Client fails with ErrNoAnswer: a wrong seed list is an
+// error, not a degraded state. One server is not contacted: it may be down at start, its
+// rules' fail modes deciding meanwhile.
+func (cfg RedisConfig) Client(ctx context.Context) (redis.UniversalClient, error) {
+	rdb, err := NewRedisClient(cfg)
+	if err != nil || cfg.URL != "" {
+		return rdb, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := Reachable(ctx, rdb); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("%w: %w", ErrNoAnswer, err)
+	}
+	return rdb, nil
 }
 
 // Reachable reports whether the topology answers: for a cluster, a seed node that knows the

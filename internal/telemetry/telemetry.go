@@ -1,5 +1,6 @@
 // Package telemetry sets up quotaflow's OpenTelemetry: metrics exported in Prometheus format
-// (served at /metrics) and, when an OTLP endpoint is configured, traces sent over OTLP/HTTP.
+// (served at /metrics) and, when an OTLP endpoint is configured, traces sent over OTLP/HTTP;
+// and its processes' loggers (NewLogger), so that every daemon logs alike.
 package telemetry
 
 import (

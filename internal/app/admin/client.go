@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -95,6 +96,24 @@ func (c *Client) ApplyRules(ctx context.Context, doc *rules.Document, opts rules
 	}
 	err := c.Do(ctx, http.MethodPut, path, doc, &out)
 	return out, err
+}
+
+// ApplyRulesFile is ApplyRules of the rules file at path (YAML or JSON), checked here first:
+// only here do its problems have the file's lines, and are they said once (the API's error
+// lists them in its message and again). A file with a problem changes nothing.
+func (c *Client) ApplyRulesFile(ctx context.Context, path string, opts rules.ApplyOptions) (ApplyResult, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ApplyResult{}, fmt.Errorf("read rules file: %w", err)
+	}
+	doc, err := rules.Decode(data)
+	if err != nil {
+		return ApplyResult{}, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	if _, err := doc.Compile(); err != nil {
+		return ApplyResult{}, fmt.Errorf("rules file %s: refused, nothing was changed: %w", path, err)
+	}
+	return c.ApplyRules(ctx, doc, opts)
 }
 
 // DeleteRule removes a rule.

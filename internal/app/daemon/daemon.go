@@ -1,7 +1,10 @@
 // Package daemon assembles quotaflow's processes from their parts: a checker (engine, Redis,
 // transports, admin API, publisher, rule-store watch) and an aggregator (ClickHouse, NATS,
-// rule store, metrics port). cmd/quotaflow turns flags into a config and starts one or both;
-// tests start the same processes from a config struct (internal/testbed/daemontest).
+// rule store, metrics port), and for development both in one process (ServePair) with a NATS
+// server of its own (StartEmbeddedNATS). cmd/quotaflow turns flags into a config, checks it
+// with the config's Validate, whose errors name the config's fields (the command names their
+// flags), and starts one or both; tests start the same processes from a config struct
+// (internal/testbed/daemontest).
 //
 // Each Start function follows one contract, gubernator's SpawnDaemon: it returns a running
 // process or an error, and on any start-up failure it has already released everything it had

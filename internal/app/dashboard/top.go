@@ -15,6 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
+	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -46,6 +48,25 @@ type TopConfig struct {
 	// Rows bounds the subjects and throttles listed (fewer when the terminal is shorter); 0
 	// means 20.
 	Rows int
+}
+
+// Validate reports the first field of c out of its range, as a *field.Error naming it.
+// Unlike Top it reads a zero field as given, not as its default: it is for a command line,
+// where a zero is a mistake.
+func (c TopConfig) Validate() error {
+	switch {
+	case c.Interval < 10*time.Millisecond:
+		return field.Errorf("Interval", "want at least 10ms, got %s", c.Interval)
+	case c.Window < time.Second || c.Window%time.Second != 0:
+		return field.Errorf("Window", "want whole seconds, at least 1s, got %s", c.Window)
+	case c.Since < 0:
+		return field.Errorf("Since", "want 0 or more, got %s", c.Since)
+	case c.Rows < 1:
+		return field.Errorf("Rows", "want at least 1, got %d", c.Rows)
+	case !broker.IsURL(c.NATSURL):
+		return field.Errorf("NATSURL", "want a nats:// or tls:// URL, got %q", c.NATSURL)
+	}
+	return nil
 }
 
 func (c TopConfig) withDefaults() TopConfig {

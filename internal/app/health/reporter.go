@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Config configures a Reporter. The zero value is usable: a report every 2s, kept 3 intervals.
@@ -34,6 +36,17 @@ const (
 	DefaultInterval      = 2 * time.Second
 	DefaultKeepIntervals = 3
 )
+
+// Validate reports an Interval too short to report at, as a *field.Error naming it: a report
+// costs a NATS write, and quotaflow status reads a process as gone after a few intervals.
+// Unlike the Reporter it reads a zero Interval as given, not as its default: it is for a
+// command line, where 0 is a mistake.
+func (c Config) Validate() error {
+	if c.Interval >= 0 && c.Interval < 100*time.Millisecond {
+		return field.Errorf("Interval", "want at least 100ms, or negative for no reports, got %s", c.Interval)
+	}
+	return nil
+}
 
 func (c Config) withDefaults() Config {
 	if c.Interval == 0 {

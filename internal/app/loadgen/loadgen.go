@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/quotaflow/quotaflow/internal/field"
 )
 
 // Bounds on a Config.
@@ -116,21 +118,13 @@ type Config struct {
 }
 
 // ConfigError is a Config that cannot be run, or whose target cannot be reached by any client
-// (a URL that grpc-go rejects, say).
-type ConfigError struct {
-	// Field is the name of the Config field at fault, such as "Rate".
-	Field string
-	// Err says what is wrong with it.
-	Err error
-}
+// (a URL that grpc-go rejects, say): a field.Error whose Field is the name of the Config field
+// at fault, such as "Rate", the one error of a Config's field in quotaflow, so that a command
+// names the flag of any package's field alike.
+type ConfigError = field.Error
 
-func (e *ConfigError) Error() string { return fmt.Sprintf("loadgen: Config.%s: %v", e.Field, e.Err) }
-
-// Unwrap returns the cause.
-func (e *ConfigError) Unwrap() error { return e.Err }
-
-func configErrorf(field, format string, args ...any) *ConfigError {
-	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+func configErrorf(name, format string, args ...any) *ConfigError {
+	return field.Errorf(name, format, args...)
 }
 
 // withDefaults returns c with every zero field that has a default set to it.
@@ -193,7 +187,7 @@ func (c *Config) validate(strict bool) error {
 	case c.Batch < 0 || c.Batch > MaxBatch || strict && c.Batch == 0:
 		return configErrorf("Batch", "want 1 to %d checks per RPC, got %d", MaxBatch, c.Batch)
 	case c.Batch > 1 && c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC:
-		return &ConfigError{Field: "Batch", Err: fmt.Errorf("%w, not %s", ErrBatchProtocol, c.Protocol)}
+		return field.Wrap("Batch", fmt.Errorf("%w, not %s", ErrBatchProtocol, c.Protocol))
 	case c.Keys < 1 || c.Keys > MaxKeys:
 		return configErrorf("Keys", "want 1 to %d, got %d", MaxKeys, c.Keys)
 	case !strings.HasPrefix(c.Endpoint, "/"):

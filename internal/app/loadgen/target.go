@@ -106,7 +106,7 @@ func batchRequest(dim quotaflowv1.Dimension, endpoint string, n int) (req *quota
 func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	u, err := url.Parse(cfg.Target)
 	if err != nil {
-		return nil, nil, &ConfigError{Field: "Target", Err: err}
+		return nil, nil, &ConfigError{Field: "Target", Msg: err.Error(), Err: err}
 	}
 	if cfg.Protocol == ProtocolConnect {
 		return connectTarget(cfg)
@@ -115,7 +115,7 @@ func newTarget(cfg *Config) (newCall func() call, closeFn func(), err error) {
 	// services call.
 	conn, err := grpcConn(u)
 	if err != nil {
-		return nil, nil, &ConfigError{Field: "Target", Err: err}
+		return nil, nil, &ConfigError{Field: "Target", Msg: err.Error(), Err: err}
 	}
 	closeConn := func() { conn.Close() }
 	switch cfg.Protocol {

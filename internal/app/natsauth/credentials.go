@@ -120,3 +120,22 @@ func list(subjects []string) string {
 	b.WriteString("          ]")
 	return b.String()
 }
+
+// Write makes dir hold a seed for every role (Ensure) and the server's users file
+// (ServerFile) for them, and returns that file's path. The users file holds public keys only,
+// so it is written 0644: the server must read it, whoever it runs as.
+func (c Config) Write(dir string) (string, error) {
+	keys, err := Ensure(dir)
+	if err != nil {
+		return "", err
+	}
+	conf, err := c.ServerConfig(keys)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, ServerFile)
+	if err := os.WriteFile(path, conf, 0o644); err != nil {
+		return "", fmt.Errorf("nats users: %w", err)
+	}
+	return path, nil
+}

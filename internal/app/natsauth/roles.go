@@ -27,6 +27,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/app/rulestore"
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
@@ -58,6 +59,15 @@ var (
 	membersBucket  = stream.Name + "_AGGREGATORS"
 	warningsBucket = stream.Name + "_WARNINGS"
 )
+
+// Validate reports Partitions out of the decision stream's range, as a *field.Error naming it:
+// the users file lists one consumer per partition.
+func (c Config) Validate() error {
+	if c.Partitions < 1 || c.Partitions > stream.MaxPartitions {
+		return field.Errorf("Partitions", "want 1 to %d, got %d", stream.MaxPartitions, c.Partitions)
+	}
+	return nil
+}
 
 // kvStream is the JetStream stream behind a KV bucket.
 func kvStream(bucket string) string { return "KV_" + bucket }

@@ -1,8 +1,11 @@
 // Package report renders quotaflow's answers for people at a terminal: a check's decision
-// with every limit it evaluated, a settlement, the rules of a rules document (as a table or as
-// YAML) and what applying one changed, the overrides in force. Each is aligned text; the
-// commands that print them offer JSON for programs. It is apart from the commands so that
-// each command keeps to its flags, and one answer reads alike wherever it is printed.
+// with every limit it evaluated, a settlement, a build's version, the rules of a rules
+// document (as a table or as YAML) and what applying one changed, the overrides in force.
+// Each is aligned text; the commands that print them offer JSON for programs. It also makes
+// the calls whose answers it renders (a check, a settlement, a lease's release: Check,
+// Settle, Release), so that request and rendering are kept in step. It is apart from the
+// commands so that each command keeps to its flags, and one answer reads alike wherever it is
+// printed.
 package report
 
 import (

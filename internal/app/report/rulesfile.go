@@ -75,3 +75,19 @@ func Lacking(w io.Writer, items []string) {
 		fmt.Fprintf(w, "- %s\n", item)
 	}
 }
+
+// RulesDocument prints a rules document as the admin API answers it (raw JSON): with asJSON
+// indented as it is, else as Rules' table.
+func RulesDocument(w io.Writer, raw json.RawMessage, asJSON bool) error {
+	if asJSON {
+		var b bytes.Buffer
+		json.Indent(&b, raw, "", "  ")
+		fmt.Fprintln(w, b.String())
+		return nil
+	}
+	var doc rules.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("decode rules: %w", err)
+	}
+	return Rules(w, &doc)
+}

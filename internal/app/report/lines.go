@@ -2,9 +2,11 @@ package report
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/schema"
 )
 
 // Settled is a settled reservation on one line (quotaflow settle): the estimate, what the
@@ -25,4 +27,18 @@ func Cancelled(m *quotaflowv1.CancelResponse) string {
 // Renewed is a renewed lease on one line (quotaflow release --renew): its new expiry.
 func Renewed(m *quotaflowv1.RenewLeaseResponse) string {
 	return "renewed until " + time.UnixMilli(m.ExpiresAtMs).UTC().Format(time.RFC3339)
+}
+
+// Migrated is what quotaflow migrate did, on one line: the server and its dialect, the
+// database (and cluster, when the schema is laid out on one) and the migrations applied.
+func Migrated(d schema.Dialect, db, cluster string, applied []string) string {
+	where := "database " + db
+	if cluster != "" {
+		where += " on cluster " + cluster
+	}
+	line := fmt.Sprintf("clickhouse %s (%s dialect), %s: applied %d migration(s)", d.Version, d, where, len(applied))
+	if len(applied) > 0 {
+		line += ": " + strings.Join(applied, ", ")
+	}
+	return line
 }
