@@ -103,16 +103,16 @@ func (cfg RedisConfig) Client(ctx context.Context) (redis.UniversalClient, error
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := Reachable(ctx, rdb); err != nil {
+	if err := reachable(ctx, rdb); err != nil {
 		rdb.Close()
 		return nil, fmt.Errorf("%w: %w", ErrNoAnswer, err)
 	}
 	return rdb, nil
 }
 
-// Reachable reports whether the topology answers: for a cluster, a seed node that knows the
+// reachable reports whether the topology answers: for a cluster, a seed node that knows the
 // slot map; for a Sentinel group, a sentinel that knows the master; for one server, a PING.
-func Reachable(ctx context.Context, rdb redis.UniversalClient) error {
+func reachable(ctx context.Context, rdb redis.UniversalClient) error {
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
 		return c.ClusterShards(ctx).Err()

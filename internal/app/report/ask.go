@@ -57,7 +57,7 @@ func (c *Check) Ask(ctx context.Context, rpc quotaflowv1connect.RateLimiterClien
 		if err != nil {
 			return nil, Decision{}, fmt.Errorf("Reserve: %w", err)
 		}
-		return resp.Msg, ReserveDecision(resp.Msg), nil
+		return resp.Msg, reserveDecision(resp.Msg), nil
 	case c.Peek:
 		resp, err := rpc.GetRemainingQuota(ctx, connect.NewRequest(&quotaflowv1.GetRemainingQuotaRequest{
 			Subjects: subjects, Endpoint: c.Endpoint, Cost: c.Cost, Tier: c.Tier}))
@@ -83,13 +83,13 @@ func Settle(ctx context.Context, rpc quotaflowv1connect.RateLimiterClient, id st
 		if err != nil {
 			return "", fmt.Errorf("Cancel: %w", err)
 		}
-		return Cancelled(resp.Msg), nil
+		return cancelled(resp.Msg), nil
 	}
 	resp, err := rpc.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: id, Actual: actual}))
 	if err != nil {
 		return "", fmt.Errorf("Settle: %w", err)
 	}
-	return Settled(resp.Msg), nil
+	return settled(resp.Msg), nil
 }
 
 // Release releases concurrency lease id, or with renew holds its places for their rules'
@@ -100,7 +100,7 @@ func Release(ctx context.Context, rpc quotaflowv1connect.RateLimiterClient, id s
 		if err != nil {
 			return "", fmt.Errorf("RenewLease: %w", err)
 		}
-		return Renewed(resp.Msg), nil
+		return renewed(resp.Msg), nil
 	}
 	if _, err := rpc.ReleaseLease(ctx, connect.NewRequest(&quotaflowv1.ReleaseLeaseRequest{LeaseId: id})); err != nil {
 		return "", fmt.Errorf("ReleaseLease: %w", err)

@@ -9,9 +9,9 @@ import (
 	"github.com/quotaflow/quotaflow/schema"
 )
 
-// Settled is a settled reservation on one line (quotaflow settle): the estimate, what the
+// settled is a settled reservation on one line (quotaflow settle): the estimate, what the
 // work took, what is left, and whether it was charged past the limit.
-func Settled(m *quotaflowv1.SettleResponse) string {
+func settled(m *quotaflowv1.SettleResponse) string {
 	over := ""
 	if m.Overage {
 		over = "  OVERAGE (charged past the limit)"
@@ -19,13 +19,13 @@ func Settled(m *quotaflowv1.SettleResponse) string {
 	return fmt.Sprintf("settled: estimate %d, actual %d, %d left%s (decision %s)", m.Estimate, m.Actual, m.Remaining, over, m.DecisionId)
 }
 
-// Cancelled is a cancelled reservation on one line (quotaflow settle --cancel).
-func Cancelled(m *quotaflowv1.CancelResponse) string {
+// cancelled is a cancelled reservation on one line (quotaflow settle --cancel).
+func cancelled(m *quotaflowv1.CancelResponse) string {
 	return fmt.Sprintf("cancelled: %d refunded, %d left (decision %s)", m.Estimate, m.Remaining, m.DecisionId)
 }
 
-// Renewed is a renewed lease on one line (quotaflow release --renew): its new expiry.
-func Renewed(m *quotaflowv1.RenewLeaseResponse) string {
+// renewed is a renewed lease on one line (quotaflow release --renew): its new expiry.
+func renewed(m *quotaflowv1.RenewLeaseResponse) string {
 	return "renewed until " + time.UnixMilli(m.ExpiresAtMs).UTC().Format(time.RFC3339)
 }
 

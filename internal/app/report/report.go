@@ -24,7 +24,7 @@ import (
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
-// Decision is what a check or a quota query answered.
+// decision is what a check or a quota query answered.
 type Decision struct {
 	Allowed      bool
 	RuleID       string
@@ -50,8 +50,8 @@ type Decision struct {
 	DelayUs int64
 }
 
-// ReserveDecision is the decision of a Reserve response: its check's, and its reservation.
-func ReserveDecision(m *quotaflowv1.ReserveResponse) Decision {
+// reserveDecision is the decision of a Reserve response: its check's, and its reservation.
+func reserveDecision(m *quotaflowv1.ReserveResponse) Decision {
 	d := CheckDecision(m.GetResult())
 	d.ReservationID, d.ReservationExpiresAtMs = m.ReservationId, m.ExpiresAtMs
 	return d
