@@ -19,7 +19,7 @@ import (
 // more often than anyone reads.
 const minInterval = 100 * time.Millisecond
 
-// line is one line of progress on a terminal. Its methods are safe for concurrent use, and do
+// Line is one line of progress on a terminal. Its methods are safe for concurrent use, and do
 // nothing when the writer is not a terminal.
 type Line struct {
 	w  io.Writer
