@@ -73,6 +73,12 @@ func TestReshardUnderLoad(t *testing.T) {
 		t.Fatalf("slots 0-%d are not all one master's: %s ... %s", moved-1, owners[0], owners[moved-1])
 	}
 	users := usersInSlots(t, ctx, rdb, first, first+moved, 120)
+	// Each loaded slot gets keys of its own beside the buckets, which redis-cli moves one per
+	// MIGRATE: the slot is in migration for as long (tens of ms), so that the checks of its
+	// user meet it there. With only the buckets' few keys a slot moved in well under a
+	// millisecond, and on a loaded machine a whole reshard could pass without one check
+	// meeting a slot in migration (the test then failed its own premise, never a check).
+	padSlots(t, ctx, rdb, users, 100)
 	var load []*reshardUser
 	for i, u := range users {
 		ep := "/r"
@@ -363,4 +369,20 @@ func scriptCalls(t *testing.T, ctx context.Context, c *redis.Client) int64 {
 		n += c
 	}
 	return n
+}
+
+// padSlots writes n keys of no bucket into the slot of each user (its hash tag), so that
+// moving the slot takes n MIGRATEs.
+func padSlots(t *testing.T, ctx context.Context, rdb redis.UniversalClient, users []string, n int) {
+	t.Helper()
+	for _, u := range users {
+		if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range n {
+				p.Set(ctx, "pad:{user:"+u+"}:"+strconv.Itoa(i), "x", 0)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
