@@ -116,8 +116,12 @@ func (a ID) Code() string {
 	return "invalid"
 }
 
-// Module is the algorithm's Lua module: lua/<Module>.lua.
+// Module is the algorithm's Lua module: lua/<Module>.lua; empty for an ID that is no
+// algorithm.
 func (a ID) Module() string {
+	if !a.Valid() {
+		return ""
+	}
 	if m := table[a].module; m != "" {
 		return m
 	}
