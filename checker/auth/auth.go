@@ -152,6 +152,18 @@ type file struct {
 	} `yaml:"callers"`
 }
 
+// LoadFile is Load of the callers file at path; its errors name the file.
+func (r *Registry) LoadFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err == nil {
+		err = r.Load(data)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
 // Load replaces the callers with those of a callers file (YAML):
 //
 //	anonymous: {permissions: [check]}       # callers without credentials (default: none)

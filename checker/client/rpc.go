@@ -1,7 +1,9 @@
 package client
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
 
 	"connectrpc.com/connect"
 
@@ -58,4 +60,28 @@ func NewHTTPClient(protocol Protocol) *http.Client {
 		tr.Protocols.SetUnencryptedHTTP2(true)
 	}
 	return &http.Client{Transport: tr}
+}
+
+// protocolNames are the Protocols' names, as flags and files spell them.
+var protocolNames = [...]string{Connect: "connect", GRPC: "grpc", GRPCWeb: "grpcweb"}
+
+// String is p's name: connect, grpc or grpcweb.
+func (p Protocol) String() string {
+	if int(p) < len(protocolNames) {
+		return protocolNames[p]
+	}
+	return fmt.Sprintf("Protocol(%d)", int(p))
+}
+
+// MarshalText is p's name (String), for flags and files.
+func (p Protocol) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText reads a Protocol's name: connect, grpc or grpcweb.
+func (p *Protocol) UnmarshalText(text []byte) error {
+	i := slices.Index(protocolNames[:], string(text))
+	if i < 0 {
+		return fmt.Errorf("want connect, grpc or grpcweb, got %q", text)
+	}
+	*p = Protocol(i)
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
@@ -204,15 +205,15 @@ func TestAdminTokensFile(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			a := adminFlags{tokensFile: writeFile(t, "tokens.yaml", tt.file), token: tt.flagToken}
-			err := a.validate()
+			tokens, err := admin.LoadTokens(writeFile(t, "tokens.yaml", tt.file), tt.flagToken)
+			err = cli.FlagError(err, checkerFlagNames)
 			switch {
 			case tt.wantErr == "" && err != nil:
-				t.Errorf("validate: %v, want nil", err)
+				t.Errorf("LoadTokens: %v, want nil", err)
 			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-				t.Errorf("validate: %v, want an error with %q", err, tt.wantErr)
-			case tt.wantErr == "" && len(a.tokens) != tt.wantTokens:
-				t.Errorf("got %d tokens, want %d", len(a.tokens), tt.wantTokens)
+				t.Errorf("LoadTokens: %v, want an error with %q", err, tt.wantErr)
+			case tt.wantErr == "" && len(tokens) != tt.wantTokens:
+				t.Errorf("got %d tokens, want %d", len(tokens), tt.wantTokens)
 			}
 		})
 	}

@@ -1,22 +1,17 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"os"
-
-	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // adminFlags configure the admin REST API of the commands that run a checker.
 type adminFlags struct {
 	token      string
 	tokensFile string
-	tokens     map[string]admin.Token // loaded by validate
 }
 
-func (a *adminFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
+func (a *adminFlags) register(fs *cli.FlagSet, cfg *daemon.CheckerConfig) {
 	fs.StringVar(&a.token, "admin-token", "", "bearer `token` with write access to the admin API under /api/v1 (name \"admin\"); without any token the API refuses every call")
 	fs.StringVar(&a.tokensFile, "admin-tokens-file", "", "YAML `file` of admin API tokens: tokens: [{token: ..., name: ..., role: read|write}]")
 	fs.IntVar(&cfg.Admin.ReadPerMinute, "admin-read-per-minute", 1000, "admin API reads allowed per token per minute")
@@ -24,26 +19,5 @@ func (a *adminFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
 	fs.IntVar(&cfg.Admin.AuthFailuresPerMinute, "admin-auth-failures-per-minute", 10, "failed authentications allowed per source address per minute, counted alike by the admin API and every protocol of the check API; past it the address's credentials are refused (429, ResourceExhausted) until its bucket refills")
 	fs.StringVar(&cfg.AuditClickHouseDSN, "audit-clickhouse-dsn", "", "ClickHouse native-protocol `DSN` whose decision audit and usage rollups the admin API reads for backtests (POST /api/v1/rules:backtest) and the console's usage and subject views; empty: they answer 503 (quotaflow serve with an aggregator uses its --clickhouse-dsn)")
 	fs.StringVar(&cfg.AuditClickHouseDSN, "backtest-clickhouse-dsn", "", "the old name of --audit-clickhouse-dsn")
-	fs.fromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute", "audit-clickhouse-dsn")
-}
-
-// validate loads the tokens of --admin-tokens-file and --admin-token.
-func (a *adminFlags) validate() error {
-	a.tokens = map[string]admin.Token{}
-	if a.tokensFile != "" {
-		data, err := os.ReadFile(a.tokensFile)
-		if err != nil {
-			return fmt.Errorf("--admin-tokens-file: %w", err)
-		}
-		if a.tokens, err = admin.ParseTokens(data); err != nil {
-			return fmt.Errorf("--admin-tokens-file %s: %w", a.tokensFile, err)
-		}
-	}
-	if a.token != "" {
-		if _, dup := a.tokens[a.token]; dup {
-			return errors.New("--admin-token: the same token is also in --admin-tokens-file")
-		}
-		a.tokens[a.token] = admin.Token{Name: "admin", Role: admin.RoleWrite}
-	}
-	return nil
+	fs.FromEnv("admin-token", "admin-tokens-file", "admin-read-per-minute", "admin-write-per-minute", "admin-auth-failures-per-minute", "audit-clickhouse-dsn")
 }

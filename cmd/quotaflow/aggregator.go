@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
@@ -18,7 +19,7 @@ type aggregatorFlags struct {
 }
 
 // register adds the aggregator's flags; inServe leaves out those `serve` shares with the checker.
-func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
+func (a *aggregatorFlags) register(fs *cli.FlagSet, inServe bool) {
 	g := &a.cfg.Aggregator
 	if !inServe {
 		fs.StringVar(&a.cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` of the decision stream")
@@ -30,7 +31,7 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 		fs.StringVar(&g.InstanceID, "instance-id", "", "`name` of this aggregator among its peers, e.g. the pod name; a random suffix keeps each process start unique")
 		fs.StringVar(&a.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
-		fs.fromEnv("nats-url", "nats-creds", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
+		fs.FromEnv("nats-url", "nats-creds", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
 		registerHealthInterval(fs, &a.cfg.Health)
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
@@ -46,7 +47,7 @@ func (a *aggregatorFlags) register(fs *flagSet, inServe bool) {
 	fs.DurationVar(&g.RetentionInterval, "retention-interval", time.Hour, "how often expired partitions are dropped (decisions 90 days, usage_minute 30, usage_hour and usage_day 1 year)")
 	fs.DurationVar(&g.WarningGrace, "warning-grace", time.Second, "how long after a warning timer's instant a subject with no traffic gets its recovery transition (decisions of that instant still in flight come first)")
 	fs.DurationVar(&g.PolicyInterval, "policy-interval", time.Second, "how often the rules' policies (penalty, tier protection) are evaluated")
-	fs.fromEnv("batch-rows", "flush-interval", "insert-timeout", "pinned-ttl", "ack-wait", "retention-interval",
+	fs.FromEnv("batch-rows", "flush-interval", "insert-timeout", "pinned-ttl", "ack-wait", "retention-interval",
 		"warning-grace", "policy-interval")
 }
 
@@ -62,23 +63,23 @@ var aggregatorFlagNames = map[string]string{
 func (a *aggregatorFlags) validate() error {
 	a.cfg.ClickHouseDSN, a.cfg.Aggregator.Cluster = a.ch.dsn, a.ch.cluster
 	if err := a.cfg.Validate(); err != nil {
-		return fieldFlagErr(err, aggregatorFlagNames)
+		return cli.FlagError(err, aggregatorFlagNames)
 	}
 	var err error
 	if a.cfg.NATSTLS, err = a.natsTLS.config(""); err != nil {
-		return usageError{err}
+		return cli.Usage(err)
 	}
 	if a.cfg.ClickHouseTLS, err = a.ch.tls.config(""); err != nil {
-		return usageError{err}
+		return cli.Usage(err)
 	}
 	return nil
 }
 
 func runAggregator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("aggregator", help("aggregator"), stderr)
+	fs := cli.NewFlagSet("aggregator", help("aggregator"), stderr)
 	var a aggregatorFlags
 	a.register(fs, false)
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	if err := a.validate(); err != nil {

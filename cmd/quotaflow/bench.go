@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/loadgen"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/progress"
 )
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", help("bench"), stderr)
+	fs := cli.NewFlagSet("bench", help("bench"), stderr)
 	var cfg loadgen.Config
 	var asJSON bool
 	fs.StringVar(&cfg.Target, "target", "http://127.0.0.1:8080", "checker base `URL`")
-	fs.fromEnv("target")
+	fs.FromEnv("target")
 	fs.StringVar((*string)(&cfg.Protocol), "protocol", "connect", "`protocol`: connect (CheckRateLimit over Connect, HTTP/1.1), grpc (CheckRateLimit over gRPC, HTTP/2) rls (Envoy's ShouldRateLimit over gRPC) or gubernator (gubernator's GetRateLimits over gRPC, to compare with that peer)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "closed loop: `N` workers; open loop: at most N checks in flight")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "open loop at `R` checks per second in total (0: closed loop)")
@@ -31,7 +32,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&cfg.Domain, "domain", "quotaflow", "RLS `domain` (--protocol rls)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Second, "deadline of each check; one that misses it counts as an error")
 	fs.BoolVar(&asJSON, "json", false, "print the report as one JSON object (checks_per_sec, p50_ms, p90_ms, p99_ms, p999_ms, allowed, denied, errors, degraded and more)")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	// Validate, not Run's checks: Run reads a flag set to 0 or "" as its default.
@@ -61,11 +62,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 // each is its field's name. A batch of a protocol without batches names both flags.
 func benchFlagErr(err error, protocol loadgen.Protocol) error {
 	if errors.Is(err, loadgen.ErrBatchProtocol) {
-		return usageError{fmt.Errorf("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)}
+		return cli.Usagef("--batch: batches are CheckRateLimits calls, of --protocol connect or grpc, not %s", protocol)
 	}
-	var ue usageError
-	if err = fieldFlagErr(err, nil); !errors.As(err, &ue) {
-		return usageError{err}
-	}
-	return err
+	return cli.Usage(cli.FlagError(err, nil))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/app/loadgen"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 const benchCmdRules = `rules:
@@ -30,15 +31,9 @@ const benchCmdRules = `rules:
 - {id: bench-closed, dimension: user, endpoint: /closed, algorithm: fixed_window, limit: 1000000000, window: 1s, fail_mode: closed}
 `
 
-// runBenchCmd runs `quotaflow bench args...`: through run once main.go lists the bench
-// command, else through runBench.
+// runBenchCmd runs `quotaflow bench args...`.
 func runBenchCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	for _, c := range commands() {
-		if c.name == "bench" {
-			return run(ctx, append([]string{"bench"}, args...), getenv, stdout, stderr)
-		}
-	}
-	return runBench(ctx, args, getenv, stdout, stderr)
+	return run(ctx, append([]string{"bench"}, args...), getenv, stdout, stderr)
 }
 
 // startBenchTarget serves a checker with benchCmdRules in process: the RateLimiter service and
@@ -286,7 +281,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--help"}, nil, "QUOTAFLOW_TARGET"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := exitCode(runBenchCmd(context.Background(), tt.args, env(tt.env), &stdout, &stderr), &stderr)
+		code := cli.ExitCode(runBenchCmd(context.Background(), tt.args, env(tt.env), &stdout, &stderr), &stderr)
 		wantCode := 2
 		if tt.args != nil && tt.args[0] == "--help" {
 			wantCode = 0

@@ -132,7 +132,7 @@ func TestLiveCandidates(t *testing.T) {
 		{[]string{"--subject", "nobody"}, "--subject:"},
 		{[]string{"--from", "2000-01-01T00:00:00Z"}, "--from: 2000-01-01T00:00:00Z is outside the audit's retained history"},
 		{[]string{"--top", "5000"}, "--top: 5000 is not 0 to 1000"},
-		{[]string{"--warmup", "1h"}, "--warmup: --live-candidates replays nothing"},
+		{[]string{"--warmup", "1h"}, "--warmup: a comparison of live candidates replays nothing"},
 	} {
 		args := append([]string{"backtest", "--clickhouse-dsn", dsn, "--live-candidates"}, tt.args...)
 		if _, stderr, code := runCmd(ctx, args, nil); code != 2 || !strings.Contains(stderr, tt.want) {

@@ -10,51 +10,46 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/client"
 	"github.com/quotaflow/quotaflow/internal/app/report"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
 )
 
-// deniedError is a check that was answered "no" (exit status 3), so scripts can branch on it.
-type deniedError struct{ retryAfter int64 }
-
-func (e deniedError) Error() string {
-	return fmt.Sprintf("denied: retry after %ds", e.retryAfter)
-}
-
 func runCheck(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("check", help("check"), stderr)
+	fs := cli.NewFlagSet("check", help("check"), stderr)
 	var rf rpcFlags
 	rf.register(fs)
 	var f checkFlags
 	f.register(fs)
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	if err := f.validate(); err != nil {
-		return usageError{err}
+		return cli.Usage(err)
 	}
-	rpc, err := rf.client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, rf.timeout)
-	defer cancel()
-	msg, summary, err := f.Ask(ctx, rpc)
-	if err != nil {
-		return err
-	}
-	if f.asJSON {
-		b, err := report.ProtoJSON(msg)
+	return rf.call(ctx, stdout, func(ctx context.Context, rpc quotaflowv1connect.RateLimiterClient) (string, error) {
+		msg, summary, err := f.Ask(ctx, rpc)
 		if err != nil {
-			return err
+			return "", err
 		}
-		fmt.Fprintln(stdout, b)
-	} else if err := summary.Write(stdout); err != nil {
-		return err
-	}
-	if !summary.Allowed {
-		return deniedError{summary.RetryAfter}
-	}
-	return nil
+		var text string
+		if f.asJSON {
+			text, err = report.ProtoJSON(msg)
+		} else {
+			var out strings.Builder
+			err = summary.Write(&out)
+			text = strings.TrimSuffix(out.String(), "\n")
+		}
+		if err == nil && !summary.Allowed {
+			err = denied(summary.RetryAfter)
+		}
+		return text, err
+	})
+}
+
+// denied is a check that was answered "no" (exit status 3), so scripts can branch on it; the
+// answer is printed already.
+func denied(retryAfter int64) error {
+	return cli.Status{Code: 3, Err: fmt.Errorf("denied: retry after %ds", retryAfter), Shown: true}
 }
 
 // checkFlags say what check asks: of which subjects, on which endpoint, in which call.
@@ -63,7 +58,7 @@ type checkFlags struct {
 	asJSON bool
 }
 
-func (f *checkFlags) register(fs *flagSet) {
+func (f *checkFlags) register(fs *cli.FlagSet) {
 	fs.StringVar(&f.User, "user", "", "user id subject")
 	fs.StringVar(&f.IP, "ip", "", "client IP subject")
 	fs.StringVar(&f.APIKey, "api-key", "", "API key subject")
@@ -100,17 +95,10 @@ func (f *checkFlags) validate() error {
 	return nil
 }
 
-// checkProtocols are the values of --protocol.
-var checkProtocols = map[string]client.Protocol{"connect": client.Connect, "grpc": client.GRPC, "grpcweb": client.GRPCWeb}
-
 // newClient makes a RateLimiter client speaking protocol; gRPC uses cleartext HTTP/2.
-func newClient(target, protocol, token string) (quotaflowv1connect.RateLimiterClient, error) {
-	p, ok := checkProtocols[protocol]
-	if !ok {
-		return nil, usageError{fmt.Errorf("--protocol: want connect, grpc or grpcweb, got %q", protocol)}
-	}
+func newClient(target string, p client.Protocol, token string) (quotaflowv1connect.RateLimiterClient, error) {
 	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
-		return nil, usageError{fmt.Errorf("--target: want an http:// or https:// URL, got %q", target)}
+		return nil, cli.Usagef("--target: want an http:// or https:// URL, got %q", target)
 	}
 	// Connect and gRPC-Web keep the default client (HTTP/1.1, HTTP/2 over TLS); gRPC needs
 	// HTTP/2, which the client builder's provides.

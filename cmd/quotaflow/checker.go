@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/telemetry"
 )
 
@@ -30,7 +32,7 @@ type checkerFlags struct {
 	serving        servingFlags
 }
 
-func (c *checkerFlags) register(fs *flagSet) {
+func (c *checkerFlags) register(fs *cli.FlagSet) {
 	fs.StringVar(&c.cfg.Listen, "listen", "127.0.0.1:8080", "`address` to serve the check API on")
 	registerHealthInterval(fs, &c.cfg.Health)
 	fs.StringVar(&c.cfg.RulesFile, "rules", "", "rules `file` (YAML); required without --nats-url. With --nats-url it seeds the rule store (NATS KV) when the store holds no rules yet, and is enforced while NATS is unreachable at start")
@@ -48,7 +50,7 @@ func (c *checkerFlags) register(fs *flagSet) {
 	fs.StringVar(&c.cfg.DebugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
 	fs.StringVar(&c.cfg.AdminListen, "admin-listen", "", "`address` serving the admin API (/api/v1) and the console on a port of their own, and no longer on the check port, so that the check port can face callers alone (empty: on the check port)")
 	fs.StringVar(&c.idKeysFile, "id-keys-file", "", "`file` of the keys that sign reservation and lease ids, one per line (at least 32 characters; # comments): the first signs, every one verifies, the same file on every checker; rotate by adding the new key first and dropping the old a day later. Empty: a key the checkers keep in Redis")
-	fs.fromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
+	fs.FromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
 		"debug-listen", "admin-listen", "id-keys-file")
 	c.admin.register(fs, &c.cfg)
@@ -59,23 +61,23 @@ func (c *checkerFlags) register(fs *flagSet) {
 }
 
 // registerHealthInterval adds --health-interval, the time between a daemon's health reports.
-func registerHealthInterval(fs *flagSet, cfg *health.Config) {
+func registerHealthInterval(fs *cli.FlagSet, cfg *health.Config) {
 	fs.DurationVar(&cfg.Interval, "health-interval", health.DefaultInterval, "time between this process's health reports into NATS (quotaflow status); negative: no reports")
-	fs.fromEnv("health-interval")
+	fs.FromEnv("health-interval")
 }
 
 // newLogger returns the logger the --log-level and --log-format flags ask for.
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 	log, err := telemetry.NewLogger(level, format, w)
-	return log, fieldFlagErr(err, nil)
+	return log, cli.FlagError(err, nil)
 }
 
 func runChecker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("checker", help("checker"), stderr)
+	fs := cli.NewFlagSet("checker", help("checker"), stderr)
 	var c checkerFlags
 	c.register(fs)
 	c.registerPublish(fs, "quotaflow-spool")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	if _, err := c.validate(stderr); err != nil {
@@ -112,14 +114,15 @@ var checkerFlagNames = map[string]string{
 	"Admin.ReadPerMinute": "admin-read-per-minute", "Admin.WritePerMinute": "admin-write-per-minute",
 	"Admin.AuthFailuresPerMinute": "admin-auth-failures-per-minute",
 	"AuditClickHouseDSN":          "audit-clickhouse-dsn", "IDKeys": "id-keys-file", "Health.Interval": "health-interval",
+	"TokensFile": "admin-tokens-file", "Token": "admin-token",
 }
 
 // checkerFlagErr names the flag of a daemon.CheckerConfig's field error.
 func checkerFlagErr(err error) error {
 	if errors.Is(err, daemon.ErrRulesRequired) {
-		return usageError{errors.New("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")}
+		return cli.Usagef("--rules (or QUOTAFLOW_RULES) is required without --nats-url (with it, the rule store is the source)")
 	}
-	return fieldFlagErr(err, checkerFlagNames)
+	return cli.FlagError(err, checkerFlagNames)
 }
 
 // validate completes the checker's config from its flags, checks it and returns its logger.
@@ -130,16 +133,22 @@ func (c *checkerFlags) validate(stderr io.Writer) (*slog.Logger, error) {
 		return nil, checkerFlagErr(err)
 	}
 	var err error
-	for _, check := range []func() error{c.admin.validate, c.serving.validate, c.callers.validate,
-		func() (err error) { cfg.IDKeys, err = readIDKeys(c.idKeysFile); return err },
+	for _, check := range []func() error{c.serving.validate, c.callers.validate,
+		func() (err error) {
+			cfg.Admin.Tokens, err = admin.LoadTokens(c.admin.tokensFile, c.admin.token)
+			return cli.FlagError(err, checkerFlagNames)
+		},
+		func() (err error) {
+			cfg.IDKeys, err = daemon.ReadIDKeys(c.idKeysFile)
+			return cli.FlagError(err, checkerFlagNames)
+		},
 		func() (err error) { cfg.Transport.TLS, err = c.tls.config(); return err },
 		func() (err error) { cfg.NATSTLS, err = c.natsTLS.config(""); return err },
 	} {
 		if err = check(); err != nil {
-			return nil, usageError{err}
+			return nil, cli.Usage(err)
 		}
 	}
-	cfg.Admin.Tokens = c.admin.tokens
 	cfg.Transport.HideReflection = c.serving.reflection == "off" || c.serving.reflection == "auto" && cfg.CallersFile != ""
 	cfg.Logger, err = newLogger(c.logLevel, c.logFormat, stderr)
 	return cfg.Logger, err
@@ -166,10 +175,4 @@ func serveUntil(ctx context.Context, d interface {
 	case <-d.Done():
 	}
 	return d.Close()
-}
-
-// readIDKeys reads --id-keys-file (daemon.ReadIDKeys).
-func readIDKeys(path string) ([][]byte, error) {
-	keys, err := daemon.ReadIDKeys(path)
-	return keys, fieldFlagErr(err, checkerFlagNames)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // TestCompose checks docker-compose.yml and deploy/Dockerfile against the binary they run, without
@@ -72,7 +73,7 @@ func TestCompose(t *testing.T) {
 			ran[sub] = true
 
 			// (a) The subcommand exists.
-			if !slices.ContainsFunc(commands(), func(c command) bool { return c.name == sub }) {
+			if !slices.ContainsFunc(program().Commands, func(c cli.Command) bool { return c.Name == sub }) {
 				t.Fatalf("command %q: quotaflow has no such subcommand", sub)
 			}
 
@@ -472,11 +473,11 @@ func commandHelp(t *testing.T, sub string) helpInfo {
 // starts anything. They mirror runChecker and runAggregator: keep them in step.
 var composeValidators = map[string]func(args []string, getenv func(string) string) error{
 	"checker": func(args []string, getenv func(string) string) error {
-		fs := newFlagSet("checker", "", io.Discard)
+		fs := cli.NewFlagSet("checker", "", io.Discard)
 		var c checkerFlags
 		c.register(fs)
 		c.registerPublish(fs, "quotaflow-spool")
-		if err := fs.parse(args, getenv); err != nil {
+		if err := fs.Parse(args, getenv); err != nil {
 			return err
 		}
 		_, err := c.validate(io.Discard)
@@ -489,10 +490,10 @@ var composeValidators = map[string]func(args []string, getenv func(string) strin
 		return err
 	},
 	"aggregator": func(args []string, getenv func(string) string) error {
-		fs := newFlagSet("aggregator", "", io.Discard)
+		fs := cli.NewFlagSet("aggregator", "", io.Discard)
 		var a aggregatorFlags
 		a.register(fs, false)
-		if err := fs.parse(args, getenv); err != nil {
+		if err := fs.Parse(args, getenv); err != nil {
 			return err
 		}
 		if err := a.validate(); err != nil {

@@ -2,43 +2,41 @@ package main
 
 import (
 	"context"
-	"errors"
 	"io"
-	"strings"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/report"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // quotaflow exemption: trusted subjects past chosen rules, through a checker's admin API.
 
-func runExemption(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "exemption", map[string]verb{
-		"set": exemptionSet, "list": exemptionList,
-		"delete": deleteVerb("exemption", "exemption", "an exemption id", "Removes an exemption (argument: its id).", (*admin.Client).DeleteExemption),
-	}, args, getenv, stdout, stderr)
-}
+var exemptionGroup = cli.Group{Name: "exemption", Usage: help("exemption"), Verbs: map[string]cli.Func{
+	"set": exemptionSet, "list": exemptionList,
+	"delete": deleteVerb("exemption", "exemption", "an exemption id", "Removes an exemption (argument: its id).", (*admin.Client).DeleteExemption),
+}}
 
 func exemptionSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("exemption set", help("exemption-set"), stderr)
+	fs := cli.NewFlagSet("exemption set", help("exemption-set"), stderr)
 	c := registerAdminClient(fs)
-	var user, ip, apiKey, dim, value, ruleList, reason string
+	var user, ip, apiKey, dim, value string
+	var e rules.DocExemption
 	fs.StringVar(&user, "user", "", "user id to exempt")
 	fs.StringVar(&ip, "ip", "", "client IP or network (CIDR) to exempt")
 	fs.StringVar(&apiKey, "api-key", "", "API key to exempt")
 	fs.StringVar(&dim, "dimension", "", "custom dimension `name` to exempt a value of (with --value)")
 	fs.StringVar(&value, "value", "", "the custom dimension's value")
-	fs.StringVar(&ruleList, "rules", "", "comma-separated rule `ids` to exempt from (default: all)")
-	fs.StringVar(&reason, "reason", "", "why, for the audit (required)")
-	pos, err := fs.parseArgs(args, getenv, 1, "an exemption id")
+	fs.ListVar(&e.Rules, "rules", "comma-separated rule `ids` to exempt from (default: all)")
+	fs.StringVar(&e.Reason, "reason", "", "why, for the audit (required)")
+	pos, err := fs.ParseArgs(args, getenv, 1, "an exemption id")
 	if err != nil {
 		return err
 	}
-	if reason == "" {
-		return usageError{errors.New("exemption set: --reason is required")}
+	if e.Reason == "" {
+		return cli.Usagef("exemption set: --reason is required")
 	}
-	e := rules.DocExemption{ID: pos[0], Reason: reason}
+	e.ID = pos[0]
 	targets := 0
 	for _, s := range []struct{ dim, v string }{{"user", user}, {"ip", ip}, {"apikey", apiKey}} {
 		if s.v != "" {
@@ -51,12 +49,7 @@ func exemptionSet(ctx context.Context, args []string, getenv func(string) string
 		targets++
 	}
 	if targets != 1 {
-		return usageError{errors.New("exemption set: name one subject: --user, --ip, --api-key, or --dimension with --value")}
-	}
-	for _, r := range strings.Split(ruleList, ",") {
-		if r = strings.TrimSpace(r); r != "" {
-			e.Rules = append(e.Rules, r)
-		}
+		return cli.Usagef("exemption set: name one subject: --user, --ip, --api-key, or --dimension with --value")
 	}
 	if err := c.PutExemption(ctx, e); err != nil {
 		return err
@@ -65,9 +58,9 @@ func exemptionSet(ctx context.Context, args []string, getenv func(string) string
 }
 
 func exemptionList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("exemption list", "Lists the exemptions.", stderr)
+	fs := cli.NewFlagSet("exemption list", "Lists the exemptions.", stderr)
 	c := registerAdminClient(fs)
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	ex, err := c.Exemptions(ctx)

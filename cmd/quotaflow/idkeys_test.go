@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // TestReadIDKeys: --id-keys-file gives its keys in order, skipping blanks and comments, and a
@@ -49,4 +52,10 @@ func TestReadIDKeys(t *testing.T) {
 	if _, err := readIDKeys(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "--id-keys-file") {
 		t.Errorf("a missing file: %v, want an error naming the flag", err)
 	}
+}
+
+// readIDKeys reads --id-keys-file as the checker command does.
+func readIDKeys(path string) ([][]byte, error) {
+	keys, err := daemon.ReadIDKeys(path)
+	return keys, cli.FlagError(err, checkerFlagNames)
 }

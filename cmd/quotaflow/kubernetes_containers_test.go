@@ -24,6 +24,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/testbed/daemontest"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -35,13 +36,13 @@ import (
 // with runChecker, runAggregator and runMigrate; checkKubeFlagSets compares the flags with the
 // commands' own --help.
 type kubeCommand struct {
-	fs       *flagSet
+	fs       *cli.FlagSet
 	validate func() error
 }
 
 var kubeCommands = map[string]func() kubeCommand{
 	"checker": func() kubeCommand {
-		fs := newFlagSet("checker", "", io.Discard)
+		fs := cli.NewFlagSet("checker", "", io.Discard)
 		var c checkerFlags
 		c.register(fs)
 		c.registerPublish(fs, "quotaflow-spool")
@@ -51,7 +52,7 @@ var kubeCommands = map[string]func() kubeCommand{
 		}}
 	},
 	"aggregator": func() kubeCommand {
-		fs := newFlagSet("aggregator", "", io.Discard)
+		fs := cli.NewFlagSet("aggregator", "", io.Discard)
 		var a aggregatorFlags
 		a.register(fs, false)
 		return kubeCommand{fs, func() error {
@@ -63,7 +64,7 @@ var kubeCommands = map[string]func() kubeCommand{
 		}}
 	},
 	"migrate": func() kubeCommand {
-		fs := newFlagSet("migrate", "", io.Discard)
+		fs := cli.NewFlagSet("migrate", "", io.Discard)
 		var c clickhouseFlags
 		c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
 		return kubeCommand{fs, func() error {
@@ -87,7 +88,7 @@ func checkKubeFlagSets(t *testing.T) {
 			if want := maps.Keys(help.flags); !slices.Equal(slices.Sorted(maps.Keys(got)), slices.Sorted(want)) {
 				t.Errorf("flags = %v, want those of `quotaflow %s --help` %v: update kubeCommands", slices.Sorted(maps.Keys(got)), sub, slices.Sorted(maps.Keys(help.flags)))
 			}
-			if got, want := slices.Sorted(maps.Values(cmd.fs.env)), slices.Sorted(maps.Keys(help.envs)); !slices.Equal(got, want) {
+			if got, want := cmd.fs.Variables(), slices.Sorted(maps.Keys(help.envs)); !slices.Equal(got, want) {
 				t.Errorf("variables = %v, want %v", got, want)
 			}
 		})
@@ -286,7 +287,7 @@ func (b *kubeBuild) settings(t *testing.T, w workload, c *corev1.Container, fill
 		env[k] = fill(v)
 	}
 	s.env = env
-	variables := slices.Collect(maps.Values(s.cmd.fs.env))
+	variables := s.cmd.fs.Variables()
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		if strings.HasPrefix(k, "QUOTAFLOW_") && !slices.Contains(variables, k) {
 			s.errs = append(s.errs, fmt.Errorf("variable %s: not one of `quotaflow %s` (its variables: %s)", k, s.sub, strings.Join(slices.Sorted(slices.Values(variables)), ", ")))
@@ -303,7 +304,7 @@ func (b *kubeBuild) settings(t *testing.T, w workload, c *corev1.Container, fill
 			s.errs = append(s.errs, fmt.Errorf("argument %q: --%s is not a flag of `quotaflow %s`", a, name, s.sub))
 		}
 	}
-	if err := s.cmd.fs.parse(args, func(k string) string { return env[k] }); err != nil {
+	if err := s.cmd.fs.Parse(args, func(k string) string { return env[k] }); err != nil {
 		s.errs = append(s.errs, fmt.Errorf("settings: %w", err))
 		return s
 	}
@@ -643,7 +644,7 @@ func (b *kubeBuild) checkNATSCredentials(t *testing.T) {
 					p := s.files[name]
 					if p == "" {
 						if fmt.Sprint(s.value("nats-url")) != "" {
-							t.Errorf("container %s: --%s (%s) is not set, but --nats-url is: NATS admits quotaflow's roles only, and this command is the %s role by its seed %s", c.Name, name, s.cmd.fs.env[name], role, seedKey(role))
+							t.Errorf("container %s: --%s (%s) is not set, but --nats-url is: NATS admits quotaflow's roles only, and this command is the %s role by its seed %s", c.Name, name, s.cmd.fs.Variable(name), role, seedKey(role))
 						}
 						continue
 					}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/testbed/clickhousetest"
 	"github.com/quotaflow/quotaflow/internal/testbed/natstest"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
@@ -51,7 +52,7 @@ func env(m map[string]string) func(string) string {
 func runCmd(ctx context.Context, args []string, getenv map[string]string) (stdout, stderr string, code int) {
 	var out, errb bytes.Buffer
 	err := run(ctx, args, env(getenv), &out, &errb)
-	code = exitCode(err, &errb)
+	code = cli.ExitCode(err, &errb)
 	return out.String(), errb.String(), code
 }
 
@@ -70,7 +71,7 @@ func TestUsage(t *testing.T) {
 		{"command help", []string{"check", "--help"}, nil, 0, "Exit status: 0 allowed, 3 denied"},
 		{"unknown command", []string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
 		{"bad custom dimension", []string{"check", "--custom", "tenant", "--endpoint", "/x"}, nil, 2, `want name=value (tenant=acme), got "tenant"`},
-		{"unknown flag", []string{"checker", "--nope"}, nil, 2, "flag provided but not defined: -nope"},
+		{"unknown flag", []string{"checker", "--nope"}, nil, 2, "unknown flag --nope"},
 		{"stray argument", []string{"checker", "extra"}, nil, 2, `unexpected argument "extra"`},
 		{"rules required", []string{"checker"}, nil, 2, "--rules (or QUOTAFLOW_RULES) is required"},
 		{"bad env value", []string{"checker"}, map[string]string{"QUOTAFLOW_REDIS_TIMEOUT": "soon"}, 2, `QUOTAFLOW_REDIS_TIMEOUT="soon": invalid value for --redis-timeout`},
@@ -79,7 +80,7 @@ func TestUsage(t *testing.T) {
 		{"health interval in help", []string{"help", "aggregator"}, nil, 0, "QUOTAFLOW_HEALTH_INTERVAL"},
 		{"bad max in flight", []string{"checker"}, map[string]string{"QUOTAFLOW_MAX_IN_FLIGHT": "many"}, 2, `QUOTAFLOW_MAX_IN_FLIGHT="many": invalid value for --max-in-flight`},
 		{"max in flight in help", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_MAX_IN_FLIGHT"},
-		{"bad bucket layout", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--bucket-layout", "tiny"}, nil, 2, `invalid value "tiny" for flag -bucket-layout: unknown bucket layout "tiny" (want previous, compact, shared or mixed)`},
+		{"bad bucket layout", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--bucket-layout", "tiny"}, nil, 2, `invalid value "tiny" for flag --bucket-layout: unknown bucket layout "tiny" (want previous, compact, shared or mixed)`},
 		{"bad shared hashes", []string{"checker", "--rules", "../../deploy/dev/rules.yaml", "--shared-hashes", "0"}, nil, 2, `--shared-hashes: want 1 to 65536 hashes per cluster slot, got 0`},
 		{"bad bucket layout env", []string{"checker"}, map[string]string{"QUOTAFLOW_BUCKET_LAYOUT": "tiny"}, 2, `QUOTAFLOW_BUCKET_LAYOUT="tiny": invalid value for --bucket-layout`},
 		{"bucket layout in help", []string{"help", "checker"}, nil, 0, "QUOTAFLOW_BUCKET_LAYOUT"},
@@ -176,10 +177,10 @@ func TestCheckerAndCheck(t *testing.T) {
 func TestExitCode(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
-	if got := exitCode(deniedError{3}, &b); got != 3 || b.Len() != 0 {
+	if got := cli.ExitCode(denied(3), &b); got != 3 || b.Len() != 0 {
 		t.Errorf("denied: exit %d, output %q; want 3 and nothing printed", got, b.String())
 	}
-	if got := exitCode(errors.New("boom"), &b); got != 1 || !strings.Contains(b.String(), "boom") {
+	if got := cli.ExitCode(errors.New("boom"), &b); got != 1 || !strings.Contains(b.String(), "boom") {
 		t.Errorf("error: exit %d, output %q; want 1 and the error", got, b.String())
 	}
 }
@@ -231,11 +232,11 @@ func TestMistypedFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "--listn", "x"}, "quotaflow: serve: flag provided but not defined: -listn (did you mean --listen?)\nrun 'quotaflow serve --help' for its flags\n"},
-		{[]string{"checker", "-redis-ulr=redis://x"}, "quotaflow: checker: flag provided but not defined: -redis-ulr (did you mean --redis-url?)\nrun 'quotaflow checker --help' for its flags\n"},
-		{[]string{"watch", "warnings", "--cont", "1"}, "quotaflow: watch warnings: flag provided but not defined: -cont (did you mean --count?)\nrun 'quotaflow watch warnings --help' for its flags\n"},
-		{[]string{"check", "--frobnicate"}, "quotaflow: check: flag provided but not defined: -frobnicate\nrun 'quotaflow check --help' for its flags\n"},
-		{[]string{"checker", "--redis-timeout", "soon"}, "quotaflow: checker: invalid value \"soon\" for flag -redis-timeout: parse error\nrun 'quotaflow checker --help' for its flags\n"},
+		{[]string{"serve", "--listn", "x"}, "quotaflow: serve: unknown flag --listn (did you mean --listen?)\nrun 'quotaflow serve --help' for its flags\n"},
+		{[]string{"checker", "-redis-ulr=redis://x"}, "quotaflow: checker: unknown flag --redis-ulr (did you mean --redis-url?)\nrun 'quotaflow checker --help' for its flags\n"},
+		{[]string{"watch", "warnings", "--cont", "1"}, "quotaflow: watch warnings: unknown flag --cont (did you mean --count?)\nrun 'quotaflow watch warnings --help' for its flags\n"},
+		{[]string{"check", "--frobnicate"}, "quotaflow: check: unknown flag --frobnicate\nrun 'quotaflow check --help' for its flags\n"},
+		{[]string{"checker", "--redis-timeout", "soon"}, "quotaflow: checker: invalid value \"soon\" for flag --redis-timeout: parse error\nrun 'quotaflow checker --help' for its flags\n"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/quotaflow/quotaflow/internal/app/report"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/progress"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -22,11 +23,11 @@ type clickhouseFlags struct {
 	tls     clientTLSFlags
 }
 
-func (c *clickhouseFlags) register(fs *flagSet, def string) {
+func (c *clickhouseFlags) register(fs *cli.FlagSet, def string) {
 	fs.StringVar(&c.dsn, "clickhouse-dsn", def, "ClickHouse native-protocol `DSN`, clickhouse://user:password@host:9000/database (database default: quotaflow; ?secure=true for TLS)")
 	fs.StringVar(&c.cluster, "clickhouse-cluster", "", "ClickHouse `cluster` (a name in the servers' remote_servers) to lay the schema out on: replicated tables, ON CLUSTER migrations, Distributed tables for reads (docs/clickhouse-cluster.md); empty: one server. The same for migrate and every aggregator")
-	fs.fromEnv("clickhouse-dsn", "clickhouse-cluster")
-	fs.check(func() error {
+	fs.FromEnv("clickhouse-dsn", "clickhouse-cluster")
+	fs.Check(func() error {
 		if err := c.layout().Validate(); err != nil {
 			return fmt.Errorf("--clickhouse-cluster: %w", err)
 		}
@@ -43,11 +44,11 @@ func (c *clickhouseFlags) layout() schema.Layout { return schema.OnCluster(c.clu
 func (c *clickhouseFlags) open() (driver.Conn, string, error) {
 	tlsCfg, err := c.tls.config("")
 	if err != nil {
-		return nil, "", usageError{err}
+		return nil, "", cli.Usage(err)
 	}
 	conn, db, err := schema.Open(c.dsn, tlsCfg)
 	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
-		return nil, "", usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
+		return nil, "", cli.Usagef("--clickhouse-dsn: %w", err)
 	}
 	return conn, db, err
 }
@@ -57,10 +58,10 @@ func (c *clickhouseFlags) open() (driver.Conn, string, error) {
 const migrateTimeout = time.Minute
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("migrate", help("migrate"), stderr)
+	fs := cli.NewFlagSet("migrate", help("migrate"), stderr)
 	var c clickhouseFlags
 	c.register(fs, "clickhouse://127.0.0.1:9000/quotaflow")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	conn, db, err := c.open()

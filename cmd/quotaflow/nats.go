@@ -9,6 +9,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/schema"
 )
@@ -28,14 +29,14 @@ func checkCreds(flag, path string) error {
 // status): the operator role's credentials. Its default is the operator's seed of `make dev`
 // (the embedded server's, under .dev/nats/auth) when that file exists, so that the tour's
 // commands need no flag.
-func registerReaderCreds(fs *flagSet, creds *string) {
+func registerReaderCreds(fs *cli.FlagSet, creds *string) {
 	def := ""
 	if dev := natsauth.SeedFile(filepath.Join(".dev", "nats", "auth"), natsauth.Operator); fileExists(dev) {
 		def = dev
 	}
 	fs.StringVar(creds, "nats-creds", def, "NATS credentials `file`: the operator role's (read-only), an nkey seed or a user JWT .creds file")
-	fs.fromEnv("nats-creds")
-	fs.check(func() error { return checkCreds("nats-creds", *creds) })
+	fs.FromEnv("nats-creds")
+	fs.Check(func() error { return checkCreds("nats-creds", *creds) })
 }
 
 // fileExists reports whether path names a file.
@@ -48,10 +49,10 @@ func fileExists(path string) bool {
 // error: replicas the NATS servers cannot hold, a DSN the ClickHouse driver refuses.
 func flagErr(err error) error {
 	if re := (*broker.ReplicasError)(nil); errors.As(err, &re) {
-		return usageError{fmt.Errorf("--stream-replicas: %w", err)}
+		return cli.Usagef("--stream-replicas: %w", err)
 	}
 	if de := (*schema.DSNError)(nil); errors.As(err, &de) {
-		return usageError{fmt.Errorf("--clickhouse-dsn: %w", err)}
+		return cli.Usagef("--clickhouse-dsn: %w", err)
 	}
 	return err
 }
@@ -61,7 +62,7 @@ var natsURLFlag = map[string]string{"NATSURL": "nats-url"}
 
 // registerPublish adds the flags of the decision stream and its NATS: the commands that run a
 // checker publish its decisions.
-func (c *checkerFlags) registerPublish(fs *flagSet, defaultSpool string) {
+func (c *checkerFlags) registerPublish(fs *cli.FlagSet, defaultSpool string) {
 	p := &c.cfg.Publisher
 	fs.StringVar(&c.cfg.NATSURL, "nats-url", "", "NATS `URL` for the decision stream; empty: decisions are not published")
 	c.natsTLS.register(fs, "nats", "NATS")
@@ -76,6 +77,6 @@ func (c *checkerFlags) registerPublish(fs *flagSet, defaultSpool string) {
 	fs.IntVar(&p.MaxBatch, "publish-batch", 512, "most decisions in one message")
 	fs.DurationVar(&p.FlushInterval, "publish-flush", 5*time.Millisecond, "longest a decision waits for its batch, and the spool's flush interval")
 	fs.DurationVar(&p.SpoolWait, "spool-wait", 100*time.Millisecond, "longest a check waits for its decision's write to the spool, which makes it survive a kill -9; past it the check is answered anyway and counted. 0: answer at once, and a kill -9 loses the last few ms of answered decisions")
-	fs.fromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
+	fs.FromEnv("nats-url", "nats-creds", "nats-admin-creds", "spool-dir", "spool-max-bytes", "partitions", "stream-replicas",
 		"stream-max-age", "stream-duplicate-window", "publish-batch", "publish-flush", "spool-wait")
 }

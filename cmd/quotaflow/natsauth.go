@@ -7,23 +7,24 @@ import (
 	"io"
 
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/stream"
 )
 
 func runNATSAuth(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("nats-auth", help("nats-auth"), stderr)
+	fs := cli.NewFlagSet("nats-auth", help("nats-auth"), stderr)
 	var dir string
 	var cfg natsauth.Config
 	fs.StringVar(&dir, "dir", "", "`folder` of the credentials (required)")
 	fs.IntVar(&cfg.Partitions, "partitions", stream.Partitions, "partitions of the decision stream, as the checkers' --partitions: the aggregators' consumers, one per partition, are closed to the other roles")
-	fs.fromEnv("partitions")
-	fs.check(func() error {
+	fs.FromEnv("partitions")
+	fs.Check(func() error {
 		if dir == "" {
 			return errors.New("--dir: required")
 		}
-		return fieldFlagErr(cfg.Validate(), nil)
+		return cli.FlagError(cfg.Validate(), nil)
 	})
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	path, err := cfg.Write(dir)

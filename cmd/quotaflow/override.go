@@ -2,26 +2,24 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/report"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // quotaflow override: limits changed for a while, through a checker's admin API.
 
-func runOverride(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "override", map[string]verb{
-		"set": overrideSet, "list": overrideList,
-		"delete": deleteVerb("override", "override", "an override id", "Removes an override (argument: its id) before its expiry.", (*admin.Client).DeleteOverride),
-	}, args, getenv, stdout, stderr)
-}
+var overrideGroup = cli.Group{Name: "override", Usage: help("override"), Verbs: map[string]cli.Func{
+	"set": overrideSet, "list": overrideList,
+	"delete": deleteVerb("override", "override", "an override id", "Removes an override (argument: its id) before its expiry.", (*admin.Client).DeleteOverride),
+}}
 
 func overrideSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("override set", help("override-set"), stderr)
+	fs := cli.NewFlagSet("override set", help("override-set"), stderr)
 	c := registerAdminClient(fs)
 	var (
 		user, ip, apiKey, tier, rule, reason, id string
@@ -40,11 +38,11 @@ func overrideSet(ctx context.Context, args []string, getenv func(string) string,
 	fs.DurationVar(&duration, "duration", 0, "how long the override lasts, e.g. 30m or 24h (required)")
 	fs.StringVar(&reason, "reason", "", "why, for the audit (required)")
 	fs.StringVar(&id, "id", "", "override `id` (default: a random one); with an id, running the same command again after an error is safe: a stored override is kept, not doubled")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	if duration == 0 {
-		return usageError{errors.New("override set: --duration is required")}
+		return cli.Usagef("override set: --duration is required")
 	}
 	req := admin.OverrideRequest{ID: id, Tier: tier, RuleID: rule, Limit: limit, Multiplier: mult, Duration: duration.String(), Reason: reason}
 	targets := 0
@@ -57,10 +55,10 @@ func overrideSet(ctx context.Context, args []string, getenv func(string) string,
 		}
 	}
 	if targets > 1 {
-		return usageError{errors.New("override set: name one target: --user, --ip, --api-key or --tier")}
+		return cli.Usagef("override set: name one target: --user, --ip, --api-key or --tier")
 	}
 	if targets == 0 && rule == "" {
-		return usageError{errors.New("override set: name a target (--user, --ip, --api-key, --tier) or a --rule")}
+		return cli.Usagef("override set: name a target (--user, --ip, --api-key, --tier) or a --rule")
 	}
 	o, err := c.CreateOverride(ctx, req)
 	if err != nil {
@@ -71,9 +69,9 @@ func overrideSet(ctx context.Context, args []string, getenv func(string) string,
 }
 
 func overrideList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("override list", "Lists the overrides not yet expired.", stderr)
+	fs := cli.NewFlagSet("override list", "Lists the overrides not yet expired.", stderr)
 	c := registerAdminClient(fs)
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	overrides, err := c.Overrides(ctx)

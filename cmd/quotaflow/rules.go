@@ -11,22 +11,21 @@ import (
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/admin"
 	"github.com/quotaflow/quotaflow/internal/app/report"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // quotaflow rules: the rules of the rule store, through a checker's admin API.
 
-func runRules(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "rules", map[string]verb{
-		"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": deleteVerb("rules", "rule", "a rule id", "Removes one rule (argument: its id).", (*admin.Client).DeleteRule),
-		"import-envoy": rulesImportEnvoy,
-	}, args, getenv, stdout, stderr)
-}
+var rulesGroup = cli.Group{Name: "rules", Usage: help("rules"), Verbs: map[string]cli.Func{
+	"list": rulesList, "get": rulesGet, "apply": rulesApply, "delete": deleteVerb("rules", "rule", "a rule id", "Removes one rule (argument: its id).", (*admin.Client).DeleteRule),
+	"import-envoy": rulesImportEnvoy,
+}}
 
 func rulesList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules list", "Lists the rules of the rule store through a checker's admin API.", stderr)
+	fs := cli.NewFlagSet("rules list", "Lists the rules of the rule store through a checker's admin API.", stderr)
 	c := registerAdminClient(fs)
 	asJSON := fs.Bool("json", false, "print the whole rules document as JSON")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	raw, err := c.Rules(ctx)
@@ -37,9 +36,9 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 }
 
 func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules get", "Prints one rule (argument: its id) as YAML, as a rules file writes it.", stderr)
+	fs := cli.NewFlagSet("rules get", "Prints one rule (argument: its id) as YAML, as a rules file writes it.", stderr)
 	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 1, "a rule id")
+	pos, err := fs.ParseArgs(args, getenv, 1, "a rule id")
 	if err != nil {
 		return err
 	}
@@ -51,17 +50,17 @@ func rulesGet(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 func rulesApply(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules apply", help("rules-apply"), stderr)
+	fs := cli.NewFlagSet("rules apply", help("rules-apply"), stderr)
 	c := registerAdminClient(fs)
 	file := fs.String("f", "", "rules `file` (YAML or JSON; required)")
 	var opts rules.ApplyOptions
 	fs.BoolVar(&opts.Prune, "prune", false, "remove what the store holds and the file lacks")
 	fs.BoolVar(&opts.DryRun, "dry-run", false, "print what would change, and change nothing")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	if *file == "" {
-		return usageError{errors.New("rules apply: -f FILE is required")}
+		return cli.Usagef("rules apply: -f FILE is required")
 	}
 	res, err := c.ApplyRulesFile(ctx, *file, opts)
 	if ae := (*admin.Error)(nil); errors.As(err, &ae) && ae.Code == "failed_precondition" {
@@ -76,9 +75,9 @@ func rulesApply(ctx context.Context, args []string, getenv func(string) string, 
 }
 
 func rulesImportEnvoy(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("rules import-envoy", help("rules-import-envoy"), stderr)
+	fs := cli.NewFlagSet("rules import-envoy", help("rules-import-envoy"), stderr)
 	out := fs.String("out", "", "write the rules `file` here instead of standard output")
-	paths, err := fs.parseArgs(args, getenv, -1, "one or more configuration files or directories")
+	paths, err := fs.ParseArgs(args, getenv, -1, "one or more configuration files or directories")
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,11 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
 	"github.com/quotaflow/quotaflow/internal/app/natsauth"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", help("serve"), stderr)
+	fs := cli.NewFlagSet("serve", help("serve"), stderr)
 	var c checkerFlags
 	var a aggregatorFlags
 	var natsListen, natsDir, credsDir string
@@ -21,11 +22,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4222", "`address` of the embedded NATS server (used without --nats-url)")
 	fs.StringVar(&natsDir, "nats-dir", ".dev/nats", "`folder` of the embedded NATS server's JetStream data")
 	fs.StringVar(&credsDir, "nats-creds-dir", "", "`folder` of the NATS credentials of each role (`quotaflow nats-auth`): the checker, the admin API and the aggregator each connect with their own. With the embedded server: <--nats-dir>/auth, written on the first start (seeds 0600), and the server admits those users only")
-	fs.fromEnv("nats-listen", "nats-dir", "nats-creds-dir")
+	fs.FromEnv("nats-listen", "nats-dir", "nats-creds-dir")
 	// Registered for the checker, where no NATS means no publishing; serve always publishes.
-	fs.describe("nats-url", "NATS `URL` of an external server for the decision stream and the rule store; empty: serve starts an embedded NATS server (--nats-listen, --nats-dir) and publishes there")
-	fs.describe("rules", "rules `file` (YAML) that seeds the rule store when it holds no rules yet, so required on the first start; with --nats-url it is also enforced while NATS is unreachable at start")
-	if err := fs.parse(args, getenv); err != nil {
+	fs.Describe("nats-url", "NATS `URL` of an external server for the decision stream and the rule store; empty: serve starts an embedded NATS server (--nats-listen, --nats-dir) and publishes there")
+	fs.Describe("rules", "rules `file` (YAML) that seeds the rule store when it holds no rules yet, so required on the first start; with --nats-url it is also enforced while NATS is unreachable at start")
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	embedded := c.cfg.NATSURL == ""
@@ -72,9 +73,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 func startEmbeddedNATS(cfg daemon.EmbeddedNATSConfig, checker *daemon.CheckerConfig) (shutdown func(), err error) {
 	ns, err := daemon.StartEmbeddedNATS(cfg)
 	if err != nil {
-		var ue usageError
-		if errors.As(fieldFlagErr(err, map[string]string{"Listen": "nats-listen", "Dir": "nats-dir", "CredentialsDir": "nats-creds-dir"}), &ue) {
-			return nil, ue.err
+		var ue cli.UsageError
+		if errors.As(cli.FlagError(err, map[string]string{"Listen": "nats-listen", "Dir": "nats-dir", "CredentialsDir": "nats-creds-dir"}), &ue) {
+			return nil, ue.Err
 		}
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker/transport"
 	"github.com/quotaflow/quotaflow/internal/app/daemon"
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/grpcsplit"
 )
 
@@ -14,7 +15,7 @@ type servingFlags struct {
 	reflection string
 }
 
-func (s *servingFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
+func (s *servingFlags) register(fs *cli.FlagSet, cfg *daemon.CheckerConfig) {
 	conns := &cfg.Transport.Conns
 	fs.IntVar(&conns.MaxConns, "max-connections", grpcsplit.DefaultMaxConns, "most connections the check port holds open at once; past it new ones wait in the listen backlog, with a warning. Keep it below the file limit (ulimit -n)")
 	fs.DurationVar(&conns.ReadTimeout, "read-timeout", grpcsplit.DefaultReadTimeout, "longest a request (headers and body) may take to arrive")
@@ -22,7 +23,7 @@ func (s *servingFlags) register(fs *flagSet, cfg *daemon.CheckerConfig) {
 	fs.Int64Var(&cfg.Transport.MaxRequestBytes, "max-request-bytes", transport.DefaultMaxRequestBytes, "largest request body or message, decompressed, the check port reads; larger ones get ResourceExhausted (HTTP 413 outside RPCs)")
 	fs.StringVar(&s.reflection, "reflection", "auto", "gRPC reflection on the check port: on, off, or auto (on without --callers-file, off with it)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "`address` serving /metrics on a port of its own instead of the check port (empty: the check port)")
-	fs.fromEnv("max-connections", "read-timeout", "idle-timeout", "max-request-bytes", "reflection", "metrics-listen")
+	fs.FromEnv("max-connections", "read-timeout", "idle-timeout", "max-request-bytes", "reflection", "metrics-listen")
 }
 
 // validate checks --reflection, which becomes daemon.CheckerConfig's HideReflection once the

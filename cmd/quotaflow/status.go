@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/internal/app/dashboard"
 	"github.com/quotaflow/quotaflow/internal/broker"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // unhealthyError is a status that found a dependency down or no process reporting (exit
@@ -18,16 +20,16 @@ type unhealthyError struct{ problems []string }
 func (e unhealthyError) Error() string { return "unhealthy: " + strings.Join(e.problems, "; ") }
 
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", help("status"), stderr)
+	fs := cli.NewFlagSet("status", help("status"), stderr)
 	var cfg dashboard.StatusConfig
 	var format string
 	var timeout time.Duration
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL` the processes report to")
 	fs.StringVar(&format, "format", "text", "`format`: text (one screen) or json")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for NATS")
-	fs.fromEnv("nats-url")
+	fs.FromEnv("nats-url")
 	registerReaderCreds(fs, &cfg.Credentials)
-	fs.check(func() error {
+	fs.Check(func() error {
 		switch {
 		case format != "text" && format != "json":
 			return fmt.Errorf("--format: want text or json, got %q", format)
@@ -38,7 +40,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		return nil
 	})
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -55,7 +57,9 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	if len(st.Problems) > 0 {
-		return unhealthyError{st.Problems}
+		// A dependency down or no process reporting: a script or a probe tells it (4) from a
+		// status that could not be asked (1).
+		return cli.Status{Code: 4, Err: errors.New("unhealthy: " + strings.Join(st.Problems, "; "))}
 	}
 	return nil
 }

@@ -4,20 +4,20 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 // quotaflow tier: users' tiers, through a checker's admin API.
 
-func runTier(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return subcommand(ctx, "tier", map[string]verb{
-		"set": tierSet,
-	}, args, getenv, stdout, stderr)
-}
+var tierGroup = cli.Group{Name: "tier", Usage: help("tier"), Verbs: map[string]cli.Func{
+	"set": tierSet,
+}}
 
 func tierSet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("tier set", "Sets a user's tier (arguments: USER TIER), keeping the user's custom limits.", stderr)
+	fs := cli.NewFlagSet("tier set", "Sets a user's tier (arguments: USER TIER), keeping the user's custom limits.", stderr)
 	c := registerAdminClient(fs)
-	pos, err := fs.parseArgs(args, getenv, 2, "USER and TIER")
+	pos, err := fs.ParseArgs(args, getenv, 2, "USER and TIER")
 	if err != nil {
 		return err
 	}

@@ -136,7 +136,9 @@ func TestTLSFlags(t *testing.T) {
 		want string
 	}{
 		{"cert without key", []string{"--tls-cert", rules}, "--tls-cert and --tls-key: want both"},
-		{"redis TLS files with redis://", []string{"--redis-url", "redis://127.0.0.1:1/0", "--redis-ca-file", rules}, "need a rediss:// --redis-url"},
+		{"redis TLS files with redis://", []string{"--redis-url", "redis://127.0.0.1:1/0", "--redis-ca-file", rules}, "--redis-ca-file: needs a rediss:// --redis-url"},
+		{"missing callers file", []string{"--callers-file", rules + ".gone"}, "--callers-file: " + rules + ".gone: open"},
+		{"bad callers file", []string{"--callers-file", rules}, "--callers-file: " + rules + ": "},
 		{"bad trusted proxy", []string{"--trusted-proxies", "10.0.0.0/8,banana"}, `"banana" is neither a CIDR nor an address`},
 		{"dimension header without a name", []string{"--forward-auth-dimension-headers", "tenant=X-Tenant,X-Class"}, `--forward-auth-dimension-headers: "X-Class" is not name=header`},
 		{"dimension header not a header", []string{"--forward-auth-dimension-headers", "tenant=X Tenant"}, `"tenant=X Tenant" is not name=header`},
@@ -182,11 +184,11 @@ func TestRedisTopologyFlags(t *testing.T) {
 		wantCode int
 		want     string
 	}{
-		{"two topologies", []string{"--redis-cluster", "127.0.0.1:1", "--redis-sentinel", "127.0.0.1:2", "--redis-sentinel-master", "m"}, 2, "--redis-cluster and --redis-sentinel: name one topology"},
+		{"two topologies", []string{"--redis-cluster", "127.0.0.1:1", "--redis-sentinel", "127.0.0.1:2", "--redis-sentinel-master", "m"}, 2, "--redis-cluster: not with --redis-sentinel (name one Redis topology"},
 		{"a URL and a cluster", []string{"--redis-url", "redis://127.0.0.1:1/0", "--redis-cluster", "127.0.0.1:1"}, 2, "--redis-url: not with --redis-cluster"},
 		{"sentinels without a master", []string{"--redis-sentinel", "127.0.0.1:2"}, 2, "--redis-sentinel: needs --redis-sentinel-master"},
 		{"a master without sentinels", []string{"--redis-sentinel-master", "m"}, 2, "--redis-sentinel-master: needs --redis-sentinel"},
-		{"credentials with a URL", []string{"--redis-password", "secret"}, 2, "--redis-username, --redis-password, --redis-tls: for --redis-cluster"},
+		{"credentials with a URL", []string{"--redis-password", "secret"}, 2, "--redis-password: for --redis-cluster or --redis-sentinel"},
 		{"an unreachable seed list", []string{"--redis-cluster", "127.0.0.1:1,127.0.0.1:2"}, 1, "--redis-cluster: no server answered at start"},
 		{"unreachable sentinels", []string{"--redis-sentinel", "127.0.0.1:1", "--redis-sentinel-master", "m"}, 1, "--redis-sentinel: no server answered at start"},
 	} {

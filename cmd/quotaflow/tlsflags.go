@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/quotaflow/quotaflow/internal/cli"
 	"github.com/quotaflow/quotaflow/internal/tlsfiles"
 )
 
@@ -13,11 +14,11 @@ type serverTLSFlags struct {
 	cert, key, clientCA string
 }
 
-func (f *serverTLSFlags) register(fs *flagSet) {
+func (f *serverTLSFlags) register(fs *cli.FlagSet) {
 	fs.StringVar(&f.cert, "tls-cert", "", "PEM `file` of the certificate the check and admin port serves TLS with (reloaded when it changes); without it the port is cleartext")
 	fs.StringVar(&f.key, "tls-key", "", "PEM `file` of the key of --tls-cert")
 	fs.StringVar(&f.clientCA, "tls-client-ca", "", "PEM `file` of the CAs whose client certificates the port requires (callers named by certificate: --callers-file)")
-	fs.fromEnv("tls-cert", "tls-key", "tls-client-ca")
+	fs.FromEnv("tls-cert", "tls-key", "tls-client-ca")
 }
 
 // config returns the listener's TLS configuration, nil for cleartext.
@@ -41,12 +42,12 @@ type clientTLSFlags struct {
 	ca, cert, key string
 }
 
-func (f *clientTLSFlags) register(fs *flagSet, engine, what string) {
+func (f *clientTLSFlags) register(fs *cli.FlagSet, engine, what string) {
 	f.engine = engine
 	fs.StringVar(&f.ca, engine+"-ca-file", "", "PEM `file` of the CAs that sign "+what+"'s certificate (default: the system's)")
 	fs.StringVar(&f.cert, engine+"-cert-file", "", "PEM `file` of the client certificate presented to "+what)
 	fs.StringVar(&f.key, engine+"-key-file", "", "PEM `file` of the key of --"+engine+"-cert-file")
-	fs.fromEnv(engine+"-ca-file", engine+"-cert-file", engine+"-key-file")
+	fs.FromEnv(engine+"-ca-file", engine+"-cert-file", engine+"-key-file")
 }
 
 func (f *clientTLSFlags) set() bool { return f.ca != "" || f.cert != "" || f.key != "" }

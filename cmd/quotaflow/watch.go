@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/quotaflow/quotaflow/internal/app/feed"
+	"github.com/quotaflow/quotaflow/internal/cli"
 )
 
 func runWatch(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -26,21 +27,21 @@ func runWatch(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	if k == nil {
-		return usageError{fmt.Errorf("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", name)}
+		return cli.Usagef("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", name)
 	}
 	// Every kind is listed, whichever one's help is asked for: quotaflow watch --help is the
 	// help of the default, decisions.
-	fs := newFlagSet("watch "+k.Name, "Targets (default "+kinds[0].Name+"):"+list.String()+"\n\n"+k.Details, stderr)
-	fs.usageLine = "watch [" + strings.Join(names, "|") + "]"
+	fs := cli.NewFlagSet("watch "+k.Name, "Targets (default "+kinds[0].Name+"):"+list.String()+"\n\n"+k.Details, stderr)
+	fs.UsageLine = "watch [" + strings.Join(names, "|") + "]"
 	cfg := feed.Config{Out: stdout, Errs: stderr}
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS `URL`")
-	fs.fromEnv("nats-url")
+	fs.FromEnv("nats-url")
 	registerReaderCreds(fs, &cfg.Credentials)
 	fs.StringVar(&cfg.Stream, "stream", k.Stream, "stream to read")
 	fs.BoolVar(&cfg.All, "all", false, "start from the oldest "+k.One+" kept instead of new ones")
 	fs.BoolVar(&cfg.JSON, "json", false, "print each "+k.One+" as one line of JSON")
 	fs.IntVar(&cfg.Count, "count", 0, "stop after this many "+k.Many+" (0: until interrupted)")
-	if err := fs.parse(args, getenv); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
 	return feed.Follow(ctx, *k, cfg)

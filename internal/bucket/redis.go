@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -30,8 +31,9 @@ type RedisConfig struct {
 	TLS *tls.Config
 }
 
-// ErrTopology is a RedisConfig that names no topology, or two.
-var ErrTopology = errors.New("bucket: name one Redis topology: a URL, cluster seeds, or sentinels with a master name")
+// ErrTopology is a RedisConfig that names no topology, or two, or half of one: the sentinel
+// of their field errors.
+var ErrTopology = errors.New("name one Redis topology: a URL, cluster seeds, or sentinels with a master name")
 
 // dialerRetries is how many times go-redis dials a server that refused: once. Its default (5,
 // 100 ms apart, per attempt of a cluster pipeline) spends a check's whole deadline on a dead
@@ -39,23 +41,47 @@ var ErrTopology = errors.New("bucket: name one Redis topology: a URL, cluster se
 // the engine's probe finds the server again when it is back.
 const dialerRetries = 1
 
+// Validate reports the first field of cfg that breaks its rules, as a *field.Error naming the
+// field (wrapping ErrTopology for a topology named twice, half or not at all).
+func (cfg RedisConfig) Validate() error {
+	topology := func(name, format string, args ...any) error {
+		return &field.Error{Field: name, Msg: fmt.Sprintf(format, args...), Err: ErrTopology}
+	}
+	cluster, sentinels := len(cfg.Cluster) > 0, len(cfg.Sentinels) > 0
+	switch {
+	case cfg.MasterName != "" && !sentinels:
+		return topology("MasterName", "needs Sentinels")
+	case cfg.URL == "" && !cluster && !sentinels:
+		return topology("URL", "required: %s", ErrTopology)
+	case cfg.URL != "" && (cluster || sentinels):
+		return topology("URL", "not with Cluster or Sentinels (%s)", ErrTopology)
+	case cluster && sentinels:
+		return topology("Cluster", "not with Sentinels (%s)", ErrTopology)
+	case sentinels && cfg.MasterName == "":
+		return topology("Sentinels", "needs MasterName, the name of the master its sentinels watch")
+	case cfg.URL == "":
+		return nil
+	case cfg.Username != "":
+		return field.Errorf("Username", "for Cluster or Sentinels (a URL carries its own credentials)")
+	case cfg.Password != "":
+		return field.Errorf("Password", "for Cluster or Sentinels (a URL carries its own credentials)")
+	case !strings.HasPrefix(cfg.URL, "redis://") && !strings.HasPrefix(cfg.URL, "rediss://"):
+		return field.Errorf("URL", "want a redis:// or rediss:// URL, got %q", cfg.URL)
+	case cfg.TLS != nil && !strings.HasPrefix(cfg.URL, "rediss://"):
+		return field.Errorf("TLS", "needs a rediss:// URL")
+	}
+	if _, err := redis.ParseURL(cfg.URL); err != nil {
+		return field.Wrap("URL", err)
+	}
+	return nil
+}
+
 // NewRedisClient returns a client of the topology cfg names, configured as the engine needs:
 // context deadlines enforced (without it go-redis ignores them, and a stalled Redis stalls
-// every check). It does not contact Redis.
+// every check). It does not contact Redis. Its errors are Validate's.
 func NewRedisClient(cfg RedisConfig) (redis.UniversalClient, error) {
-	named := 0
-	for _, set := range []bool{cfg.URL != "", len(cfg.Cluster) > 0, len(cfg.Sentinels) > 0} {
-		if set {
-			named++
-		}
-	}
-	switch {
-	case named != 1:
-		return nil, ErrTopology
-	case len(cfg.Sentinels) > 0 && cfg.MasterName == "":
-		return nil, fmt.Errorf("%w: sentinels without a master name", ErrTopology)
-	case cfg.MasterName != "" && len(cfg.Sentinels) == 0:
-		return nil, fmt.Errorf("%w: a master name without sentinels", ErrTopology)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	switch {
 	case len(cfg.Cluster) > 0:
@@ -66,19 +92,13 @@ func NewRedisClient(cfg RedisConfig) (redis.UniversalClient, error) {
 			Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS, ContextTimeoutEnabled: true,
 			DialerRetries: dialerRetries}), nil
 	}
-	if !strings.HasPrefix(cfg.URL, "redis://") && !strings.HasPrefix(cfg.URL, "rediss://") {
-		return nil, fmt.Errorf("want a redis:// or rediss:// URL, got %q", cfg.URL)
-	}
 	opts, err := redis.ParseURL(cfg.URL)
 	if err != nil {
-		return nil, err
+		return nil, err // Validate parsed it
 	}
 	opts.ContextTimeoutEnabled = true
 	opts.DialerRetries = dialerRetries
 	if cfg.TLS != nil {
-		if opts.TLSConfig == nil {
-			return nil, errors.New("TLS files need a rediss:// URL")
-		}
 		serverName := opts.TLSConfig.ServerName // the URL's host, which its certificate names
 		opts.TLSConfig = cfg.TLS
 		if cfg.TLS.ServerName == "" {

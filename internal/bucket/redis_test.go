@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,10 +23,12 @@ func TestNewRedisClient(t *testing.T) {
 		{"a sentinel group", RedisConfig{Sentinels: []string{"127.0.0.1:26379"}, MasterName: "m"}, "*redis.Client", ""},
 		{"nothing", RedisConfig{}, "", "name one Redis topology"},
 		{"two topologies", RedisConfig{URL: "redis://x:1", Cluster: []string{"y:2"}}, "", "name one Redis topology"},
-		{"sentinels without a master", RedisConfig{Sentinels: []string{"x:1"}}, "", "without a master name"},
-		{"a master without sentinels", RedisConfig{URL: "redis://x:1", MasterName: "m"}, "", "without sentinels"},
+		{"sentinels without a master", RedisConfig{Sentinels: []string{"x:1"}}, "", "needs MasterName"},
+		{"a master without sentinels", RedisConfig{URL: "redis://x:1", MasterName: "m"}, "", "MasterName: needs Sentinels"},
+		{"a URL and sentinels", RedisConfig{URL: "redis://x:1", Sentinels: []string{"y:2"}, MasterName: "m"}, "", "URL: not with Cluster or Sentinels"},
+		{"credentials with a URL", RedisConfig{URL: "redis://x:1", Password: "p"}, "", "Password: for Cluster or Sentinels"},
 		{"not a redis URL", RedisConfig{URL: "http://x:1"}, "", "want a redis:// or rediss:// URL"},
-		{"TLS with redis://", RedisConfig{URL: "redis://x:1", TLS: &tls.Config{}}, "", "need a rediss:// URL"},
+		{"TLS with redis://", RedisConfig{URL: "redis://x:1", TLS: &tls.Config{}}, "", "TLS: needs a rediss:// URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -33,6 +36,9 @@ func TestNewRedisClient(t *testing.T) {
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("NewRedisClient = %v, want an error with %q", err, tt.wantErr)
+				}
+				if fe := (*field.Error)(nil); !errors.As(err, &fe) {
+					t.Errorf("error %v is not a *field.Error", err)
 				}
 				if strings.Contains(tt.wantErr, "topology") && !errors.Is(err, ErrTopology) {
 					t.Errorf("error %v is not ErrTopology", err)

@@ -30,7 +30,7 @@ func bucketTTL(t *testing.T, c redis.UniversalClient, l Limit) time.Duration {
 	if !inField(l) {
 		return c.PTTL(ctx, l.Key).Val()
 	}
-	e, _ := field(t, c, l.Key)
+	e, _ := sharedField(t, c, l.Key)
 	now, err := serverOf(t, c, l.Key).Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -38,9 +38,9 @@ func bucketTTL(t *testing.T, c redis.UniversalClient, l Limit) time.Duration {
 	return time.UnixMilli(e).Sub(now)
 }
 
-// field returns the expiry (ms) and state of key's field in its shared hash; 0 and "" when
+// sharedField returns the expiry (ms) and state of key's field in its shared hash; 0 and "" when
 // there is none.
-func field(t *testing.T, c redis.UniversalClient, key string) (int64, string) {
+func sharedField(t *testing.T, c redis.UniversalClient, key string) (int64, string) {
 	t.Helper()
 	v, err := c.HGet(ctxT(t), sharedHash(key, 1), key).Result()
 	if err == redis.Nil {
@@ -95,7 +95,7 @@ func TestSharedState(t *testing.T) {
 			}
 			ctx, srv, h := ctxT(t), serverOf(t, c, tt.l.Key), sharedHash(tt.l.Key, 1)
 			keys := srv.Exists(ctx, tt.l.Key).Val()
-			e, state := field(t, c, tt.l.Key)
+			e, state := sharedField(t, c, tt.l.Key)
 			if !inShared(tt.l) {
 				if keys != 1 || state != "" {
 					t.Errorf("key %d, field %q; want the key alone", keys, state)
@@ -148,11 +148,11 @@ func TestSharedSweep(t *testing.T) {
 		t.Fatalf("keys of one hash tag in two hashes")
 	}
 	check(t, later, one(fresh, 1))
-	if e, state := field(t, c, short.Key); state != "" {
+	if e, state := sharedField(t, c, short.Key); state != "" {
 		t.Errorf("the expired field stayed: %d|%s", e, state)
 	}
 	for _, l := range []Limit{hour, fresh} {
-		if _, state := field(t, c, l.Key); state == "" {
+		if _, state := sharedField(t, c, l.Key); state == "" {
 			t.Errorf("field %s swept before its expiry", l.Key)
 		}
 	}
@@ -167,7 +167,7 @@ func TestSharedSweep(t *testing.T) {
 	// One in 16 creations sweeps (by the clock's µs): 200 leave it once in 400,000 runs.
 	for i := range 200 {
 		check(t, later, one(lim(key(t, fmt.Sprint("new", i)), algorithm.GCRA, 10, time.Minute, 0), 1))
-		if _, state := field(t, c, short.Key); state == "" {
+		if _, state := sharedField(t, c, short.Key); state == "" {
 			return
 		}
 	}
@@ -235,7 +235,7 @@ func TestSharedMoves(t *testing.T) {
 			if n := serverOf(t, c, l.Key).Exists(ctxT(t), l.Key).Val(); n != 0 {
 				t.Errorf("the key stayed after the lease")
 			}
-			if _, state := field(t, c, l.Key); state != "8" {
+			if _, state := sharedField(t, c, l.Key); state != "8" {
 				t.Errorf("field state %q after the lease, want 8", state)
 			}
 			if given, err := s.GiveBack(ctxT(t), l, g.Window, 4); err != nil || given != 4 {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 
+	"github.com/quotaflow/quotaflow/internal/field"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -13,6 +15,29 @@ type tokenEntry struct {
 	Token string `yaml:"token"`
 	Name  string `yaml:"name"`
 	Role  string `yaml:"role"`
+}
+
+// LoadTokens is the admin API's tokens: those of the tokens file at path (ParseTokens; none
+// when path is empty), and token when set, a write token named "admin". Its errors are
+// *field.Errors naming TokensFile or Token.
+func LoadTokens(path, token string) (map[string]Token, error) {
+	tokens := map[string]Token{}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err == nil {
+			tokens, err = ParseTokens(data)
+		}
+		if err != nil {
+			return nil, field.Errorf("TokensFile", "%s: %v", path, err)
+		}
+	}
+	if token != "" {
+		if _, dup := tokens[token]; dup {
+			return nil, field.Errorf("Token", "the same token is also in TokensFile")
+		}
+		tokens[token] = Token{Name: "admin", Role: RoleWrite}
+	}
+	return tokens, nil
 }
 
 // ParseTokens reads a tokens file (YAML): tokens: as a list of {token, name, role}, or as a map
