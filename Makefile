@@ -41,7 +41,7 @@ deps:
 	@bash deploy/dev/install-deps.sh
 
 build:
-	$(GO) build -o $(BIN) ./cmd/quotaflow
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/quotaflow
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"time"
 
 	"github.com/quotaflow/quotaflow/internal/app/admin"
@@ -25,7 +26,9 @@ func registerAdminClient(fs *cli.FlagSet) *admin.Client {
 	fs.FromEnvAs("token", "QUOTAFLOW_ADMIN_TOKEN")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "deadline of the call")
 	fs.Check(func() error {
-		if c.Token == "" {
+		if c.Token == "" && fileExists(filepath.Join(".dev", "nats", "auth", "operator.nk")) {
+			return errors.New("--token is required: the admin API needs a bearer token; make dev's is dev-admin-token (export QUOTAFLOW_ADMIN_TOKEN=dev-admin-token)")
+		} else if c.Token == "" {
 			return errors.New("--token (or QUOTAFLOW_ADMIN_TOKEN) is required: the admin API needs a bearer token")
 		}
 		if _, err := url.Parse(c.BaseURL); err != nil {

@@ -425,7 +425,7 @@ type helpFlag struct {
 }
 
 var (
-	helpFlagLine = regexp.MustCompile(`^  -([a-zA-Z0-9][a-zA-Z0-9_.-]*)(?: ([^\t ]+))?(?:\t.*)?$`)
+	helpFlagLine = regexp.MustCompile(`^  --([a-zA-Z0-9][a-zA-Z0-9_.-]*)(?: ([^\t ]+))?(?:\t.*)?$`)
 	helpEnv      = regexp.MustCompile(`\(env (QUOTAFLOW_[A-Z0-9_]+)\)`)
 	helpDefault  = regexp.MustCompile(`\(default (.*)\)\s*$`)
 )

@@ -12,11 +12,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
-	"github.com/quotaflow/quotaflow/internal/app/report"
 	"github.com/quotaflow/quotaflow/internal/cli"
+	"github.com/quotaflow/quotaflow/internal/instance"
 )
 
 func main() {
@@ -46,13 +45,7 @@ func program() cli.Program {
 		{Name: "override", Summary: "set, list or delete temporary limit overrides (admin API)", Run: overrideGroup.Run},
 		{Name: "exemption", Summary: "set, list or delete exemptions of trusted subjects from rules (admin API)", Run: exemptionGroup.Run},
 		{Name: "tier", Summary: "set a user's tier: quotaflow tier set USER TIER (admin API)", Run: tierGroup.Run},
-	}, Version: version()}
-}
-
-// version is the module's version, or the commit and its date, from the build info.
-func version() string {
-	bi, _ := debug.ReadBuildInfo()
-	return report.Version(bi)
+	}, Version: instance.Build()}
 }
 
 // run is the whole program: main only adds the process's signals, arguments and exit status.

@@ -25,6 +25,7 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 	fs := cli.NewFlagSet("rules list", "Lists the rules of the rule store through a checker's admin API.", stderr)
 	c := registerAdminClient(fs)
 	asJSON := fs.Bool("json", false, "print the whole rules document as JSON")
+	wide := fs.Bool("wide", false, fmt.Sprintf("print every column (burst, flags, descriptors) in full, not fit to %d columns", report.Width))
 	if err := fs.Parse(args, getenv); err != nil {
 		return err
 	}
@@ -32,7 +33,7 @@ func rulesList(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	return report.RulesDocument(stdout, raw, *asJSON)
+	return report.RulesDocument(stdout, raw, *asJSON, *wide)
 }
 
 func rulesGet(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

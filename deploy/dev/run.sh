@@ -47,7 +47,7 @@ if [[ ! -x bin/quotaflow ]]; then
 else
   echo "dev: building bin/quotaflow"
 fi
-"${GO:-go}" build -o bin/quotaflow ./cmd/quotaflow
+"${GO:-go}" build -buildvcs=auto -o bin/quotaflow ./cmd/quotaflow
 
 mkdir -p "$DEV_DIR/redis" "$DEV_DIR/clickhouse"
 REDIS_DIR="$(cd "$DEV_DIR/redis" && pwd)" # absolute: QUOTAFLOW_DEV_DIR may be either
@@ -64,8 +64,9 @@ cleanup() {
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
-trap 'cleanup; exit 130' INT
-trap 'cleanup; exit 143' TERM
+# Ctrl-C (or a TERM) is how `make dev` is meant to end: a clean stop, exit status 0, so that
+# make reports no error.
+trap 'cleanup; echo "dev: stopped"; exit 0' INT TERM
 
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DEV_DIR/redis" \
   --appendonly yes --save "" --logfile "$REDIS_DIR/redis.log" &

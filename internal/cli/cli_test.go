@@ -135,7 +135,7 @@ func TestFlagSetHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || ExitCode(err, io.Discard) != 0 {
 		t.Fatalf("ParseArgs(--help) = %v, want flag.ErrHelp and exit 0", err)
 	}
-	for _, want := range []string{"Usage: quotaflow rules get [flags]\n\nPrints one rule.", "-json", "(env QUOTAFLOW_TARGET)"} {
+	for _, want := range []string{"Usage: quotaflow rules get [flags]\n\nPrints one rule.", "\n  --json\n", "\n  --target URL\n", "(env QUOTAFLOW_TARGET)"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help %q lacks %q", help.String(), want)
 		}

@@ -38,15 +38,21 @@ func NewFlagSet(name, synopsis string, help io.Writer) *FlagSet {
 
 // printHelp prints the command's synopsis and flags.
 func (fs *FlagSet) printHelp() {
-	fs.SetOutput(fs.help)
 	defer fs.SetOutput(io.Discard)
 	line := fs.UsageLine
 	if line == "" {
 		line = fs.Name()
 	}
 	fmt.Fprintf(fs.help, "Usage: %s %s [flags]\n\n%s\n\nFlags:\n", program, line, fs.synopsis)
+	var flags strings.Builder
+	fs.SetOutput(&flags)
 	fs.PrintDefaults()
+	// Spelled --name, as the errors and the docs spell flags (the flag package takes both).
+	io.WriteString(fs.help, helpFlagName.ReplaceAllString(flags.String(), "$1--"))
 }
+
+// helpFlagName is where PrintDefaults writes a flag's name, -name.
+var helpFlagName = regexp.MustCompile(`(?m)^(  )-`)
 
 // Describe replaces flag name's help, for a command where it means something else than where
 // it was registered; the environment variable FromEnv named stays named.

@@ -109,12 +109,13 @@ type busyRow struct {
 }
 
 // frame renders the board at now as lines of at most width characters (0: no bound), with at
-// most rows subjects.
-func (b *topBoard) frame(now time.Time, width, rows int) []string {
+// most rows subjects; the title ends with hint, how to stop (a screen's "q quits"; a snapshot
+// piped elsewhere has none).
+func (b *topBoard) frame(now time.Time, width, rows int, hint string) []string {
 	busy, throttles, note := b.read(now)
 	secs := b.window.Seconds()
 	lines := []string{
-		fmt.Sprintf("quotaflow top  %s  window %s  (q quits)", now.Format(time.TimeOnly), b.window),
+		strings.TrimSpace(fmt.Sprintf("quotaflow top  %s  window %s  %s", now.Format(time.TimeOnly), b.window, hint)),
 		"",
 		fmt.Sprintf("BUSIEST SUBJECTS (%d)", len(busy)),
 		fmt.Sprintf("%-36s %10s %10s %10s", "SUBJECT", "CHECKS/S", "ALLOWED", "DENIED"),

@@ -43,7 +43,7 @@ func TestFrame(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := strings.Join(b.frame(now, tt.width, tt.rows), "\n")
+			got := strings.Join(b.frame(now, tt.width, tt.rows, "(q quits)"), "\n")
 			for _, want := range tt.want {
 				if !want.MatchString(got) {
 					t.Errorf("frame:\n%s\nwant it to match %s", got, want)
@@ -56,11 +56,22 @@ func TestFrame(t *testing.T) {
 	}
 }
 
+// TestStatusVersions: processes of two builds, as in a rolling upgrade, are listed by build.
+func TestStatusVersions(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	writeVersions(&b, []health.Report{{Role: "checker", Instance: "c1", Version: "v2"}, {Role: "checker", Instance: "c2", Version: "v1"},
+		{Role: "aggregator", Instance: "a1", Version: "v2"}})
+	if want := "VERSION  v2: checker c1, aggregator a1\nVERSION  v1: checker c2\n"; b.String() != want {
+		t.Errorf("versions = %q, want %q", b.String(), want)
+	}
+}
+
 func TestStatusWrite(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 	st := &Status{At: at, Problems: []string{}, FailMode: []string{},
-		Processes: []health.Report{{Role: "checker", Instance: "c1", Host: "vm", Started: at.Add(-time.Minute), At: at,
+		Processes: []health.Report{{Role: "checker", Instance: "c1", Host: "vm", Started: at.Add(-time.Minute), At: at, Version: "quotaflow v1.4.0 (go1.26.0)",
 			Dependencies: map[string]health.Dependency{health.Redis: {State: health.StateDown, Since: at.Add(-3 * time.Second), Error: "refused"}},
 			Checker:      &health.CheckerView{}}},
 		Overrides: []rules.Override{{ID: "o1", Dimension: "user", Identifier: "vip", RuleID: "r", Multiplier: 2, Source: "penalty",
@@ -73,6 +84,7 @@ func TestStatusWrite(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^checker\s+c1\s+vm\s+1m0s\s+DOWN 3s\s+-\s+-\s+0\.0\s+-$`),
+		regexp.MustCompile(`(?m)^VERSION  quotaflow v1\.4\.0 \(go1\.26\.0\)$`),
 		regexp.MustCompile(`(?m)^DOWN\n  checker c1 sees redis down: refused$`),
 		regexp.MustCompile(`(?m)^  o1\s+user:vip rule:r\s+limit×2\s+1h0m0s\s+policy penalty\s*$`),
 	} {

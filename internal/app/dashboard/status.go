@@ -103,6 +103,7 @@ func (st *Status) Write(w io.Writer) error {
 			depState(r, health.ClickHouse), checksCell(r), lagCell(r))
 	}
 	tw.Flush()
+	writeVersions(b, st.Processes)
 	if len(st.Problems) > 0 {
 		fmt.Fprintf(b, "\nDOWN\n")
 		for _, p := range st.Problems {
@@ -119,6 +120,26 @@ func (st *Status) Write(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeVersions names the build the processes run: one line when they all run one, else a
+// line per build with its processes, as in a rolling upgrade.
+func writeVersions(b *strings.Builder, procs []health.Report) {
+	var builds []string
+	by := map[string][]string{}
+	for _, r := range procs {
+		if by[r.Version] == nil {
+			builds = append(builds, r.Version)
+		}
+		by[r.Version] = append(by[r.Version], r.Role+" "+r.Instance)
+	}
+	if len(builds) == 1 {
+		fmt.Fprintf(b, "VERSION  %s\n", builds[0])
+		return
+	}
+	for _, v := range builds {
+		fmt.Fprintf(b, "VERSION  %s: %s\n", v, strings.Join(by[v], ", "))
+	}
 }
 
 // WriteJSON prints the status as one indented JSON object, for programs.

@@ -151,7 +151,7 @@ func topSnapshot(ctx context.Context, board *topBoard, cfg TopConfig, w io.Write
 	case <-ctx.Done():
 	case <-time.After(cfg.Interval):
 	}
-	_, err := fmt.Fprintln(w, strings.Join(board.frame(time.Now(), 0, cfg.Rows), "\n"))
+	_, err := fmt.Fprintln(w, strings.Join(board.frame(time.Now(), 0, cfg.Rows, ""), "\n"))
 	return err
 }
 
@@ -179,7 +179,7 @@ func topScreen(ctx context.Context, board *topBoard, cfg TopConfig, out, in *os.
 			rows = max(1, min(rows, (height-9)/2)) // the headers take 9 lines
 		}
 		// Raw mode sends \n as is: each line returns the carriage itself.
-		if _, err := io.WriteString(out, Redraw+strings.Join(board.frame(time.Now(), width, rows), "\r\n")); err != nil {
+		if _, err := io.WriteString(out, Redraw+strings.Join(board.frame(time.Now(), width, rows, "(q quits)"), "\r\n")); err != nil {
 			return err
 		}
 		select {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/internal/field"
+	"github.com/quotaflow/quotaflow/internal/instance"
 )
 
 // Config configures a Reporter. The zero value is usable: a report every 2s, kept 3 intervals.
@@ -100,7 +100,7 @@ func Start(js jetstream.JetStream, src Source, cfg Config) *Reporter {
 	cfg = cfg.withDefaults()
 	host, _ := os.Hostname()
 	r := &Reporter{cfg: cfg, js: js, src: src, log: cfg.Logger.With("component", "health"),
-		key: Key(src.Role(), src.Instance()), started: time.Now(), version: version(), host: host,
+		key: Key(src.Role(), src.Instance()), started: time.Now(), version: instance.Build(), host: host,
 		since: map[string]Dependency{}, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -220,19 +220,4 @@ func Key(role, instance string) string {
 		}
 		return '_'
 	}, instance)
-}
-
-// version is the module's version and VCS revision, as quotaflow version prints them.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-	}
-	return v
 }

@@ -9,7 +9,6 @@
 package report
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -141,41 +140,6 @@ func ProtoJSON(msg proto.Message) (string, error) {
 // enumName is a proto enum value's name as people say it: STATE_WARNING is "warning".
 func enumName(name, prefix string) string {
 	return strings.ToLower(strings.TrimPrefix(name, prefix))
-}
-
-// Rules prints a table of doc's rules, one per line.
-func Rules(w io.Writer, doc *rules.Document) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tDIMENSION\tENDPOINT\tTIER\tALGORITHM\tLIMIT\tWINDOW\tBURST\tFLAGS")
-	for _, r := range doc.Rules {
-		var flags []string
-		if r.Shadow == "true" {
-			flags = append(flags, "shadow")
-		}
-		if r.FailMode != "" {
-			flags = append(flags, "fail_mode="+r.FailMode)
-		}
-		for _, f := range []struct {
-			set  bool
-			flag string
-		}{{r.Unlimited == "true", "unlimited"}, {r.CountDenied == "true", "count_denied"}, {r.QuotaMode == "true", "quota_mode"}, {r.Name != "", "name=" + r.Name}, {len(r.Replaces) > 0, "replaces=" + strings.Join(r.Replaces, "+")}, {r.CandidateOf != "", "candidate_of=" + r.CandidateOf},
-			{r.OnLimit == "delay", "delay<=" + string(r.MaxDelay)}} {
-			if f.set {
-				flags = append(flags, f.flag)
-			}
-		}
-		dim := r.Dimension
-		if len(r.Descriptor) > 0 { // the path a descriptor rule matches: key=value, key=*
-			parts := make([]string, len(r.Descriptor))
-			for i, e := range r.Descriptor {
-				parts[i] = e.Key + "=" + cmp.Or(e.Value, "*")
-			}
-			dim += ":" + strings.Join(parts, ",")
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, dim, r.Endpoint, dash(r.Tier), dash(r.Algorithm),
-			dash(string(r.Limit)), dash(string(r.Window)), dash(string(r.Burst)), dash(strings.Join(flags, ",")))
-	}
-	return tw.Flush()
 }
 
 func dash(s string) string {

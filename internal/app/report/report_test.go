@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/report"
@@ -78,7 +79,7 @@ func TestRulesDescriptors(t *testing.T) {
 		{ID: "q3", CandidateOf: "q", Limit: "3"},
 	}}
 	var b bytes.Buffer
-	if err := report.Rules(&b, doc); err != nil {
+	if err := report.Rules(&b, doc, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
@@ -88,6 +89,47 @@ func TestRulesDescriptors(t *testing.T) {
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table\n%s\nlacks %q", b.String(), want)
+		}
+	}
+}
+
+// TestRulesWidth: the dev rules' table fits 100 columns, cutting the long Envoy ids, and
+// --wide (width 0) prints every column in full.
+func TestRulesWidth(t *testing.T) {
+	t.Parallel()
+	doc, _, err := rules.LoadFile("../../../deploy/dev/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := "edge.source_cluster_proxy.destination_cluster_payments"
+	for _, tt := range []struct {
+		width            int
+		want, notWant    []string
+		maxLine, minLine int
+	}{
+		{report.Width, []string{"ID  ", "LIMIT", "5/10s", "premium-api-minute", "1000/1s shadow", "/api/v1/search", "edge.sour…_payments"}, []string{long, "BURST", "count_denied"}, report.Width, 0},
+		{0, []string{long, "BURST", "WINDOW", "descriptor:source_cluster=proxy,destination_cluster=payments"}, nil, 0, report.Width + 1},
+	} {
+		var b bytes.Buffer
+		if err := report.Rules(&b, doc, tt.width); err != nil {
+			t.Fatal(err)
+		}
+		longest := 0
+		for line := range strings.Lines(b.String()) {
+			longest = max(longest, utf8.RuneCountInString(strings.TrimSuffix(line, "\n")))
+		}
+		if tt.maxLine > 0 && longest > tt.maxLine || longest < tt.minLine {
+			t.Errorf("width %d: longest line %d, want at most %d and at least %d:\n%s", tt.width, longest, tt.maxLine, tt.minLine, b.String())
+		}
+		for _, want := range tt.want {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("width %d: table lacks %q:\n%s", tt.width, want, b.String())
+			}
+		}
+		for _, not := range tt.notWant {
+			if strings.Contains(b.String(), not) {
+				t.Errorf("width %d: table has %q:\n%s", tt.width, not, b.String())
+			}
 		}
 	}
 }

@@ -77,8 +77,8 @@ func Lacking(w io.Writer, items []string) {
 }
 
 // RulesDocument prints a rules document as the admin API answers it (raw JSON): with asJSON
-// indented as it is, else as Rules' table.
-func RulesDocument(w io.Writer, raw json.RawMessage, asJSON bool) error {
+// indented as it is, else as Rules' table, Width wide or, when wide, in full.
+func RulesDocument(w io.Writer, raw json.RawMessage, asJSON, wide bool) error {
 	if asJSON {
 		var b bytes.Buffer
 		json.Indent(&b, raw, "", "  ")
@@ -89,5 +89,9 @@ func RulesDocument(w io.Writer, raw json.RawMessage, asJSON bool) error {
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		return fmt.Errorf("decode rules: %w", err)
 	}
-	return Rules(w, &doc)
+	width := Width
+	if wide {
+		width = 0
+	}
+	return Rules(w, &doc, width)
 }
