@@ -39,7 +39,7 @@ type Horizon struct {
 	Monthly bool
 }
 
-// Retention returns the horizon of a table (README, "Stored decisions"): decisions 90 days,
+// Retention returns the horizon of a table (docs/aggregator.md, "Tables"): decisions 90 days,
 // usage_minute 30 days, usage_hour and usage_day a year; state_transitions 90 days, overrides
 // and config_changes a year.
 func Retention(t Table) Horizon {

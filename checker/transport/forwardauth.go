@@ -23,7 +23,7 @@ import (
 // forwardAuth serves gateways (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth,
 // HAProxy, Envoy ext_authz over HTTP): the subjects and endpoint come from headers, the answer
 // is 200 or 429 with the X-RateLimit-*, Retry-After and IETF RateLimit fields and the JSON body
-// the README's "The check API" describes. ?deny_status=401|403 answers a denial with that
+// docs/api.md ("Forward-auth for gateways") describes. ?deny_status=401|403 answers a denial with that
 // status instead, for nginx, whose auth_request turns any other status (429 included) into a
 // 500; the gateway then rewrites it to 429 (deploy/nginx).
 //
@@ -215,7 +215,7 @@ func violated(o *checker.Outcome) []string {
 	return ids
 }
 
-// forwardAuthBody is the forward-auth answer the README's "The check API" describes, with the error fields on a denial.
+// forwardAuthBody is the forward-auth answer docs/api.md ("Forward-auth for gateways") describes, with the error fields on a denial.
 type forwardAuthBody struct {
 	Error      string `json:"error,omitempty"`
 	Message    string `json:"message,omitempty"`

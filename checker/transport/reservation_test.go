@@ -102,7 +102,7 @@ func TestReservationRPCs(t *testing.T) {
 }
 
 // TestReservationJSON: Reserve and Settle over plain HTTP/JSON (the Connect protocol as curl
-// speaks it), as the README shows.
+// speaks it), as docs/quotas.md ("Reserve and settle") shows.
 func TestReservationJSON(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, checker.Config{Rules: mustRules(t, reserveRules)})

@@ -182,7 +182,7 @@ func TestServeWithAggregator(t *testing.T) {
 	if got != want {
 		t.Errorf("%s.decisions holds %d of the checks, want %d", db, got, want)
 	}
-	// The aggregator's instruments are on serve's /metrics, beside the checker's: the README
+	// The aggregator's instruments are on serve's /metrics, beside the checker's: docs/aggregator.md
 	// points to consumer lag there. (Its gauges are observed at every scrape; a counter shows
 	// from its first increment, which may follow the rows' arrival in ClickHouse.)
 	metrics := scrape(t, "http://"+addr+"/metrics")

@@ -8,7 +8,7 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
-# grpcurl, for the README's tour and the test that calls the checker with it (TestRLSGrpcurl).
+# grpcurl, for the walkthroughs (the README's tour, docs/api.md) and the test that calls the checker with it (TestRLSGrpcurl).
 gobin="$(go env GOPATH)/bin"
 if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x "$gobin/grpcurl" ]; then
   echo "install-deps: installing grpcurl into $gobin (go install)"

@@ -6,7 +6,7 @@
 # exits. Redis or ClickHouse stopping is reported and the rest keeps running: the pipeline
 # copes (ClickHouse down: decisions wait in the stream).
 #
-# The ports, each from an environment variable (listed in the README):
+# The ports, each from an environment variable (listed in docs/configuration.md, "make dev"):
 #   QUOTAFLOW_LISTEN                    127.0.0.1:8080  the check API, admin API, /metrics
 #   QUOTAFLOW_NATS_LISTEN               127.0.0.1:4222  the embedded NATS server
 #   QUOTAFLOW_DEV_REDIS_PORT            6390            Redis on 127.0.0.1

@@ -161,7 +161,7 @@ type Subject struct {
 	// its value), leaving dimension unset (or DIMENSION_DESCRIPTOR). A request's custom
 	// dimensions, at most 16, form one descriptor in the order given: {"custom_dimension":
 	// "tenant", "identifier": "acme"} is the entry tenant=acme, which rules match
-	// (README, "Custom dimensions and descriptors"); responses report it as a
+	// (docs/rules.md, "Custom dimensions and descriptors"); responses report it as a
 	// DIMENSION_DESCRIPTOR subject.
 	CustomDimension string `protobuf:"bytes,3,opt,name=custom_dimension,json=customDimension,proto3" json:"custom_dimension,omitempty"`
 	unknownFields   protoimpl.UnknownFields
