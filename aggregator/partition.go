@@ -170,6 +170,9 @@ func (a *Aggregator) lookupStored(ctx context.Context, p int, items []item) (map
 		if err == nil {
 			return stored, true
 		}
+		if ctx.Err() != nil {
+			return nil, false // stopping: the lookup was cut short, ClickHouse did not fail
+		}
 		a.clickhouseErrors.Add(1)
 		a.m.clickhouseErrors.Add(context.Background(), 1)
 		wait := b.Next()

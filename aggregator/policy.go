@@ -279,6 +279,9 @@ func (p *Policies) evaluate(ctx context.Context, now time.Time) {
 		return
 	}
 	active, err := p.cfg.Store.Overrides(ctx)
+	if err != nil && ctx.Err() != nil {
+		return // stopping
+	}
 	if err != nil {
 		p.log.Warn("policies: list overrides failed; evaluating next time", "err", err)
 		return

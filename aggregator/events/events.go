@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/spell"
 )
 
 // Stream settings.
@@ -71,9 +72,9 @@ func (t *Transition) NATSSubject() string {
 // String is the transition as one line, for people watching the stream (quotaflow watch
 // warnings).
 func (t *Transition) String() string {
-	return fmt.Sprintf("%s %-10s %-24s %-16s %-9s → %-9s usage=%.2f %d/%d window=%dms cause=%s id=%s",
+	return fmt.Sprintf("%s %-10s %-24s %-16s %-9s → %-9s usage=%.2f %d/%d window=%s cause=%s id=%s",
 		t.At.UTC().Format("2006-01-02 15:04:05.000000"), t.Tier, t.Dimension+":"+t.Subject, t.RuleID, t.From, t.To,
-		t.UsageRatio, t.Remaining, t.Limit, t.WindowMs, t.Cause, t.ID)
+		t.UsageRatio, t.Remaining, t.Limit, spell.Duration(time.Duration(t.WindowMs)*time.Millisecond), t.Cause, t.ID)
 }
 
 // The override actions.

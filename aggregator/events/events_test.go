@@ -18,7 +18,7 @@ func TestString(t *testing.T) {
 	}{
 		{"transition", &Transition{ID: "wt-1", Tier: "free", Dimension: "user", Subject: "bob", RuleID: "orders", From: StateNormal,
 			To: StateWarning, UsageRatio: 0.9, Limit: 10, Remaining: 1, WindowMs: 60000, At: at, Cause: "decision"},
-			"2026-11-24 10:00:00.000001 free       user:bob                 orders           normal    → warning   usage=0.90 1/10 window=60000ms cause=decision id=wt-1"},
+			"2026-11-24 10:00:00.000001 free       user:bob                 orders           normal    → warning   usage=0.90 1/10 window=1m cause=decision id=wt-1"},
 		{"subject override", &OverrideEvent{Action: OverrideCreated, At: at, Actor: "alice", Override: rules.Override{ID: "ovr-1",
 			Dimension: "user", Identifier: "bob", RuleID: "orders", Limit: 20, Source: "admin", Reason: "launch", ExpiresAt: at.Add(time.Hour)}},
 			`2026-11-24 10:00:00 CREATED ovr-1                user:bob rule:orders             limit=20     until 2026-11-24 11:00:00 by alice (admin) reason="launch"`},

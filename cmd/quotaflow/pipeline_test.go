@@ -70,6 +70,13 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
+// String is what was written so far.
+func (l lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.String()
+}
+
 // streamDecisions reads every decision of the checkers started with --instance-id instance.
 func streamDecisions(t *testing.T, natsURL, instance string) []*quotaflowv1.Decision {
 	t.Helper()

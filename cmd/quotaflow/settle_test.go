@@ -34,7 +34,7 @@ func TestSettleCLI(t *testing.T) {
 	stdout, stderr, code := runCmd(ctx, []string{"check", "--user", user, "--endpoint", "/gen", "--estimate", "400"}, envs)
 	rid := regexp.MustCompile(`reservation (\S+) until`).FindStringSubmatch(stdout)
 	lid := regexp.MustCompile(`lease (\S+) until`).FindStringSubmatch(stdout)
-	if code != 0 || rid == nil || lid == nil || !regexp.MustCompile(`tokens\s+token_bucket\s+1000/24h0m0s\s+400\s+600`).MatchString(stdout) {
+	if code != 0 || rid == nil || lid == nil || !regexp.MustCompile(`tokens\s+token_bucket\s+1000/24h\s+400\s+600`).MatchString(stdout) {
 		t.Fatalf("check --estimate 400: exit %d, %q %q; want allowed, 600 left, a reservation and a lease", code, stdout, stderr)
 	}
 	steps := []struct {

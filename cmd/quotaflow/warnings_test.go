@@ -58,7 +58,8 @@ func TestAggregatorWarningsAndOverrides(t *testing.T) {
 	}
 	out, stderr, code := runCmd(ctx, []string{"watch", "warnings", "--nats-url", ns.URL, "--all", "--count", "1"}, nil)
 	if code != 0 || !strings.Contains(out, "user:carol") || !strings.Contains(out, "normal    → warning") ||
-		!strings.Contains(out, "usage=0.60 40/100") || !strings.Contains(out, "cause=decision") {
+		!strings.Contains(out, "usage=0.60 40/100") || !strings.Contains(out, "cause=decision") ||
+		stderr != "watching warnings on "+ns.URL+" from the oldest kept; stops after 1\n" {
 		t.Errorf("watch warnings: exit %d, %q %s; want carol normal → warning at usage 0.60", code, out, stderr)
 	}
 

@@ -100,6 +100,15 @@ func Follow(ctx context.Context, k Kind, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	// Said once connected, so that a quiet feed is not taken for a stuck one, and how it ends.
+	from, end := "as they happen", "Ctrl-C stops"
+	if cfg.All {
+		from = "from the oldest kept"
+	}
+	if cfg.Count > 0 {
+		end = fmt.Sprintf("stops after %d", cfg.Count)
+	}
+	fmt.Fprintf(cfg.Errs, "watching %s on %s %s; %s\n", k.Many, cfg.NATSURL, from, end)
 	seen := 0
 	return broker.Tail(ctx, js, cfg.Stream, k.Subjects, cfg.All, func(msg jetstream.Msg) (bool, error) {
 		left := 0

@@ -20,6 +20,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/spell"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -72,7 +73,7 @@ func (s Decision) Write(w io.Writer) error {
 	verdict := "ALLOWED"
 	switch {
 	case !s.Allowed:
-		verdict = fmt.Sprintf("DENIED (retry after %.3fs)", float64(s.RetryAfterMs)/1000)
+		verdict = fmt.Sprintf("DENIED (retry after %s)", spell.Duration(time.Duration(s.RetryAfterMs)*time.Millisecond))
 	case s.DelayUs > 0:
 		verdict = fmt.Sprintf("DELAYED (go on after %.3fs)", float64(s.DelayUs)/1e6)
 	}
@@ -114,7 +115,7 @@ func (s Decision) Write(w io.Writer) error {
 		case l.Shadow:
 			rule += " (shadow)"
 		}
-		limit := fmt.Sprintf("%d/%s", l.Limit, time.Duration(l.WindowMs)*time.Millisecond)
+		limit := fmt.Sprintf("%d/%s", l.Limit, spell.Duration(time.Duration(l.WindowMs)*time.Millisecond))
 		if l.Burst != l.Limit {
 			limit += fmt.Sprintf(" burst %d", l.Burst)
 		}
@@ -123,7 +124,7 @@ func (s Decision) Write(w io.Writer) error {
 			state += " (degraded: fail " + l.FailMode + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", subject, rule, l.Algorithm, limit, l.CurrentCount, l.Remaining,
-			time.Duration(l.RetryAfterMs)*time.Millisecond, state)
+			spell.Duration(time.Duration(l.RetryAfterMs)*time.Millisecond), state)
 	}
 	return tw.Flush()
 }

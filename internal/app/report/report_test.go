@@ -44,7 +44,7 @@ func TestDecisionWrite(t *testing.T) {
 	if err := d.Write(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"DENIED (retry after 1.500s)  tier=free  state=throttled  rule=r", "user:alice", "10/1m0s burst 12",
+	for _, want := range []string{"DENIED (retry after 1.5s)  tier=free  state=throttled  rule=r", "user:alice", "10/1m burst 12",
 		"throttled (degraded: fail closed)"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("Write printed:\n%s\nwant it to contain %q", b.String(), want)
