@@ -23,6 +23,8 @@ type Document struct {
 	Rules       []DocRule          `yaml:"rules" json:"rules"`
 	// Exemptions let trusted subjects' checks past chosen rules (exemption.go).
 	Exemptions []DocExemption `yaml:"exemptions,omitempty" json:"exemptions,omitempty"`
+	// Entitlements are the balances sold by grants (entitlement.go).
+	Entitlements []DocEntitlement `yaml:"entitlements,omitempty" json:"entitlements,omitempty"`
 
 	// lines are where the parts of a document read from YAML (or JSON) text were written:
 	// "rules[0]", `users["42"]`, "policies.tier_protection[1]", `rule "orders"`, … to their

@@ -120,6 +120,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	}
 	pol := d.Policies.policies(&p, tiers)
 	ex := exemptionsOf(&p, d.Exemptions, declared)
+	ents := entitlementsOf(&p, d.Entitlements)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
@@ -128,7 +129,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 		return nil, err
 	}
 	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers, s.keyOrgs = d.WithoutUsers(), warn, ruleWarn, pol, keys, keyOrgs
-	s.exempt = ex
+	s.exempt, s.entitlements = ex, ents
 	return s, nil
 }
 

@@ -29,6 +29,7 @@ type Set struct {
 	orgRules     bool            // a rule counts per org
 	domains      map[string]bool // the endpoints descriptor rules name exactly
 	exempt       *exemptions     // nil: none
+	entitlements []Entitlement
 }
 
 // HasCalendar reports whether a rule of the set has a calendar window: its checks need the
