@@ -17,10 +17,13 @@ import (
 // the admin API, and burned by the checks that name the entitlement or call one of its
 // endpoints, in the same script call as the check's other limits.
 
-// MaxAmount bounds every amount of an entitlement (a grant, a cost, a cap, a threshold): 2^50,
-// so that the sums a burn makes of them stay exact in the doubles Redis's Lua counts in (2^53),
-// with room for a thousand grants. It is 10^15 tokens: no plan sells more.
-const MaxAmount = 1 << 50
+// MaxAmount bounds every amount of an entitlement (a grant, a cost, a cap, a threshold): 2^44,
+// about 17.6 trillion, so that a subject's balance, the sum of at most MaxGrants grants, stays
+// exact in the doubles Redis's Lua counts in (2^53).
+const MaxAmount = 1 << 44
+
+// MaxGrants bounds the grants one subject holds of one entitlement: a burn reads them all.
+const MaxGrants = 256
 
 // MaxThresholds bounds each kind of threshold of an entitlement: each crossing is an event and
 // a webhook, and a balance crossed by a hundred lines at once informs nobody.
