@@ -85,13 +85,23 @@ function fleet(ps) {
     if (down.length) problem("process:" + p.instance, `${p.role} ${p.instance} sees ${down.map(([n, d]) => `${n} down (${d.error || "no answer"})`).join(", ")}.`);
     const fm = (p.checker && p.checker.fail_mode) || [];
     if (fm.length) problem("process:" + p.instance + ":fail", `checker ${p.instance} answers ${fm.length} rule(s) by fail mode: ${fm.map((r) => `${r.rule} (${r.fail_mode})`).join(", ")}.`);
-    const r = p.checker && p.checker.checks_per_second, a = p.aggregator;
+    const a = p.aggregator;
+    const r = p.checker && ((liveRates && liveRates.checkers[p.instance]) || p.checker.checks_per_second);
     return el("tr", { "data-instance": p.instance, "data-role": p.role },
       el("td", {}, p.role), el("td", {}, p.instance),
       el("td", {}, ...deps.map(([n, d]) => el("span", { class: "tag" + (d.state === "down" ? " down" : "") }, `${n} ${d.state}`))),
-      el("td", {}, r ? `${num(Math.round(r.allowed + r.delayed + r.denied + r.degraded))} checks/s` :
-        a ? `lag ${num(a.lag_messages)} · ${a.partitions_owned} partitions${a.leader ? " · leader" : ""}` : ""));
+      r ? checksCell(r) : el("td", {}, a ? `lag ${num(a.lag_messages)} · ${a.partitions_owned} partitions${a.leader ? " · leader" : ""}` : ""));
   }));
+}
+
+// The live counters and each checker's row show one measure: the checkers' own counts of the
+// checks they decided over their last health report (the live feed's rates event), the
+// counters their sum. A row's checks/s is the sum of its outcomes as the counters round them.
+let liveRates = null;
+const perSecond = (r) => ["allowed", "delayed", "denied", "degraded"].reduce((s, k) => s + Math.round(r[k] || 0), 0);
+function checksCell(r) {
+  const n = perSecond(r);
+  return el("td", { class: "checks", "data-checks": n }, `${num(n)} checks/s`);
 }
 
 // ---- Live: transitions and rates, as server-sent events read with fetch (EventSource cannot
@@ -100,6 +110,7 @@ let liveAbort;
 async function live() {
   if (liveAbort) liveAbort.abort();
   const ctl = (liveAbort = new AbortController());
+  liveRates = null; // until the feed's first rates, the rows show their own reports
   const q = new URLSearchParams([...new FormData($("#live-filter"))].filter(([, v]) => v));
   $("#live-status").textContent = "Connecting…";
   try {
@@ -129,7 +140,12 @@ async function live() {
 
 function onLive(event, d) {
   if (event === "rates") {
-    for (const k of ["allowed", "delayed", "denied", "degraded"]) $("#rate-" + k).textContent = num(d[k]);
+    liveRates = d;
+    for (const k of ["allowed", "delayed", "denied", "degraded"]) $("#rate-" + k).textContent = num(Math.round(d[k]));
+    for (const [instance, r] of Object.entries(d.checkers || {})) {
+      const cell = $(`#processes tr[data-role="checker"][data-instance="${CSS.escape(instance)}"] td.checks`);
+      if (cell) cell.replaceWith(checksCell(r));
+    }
   } else if (event === "transition") {
     const li = el("li", { "data-to": d.to, "data-subject": `${d.dimension}:${d.subject}`, "data-rule": d.rule_id },
       el("span", { class: "at" }, time(d.at)),
