@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -451,17 +452,19 @@ func TestConsoleViews(t *testing.T) {
 	sum := func(r rates) int { return r.Counters[0] + r.Counters[1] + r.Counters[2] + r.Counters[3] }
 	stop := make(chan struct{})
 	sent := make(chan int)
-	go func() {
+	go func() { // an open loop: a check every 40 ms however long each takes on a loaded machine
+		var wg sync.WaitGroup
 		n := 0
 		tick := time.NewTicker(40 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
 			case <-stop:
+				wg.Wait()
 				sent <- n
 				return
 			case <-tick.C:
-				check("rate-"+suffix, "/static/page")
+				wg.Go(func() { check("rate-"+suffix, "/static/page") })
 				n++
 			}
 		}

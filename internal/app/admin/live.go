@@ -223,8 +223,13 @@ func (a *API) tailRates(ctx context.Context, f *liveFeed) error {
 }
 
 // watchReports watches every key of the health bucket, beginning with the reports in it now.
+// The bucket's lookup is bounded as a health probe is: a NATS that does not answer ends the
+// feed with an error event, which the console shows and reconnects after, rather than leaving
+// it open with nothing in it.
 func watchReports(ctx context.Context, js jetstream.JetStream) (jetstream.KeyWatcher, error) {
-	kv, err := js.KeyValue(ctx, health.Bucket)
+	lctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(lctx, health.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("health reports: %w", err)
 	}
