@@ -78,10 +78,17 @@ type LimitResult = bucket.LimitResult
 // events' hysteresis: a subject back below the threshold but above the rule's exit ratio is
 // still in warning in the event stream and normal here.
 func (l *LimitOutcome) State() State {
+	return limitState(l.Result, l.Limit.Limit, l.thresholds)
+}
+
+// limitState is the warning state of a bucket's result against its limit per window: the one
+// rule for a check's limits and a user's listed ones (RuleUsage.State), so that both views of
+// one bucket name the same state.
+func limitState(res LimitResult, limit int64, t rules.Thresholds) State {
 	switch {
-	case !l.Result.Allowed:
+	case !res.Allowed:
 		return StateThrottled
-	case l.thresholds.Enters(l.Result.Used, l.Limit.Limit):
+	case t.Enters(res.Used, limit):
 		return StateWarning
 	}
 	return StateNormal

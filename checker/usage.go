@@ -34,6 +34,16 @@ type RuleUsage struct {
 	// Result is the bucket's state, peeked without consuming; the zero LimitResult when
 	// UserUsage.Err is set.
 	Result LimitResult
+
+	thresholds rules.Thresholds // the rule's warning thresholds, for State
+}
+
+// State is the limit's warning state as the peek sees it, by the rule a check's limits follow
+// (LimitOutcome.State): throttled when one more unit would be denied, warning past the rule's
+// warning threshold, else normal. It means nothing while UserUsage.Err is set: nothing was
+// peeked.
+func (r *RuleUsage) State() State {
+	return limitState(r.Result, r.Limit.Limit, r.thresholds)
 }
 
 // UserUsage lists the user-dimension rules of the user's tier with their effective limits as
@@ -64,7 +74,7 @@ func (e *Engine) UserUsage(ctx context.Context, user string) (*UserUsage, error)
 		for _, rule := range applyingRules(set, tier, sub.Dimension) {
 			custom := u.Limits[rule.ID] // user rules only: validated so
 			lim := bucketLimit(set, rule, limitKey(tag, rule), sub, tier, custom, now)
-			out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: custom, Limit: lim})
+			out.Limits = append(out.Limits, RuleUsage{Rule: rule, Custom: custom, Limit: lim, thresholds: set.Thresholds(rule.ID)})
 			peek.Limits = append(peek.Limits, lim)
 		}
 		if len(peek.Limits) > 0 {

@@ -9,8 +9,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -364,5 +367,266 @@ func TestConsoleAPI(t *testing.T) {
 			t.Fatalf("a live feed after the first closed: %d, want 200", resp.StatusCode)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// consoleOverflows lists the boxes of the visible view whose table is wider than the box (it
+// scrolls sideways), as "table id: scroll width > width".
+const consoleOverflows = `[...document.querySelectorAll(".view:not([hidden]) .scroll")]
+	.filter((b) => b.offsetParent !== null && b.scrollWidth > b.clientWidth)
+	.map((b) => b.firstElementChild.id + ": " + b.scrollWidth + " > " + b.clientWidth)`
+
+// consoleCells lists the text of the cells of the rows that match selector, row by row.
+func consoleCells(t *testing.T, ctx context.Context, selector string) [][]string {
+	t.Helper()
+	cells, err := chromedp.Run(ctx, chromedp.Evaluate[[][]string](fmt.Sprintf(`[...document.querySelectorAll(%q)]
+		.map((tr) => [...tr.children].map((td) => td.innerText.trim()))`, selector)))
+	if err != nil {
+		t.Fatalf("read %s: %v", selector, err)
+	}
+	return cells
+}
+
+// consoleBadCells lists the visible view's cells (the chart's legend's too) that show nothing or
+// dashes (an absent value must read "—" or "none"), a number of four digits or more without
+// thousands separators, or a window as Go writes durations (1m0s, 24h0m0s).
+const consoleBadCells = `[...document.querySelectorAll(".view:not([hidden]) td")].filter((td) => td.offsetParent !== null)
+	.map((td) => [td.closest("table").id, td.innerText.trim(), td])
+	.filter(([, text, td]) => (!text && !td.querySelector("button")) || /^-{2,}/.test(text) || (td.classList.contains("num") && /\d{4}/.test(text)) || /\d+[hm]0s\b|\dh0m\b/.test(text))
+	.map(([table, text]) => (table || "chart") + ": " + JSON.stringify(text))`
+
+// TestConsoleViews drives the console over the rules of make dev (deploy/dev/rules.yaml): the
+// live counters and the checker's row show one measure of known traffic; every limit of a
+// user's Subject view has used, remaining and state; windows read as people write them (1m,
+// 24h) and numbers with thousands separators; an absent value reads "—" or "none"; no table is
+// wider than its box at 1,400 px (the Rules view's edge.* ids once hid its last columns); and
+// on a phone the Subject view shows rule, used, remaining and state first.
+func TestConsoleViews(t *testing.T) {
+	t.Parallel()
+	const token = "views-write"
+	_, _, p := consolePipeline(t, "consoleviews", map[string]admin.Token{token: {Name: "operator", Role: admin.RoleWrite}},
+		func(c *daemon.CheckerConfig) { c.RulesFile = "../../deploy/dev/rules.yaml" })
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	check := func(user, endpoint string) {
+		if _, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: endpoint,
+			Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: user}}})); err != nil {
+			t.Errorf("check of user %s at %s: %v", user, endpoint, err)
+		}
+	}
+
+	ctx := browser(t, 1400, 900)
+	shot := func(name string) { // QUOTAFLOW_CONSOLE_SHOTS=dir: each step's page as a PNG, to look at
+		if dir := os.Getenv("QUOTAFLOW_CONSOLE_SHOTS"); dir != "" {
+			if png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+			}
+		}
+	}
+	within(t, ctx, 30*time.Second, "load the console and sign in",
+		chromedp.Navigate(p.url+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#app")))
+	poll.Until(t, 20*time.Second, "the live feed and the checker's row", pageTrue(ctx, `document.querySelector("#live-status").textContent.startsWith("Live") &&
+		!!document.querySelector('#processes tr[data-role="checker"] td.checks')`))
+
+	// Known traffic, 25 checks a second that no rule limits: the counters and the checker's row
+	// show it, and agree whenever they are read; then both fall to 0.
+	type rates struct {
+		Counters []int // allowed, delayed, denied, fail mode
+		Row      int   // the checker's checks/s
+	}
+	read := func() rates {
+		t.Helper()
+		r, err := chromedp.Run(ctx, chromedp.Evaluate[rates](`(() => {
+			const n = (s) => Number(document.querySelector(s).textContent.replace(/,/g, ""));
+			const row = document.querySelector('#processes tr[data-role="checker"] td.checks');
+			return {Counters: ["allowed", "delayed", "denied", "degraded"].map((k) => n("#rate-" + k)), Row: row ? Number(row.dataset.checks) : -1};
+		})()`))
+		if err != nil {
+			t.Fatalf("read the rates: %v", err)
+		}
+		return r
+	}
+	sum := func(r rates) int { return r.Counters[0] + r.Counters[1] + r.Counters[2] + r.Counters[3] }
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() { // an open loop: a check every 40 ms however long each takes on a loaded machine
+		var wg sync.WaitGroup
+		n := 0
+		tick := time.NewTicker(40 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				wg.Wait()
+				sent <- n
+				return
+			case <-tick.C:
+				wg.Go(func() { check("rate-"+suffix, "/static/page") })
+				n++
+			}
+		}
+	}()
+	began := time.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	var got rates
+	for agreed := 0; agreed < 5; time.Sleep(500 * time.Millisecond) {
+		got = read()
+		switch {
+		case sum(got) != got.Row:
+			t.Errorf("live counters %v (%d checks/s) beside the checker's row %d checks/s: want one measure", got.Counters, sum(got), got.Row)
+			agreed = 0
+		case got.Counters[0] >= 10 && got.Counters[0] <= 40 && sum(got) == got.Counters[0]:
+			agreed++ // the traffic's rate, all allowed, read the same in both places
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("live counters %v, the checker's row %d checks/s; want about 25 allowed/s in both", got.Counters, got.Row)
+		}
+	}
+	close(stop)
+	t.Logf("25 checks/s for %s (%d sent): counters %v, the checker's row %d checks/s", time.Since(began).Round(time.Second), <-sent, got.Counters, got.Row)
+	poll.Until(t, 20*time.Second, "both at 0 once the traffic stops", func() error {
+		if r := read(); sum(r) != 0 || r.Row != 0 {
+			return fmt.Errorf("counters %v, the checker's row %d", r.Counters, r.Row)
+		}
+		return nil
+	})
+
+	// An empty overrides table says so.
+	within(t, ctx, 20*time.Second, "the empty overrides", chromedp.Navigate(p.url+"/console/#overrides"),
+		chromedp.WaitVisible(chromedp.CSS("#overrides tbody tr.none")))
+	if got := consoleCells(t, ctx, "#overrides tbody tr"); len(got) != 1 || len(got[0]) != 1 || got[0][0] != "none" {
+		t.Errorf("the overrides without any: %q, want one row saying none", got)
+	}
+	// One override with a long target and reason, for the table's width.
+	long := "a-customer-whose-identifier-is-long-" + suffix
+	body := fmt.Sprintf(`{"dimension":"user","identifier":%q,"rule_id":"user-api-day","limit":25000,"duration":"1h","reason":"a contract of 25,000 checks a day, signed for the launch of their new mobile application, until the renegotiation"}`, long)
+	req, _ := http.NewRequest("POST", p.url+"/api/v1/overrides", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create an override: %d, want 201", resp.StatusCode)
+	}
+
+	// A user's limits: 10 checks of /api/items (user-api-minute: 10 a minute; user-api-day:
+	// 1,000 a day).
+	user := "views-" + suffix
+	for range 10 {
+		check(user, "/api/items")
+	}
+	subjectRows := `#subject-limits tbody tr[data-rule]`
+	within(t, ctx, 20*time.Second, "a user's subject view", chromedp.Navigate(p.url+"/console/#subject/user:"+user),
+		chromedp.WaitVisible(chromedp.CSS(`#subject-limits tr[data-rule="user-api-day"]`)))
+	poll.Until(t, 20*time.Second, "the subject's overrides and billing", pageTrue(ctx, `!!document.querySelector("#subject-overrides li") &&
+		!!document.querySelector('#subject-billing tbody tr[data-day^="total"]')`))
+	heads := consoleCells(t, ctx, "#subject-limits thead tr")
+	byRule := map[string]map[string]string{}
+	for _, row := range consoleCells(t, ctx, subjectRows) {
+		cells := map[string]string{}
+		for i, h := range heads[0] {
+			if i < len(row) {
+				cells[h] = row[i]
+			}
+		}
+		byRule[cells["rule"]] = cells
+		if s := cells["state"]; cells["used"] == "" || cells["used"] == "—" || cells["remaining"] == "" || cells["remaining"] == "—" ||
+			(s != "normal" && s != "warning" && s != "throttled") {
+			t.Errorf("user %s, rule %s: used %q, remaining %q, state %q; want numbers and normal, warning or throttled", user, cells["rule"], cells["used"], cells["remaining"], s)
+		}
+	}
+	for _, tt := range []struct {
+		rule, limit, used, remaining, state string // state "": any (a token bucket refills)
+	}{
+		{"user-api-minute", "10 / 1m", "", "", ""},
+		{"user-api-day", "1,000 / 24h", "10", "990", "normal"},
+		{"user-search", "5 / 10s", "0", "5", "normal"},
+	} {
+		got, ok := byRule[tt.rule]
+		switch {
+		case !ok:
+			t.Errorf("user %s: no row of %s in %v", user, tt.rule, byRule)
+		case got["limit"] != tt.limit || tt.used != "" && (got["used"] != tt.used || got["remaining"] != tt.remaining) || tt.state != "" && got["state"] != tt.state:
+			t.Errorf("user %s, rule %s: limit %q, used %q, remaining %q, state %q; want %q, %q, %q, %q",
+				user, tt.rule, got["limit"], got["used"], got["remaining"], got["state"], tt.limit, tt.used, tt.remaining, tt.state)
+		}
+	}
+	// An empty billing month is this month: the field says so, not the browser's "--------- ----"
+	// of an empty month field.
+	type field struct{ Type, Value, Placeholder string }
+	month, err := chromedp.Run(ctx, chromedp.Evaluate[field](`(() => {
+		const m = document.querySelector('#billing-form [name="month"]');
+		return {Type: m.type, Value: m.value, Placeholder: m.placeholder};
+	})()`))
+	if err != nil || month.Value == "" && (month.Type == "month" || !strings.Contains(month.Placeholder, "this month")) {
+		t.Errorf("the billing month field: %+v (%v); want a value, or a placeholder saying this month", month, err)
+	}
+	shot("subject-1400")
+
+	// At 1,400 px no table is wider than its box, and no cell is blank, a number without
+	// separators or a Go duration, in any view.
+	for _, view := range []string{"#live", "#subject/user:" + user, "#overrides", "#rules", "#usage"} {
+		within(t, ctx, 20*time.Second, "open "+view, chromedp.Navigate(p.url+"/console/"+view),
+			chromedp.WaitVisible(chromedp.CSS(".view:not([hidden]) table tbody tr")))
+		time.Sleep(time.Second) // the view's reads
+		shot(strings.NewReplacer("#", "", "/", "-", ":", "-").Replace(view) + "-1400")
+		if over, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](consoleOverflows)); err != nil || len(over) > 0 {
+			t.Errorf("%s at 1,400 px: tables wider than their box: %q (%v)", view, over, err)
+		}
+		if bad, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](consoleBadCells)); err != nil || len(bad) > 0 {
+			t.Errorf("%s: cells blank, with a number without separators or a Go duration: %q (%v)", view, bad, err)
+		}
+	}
+	// The Rules view: the longest ids are wrapped, whole in their title; limits and windows as
+	// everywhere.
+	id := "edge.source_cluster_proxy.destination_cluster_payments"
+	title, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector('#rules tr[data-rule=%q] td [title]').title`, id)))
+	if err != nil || title != id {
+		t.Errorf("the rule %s's id cell: title %q (%v), want the whole id", id, title, err)
+	}
+	rules := map[string][]string{}
+	for _, row := range consoleCells(t, ctx, "#rules tbody tr") {
+		rules[row[0]] = row
+	}
+	for rule, want := range map[string][2]string{"user-api-day": {"1,000", "24h"}, "apikey-hour": {"3,600", "1h"}, "premium-api-day": {"50,000", "24h"}, "user-search": {"5", "10s"}} {
+		if got := rules[rule]; len(got) < 7 || got[5] != want[0] || got[6] != want[1] {
+			t.Errorf("rules view, %s: %q; want limit %s, window %s", rule, got, want[0], want[1])
+		}
+	}
+
+	// On a phone the Subject view shows rule, used, remaining and state first, within the
+	// screen; endpoint, algorithm and overrides are hidden.
+	within(t, ctx, 20*time.Second, "the subject view on a phone", chromedp.EmulateViewport(390, 844),
+		chromedp.Navigate(p.url+"/console/#subject/user:"+user), chromedp.WaitVisible(chromedp.CSS(`#subject-limits tr[data-rule="user-api-day"]`)))
+	shot("subject-390")
+	type column struct {
+		Name    string
+		Visible bool // displayed, and within the table's box without scrolling
+	}
+	cols, err := chromedp.Run(ctx, chromedp.Evaluate[[]column](`(() => {
+		const box = document.querySelector("#subject-limits").parentElement.getBoundingClientRect();
+		return [...document.querySelectorAll("#subject-limits thead th")].map((th) => {
+			const r = th.getBoundingClientRect();
+			return {Name: th.innerText.trim(), Visible: th.offsetParent !== null && r.width > 0 && r.left >= box.left && r.right <= box.right + 0.5};
+		});
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shown []string
+	for _, c := range cols {
+		if c.Visible {
+			shown = append(shown, c.Name)
+		}
+	}
+	if len(shown) < 4 || strings.Join(shown[:4], ",") != "rule,used,remaining,state" || slices.Contains(shown, "endpoint") || slices.Contains(shown, "algorithm") {
+		t.Errorf("the subject's limits at 390 px show %q; want rule, used, remaining and state first, not endpoint nor algorithm", shown)
+	}
+	poll.Until(t, 5*time.Second, "no horizontal scroll at 390 px", pageTrue(ctx, `document.documentElement.scrollWidth <= window.innerWidth`))
+	if strings.Contains(p.log.String(), "panic") {
+		t.Errorf("the checker logged a panic:\n%s", p.log)
 	}
 }

@@ -36,14 +36,66 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
+// fill sets a table's rows; an empty table says so in a row of its own, never shows nothing.
 function fill(table, rows) {
   const body = $("tbody", table);
+  if (!rows.length) rows = [el("tr", { class: "none" }, el("td", { colSpan: $("thead tr", table).children.length }, "none"))];
   body.replaceChildren(...rows);
 }
 
+// NONE stands for a value that is absent: never an empty cell, nor a browser's placeholder.
+const NONE = "—";
+// num renders a count with thousands separators (1,000), as every number of the console is.
 const num = (n) => Number(n || 0).toLocaleString("en-US");
+// opt renders v with f, or NONE when v is absent.
+const opt = (v, f = String) => (v === undefined || v === null || v === "" ? NONE : f(v));
+
+// goDuration parses a Go duration ("1h30m0s", "1.5s", "500ms"), as the API writes windows,
+// into milliseconds; null for anything else, such as a calendar window ("1d", "1w", "1mo").
+function goDuration(s) {
+  const unit = /(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|μs|ns)/g;
+  const scale = { h: 3600000, m: 60000, s: 1000, ms: 1, us: 1e-3, "µs": 1e-3, "μs": 1e-3, ns: 1e-6 };
+  if (!new RegExp(`^(${unit.source})+$`).test(s)) return null;
+  let ms = 0;
+  for (const [, n, u] of s.matchAll(unit)) ms += Number(n) * scale[u];
+  return ms;
+}
+
+// dur renders a window as people write one, the same everywhere: 1s, 10s, 1m, 1h30m, 24h, and
+// whole days from two on as days (7d); a calendar window (1d, 1w, 1mo, 1y) as the rules file
+// names it. Not Go's 1m0s or 24h0m0s.
+function dur(w) {
+  if (w === undefined || w === null || w === "") return NONE;
+  const ms = typeof w === "number" ? w : goDuration(String(w));
+  if (ms === null) return String(w);
+  const day = 86400000;
+  if (ms === 0) return "0s";
+  if (ms >= 2 * day && ms % day === 0) return `${ms / day}d`;
+  if (ms < 1000) return `${+ms.toFixed(3)}ms`;
+  let out = "", rest = ms;
+  for (const [u, n] of [["h", 3600000], ["m", 60000]]) {
+    if (rest >= n) {
+      out += `${Math.floor(rest / n)}${u}`;
+      rest %= n;
+    }
+  }
+  if (rest) out += `${+(rest / 1000).toFixed(3)}s`;
+  return out;
+}
+
+// rate renders a limit per window: "1,000 / 24h".
+const rate = (limit, window) => `${num(limit)} / ${dur(window)}`;
+
+// clip shows a long identifier or text cut to its box, whole in its title, so that no table
+// overflows.
+const clip = (text) => el("span", { class: "clip", title: String(text ?? "") }, opt(text));
+// ruleID shows a rule's id whole, wrapped where it is too long for its box after its dots,
+// underscores and dashes: ids such as edge.source_cluster_proxy.destination_cluster_payments
+// differ only at their end, which a cut would hide.
+const ruleID = (id) => el("span", { class: "id", title: String(id ?? "") },
+  ...(id ? String(id).split(/(?<=[._-])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part])) : [NONE]));
 const time = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
-const when = (t) => new Date(t).toLocaleString([], { hour12: false });
+const when = (t) => new Date(t).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hour12: false });
 
 // Banners: one per missing part, the rest of the console working.
 const problems = new Map();
@@ -85,13 +137,23 @@ function fleet(ps) {
     if (down.length) problem("process:" + p.instance, `${p.role} ${p.instance} sees ${down.map(([n, d]) => `${n} down (${d.error || "no answer"})`).join(", ")}.`);
     const fm = (p.checker && p.checker.fail_mode) || [];
     if (fm.length) problem("process:" + p.instance + ":fail", `checker ${p.instance} answers ${fm.length} rule(s) by fail mode: ${fm.map((r) => `${r.rule} (${r.fail_mode})`).join(", ")}.`);
-    const r = p.checker && p.checker.checks_per_second, a = p.aggregator;
+    const a = p.aggregator;
+    const r = p.checker && ((liveRates && liveRates.checkers[p.instance]) || p.checker.checks_per_second);
     return el("tr", { "data-instance": p.instance, "data-role": p.role },
       el("td", {}, p.role), el("td", {}, p.instance),
       el("td", {}, ...deps.map(([n, d]) => el("span", { class: "tag" + (d.state === "down" ? " down" : "") }, `${n} ${d.state}`))),
-      el("td", {}, r ? `${num(Math.round(r.allowed + r.delayed + r.denied + r.degraded))} checks/s` :
-        a ? `lag ${num(a.lag_messages)} · ${a.partitions_owned} partitions${a.leader ? " · leader" : ""}` : ""));
+      r ? checksCell(r) : el("td", {}, a ? `lag ${num(a.lag_messages)} · ${num(a.partitions_owned)} partitions${a.leader ? " · leader" : ""}` : NONE));
   }));
+}
+
+// The live counters and each checker's row show one measure: the checkers' own counts of the
+// checks they decided over their last health report (the live feed's rates event), the
+// counters their sum. A row's checks/s is the sum of its outcomes as the counters round them.
+let liveRates = null;
+const perSecond = (r) => ["allowed", "delayed", "denied", "degraded"].reduce((s, k) => s + Math.round(r[k] || 0), 0);
+function checksCell(r) {
+  const n = perSecond(r);
+  return el("td", { class: "checks", "data-checks": n }, `${num(n)} checks/s`);
 }
 
 // ---- Live: transitions and rates, as server-sent events read with fetch (EventSource cannot
@@ -100,6 +162,7 @@ let liveAbort;
 async function live() {
   if (liveAbort) liveAbort.abort();
   const ctl = (liveAbort = new AbortController());
+  liveRates = null; // until the feed's first rates, the rows show their own reports
   const q = new URLSearchParams([...new FormData($("#live-filter"))].filter(([, v]) => v));
   $("#live-status").textContent = "Connecting…";
   try {
@@ -129,13 +192,18 @@ async function live() {
 
 function onLive(event, d) {
   if (event === "rates") {
-    for (const k of ["allowed", "delayed", "denied", "degraded"]) $("#rate-" + k).textContent = num(d[k]);
+    liveRates = d;
+    for (const k of ["allowed", "delayed", "denied", "degraded"]) $("#rate-" + k).textContent = num(Math.round(d[k]));
+    for (const [instance, r] of Object.entries(d.checkers || {})) {
+      const cell = $(`#processes tr[data-role="checker"][data-instance="${CSS.escape(instance)}"] td.checks`);
+      if (cell) cell.replaceWith(checksCell(r));
+    }
   } else if (event === "transition") {
     const li = el("li", { "data-to": d.to, "data-subject": `${d.dimension}:${d.subject}`, "data-rule": d.rule_id },
       el("span", { class: "at" }, time(d.at)),
       el("span", { class: "who" }, `${d.dimension}:${d.subject} · ${d.rule_id} · ${d.tier}`),
       el("span", { class: "state" }, `${d.from} → ${d.to}`));
-    li.title = `usage ${(d.usage_ratio * 100).toFixed(0)}%, ${d.remaining}/${d.limit} left`;
+    li.title = `usage ${(d.usage_ratio * 100).toFixed(0)}%, ${num(d.remaining)} of ${num(d.limit)} left`;
     const list = $("#live-list");
     list.prepend(li);
     while (list.children.length > 200) list.lastChild.remove();
@@ -154,11 +222,11 @@ async function usage() {
     drawChart(s);
     fill($("#usage-totals"), s.keys.map((k) => {
       const t = s.totals[k];
-      return el("tr", { "data-key": k, "data-checks": t.checks }, el("td", {}, k), ...[t.checks, t.allowed, t.delayed, t.denied, t.degraded]
+      return el("tr", { "data-key": k, "data-checks": t.checks }, el("td", {}, by === "rule" ? ruleID(k) : clip(k)), ...[t.checks, t.allowed, t.delayed, t.denied, t.degraded]
         .map((n) => el("td", { class: "num" }, num(n))));
     }));
     fill($("#usage-top"), top.map((r) => el("tr", { "data-subject": r.subject },
-      el("td", {}, el("a", { href: `#subject/${encodeURIComponent(r.subject)}` }, r.subject)), el("td", {}, r.tier),
+      el("td", {}, el("a", { href: `#subject/${encodeURIComponent(r.subject)}` }, clip(r.subject))), el("td", {}, opt(r.tier)),
       el("td", { class: "num" }, num(r.checks)), el("td", { class: "num" }, num(r.denied)), el("td", { class: "num" }, num(r.degraded)))));
   } catch (e) {
     problem("usage", "Usage: " + e.message);
@@ -179,15 +247,24 @@ function drawChart(s) {
     series.allowed[i] += p.allowed; series.denied[i] += p.denied; series.degraded[i] += p.degraded;
   }
   const box = $("#usage-chart");
+  const value = (u, v) => (v == null ? NONE : num(v));
   const opts = {
     width: box.clientWidth || 320, height: 240,
-    series: [{}, { label: "allowed", stroke: "#1f8a4c", fill: "rgba(31,138,76,.08)" },
-      { label: "denied", stroke: "#c53030" }, { label: "fail mode", stroke: "#6b46c1" }],
-    axes: [{}, { size: 60 }],
+    series: [{}, { label: "allowed", stroke: "#1f8a4c", fill: "rgba(31,138,76,.08)", value },
+      { label: "denied", stroke: "#c53030", value }, { label: "fail mode", stroke: "#6b46c1", value }],
+    axes: [{}, { size: 60, values: (u, splits) => splits.map((v) => num(v)) }],
+    hooks: { setLegend: [legendNone] },
   };
   if (chart) chart.destroy();
   box.replaceChildren();
   chart = new uPlot(opts, [xs, series.allowed, series.denied, series.degraded], box);
+  legendNone(chart);
+}
+
+// legendNone shows uPlot's legend values without a point under the cursor as every absent
+// value of the console, not as uPlot's "--".
+function legendNone(u) {
+  for (const v of u.root.querySelectorAll(".u-legend .u-value")) if (v.textContent === "--") v.textContent = NONE;
 }
 
 // ---- Subject: limits (a peek), overrides, billing period, recent decisions.
@@ -195,44 +272,44 @@ async function subject(s, endpoint) {
   $("#subject-body").hidden = false;
   const [dim, id] = [s.slice(0, s.indexOf(":")), s.slice(s.indexOf(":") + 1)];
   try {
-    let limits, tier;
+    let limits, tier, quotaError;
     if (dim === "user" && !endpoint) {
-      const u = await call("GET", `/users/${encodeURIComponent(id)}/limits`);
-      tier = u.tier;
-      limits = u.limits.map((l) => ({ ...l, limit: l.limit, remaining: l.remaining, used: l.used }));
+      // Every rule of the user, whatever its endpoint; used, remaining and state as for any subject.
+      ({ tier, limits, quota_error: quotaError } = await call("GET", `/users/${encodeURIComponent(id)}/limits`));
     } else {
-      const p = await call("GET", `/subjects/${encodeURIComponent(s)}/limits?endpoint=${encodeURIComponent(endpoint || "/")}`);
-      tier = p.tier;
-      limits = p.limits;
+      ({ tier, limits } = await call("GET", `/subjects/${encodeURIComponent(s)}/limits?endpoint=${encodeURIComponent(endpoint || "/")}`));
     }
     $("#subject-tier").textContent = `tier ${tier}`;
-    fill($("#subject-limits"), limits.map((l) => el("tr", { "data-rule": l.rule_id, "data-limit": l.limit },
-      el("td", {}, l.rule_id), el("td", {}, l.endpoint), el("td", {}, l.algorithm), el("td", { class: "num" }, `${num(l.limit)}/${l.window}`),
-      el("td", { class: "num" }, l.used ?? "?"), el("td", { class: "num" }, l.remaining ?? "?"),
-      el("td", { class: { throttled: "denied-text", warning: "delayed-text" }[l.state] || "" }, l.state || ""),
-      el("td", {}, l.reset_at ? time(l.reset_at) : ""), el("td", {}, (l.overrides || []).map((o) => o.id).join(", ")))));
-    problem("subject", "");
+    // The columns a phone shows come first (rule, used, remaining, state); the minor ones last,
+    // hidden on a phone.
+    fill($("#subject-limits"), limits.map((l) => el("tr", { "data-rule": l.rule_id, "data-limit": l.limit, "data-state": l.state || "" },
+      el("td", {}, ruleID(l.rule_id)), el("td", { class: "num" }, opt(l.used, num)), el("td", { class: "num" }, opt(l.remaining, num)),
+      el("td", { class: "state " + ({ throttled: "denied-text", warning: "delayed-text", normal: "allowed-text" }[l.state] || "") }, opt(l.state)),
+      el("td", { class: "num" }, rate(l.limit, l.window)), el("td", {}, opt(l.reset_at, time)),
+      el("td", { class: "minor" }, opt(l.endpoint)), el("td", { class: "minor" }, opt(l.algorithm)),
+      el("td", { class: "minor" }, (l.overrides || []).map((o) => o.id).join(", ") || "none"))));
+    problem("subject", quotaError ? "Limits: " + quotaError : "");
   } catch (e) {
     problem("subject", "Limits: " + e.message);
   }
   const dimName = { api_key: "apikey" }[dim] || dim;
   call("GET", "/overrides").then(({ overrides: os }) => {
     const mine = os.filter((o) => o.dimension === dimName && o.identifier === id || o.tier && o.tier === $("#subject-tier").textContent.slice(5));
-    $("#subject-overrides").replaceChildren(...(mine.length ? mine.map(overrideItem) : [el("li", {}, "none")]));
+    $("#subject-overrides").replaceChildren(...(mine.length ? mine.map(overrideItem) : [el("li", { class: "none" }, "none")]));
   }).catch((e) => $("#subject-overrides").replaceChildren(el("li", { class: "error" }, e.message)));
   billing();
   call("GET", `/subjects/${encodeURIComponent(s)}/decisions?n=50`).then((ds) => fill($("#subject-decisions"), ds.map((d) =>
     el("tr", {}, el("td", {}, time(d.at)),
       el("td", { class: d.degraded ? "degraded-text" : d.allowed ? "allowed-text" : "denied-text" },
-        d.degraded ? (d.allowed ? "allowed (fail mode)" : "denied (fail mode)") : d.allowed ? (d.delay_ms ? `allowed after ${d.delay_ms} ms` : "allowed") : "denied"),
-      el("td", {}, d.endpoint), el("td", {}, d.rule), el("td", { class: "num" }, `${d.remaining}/${d.limit}`)))))
+        d.degraded ? (d.allowed ? "allowed (fail mode)" : "denied (fail mode)") : d.allowed ? (d.delay_ms ? `allowed after ${num(d.delay_ms)} ms` : "allowed") : "denied"),
+      el("td", { class: "minor" }, opt(d.endpoint)), el("td", {}, d.rule ? ruleID(d.rule) : "none"), el("td", { class: "num" }, d.rule ? `${num(d.remaining)} of ${num(d.limit)}` : NONE)))))
     .catch((e) => fill($("#subject-decisions"), [el("tr", {}, el("td", { class: "error", colSpan: 5 }, e.message))]));
 }
 
 function overrideItem(o) {
   const policy = o.source && o.source !== "admin";
   return el("li", {}, el("span", { class: "tag" + (policy ? " policy" : "") }, policy ? "policy: " + o.source : "admin"), " ",
-    `${o.id}: ${o.limit ? "limit " + o.limit : "×" + o.multiplier}${o.rule_id ? " on " + o.rule_id : ""} until ${when(o.expires_at)} — ${o.reason}`);
+    `${o.id}: ${o.limit ? "limit " + num(o.limit) : "×" + o.multiplier}${o.rule_id ? " on " + o.rule_id : ""} until ${when(o.expires_at)}: ${o.reason}`);
 }
 
 function billingQuery() {
@@ -272,10 +349,10 @@ async function overrides() {
   try {
     const { overrides: os } = await call("GET", "/overrides");
     fill($("#overrides"), os.map((o) => el("tr", { "data-id": o.id },
-      el("td", {}, o.id), el("td", {}, o.identifier ? `${o.dimension}:${o.identifier}` : o.tier ? "tier " + o.tier : "rule"),
-      el("td", {}, o.rule_id || "all"), el("td", {}, o.limit ? num(o.limit) : "×" + o.multiplier), el("td", {}, when(o.expires_at)),
+      el("td", {}, clip(o.id)), el("td", {}, clip(o.identifier ? `${o.dimension}:${o.identifier}` : o.tier ? "tier " + o.tier : "rule")),
+      el("td", {}, o.rule_id ? ruleID(o.rule_id) : "all"), el("td", { class: "num" }, o.limit ? num(o.limit) : "×" + o.multiplier), el("td", {}, when(o.expires_at)),
       el("td", {}, el("span", { class: "tag" + (o.source !== "admin" ? " policy" : "") }, o.source === "admin" ? o.creator : "policy: " + o.source)),
-      el("td", {}, o.reason),
+      el("td", { class: "wrap" }, o.reason),
       el("td", {}, el("button", { type: "button", class: "delete", onclick: () => deleteOverride(o.id) }, "Delete")))));
     problem("overrides", "");
   } catch (e) {
@@ -312,14 +389,21 @@ async function deleteOverride(id) {
 async function rulesView() {
   try {
     const doc = await call("GET", "/rules");
+    // A rules document writes a limit as a number or a string, and a window as its author did
+    // (60s, 1m, 24h, 1mo): both are rendered as everywhere else.
     fill($("#rules"), (doc.rules || []).map((r) => el("tr", { "data-rule": r.id },
-      el("td", {}, r.id), el("td", {}, r.dimension), el("td", {}, r.endpoint), el("td", {}, r.tier || "all"),
-      el("td", {}, r.algorithm || "unlimited"), el("td", { class: "num" }, r.limit ?? ""), el("td", {}, r.window ?? ""),
-      el("td", {}, r.candidate_of ? "candidate of " + r.candidate_of : r.shadow ? "shadow" : "enforced"))));
-    $("#tiers").replaceChildren(...Object.entries(doc.tiers || {}).map(([name, t]) =>
-      el("li", {}, el("strong", {}, name), name === doc.default_tier ? " (default) " : " ", t.description || "")));
-    $("#users").replaceChildren(...Object.entries(doc.users || {}).map(([name, u]) =>
-      el("li", {}, el("a", { href: `#subject/${encodeURIComponent("user:" + name)}` }, name), " ", u.tier ? "tier " + u.tier : "")));
+      el("td", {}, ruleID(r.id)), el("td", {}, opt(r.dimension)), el("td", {}, clip(r.endpoint)), el("td", {}, r.tier || "all"),
+      el("td", {}, r.algorithm || "unlimited"), el("td", { class: "num" }, opt(r.limit, (n) => (isNaN(Number(n)) ? n : num(n)))),
+      el("td", {}, opt(r.window, dur)),
+      el("td", {}, r.candidate_of ? el("span", {}, "candidate of ", ruleID(r.candidate_of)) : r.shadow ? "shadow" : "enforced"))));
+    const list = (items) => (items.length ? items : [el("li", { class: "none" }, "none")]);
+    $("#tiers").replaceChildren(...list(Object.entries(doc.tiers || {}).map(([name, t]) =>
+      el("li", {}, el("strong", {}, name), name === doc.default_tier ? " (default) " : " ", t.description || ""))));
+    // The rule store keeps users apart from the document, and GET /rules answers without them:
+    // absent is not none.
+    $("#users").replaceChildren(...(doc.users ? list(Object.entries(doc.users).map(([name, u]) =>
+      el("li", {}, el("a", { href: `#subject/${encodeURIComponent("user:" + name)}` }, name), " ", u.tier ? "tier " + u.tier : ""))) :
+      [el("li", { class: "none" }, `${NONE} not listed by the rules API: look a user up in the `, el("a", { href: "#subject" }, "Subject"), " view")]));
     problem("rules", "");
   } catch (e) {
     problem("rules", "Rules: " + e.message);

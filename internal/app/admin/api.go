@@ -86,11 +86,12 @@ type Config struct {
 	// Audit answers the usage and subject reads of the console (GET /api/v1/usage...); nil
 	// answers them 503.
 	Audit Audit
-	// JetStream feeds GET /api/v1/live from the events and decision streams and tells NATS's
-	// health; nil answers the feed 503.
+	// JetStream feeds GET /api/v1/live from the events stream and the processes' health
+	// reports, and tells NATS's health; nil answers the feed 503.
 	JetStream jetstream.JetStream
-	// MaxLiveFeeds bounds the live feeds this checker serves at once (each reads two streams
-	// and decodes every decision); past it GET /api/v1/live answers 503. 0 means 32.
+	// MaxLiveFeeds bounds the live feeds this checker serves at once (each holds two
+	// consumers, of the events stream and of the health reports); past it GET /api/v1/live
+	// answers 503. 0 means 32.
 	MaxLiveFeeds int
 	// MaxLiveFeedsPerToken bounds the live feeds one token holds at once, so that one read
 	// token cannot take them all (0 means 4); MaxLiveFeedDuration ends a feed after that long

@@ -255,8 +255,8 @@ func TestAdminRateLimitWithoutRedis(t *testing.T) {
 	}
 	// The user's limits still list, without remaining quotas, saying why.
 	got := env.call(t, "GET", "/api/v1/users/u/limits", writeToken, nil)
-	if got.status != 200 || got.body["quota_error"] == nil || strings.Contains(got.raw, `"remaining"`) {
-		t.Errorf("limits with Redis down = %d %s, want 200 with quota_error and no remaining", got.status, got.raw)
+	if got.status != 200 || got.body["quota_error"] == nil || strings.Contains(got.raw, `"remaining"`) || strings.Contains(got.raw, `"state"`) {
+		t.Errorf("limits with Redis down = %d %s, want 200 with quota_error and no remaining or state", got.status, got.raw)
 	}
 }
 
@@ -535,6 +535,63 @@ func TestAdminUserLimits(t *testing.T) {
 	got = env.call(t, "GET", "/api/v1/users/custom/limits", readToken, nil)
 	if !strings.Contains(got.raw, `"rule_id":"orders","dimension":"user","endpoint":"/orders","algorithm":"fixed_window","window":"1h0m0s","window_ms":3600000,"base_limit":10,"custom_limit":3,"limit":3`) {
 		t.Errorf("custom user's limits = %s, want orders with custom_limit 3", got.raw)
+	}
+}
+
+// TestAdminUserLimitsState: a user's limits name each one's used, remaining and warning state,
+// the same as the subject's limits at the rule's endpoint name them (the console's Subject view
+// reads the first for users, the second for every other subject).
+func TestAdminUserLimitsState(t *testing.T) {
+	t.Parallel()
+	env, _ := newAdminEnv(t, adminRules, Config{})
+	// orders: a fixed window of 10 per hour; a warning past 80% used (DefaultThresholds).
+	tests := []struct {
+		name            string
+		checks          int64
+		used, remaining int64
+		state           string
+	}{
+		{"unused", 0, 0, 10, "normal"},
+		{"at the threshold", 8, 8, 2, "normal"},
+		{"past the threshold", 9, 9, 1, "warning"},
+		{"spent", 10, 10, 0, "throttled"},
+		{"denied past it", 12, 10, 0, "throttled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			user := id(t, "state")
+			for range tt.checks {
+				env.check(t, user, "/orders")
+			}
+			got := env.call(t, "GET", "/api/v1/users/"+user+"/limits", readToken, nil)
+			var body userLimits
+			if err := json.Unmarshal([]byte(got.raw), &body); got.status != 200 || err != nil {
+				t.Fatalf("GET user limits = %d %s (%v)", got.status, got.raw, err)
+			}
+			var orders *userLimit
+			for i := range body.Limits {
+				if body.Limits[i].RuleID == "orders" {
+					orders = &body.Limits[i]
+				}
+			}
+			if orders == nil || orders.Used == nil || orders.Remaining == nil {
+				t.Fatalf("user limits %s: want orders with used and remaining", got.raw)
+			}
+			if *orders.Used != tt.used || *orders.Remaining != tt.remaining || orders.State != tt.state {
+				t.Errorf("user limits, orders: used %d, remaining %d, state %q; want %d, %d, %q",
+					*orders.Used, *orders.Remaining, orders.State, tt.used, tt.remaining, tt.state)
+			}
+			got = env.call(t, "GET", "/api/v1/subjects/user:"+user+"/limits?endpoint=/orders", readToken, nil)
+			var subj subjectLimits
+			if err := json.Unmarshal([]byte(got.raw), &subj); got.status != 200 || err != nil || len(subj.Limits) != 1 {
+				t.Fatalf("GET subject limits = %d %s (%v); want orders alone", got.status, got.raw, err)
+			}
+			if s := subj.Limits[0]; s.Used != *orders.Used || s.Remaining != *orders.Remaining || s.State != orders.State {
+				t.Errorf("subject limits, orders: used %d, remaining %d, state %q; want the user limits' %d, %d, %q",
+					s.Used, s.Remaining, s.State, *orders.Used, *orders.Remaining, orders.State)
+			}
+		})
 	}
 }
 

@@ -327,10 +327,15 @@ type userLimit struct {
 	Used        *int64           `json:"used,omitempty"`
 	Remaining   *int64           `json:"remaining,omitempty"`
 	ResetAt     *time.Time       `json:"reset_at,omitempty"`
+	// State is "normal", "warning" or "throttled", as GET /subjects/{subject}/limits names a
+	// limit's: the console shows it for users as for every subject. Absent, as Used and
+	// Remaining are, while the quotas cannot be peeked (QuotaError).
+	State string `json:"state,omitempty"`
 }
 
 // userLimits lists the user's rules with their effective limits as this checker enforces them
-// (its watched set, overrides applied) and the remaining quota of each, peeked from Redis.
+// (its watched set, overrides applied) and the used and remaining quota and warning state of
+// each, peeked from Redis.
 func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 	user := r.PathValue("user_id")
 	if user == "" || len(user) > checker.MaxIdentifierLen {
@@ -361,7 +366,7 @@ func (a *API) userLimits(r *http.Request, _ caller) (int, any, error) {
 		if u.Err == nil {
 			res := l.Result
 			reset := res.ResetAt.UTC()
-			ul.Used, ul.Remaining, ul.ResetAt = &res.Used, &res.Remaining, &reset
+			ul.Used, ul.Remaining, ul.ResetAt, ul.State = &res.Used, &res.Remaining, &reset, l.State().String()
 		}
 		out.Limits = append(out.Limits, ul)
 	}

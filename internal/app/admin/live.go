@@ -3,42 +3,50 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
+	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/broker"
-	"github.com/quotaflow/quotaflow/internal/stream"
-	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
 // streamBody is an answer sent as it comes (server-sent events) instead of one body.
 type streamBody func(w http.ResponseWriter, r *http.Request)
 
-// Rates are the checks of every checker per second, by outcome: what the decision stream
-// carried over the last second.
+// Rates are the checks per second by outcome of every checker, and of each one by instance, as
+// the checkers' health reports give them: each checker's own count of the checks it decided
+// over its last report interval (health.CheckerView.Rates). The console shows the sum as its
+// counters and each checker's in that checker's row, so that the two are one measure and
+// agree. They were once counted from the decision stream, each second's arrivals, which
+// disagreed with the rows: a row changed with its checker's report (every 2s, rates over the
+// last 2s, the first report none), read by the console every 5s, so that traffic showed in the
+// counters seconds before the row and a short burst not in the row at all; the stream carries
+// decisions late under load (batched, spooled, replayed after an outage, read by a consumer
+// that falls behind); and it carries settles, cancels and lease releases, which are no checks
+// and were counted as allowed ones.
 type Rates struct {
-	At       time.Time `json:"at"`
-	Allowed  int64     `json:"allowed"`
-	Delayed  int64     `json:"delayed"`
-	Denied   int64     `json:"denied"`
-	Degraded int64     `json:"degraded"`
+	At time.Time `json:"at"`
+	health.Rates
+	// Checkers are each checker's rates, by instance.
+	Checkers map[string]health.Rates `json:"checkers"`
 }
 
 // rateInterval is how often the live feed sends Rates: an idle feed sends zeros, which also
-// keeps proxies from closing it.
+// keeps proxies from closing it. The rates change with each checker's report (every 2s by
+// default).
 const rateInterval = time.Second
 
 // live answers GET /api/v1/live?tier=&rule=&subject= as server-sent events: "transition"
 // events (events.Transition, as the aggregators publish them) that match the filters (subject
-// as dimension:identifier), and every second a "rates" event (Rates) counted from the
-// decision stream, which carries every checker's decisions. Both are read with ephemeral
-// ordered consumers: a feed changes nothing on the server, and ends with its client.
+// as dimension:identifier), and every second a "rates" event (Rates) from the checkers' health
+// reports. Both are read with ephemeral ordered consumers: a feed changes nothing on the
+// server, and ends with its client.
 func (a *API) live(r *http.Request, c caller) (int, any, error) {
 	if a.js == nil {
 		return 0, nil, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
@@ -108,35 +116,30 @@ func (a *API) serveLive(w http.ResponseWriter, r *http.Request, keep func(*event
 	}
 	errs := make(chan error, 2)
 	go func() { errs <- a.tailTransitions(ctx, f, keep) }()
-	go func() { errs <- a.tailDecisions(ctx, f) }()
-	tick := time.NewTicker(rateInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case err := <-errs:
-			if ctx.Err() == nil {
-				a.log.Warn("live feed ended", "err", err)
-				_ = f.send("error", map[string]string{"message": fmt.Sprintf("live feed: %v", err)})
-			}
-			return
-		case now := <-tick.C:
-			if f.send("rates", f.takeRates(now)) != nil {
-				return
-			}
+	go func() { errs <- a.tailRates(ctx, f) }()
+	running := 2
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		running--
+		if ctx.Err() == nil {
+			a.log.Warn("live feed ended", "err", err)
+			_ = f.send("error", map[string]string{"message": fmt.Sprintf("live feed: %v", err)})
 		}
+	}
+	// The tails write to w, which must not be written once the handler returns.
+	cancel()
+	for ; running > 0; running-- {
+		<-errs
 	}
 }
 
-// liveFeed is one client's live feed: the events written to it, and the rates counted since
-// the last "rates" event. Its tails and its ticker write from their own goroutines.
+// liveFeed is one client's live feed: the events written to it, from its tails' goroutines.
 type liveFeed struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController
 
-	mu    sync.Mutex // one writer at a time; guards rates
-	rates Rates
+	mu sync.Mutex // one writer at a time
 }
 
 // send writes one event and flushes it to the client.
@@ -153,34 +156,6 @@ func (f *liveFeed) send(event string, v any) error {
 	return f.rc.Flush()
 }
 
-// count adds a batch's decisions to the rates, by outcome.
-func (f *liveFeed) count(b *quotaflowv1.DecisionBatch) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, d := range b.Decisions {
-		switch {
-		case d.GetDegraded():
-			f.rates.Degraded++
-		case !d.GetAllowed():
-			f.rates.Denied++
-		case d.GetDelayUs() > 0:
-			f.rates.Delayed++
-		default:
-			f.rates.Allowed++
-		}
-	}
-}
-
-// takeRates returns the rates counted since the last call, stamped now, and starts over.
-func (f *liveFeed) takeRates(now time.Time) Rates {
-	f.mu.Lock()
-	r := f.rates
-	f.rates = Rates{}
-	f.mu.Unlock()
-	r.At = now.UTC()
-	return r
-}
-
 // tailTransitions sends the warning transitions that keep accepts, from now on, until ctx
 // ends or the feed fails.
 func (a *API) tailTransitions(ctx context.Context, f *liveFeed, keep func(*events.Transition) bool) error {
@@ -193,15 +168,93 @@ func (a *API) tailTransitions(ctx context.Context, f *liveFeed, keep func(*event
 	})
 }
 
-// tailDecisions counts the decisions of every checker into the feed's rates, from now on,
-// until ctx ends or the stream fails.
-func (a *API) tailDecisions(ctx context.Context, f *liveFeed) error {
-	return broker.Tail(ctx, a.js, stream.Name, nil, false, func(m jetstream.Msg) (bool, error) {
-		var b quotaflowv1.DecisionBatch
-		if proto.Unmarshal(m.Data(), &b) != nil {
-			return false, nil
+// tailRates sends the checkers' rates (Rates) every rateInterval, from their health reports
+// as they are put into the health bucket, until ctx ends or the watch fails. Until the bucket
+// exists (no process has reported yet) the rates are zeros.
+func (a *API) tailRates(ctx context.Context, f *liveFeed) error {
+	reports := map[string]health.Report{} // the checkers' latest, by key
+	var (
+		w       jetstream.KeyWatcher
+		updates <-chan jetstream.KeyValueEntry // nil, so never ready, until w watches
+	)
+	defer func() {
+		if w != nil {
+			_ = w.Stop()
 		}
-		f.count(&b)
-		return false, nil
-	})
+	}()
+	tick := time.NewTicker(rateInterval)
+	defer tick.Stop()
+	for {
+		if w == nil {
+			var err error
+			switch w, err = watchReports(ctx, a.js); {
+			case err == nil:
+				updates = w.Updates()
+			case ctx.Err() != nil:
+				return nil
+			case !errors.Is(err, jetstream.ErrBucketNotFound):
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-updates:
+			switch {
+			case !ok:
+				return errors.New("health reports: the watch ended")
+			case e == nil: // the reports present when the watch began are all in
+			case e.Operation() != jetstream.KeyValuePut:
+				delete(reports, e.Key()) // a process that stopped cleanly
+			default:
+				var r health.Report
+				if json.Unmarshal(e.Value(), &r) != nil || r.Role != health.RoleChecker || r.Checker == nil {
+					delete(reports, e.Key())
+					continue
+				}
+				reports[e.Key()] = r
+			}
+		case now := <-tick.C:
+			if err := f.send("rates", sumRates(reports, now)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// watchReports watches every key of the health bucket, beginning with the reports in it now.
+// The bucket's lookup is bounded as a health probe is: a NATS that does not answer ends the
+// feed with an error event, which the console shows and reconnects after, rather than leaving
+// it open with nothing in it.
+func watchReports(ctx context.Context, js jetstream.JetStream) (jetstream.KeyWatcher, error) {
+	lctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(lctx, health.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("health reports: %w", err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("watch health reports: %w", err)
+	}
+	return w, nil
+}
+
+// sumRates adds up the rates of the checkers' reports current at now. A report expires from
+// the bucket after a few of its intervals without telling watchers: one older than that is a
+// checker gone (or cut off from NATS), and counts for nothing, as health.List would not list it.
+func sumRates(reports map[string]health.Report, now time.Time) Rates {
+	out := Rates{At: now.UTC(), Checkers: map[string]health.Rates{}}
+	for _, r := range reports {
+		if now.Sub(r.At) > time.Duration(health.DefaultKeepIntervals)*r.Interval {
+			continue
+		}
+		c := r.Checker.Rates
+		out.Checkers[r.Instance] = c
+		out.Allowed += c.Allowed
+		out.Delayed += c.Delayed
+		out.Denied += c.Denied
+		out.Degraded += c.Degraded
+	}
+	return out
 }

@@ -3,8 +3,10 @@ package admin
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/quotaflow/quotaflow/checker"
-	"github.com/quotaflow/quotaflow/internal/stream"
+	"github.com/quotaflow/quotaflow/internal/app/health"
 	"github.com/quotaflow/quotaflow/internal/testbed/rulestoretest"
 )
 
@@ -24,10 +26,6 @@ func TestLiveFeedBounds(t *testing.T) {
 	store, js := rulestoretest.Seeded(t, adminRules)
 	set, err := store.Current(context.Background())
 	if err != nil {
-		t.Fatal(err)
-	}
-	// The feed reads the decision stream, which the checkers create.
-	if _, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: stream.Name, Subjects: []string{stream.SubjectPrefix + ".>"}}); err != nil {
 		t.Fatal(err)
 	}
 	env := newEnv(t, checker.Config{Rules: set}, Config{RuleStore: store, JetStream: js, ReadPerMinute: 1e6, WritePerMinute: 1e6,
@@ -64,5 +62,113 @@ func TestLiveFeedBounds(t *testing.T) {
 	io.Copy(io.Discard, first.Body)
 	if took := time.Since(opened); took < 2*time.Second || took > 30*time.Second {
 		t.Errorf("the feed ended after %v, want after its 2s", took)
+	}
+}
+
+// TestLiveRates: the live feed's rates are the checkers' health reports, the source of the
+// console's checker rows: each checker's rates by instance, and their sum for the counters. An
+// aggregator's report counts for nothing, nor does a checker's too old to be alive (a report
+// expires from the bucket without telling its watchers) or one deleted (a checker that stopped).
+func TestLiveRates(t *testing.T) {
+	t.Parallel()
+	store, js := rulestoretest.Seeded(t, adminRules)
+	set, err := store.Current(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := newEnv(t, checker.Config{Rules: set}, Config{RuleStore: store, JetStream: js, ReadPerMinute: 1e6,
+		Tokens: map[string]Token{readToken: {"dashboard", RoleRead}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: health.Bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	report := func(instance string, at time.Time, r health.Rates) health.Report {
+		return health.Report{Role: health.RoleChecker, Instance: instance, At: at, Interval: time.Minute, Checker: &health.CheckerView{Rates: r}}
+	}
+	a, b := health.Rates{Allowed: 20, Denied: 2.5}, health.Rates{Allowed: 5, Delayed: 1, Degraded: 3}
+	tests := []struct {
+		name   string
+		change func() error // before the feed opens for the first
+		want   Rates
+	}{
+		{"every checker", func() error {
+			for key, r := range map[string]health.Report{
+				"checker.a":    report("a", now, a),
+				"checker.b":    report("b", now, b),
+				"checker.gone": report("gone", now.Add(-time.Hour), health.Rates{Allowed: 1000}),
+				"aggregator.x": {Role: health.RoleAggregator, Instance: "x", At: now, Interval: time.Minute, Aggregator: &health.AggregatorView{}},
+			} {
+				v, _ := json.Marshal(r)
+				if _, err := kv.Put(ctx, key, v); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, Rates{Rates: health.Rates{Allowed: 25, Delayed: 1, Denied: 2.5, Degraded: 3}, Checkers: map[string]health.Rates{"a": a, "b": b}}},
+		{"a checker stopped", func() error { return kv.Delete(ctx, "checker.b") },
+			Rates{Rates: a, Checkers: map[string]health.Rates{"a": a}}},
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", env.url+"/api/v1/live", nil)
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	var (
+		resp *http.Response // the feed, opened after the first change, read by every step
+		feed *bufio.Reader
+	)
+	defer func() {
+		if resp != nil {
+			resp.Body.Close()
+		}
+	}()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.change(); err != nil {
+				t.Fatal(err)
+			}
+			if resp == nil {
+				var err error
+				if resp, err = http.DefaultClient.Do(req); err != nil {
+					t.Fatal(err)
+				}
+				feed = bufio.NewReader(resp.Body)
+			}
+			// The rates of the reports put before the watch, or since: the events before it
+			// are zeros, or the previous step's.
+			var got Rates
+			for range 20 {
+				data, err := nextEvent(feed, "rates")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = Rates{}
+				if err := json.Unmarshal([]byte(data), &got); err != nil {
+					t.Fatalf("rates %s: %v", data, err)
+				}
+				got.At = time.Time{}
+				if reflect.DeepEqual(got, tt.want) {
+					return
+				}
+			}
+			t.Errorf("rates %+v, want %+v", got, tt.want)
+		})
+	}
+}
+
+// nextEvent reads server-sent events until one named event, and returns its data.
+func nextEvent(r *bufio.Reader, event string) (string, error) {
+	var name string
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		switch line = strings.TrimSuffix(line, "\n"); {
+		case strings.HasPrefix(line, "event: "):
+			name = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: ") && name == event:
+			return strings.TrimPrefix(line, "data: "), nil
+		}
 	}
 }
