@@ -80,7 +80,8 @@ FUZZ_TARGETS := \
 	./checker/transport:FuzzRLS \
 	./checker/transport:FuzzForwardAuth \
 	./checker/transport:FuzzCheckRateLimits \
-	./internal/app/admin:FuzzAdminBodies
+	./internal/app/admin:FuzzAdminBodies \
+	./internal/webhook:FuzzVerify
 FUZZTIME ?= 20s
 
 ## fuzz: install what is missing, then run each fuzz target for FUZZTIME (default 20s)
