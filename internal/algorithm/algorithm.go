@@ -31,6 +31,9 @@ const (
 	// Concurrency counts requests in flight: at most the limit's places held at once, each
 	// from the check that takes it until released, or for the window when never released.
 	Concurrency
+	// Balance is an entitlement's balance: grants that charges burn in order, per calendar
+	// period (lua/balance.lua). Rules files never name it: entitlements declare it.
+	Balance
 )
 
 // row is what tells one algorithm from another.
@@ -52,6 +55,9 @@ type row struct {
 	// holds marks an algorithm whose charges each take a place held until released, one per
 	// check whatever its cost.
 	holds bool
+	// remote marks an algorithm whose state lives only in Redis (a balance made of grants the
+	// admin API wrote there): it has no Go twin, and Local never decides it.
+	remote bool
 }
 
 // table is the one table of algorithms, indexed by ID; entry 0 is none. internal/bucket's
@@ -65,6 +71,7 @@ var table = [...]row{
 	GCRA:                 {name: "gcra", code: "gcra", burst: true},
 	CalendarWindow:       {name: "fixed_window", code: "cw", module: "calendar_window", derived: true},
 	Concurrency:          {name: "concurrency", code: "cc", holds: true},
+	Balance:              {name: "balance", code: "bl", derived: true, remote: true},
 }
 
 // All yields every algorithm of the table, in its order (the order of the Lua modules).
@@ -141,3 +148,7 @@ func (a ID) Holds() bool { return a.Valid() && table[a].holds }
 // HasBurst reports whether the algorithm has a capacity distinct from its limit per window
 // (token bucket, leaky bucket, GCRA). Window algorithms count up to their limit.
 func (a ID) HasBurst() bool { return a.Valid() && table[a].burst }
+
+// Remote reports whether a's state lives only in Redis: it has no Go twin, and no fail mode
+// decides it locally.
+func (a ID) Remote() bool { return a.Valid() && table[a].remote }

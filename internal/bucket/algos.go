@@ -91,6 +91,7 @@ var evals = [...]func(s *state, p params, now, cost float64) outcome{
 	algorithm.GCRA:                 evalGCRA,
 	algorithm.CalendarWindow:       evalCalendarWindow,
 	algorithm.Concurrency:          evalConcurrency,
+	algorithm.Balance:              nil, // remote: its grants live in Redis only
 }
 
 func evalTokenBucket(s *state, p params, now, cost float64) outcome {

@@ -34,9 +34,10 @@ type Limit struct {
 	// at random by the caller, which proves itself its holder by knowing it (Store.Release,
 	// Store.Renew), 1 to MaxHolder bytes. The other algorithms ignore it.
 	Holder string
-	// Periods are, for algorithm.CalendarWindow, two consecutive calendar periods around the caller's
-	// clock (calendar.Period.Around): the decision is made in the one that holds Redis's time,
-	// and Window is only the unit's nominal length. Other algorithms ignore them.
+	// Periods are, for algorithm.CalendarWindow and algorithm.Balance, two consecutive calendar
+	// periods around the caller's clock (calendar.Period.Around): the decision is made in the
+	// one that holds Redis's time, and Window is only the unit's nominal length. Other
+	// algorithms ignore them. A balance's Limit is 1 + its overage cap (1: none).
 	Periods calendar.Span
 	// OverageCap bounds what a settle charges this limit past its reservation's estimate
 	// (Store.Settle); 0 means no bound.

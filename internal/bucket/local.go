@@ -120,7 +120,10 @@ func (l *Local) decide(now time.Time, reqs []Request, res []Result) {
 			lim := &req.Limits[j]
 			p := paramsOf(lim)
 			var o outcome
-			if valid[i] {
+			if valid[i] && lim.Algorithm.Remote() {
+				// A balance's grants live in Redis only: Local denies it rather than guess.
+				o = outcome{retry: p.window}
+			} else if valid[i] {
 				o = evaluate(lim.Algorithm, l.shards[shardOf[len(outs)]].lookup(lim.Key, lim.Algorithm, nowUS), p, nowUS, float64(req.Cost))
 			}
 			outs, ps = append(outs, o), append(ps, p)

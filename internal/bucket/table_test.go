@@ -25,10 +25,12 @@ func TestAlgorithmTable(t *testing.T) {
 	for a := range algorithm.All {
 		t.Run(a.String(), func(t *testing.T) {
 			code := a.Code()
-			if int(a) >= len(evals) || evals[a] == nil {
-				t.Fatalf("algorithm %d has no Go twin (evals)", a)
+			if hasTwin := int(a) < len(evals) && evals[a] != nil; hasTwin == a.Remote() {
+				t.Fatalf("algorithm %d: Go twin (evals) %v, want one unless it is remote", a, hasTwin)
 			}
-			if got, err := algorithm.Parse(a.String()); err != nil || (got != a) != a.Derived() {
+			if got, err := algorithm.Parse(a.String()); a.Remote() && err == nil {
+				t.Errorf("algorithm.Parse(%q) = %v: rules files must not name a remote algorithm", a.String(), got)
+			} else if !a.Remote() && (err != nil || (got != a) != a.Derived()) {
 				t.Errorf("algorithm.Parse(%q): got %v, %v; want %v (or, for a derived one, another)", a.String(), got, err, a)
 			}
 			src, err := luaFiles.ReadFile("lua/" + a.Module() + ".lua")
@@ -141,6 +143,7 @@ func TestAlgorithmContract(t *testing.T) {
 		{algorithm.GCRA, "gcra", "gcra", true},
 		{algorithm.CalendarWindow, "fixed_window", "cw", false},
 		{algorithm.Concurrency, "concurrency", "cc", false},
+		{algorithm.Balance, "balance", "bl", false},
 	}
 	if got := slices.Collect(algorithm.All); len(got) != len(want) {
 		t.Errorf("algorithms: got %v, want %d (a new one needs its row here)", got, len(want))

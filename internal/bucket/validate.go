@@ -86,7 +86,7 @@ func (l *Limit) validate() error {
 		return fmt.Errorf("max delay must be between 0 and %v, got %v", time.Duration(maxValue)*time.Microsecond, l.MaxDelay)
 	case l.MaxDelay > 0 && l.Algorithm != algorithm.GCRA && l.Algorithm != algorithm.LeakyBucket:
 		return fmt.Errorf("only gcra and leaky_bucket limits queue (max delay), not %s", l.Algorithm)
-	case l.Algorithm == algorithm.CalendarWindow:
+	case l.Algorithm == algorithm.CalendarWindow || l.Algorithm == algorithm.Balance:
 		return l.validatePeriods()
 	case l.Algorithm.Holds() && (l.Holder == "" || len(l.Holder) > MaxHolder):
 		return fmt.Errorf("a concurrency limit needs a lease id of 1 to %d bytes, got %d", MaxHolder, len(l.Holder))
@@ -117,9 +117,10 @@ func (l *Limit) validatePeriods() error {
 func (l *Limit) windowUS() int64 { return l.Window.Microseconds() }
 
 // scriptArgs are the numbers the script gets in the places of a limit's window and burst:
-// those, or a algorithm.CalendarWindow's periods (lua/calendar_window.lua).
+// those, or the periods of a algorithm.CalendarWindow or a algorithm.Balance
+// (lua/calendar_window.lua, lua/balance.lua).
 func (l *Limit) scriptArgs() (w, b int64) {
-	if l.Algorithm == algorithm.CalendarWindow {
+	if l.Algorithm == algorithm.CalendarWindow || l.Algorithm == algorithm.Balance {
 		p := l.Periods
 		return p.Start.Unix(), int64(p.First/time.Second)<<25 | int64(p.Second/time.Second)
 	}

@@ -1,0 +1,114 @@
+-- grant: writes and reads the grants of one balance (lua/balance.lua, whose helpers it uses),
+-- as the admin API asks. Store runs a head that builds the balance module, lua/prelude.lua,
+-- lua/balance.lua and this file as one script (grant.go: grantSource).
+--
+-- KEYS[1]   the balance's hash
+-- ARGV[1]   the operation; ARGV[2] what to add to Redis's time, in µs (0 but in tests:
+--           StoreConfig.ClockOffset); then the operation's:
+--   put   ARGV[3..12]: id, amount, priority, effective (Unix ms; 0: now), expires (Unix ms;
+--         0: never), recurring (0 or 1), rollover min, rollover max, W, B (the entitlement's
+--         periods, as a charge sends them). Makes g:<id>, issued for the period holding
+--         Redis's time. The same grant put again (a retry) changes nothing; another grant of
+--         that id is the error 'GRANT_EXISTS'; a grant past MAX_GRANTS is 'TOO_MANY_GRANTS'.
+--   void  ARGV[3..5]: id, W, B. Voids the grant from now on (a second void keeps the first instant);
+--         'GRANT_UNKNOWN' when there is none.
+--   read  ARGV[3], ARGV[4]: W, B. Nothing is written.
+-- Reply (every operation): { period start (Unix s), u, o, now (Unix ms), then 13 per grant:
+--   id, its 11 fields (balance.lua), live (1 when it counts now) }, the balance brought to the
+--   period holding Redis's time, as the next charge would see it.
+local MAX_GRANTS = 256
+
+-- clock_us is Redis's time in µs, shifted as asked.
+local function clock_us()
+  local tm = redis.call('TIME')
+  return tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + (tonumber(ARGV[2]) or 0)
+end
+
+local function reply(key, W, B)
+  local now = clock_us()
+  local st, _, live = bl_state(key, W, B, now)
+  local is_live = {}
+  for _, g in ipairs(live) do
+    is_live[g.id] = true
+  end
+  local out = {us(st.p), us(st.u), us(st.o), us(floor(now / 1000))}
+  for _, g in ipairs(st.grants) do
+    out[#out + 1] = g.id
+    for i = 1, 11 do
+      out[#out + 1] = us(g[i])
+    end
+    out[#out + 1] = is_live[g.id] and '1' or '0'
+  end
+  return out
+end
+
+local key, op = KEYS[1], ARGV[1]
+if op == 'read' then
+  local W, B = tonumber(ARGV[3]), tonumber(ARGV[4])
+  if #ARGV ~= 4 or not W or not B then
+    return redis.error_reply('ERR grant: malformed read')
+  end
+  return reply(key, W, B)
+end
+
+if op == 'void' then
+  if #ARGV ~= 5 or not tonumber(ARGV[4]) or not tonumber(ARGV[5]) then
+    return redis.error_reply('ERR grant: malformed void')
+  end
+  local v = redis.call('HGET', key, 'g:' .. ARGV[3])
+  if not v then
+    return redis.error_reply('GRANT_UNKNOWN')
+  end
+  local g, k = {}, 0
+  for x in string.gmatch(v, '[^ ]+') do
+    k = k + 1
+    g[k] = tonumber(x)
+  end
+  if g[10] == 0 then
+    g[10] = floor(clock_us() / 1000)
+    redis.call('HSET', key, 'g:' .. ARGV[3], bl_encode(g))
+  end
+  return reply(key, tonumber(ARGV[4]), tonumber(ARGV[5]))
+end
+
+if op ~= 'put' or #ARGV ~= 12 then
+  return redis.error_reply('ERR grant: malformed arguments')
+end
+local id = ARGV[3]
+local n = {}
+for i = 4, 12 do
+  n[i - 1] = tonumber(ARGV[i])
+  if not n[i - 1] or n[i - 1] < 0 or n[i - 1] ~= floor(n[i - 1]) then
+    return redis.error_reply('ERR grant: malformed argument ' .. i)
+  end
+end
+local now = clock_us()
+local now_ms = floor(now / 1000)
+local wid = bl_period(n[10], n[11], now)
+local eff = n[5]
+if eff == 0 then eff = now_ms end
+-- rem amt prio eff exp created rec rmin rmax void ip
+local g = {n[3], n[3], n[4], eff, n[6], now_ms, n[7], n[8], n[9], 0, wid}
+local field = 'g:' .. id
+local old = redis.call('HGET', key, field)
+if old then
+  local o, k = {}, 0
+  for x in string.gmatch(old, '[^ ]+') do
+    k = k + 1
+    o[k] = tonumber(x)
+  end
+  -- The same definition is a retry of this put: the grant as it stands is the answer.
+  if o[2] ~= g[2] or o[3] ~= g[3] or (n[5] ~= 0 and o[4] ~= g[4]) or o[5] ~= g[5] or o[7] ~= g[7] or o[8] ~= g[8] or o[9] ~= g[9] then
+    return redis.error_reply('GRANT_EXISTS')
+  end
+  return reply(key, n[10], n[11])
+end
+local count = 0
+for _, f in ipairs(redis.call('HKEYS', key)) do
+  if string.sub(f, 1, 2) == 'g:' then count = count + 1 end
+end
+if count >= MAX_GRANTS then
+  return redis.error_reply('TOO_MANY_GRANTS')
+end
+redis.call('HSET', key, field, bl_encode(g))
+return reply(key, n[10], n[11])

@@ -1,0 +1,267 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
+	"github.com/quotaflow/quotaflow/internal/calendar"
+)
+
+// balLimit is a balance of the grants at k over sp, letting charges past zero up to overage
+// (0: a hard balance).
+func balLimit(k string, overage int64, sp calendar.Span) Limit {
+	return Limit{Key: k, Algorithm: algorithm.Balance, Limit: 1 + overage, Window: sp.First, Periods: sp}
+}
+
+// put makes grant g at l's key, failing the test on an error.
+func put(t *testing.T, s *Store, l Limit, g Grant) Balance {
+	t.Helper()
+	b, err := s.PutGrant(ctxT(t), l.Key, g, l.Periods)
+	if err != nil {
+		t.Fatalf("PutGrant(%s): %v", g.ID, err)
+	}
+	return b
+}
+
+// grantsLeft maps each grant of b to what it has left.
+func grantsLeft(b Balance) map[string]int64 {
+	m := map[string]int64{}
+	for _, g := range b.Grants {
+		m[g.ID] = g.Remaining
+	}
+	return m
+}
+
+func readBalance(t *testing.T, s *Store, l Limit) Balance {
+	t.Helper()
+	b, err := s.ReadBalance(ctxT(t), l.Key, l.Periods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBalanceBurnOrder: four grants burn by priority, then the earliest expiry (never last),
+// then the oldest; a hard balance denies past zero until the period ends.
+func TestBalanceBurnOrder(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	now := redisNow(t, s)
+	sp := calendar.Period{Unit: calendar.Month}.Around(now)
+	l := balLimit(key(t, "bl"), 0, sp)
+	put(t, s, l, Grant{ID: "plan", Amount: 1000, Priority: 1, Recurring: true})
+	put(t, s, l, Grant{ID: "topup", Amount: 2000, Priority: 2})
+	put(t, s, l, Grant{ID: "promo", Amount: 500, Priority: 1, Expires: now.AddDate(0, 2, 0)})
+	put(t, s, l, Grant{ID: "bonus", Amount: 300, Priority: 1, Expires: now.AddDate(0, 1, 0)})
+
+	for i, tt := range []struct {
+		cost    int64
+		allowed bool
+		want    map[string]int64
+	}{
+		{900, true, map[string]int64{"bonus": 0, "promo": 0, "plan": 900, "topup": 2000}},
+		{1000, true, map[string]int64{"bonus": 0, "promo": 0, "plan": 0, "topup": 1900}},
+		{1901, false, map[string]int64{"bonus": 0, "promo": 0, "plan": 0, "topup": 1900}},
+		{1900, true, map[string]int64{"bonus": 0, "promo": 0, "plan": 0, "topup": 0}},
+	} {
+		r := check(t, s, one(l, tt.cost))
+		if r.Allowed != tt.allowed {
+			t.Fatalf("charge %d of %d: allowed %v, want %v (%+v)", i, tt.cost, r.Allowed, tt.allowed, r.Limits[0])
+		}
+		if got := grantsLeft(readBalance(t, s, l)); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("after charge %d of %d: grants left %v, want %v", i, tt.cost, got, tt.want)
+		}
+	}
+	r := check(t, s, one(l, 1))
+	end := sp.Start.Add(sp.First)
+	if !sp.Start.Add(sp.First).After(now) {
+		end = end.Add(sp.Second)
+	}
+	if lr := r.Limits[0]; r.Allowed || lr.Remaining != 0 || lr.Used != 3800 || !lr.ResetAt.Equal(end) {
+		t.Errorf("a charge of an empty balance: %+v, want denied, 0 left, 3800 used, reset at the period's end %s", lr, end)
+	}
+}
+
+// TestBalanceExact: concurrent charges from three stores burn exactly what the grants hold,
+// and a soft balance exactly that plus its overage cap; the overage is counted.
+func TestBalanceExact(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	stores := []*Store{s}
+	for range 2 {
+		o := NewStoreWithConfig(c, storeConfig(StoreConfig{}))
+		t.Cleanup(func() { o.Close() })
+		stores = append(stores, o)
+	}
+	sp := calendar.Period{Unit: calendar.Day}.Around(redisNow(t, s))
+	for _, tt := range []struct {
+		name    string
+		overage int64
+		want    int64
+	}{{"hard", 0, 100}, {"soft", 20, 120}} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := balLimit(key(t, "bl"), tt.overage, sp)
+			put(t, s, l, Grant{ID: "a", Amount: 60, Priority: 1})
+			put(t, s, l, Grant{ID: "b", Amount: 40, Priority: 2})
+			if got := raceCharges(t, stores, l, 3*64*2); got != tt.want {
+				t.Errorf("%d concurrent charges: %d allowed, want exactly %d", 3*64*2, got, tt.want)
+			}
+			b := readBalance(t, s, l)
+			if b.Used != tt.want || b.Overage != tt.overage || b.Remaining() != 0 {
+				t.Errorf("balance %+v: want used %d, overage %d, nothing left", b, tt.want, tt.overage)
+			}
+		})
+	}
+}
+
+// TestBalanceRollover: past a period's boundary the recurring grant is issued again and what
+// it had left rolls over (bounded by max) into a grant that expires with the new period, once,
+// however many stores charge first at once; one-off grants stay as they were. The periods are
+// a DST day's 23 h and 25 h.
+func TestBalanceRollover(t *testing.T) {
+	t.Parallel()
+	before, c := newStore(t)
+	now := redisNow(t, before).Truncate(time.Second)
+	sp := calendar.Span{Start: now.Add(-23*time.Hour + 30*time.Second), First: 23 * time.Hour, Second: 25 * time.Hour}
+	boundary := sp.Start.Add(sp.First)
+	var after []*Store
+	for range 3 {
+		a := NewStoreWithConfig(c, storeConfig(StoreConfig{ClockOffset: boundary.Sub(now) + time.Second}))
+		t.Cleanup(func() { a.Close() })
+		after = append(after, a)
+	}
+	l := balLimit(key(t, "bl"), 0, sp)
+	put(t, before, l, Grant{ID: "plan", Amount: 100, Priority: 1, Recurring: true, RolloverMax: 30})
+	put(t, before, l, Grant{ID: "topup", Amount: 10, Priority: 2})
+	if r := check(t, before, one(l, 60)); !r.Allowed {
+		t.Fatalf("charge of 60 before the boundary: %+v", r.Limits[0])
+	}
+	// Past the boundary: 100 issued again, 30 of the 40 left rolled over, the top-up's 10.
+	if got := raceCharges(t, after, l, 200); got != 140 {
+		t.Errorf("200 concurrent charges past the boundary: %d allowed, want 140 (100 + 30 rolled over + 10)", got)
+	}
+	b := readBalance(t, after[0], l)
+	roll := fmt.Sprintf("plan~%d", boundary.Unix())
+	want := map[string]int64{"plan": 0, "topup": 0, roll: 0}
+	if got := grantsLeft(b); fmt.Sprint(got) != fmt.Sprint(want) || !b.Period.Equal(boundary) || b.Used != 140 {
+		t.Errorf("balance past the boundary: %v, period %s, used %d; want %v, period %s, 140 used", got, b.Period, b.Used, want, boundary)
+	}
+	for _, g := range b.Grants {
+		if g.ID == roll && (!g.Expires.Equal(boundary.Add(sp.Second)) || g.Amount != 30 || g.Recurring) {
+			t.Errorf("rollover grant %+v: want 30, once, expiring with the period at %s", g, boundary.Add(sp.Second))
+		}
+	}
+}
+
+// TestBalanceRolloverAfterAGap: a recurring grant last issued two periods ago carries its whole
+// amount (bounded by max) into the current one: the period between went unused.
+func TestBalanceRolloverAfterAGap(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	now := redisNow(t, s).Truncate(time.Second)
+	// Issued in a period that ended an hour ago; the store two periods later.
+	sp := calendar.Span{Start: now.Add(-3 * time.Hour), First: 2 * time.Hour, Second: 2 * time.Hour}
+	old := NewStoreWithConfig(c, storeConfig(StoreConfig{ClockOffset: -2 * time.Hour}))
+	t.Cleanup(func() { old.Close() })
+	l := balLimit(key(t, "bl"), 0, sp)
+	put(t, old, l, Grant{ID: "plan", Amount: 100, Priority: 1, Recurring: true, RolloverMin: 5, RolloverMax: 80})
+	check(t, old, one(l, 90)) // 10 left in that period
+	later := calendar.Span{Start: sp.Start.Add(4 * time.Hour), First: 2 * time.Hour, Second: 2 * time.Hour}
+	lt := balLimit(l.Key, 0, calendar.Span{Start: later.Start.Add(-2 * time.Hour), First: 2 * time.Hour, Second: 2 * time.Hour})
+	laterStore := NewStoreWithConfig(c, storeConfig(StoreConfig{ClockOffset: 2 * time.Hour}))
+	t.Cleanup(func() { laterStore.Close() })
+	b := readBalance(t, laterStore, lt)
+	if got := grantsLeft(b); got["plan"] != 100 || got[fmt.Sprintf("plan~%d", later.Start.Unix())] != 80 {
+		t.Errorf("two periods on: %v, want the plan's 100 and 80 rolled over (its whole amount, at most max)", got)
+	}
+}
+
+// TestBalanceVoid: a void stops a grant from that instant; what it paid for stays paid.
+func TestBalanceVoid(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
+	l := balLimit(key(t, "bl"), 0, sp)
+	put(t, s, l, Grant{ID: "a", Amount: 100, Priority: 1})
+	check(t, s, one(l, 30))
+	b, err := s.VoidGrant(ctxT(t), l.Key, "a", sp)
+	if err != nil || b.Remaining() != 0 || b.Used != 30 || b.Grants[0].Voided.IsZero() || b.Grants[0].Remaining != 70 {
+		t.Fatalf("VoidGrant = %+v, %v; want voided with 70 unspent, 30 used, nothing live", b, err)
+	}
+	if r := check(t, s, one(l, 1)); r.Allowed {
+		t.Errorf("a charge after the void: allowed, want denied")
+	}
+	first := b.Grants[0].Voided
+	time.Sleep(2 * time.Millisecond)
+	if b, err := s.VoidGrant(ctxT(t), l.Key, "a", sp); err != nil || !b.Grants[0].Voided.Equal(first) {
+		t.Errorf("a second void: %+v, %v; want the first instant kept", b, err)
+	}
+	if _, err := s.VoidGrant(ctxT(t), l.Key, "nope", sp); !errors.Is(err, ErrGrantUnknown) {
+		t.Errorf("void of an unknown grant: %v, want ErrGrantUnknown", err)
+	}
+}
+
+// TestBalanceRefund: a balance charged in a call another limit denies gets every unit back to
+// the grants it came from.
+func TestBalanceRefund(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
+	l := balLimit(key(t, "bl"), 5, sp)
+	put(t, s, l, Grant{ID: "a", Amount: 3, Priority: 1})
+	put(t, s, l, Grant{ID: "b", Amount: 4, Priority: 2})
+	full := lim(key(t, "fw"), algorithm.FixedWindow, 1, time.Hour, 0)
+	check(t, s, one(full, 1))
+	res, err := s.Check(ctxT(t), []Request{one(l, 9), one(full, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Refunded || res[1].Allowed {
+		t.Fatalf("results %+v, want the balance's charge refunded", res)
+	}
+	b := readBalance(t, s, l)
+	if got := grantsLeft(b); got["a"] != 3 || got["b"] != 4 || b.Used != 0 || b.Overage != 0 {
+		t.Errorf("after the refund: %v, used %d, overage %d; want every grant whole, nothing used", got, b.Used, b.Overage)
+	}
+}
+
+// TestGrantWrites: a put again is a retry, another grant of that id is refused, and a balance
+// holds at most MaxGrants grants.
+func TestGrantWrites(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
+	l := balLimit(key(t, "bl"), 0, sp)
+	g := Grant{ID: "a", Amount: 10, Priority: 1}
+	put(t, s, l, g)
+	if b := put(t, s, l, g); len(b.Grants) != 1 || b.Grants[0].Remaining != 10 {
+		t.Errorf("the same put again: %+v, want the one grant unchanged", b)
+	}
+	g.Amount = 11
+	if _, err := s.PutGrant(ctxT(t), l.Key, g, sp); !errors.Is(err, ErrGrantExists) {
+		t.Errorf("another grant of id a: %v, want ErrGrantExists", err)
+	}
+	for i := 1; i < MaxGrants; i++ {
+		put(t, s, l, Grant{ID: fmt.Sprintf("g%d", i), Amount: 1, Priority: 1})
+	}
+	if _, err := s.PutGrant(ctxT(t), l.Key, Grant{ID: "one-too-many", Amount: 1, Priority: 1}, sp); !errors.Is(err, ErrTooManyGrants) {
+		t.Errorf("grant %d: %v, want ErrTooManyGrants", MaxGrants+1, err)
+	}
+	if _, err := s.PutGrant(ctxT(t), l.Key, Grant{ID: "", Amount: 1}, sp); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("a grant without an id: %v, want ErrInvalidRequest", err)
+	}
+}
+
+// TestBalanceLocal: Local never decides a balance (its grants live in Redis only): it denies.
+func TestBalanceLocal(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	l := balLimit("k", 1000, calendar.Period{Unit: calendar.Month}.Around(now))
+	if r := NewLocal(0).Check(now, one(l, 1)); r.Allowed {
+		t.Errorf("Local on a balance: %+v, want denied", r)
+	}
+}

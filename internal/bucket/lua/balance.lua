@@ -1,0 +1,255 @@
+-- balance (code 9): an entitlement's balance for one subject, made of grants (rules/grant.go)
+-- that a charge burns in order: by priority, then earliest expiry, then oldest, then id. A
+-- balance lives only in Redis: it has no Go twin, and no fail mode decides it locally.
+--
+-- Keys/arguments: one limit of call.lua (KEYS[i]; ARGV code '9', then
+--   L  1 + the overage cap: what a charge may take past a zero balance per period, summed
+--      (1 for a hard entitlement; 2^44 + 1 for a soft one without a cap);
+--   W, B  the entitlement's two calendar periods around the caller's clock, as
+--      calendar_window.lua takes them (W the first's start in Unix s, B the two lengths in s
+--      as first * 2^25 + second);
+--   token  "" for a charge; a refund's is the breakdown its charge answered).
+-- State: a hash.
+--   p   the period (its start, Unix s) the balance was last brought to
+--   u   units charged in that period (burned and overage); o the overage among them
+--   g:<id>  a grant: "rem amt prio eff exp created rec rmin rmax void ip", integers: what is
+--       left, its amount, priority, when it starts and expires (Unix ms; exp 0: never), when
+--       it was made (Unix ms), 1 when it recurs, the rollover's min and max (0 0: none), when
+--       it was voided (Unix ms; 0: not), and the period it was last issued for (Unix s).
+-- The hash never expires: a subject's grants outlive its periods. grant.lua writes grants.
+--
+-- A period's start brings the balance to it once, by whichever charge or read comes first
+-- (roll): u and o start over; each recurring grant not voided or ended is issued again for the
+-- period, and with a rollover carries what it had left (at least min, at most max; its whole
+-- amount when it was not used at all in the period before, as when no charge came) into a
+-- grant of its own, "g:<id>~<period>", that expires with the period; grants that expired
+-- or were voided before the period began are dropped. A grant made during a period is issued
+-- for it already (ip), and is not issued again by that period's roll.
+-- Live grants: not voided, started (eff <= now), not expired (exp = 0 or exp > now), rem > 0.
+-- Allowed when cost <= the live grants' sum, or the excess plus o fits L - 1. used = u,
+-- remaining = the sum. reset = the period's end. Denied: retry = reset - now (a recurring
+-- grant comes back then; a top-up may come sooner).
+-- Commit: roll, then burn the live grants in order, the excess going to o; the refund token is
+-- "<ov> <id>:<n> ..." (overage, then what each grant gave, in burn order).
+-- Refund (of a charge in the stored period only): give cost back, the overage first, then the
+-- grants in reverse burn order, as the token says; u and o fall by as much.
+-- Commands: HGETALL; on commit HSET (+ HDEL of grants dropped by a roll); on refund HMGET, HSET.
+local bl_eval, bl_commit, bl_refund, bl_charge
+-- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
+-- them.
+local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode
+if NEED_1 == '9' or NEED and NEED['9'] then
+  -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
+  -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
+  -- its own helpers, since a prelude closure is paid by every run.
+  function bl_period(W, B, t)
+    local first = floor(B / 33554432)
+    local second = B - first * 33554432
+    local s2 = W + first
+    local e2 = s2 + second
+    if t >= s2 * 1000000 and t < e2 * 1000000 then
+      return s2, e2 * 1000000, first, second
+    end
+    if t >= W * 1000000 and t < s2 * 1000000 then
+      return W, s2 * 1000000, first, second
+    end
+    error({err = 'ERR bucket: calendar periods do not hold Redis\'s time'})
+  end
+
+  -- bl_read returns the hash as a state: p, u, o and the grants, each a table of its fields
+  -- and its id, in a list.
+  function bl_read(key)
+    local h = redis.call('HGETALL', key)
+    local st = {grants = {}}
+    for i = 1, #h, 2 do
+      local f, v = h[i], h[i + 1]
+      if f == 'p' then
+        st.p = tonumber(v)
+      elseif f == 'u' then
+        st.u = tonumber(v)
+      elseif f == 'o' then
+        st.o = tonumber(v)
+      elseif string.sub(f, 1, 2) == 'g:' then
+        local g = {id = string.sub(f, 3)}
+        local k = 0
+        for n in string.gmatch(v, '[^ ]+') do
+          k = k + 1
+          g[k] = tonumber(n)
+        end
+        st.grants[#st.grants + 1] = g
+      end
+    end
+    st.u, st.o = st.u or 0, st.o or 0
+    return st
+  end
+
+  -- bl_roll brings st to the period starting at wid (s) and ending at ends (µs), whose and
+  -- whose neighbour's lengths are first and second (s); changed grants are marked dirty,
+  -- dropped ones gone (their ids in st.drop), rollovers added.
+  function bl_roll(st, wid, ends, first, second)
+    if st.p and st.p >= wid then
+      return
+    end
+    -- A grant last issued less than 1.5 periods before wid was issued for the period just
+    -- before (periods vary: 23-25 h days, 28-31 day months), else for an older one.
+    local longest = first
+    if second > longest then longest = second end
+    local start_ms = wid * 1000
+    local kept, drop, added = {}, st.drop or {}, {}
+    for _, g in ipairs(st.grants) do
+      if (g[10] > 0 and g[10] <= start_ms) or (g[5] > 0 and g[5] <= start_ms) then
+        drop[#drop + 1] = g.id
+      else
+        if g[7] == 1 and g[11] < wid then
+          if g[9] > 0 then
+            local left = g[1]
+            if (wid - g[11]) * 2 >= longest * 3 then
+              left = g[2] -- issued for an older period, so the one before went unused
+            end
+            if left < g[8] then left = g[8] end
+            if left > g[9] then left = g[9] end
+            if left > 0 then
+              added[#added + 1] = {left, left, g[3], start_ms, ceil(ends / 1000), start_ms, 0, 0, 0, 0, wid,
+                id = g.id .. '~' .. us(wid), dirty = true}
+            end
+          end
+          g[1], g[11], g.dirty = g[2], wid, true
+        end
+        kept[#kept + 1] = g
+      end
+    end
+    for _, g in ipairs(added) do
+      kept[#kept + 1] = g
+    end
+    st.grants, st.drop, st.p, st.u, st.o, st.rolled = kept, drop, wid, 0, 0, true
+  end
+
+  -- bl_live returns the live grants at now_ms in burn order, and their sum.
+  function bl_live(st, now_ms)
+    local live, sum = {}, 0
+    for _, g in ipairs(st.grants) do
+      if g[10] == 0 and g[4] <= now_ms and (g[5] == 0 or g[5] > now_ms) and g[1] > 0 then
+        live[#live + 1] = g
+        sum = sum + g[1]
+      end
+    end
+    table.sort(live, function(a, b)
+      if a[3] ~= b[3] then return a[3] < b[3] end
+      if a[5] ~= b[5] then
+        if a[5] == 0 then return false end
+        if b[5] == 0 then return true end
+        return a[5] < b[5]
+      end
+      if a[6] ~= b[6] then return a[6] < b[6] end
+      return a.id < b.id
+    end)
+    return live, sum
+  end
+
+  -- bl_state reads key brought to the period holding now: the state, the period's end (µs),
+  -- the live grants and their sum.
+  function bl_state(key, W, B, now)
+    local wid, ends, first, second = bl_period(W, B, now)
+    local st = bl_read(key)
+    if st.p and st.p > wid then
+      -- A later period (a caller's clock ahead wrote it): its end is unknown, this one's
+      -- stands in, and nothing is rolled back.
+      wid = st.p
+    end
+    bl_roll(st, wid, ends, first, second)
+    local live, sum = bl_live(st, floor(now / 1000))
+    return st, ends, live, sum
+  end
+
+  function bl_eval(key, L, W, B, now, cost)
+    local st, ends, live, sum = bl_state(key, W, B, now)
+    local over = cost - sum
+    if over <= 0 or over + st.o <= L - 1 then
+      st.live, st.cost = live, cost
+      return true, st.u, sum, ends, st.u + cost, nonneg(sum - cost), ends, st
+    end
+    return false, st.u, sum, ends, ends - now
+  end
+
+  -- bl_encode is a grant's field value.
+  function bl_encode(g)
+    return format('%d %d %d %d %d %d %d %d %d %d %d', g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11])
+  end
+
+  -- bl_fields returns the HSET arguments of st's changed grants and counters.
+  local function bl_fields(st)
+    local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
+    for _, g in ipairs(st.grants) do
+      if g.dirty then
+        args[#args + 1] = 'g:' .. g.id
+        args[#args + 1] = bl_encode(g)
+      end
+    end
+    return args
+  end
+
+  if MODE ~= '1' then
+    function bl_commit(key, L, W, B, now, now_s, cost, Bs, st)
+      if not st then
+        -- A denied balance is never committed: call.lua's count mode ('6') is Envoy's
+        -- descriptors', which no balance is.
+        error({err = 'ERR bucket: a balance charged while denied'})
+      end
+      local left, token = cost, {}
+      for _, g in ipairs(st.live) do
+        if left == 0 then break end
+        local take = g[1]
+        if take > left then take = left end
+        g[1], g.dirty, left = g[1] - take, true, left - take
+        token[#token + 1] = g.id .. ':' .. us(take)
+      end
+      st.u, st.o = st.u + cost, st.o + left
+      redis.call('HSET', key, unpack(bl_fields(st)))
+      if st.drop and #st.drop > 0 then
+        local del = {}
+        for i, id in ipairs(st.drop) do
+          del[i] = 'g:' .. id
+        end
+        redis.call('HDEL', key, unpack(del))
+      end
+      return us(left) .. ' ' .. table.concat(token, ' ')
+    end
+  end
+
+  if REFUNDS then
+    function bl_refund(key, L, W, B, now, cost, charge_now, token)
+      local wid = bl_period(W, B, charge_now)
+      local h = redis.call('HMGET', key, 'p', 'u', 'o')
+      if tonumber(h[1]) ~= wid or not token or token == '' then
+        return -- the period was rolled since: its usage is history
+      end
+      local parts = {}
+      for w in string.gmatch(token, '[^ ]+') do
+        parts[#parts + 1] = w
+      end
+      local left = cost
+      local ov = tonumber(parts[1]) or 0
+      if ov > left then ov = left end
+      left = left - ov
+      local args = {'u', us(nonneg((tonumber(h[2]) or 0) - cost)), 'o', us(nonneg((tonumber(h[3]) or 0) - ov))}
+      for i = #parts, 2, -1 do
+        if left == 0 then break end
+        local id, n = string.match(parts[i], '^(.+):(%d+)$')
+        local v = id and redis.call('HGET', key, 'g:' .. id)
+        if v then
+          local g, k = {}, 0
+          for x in string.gmatch(v, '[^ ]+') do
+            k = k + 1
+            g[k] = tonumber(x)
+          end
+          local give = tonumber(n)
+          if give > left then give = left end
+          g[1], left = g[1] + give, left - give
+          args[#args + 1] = 'g:' .. id
+          args[#args + 1] = bl_encode(g)
+        end
+      end
+      redis.call('HSET', key, unpack(args))
+    end
+  end
+end
