@@ -64,6 +64,9 @@ type Grant struct {
 	IssuedFor time.Time
 	// Live is whether it counts now: started, not expired, not voided, something left.
 	Live bool
+	// Meta is what the caller keeps with it (at most 4096 bytes; "" for a rollover), in a hash
+	// of its own beside the balance's ("<key>#meta"), which charges never read.
+	Meta string
 }
 
 // Balance is a balance brought to the period that holds Redis's time.
@@ -90,7 +93,8 @@ func (b *Balance) Remaining() int64 {
 
 // PutGrant makes grant g in the balance at key, issued for the period of periods (the
 // entitlement's, as a charge of it sends them) that holds Redis's time, with all its
-// Amount left; its Remaining, Created, Voided, IssuedFor and Live are ignored, and a zero
+// Amount left and its Meta kept beside it; its Remaining, Created, Voided, IssuedFor and Live
+// are ignored, and a zero
 // Effective is Redis's now. Putting the same grant again (a retry) changes nothing;
 // ErrGrantExists when the id is another grant's, ErrTooManyGrants past MaxGrants.
 func (s *Store) PutGrant(ctx context.Context, key string, g Grant, periods calendar.Span) (Balance, error) {
@@ -106,12 +110,15 @@ func (s *Store) PutGrant(ctx context.Context, key string, g Grant, periods calen
 		rec = "1"
 	}
 	w, b, err := periodArgs(periods)
-	if err != nil || g.ID == "" || g.Amount < 1 || g.Priority < 0 || eff < 0 || exp < 0 || g.RolloverMin < 0 || g.RolloverMax < g.RolloverMin {
+	if err != nil || g.ID == "" || g.Amount < 1 || g.Priority < 0 || eff < 0 || exp < 0 || g.RolloverMin < 0 || g.RolloverMax < g.RolloverMin || len(g.Meta) > maxMeta {
 		return Balance{}, fmt.Errorf("bucket: put grant %q in %q: %w", g.ID, key, ErrInvalidRequest)
 	}
 	return s.grant(ctx, key, "put", g.ID, itoa(g.Amount), itoa(g.Priority), itoa(eff), itoa(exp), rec,
-		itoa(g.RolloverMin), itoa(g.RolloverMax), w, b)
+		itoa(g.RolloverMin), itoa(g.RolloverMax), w, b, g.Meta)
 }
+
+// maxMeta bounds Grant.Meta (grant.lua refuses more).
+const maxMeta = 4096
 
 // VoidGrant voids grant id of the balance at key from Redis's now (what it paid for stays
 // paid); voiding it again keeps the first instant. ErrGrantUnknown when there is none.
@@ -149,10 +156,11 @@ func (s *Store) grant(ctx context.Context, key, op string, args ...string) (Bala
 	argv := append([]any{op, itoa(s.b.cfg.ClockOffset.Microseconds())}, anys(args)...)
 	// Not retried by go-redis (scriptCmd): a put or a void sent twice is harmless, but the
 	// caller must learn that the first one's outcome is unknown.
-	cmd := newScriptCmd(ctx, append([]any{"evalsha", grantScript.sha, 1, key}, argv...), 1)
+	meta := key + "#meta" // its hash tag is key's: the same slot
+	cmd := newScriptCmd(ctx, append([]any{"evalsha", grantScript.sha, 2, key, meta}, argv...), 1)
 	_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	if isNoScript(cmd.Err()) {
-		cmd = newScriptCmd(ctx, append([]any{"eval", grantScript.src, 1, key}, argv...), 1)
+		cmd = newScriptCmd(ctx, append([]any{"eval", grantScript.src, 2, key, meta}, argv...), 1)
 		_ = s.rdb.Process(ctx, scriptCmd{cmd})
 	}
 	arr, err := cmd.Result()
@@ -184,13 +192,13 @@ func anys(ss []string) []any {
 
 // parseBalance reads the grant script's reply.
 func parseBalance(arr []string) (Balance, error) {
-	if len(arr) < 4 || (len(arr)-4)%13 != 0 {
+	if len(arr) < 4 || (len(arr)-4)%14 != 0 {
 		return Balance{}, ErrMalformedReply
 	}
 	n := make([]int64, len(arr))
 	for i, v := range arr {
-		if i >= 4 && (i-4)%13 == 0 {
-			continue // a grant's id
+		if i >= 4 && ((i-4)%14 == 0 || (i-4)%14 == 13) {
+			continue // a grant's id, or what was kept with it
 		}
 		x, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -205,11 +213,11 @@ func parseBalance(arr []string) (Balance, error) {
 		}
 		return time.UnixMilli(v)
 	}
-	for i := 4; i < len(arr); i += 13 {
+	for i := 4; i < len(arr); i += 14 {
 		f := n[i+1 : i+13]
 		b.Grants = append(b.Grants, Grant{ID: arr[i], Remaining: f[0], Amount: f[1], Priority: f[2],
 			Effective: ms(f[3]), Expires: ms(f[4]), Created: ms(f[5]), Recurring: f[6] == 1,
-			RolloverMin: f[7], RolloverMax: f[8], Voided: ms(f[9]), IssuedFor: time.Unix(f[10], 0), Live: f[11] == 1})
+			RolloverMin: f[7], RolloverMax: f[8], Voided: ms(f[9]), IssuedFor: time.Unix(f[10], 0), Live: f[11] == 1, Meta: arr[i+13]})
 	}
 	return b, nil
 }

@@ -3,19 +3,23 @@
 -- lua/balance.lua and this file as one script (grant.go: grantSource).
 --
 -- KEYS[1]   the balance's hash
+-- KEYS[2]   its grants' metadata (a hash of its own in the same slot, so that a charge, which
+--           reads the balance whole, never reads it)
 -- ARGV[1]   the operation; ARGV[2] what to add to Redis's time, in µs (0 but in tests:
 --           StoreConfig.ClockOffset); then the operation's:
---   put   ARGV[3..12]: id, amount, priority, effective (Unix ms; 0: now), expires (Unix ms;
+--   put   ARGV[3..13]: id, amount, priority, effective (Unix ms; 0: now), expires (Unix ms;
 --         0: never), recurring (0 or 1), rollover min, rollover max, W, B (the entitlement's
---         periods, as a charge sends them). Makes g:<id>, issued for the period holding
+--         periods, as a charge sends them), and what the caller keeps with the grant (its
+--         reason and maker, opaque here) under <id> in KEYS[2]. Makes g:<id>, issued for the period holding
 --         Redis's time. The same grant put again (a retry) changes nothing; another grant of
 --         that id is the error 'GRANT_EXISTS'; a grant past MAX_GRANTS is 'TOO_MANY_GRANTS'.
 --   void  ARGV[3..5]: id, W, B. Voids the grant from now on (a second void keeps the first instant);
 --         'GRANT_UNKNOWN' when there is none.
 --   read  ARGV[3], ARGV[4]: W, B. Nothing is written.
--- Reply (every operation): { period start (Unix s), u, o, now (Unix ms), then 13 per grant:
---   id, its 11 fields (balance.lua), live (1 when it counts now) }, the balance brought to the
---   period holding Redis's time, as the next charge would see it.
+-- Reply (every operation): { period start (Unix s), u, o, now (Unix ms), then 14 per grant:
+--   id, its 11 fields (balance.lua), live (1 when it counts now), what was kept with it ("" for
+--   none: a rollover's) }, the balance brought to the period holding Redis's time, as the next
+--   charge would see it.
 local MAX_GRANTS = 256
 
 -- clock_us is Redis's time in µs, shifted as asked.
@@ -38,6 +42,7 @@ local function reply(key, W, B)
       out[#out + 1] = us(g[i])
     end
     out[#out + 1] = is_live[g.id] and '1' or '0'
+    out[#out + 1] = redis.call('HGET', KEYS[2], g.id) or ''
   end
   return out
 end
@@ -71,7 +76,7 @@ if op == 'void' then
   return reply(key, tonumber(ARGV[4]), tonumber(ARGV[5]))
 end
 
-if op ~= 'put' or #ARGV ~= 12 then
+if op ~= 'put' or #ARGV ~= 13 or #ARGV[13] > 4096 then
   return redis.error_reply('ERR grant: malformed arguments')
 end
 local id = ARGV[3]
@@ -111,4 +116,7 @@ if count >= MAX_GRANTS then
   return redis.error_reply('TOO_MANY_GRANTS')
 end
 redis.call('HSET', key, field, bl_encode(g))
+if ARGV[13] ~= '' then
+  redis.call('HSET', KEYS[2], id, ARGV[13])
+end
 return reply(key, n[10], n[11])

@@ -236,10 +236,10 @@ func TestGrantWrites(t *testing.T) {
 	s, _ := newStore(t)
 	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
 	l := balLimit(key(t, "bl"), 0, sp)
-	g := Grant{ID: "a", Amount: 10, Priority: 1}
+	g := Grant{ID: "a", Amount: 10, Priority: 1, Meta: `{"reason":"pro plan"}`}
 	put(t, s, l, g)
-	if b := put(t, s, l, g); len(b.Grants) != 1 || b.Grants[0].Remaining != 10 {
-		t.Errorf("the same put again: %+v, want the one grant unchanged", b)
+	if b := put(t, s, l, g); len(b.Grants) != 1 || b.Grants[0].Remaining != 10 || b.Grants[0].Meta != g.Meta {
+		t.Errorf("the same put again: %+v, want the one grant unchanged, its meta kept", b)
 	}
 	g.Amount = 11
 	if _, err := s.PutGrant(ctxT(t), l.Key, g, sp); !errors.Is(err, ErrGrantExists) {

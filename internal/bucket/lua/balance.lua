@@ -207,8 +207,8 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       redis.call('HSET', key, unpack(bl_fields(st)))
       if st.drop and #st.drop > 0 then
         local del = {}
-        for i, id in ipairs(st.drop) do
-          del[i] = 'g:' .. id
+        for _, id in ipairs(st.drop) do
+          del[#del + 1] = 'g:' .. id
         end
         redis.call('HDEL', key, unpack(del))
       end
