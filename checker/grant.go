@@ -1,0 +1,205 @@
+package checker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
+	"github.com/quotaflow/quotaflow/internal/calendar"
+	"github.com/quotaflow/quotaflow/internal/field"
+)
+
+// An entitlement's balances live in the same Redis as the buckets, one hash per subject
+// (lua/balance.lua), under the subject's hash tag, so that a check burns a balance in the same
+// script run as its other limits. The engine writes their grants for the admin API (PutGrant,
+// VoidGrant) and reads them (Balance), knowing their keys and periods.
+
+// grantStore is what the engine asks of the store for balances.
+type grantStore interface {
+	PutGrant(ctx context.Context, key string, g bucket.Grant, periods calendar.Span) (bucket.Balance, error)
+	VoidGrant(ctx context.Context, key, id string, periods calendar.Span) (bucket.Balance, error)
+	ReadBalance(ctx context.Context, key string, periods calendar.Span) (bucket.Balance, error)
+}
+
+var _ grantStore = (*bucket.Store)(nil)
+
+// Balance is a subject's balance of an entitlement in the period that holds Redis's time.
+type Balance struct {
+	Entitlement string
+	// Dimension and Subject name the holder, as a grant does (rules.Grant).
+	Dimension, Subject string
+	// PeriodStart and PeriodEnd bound the period; Used is what was charged in it, Overage the
+	// part of that a soft entitlement let past a zero balance.
+	PeriodStart, PeriodEnd time.Time
+	Used, Overage          int64
+	// Remaining is the sum of what the live grants have left.
+	Remaining int64
+	Grants    []GrantBalance
+}
+
+// GrantBalance is one grant of a Balance: its definition, what it has left, whether it counts
+// now, and the period it was last issued for. A recurring grant's rollover into a period is a
+// grant of its own, "<id>~<period start, Unix s>", without a reason.
+type GrantBalance struct {
+	rules.Grant
+	Remaining int64
+	Live      bool
+	IssuedFor time.Time
+}
+
+// grantMeta is what the store keeps beside a grant for reads: what its numbers do not say.
+type grantMeta struct {
+	Reason  string `json:"reason,omitempty"`
+	Creator string `json:"creator,omitempty"`
+}
+
+// PutGrant makes g in its subject's balance and returns the balance after. g is validated by
+// the rules in force (Set.ValidateGrant: a *field.Error naming the field); an empty ID becomes
+// a random one. Making the same grant again (a retry) changes nothing; another grant with its
+// id is rules.ErrExists, and a subject holding bucket.MaxGrants grants is a *field.Error on
+// subject. With the store unreachable it fails with ErrUnavailable.
+func (e *Engine) PutGrant(ctx context.Context, g rules.Grant) (Balance, error) {
+	set := e.rules.Load()
+	if set == nil {
+		return Balance{}, ErrNoRules
+	}
+	now := time.Now()
+	if err := set.ValidateGrant(&g, now); err != nil {
+		return Balance{}, err
+	}
+	if g.ID == "" {
+		var b [8]byte
+		rand.Read(b[:]) // never fails (crypto/rand panics where randomness is unavailable)
+		g.ID = "gr-" + hex.EncodeToString(b[:])
+	}
+	ent, _ := set.Entitlement(g.Entitlement)
+	meta, err := json.Marshal(grantMeta{Reason: g.Reason, Creator: g.Creator})
+	if err != nil {
+		return Balance{}, fmt.Errorf("encode grant %q: %w", g.ID, err)
+	}
+	bg := bucket.Grant{ID: g.ID, Amount: g.Amount, Priority: int64(g.Priority), Effective: g.EffectiveAt, Expires: g.ExpiresAt,
+		Recurring: g.Recurring, Meta: string(meta)}
+	if g.Rollover != nil {
+		bg.RolloverMin, bg.RolloverMax = g.Rollover.Min, g.Rollover.Max
+	}
+	return e.balanceOp(ctx, ent, g.Subject, now, func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
+		b, err := gs.PutGrant(ctx, key, bg, sp)
+		switch {
+		case errors.Is(err, bucket.ErrGrantExists):
+			return b, fmt.Errorf("grant %q of %s %s: another grant has that id: %w", g.ID, g.Dimension, g.Subject, rules.ErrExists)
+		case errors.Is(err, bucket.ErrTooManyGrants):
+			return b, field.Errorf("subject", "%s %s holds %d grants of %s, the most one subject may", g.Dimension, g.Subject, bucket.MaxGrants, ent.ID)
+		}
+		return b, err
+	})
+}
+
+// VoidGrant voids grant id of subject's balance of entitlement from now on (what it paid for
+// stays paid) and returns the balance after. An unknown entitlement or grant is
+// rules.ErrNotFound; with the store unreachable it fails with ErrUnavailable.
+func (e *Engine) VoidGrant(ctx context.Context, entitlement, subject, id string) (Balance, error) {
+	ent, err := e.entitlement(entitlement, subject)
+	if err != nil {
+		return Balance{}, err
+	}
+	return e.balanceOp(ctx, ent, subject, time.Now(), func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
+		b, err := gs.VoidGrant(ctx, key, id, sp)
+		if errors.Is(err, bucket.ErrGrantUnknown) {
+			return b, fmt.Errorf("grant %q of %s %s: %w", id, entitlement, subject, rules.ErrNotFound)
+		}
+		return b, err
+	})
+}
+
+// Balance returns subject's balance of entitlement, as the next check would see it. An
+// unknown entitlement is rules.ErrNotFound; with the store unreachable it fails with
+// ErrUnavailable.
+func (e *Engine) Balance(ctx context.Context, entitlement, subject string) (Balance, error) {
+	ent, err := e.entitlement(entitlement, subject)
+	if err != nil {
+		return Balance{}, err
+	}
+	return e.balanceOp(ctx, ent, subject, time.Now(), func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
+		return gs.ReadBalance(ctx, key, sp)
+	})
+}
+
+// entitlement returns the entitlement named in force, for a subject that may hold it.
+func (e *Engine) entitlement(id, subject string) (*rules.Entitlement, error) {
+	set := e.rules.Load()
+	if set == nil {
+		return nil, ErrNoRules
+	}
+	ent, ok := set.Entitlement(id)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("entitlement %q: %w", id, rules.ErrNotFound)
+	case subject == "" || len(subject) > rules.MaxIdentifierLen:
+		return nil, field.Errorf("subject", "required: 1 to %d bytes", rules.MaxIdentifierLen)
+	}
+	return ent, nil
+}
+
+// balanceOp runs op on subject's balance of ent, in the periods around now, and answers its
+// balance.
+func (e *Engine) balanceOp(ctx context.Context, ent *rules.Entitlement, subject string, now time.Time,
+	op func(context.Context, grantStore, string, calendar.Span) (bucket.Balance, error)) (Balance, error) {
+	gs, ok := e.guard.store.(grantStore)
+	if !ok {
+		return Balance{}, fmt.Errorf("%w: this store holds no balances", ErrUnavailable)
+	}
+	sp := ent.Period.Around(now)
+	cctx, cancel := context.WithTimeout(ctx, e.guard.timeout)
+	defer cancel()
+	b, err := op(cctx, gs, balanceKey(ent, subject), sp)
+	var fe *field.Error
+	switch {
+	case errors.As(err, &fe), errors.Is(err, rules.ErrExists), errors.Is(err, rules.ErrNotFound):
+		return Balance{}, err
+	case err != nil:
+		return Balance{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return balanceOf(ent, subject, b, sp), nil
+}
+
+// balanceKey is the key of subject's balance of ent: rl:{dim:id}:bl:<entitlement>, under the
+// tag of the subject's other buckets (a custom dimension's: its descriptor "name=value").
+func balanceKey(ent *rules.Entitlement, subject string) string {
+	id := subject
+	if ent.Dimension == rules.DimensionDescriptor {
+		id = ent.Key + "=" + subject
+	}
+	return "rl:" + subjectTag(ent.Dimension, id) + ":bl:" + ent.ID
+}
+
+// balanceOf is the store's balance in the engine's terms.
+func balanceOf(ent *rules.Entitlement, subject string, b bucket.Balance, sp calendar.Span) Balance {
+	dim := ent.Key
+	if dim == "" {
+		dim = ent.Dimension.String()
+	}
+	end := sp.Start.Add(sp.First)
+	if !b.Period.Before(end) {
+		end = end.Add(sp.Second)
+	}
+	out := Balance{Entitlement: ent.ID, Dimension: dim, Subject: subject, PeriodStart: b.Period.In(end.Location()), PeriodEnd: end,
+		Used: b.Used, Overage: b.Overage, Remaining: b.Remaining()}
+	for _, g := range b.Grants {
+		var meta grantMeta
+		_ = json.Unmarshal([]byte(g.Meta), &meta) // a rollover keeps none
+		rg := rules.Grant{ID: g.ID, Entitlement: ent.ID, Dimension: dim, Subject: subject, Amount: g.Amount,
+			Priority: int(g.Priority), EffectiveAt: g.Effective, ExpiresAt: g.Expires, Recurring: g.Recurring,
+			Reason: meta.Reason, Creator: meta.Creator, CreatedAt: g.Created, VoidedAt: g.Voided}
+		if g.RolloverMax > 0 {
+			rg.Rollover = &rules.Rollover{Min: g.RolloverMin, Max: g.RolloverMax}
+		}
+		out.Grants = append(out.Grants, GrantBalance{Grant: rg, Remaining: g.Remaining, Live: g.Live, IssuedFor: g.IssuedFor})
+	}
+	return out
+}
