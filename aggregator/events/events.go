@@ -151,6 +151,10 @@ const (
 	// removed (PUT and DELETE /api/v1/exemptions/{id}).
 	ConfigExemptionSet     = "exemption_set"
 	ConfigExemptionDeleted = "exemption_deleted"
+	// A grant of an entitlement made or voided (POST /api/v1/grants, .../void): grants live
+	// with the balances in Redis, not in the config bucket, and are audited all the same.
+	ConfigGrantIssued = "grant_issued"
+	ConfigGrantVoided = "grant_voided"
 )
 
 // ConfigEvent is a change of the stored configuration — the rules document, a rule, a user's
@@ -168,6 +172,8 @@ type ConfigEvent struct {
 	Tier   string `json:"tier,omitempty"`
 	// ExemptionID is the exemption set or deleted.
 	ExemptionID string `json:"exemption_id,omitempty"`
+	// GrantID is the grant made or voided (its entitlement and holder are in Detail).
+	GrantID string `json:"grant_id,omitempty"`
 	// Removed names what a whole document's apply removed ("rule orders", "user 42",
 	// "exemption acme"; rules.Changes), which only an apply told to prune does.
 	Removed []string `json:"removed,omitempty"`
@@ -179,14 +185,16 @@ type ConfigEvent struct {
 // NATSSubject is the event's subject: quotaflow.config.<action>.
 func (e *ConfigEvent) NATSSubject() string { return ConfigPrefix + "." + token(e.Action) }
 
-// Target is what the change is about: the rule's id, the user's id, the exemption's id, or ""
-// for the whole document.
+// Target is what the change is about: the rule's id, the user's id, the exemption's id, the
+// grant's id, or "" for the whole document.
 func (e *ConfigEvent) Target() string {
 	switch {
 	case e.RuleID != "":
 		return e.RuleID
 	case e.ExemptionID != "":
 		return e.ExemptionID
+	case e.GrantID != "":
+		return e.GrantID
 	}
 	return e.UserID
 }
@@ -199,6 +207,8 @@ func (e *ConfigEvent) String() string {
 		target = "rule " + e.RuleID
 	case e.ExemptionID != "":
 		target = "exemption " + e.ExemptionID
+	case e.GrantID != "":
+		target = "grant " + e.GrantID
 	case e.UserID != "":
 		target = "user " + e.UserID + " tier=" + e.Tier
 	}

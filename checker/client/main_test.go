@@ -38,6 +38,8 @@ rules:
   - {id: user-inflight, dimension: user, endpoint: /stream, algorithm: concurrency, limit: 2, window: 1m}
   - {id: tenant-reports, dimension: tenant, endpoint: /reports, algorithm: fixed_window, limit: 2, window: 1h}
   - {id: user-paced, dimension: user, endpoint: /paced, algorithm: gcra, limit: 10, window: 1s, burst: 1, on_limit: delay, max_delay: 1s}
+entitlements:
+  - {id: tokens, dimension: user, period: 1mo}
 `
 
 // testTimeout is the clients' deadline per attempt in tests that assert the checker's
@@ -49,6 +51,7 @@ const testTimeout = 10 * time.Second
 // testChecker is a real checker on real Redis, on a loopback port it can leave and take again.
 type testChecker struct {
 	t       *testing.T
+	engine  *checker.Engine
 	handler http.Handler
 	srv     *transport.Server
 	addr    string
@@ -75,7 +78,7 @@ func newCheckerOn(t *testing.T, rdb redis.UniversalClient) *testChecker {
 	t.Helper()
 	engine := checker.New(checker.Config{Redis: rdb, Rules: checkertest.Rules(t, testRules), RedisTimeout: 5 * time.Second, Logger: checkertest.Logger()})
 	t.Cleanup(func() { engine.Close() })
-	c := &testChecker{t: t, srv: transport.New(engine, transport.Config{Logger: checkertest.Logger()})}
+	c := &testChecker{t: t, engine: engine, srv: transport.New(engine, transport.Config{Logger: checkertest.Logger()})}
 	h := c.srv.Handler()
 	c.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.calls.Add(1)

@@ -48,6 +48,9 @@ type RuleStore interface {
 	Overrides(ctx context.Context) ([]rules.Override, error)
 	PutExemption(ctx context.Context, e rules.DocExemption, actor string) (created bool, err error)
 	DeleteExemption(ctx context.Context, id, actor string) error
+	// RecordGrant publishes the audit event of a grant made or voided (grants live with the
+	// balances in Redis).
+	RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error
 }
 
 // Admin token roles.
@@ -208,6 +211,9 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/exemptions", RoleRead, a.listExemptions)
 	route("PUT /api/v1/exemptions/{id}", RoleWrite, a.putExemption)
 	route("DELETE /api/v1/exemptions/{id}", RoleWrite, a.deleteExemption)
+	route("GET /api/v1/grants", RoleRead, a.listGrants)
+	route("POST /api/v1/grants", RoleWrite, a.createGrant)
+	route("POST /api/v1/grants/{id}/void", RoleWrite, a.voidGrant)
 	read("GET /api/v1/health", a.health)
 	read("GET /api/v1/live", a.live)
 	read("GET /api/v1/usage", a.usage)

@@ -170,3 +170,26 @@ func (c *Client) PutExemption(ctx context.Context, e rules.DocExemption) error {
 func (c *Client) DeleteExemption(ctx context.Context, id string) error {
 	return c.Do(ctx, http.MethodDelete, "/api/v1/exemptions/"+url.PathEscape(id), nil, nil)
 }
+
+// CreateGrant makes a grant and answers it with its holder's balance after.
+func (c *Client) CreateGrant(ctx context.Context, g rules.Grant) (GrantResult, error) {
+	var out GrantResult
+	err := c.Do(ctx, http.MethodPost, "/api/v1/grants", g, &out)
+	return out, err
+}
+
+// Grants answers subject's balance of entitlement and its grants.
+func (c *Client) Grants(ctx context.Context, entitlement, subject string) (BalanceView, error) {
+	var out BalanceView
+	q := url.Values{"entitlement": {entitlement}, "subject": {subject}}
+	err := c.Do(ctx, http.MethodGet, "/api/v1/grants?"+q.Encode(), nil, &out)
+	return out, err
+}
+
+// VoidGrant voids grant id of subject's balance of entitlement.
+func (c *Client) VoidGrant(ctx context.Context, entitlement, subject, id string) (GrantResult, error) {
+	var out GrantResult
+	body := map[string]string{"entitlement": entitlement, "subject": subject}
+	err := c.Do(ctx, http.MethodPost, "/api/v1/grants/"+url.PathEscape(id)+"/void", body, &out)
+	return out, err
+}

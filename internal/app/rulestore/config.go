@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // seedActor is the actor of the event that records a store's seeding from a rules file.
@@ -52,6 +53,23 @@ func (s *Store) publishConfig(ctx context.Context, rev uint64, change *events.Co
 	}
 	if err != nil {
 		return fmt.Errorf("configuration changed, but its event was not published: %w", err)
+	}
+	return nil
+}
+
+// RecordGrant publishes the event of a grant made or voided (events.ConfigGrantIssued,
+// ConfigGrantVoided) by actor, carrying the grant. A grant lives with its balance in Redis,
+// not in the config bucket, so the event's id is not a revision's but the grant's and the
+// action's: a write retried is recorded once (within the stream's duplicate window).
+func (s *Store) RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error {
+	ev, err := configEvent(&events.ConfigEvent{Action: action, Actor: actor, GrantID: g.ID}, 0, s.now(), g)
+	if err == nil {
+		sum := sha256.Sum256([]byte(g.Entitlement + "\x00" + g.Dimension + "\x00" + g.Subject + "\x00" + g.ID))
+		ev.ID = "config-" + action + "-" + hex.EncodeToString(sum[:12])
+		err = events.Publish(ctx, s.js, ev.NATSSubject(), ev.ID, ev)
+	}
+	if err != nil {
+		return fmt.Errorf("grant changed, but its event was not published: %w", err)
 	}
 	return nil
 }

@@ -221,3 +221,8 @@ func (f *Follower) Overrides(ctx context.Context) (ovs []rules.Override, err err
 	err = f.with(func(s *Store) error { ovs, err = s.Overrides(ctx); return err })
 	return ovs, err
 }
+
+// RecordGrant is Store.RecordGrant.
+func (f *Follower) RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error {
+	return f.write(func(s *Store) error { return s.RecordGrant(ctx, action, actor, g) })
+}

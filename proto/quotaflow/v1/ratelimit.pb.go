@@ -1860,6 +1860,296 @@ func (x *ResetLimitResponse) GetRuleIds() []string {
 	return nil
 }
 
+type GetBalanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entitlement is the id of an entitlement of the rules document.
+	Entitlement string `protobuf:"bytes,1,opt,name=entitlement,proto3" json:"entitlement,omitempty"`
+	// subject identifies the holder, of the entitlement's dimension (a user id, an API key, an
+	// org, or a custom dimension's value).
+	Subject       string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBalanceRequest) Reset() {
+	*x = GetBalanceRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBalanceRequest) ProtoMessage() {}
+
+func (x *GetBalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBalanceRequest.ProtoReflect.Descriptor instead.
+func (*GetBalanceRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetBalanceRequest) GetEntitlement() string {
+	if x != nil {
+		return x.Entitlement
+	}
+	return ""
+}
+
+func (x *GetBalanceRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+type GetBalanceResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Entitlement string                 `protobuf:"bytes,1,opt,name=entitlement,proto3" json:"entitlement,omitempty"`
+	// dimension is the entitlement's: user, apikey, org, or the custom dimension's name.
+	Dimension string `protobuf:"bytes,2,opt,name=dimension,proto3" json:"dimension,omitempty"`
+	Subject   string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	// period_start_ms and period_end_ms bound the period in force (Unix ms).
+	PeriodStartMs int64 `protobuf:"varint,4,opt,name=period_start_ms,json=periodStartMs,proto3" json:"period_start_ms,omitempty"`
+	PeriodEndMs   int64 `protobuf:"varint,5,opt,name=period_end_ms,json=periodEndMs,proto3" json:"period_end_ms,omitempty"`
+	// used is what was charged in the period; overage the part of it a soft entitlement let
+	// past a zero balance.
+	Used    int64 `protobuf:"varint,6,opt,name=used,proto3" json:"used,omitempty"`
+	Overage int64 `protobuf:"varint,7,opt,name=overage,proto3" json:"overage,omitempty"`
+	// remaining is the balance: what the live grants have left.
+	Remaining int64 `protobuf:"varint,8,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// grants are the subject's grants, live or not, in no particular order.
+	Grants        []*GrantBalance `protobuf:"bytes,9,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBalanceResponse) Reset() {
+	*x = GetBalanceResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBalanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBalanceResponse) ProtoMessage() {}
+
+func (x *GetBalanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBalanceResponse.ProtoReflect.Descriptor instead.
+func (*GetBalanceResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetBalanceResponse) GetEntitlement() string {
+	if x != nil {
+		return x.Entitlement
+	}
+	return ""
+}
+
+func (x *GetBalanceResponse) GetDimension() string {
+	if x != nil {
+		return x.Dimension
+	}
+	return ""
+}
+
+func (x *GetBalanceResponse) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *GetBalanceResponse) GetPeriodStartMs() int64 {
+	if x != nil {
+		return x.PeriodStartMs
+	}
+	return 0
+}
+
+func (x *GetBalanceResponse) GetPeriodEndMs() int64 {
+	if x != nil {
+		return x.PeriodEndMs
+	}
+	return 0
+}
+
+func (x *GetBalanceResponse) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *GetBalanceResponse) GetOverage() int64 {
+	if x != nil {
+		return x.Overage
+	}
+	return 0
+}
+
+func (x *GetBalanceResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *GetBalanceResponse) GetGrants() []*GrantBalance {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+// GrantBalance is one grant of a balance.
+type GrantBalance struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Amount    int64                  `protobuf:"varint,2,opt,name=amount,proto3" json:"amount,omitempty"`
+	Remaining int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// priority orders the burn: lower first, then the earliest expiry, then the oldest.
+	Priority int32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
+	// effective_at_ms and expires_at_ms bound when it counts (Unix ms; expires 0: never).
+	EffectiveAtMs int64 `protobuf:"varint,5,opt,name=effective_at_ms,json=effectiveAtMs,proto3" json:"effective_at_ms,omitempty"`
+	ExpiresAtMs   int64 `protobuf:"varint,6,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
+	Recurring     bool  `protobuf:"varint,7,opt,name=recurring,proto3" json:"recurring,omitempty"`
+	// live is whether it counts now: started, not expired, not voided, something left.
+	Live bool `protobuf:"varint,8,opt,name=live,proto3" json:"live,omitempty"`
+	// voided_at_ms is when it was voided (0: not).
+	VoidedAtMs    int64  `protobuf:"varint,9,opt,name=voided_at_ms,json=voidedAtMs,proto3" json:"voided_at_ms,omitempty"`
+	Reason        string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantBalance) Reset() {
+	*x = GrantBalance{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantBalance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantBalance) ProtoMessage() {}
+
+func (x *GrantBalance) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantBalance.ProtoReflect.Descriptor instead.
+func (*GrantBalance) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GrantBalance) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GrantBalance) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetEffectiveAtMs() int64 {
+	if x != nil {
+		return x.EffectiveAtMs
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetRecurring() bool {
+	if x != nil {
+		return x.Recurring
+	}
+	return false
+}
+
+func (x *GrantBalance) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *GrantBalance) GetVoidedAtMs() int64 {
+	if x != nil {
+		return x.VoidedAtMs
+	}
+	return 0
+}
+
+func (x *GrantBalance) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_quotaflow_v1_ratelimit_proto protoreflect.FileDescriptor
 
 const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
@@ -2007,7 +2297,33 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x12ResetLimitResponse\x12\x1f\n" +
 	"\vreset_count\x18\x01 \x01(\x03R\n" +
 	"resetCount\x12\x19\n" +
-	"\brule_ids\x18\x02 \x03(\tR\aruleIds*\xa6\x01\n" +
+	"\brule_ids\x18\x02 \x03(\tR\aruleIds\"O\n" +
+	"\x11GetBalanceRequest\x12 \n" +
+	"\ventitlement\x18\x01 \x01(\tR\ventitlement\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\"\xba\x02\n" +
+	"\x12GetBalanceResponse\x12 \n" +
+	"\ventitlement\x18\x01 \x01(\tR\ventitlement\x12\x1c\n" +
+	"\tdimension\x18\x02 \x01(\tR\tdimension\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12&\n" +
+	"\x0fperiod_start_ms\x18\x04 \x01(\x03R\rperiodStartMs\x12\"\n" +
+	"\rperiod_end_ms\x18\x05 \x01(\x03R\vperiodEndMs\x12\x12\n" +
+	"\x04used\x18\x06 \x01(\x03R\x04used\x12\x18\n" +
+	"\aoverage\x18\a \x01(\x03R\aoverage\x12\x1c\n" +
+	"\tremaining\x18\b \x01(\x03R\tremaining\x122\n" +
+	"\x06grants\x18\t \x03(\v2\x1a.quotaflow.v1.GrantBalanceR\x06grants\"\xa8\x02\n" +
+	"\fGrantBalance\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x1c\n" +
+	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12\x1a\n" +
+	"\bpriority\x18\x04 \x01(\x05R\bpriority\x12&\n" +
+	"\x0feffective_at_ms\x18\x05 \x01(\x03R\reffectiveAtMs\x12\"\n" +
+	"\rexpires_at_ms\x18\x06 \x01(\x03R\vexpiresAtMs\x12\x1c\n" +
+	"\trecurring\x18\a \x01(\bR\trecurring\x12\x12\n" +
+	"\x04live\x18\b \x01(\bR\x04live\x12 \n" +
+	"\fvoided_at_ms\x18\t \x01(\x03R\n" +
+	"voidedAtMs\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason*\xa6\x01\n" +
 	"\tDimension\x12\x19\n" +
 	"\x15DIMENSION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIMENSION_USER\x10\x01\x12\x10\n" +
@@ -2020,7 +2336,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
 	"\rSTATE_WARNING\x10\x02\x12\x13\n" +
-	"\x0fSTATE_THROTTLED\x10\x032\x80\x06\n" +
+	"\x0fSTATE_THROTTLED\x10\x032\xd6\x06\n" +
 	"\vRateLimiter\x12[\n" +
 	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12^\n" +
 	"\x0fCheckRateLimits\x12$.quotaflow.v1.CheckRateLimitsRequest\x1a%.quotaflow.v1.CheckRateLimitsResponse\x12i\n" +
@@ -2032,7 +2348,9 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"RenewLease\x12\x1f.quotaflow.v1.RenewLeaseRequest\x1a .quotaflow.v1.RenewLeaseResponse\x12F\n" +
 	"\aReserve\x12\x1c.quotaflow.v1.ReserveRequest\x1a\x1d.quotaflow.v1.ReserveResponse\x12C\n" +
 	"\x06Settle\x12\x1b.quotaflow.v1.SettleRequest\x1a\x1c.quotaflow.v1.SettleResponse\x12C\n" +
-	"\x06Cancel\x12\x1b.quotaflow.v1.CancelRequest\x1a\x1c.quotaflow.v1.CancelResponseB?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"\x06Cancel\x12\x1b.quotaflow.v1.CancelRequest\x1a\x1c.quotaflow.v1.CancelResponse\x12T\n" +
+	"\n" +
+	"GetBalance\x12\x1f.quotaflow.v1.GetBalanceRequest\x1a .quotaflow.v1.GetBalanceResponse\"\x03\x90\x02\x01B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_ratelimit_proto_rawDescOnce sync.Once
@@ -2047,7 +2365,7 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
@@ -2073,6 +2391,9 @@ var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(*GetRemainingQuotaResponse)(nil), // 21: quotaflow.v1.GetRemainingQuotaResponse
 	(*ResetLimitRequest)(nil),         // 22: quotaflow.v1.ResetLimitRequest
 	(*ResetLimitResponse)(nil),        // 23: quotaflow.v1.ResetLimitResponse
+	(*GetBalanceRequest)(nil),         // 24: quotaflow.v1.GetBalanceRequest
+	(*GetBalanceResponse)(nil),        // 25: quotaflow.v1.GetBalanceResponse
+	(*GrantBalance)(nil),              // 26: quotaflow.v1.GrantBalance
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -2093,29 +2414,32 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 15: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
 	4,  // 16: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
 	0,  // 17: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	3,  // 18: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	16, // 19: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	20, // 20: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	22, // 21: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	6,  // 22: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
-	8,  // 23: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
-	10, // 24: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
-	12, // 25: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
-	13, // 26: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
-	5,  // 27: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	17, // 28: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	21, // 29: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	23, // 30: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	7,  // 31: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
-	9,  // 32: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
-	11, // 33: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
-	14, // 34: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
-	15, // 35: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
-	27, // [27:36] is the sub-list for method output_type
-	18, // [18:27] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	26, // 18: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
+	3,  // 19: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	16, // 20: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	20, // 21: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	22, // 22: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	6,  // 23: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	8,  // 24: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	10, // 25: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
+	12, // 26: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
+	13, // 27: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
+	24, // 28: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
+	5,  // 29: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	17, // 30: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	21, // 31: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	23, // 32: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	7,  // 33: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	9,  // 34: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	11, // 35: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
+	14, // 36: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
+	15, // 37: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
+	25, // 38: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -2133,7 +2457,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

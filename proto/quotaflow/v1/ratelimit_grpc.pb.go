@@ -31,6 +31,7 @@ const (
 	RateLimiter_Reserve_FullMethodName           = "/quotaflow.v1.RateLimiter/Reserve"
 	RateLimiter_Settle_FullMethodName            = "/quotaflow.v1.RateLimiter/Settle"
 	RateLimiter_Cancel_FullMethodName            = "/quotaflow.v1.RateLimiter/Cancel"
+	RateLimiter_GetBalance_FullMethodName        = "/quotaflow.v1.RateLimiter/GetBalance"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -75,6 +76,10 @@ type RateLimiterClient interface {
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
+	// GetBalance answers a subject's balance of an entitlement, as the next check would see it:
+	// the period's usage and overage, and each grant with what it has left. An unknown
+	// entitlement is NotFound; a missing subject InvalidArgument.
+	GetBalance(ctx context.Context, in *GetBalanceRequest, opts ...grpc.CallOption) (*GetBalanceResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -175,6 +180,16 @@ func (c *rateLimiterClient) Cancel(ctx context.Context, in *CancelRequest, opts 
 	return out, nil
 }
 
+func (c *rateLimiterClient) GetBalance(ctx context.Context, in *GetBalanceRequest, opts ...grpc.CallOption) (*GetBalanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBalanceResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_GetBalance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -217,6 +232,10 @@ type RateLimiterServer interface {
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
+	// GetBalance answers a subject's balance of an entitlement, as the next check would see it:
+	// the period's usage and overage, and each grant with what it has left. An unknown
+	// entitlement is NotFound; a missing subject InvalidArgument.
+	GetBalance(context.Context, *GetBalanceRequest) (*GetBalanceResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -253,6 +272,9 @@ func (UnimplementedRateLimiterServer) Settle(context.Context, *SettleRequest) (*
 }
 func (UnimplementedRateLimiterServer) Cancel(context.Context, *CancelRequest) (*CancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
+}
+func (UnimplementedRateLimiterServer) GetBalance(context.Context, *GetBalanceRequest) (*GetBalanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBalance not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -437,6 +459,24 @@ func _RateLimiter_Cancel_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_GetBalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBalanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).GetBalance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_GetBalance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).GetBalance(ctx, req.(*GetBalanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -479,6 +519,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Cancel",
 			Handler:    _RateLimiter_Cancel_Handler,
+		},
+		{
+			MethodName: "GetBalance",
+			Handler:    _RateLimiter_GetBalance_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

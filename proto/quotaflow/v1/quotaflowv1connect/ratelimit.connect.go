@@ -57,6 +57,8 @@ const (
 	RateLimiterSettleProcedure = "/quotaflow.v1.RateLimiter/Settle"
 	// RateLimiterCancelProcedure is the fully-qualified name of the RateLimiter's Cancel RPC.
 	RateLimiterCancelProcedure = "/quotaflow.v1.RateLimiter/Cancel"
+	// RateLimiterGetBalanceProcedure is the fully-qualified name of the RateLimiter's GetBalance RPC.
+	RateLimiterGetBalanceProcedure = "/quotaflow.v1.RateLimiter/GetBalance"
 )
 
 // RateLimiterClient is a client for the quotaflow.v1.RateLimiter service.
@@ -95,6 +97,10 @@ type RateLimiterClient interface {
 	Settle(context.Context, *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error)
 	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
 	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
+	// GetBalance answers a subject's balance of an entitlement, as the next check would see it:
+	// the period's usage and overage, and each grant with what it has left. An unknown
+	// entitlement is NotFound; a missing subject InvalidArgument.
+	GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error)
 }
 
 // NewRateLimiterClient constructs a client for the quotaflow.v1.RateLimiter service. By default, it
@@ -163,6 +169,13 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(rateLimiterMethods.ByName("Cancel")),
 			connect.WithClientOptions(opts...),
 		),
+		getBalance: connect.NewClient[v1.GetBalanceRequest, v1.GetBalanceResponse](
+			httpClient,
+			baseURL+RateLimiterGetBalanceProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("GetBalance")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -177,6 +190,7 @@ type rateLimiterClient struct {
 	reserve           *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
 	settle            *connect.Client[v1.SettleRequest, v1.SettleResponse]
 	cancel            *connect.Client[v1.CancelRequest, v1.CancelResponse]
+	getBalance        *connect.Client[v1.GetBalanceRequest, v1.GetBalanceResponse]
 }
 
 // CheckRateLimit calls quotaflow.v1.RateLimiter.CheckRateLimit.
@@ -224,6 +238,11 @@ func (c *rateLimiterClient) Cancel(ctx context.Context, req *connect.Request[v1.
 	return c.cancel.CallUnary(ctx, req)
 }
 
+// GetBalance calls quotaflow.v1.RateLimiter.GetBalance.
+func (c *rateLimiterClient) GetBalance(ctx context.Context, req *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error) {
+	return c.getBalance.CallUnary(ctx, req)
+}
+
 // RateLimiterHandler is an implementation of the quotaflow.v1.RateLimiter service.
 type RateLimiterHandler interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
@@ -260,6 +279,10 @@ type RateLimiterHandler interface {
 	Settle(context.Context, *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error)
 	// Cancel refunds a reservation's whole estimate (a settle at 0), with Settle's errors.
 	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
+	// GetBalance answers a subject's balance of an entitlement, as the next check would see it:
+	// the period's usage and overage, and each grant with what it has left. An unknown
+	// entitlement is NotFound; a missing subject InvalidArgument.
+	GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error)
 }
 
 // NewRateLimiterHandler builds an HTTP handler from the service implementation. It returns the path
@@ -324,6 +347,13 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		connect.WithSchema(rateLimiterMethods.ByName("Cancel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rateLimiterGetBalanceHandler := connect.NewUnaryHandler(
+		RateLimiterGetBalanceProcedure,
+		svc.GetBalance,
+		connect.WithSchema(rateLimiterMethods.ByName("GetBalance")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/quotaflow.v1.RateLimiter/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RateLimiterCheckRateLimitProcedure:
@@ -344,6 +374,8 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 			rateLimiterSettleHandler.ServeHTTP(w, r)
 		case RateLimiterCancelProcedure:
 			rateLimiterCancelHandler.ServeHTTP(w, r)
+		case RateLimiterGetBalanceProcedure:
+			rateLimiterGetBalanceHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -387,4 +419,8 @@ func (UnimplementedRateLimiterHandler) Settle(context.Context, *connect.Request[
 
 func (UnimplementedRateLimiterHandler) Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.Cancel is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.GetBalance is not implemented"))
 }
