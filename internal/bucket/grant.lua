@@ -64,11 +64,7 @@ if op == 'void' then
   if not v then
     return redis.error_reply('GRANT_UNKNOWN')
   end
-  local g, k = {}, 0
-  for x in string.gmatch(v, '[^ ]+') do
-    k = k + 1
-    g[k] = tonumber(x)
-  end
+  local g = bl_decode(v)
   if g[10] == 0 then
     g[10] = floor(clock_us() / 1000)
     redis.call('HSET', key, 'g:' .. ARGV[3], bl_encode(g))
@@ -97,11 +93,7 @@ local g = {n[3], n[3], n[4], eff, n[6], now_ms, n[7], n[8], n[9], 0, wid}
 local field = 'g:' .. id
 local old = redis.call('HGET', key, field)
 if old then
-  local o, k = {}, 0
-  for x in string.gmatch(old, '[^ ]+') do
-    k = k + 1
-    o[k] = tonumber(x)
-  end
+  local o = bl_decode(old)
   -- The same definition is a retry of this put: the grant as it stands is the answer.
   if o[2] ~= g[2] or o[3] ~= g[3] or (n[5] ~= 0 and o[4] ~= g[4]) or o[5] ~= g[5] or o[7] ~= g[7] or o[8] ~= g[8] or o[9] ~= g[9] then
     return redis.error_reply('GRANT_EXISTS')

@@ -37,7 +37,7 @@
 local bl_eval, bl_commit, bl_refund, bl_charge
 -- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
 -- them.
-local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode
+local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode
 if NEED_1 == '9' or NEED and NEED['9'] then
   -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
   -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
@@ -56,6 +56,17 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     error({err = 'ERR bucket: calendar periods do not hold Redis\'s time'})
   end
 
+  -- bl_decode reads a grant's field value into a table of its 11 numbers; bl_encode (below)
+  -- writes one.
+  function bl_decode(v)
+    local g, k = {}, 0
+    for n in string.gmatch(v, '[^ ]+') do
+      k = k + 1
+      g[k] = tonumber(n)
+    end
+    return g
+  end
+
   -- bl_read returns the hash as a state: p, u, o and the grants, each a table of its fields
   -- and its id, in a list.
   function bl_read(key)
@@ -70,12 +81,8 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       elseif f == 'o' then
         st.o = tonumber(v)
       elseif string.sub(f, 1, 2) == 'g:' then
-        local g = {id = string.sub(f, 3)}
-        local k = 0
-        for n in string.gmatch(v, '[^ ]+') do
-          k = k + 1
-          g[k] = tonumber(n)
-        end
+        local g = bl_decode(v)
+        g.id = string.sub(f, 3)
         st.grants[#st.grants + 1] = g
       end
     end
@@ -237,11 +244,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         local id, n = string.match(parts[i], '^(.+):(%d+)$')
         local v = id and redis.call('HGET', key, 'g:' .. id)
         if v then
-          local g, k = {}, 0
-          for x in string.gmatch(v, '[^ ]+') do
-            k = k + 1
-            g[k] = tonumber(x)
-          end
+          local g = bl_decode(v)
           local give = tonumber(n)
           if give > left then give = left end
           g[1], left = g[1] + give, left - give
