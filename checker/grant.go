@@ -59,19 +59,19 @@ type grantMeta struct {
 	Creator string `json:"creator,omitempty"`
 }
 
-// PutGrant makes g in its subject's balance and returns the balance after. g is validated by
-// the rules in force (Set.ValidateGrant: a *field.Error naming the field); an empty ID becomes
-// a random one. Making the same grant again (a retry) changes nothing; another grant with its
+// PutGrant makes g in its subject's balance and returns it as made (validated and completed by
+// the rules in force, Set.ValidateGrant, whose *field.Error names a bad field; an empty ID made
+// a random one) with the balance after. Making the same grant again (a retry) changes nothing; another grant with its
 // id is rules.ErrExists, and a subject holding bucket.MaxGrants grants is a *field.Error on
 // subject. With the store unreachable it fails with ErrUnavailable.
-func (e *Engine) PutGrant(ctx context.Context, g rules.Grant) (Balance, error) {
+func (e *Engine) PutGrant(ctx context.Context, g rules.Grant) (rules.Grant, Balance, error) {
 	set := e.rules.Load()
 	if set == nil {
-		return Balance{}, ErrNoRules
+		return g, Balance{}, ErrNoRules
 	}
 	now := time.Now()
 	if err := set.ValidateGrant(&g, now); err != nil {
-		return Balance{}, err
+		return g, Balance{}, err
 	}
 	if g.ID == "" {
 		var b [8]byte
@@ -81,14 +81,14 @@ func (e *Engine) PutGrant(ctx context.Context, g rules.Grant) (Balance, error) {
 	ent, _ := set.Entitlement(g.Entitlement)
 	meta, err := json.Marshal(grantMeta{Reason: g.Reason, Creator: g.Creator})
 	if err != nil {
-		return Balance{}, fmt.Errorf("encode grant %q: %w", g.ID, err)
+		return g, Balance{}, fmt.Errorf("encode grant %q: %w", g.ID, err)
 	}
 	bg := bucket.Grant{ID: g.ID, Amount: g.Amount, Priority: int64(g.Priority), Effective: g.EffectiveAt, Expires: g.ExpiresAt,
 		Recurring: g.Recurring, Meta: string(meta)}
 	if g.Rollover != nil {
 		bg.RolloverMin, bg.RolloverMax = g.Rollover.Min, g.Rollover.Max
 	}
-	return e.balanceOp(ctx, ent, g.Subject, now, func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
+	b, err := e.balanceOp(ctx, ent, g.Subject, now, func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
 		b, err := gs.PutGrant(ctx, key, bg, sp)
 		switch {
 		case errors.Is(err, bucket.ErrGrantExists):
@@ -98,6 +98,12 @@ func (e *Engine) PutGrant(ctx context.Context, g rules.Grant) (Balance, error) {
 		}
 		return b, err
 	})
+	for _, made := range b.Grants {
+		if made.ID == g.ID {
+			return made.Grant, b, err
+		}
+	}
+	return g, b, err
 }
 
 // VoidGrant voids grant id of subject's balance of entitlement from now on (what it paid for

@@ -21,10 +21,13 @@ func TestEngineGrants(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t, Config{Rules: mustRules(t, grantRules)})
 	user := "grants-" + strings.ReplaceAll(t.Name(), "/", "-")
-	b, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Recurring: true,
+	made, b, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Recurring: true,
 		Rollover: &rules.Rollover{Max: 200}, Reason: "pro plan", Creator: "ops"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if made.ID != b.Grants[0].ID || made.CreatedAt.IsZero() || made.Dimension != "user" || made.Priority != 1 {
+		t.Errorf("the grant as made: %+v, want its id, creation time, dimension and priority", made)
 	}
 	if len(b.Grants) != 1 || b.Remaining != 1000 || b.Dimension != "user" || !strings.HasPrefix(b.Grants[0].ID, "gr-") ||
 		b.Grants[0].Reason != "pro plan" || b.Grants[0].Creator != "ops" || b.Grants[0].Rollover.Max != 200 || !b.Grants[0].Live {
@@ -34,7 +37,7 @@ func TestEngineGrants(t *testing.T) {
 		t.Errorf("period %s to %s, want this month in Berlin", b.PeriodStart, b.PeriodEnd)
 	}
 	id := b.Grants[0].ID
-	if _, err := e.PutGrant(t.Context(), rules.Grant{ID: "topup", Entitlement: "tokens", Subject: user, Amount: 500, Priority: 2, Reason: "bought"}); err != nil {
+	if _, _, err := e.PutGrant(t.Context(), rules.Grant{ID: "topup", Entitlement: "tokens", Subject: user, Amount: 500, Priority: 2, Reason: "bought"}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err = e.Balance(t.Context(), "tokens", user); err != nil || b.Remaining != 1500 || len(b.Grants) != 2 {
@@ -44,7 +47,7 @@ func TestEngineGrants(t *testing.T) {
 		t.Fatalf("VoidGrant = %+v, %v; want 500 left, the top-up's", b, err)
 	}
 	// A custom dimension's grant lives under its descriptor's tag.
-	if b, err = e.PutGrant(t.Context(), rules.Grant{Entitlement: "seats", Subject: "acme", Amount: 3, Reason: "trial"}); err != nil || b.Dimension != "tenant" {
+	if _, b, err = e.PutGrant(t.Context(), rules.Grant{Entitlement: "seats", Subject: "acme", Amount: 3, Reason: "trial"}); err != nil || b.Dimension != "tenant" {
 		t.Fatalf("a tenant's grant: %+v, %v", b, err)
 	}
 
@@ -55,17 +58,17 @@ func TestEngineGrants(t *testing.T) {
 		field string
 	}{
 		{"another grant of an id", func() error {
-			_, err := e.PutGrant(t.Context(), rules.Grant{ID: "topup", Entitlement: "tokens", Subject: user, Amount: 7, Reason: "x"})
+			_, _, err := e.PutGrant(t.Context(), rules.Grant{ID: "topup", Entitlement: "tokens", Subject: user, Amount: 7, Reason: "x"})
 			return err
 		}, rules.ErrExists, ""},
 		{"void of an unknown grant", func() error { _, err := e.VoidGrant(t.Context(), "tokens", user, "nope"); return err }, rules.ErrNotFound, ""},
 		{"an unknown entitlement", func() error { _, err := e.Balance(t.Context(), "gold", user); return err }, rules.ErrNotFound, ""},
 		{"a negative amount", func() error {
-			_, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: -5, Reason: "x"})
+			_, _, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: -5, Reason: "x"})
 			return err
 		}, nil, "amount"},
 		{"an expired grant", func() error {
-			_, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 5, Reason: "x", ExpiresAt: time.Now().Add(-time.Hour)})
+			_, _, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 5, Reason: "x", ExpiresAt: time.Now().Add(-time.Hour)})
 			return err
 		}, nil, "expires_at"},
 		{"no subject", func() error { _, err := e.Balance(t.Context(), "tokens", ""); return err }, nil, "subject"},

@@ -16,7 +16,7 @@ func TestBalance(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
 	user := "balance-" + t.Name()
-	if _, err := chk.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Reason: "plan"}); err != nil {
+	if _, _, err := chk.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Reason: "plan"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []client.Protocol{client.Connect, client.GRPC} {

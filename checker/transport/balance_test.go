@@ -23,7 +23,7 @@ func TestGetBalance(t *testing.T) {
 		{ID: "plan", Entitlement: "tokens", Subject: user, Amount: 1000, Recurring: true, Reason: "pro plan"},
 		{ID: "promo", Entitlement: "tokens", Subject: user, Amount: 200, Priority: 2, Reason: "welcome"},
 	} {
-		if _, err := env.engine.PutGrant(context.Background(), g); err != nil {
+		if _, _, err := env.engine.PutGrant(context.Background(), g); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -59,24 +59,16 @@ func (a *API) createGrant(r *http.Request, c caller) (int, any, error) {
 		return 0, nil, badField("created_at", "created_at, voided_at and creator are the API's to set")
 	}
 	g.Creator = c.Name
-	b, err := a.engine.PutGrant(r.Context(), g)
+	made, b, err := a.engine.PutGrant(r.Context(), g)
 	if err != nil {
 		return 0, nil, err
 	}
-	made := findGrant(b, g.ID)
-	if made == nil { // an id the engine drew: the newest grant
-		for i := range b.Grants {
-			if made == nil || b.Grants[i].CreatedAt.After(made.CreatedAt) {
-				made = &b.Grants[i].Grant
-			}
-		}
-	}
-	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantIssued, c.Name, *made); err != nil {
+	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantIssued, c.Name, made); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: grant made", "token", c.Name, "grant", made.ID, "entitlement", made.Entitlement,
 		"subject", made.Dimension+":"+made.Subject, "amount", made.Amount)
-	return http.StatusCreated, GrantResult{Grant: *made, Balance: balanceView(b)}, nil
+	return http.StatusCreated, GrantResult{Grant: made, Balance: balanceView(b)}, nil
 }
 
 // voidGrant voids a grant (POST /api/v1/grants/{id}/void) from now on.
