@@ -86,6 +86,9 @@ func (a *API) voidGrant(r *http.Request, c caller) (int, any, error) {
 		return 0, nil, err
 	}
 	g := findGrant(b, id)
+	if g == nil { // voided, then dropped by a period's roll in between: nothing to show
+		return 0, nil, notFound("grant %q of %s %s", id, body.Entitlement, body.Subject)
+	}
 	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantVoided, c.Name, *g); err != nil {
 		return 0, nil, err
 	}
