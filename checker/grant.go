@@ -168,6 +168,8 @@ func (e *Engine) balanceOp(ctx context.Context, ent *rules.Entitlement, subject 
 	switch {
 	case errors.As(err, &fe), errors.Is(err, rules.ErrExists), errors.Is(err, rules.ErrNotFound):
 		return Balance{}, err
+	case err != nil && ctx.Err() != nil:
+		return Balance{}, fmt.Errorf("balance of %s %s: %w", ent.ID, subject, ctx.Err()) // the caller gave up: no outage
 	case err != nil:
 		return Balance{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

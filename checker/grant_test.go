@@ -2,6 +2,7 @@ package checker
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ const grantRules = testRules + `entitlements:
 func TestEngineGrants(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t, Config{Rules: mustRules(t, grantRules)})
-	user := "grants-" + strings.ReplaceAll(t.Name(), "/", "-")
+	user := fmt.Sprintf("grants-%d", time.Now().UnixNano()) // one of its own per run (-count)
 	made, b, err := e.PutGrant(t.Context(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Recurring: true,
 		Rollover: &rules.Rollover{Max: 200}, Reason: "pro plan", Creator: "ops"})
 	if err != nil {
@@ -72,6 +73,8 @@ func TestEngineGrants(t *testing.T) {
 			return err
 		}, nil, "expires_at"},
 		{"no subject", func() error { _, err := e.Balance(t.Context(), "tokens", ""); return err }, nil, "subject"},
+		{"a subject too long", func() error { _, err := e.Balance(t.Context(), "tokens", strings.Repeat("s", 257)); return err }, nil, "subject"},
+		{"a void of another subject's grant", func() error { _, err := e.VoidGrant(t.Context(), "tokens", user+"-other", "topup"); return err }, rules.ErrNotFound, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.op()

@@ -2,7 +2,9 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -15,7 +17,7 @@ import (
 func TestBalance(t *testing.T) {
 	t.Parallel()
 	chk := newChecker(t)
-	user := "balance-" + t.Name()
+	user := fmt.Sprintf("balance-%d", time.Now().UnixNano()) // one of its own per run (-count)
 	if _, _, err := chk.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 1000, Reason: "plan"}); err != nil {
 		t.Fatal(err)
 	}

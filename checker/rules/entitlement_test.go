@@ -126,6 +126,9 @@ func TestValidateGrant(t *testing.T) {
 		{"rollover over the amount", func(g *Grant) { g.Rollover = &Rollover{Max: 2000} }, "rollover", "max <= amount (1000)"},
 		{"rollover min over max", func(g *Grant) { g.Rollover = &Rollover{Min: 300, Max: 200} }, "rollover", "min 300 and max 200"},
 		{"no reason", func(g *Grant) { g.Reason = "" }, "reason", "required"},
+		{"a reason too long", func(g *Grant) { g.Reason = strings.Repeat("x", MaxReasonLen+1) }, "reason", "at most 1024 bytes"},
+		{"a subject too long", func(g *Grant) { g.Subject = strings.Repeat("s", MaxIdentifierLen+1) }, "subject", "1 to 256 bytes"},
+		{"a subject not UTF-8", func(g *Grant) { g.Subject = "\xff" }, "subject", "valid UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

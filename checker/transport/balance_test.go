@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -52,6 +53,18 @@ func TestGetBalance(t *testing.T) {
 				t.Errorf("no subject: %v, want InvalidArgument naming subject", err)
 			}
 		})
+	}
+	// A caller's deadline of 1ms: the balance, or DeadlineExceeded; never a hang, nor an
+	// outage reported for a caller that gave up.
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		resp, err := env.client("connect").GetBalance(ctx, connect.NewRequest(&quotaflowv1.GetBalanceRequest{Entitlement: "tokens", Subject: user}))
+		cancel()
+		if code := connect.CodeOf(err); err != nil && code != connect.CodeDeadlineExceeded && code != connect.CodeCanceled {
+			t.Fatalf("GetBalance with a 1ms deadline: %v, want DeadlineExceeded", err)
+		} else if err == nil && resp.Msg.Remaining != 1200 {
+			t.Fatalf("GetBalance with a 1ms deadline = %v", resp.Msg)
+		}
 	}
 	// HTTP/JSON, as curl sends it.
 	resp, err := env.http.Post(env.url+"/quotaflow.v1.RateLimiter/GetBalance", "application/json",
