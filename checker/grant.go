@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -114,6 +115,9 @@ func (e *Engine) VoidGrant(ctx context.Context, entitlement, subject, id string)
 	if err != nil {
 		return Balance{}, err
 	}
+	if id == "" || len(id) > maxEntitlementID {
+		return Balance{}, field.Errorf("id", "want a grant's id, 1 to %d bytes", maxEntitlementID)
+	}
 	return e.balanceOp(ctx, ent, subject, time.Now(), func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
 		b, err := gs.VoidGrant(ctx, key, id, sp)
 		if errors.Is(err, bucket.ErrGrantUnknown) {
@@ -136,18 +140,25 @@ func (e *Engine) Balance(ctx context.Context, entitlement, subject string) (Bala
 	})
 }
 
+// maxEntitlementID bounds the ids of entitlements and grants (the rules' names, 64 bytes):
+// a longer one names nothing, and is refused before an error could echo it back.
+const maxEntitlementID = 64
+
 // entitlement returns the entitlement named in force, for a subject that may hold it.
 func (e *Engine) entitlement(id, subject string) (*rules.Entitlement, error) {
 	set := e.rules.Load()
 	if set == nil {
 		return nil, ErrNoRules
 	}
+	if id == "" || len(id) > maxEntitlementID {
+		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", maxEntitlementID)
+	}
 	ent, ok := set.Entitlement(id)
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("entitlement %q: %w", id, rules.ErrNotFound)
-	case subject == "" || len(subject) > rules.MaxIdentifierLen:
-		return nil, field.Errorf("subject", "required: 1 to %d bytes", rules.MaxIdentifierLen)
+	case subject == "" || len(subject) > rules.MaxIdentifierLen || !utf8.ValidString(subject):
+		return nil, field.Errorf("subject", "required: 1 to %d bytes of valid UTF-8", rules.MaxIdentifierLen)
 	}
 	return ent, nil
 }
