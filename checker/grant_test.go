@@ -74,7 +74,10 @@ func TestEngineGrants(t *testing.T) {
 		}, nil, "expires_at"},
 		{"no subject", func() error { _, err := e.Balance(t.Context(), "tokens", ""); return err }, nil, "subject"},
 		{"an entitlement id too long", func() error { _, err := e.Balance(t.Context(), strings.Repeat("e", 1<<16), user); return err }, nil, "entitlement"},
-		{"a grant id too long", func() error { _, err := e.VoidGrant(t.Context(), "tokens", user, strings.Repeat("g", 1<<16)); return err }, nil, "id"},
+		{"a grant id too long", func() error {
+			_, err := e.VoidGrant(t.Context(), "tokens", user, strings.Repeat("g", 1<<16))
+			return err
+		}, nil, "id"},
 		{"a subject not UTF-8", func() error { _, err := e.Balance(t.Context(), "tokens", "\xff"); return err }, nil, "subject"},
 		{"a subject too long", func() error { _, err := e.Balance(t.Context(), "tokens", strings.Repeat("s", 257)); return err }, nil, "subject"},
 		{"a void of another subject's grant", func() error { _, err := e.VoidGrant(t.Context(), "tokens", user+"-other", "topup"); return err }, rules.ErrNotFound, ""},
