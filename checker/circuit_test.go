@@ -262,3 +262,40 @@ func checkConcurrently(t *testing.T, e *Engine, q *Query, n int) int64 {
 	wg.Wait()
 	return allowed.Load()
 }
+
+// passedDeadline is a context whose deadline has passed while its timer has not yet fired:
+// what a check sees when Redis's socket deadline, set from the same instant, fires first.
+type passedDeadline struct{ context.Context }
+
+func (passedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Microsecond), true }
+
+// TestCallerErr: a caller whose context ended, or whose deadline has passed before its timer
+// fired, is gone with a non-nil error that says so; a live caller is not gone.
+func TestCallerErr(t *testing.T) {
+	t.Parallel()
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	live, stop := context.WithTimeout(context.Background(), time.Hour)
+	defer stop()
+	tests := []struct {
+		name string
+		ctx  context.Context
+		want error
+	}{
+		{"live", live, nil},
+		{"no deadline", context.Background(), nil},
+		{"canceled", canceled, context.Canceled},
+		{"deadline passed, timer not fired", passedDeadline{context.Background()}, context.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := callerErr(tt.ctx)
+			if !errors.Is(got, tt.want) || (got == nil) != (tt.want == nil) {
+				t.Errorf("callerErr = %v, want %v", got, tt.want)
+			}
+			if gone := callerGone(tt.ctx); gone != (tt.want != nil) {
+				t.Errorf("callerGone = %v, want %v", gone, tt.want != nil)
+			}
+		})
+	}
+}

@@ -179,8 +179,10 @@ func (e *Engine) balanceOp(ctx context.Context, ent *rules.Entitlement, subject 
 	switch {
 	case errors.As(err, &fe), errors.Is(err, rules.ErrExists), errors.Is(err, rules.ErrNotFound):
 		return Balance{}, err
-	case err != nil && ctx.Err() != nil:
-		return Balance{}, fmt.Errorf("balance of %s %s: %w", ent.ID, subject, ctx.Err()) // the caller gave up: no outage
+	case err != nil && callerGone(ctx):
+		// The caller gave up: no outage. Its deadline may have passed with ctx.Err still nil,
+		// the socket's deadline (set from ctx) having fired before ctx's own timer.
+		return Balance{}, fmt.Errorf("balance of %s %s: %w", ent.ID, subject, callerErr(ctx))
 	case err != nil:
 		return Balance{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

@@ -203,7 +203,7 @@ func (g *guard) wait(c *storeCall) (results []bucket.Result, degraded bool, err 
 		}
 		return results, false, nil
 	case callerGone(ctx):
-		return nil, false, fmt.Errorf("bucket check: %w", context.Cause(ctx))
+		return nil, false, fmt.Errorf("bucket check: %w", callerErr(ctx))
 	case !bucket.Unavailable(err):
 		return nil, false, fmt.Errorf("bucket check: %w", err)
 	}
@@ -218,12 +218,19 @@ func (g *guard) wait(c *storeCall) (results []bucket.Result, degraded bool, err 
 
 // callerGone reports whether ctx, the caller's, has ended or reached its deadline: a socket
 // deadline set from it can fire a moment before its timer does.
-func callerGone(ctx context.Context) bool {
+func callerGone(ctx context.Context) bool { return callerErr(ctx) != nil }
+
+// callerErr is why ctx, the caller's, has ended, or nil while it has not: context.Cause once it
+// has, and context.DeadlineExceeded in the moment its deadline has passed but its timer has not
+// yet fired (a socket deadline set from it can fire first), so that the error is never nil.
+func callerErr(ctx context.Context) error {
 	if ctx.Err() != nil {
-		return true
+		return context.Cause(ctx)
 	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // fallback decides reqs limit by limit by their fail modes.
@@ -291,7 +298,7 @@ func (g *guard) ping(ctx context.Context) error {
 		g.circuit.record(nil)
 		return nil
 	case callerGone(ctx):
-		return context.Cause(ctx)
+		return callerErr(ctx)
 	}
 	g.circuit.record(err)
 	return fmt.Errorf("%w: %w", errStoreDown, err)
