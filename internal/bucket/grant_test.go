@@ -265,3 +265,53 @@ func TestBalanceLocal(t *testing.T) {
 		t.Errorf("Local on a balance: %+v, want denied", r)
 	}
 }
+
+// TestSettleBalance: a reservation of 4 from a balance of 10 (two grants) settled below its
+// estimate gives the difference back to the grants it came from; above it, burns more; past
+// the balance, burns what there is (and a soft balance its overage cap) and reports the rest
+// as an overage not taken, never a debt.
+func TestSettleBalance(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
+	tests := []struct {
+		name       string
+		overage    int64 // the soft balance's cap; 0: hard
+		actual     int64
+		wantLeft   map[string]int64
+		wantUsed   int64
+		wantOver   int64 // the balance's overage after the settle
+		wantReport bool  // Settlement.Over
+	}{
+		{"below", 0, 1, map[string]int64{"a": 5, "b": 4}, 1, 0, false},
+		{"equal", 0, 4, map[string]int64{"a": 2, "b": 4}, 4, 0, false},
+		{"cancel", 0, 0, map[string]int64{"a": 6, "b": 4}, 0, 0, false},
+		{"above", 0, 9, map[string]int64{"a": 0, "b": 1}, 9, 0, false},
+		{"past a hard balance", 0, 15, map[string]int64{"a": 0, "b": 0}, 10, 0, true},
+		{"into a soft cap", 3, 12, map[string]int64{"a": 0, "b": 0}, 12, 2, false},
+		{"past a soft cap", 3, 15, map[string]int64{"a": 0, "b": 0}, 13, 3, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := balLimit(key(t, "bl"), tt.overage, sp)
+			put(t, s, l, Grant{ID: "a", Amount: 6, Priority: 1})
+			put(t, s, l, Grant{ID: "b", Amount: 4, Priority: 2})
+			rec := l.Key + ":rsv"
+			if !reserve(t, s, rec, l, 4) {
+				t.Fatal("a reservation of 4 from 10 denied")
+			}
+			got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+			if err != nil {
+				t.Fatalf("Settle: %v", err)
+			}
+			b := readBalance(t, s, l)
+			if left := grantsLeft(b); fmt.Sprint(left) != fmt.Sprint(tt.wantLeft) || b.Used != tt.wantUsed || b.Overage != tt.wantOver {
+				t.Errorf("grants %v, used %d, overage %d; want %v, %d, %d", left, b.Used, b.Overage, tt.wantLeft, tt.wantUsed, tt.wantOver)
+			}
+			if got.Over != tt.wantReport {
+				t.Errorf("Settlement.Over = %v, want %v", got.Over, tt.wantReport)
+			}
+		})
+	}
+}

@@ -175,7 +175,9 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       st.live, st.cost = live, cost
       return true, st.u, sum, ends, st.u + cost, nonneg(sum - cost), ends, st
     end
-    return false, st.u, sum, ends, ends - now
+    -- The sixth value, which call.lua's check ignores, is the most a charge may take now: a
+    -- settle past the balance burns that much and reports the rest as not taken.
+    return false, st.u, sum, ends, ends - now, nonneg(sum + L - 1 - st.o)
   end
 
   -- bl_encode is a grant's field value.
@@ -219,7 +221,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         end
         redis.call('HDEL', key, unpack(del))
       end
-      return us(left) .. ' ' .. table.concat(token, ' ')
+      return us(left) .. ',' .. table.concat(token, ',')
     end
   end
 
@@ -231,7 +233,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         return -- the period was rolled since: its usage is history
       end
       local parts = {}
-      for w in string.gmatch(token, '[^ ]+') do
+      for w in string.gmatch(token, '[^,]+') do
         parts[#parts + 1] = w
       end
       local left = cost

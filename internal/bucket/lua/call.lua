@@ -263,7 +263,8 @@ end
 -- the reservation's charge would (refund tokens in the limits' places); d > 0 charges each
 -- limit c = d, but at most its bound (its 6th argument, -1 for none) and, when its 7th
 -- argument is '1' (a bucket many callers share), only as far as it fits now (its remaining):
--- past the limit (the work is done) only a caller's own bucket goes. A limit's reply allowed
+-- past the limit (the work is done) only a caller's own bucket goes, and never a balance
+-- (code 9), which burns what it has and its overage cap allows. A limit's reply allowed
 -- = 0 where d did not fit whole (an overage). Then the record becomes "done <d>", kept ARGV[4]
 -- ms for retries. The reply is a check's, with the state after the settle (peek fields) and
 -- reply[1] = 0 on an overage. Each limit takes 7 arguments here: code, L, W, B, refund token,
@@ -310,9 +311,17 @@ local function settle(KEYS, ARGV)
           c = math.max(rem, 0)
         end
       end
-      local ok, s1, s2, s3, _ = false, nil, nil, nil, nil
+      local ok, most, s1, s2, s3, _ = false, nil, nil, nil, nil, nil
       if c > 0 then
-        ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, c, Bs)
+        ok, _, _, _, _, most, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, c, Bs)
+      end
+      if c > 0 and not ok and ARGV[b + 1] == '9' then
+        -- A balance takes no debt: it burns what it has (and a soft one its overage cap), and
+        -- the rest is an overage not taken.
+        c = most
+        if c > 0 then
+          ok, _, _, _, _, _, _, s1, s2, s3 = ev(KEYS[i], L, W, B, now, c, Bs)
+        end
       end
       if not ok or c < d then
         fit, reply[1] = 0, 0
