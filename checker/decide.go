@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
 )
 
@@ -147,6 +148,9 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 		for j, lr := range res.Limits {
 			l := &out.Limits[pl.at(i, j)]
 			l.Result, l.Degraded = lr, degraded
+			if l.Limit.Algorithm == algorithm.Balance {
+				l.Limit = balanceView(l.Limit, lr)
+			}
 			if lim := &pl.reqs[i].Limits[j]; lim.Algorithm.Holds() && !peek && !degraded && !res.Refunded && !res.Replayed && lr.Allowed {
 				places, holder = append(places, holdPlace{key: lim.Key, ttl: lim.Window}), lim.Holder
 			}
@@ -239,10 +243,10 @@ func (e *Engine) cacheDenials(pl plan, out *Outcome, results []bucket.Result, co
 			if e.allotments != nil && out.Limits[pl.at(i, j)].Rule.Allotment > 0 {
 				continue
 			}
-			if pl.reqs[i].Limits[j].Algorithm.Holds() {
-				// A place in flight comes back when its holder releases it, at any time
-				// before the retry the denial gives: caching the denial would deny checks
-				// that Redis would admit.
+			if a := pl.reqs[i].Limits[j].Algorithm; a.Holds() || a == algorithm.Balance {
+				// A place in flight comes back when its holder releases it, and a balance
+				// when a grant is made, at any time before the retry the denial gives:
+				// caching the denial would deny checks that Redis would admit.
 				continue
 			}
 			if !lr.Allowed {

@@ -174,7 +174,7 @@ func (e *Engine) balanceOp(ctx context.Context, ent *rules.Entitlement, subject 
 	sp := ent.Period.Around(now)
 	cctx, cancel := context.WithTimeout(ctx, e.guard.timeout)
 	defer cancel()
-	b, err := op(cctx, gs, balanceKey(ent, subject), sp)
+	b, err := op(cctx, gs, balanceKey(ent, holderOf(ent, subject)), sp)
 	var fe *field.Error
 	switch {
 	case errors.As(err, &fe), errors.Is(err, rules.ErrExists), errors.Is(err, rules.ErrNotFound):
@@ -187,16 +187,6 @@ func (e *Engine) balanceOp(ctx context.Context, ent *rules.Entitlement, subject 
 		return Balance{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return balanceOf(ent, subject, b, sp), nil
-}
-
-// balanceKey is the key of subject's balance of ent: rl:{dim:id}:bl:<entitlement>, under the
-// tag of the subject's other buckets (a custom dimension's: its descriptor "name=value").
-func balanceKey(ent *rules.Entitlement, subject string) string {
-	id := subject
-	if ent.Dimension == rules.DimensionDescriptor {
-		id = ent.Key + "=" + subject
-	}
-	return "rl:" + subjectTag(ent.Dimension, id) + ":bl:" + ent.ID
 }
 
 // balanceOf is the store's balance in the engine's terms.

@@ -45,7 +45,8 @@ func idempotencyConflict() error {
 //   - for the name, by the idempotency key: a key is scoped to the subjects it came with, so
 //     one subject's key never reaches another's record, and a key of any length or bytes makes
 //     a name of 22 characters, with no escaping and nothing for a marker to collide with;
-//   - for the fingerprint, by the endpoint, the cost and the tier the query asserts, if any. An
+//   - for the fingerprint, by the endpoint, the cost, the tier the query asserts, if any, and
+//     the entitlement it names, if any. An
 //     asserted tier selects other rules and limits, so the same key under another tier is
 //     another request. The tier the engine resolves from configuration is left out: it is no
 //     part of what the client sent, and a configuration change during a retry must not turn
@@ -63,7 +64,7 @@ func idempotency(q *Query) (name, fp string) {
 	slices.SortFunc(subs, func(a, b Subject) int {
 		return cmp.Or(strings.Compare(a.Dimension.String(), b.Dimension.String()), strings.Compare(a.ID, b.ID))
 	})
-	n := 1 + 5*binary.MaxVarintLen64 + len(q.IdempotencyKey) + len(q.Endpoint) + len(q.Tier)
+	n := 1 + 6*binary.MaxVarintLen64 + len(q.IdempotencyKey) + len(q.Endpoint) + len(q.Tier) + len(q.Entitlement)
 	for _, s := range subs {
 		n += 2*binary.MaxVarintLen64 + len(s.Dimension.String()) + len(s.ID)
 	}
@@ -85,6 +86,11 @@ func idempotency(q *Query) (name, fp string) {
 	b = appendField(b, q.Endpoint)
 	b = binary.AppendVarint(b, q.Cost)
 	b = appendField(b, q.Tier)
+	if q.Entitlement != "" {
+		// Appended only when set, so that the fingerprints of checks naming none are those of
+		// the versions before entitlements: a retry across an upgrade still replays.
+		b = appendField(b, q.Entitlement)
+	}
 	sum = sha256.Sum256(b)
 	return name, string(sum[:16])
 }

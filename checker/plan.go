@@ -43,8 +43,8 @@ type planner struct {
 	q    *Query
 	peek bool
 	out  *Outcome
-	// now is read once per check, and only when overrides or calendar rules need it: overrides
-	// expire by the clock, and calendar periods are found around it.
+	// now is read once per check, and only when overrides, calendar rules or entitlements need
+	// it: overrides expire by the clock, and calendar periods are found around it.
 	now time.Time
 	ex  *rules.Exemption // the exemption of the check's subjects, nil for none
 	// holder is the holder of the places this check takes in flight, drawn when it takes one.
@@ -56,7 +56,7 @@ type planner struct {
 // idempotency record. out receives a LimitOutcome per planned limit.
 func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() time.Time) (plan, error) {
 	p := planner{set: set, q: q, peek: peek, out: out, ex: exemption(set, q)}
-	if set.HasOverrides() || set.HasCalendar() {
+	if set.HasOverrides() || set.HasCalendar() || set.HasEntitlements() {
 		p.now = clock()
 	}
 	// The global subject is planned after the query's own, never appended to q.Subjects: that
@@ -79,6 +79,11 @@ func planQuery(set *rules.Set, q *Query, peek bool, out *Outcome, clock func() t
 	}
 	if !q.SkipGlobal {
 		if err := p.subject(globalSubject); err != nil {
+			return plan{}, err
+		}
+	}
+	if set.HasEntitlements() {
+		if err := p.entitlements(); err != nil {
 			return plan{}, err
 		}
 	}

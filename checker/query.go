@@ -91,8 +91,13 @@ type Query struct {
 	IdempotencyKey string
 	// Tier names the tier to check under; empty means the user's configured tier.
 	Tier string
-	// SkipGlobal leaves the global rules out: an incoming request checked as several queries
-	// (Envoy's descriptors) counts once against them, with its first query.
+	// Entitlement names an entitlement whose balance the check burns by its cost, beside those
+	// its endpoint burns (rules.Entitlement.Endpoints); empty for none. The check must name a
+	// subject that holds it.
+	Entitlement string
+	// SkipGlobal leaves the global rules out, and the entitlements the endpoint burns: an
+	// incoming request checked as several queries (Envoy's descriptors) counts once against
+	// them, with its first query.
 	SkipGlobal bool
 	// SkipOrg leaves the org rules out: a query of an incoming request whose org an earlier
 	// query of it counted against already (Envoy's descriptors naming the same user and key).
@@ -140,6 +145,9 @@ func normalQuery(q *Query) (*Query, error) {
 		if err := field.Text(q.IdempotencyKey, MaxIdempotentLen); err != nil {
 			return nil, field.Wrap("idempotency_key", err)
 		}
+	}
+	if q.Entitlement != "" && len(q.Entitlement) > maxEntitlementID {
+		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", maxEntitlementID)
 	}
 	if q.Reserve != 0 {
 		if q.Reserve < time.Millisecond || q.Reserve > MaxReservationTTL {

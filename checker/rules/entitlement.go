@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 )
 
@@ -50,6 +51,24 @@ type Entitlement struct {
 	Soft       bool
 	OverageCap int64
 	Thresholds EntitlementThresholds
+	// FailMode decides a check's charge of the entitlement while Redis cannot be reached:
+	// FailOpen (the default, as a rule's) or FailClosed. A balance lives only in Redis, so no
+	// process can decide it locally.
+	FailMode FailMode
+
+	rule *Rule // the entitlement as a limit of a check (Rule)
+}
+
+// Rule is the entitlement as a check applies it, beside the check's rules: a limit of
+// algorithm.Balance over the entitlement's holder, that reports under the entitlement's id (no
+// rule shares it) and never warns by the rules' thresholds (its own are the entitlement's).
+// Do not modify it.
+func (e *Entitlement) Rule() *Rule { return e.rule }
+
+// newRule is e's Rule.
+func (e *Entitlement) newRule() *Rule {
+	return &Rule{ID: e.ID, Dimension: e.Dimension, Endpoint: "*", Algorithm: algorithm.Balance,
+		Window: e.Period.Unit.Nominal(), Calendar: e.Period, FailMode: e.FailMode, Entitlement: e}
 }
 
 // EntitlementThresholds are the crossings of a balance worth an event (and a webhook), each
@@ -71,8 +90,10 @@ type DocEntitlement struct {
 	Timezone  string `yaml:"timezone,omitempty" json:"timezone,omitempty"`
 	AnchorDay Scalar `yaml:"anchor_day,omitempty" json:"anchor_day,omitempty"`
 	// Mode is hard (the default: deny at zero) or soft (allow, and count the overage).
-	Mode       string                    `yaml:"mode,omitempty" json:"mode,omitempty"`
-	OverageCap Scalar                    `yaml:"overage_cap,omitempty" json:"overage_cap,omitempty"`
+	Mode       string `yaml:"mode,omitempty" json:"mode,omitempty"`
+	OverageCap Scalar `yaml:"overage_cap,omitempty" json:"overage_cap,omitempty"`
+	// FailMode is open (the default) or closed: a balance has no local twin.
+	FailMode   string                    `yaml:"fail_mode,omitempty" json:"fail_mode,omitempty"`
 	Thresholds *DocEntitlementThresholds `yaml:"thresholds,omitempty" json:"thresholds,omitempty"`
 }
 
@@ -83,22 +104,29 @@ type DocEntitlementThresholds struct {
 	ExpiringWithin []string `yaml:"expiring_within,omitempty" json:"expiring_within,omitempty"`
 }
 
-// entitlementsOf validates a document's entitlements.
-func entitlementsOf(p *problems, docs []DocEntitlement) []Entitlement {
-	var out []Entitlement
+// entitlementsOf validates a document's entitlements; rules holds the id of every rule, which
+// no entitlement may take: a check reports both under their ids.
+func entitlementsOf(p *problems, docs []DocEntitlement, rules map[string]bool) []Entitlement {
+	out := make([]Entitlement, 0, len(docs))
 	seen := map[string]bool{}
 	for i, d := range docs {
 		where := fmt.Sprintf("entitlements[%d]", i)
 		e, ok := entitlementOf(p, where, d)
-		if !ok {
+		switch {
+		case !ok:
 			continue
-		}
-		if seen[e.ID] {
+		case seen[e.ID]:
 			p.add(where, "id: %q is used by more than one entitlement", e.ID)
+			continue
+		case rules[e.ID]:
+			p.add(where, "id: %q is a rule's id; a check reports rules and entitlements by id, so each needs its own", e.ID)
 			continue
 		}
 		seen[e.ID] = true
 		out = append(out, e)
+	}
+	for i := range out {
+		out[i].rule = out[i].newRule()
 	}
 	return out
 }
@@ -142,6 +170,14 @@ func entitlementOf(p *problems, where string, d DocEntitlement) (Entitlement, bo
 	}
 	if d.Thresholds != nil {
 		e.Thresholds = d.Thresholds.thresholds(p, where)
+	}
+	switch d.FailMode {
+	case "", "open":
+		e.FailMode = FailOpen
+	case "closed":
+		e.FailMode = FailClosed
+	default:
+		p.add(where, "fail_mode: want open or closed, got %q (a balance lives only in Redis: no checker can decide it locally)", d.FailMode)
 	}
 	return e, len(p.list) == n
 }
@@ -245,6 +281,10 @@ func (s *Set) Entitlement(id string) (*Entitlement, bool) {
 	}
 	return nil, false
 }
+
+// HasEntitlements reports whether the set declares an entitlement: its checks need the clock,
+// to find the periods their balances are burned in.
+func (s *Set) HasEntitlements() bool { return len(s.entitlements) > 0 }
 
 // Entitlements returns the set's entitlements in document order. Do not modify them.
 func (s *Set) Entitlements() []Entitlement { return s.entitlements }

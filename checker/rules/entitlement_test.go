@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/calendar"
 	"github.com/quotaflow/quotaflow/internal/field"
 )
@@ -47,7 +48,11 @@ func TestEntitlement(t *testing.T) {
 			t.Errorf("Burns(%q) = %v, want %v", tt.endpoint, got, tt.want)
 		}
 	}
-	if _, ok := s.Entitlement("nope"); ok || len(s.Entitlements()) != 2 {
+	if rule := e.Rule(); rule.ID != "llm-tokens" || rule.Algorithm != algorithm.Balance || rule.FailMode != FailOpen ||
+		rule.Entitlement != e || rule.WindowName() != "1mo" || rule.Dimension != DimensionUser {
+		t.Errorf("llm-tokens's rule = %+v, want a balance of the entitlement's id, failing open, over 1mo", rule)
+	}
+	if _, ok := s.Entitlement("nope"); ok || len(s.Entitlements()) != 2 || !s.HasEntitlements() {
 		t.Errorf("Entitlements = %d, want 2 and no entitlement nope", len(s.Entitlements()))
 	}
 }
@@ -76,6 +81,7 @@ func TestEntitlementErrors(t *testing.T) {
 		{"zero balance", "{id: e, dimension: user, period: 1mo, thresholds: {balance_below: [0]}}", "balance_below[0]: want a whole number from 1"},
 		{"negative expiry", "{id: e, dimension: user, period: 1mo, thresholds: {expiring_within: [-1h]}}", `expiring_within[0]: want a duration from 1s`},
 		{"twice", "{id: e, dimension: user, period: 1mo, thresholds: {used_percent: [80, 80]}}", "a threshold is listed twice"},
+		{"local fail mode", "{id: e, dimension: user, period: 1mo, fail_mode: local}", `fail_mode: want open or closed, got "local" (a balance lives only in Redis`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,6 +94,13 @@ func TestEntitlementErrors(t *testing.T) {
 	}
 	if _, err := Parse([]byte(entitlementRules + "{id: e, dimension: user, period: 1d}\n- {id: e, dimension: org, period: 1mo}")); err == nil || !strings.Contains(err.Error(), `id: "e" is used by more than one entitlement`) {
 		t.Errorf("duplicate id: got %v", err)
+	}
+	if _, err := Parse([]byte(entitlementRules + "{id: r, dimension: user, period: 1d}")); err == nil || !strings.Contains(err.Error(), `entitlements[0]: id: "r" is a rule's id`) {
+		t.Errorf("an entitlement with a rule's id: got %v", err)
+	}
+	s := mustParse(t, entitlementRules+"{id: e, dimension: user, period: 1d, fail_mode: closed}")
+	if e, _ := s.Entitlement("e"); e.Rule().FailMode != FailClosed {
+		t.Errorf("fail_mode closed: the rule fails %v", e.Rule().FailMode)
 	}
 }
 

@@ -120,7 +120,7 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	}
 	pol := d.Policies.policies(&p, tiers)
 	ex := exemptionsOf(&p, d.Exemptions, declared)
-	ents := entitlementsOf(&p, d.Entitlements)
+	ents := entitlementsOf(&p, d.Entitlements, declared)
 	if err := p.err(); err != nil {
 		return nil, err
 	}

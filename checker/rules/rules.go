@@ -161,6 +161,9 @@ type Rule struct {
 	// CountDenied counts every hit, allowed or not (bucket.Request.Count): the reference
 	// service's fixed window, whose count goes on past the limit. fixed_window only.
 	CountDenied bool
+	// Entitlement is set on an entitlement's Rule (Entitlement.Rule), nil on the rules of
+	// the document.
+	Entitlement *Entitlement
 	// QuotaMode is a descriptor rule in Envoy's quota mode: like a shadow rule it never denies
 	// (Shadow is set with it), and the RLS transport answers its over-the-limit descriptor OK
 	// with its limit and nothing remaining, as the reference does.
