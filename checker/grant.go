@@ -115,8 +115,8 @@ func (e *Engine) VoidGrant(ctx context.Context, entitlement, subject, id string)
 	if err != nil {
 		return Balance{}, err
 	}
-	if id == "" || len(id) > maxEntitlementID {
-		return Balance{}, field.Errorf("id", "want a grant's id, 1 to %d bytes", maxEntitlementID)
+	if id == "" || len(id) > MaxEntitlementLen {
+		return Balance{}, field.Errorf("id", "want a grant's id, 1 to %d bytes", MaxEntitlementLen)
 	}
 	return e.balanceOp(ctx, ent, subject, time.Now(), func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
 		b, err := gs.VoidGrant(ctx, key, id, sp)
@@ -140,9 +140,9 @@ func (e *Engine) Balance(ctx context.Context, entitlement, subject string) (Bala
 	})
 }
 
-// maxEntitlementID bounds the ids of entitlements and grants (the rules' names, 64 bytes):
+// MaxEntitlementLen bounds the ids of entitlements and grants (the rules' names, 64 bytes):
 // a longer one names nothing, and is refused before an error could echo it back.
-const maxEntitlementID = 64
+const MaxEntitlementLen = 64
 
 // entitlement returns the entitlement named in force, for a subject that may hold it.
 func (e *Engine) entitlement(id, subject string) (*rules.Entitlement, error) {
@@ -150,8 +150,8 @@ func (e *Engine) entitlement(id, subject string) (*rules.Entitlement, error) {
 	if set == nil {
 		return nil, ErrNoRules
 	}
-	if id == "" || len(id) > maxEntitlementID {
-		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", maxEntitlementID)
+	if id == "" || len(id) > MaxEntitlementLen {
+		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", MaxEntitlementLen)
 	}
 	ent, ok := set.Entitlement(id)
 	switch {

@@ -146,8 +146,8 @@ func normalQuery(q *Query) (*Query, error) {
 			return nil, field.Wrap("idempotency_key", err)
 		}
 	}
-	if q.Entitlement != "" && len(q.Entitlement) > maxEntitlementID {
-		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", maxEntitlementID)
+	if q.Entitlement != "" && len(q.Entitlement) > MaxEntitlementLen {
+		return nil, field.Errorf("entitlement", "want an entitlement's id, 1 to %d bytes", MaxEntitlementLen)
 	}
 	if q.Reserve != 0 {
 		if q.Reserve < time.Millisecond || q.Reserve > MaxReservationTTL {

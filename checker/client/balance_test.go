@@ -34,3 +34,32 @@ func TestBalance(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckBurnsBalance: a check naming an entitlement burns its balance; the denial of an
+// empty balance is not cached by the deny cache (its retry is the period's end, a grant may
+// come at any time), so that the check after a top-up is allowed at once.
+func TestCheckBurnsBalance(t *testing.T) {
+	t.Parallel()
+	chk := newChecker(t)
+	c := client.New(chk.url(), client.Config{Timeout: testTimeout})
+	t.Cleanup(c.Close)
+	user := fmt.Sprintf("burn-%d", time.Now().UnixNano())
+	grant := func(amount int64) {
+		t.Helper()
+		if _, _, err := chk.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: amount, Reason: "plan"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant(5)
+	req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: user}}, Endpoint: "/llm", Cost: 5, Entitlement: "tokens"}
+	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.RuleID != "tokens" || d.Remaining != 0 {
+		t.Fatalf("burning 5 of 5: %+v, %v", d, err)
+	}
+	if d, err := c.Check(context.Background(), req); err != nil || d.Allowed || d.Source != client.SourceChecker {
+		t.Fatalf("a check of an empty balance: %+v, %v; want the checker's denial", d, err)
+	}
+	grant(5)
+	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.Source != client.SourceChecker {
+		t.Fatalf("after a top-up: %+v, %v; want allowed by the checker, not a cached denial", d, err)
+	}
+}

@@ -136,6 +136,10 @@ type Request struct {
 	// IdempotencyKey makes a retried check count once; empty means the Client makes one for
 	// this check, so that its own retries never charge twice.
 	IdempotencyKey string
+	// Entitlement names an entitlement whose balance the check burns by Cost, besides those
+	// the endpoint burns; the balance is reported in Policies and, when it decides, as the
+	// Decision's Remaining.
+	Entitlement string
 }
 
 // Source says who made a Decision.
@@ -200,9 +204,9 @@ type Decision struct {
 	// The middleware and interceptors release it when the handler returns.
 	LeaseID        string
 	LeaseExpiresAt time.Time
-	// holds reports that the deciding limit counts requests in flight, whose denial a release
-	// may end at any time: it is not cached.
-	holds bool
+	// endsEarly reports that the deciding limit's denial may end at any time before its retry
+	// (a concurrency place released, a balance topped up by a grant): it is not cached.
+	endsEarly bool
 }
 
 // Client checks rate limits. Its methods are safe for concurrent use.
@@ -313,7 +317,7 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	c.markUp()
 	d := decision(resp)
 	// A fail mode's denial says nothing of the buckets: only a real one is cached.
-	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 && !d.Degraded && !d.holds {
+	if c.deny != nil && !d.Allowed && d.RetryAfter > 0 && !d.Degraded && !d.endsEarly {
 		c.deny.put(key, req.Cost, d, now.Add(d.RetryAfter))
 	}
 	return d, nil
@@ -406,7 +410,7 @@ func (c *Client) failMode(key string, err error) Decision {
 
 func (r Request) proto() *quotaflowv1.CheckRateLimitRequest {
 	m := &quotaflowv1.CheckRateLimitRequest{Endpoint: r.Endpoint, Cost: r.Cost, Tier: r.Tier,
-		IdempotencyKey: r.IdempotencyKey, Timestamp: time.Now().UnixMilli()}
+		IdempotencyKey: r.IdempotencyKey, Timestamp: time.Now().UnixMilli(), Entitlement: r.Entitlement}
 	if m.IdempotencyKey == "" {
 		m.IdempotencyKey = newKey()
 	}
@@ -454,8 +458,8 @@ func decision(r *quotaflowv1.CheckRateLimitResponse) Decision {
 		d.LeaseID, d.LeaseExpiresAt = r.LeaseId, time.UnixMilli(r.LeaseExpiresAtMs)
 	}
 	for _, l := range r.Limits {
-		if l.RuleId == r.RuleId && l.Algorithm == "concurrency" {
-			d.holds = true
+		if l.RuleId == r.RuleId && (l.Algorithm == "concurrency" || l.Algorithm == "balance") {
+			d.endsEarly = true
 		}
 		if l.Shadow {
 			continue // never enforced, so no policy a caller must respect

@@ -12,14 +12,14 @@ import (
 // and a cache still full stores nothing new (the checker decides those checks).
 const maxEntries = 100_000
 
-// subjectKey names what a check counts against: its subjects, endpoint and tier.
+// subjectKey names what a check counts against: its subjects, endpoint, tier and entitlement.
 func subjectKey(r Request) string {
 	subs := make([]string, len(r.Subjects))
 	for i, s := range r.Subjects {
 		subs[i] = strconv.Itoa(int(s.Dimension)) + ":" + s.ID
 	}
 	slices.Sort(subs)
-	return r.Tier + "\x00" + r.Endpoint + "\x00" + strings.Join(subs, "\x00")
+	return r.Tier + "\x00" + r.Entitlement + "\x00" + r.Endpoint + "\x00" + strings.Join(subs, "\x00")
 }
 
 func costOf(c int64) int64 { return max(c, 1) }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,5 +76,52 @@ func TestGetBalance(t *testing.T) {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("HTTP/JSON GetBalance: %s, want 200", resp.Status)
+	}
+}
+
+// TestCheckEntitlement: a check naming an entitlement burns its balance and reports it among
+// its limits, over each protocol and HTTP/JSON; an undeclared entitlement is InvalidArgument
+// naming the field; an empty balance is a denial, not an error.
+func TestCheckEntitlement(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{Rules: mustRules(t, testRules+"entitlements:\n  - {id: tokens, dimension: user, period: 1mo}\n")})
+	user := id(t, "u")
+	if _, _, err := env.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 30, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	left := int64(30)
+	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
+		resp, err := env.client(protocol).CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+			Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/metered", Cost: 10, Entitlement: "tokens"}))
+		if err != nil {
+			t.Fatalf("%s: %v", protocol, err)
+		}
+		left -= 10
+		m := resp.Msg
+		if !m.Allowed || len(m.Limits) != 1 || m.Limits[0].Algorithm != "balance" || m.Limits[0].RuleId != "tokens" ||
+			m.Limits[0].Remaining != left || m.Remaining != left || m.Limits[0].Limit != 30 {
+			t.Fatalf("%s: %v; want allowed, the balance reported with %d left of 30", protocol, m, left)
+		}
+	}
+	resp, err := env.client("connect").CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+		Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/metered", Entitlement: "tokens"}))
+	if err != nil || resp.Msg.Allowed || resp.Msg.RetryAfterMs <= 0 {
+		t.Fatalf("a check of an empty balance: %v, %v; want denied with a retry", resp, err)
+	}
+	_, err = env.client("connect").CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+		Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/metered", Entitlement: "gold"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), `entitlement: "gold" is not a declared entitlement`) {
+		t.Errorf("an undeclared entitlement: %v, want InvalidArgument naming the field", err)
+	}
+	hr, err := env.http.Post(env.url+"/quotaflow.v1.RateLimiter/CheckRateLimit", "application/json",
+		strings.NewReader(`{"identifier":"`+user+`","dimension":"DIMENSION_USER","endpoint":"/metered","entitlement":"tokens"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hr.Body.Close()
+	var body strings.Builder
+	_, _ = io.Copy(&body, hr.Body)
+	if hr.StatusCode != http.StatusOK || !strings.Contains(body.String(), `"algorithm":"balance"`) || strings.Contains(body.String(), `"allowed":true`) || !strings.Contains(body.String(), `"state":"STATE_THROTTLED"`) {
+		t.Errorf("HTTP/JSON: %s %s; want 200 and a denial by the balance", hr.Status, body.String())
 	}
 }

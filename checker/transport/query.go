@@ -22,6 +22,9 @@ func checkQuery(r *quotaflowv1.CheckRateLimitRequest, now time.Time) (*checker.Q
 	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetEndpoint(), r.GetCost()); err != nil {
 		return nil, err
 	}
+	if err := parseEntitlement(q, r.GetEntitlement()); err != nil {
+		return nil, err
+	}
 	if q.IdempotencyKey != "" {
 		if err := field.Text(q.IdempotencyKey, checker.MaxIdempotentLen); err != nil {
 			return nil, field.Wrap("idempotency_key", err)
@@ -41,7 +44,23 @@ func quotaQuery(r *quotaflowv1.GetRemainingQuotaRequest) (*checker.Query, error)
 	if err := parseCommon(q, subjectFields{r.GetIdentifier(), r.GetDimension(), r.GetSubjects()}, r.GetEndpoint(), r.GetCost()); err != nil {
 		return nil, err
 	}
+	if err := parseEntitlement(q, r.GetEntitlement()); err != nil {
+		return nil, err
+	}
 	return q, nil
+}
+
+// parseEntitlement validates the entitlement a check names, empty for none: an id, as the
+// rules write them; whether it is declared is the engine's to say, with the rules in force.
+func parseEntitlement(q *checker.Query, id string) error {
+	if id == "" {
+		return nil
+	}
+	if err := field.Text(id, checker.MaxEntitlementLen); err != nil {
+		return field.Wrap("entitlement", err)
+	}
+	q.Entitlement = id
+	return nil
 }
 
 // resetRequest validates a ResetLimit request. The global dimension names the global subject,

@@ -238,8 +238,13 @@ type CheckRateLimitRequest struct {
 	IdempotencyKey string `protobuf:"bytes,6,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// tier selects the rule set (free, premium, ...); empty means the user's configured tier or
 	// the default tier.
-	Tier          string     `protobuf:"bytes,7,opt,name=tier,proto3" json:"tier,omitempty"`
-	Subjects      []*Subject `protobuf:"bytes,8,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	Tier     string     `protobuf:"bytes,7,opt,name=tier,proto3" json:"tier,omitempty"`
+	Subjects []*Subject `protobuf:"bytes,8,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	// entitlement names an entitlement whose balance the check burns by its cost, besides those
+	// whose endpoints match `endpoint`: the balance of the check's subject that holds it (its
+	// user, API key, org, or custom dimension). A balance is reported in `limits` as a limit of
+	// algorithm "balance" under the entitlement's id, `remaining` its balance.
+	Entitlement   string `protobuf:"bytes,9,opt,name=entitlement,proto3" json:"entitlement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -328,6 +333,13 @@ func (x *CheckRateLimitRequest) GetSubjects() []*Subject {
 		return x.Subjects
 	}
 	return nil
+}
+
+func (x *CheckRateLimitRequest) GetEntitlement() string {
+	if x != nil {
+		return x.Entitlement
+	}
+	return ""
 }
 
 // LimitStatus is the state of one evaluated limit (one rule applied to one subject).
@@ -1512,9 +1524,11 @@ type GetRemainingQuotaRequest struct {
 	Dimension  Dimension              `protobuf:"varint,2,opt,name=dimension,proto3,enum=quotaflow.v1.Dimension" json:"dimension,omitempty"`
 	Endpoint   string                 `protobuf:"bytes,3,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// cost is what `allowed` in the response is computed for; 0 means 1.
-	Cost          int64      `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
-	Tier          string     `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
-	Subjects      []*Subject `protobuf:"bytes,6,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	Cost     int64      `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
+	Tier     string     `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	Subjects []*Subject `protobuf:"bytes,6,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	// entitlement names an entitlement whose balance is reported too, as a check's would be.
+	Entitlement   string `protobuf:"bytes,7,opt,name=entitlement,proto3" json:"entitlement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1589,6 +1603,13 @@ func (x *GetRemainingQuotaRequest) GetSubjects() []*Subject {
 		return x.Subjects
 	}
 	return nil
+}
+
+func (x *GetRemainingQuotaRequest) GetEntitlement() string {
+	if x != nil {
+		return x.Entitlement
+	}
+	return ""
 }
 
 // GetRemainingQuotaResponse has the fields of CheckRateLimitResponse, describing the state
@@ -2160,7 +2181,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\n" +
 	"identifier\x18\x02 \x01(\tR\n" +
 	"identifier\x12)\n" +
-	"\x10custom_dimension\x18\x03 \x01(\tR\x0fcustomDimension\"\xac\x02\n" +
+	"\x10custom_dimension\x18\x03 \x01(\tR\x0fcustomDimension\"\xce\x02\n" +
 	"\x15CheckRateLimitRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +
@@ -2171,7 +2192,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\ttimestamp\x18\x05 \x01(\x03R\ttimestamp\x12'\n" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
 	"\x04tier\x18\a \x01(\tR\x04tier\x121\n" +
-	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\xd8\x04\n" +
+	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\x12 \n" +
+	"\ventitlement\x18\t \x01(\tR\ventitlement\"\xd8\x04\n" +
 	"\vLimitStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
@@ -2261,7 +2283,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"CheckError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
-	"\x05field\x18\x03 \x01(\tR\x05field\"\xe8\x01\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\"\x8a\x02\n" +
 	"\x18GetRemainingQuotaRequest\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +
@@ -2270,7 +2292,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\bendpoint\x18\x03 \x01(\tR\bendpoint\x12\x12\n" +
 	"\x04cost\x18\x04 \x01(\x03R\x04cost\x12\x12\n" +
 	"\x04tier\x18\x05 \x01(\tR\x04tier\x121\n" +
-	"\bsubjects\x18\x06 \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\"\x97\x03\n" +
+	"\bsubjects\x18\x06 \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\x12 \n" +
+	"\ventitlement\x18\a \x01(\tR\ventitlement\"\x97\x03\n" +
 	"\x19GetRemainingQuotaResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
