@@ -1,6 +1,8 @@
 package checker
 
 import (
+	"time"
+
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/algorithm"
 	"github.com/quotaflow/quotaflow/internal/bucket"
@@ -51,6 +53,15 @@ func (p *planner) entitlements() error {
 // balance plans one request charging sub's balance of ent the check's cost. A cost above the
 // balance is a denial, not a bad request: a top-up may come at any time.
 func (p *planner) balance(ent *rules.Entitlement, sub Subject) {
+	lims := []bucket.Limit{balanceLimit(ent, sub, p.now)}
+	p.pl.reqs = append(p.pl.reqs, bucket.Request{Limits: lims, Cost: p.q.Cost, Peek: p.peek})
+	p.pl.first = append(p.pl.first, len(p.out.Limits))
+	p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: ent.Rule(), Subject: sub, Limit: &lims[0], thresholds: balanceThresholds(ent)})
+}
+
+// balanceLimit is sub's balance of ent as a limit of the store, in the periods around now:
+// its Limit is 1 + what it lets past zero (1 for a hard balance).
+func balanceLimit(ent *rules.Entitlement, sub Subject, now time.Time) bucket.Limit {
 	overage := int64(0)
 	if ent.Soft {
 		overage = ent.OverageCap
@@ -58,11 +69,8 @@ func (p *planner) balance(ent *rules.Entitlement, sub Subject) {
 			overage = rules.MaxAmount
 		}
 	}
-	lims := []bucket.Limit{{Key: balanceKey(ent, sub), Algorithm: algorithm.Balance, Limit: 1 + overage,
-		Window: ent.Period.Unit.Nominal(), Periods: ent.Period.Around(p.now), Pooled: !sub.Dimension.Own()}}
-	p.pl.reqs = append(p.pl.reqs, bucket.Request{Limits: lims, Cost: p.q.Cost, Peek: p.peek})
-	p.pl.first = append(p.pl.first, len(p.out.Limits))
-	p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: ent.Rule(), Subject: sub, Limit: &lims[0], thresholds: balanceThresholds(ent)})
+	return bucket.Limit{Key: balanceKey(ent, sub), Algorithm: algorithm.Balance, Limit: 1 + overage,
+		Window: ent.Period.Unit.Nominal(), Periods: ent.Period.Around(now), Pooled: !sub.Dimension.Own()}
 }
 
 // balanceThresholds are the warning thresholds of a balance's state in an answer (and in the

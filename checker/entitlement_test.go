@@ -239,3 +239,78 @@ func TestReserveBalance(t *testing.T) {
 		t.Errorf("after settling past a hard balance: %d left, %d used, %d over; want 0, 100, 0 (no debt)", left, used, over)
 	}
 }
+
+// usageSink keeps the decisions of the usage it is sent.
+type usageSink struct {
+	mu  sync.Mutex
+	got []Outcome
+	qs  []Query
+}
+
+func (s *usageSink) Publish(_ string, q *Query, out *Outcome) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got, s.qs = append(s.got, *out), append(s.qs, *q)
+}
+
+// TestRecordUsage: usage measured elsewhere burns a balance once per event id, past a hard
+// balance too (the excess reported, and the next check denied), each record audited as a
+// decision; bad fields are named.
+func TestRecordUsage(t *testing.T) {
+	t.Parallel()
+	sink := &usageSink{}
+	e := newEngine(t, Config{Rules: mustRules(t, burnRules), Decisions: sink, DisableOverLimitCache: true})
+	ctx := context.Background()
+	user := checkertest.ID(t, "u")
+	grantTo(t, e, "tokens", user, 10)
+	use := func(amount int64, id string) Recorded {
+		t.Helper()
+		r, err := e.RecordUsage(ctx, MeteredUsage{Entitlement: "tokens", Subject: user, Amount: amount, EventID: id, Endpoint: "/v1/chat"})
+		if err != nil {
+			t.Fatalf("RecordUsage(%d, %s): %v", amount, id, err)
+		}
+		return r
+	}
+	if r := use(4, "evt-1"); r.Replayed || r.Taken != 4 || r.Excess != 0 || r.Balance.Remaining != 6 || r.DecisionID == "" {
+		t.Fatalf("a use of 4 of 10: %+v", r)
+	}
+	if r := use(4, "evt-1"); !r.Replayed || r.Taken != 4 || r.Balance.Remaining != 6 {
+		t.Fatalf("the same event again: %+v; want replayed, nothing burned", r)
+	}
+	if r := use(9, "evt-2"); r.Taken != 6 || r.Excess != 3 || r.Balance.Remaining != 0 || r.Balance.Used != 13 || r.Balance.Overage != 3 {
+		t.Fatalf("a use of 9 with 6 left: %+v; want 6 taken, 3 past the hard balance", r)
+	}
+	if out, _ := e.Check(ctx, &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/x", Entitlement: "tokens"}); out.Allowed {
+		t.Errorf("a check after usage past the balance: allowed, want denied")
+	}
+	sink.mu.Lock()
+	if len(sink.got) < 3 || !sink.got[0].Allowed || !sink.got[1].Replayed || sink.got[2].Allowed ||
+		sink.qs[0].Cost != 4 || sink.qs[0].IdempotencyKey != "evt-1" || sink.qs[0].Endpoint != "/v1/chat" || sink.got[0].Limits[0].Rule.ID != "tokens" {
+		t.Errorf("the audit: %+v %+v; want the three records as decisions of the balance, the last one not allowed", sink.got, sink.qs)
+	}
+	sink.mu.Unlock()
+	for _, tt := range []struct {
+		name  string
+		u     MeteredUsage
+		field string
+		is    error
+	}{
+		{"no amount", MeteredUsage{Entitlement: "tokens", Subject: user, EventID: "x"}, "amount", nil},
+		{"too much", MeteredUsage{Entitlement: "tokens", Subject: user, EventID: "x", Amount: rules.MaxAmount + 1}, "amount", nil},
+		{"no event id", MeteredUsage{Entitlement: "tokens", Subject: user, Amount: 1}, "event_id", nil},
+		{"no subject", MeteredUsage{Entitlement: "tokens", Amount: 1, EventID: "x"}, "subject", nil},
+		{"bad endpoint", MeteredUsage{Entitlement: "tokens", Subject: user, Amount: 1, EventID: "x", Endpoint: "chat"}, "endpoint", nil},
+		{"unknown entitlement", MeteredUsage{Entitlement: "gold", Subject: user, Amount: 1, EventID: "x"}, "", rules.ErrNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.RecordUsage(ctx, tt.u)
+			var fe *field.Error
+			switch {
+			case tt.is != nil && !errors.Is(err, tt.is):
+				t.Errorf("got %v, want %v", err, tt.is)
+			case tt.field != "" && (!errors.As(err, &fe) || fe.Field != tt.field):
+				t.Errorf("got %v, want a field error naming %s", err, tt.field)
+			}
+		})
+	}
+}

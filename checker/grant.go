@@ -26,6 +26,7 @@ type grantStore interface {
 	PutGrant(ctx context.Context, key string, g bucket.Grant, periods calendar.Span) (bucket.Balance, error)
 	VoidGrant(ctx context.Context, key, id string, periods calendar.Span) (bucket.Balance, error)
 	ReadBalance(ctx context.Context, key string, periods calendar.Span) (bucket.Balance, error)
+	UseBalance(ctx context.Context, key, record string, l bucket.Limit, amount int64, ttl time.Duration) (bucket.Use, error)
 }
 
 var _ grantStore = (*bucket.Store)(nil)

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,5 +62,27 @@ func TestCheckBurnsBalance(t *testing.T) {
 	grant(5)
 	if d, err := c.Check(context.Background(), req); err != nil || !d.Allowed || d.Source != client.SourceChecker {
 		t.Fatalf("after a top-up: %+v, %v; want allowed by the checker, not a cached denial", d, err)
+	}
+}
+
+// TestRecordUsage: usage through the client burns once, across a connection that broke after
+// the checker burned (the retry carries the same event id).
+func TestRecordUsage(t *testing.T) {
+	t.Parallel()
+	chk := newChecker(t)
+	c := client.New(chk.url(), client.Config{Timeout: testTimeout})
+	t.Cleanup(c.Close)
+	user := fmt.Sprintf("usage-%d", time.Now().UnixNano())
+	if _, _, err := chk.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 100, Reason: "plan"}); err != nil {
+		t.Fatal(err)
+	}
+	chk.failNext.Store(true)
+	r, err := c.RecordUsage(context.Background(), client.Usage{Entitlement: "tokens", Subject: user, Amount: 30})
+	if err != nil || r.Taken != 30 || r.Balance.Remaining != 70 || !r.Replayed {
+		t.Fatalf("RecordUsage of 30 across a broken connection = %v, %v; want 70 left, the retry replayed", r, err)
+	}
+	_, err = c.RecordUsage(context.Background(), client.Usage{Entitlement: "tokens", Subject: user})
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "amount") {
+		t.Errorf("a use of nothing: %v, want InvalidArgument naming amount", err)
 	}
 }

@@ -2,13 +2,11 @@ package transport
 
 import (
 	"context"
-	"errors"
 
 	"connectrpc.com/connect"
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
-	"github.com/quotaflow/quotaflow/checker/rules"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
 
@@ -27,13 +25,34 @@ func (s *Server) getBalance(ctx context.Context, req *quotaflowv1.GetBalanceRequ
 		return nil, err
 	}
 	b, err := s.engine.Balance(ctx, req.GetEntitlement(), req.GetSubject())
-	if errors.Is(err, rules.ErrNotFound) {
-		return nil, connect.NewError(connect.CodeNotFound, err)
-	}
 	if err != nil {
 		return nil, s.rpcError(err)
 	}
 	return balanceResponse(b), nil
+}
+
+// RecordUsage implements quotaflow.v1.RateLimiter.
+func (s *Server) RecordUsage(ctx context.Context, req *connect.Request[quotaflowv1.RecordUsageRequest]) (*connect.Response[quotaflowv1.RecordUsageResponse], error) {
+	return connectResponse(s.recordUsage(ctx, req.Msg))
+}
+
+func (g grpcRateLimiter) RecordUsage(ctx context.Context, req *quotaflowv1.RecordUsageRequest) (*quotaflowv1.RecordUsageResponse, error) {
+	return grpcResponse(g.s.recordUsage(g.s.authenticateGRPC(ctx), req))
+}
+
+// recordUsage burns usage measured elsewhere for a caller that may check: it burns what its
+// checks would.
+func (s *Server) recordUsage(ctx context.Context, req *quotaflowv1.RecordUsageRequest) (*quotaflowv1.RecordUsageResponse, error) {
+	if err := s.authorize(ctx, auth.Check, "RecordUsage"); err != nil {
+		return nil, err
+	}
+	r, err := s.engine.RecordUsage(ctx, checker.MeteredUsage{Entitlement: req.GetEntitlement(), Subject: req.GetSubject(),
+		Amount: req.GetAmount(), EventID: req.GetEventId(), Endpoint: req.GetEndpoint()})
+	if err != nil {
+		return nil, s.rpcError(err)
+	}
+	return &quotaflowv1.RecordUsageResponse{DecisionId: r.DecisionID, Replayed: r.Replayed, Taken: r.Taken, Excess: r.Excess,
+		Balance: balanceResponse(r.Balance)}, nil
 }
 
 // balanceResponse renders a balance.

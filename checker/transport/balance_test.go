@@ -125,3 +125,46 @@ func TestCheckEntitlement(t *testing.T) {
 		t.Errorf("HTTP/JSON: %s %s; want 200 and a denial by the balance", hr.Status, body.String())
 	}
 }
+
+// TestRecordUsage: usage recorded over each protocol and HTTP/JSON burns its balance once per
+// event id; an unknown entitlement is NotFound, a bad amount InvalidArgument naming it.
+func TestRecordUsage(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, checker.Config{Rules: mustRules(t, testRules+"entitlements:\n  - {id: tokens, dimension: user, period: 1mo}\n")})
+	user := id(t, "u")
+	if _, _, err := env.engine.PutGrant(context.Background(), rules.Grant{Entitlement: "tokens", Subject: user, Amount: 100, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	left := int64(100)
+	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
+		for try := range 2 {
+			resp, err := env.client(protocol).RecordUsage(context.Background(), connect.NewRequest(&quotaflowv1.RecordUsageRequest{
+				Entitlement: "tokens", Subject: user, Amount: 20, EventId: "evt-" + protocol}))
+			if err != nil {
+				t.Fatalf("%s: %v", protocol, err)
+			}
+			if try == 0 {
+				left -= 20
+			}
+			if m := resp.Msg; m.Replayed != (try == 1) || m.Taken != 20 || m.Balance.GetRemaining() != left || m.DecisionId == "" {
+				t.Fatalf("%s, try %d: %v; want %d left, replayed on the second", protocol, try, m, left)
+			}
+		}
+	}
+	_, err := env.client("connect").RecordUsage(context.Background(), connect.NewRequest(&quotaflowv1.RecordUsageRequest{
+		Entitlement: "gold", Subject: user, Amount: 1, EventId: "x"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("an unknown entitlement: %v, want NotFound", err)
+	}
+	hr, err := env.http.Post(env.url+"/quotaflow.v1.RateLimiter/RecordUsage", "application/json",
+		strings.NewReader(`{"entitlement":"tokens","subject":"`+user+`","amount":"-3","eventId":"y"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hr.Body.Close()
+	var body strings.Builder
+	_, _ = io.Copy(&body, hr.Body)
+	if hr.StatusCode != http.StatusBadRequest || !strings.Contains(body.String(), "amount") {
+		t.Errorf("HTTP/JSON with a negative amount: %s %s; want 400 naming amount", hr.Status, body.String())
+	}
+}

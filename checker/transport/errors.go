@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/quotaflow/quotaflow/checker"
+	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/field"
 )
 
@@ -22,6 +23,9 @@ func (s *Server) rpcError(err error) error {
 	switch {
 	case errors.As(err, &fe):
 		return connect.NewError(connect.CodeInvalidArgument, err)
+	case errors.Is(err, rules.ErrNotFound):
+		// An entitlement the rules do not declare (GetBalance, RecordUsage).
+		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, checker.ErrNoRules), errors.Is(err, checker.ErrUnavailable):
 		return connect.NewError(connect.CodeUnavailable, err)
 	case errors.Is(err, context.Canceled):

@@ -139,6 +139,46 @@ func (s *Store) ReadBalance(ctx context.Context, key string, periods calendar.Sp
 	return s.grant(ctx, key, "read", w, b)
 }
 
+// Use is what UseBalance did.
+type Use struct {
+	// Replayed: the record said the usage was burned before; nothing was burned now, and
+	// Taken and Excess are the first burn's.
+	Replayed bool
+	// Taken is what the grants gave; the rest of the amount went to overage.
+	Taken int64
+	// Excess is the part of the overage past what the balance lets past zero (all of it for
+	// a hard balance; past the cap for a soft one).
+	Excess int64
+	// Balance is the balance after.
+	Balance Balance
+}
+
+// UseBalance burns amount of usage measured elsewhere from the balance at key (of Limit l, as
+// a charge of it sends it: Limit and Periods), once per record (a key in key's slot, kept
+// ttl): the live grants in burn order, then overage for the rest, past what l lets past zero
+// too, since the usage happened. A record that exists is a retry: nothing is burned, and the
+// answer is Replayed with the first burn's figures.
+func (s *Store) UseBalance(ctx context.Context, key, record string, l Limit, amount int64, ttl time.Duration) (Use, error) {
+	w, b, err := periodArgs(l.Periods)
+	if err != nil || amount < 1 || l.Limit < 1 || ttl < time.Millisecond || record == "" {
+		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrInvalidRequest)
+	}
+	arr, err := s.grantRun(ctx, key, []string{record}, "use", itoa(amount), w, b, itoa(ttl.Milliseconds()), itoa(l.Limit))
+	if err != nil {
+		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, err)
+	}
+	if len(arr) < 3 {
+		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
+	}
+	taken, err1 := strconv.ParseInt(arr[1], 10, 64)
+	excess, err2 := strconv.ParseInt(arr[2], 10, 64)
+	bal, err3 := parseBalance(arr[3:])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
+	}
+	return Use{Replayed: arr[0] == "1", Taken: taken, Excess: excess, Balance: bal}, nil
+}
+
 // periodArgs are periods as the script takes them (Limit.scriptArgs).
 func periodArgs(periods calendar.Span) (w, b string, err error) {
 	l := Limit{Algorithm: algorithm.Balance, Periods: periods}
@@ -153,17 +193,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // grant runs the grant script and reads its reply.
 func (s *Store) grant(ctx context.Context, key, op string, args ...string) (Balance, error) {
-	argv := append([]any{op, itoa(s.b.cfg.ClockOffset.Microseconds())}, anys(args)...)
-	// Not retried by go-redis (scriptCmd): a put or a void sent twice is harmless, but the
-	// caller must learn that the first one's outcome is unknown.
-	meta := key + "#meta" // its hash tag is key's: the same slot
-	cmd := newScriptCmd(ctx, append([]any{"evalsha", grantScript.sha, 2, key, meta}, argv...), 1)
-	_ = s.rdb.Process(ctx, scriptCmd{cmd})
-	if isNoScript(cmd.Err()) {
-		cmd = newScriptCmd(ctx, append([]any{"eval", grantScript.src, 2, key, meta}, argv...), 1)
-		_ = s.rdb.Process(ctx, scriptCmd{cmd})
-	}
-	arr, err := cmd.Result()
+	arr, err := s.grantRun(ctx, key, nil, op, args...)
 	switch {
 	case err == nil:
 	case redis.HasErrorPrefix(err, "GRANT_EXISTS"):
@@ -180,6 +210,24 @@ func (s *Store) grant(ctx context.Context, key, op string, args ...string) (Bala
 		return Balance{}, fmt.Errorf("bucket: %s grant in %q: %w", op, key, err)
 	}
 	return b, nil
+}
+
+// grantRun runs the grant script on the balance at key (with its metadata and more, keys in
+// its slot) and returns its reply.
+func (s *Store) grantRun(ctx context.Context, key string, more []string, op string, args ...string) ([]string, error) {
+	argv := append([]any{op, itoa(s.b.cfg.ClockOffset.Microseconds())}, anys(args)...)
+	// Not retried by go-redis (scriptCmd): a put or a void sent twice is harmless, and a use
+	// has its record, but the caller must learn that the first one's outcome is unknown.
+	keys := append([]any{key, key + "#meta"}, anys(more)...) // #meta: key's hash tag, its slot
+	head := append([]any{"evalsha", grantScript.sha, len(keys)}, keys...)
+	cmd := newScriptCmd(ctx, append(head, argv...), 1)
+	_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	if isNoScript(cmd.Err()) {
+		head[0], head[1] = "eval", grantScript.src
+		cmd = newScriptCmd(ctx, append(head, argv...), 1)
+		_ = s.rdb.Process(ctx, scriptCmd{cmd})
+	}
+	return cmd.Result()
 }
 
 func anys(ss []string) []any {

@@ -16,10 +16,17 @@
 --   void  ARGV[3..5]: id, W, B. Voids the grant from now on (a second void keeps the first instant);
 --         'GRANT_UNKNOWN' when there is none.
 --   read  ARGV[3], ARGV[4]: W, B. Nothing is written.
--- Reply (every operation): { period start (Unix s), u, o, now (Unix ms), then 14 per grant:
+--   use   ARGV[3..6]: amount, W, B, the record's TTL (ms); KEYS[3] the usage's record (same
+--         slot). Burns amount of usage measured elsewhere, once per record: the live grants in
+--         burn order, then overage for the rest, past a hard balance or a soft one's cap too
+--         (the usage happened: the ledger holds it whole, and checks deny until grants come).
+--         u and o grow as a charge's do. The record, SET PX, holds "<taken> <excess>" (what
+--         the grants gave; what went past what the entitlement lets past zero, L - 1, with L
+--         as a charge's in ARGV[7]). A record that exists is a retry: nothing is burned.
+-- Reply (put, void, read): { period start (Unix s), u, o, now (Unix ms), then 14 per grant:
 --   id, its 11 fields (balance.lua), live (1 when it counts now), what was kept with it ("" for
 --   none: a rollover's) }, the balance brought to the period holding Redis's time, as the next
---   charge would see it.
+--   charge would see it. use's reply is { 1 when replayed else 0, taken, excess } then that.
 local MAX_GRANTS = 256
 
 -- clock_us is Redis's time in µs, shifted as asked.
@@ -54,6 +61,51 @@ if op == 'read' then
     return redis.error_reply('ERR grant: malformed read')
   end
   return reply(key, W, B)
+end
+
+if op == 'use' then
+  local amount, W, B, ttl, L = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  if #ARGV ~= 7 or #KEYS ~= 3 or not amount or amount < 1 or not W or not B or not ttl or ttl < 1 or not L or L < 1 then
+    return redis.error_reply('ERR grant: malformed use')
+  end
+  local rec = redis.call('GET', KEYS[3])
+  local head
+  if rec then
+    local taken, excess = string.match(rec, '^(%d+) (%d+)$')
+    head = {'1', taken or '0', excess or '0'}
+  else
+    local now = clock_us()
+    local st, _, live, sum = bl_state(key, W, B, now)
+    local left = amount
+    for _, g in ipairs(live) do
+      if left == 0 then break end
+      local take = g[1]
+      if take > left then take = left end
+      g[1], g.dirty, left = g[1] - take, true, left - take
+    end
+    local excess = nonneg(left + st.o - (L - 1)) - nonneg(st.o - (L - 1))
+    st.u, st.o = st.u + amount, st.o + left
+    local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
+    for _, g in ipairs(st.grants) do
+      if g.dirty then
+        args[#args + 1] = 'g:' .. g.id
+        args[#args + 1] = bl_encode(g)
+      end
+    end
+    redis.call('HSET', key, unpack(args))
+    if st.drop and #st.drop > 0 then
+      for _, gid in ipairs(st.drop) do
+        redis.call('HDEL', key, 'g:' .. gid)
+      end
+    end
+    head = {'0', us(amount - left), us(excess)}
+    redis.call('SET', KEYS[3], head[2] .. ' ' .. head[3], 'PX', ttl)
+  end
+  local out = reply(key, W, B)
+  for i = #head, 1, -1 do
+    table.insert(out, 1, head[i])
+  end
+  return out
 end
 
 if op == 'void' then

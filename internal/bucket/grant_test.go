@@ -315,3 +315,55 @@ func TestSettleBalance(t *testing.T) {
 		})
 	}
 }
+
+// TestUseBalance: usage measured elsewhere burns the grants in order, then overage past what
+// the balance allows (the usage happened), once per record: a retry burns nothing and answers
+// the first burn's figures.
+func TestUseBalance(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	sp := calendar.Period{Unit: calendar.Month}.Around(redisNow(t, s))
+	tests := []struct {
+		name                   string
+		overage                int64 // the soft balance's cap; 0: hard
+		amounts                []int64
+		wantTaken, wantExcess  int64 // the last use's
+		wantLeft, wantUsed, wo int64
+	}{
+		{"within", 0, []int64{4}, 4, 0, 6, 4, 0},
+		{"to zero", 0, []int64{6, 4}, 4, 0, 0, 10, 0},
+		{"past a hard balance", 0, []int64{8, 5}, 2, 3, 0, 13, 3},
+		{"into a soft cap", 5, []int64{12}, 10, 0, 0, 12, 2},
+		{"past a soft cap", 5, []int64{9, 9}, 1, 3, 0, 18, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := balLimit(key(t, "bl"), tt.overage, sp)
+			put(t, s, l, Grant{ID: "a", Amount: 6, Priority: 1})
+			put(t, s, l, Grant{ID: "b", Amount: 4, Priority: 2})
+			var u Use
+			for i, n := range tt.amounts {
+				var err error
+				if u, err = s.UseBalance(ctxT(t), l.Key, fmt.Sprintf("%s#use:%d", l.Key, i), l, n, time.Minute); err != nil || u.Replayed {
+					t.Fatalf("use %d of %d: %+v, %v", i, n, u, err)
+				}
+			}
+			if u.Taken != tt.wantTaken || u.Excess != tt.wantExcess {
+				t.Errorf("the last use took %d, %d past the allowance; want %d, %d", u.Taken, u.Excess, tt.wantTaken, tt.wantExcess)
+			}
+			if b := u.Balance; b.Remaining() != tt.wantLeft || b.Used != tt.wantUsed || b.Overage != tt.wo {
+				t.Errorf("balance %d left, %d used, %d over; want %d, %d, %d", b.Remaining(), b.Used, b.Overage, tt.wantLeft, tt.wantUsed, tt.wo)
+			}
+			// The last use again: its record replays it.
+			last := len(tt.amounts) - 1
+			again, err := s.UseBalance(ctxT(t), l.Key, fmt.Sprintf("%s#use:%d", l.Key, last), l, tt.amounts[last], time.Minute)
+			if err != nil || !again.Replayed || again.Taken != u.Taken || again.Excess != u.Excess || again.Balance.Used != tt.wantUsed {
+				t.Errorf("a retry: %+v, %v; want replayed, the first's figures, nothing burned", again, err)
+			}
+		})
+	}
+	if _, err := s.UseBalance(ctxT(t), key(t, "bl"), "", balLimit(key(t, "bl"), 0, sp), 1, time.Minute); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("a use without a record: %v, want ErrInvalidRequest", err)
+	}
+}

@@ -2050,6 +2050,169 @@ func (x *GetBalanceResponse) GetGrants() []*GrantBalance {
 	return nil
 }
 
+type RecordUsageRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Entitlement string                 `protobuf:"bytes,1,opt,name=entitlement,proto3" json:"entitlement,omitempty"`
+	// subject identifies the holder, as GetBalance's does.
+	Subject string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	// amount is what was used: 1 to 2^44.
+	Amount int64 `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
+	// event_id is the caller's id of the usage (a CloudEvent's id): a second record of one id
+	// burns nothing and answers the first's figures. 1 to 256 bytes.
+	EventId string `protobuf:"bytes,4,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// endpoint is what the usage was of, for the audit; empty: "/".
+	Endpoint      string `protobuf:"bytes,5,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordUsageRequest) Reset() {
+	*x = RecordUsageRequest{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageRequest) ProtoMessage() {}
+
+func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageRequest.ProtoReflect.Descriptor instead.
+func (*RecordUsageRequest) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecordUsageRequest) GetEntitlement() string {
+	if x != nil {
+		return x.Entitlement
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *RecordUsageRequest) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+type RecordUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// decision_id is the id of the decision that audits the usage.
+	DecisionId string `protobuf:"bytes,1,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	// replayed: event_id was recorded before; nothing was burned now.
+	Replayed bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// taken is what the grants gave; the rest of amount is overage.
+	Taken int64 `protobuf:"varint,3,opt,name=taken,proto3" json:"taken,omitempty"`
+	// excess is the part of the overage past what the entitlement lets past zero (a hard one:
+	// all of it; a soft one: past its cap).
+	Excess int64 `protobuf:"varint,4,opt,name=excess,proto3" json:"excess,omitempty"`
+	// balance is the balance after.
+	Balance       *GetBalanceResponse `protobuf:"bytes,5,opt,name=balance,proto3" json:"balance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordUsageResponse) Reset() {
+	*x = RecordUsageResponse{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageResponse) ProtoMessage() {}
+
+func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
+func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RecordUsageResponse) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
+func (x *RecordUsageResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *RecordUsageResponse) GetTaken() int64 {
+	if x != nil {
+		return x.Taken
+	}
+	return 0
+}
+
+func (x *RecordUsageResponse) GetExcess() int64 {
+	if x != nil {
+		return x.Excess
+	}
+	return 0
+}
+
+func (x *RecordUsageResponse) GetBalance() *GetBalanceResponse {
+	if x != nil {
+		return x.Balance
+	}
+	return nil
+}
+
 // GrantBalance is one grant of a balance.
 type GrantBalance struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -2073,7 +2236,7 @@ type GrantBalance struct {
 
 func (x *GrantBalance) Reset() {
 	*x = GrantBalance{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2248,7 @@ func (x *GrantBalance) String() string {
 func (*GrantBalance) ProtoMessage() {}
 
 func (x *GrantBalance) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2261,7 @@ func (x *GrantBalance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBalance.ProtoReflect.Descriptor instead.
 func (*GrantBalance) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GrantBalance) GetId() string {
@@ -2333,7 +2496,20 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x04used\x18\x06 \x01(\x03R\x04used\x12\x18\n" +
 	"\aoverage\x18\a \x01(\x03R\aoverage\x12\x1c\n" +
 	"\tremaining\x18\b \x01(\x03R\tremaining\x122\n" +
-	"\x06grants\x18\t \x03(\v2\x1a.quotaflow.v1.GrantBalanceR\x06grants\"\xa8\x02\n" +
+	"\x06grants\x18\t \x03(\v2\x1a.quotaflow.v1.GrantBalanceR\x06grants\"\x9f\x01\n" +
+	"\x12RecordUsageRequest\x12 \n" +
+	"\ventitlement\x18\x01 \x01(\tR\ventitlement\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x12\x16\n" +
+	"\x06amount\x18\x03 \x01(\x03R\x06amount\x12\x19\n" +
+	"\bevent_id\x18\x04 \x01(\tR\aeventId\x12\x1a\n" +
+	"\bendpoint\x18\x05 \x01(\tR\bendpoint\"\xbc\x01\n" +
+	"\x13RecordUsageResponse\x12\x1f\n" +
+	"\vdecision_id\x18\x01 \x01(\tR\n" +
+	"decisionId\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\x12\x14\n" +
+	"\x05taken\x18\x03 \x01(\x03R\x05taken\x12\x16\n" +
+	"\x06excess\x18\x04 \x01(\x03R\x06excess\x12:\n" +
+	"\abalance\x18\x05 \x01(\v2 .quotaflow.v1.GetBalanceResponseR\abalance\"\xa8\x02\n" +
 	"\fGrantBalance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x1c\n" +
@@ -2359,7 +2535,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_NORMAL\x10\x01\x12\x11\n" +
 	"\rSTATE_WARNING\x10\x02\x12\x13\n" +
-	"\x0fSTATE_THROTTLED\x10\x032\xd6\x06\n" +
+	"\x0fSTATE_THROTTLED\x10\x032\xaf\a\n" +
 	"\vRateLimiter\x12[\n" +
 	"\x0eCheckRateLimit\x12#.quotaflow.v1.CheckRateLimitRequest\x1a$.quotaflow.v1.CheckRateLimitResponse\x12^\n" +
 	"\x0fCheckRateLimits\x12$.quotaflow.v1.CheckRateLimitsRequest\x1a%.quotaflow.v1.CheckRateLimitsResponse\x12i\n" +
@@ -2373,7 +2549,8 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x06Settle\x12\x1b.quotaflow.v1.SettleRequest\x1a\x1c.quotaflow.v1.SettleResponse\x12C\n" +
 	"\x06Cancel\x12\x1b.quotaflow.v1.CancelRequest\x1a\x1c.quotaflow.v1.CancelResponse\x12T\n" +
 	"\n" +
-	"GetBalance\x12\x1f.quotaflow.v1.GetBalanceRequest\x1a .quotaflow.v1.GetBalanceResponse\"\x03\x90\x02\x01B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"GetBalance\x12\x1f.quotaflow.v1.GetBalanceRequest\x1a .quotaflow.v1.GetBalanceResponse\"\x03\x90\x02\x01\x12W\n" +
+	"\vRecordUsage\x12 .quotaflow.v1.RecordUsageRequest\x1a!.quotaflow.v1.RecordUsageResponse\"\x03\x90\x02\x02B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_ratelimit_proto_rawDescOnce sync.Once
@@ -2388,7 +2565,7 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
@@ -2416,7 +2593,9 @@ var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(*ResetLimitResponse)(nil),        // 23: quotaflow.v1.ResetLimitResponse
 	(*GetBalanceRequest)(nil),         // 24: quotaflow.v1.GetBalanceRequest
 	(*GetBalanceResponse)(nil),        // 25: quotaflow.v1.GetBalanceResponse
-	(*GrantBalance)(nil),              // 26: quotaflow.v1.GrantBalance
+	(*RecordUsageRequest)(nil),        // 26: quotaflow.v1.RecordUsageRequest
+	(*RecordUsageResponse)(nil),       // 27: quotaflow.v1.RecordUsageResponse
+	(*GrantBalance)(nil),              // 28: quotaflow.v1.GrantBalance
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -2437,32 +2616,35 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 15: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
 	4,  // 16: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
 	0,  // 17: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	26, // 18: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
-	3,  // 19: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	16, // 20: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	20, // 21: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	22, // 22: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	6,  // 23: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
-	8,  // 24: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
-	10, // 25: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
-	12, // 26: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
-	13, // 27: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
-	24, // 28: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
-	5,  // 29: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	17, // 30: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	21, // 31: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	23, // 32: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	7,  // 33: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
-	9,  // 34: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
-	11, // 35: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
-	14, // 36: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
-	15, // 37: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
-	25, // 38: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
-	29, // [29:39] is the sub-list for method output_type
-	19, // [19:29] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	28, // 18: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
+	25, // 19: quotaflow.v1.RecordUsageResponse.balance:type_name -> quotaflow.v1.GetBalanceResponse
+	3,  // 20: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	16, // 21: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	20, // 22: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	22, // 23: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	6,  // 24: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	8,  // 25: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	10, // 26: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
+	12, // 27: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
+	13, // 28: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
+	24, // 29: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
+	26, // 30: quotaflow.v1.RateLimiter.RecordUsage:input_type -> quotaflow.v1.RecordUsageRequest
+	5,  // 31: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	17, // 32: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	21, // 33: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	23, // 34: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	7,  // 35: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	9,  // 36: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	11, // 37: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
+	14, // 38: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
+	15, // 39: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
+	25, // 40: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
+	27, // 41: quotaflow.v1.RateLimiter.RecordUsage:output_type -> quotaflow.v1.RecordUsageResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -2480,7 +2662,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	RateLimiter_Settle_FullMethodName            = "/quotaflow.v1.RateLimiter/Settle"
 	RateLimiter_Cancel_FullMethodName            = "/quotaflow.v1.RateLimiter/Cancel"
 	RateLimiter_GetBalance_FullMethodName        = "/quotaflow.v1.RateLimiter/GetBalance"
+	RateLimiter_RecordUsage_FullMethodName       = "/quotaflow.v1.RateLimiter/RecordUsage"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -80,6 +81,12 @@ type RateLimiterClient interface {
 	// the period's usage and overage, and each grant with what it has left. An unknown
 	// entitlement is NotFound; a missing subject InvalidArgument.
 	GetBalance(ctx context.Context, in *GetBalanceRequest, opts ...grpc.CallOption) (*GetBalanceResponse, error)
+	// RecordUsage burns usage measured outside a check (the tokens of a response, counted after
+	// it) from a subject's balance, once per event_id (an hour's memory): the live grants in burn
+	// order, then overage, past a hard balance too, since the usage happened (excess says how
+	// much the balance did not cover, and the next checks are denied). Audited as a decision. An
+	// unknown entitlement is NotFound; a bad field InvalidArgument naming it.
+	RecordUsage(ctx context.Context, in *RecordUsageRequest, opts ...grpc.CallOption) (*RecordUsageResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -190,6 +197,16 @@ func (c *rateLimiterClient) GetBalance(ctx context.Context, in *GetBalanceReques
 	return out, nil
 }
 
+func (c *rateLimiterClient) RecordUsage(ctx context.Context, in *RecordUsageRequest, opts ...grpc.CallOption) (*RecordUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordUsageResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_RecordUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -236,6 +253,12 @@ type RateLimiterServer interface {
 	// the period's usage and overage, and each grant with what it has left. An unknown
 	// entitlement is NotFound; a missing subject InvalidArgument.
 	GetBalance(context.Context, *GetBalanceRequest) (*GetBalanceResponse, error)
+	// RecordUsage burns usage measured outside a check (the tokens of a response, counted after
+	// it) from a subject's balance, once per event_id (an hour's memory): the live grants in burn
+	// order, then overage, past a hard balance too, since the usage happened (excess says how
+	// much the balance did not cover, and the next checks are denied). Audited as a decision. An
+	// unknown entitlement is NotFound; a bad field InvalidArgument naming it.
+	RecordUsage(context.Context, *RecordUsageRequest) (*RecordUsageResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -275,6 +298,9 @@ func (UnimplementedRateLimiterServer) Cancel(context.Context, *CancelRequest) (*
 }
 func (UnimplementedRateLimiterServer) GetBalance(context.Context, *GetBalanceRequest) (*GetBalanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBalance not implemented")
+}
+func (UnimplementedRateLimiterServer) RecordUsage(context.Context, *RecordUsageRequest) (*RecordUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordUsage not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -477,6 +503,24 @@ func _RateLimiter_GetBalance_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_RecordUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).RecordUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_RecordUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).RecordUsage(ctx, req.(*RecordUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -523,6 +567,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBalance",
 			Handler:    _RateLimiter_GetBalance_Handler,
+		},
+		{
+			MethodName: "RecordUsage",
+			Handler:    _RateLimiter_RecordUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

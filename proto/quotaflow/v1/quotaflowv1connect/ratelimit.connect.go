@@ -59,6 +59,8 @@ const (
 	RateLimiterCancelProcedure = "/quotaflow.v1.RateLimiter/Cancel"
 	// RateLimiterGetBalanceProcedure is the fully-qualified name of the RateLimiter's GetBalance RPC.
 	RateLimiterGetBalanceProcedure = "/quotaflow.v1.RateLimiter/GetBalance"
+	// RateLimiterRecordUsageProcedure is the fully-qualified name of the RateLimiter's RecordUsage RPC.
+	RateLimiterRecordUsageProcedure = "/quotaflow.v1.RateLimiter/RecordUsage"
 )
 
 // RateLimiterClient is a client for the quotaflow.v1.RateLimiter service.
@@ -101,6 +103,12 @@ type RateLimiterClient interface {
 	// the period's usage and overage, and each grant with what it has left. An unknown
 	// entitlement is NotFound; a missing subject InvalidArgument.
 	GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error)
+	// RecordUsage burns usage measured outside a check (the tokens of a response, counted after
+	// it) from a subject's balance, once per event_id (an hour's memory): the live grants in burn
+	// order, then overage, past a hard balance too, since the usage happened (excess says how
+	// much the balance did not cover, and the next checks are denied). Audited as a decision. An
+	// unknown entitlement is NotFound; a bad field InvalidArgument naming it.
+	RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error)
 }
 
 // NewRateLimiterClient constructs a client for the quotaflow.v1.RateLimiter service. By default, it
@@ -176,6 +184,13 @@ func NewRateLimiterClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		recordUsage: connect.NewClient[v1.RecordUsageRequest, v1.RecordUsageResponse](
+			httpClient,
+			baseURL+RateLimiterRecordUsageProcedure,
+			connect.WithSchema(rateLimiterMethods.ByName("RecordUsage")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -191,6 +206,7 @@ type rateLimiterClient struct {
 	settle            *connect.Client[v1.SettleRequest, v1.SettleResponse]
 	cancel            *connect.Client[v1.CancelRequest, v1.CancelResponse]
 	getBalance        *connect.Client[v1.GetBalanceRequest, v1.GetBalanceResponse]
+	recordUsage       *connect.Client[v1.RecordUsageRequest, v1.RecordUsageResponse]
 }
 
 // CheckRateLimit calls quotaflow.v1.RateLimiter.CheckRateLimit.
@@ -243,6 +259,11 @@ func (c *rateLimiterClient) GetBalance(ctx context.Context, req *connect.Request
 	return c.getBalance.CallUnary(ctx, req)
 }
 
+// RecordUsage calls quotaflow.v1.RateLimiter.RecordUsage.
+func (c *rateLimiterClient) RecordUsage(ctx context.Context, req *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	return c.recordUsage.CallUnary(ctx, req)
+}
+
 // RateLimiterHandler is an implementation of the quotaflow.v1.RateLimiter service.
 type RateLimiterHandler interface {
 	// CheckRateLimit evaluates every matching limit of every subject in the request, plus the
@@ -283,6 +304,12 @@ type RateLimiterHandler interface {
 	// the period's usage and overage, and each grant with what it has left. An unknown
 	// entitlement is NotFound; a missing subject InvalidArgument.
 	GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error)
+	// RecordUsage burns usage measured outside a check (the tokens of a response, counted after
+	// it) from a subject's balance, once per event_id (an hour's memory): the live grants in burn
+	// order, then overage, past a hard balance too, since the usage happened (excess says how
+	// much the balance did not cover, and the next checks are denied). Audited as a decision. An
+	// unknown entitlement is NotFound; a bad field InvalidArgument naming it.
+	RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error)
 }
 
 // NewRateLimiterHandler builds an HTTP handler from the service implementation. It returns the path
@@ -354,6 +381,13 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	rateLimiterRecordUsageHandler := connect.NewUnaryHandler(
+		RateLimiterRecordUsageProcedure,
+		svc.RecordUsage,
+		connect.WithSchema(rateLimiterMethods.ByName("RecordUsage")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/quotaflow.v1.RateLimiter/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RateLimiterCheckRateLimitProcedure:
@@ -376,6 +410,8 @@ func NewRateLimiterHandler(svc RateLimiterHandler, opts ...connect.HandlerOption
 			rateLimiterCancelHandler.ServeHTTP(w, r)
 		case RateLimiterGetBalanceProcedure:
 			rateLimiterGetBalanceHandler.ServeHTTP(w, r)
+		case RateLimiterRecordUsageProcedure:
+			rateLimiterRecordUsageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -423,4 +459,8 @@ func (UnimplementedRateLimiterHandler) Cancel(context.Context, *connect.Request[
 
 func (UnimplementedRateLimiterHandler) GetBalance(context.Context, *connect.Request[v1.GetBalanceRequest]) (*connect.Response[v1.GetBalanceResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.GetBalance is not implemented"))
+}
+
+func (UnimplementedRateLimiterHandler) RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("quotaflow.v1.RateLimiter.RecordUsage is not implemented"))
 }
