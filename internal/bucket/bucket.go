@@ -39,6 +39,9 @@ type Limit struct {
 	// one that holds Redis's time, and Window is only the unit's nominal length. Other
 	// algorithms ignore them. A balance's Limit is 1 + its overage cap (1: none).
 	Periods calendar.Span
+	// Thresholds are, for algorithm.Balance, the crossings a charge tells once each
+	// (LimitResult.Told), as ThresholdSpec writes them; empty for none.
+	Thresholds string
 	// OverageCap bounds what a settle charges this limit past its reservation's estimate
 	// (Store.Settle); 0 means no bound.
 	OverageCap int64
@@ -146,6 +149,10 @@ type LimitResult struct {
 	// RetryAfter is, when denied, how long until Cost would be allowed by this limit; 0 when
 	// allowed. It is never 0 when denied.
 	RetryAfter time.Duration
+	// Told are, for an allowed charge of a balance, the thresholds (Limit.Thresholds) it made
+	// true and told first: each is told once per period (a grant's expiry once per grant),
+	// by one charge whatever the checkers; nil for most charges.
+	Told []Told
 	// Delay is, for an allowed charge of a limit with a MaxDelay, how long the caller must
 	// wait before going on: the charge holds the slot at the decision's time plus Delay, to
 	// the µs, never before it (queueDelay). 0 otherwise: not queued, a peek, a replay.

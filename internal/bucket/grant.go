@@ -149,6 +149,9 @@ type Use struct {
 	// Excess is the part of the overage past what the balance lets past zero (all of it for
 	// a hard balance; past the cap for a soft one).
 	Excess int64
+	// Told are the thresholds (Limit.Thresholds) the use told, as a charge's
+	// (LimitResult.Told); nil for a replay.
+	Told []Told
 	// Balance is the balance after.
 	Balance Balance
 }
@@ -163,20 +166,20 @@ func (s *Store) UseBalance(ctx context.Context, key, record string, l Limit, amo
 	if err != nil || amount < 1 || l.Limit < 1 || ttl < time.Millisecond || record == "" {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrInvalidRequest)
 	}
-	arr, err := s.grantRun(ctx, key, []string{record}, "use", itoa(amount), w, b, itoa(ttl.Milliseconds()), itoa(l.Limit))
+	arr, err := s.grantRun(ctx, key, []string{record}, "use", itoa(amount), w, b, itoa(ttl.Milliseconds()), itoa(l.Limit), l.Thresholds)
 	if err != nil {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, err)
 	}
-	if len(arr) < 3 {
+	if len(arr) < 4 {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
 	}
 	taken, err1 := strconv.ParseInt(arr[1], 10, 64)
 	excess, err2 := strconv.ParseInt(arr[2], 10, 64)
-	bal, err3 := parseBalance(arr[3:])
+	bal, err3 := parseBalance(arr[4:])
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
 	}
-	return Use{Replayed: arr[0] == "1", Taken: taken, Excess: excess, Balance: bal}, nil
+	return Use{Replayed: arr[0] == "1", Taken: taken, Excess: excess, Told: parseTold(arr[3]), Balance: bal}, nil
 }
 
 // periodArgs are periods as the script takes them (Limit.scriptArgs).

@@ -16,17 +16,20 @@
 --   void  ARGV[3..5]: id, W, B. Voids the grant from now on (a second void keeps the first instant);
 --         'GRANT_UNKNOWN' when there is none.
 --   read  ARGV[3], ARGV[4]: W, B. Nothing is written.
---   use   ARGV[3..6]: amount, W, B, the record's TTL (ms); KEYS[3] the usage's record (same
+--   use   ARGV[3..8]: amount, W, B, the record's TTL (ms), L, the thresholds to tell (as a
+--         charge's token, lua/balance.lua); KEYS[3] the usage's record (same
 --         slot). Burns amount of usage measured elsewhere, once per record: the live grants in
 --         burn order, then overage for the rest, past a hard balance or a soft one's cap too
 --         (the usage happened: the ledger holds it whole, and checks deny until grants come).
 --         u and o grow as a charge's do. The record, SET PX, holds "<taken> <excess>" (what
 --         the grants gave; what went past what the entitlement lets past zero, L - 1, with L
---         as a charge's in ARGV[7]). A record that exists is a retry: nothing is burned.
+--         as a charge's in ARGV[7]), then "|" and the thresholds it told, as a charge's
+--         refund token has them. A record that exists is a retry: nothing is burned, nothing
+--         told.
 -- Reply (put, void, read): { period start (Unix s), u, o, now (Unix ms), then 14 per grant:
 --   id, its 11 fields (balance.lua), live (1 when it counts now), what was kept with it ("" for
 --   none: a rollover's) }, the balance brought to the period holding Redis's time, as the next
---   charge would see it. use's reply is { 1 when replayed else 0, taken, excess } then that.
+--   charge would see it. use's reply is { 1 when replayed else 0, taken, excess, told } then that.
 local MAX_GRANTS = 256
 
 -- clock_us is Redis's time in µs, shifted as asked.
@@ -65,14 +68,14 @@ end
 
 if op == 'use' then
   local amount, W, B, ttl, L = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  if #ARGV ~= 7 or #KEYS ~= 3 or not amount or amount < 1 or not W or not B or not ttl or ttl < 1 or not L or L < 1 then
+  if #ARGV ~= 8 or #KEYS ~= 3 or not amount or amount < 1 or not W or not B or not ttl or ttl < 1 or not L or L < 1 then
     return redis.error_reply('ERR grant: malformed use')
   end
   local rec = redis.call('GET', KEYS[3])
   local head
   if rec then
-    local taken, excess = string.match(rec, '^(%d+) (%d+)$')
-    head = {'1', taken or '0', excess or '0'}
+    local taken, excess = string.match(rec, '^(%d+) (%d+)')
+    head = {'1', taken or '0', excess or '0', ''}
   else
     local now = clock_us()
     local st, _, live, sum = bl_state(key, W, B, now)
@@ -85,6 +88,7 @@ if op == 'use' then
     end
     local excess = nonneg(left + st.o - (L - 1)) - nonneg(st.o - (L - 1))
     st.u, st.o = st.u + amount, st.o + left
+    local told = bl_tell(st, floor(now / 1000), ARGV[8])
     local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
     for _, g in ipairs(st.grants) do
       if g.dirty then
@@ -92,13 +96,16 @@ if op == 'use' then
         args[#args + 1] = bl_encode(g)
       end
     end
-    redis.call('HSET', key, unpack(args))
-    if st.drop and #st.drop > 0 then
-      for _, gid in ipairs(st.drop) do
-        redis.call('HDEL', key, 'g:' .. gid)
-      end
+    for _, t in ipairs(st.told or {}) do
+      args[#args + 1] = 'x:' .. t
+      args[#args + 1] = us(st.marks[t])
     end
-    head = {'0', us(amount - left), us(excess)}
+    redis.call('HSET', key, unpack(args))
+    local del = bl_dropped(st)
+    if #del > 0 then
+      redis.call('HDEL', key, unpack(del))
+    end
+    head = {'0', us(amount - left), us(excess), table.concat(told, ',')}
     redis.call('SET', KEYS[3], head[2] .. ' ' .. head[3], 'PX', ttl)
   end
   local out = reply(key, W, B)

@@ -1,8 +1,10 @@
 package bucket
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -365,5 +367,96 @@ func TestUseBalance(t *testing.T) {
 	}
 	if _, err := s.UseBalance(ctxT(t), key(t, "bl"), "", balLimit(key(t, "bl"), 0, sp), 1, time.Minute); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("a use without a record: %v, want ErrInvalidRequest", err)
+	}
+}
+
+// TestBalanceThresholds: each threshold is told by the first charge that finds it true, once
+// per period (a grant's expiry once per grant), by charges and uses alike; a refunded charge
+// tells nothing, and the next charge tells what it would have; concurrent charges tell each
+// threshold once.
+func TestBalanceThresholds(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	now := redisNow(t, s)
+	sp := calendar.Period{Unit: calendar.Month}.Around(now)
+	l := balLimit(key(t, "bl"), 0, sp)
+	l.Thresholds = ThresholdSpec([]int{50, 80}, []int64{150}, []time.Duration{3 * time.Hour})
+	if l.Thresholds != "p50,p80,b150,e10800000" {
+		t.Fatalf("ThresholdSpec = %q", l.Thresholds)
+	}
+	put(t, s, l, Grant{ID: "a", Amount: 100, Priority: 1, Expires: now.Add(2 * time.Hour)})
+	put(t, s, l, Grant{ID: "b", Amount: 100, Priority: 2})
+	full := lim(key(t, "fw"), algorithm.FixedWindow, 1, time.Hour, 0)
+	check(t, s, one(full, 1))
+	told := func(ts []Told) string {
+		var out []string
+		for _, x := range ts {
+			out = append(out, fmt.Sprintf("%c%d%s", x.Kind, x.N, map[bool]string{true: ":" + x.Grant}[x.Grant != ""]))
+		}
+		return fmt.Sprint(out)
+	}
+	for i, tt := range []struct {
+		cost   int64
+		refund bool // charged with a full fixed window, which denies: refunded
+		want   string
+	}{
+		{20, true, "[]"},             // would tell a's expiry: refunded, so not
+		{20, false, "[e10800000:a]"}, // a expires within 3h
+		{30, false, "[]"},            // 50 of 200 used: 25 %; 150 left
+		{1, false, "[b150]"},         // 149 left
+		{60, false, "[p50]"},         // 111 of 200
+		{50, false, "[p80]"},         // 161 of 200
+		{10, false, "[]"},            // all told
+	} {
+		reqs := []Request{one(l, tt.cost)}
+		if tt.refund {
+			reqs = append(reqs, one(full, 1))
+		}
+		res, err := s.Check(ctxT(t), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := told(res[0].Limits[0].Told); got != tt.want {
+			t.Errorf("charge %d of %d: told %s, want %s", i, tt.cost, got, tt.want)
+		}
+	}
+	// A use tells too: a fresh balance, usage to 90 of 100.
+	l2 := balLimit(key(t, "bl2"), 0, sp)
+	l2.Thresholds = "p50,p80"
+	put(t, s, l2, Grant{ID: "a", Amount: 100})
+	u, err := s.UseBalance(ctxT(t), l2.Key, l2.Key+"#use:1", l2, 90, time.Minute)
+	if err != nil || told(u.Told) != "[p50 p80]" {
+		t.Errorf("a use of 90 of 100: told %s, %v; want p50 and p80", told(u.Told), err)
+	}
+	if u, _ := s.UseBalance(ctxT(t), l2.Key, l2.Key+"#use:1", l2, 90, time.Minute); u.Told != nil {
+		t.Errorf("the use's retry told %s, want nothing", told(u.Told))
+	}
+
+	// Concurrent charges of 1 from 100: each threshold told once.
+	l3 := balLimit(key(t, "bl3"), 0, sp)
+	l3.Thresholds = "p25,p50,p75,p100,b10"
+	put(t, s, l3, Grant{ID: "a", Amount: 100})
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 20 {
+				res, err := s.Check(context.Background(), []Request{one(l3, 1)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, x := range res[0].Limits[0].Told {
+					counts[fmt.Sprintf("%c%d", x.Kind, x.N)]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if want := map[string]int{"p25": 1, "p50": 1, "p75": 1, "p100": 1, "b10": 1}; fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Errorf("160 concurrent charges of 100: told %v, want each once", counts)
 	}
 }

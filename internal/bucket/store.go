@@ -573,6 +573,8 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 			token = j.str(l.Holder) // the lease a charge takes
 		case l.MaxDelay > 0 && mode != modeRefund:
 			token = j.num(l.MaxDelay.Microseconds()) // a queue's length (lua/gcra.lua)
+		case l.Thresholds != "" && mode != modeRefund:
+			token = j.str(l.Thresholds) // a balance's thresholds (lua/balance.lua)
 		}
 		w, b := l.scriptArgs()
 		j.args = append(j.args, argCodes[l.Algorithm], j.num(l.Limit), j.num(w), j.num(b), token)
@@ -633,7 +635,10 @@ func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 			if res.refund == nil {
 				res.refund = make([]string, len(res.Limits))
 			}
-			res.refund[i] = token
+			res.refund[i] = token // a balance's keeps what it told: its refund unmarks it
+			if strings.IndexByte(token, '|') >= 0 {
+				res.Limits[i].Told = toldOf(token)
+			}
 		}
 	}
 	return nil

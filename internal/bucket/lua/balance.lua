@@ -8,7 +8,8 @@
 --   W, B  the entitlement's two calendar periods around the caller's clock, as
 --      calendar_window.lua takes them (W the first's start in Unix s, B the two lengths in s
 --      as first * 2^25 + second);
---   token  "" for a charge; a refund's is the breakdown its charge answered).
+--   token  a charge's: the thresholds to tell, "" for none (below); a refund's: the
+--      breakdown its charge answered).
 -- State: a hash.
 --   p   the period (its start, Unix s) the balance was last brought to
 --   u   units charged in that period (burned and overage); o the overage among them
@@ -16,6 +17,9 @@
 --       left, its amount, priority, when it starts and expires (Unix ms; exp 0: never), when
 --       it was made (Unix ms), 1 when it recurs, the rollover's min and max (0 0: none), when
 --       it was voided (Unix ms; 0: not), and the period it was last issued for (Unix s).
+--   x:p<n>, x:b<n>  the period (as p) in which the threshold "used n %" or "balance below n"
+--       was told; x:e<ms>:<id>  present once "grant id expires within ms" was told (dropped
+--       with the grant).
 -- The hash never expires: a subject's grants outlive its periods. grant.lua writes grants.
 --
 -- A period's start brings the balance to it once, by whichever charge or read comes first
@@ -37,7 +41,8 @@
 local bl_eval, bl_commit, bl_refund, bl_charge
 -- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
 -- them.
-local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode
+local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode, bl_tell, bl_untell
+local bl_dropped
 if NEED_1 == '9' or NEED and NEED['9'] then
   -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
   -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
@@ -84,6 +89,9 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         local g = bl_decode(v)
         g.id = string.sub(f, 3)
         st.grants[#st.grants + 1] = g
+      elseif string.sub(f, 1, 2) == 'x:' then
+        st.marks = st.marks or {}
+        st.marks[string.sub(f, 3)] = tonumber(v)
       end
     end
     st.u, st.o = st.u or 0, st.o or 0
@@ -185,9 +193,81 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     return format('%d %d %d %d %d %d %d %d %d %d %d', g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11])
   end
 
+  -- bl_tell returns the thresholds of spec (above) that st, charged, makes true and that were
+  -- not told yet, as a list, marking them told in st (st.told: the x: fields to write).
+  function bl_tell(st, now_ms, spec)
+    local out = {}
+    if not spec or spec == '' then
+      return out
+    end
+    local live, sum = bl_live(st, now_ms)
+    local marks = st.marks or {}
+    st.marks, st.told = marks, st.told or {}
+    local function tell(t, v)
+      out[#out + 1] = t
+      st.told[#st.told + 1] = t
+      marks[t] = v
+    end
+    for t in string.gmatch(spec, '[^,]+') do
+      local kind, n = string.sub(t, 1, 1), tonumber(string.sub(t, 2))
+      if not n or (kind ~= 'p' and kind ~= 'b' and kind ~= 'e') then
+        error({err = 'ERR bucket: malformed threshold ' .. t})
+      end
+      if kind == 'e' then
+        for _, g in ipairs(live) do
+          local name = t .. ':' .. g.id
+          if g[5] > 0 and g[5] - now_ms <= n and not marks[name] then
+            tell(name, 1)
+          end
+        end
+      elseif marks[t] ~= st.p then
+        local hit
+        if kind == 'p' then
+          hit = st.u > 0 and st.u * 100 >= n * (st.u + sum)
+        else
+          hit = sum < n
+        end
+        if hit then
+          tell(t, st.p)
+        end
+      end
+    end
+    return out
+  end
+
+  -- bl_untell unmarks the thresholds told (a refund token's part after '|') in key.
+  function bl_untell(key, told)
+    local del = {}
+    for t in string.gmatch(told, '[^,]+') do
+      del[#del + 1] = 'x:' .. t
+    end
+    if #del > 0 then
+      redis.call('HDEL', key, unpack(del))
+    end
+  end
+
+  -- bl_dropped returns the fields to delete with st's dropped grants: theirs, and the marks
+  -- of their expiry.
+  function bl_dropped(st)
+    local del = {}
+    for _, id in ipairs(st.drop or {}) do
+      del[#del + 1] = 'g:' .. id
+      for name in pairs(st.marks or {}) do
+        if string.sub(name, 1, 1) == 'e' and string.sub(name, -(#id + 1)) == ':' .. id then
+          del[#del + 1] = 'x:' .. name
+        end
+      end
+    end
+    return del
+  end
+
   -- bl_fields returns the HSET arguments of st's changed grants and counters.
   local function bl_fields(st)
     local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
+    for _, t in ipairs(st.told or {}) do
+      args[#args + 1] = 'x:' .. t
+      args[#args + 1] = us(st.marks[t])
+    end
     for _, g in ipairs(st.grants) do
       if g.dirty then
         args[#args + 1] = 'g:' .. g.id
@@ -198,7 +278,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
   end
 
   if MODE ~= '1' then
-    function bl_commit(key, L, W, B, now, now_s, cost, Bs, st)
+    function bl_commit(key, L, W, B, now, now_s, cost, Bs, st, _, _, spec)
       if not st then
         -- A denied balance is never committed: call.lua's count mode ('6') is Envoy's
         -- descriptors', which no balance is.
@@ -213,15 +293,17 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         token[#token + 1] = g.id .. ':' .. us(take)
       end
       st.u, st.o = st.u + cost, st.o + left
+      local told = bl_tell(st, floor(now / 1000), spec)
       redis.call('HSET', key, unpack(bl_fields(st)))
-      if st.drop and #st.drop > 0 then
-        local del = {}
-        for _, id in ipairs(st.drop) do
-          del[#del + 1] = 'g:' .. id
-        end
+      local del = bl_dropped(st)
+      if #del > 0 then
         redis.call('HDEL', key, unpack(del))
       end
-      return us(left) .. ',' .. table.concat(token, ',')
+      local out = us(left) .. ',' .. table.concat(token, ',')
+      if #told > 0 then
+        out = out .. '|' .. table.concat(told, ',')
+      end
+      return out
     end
   end
 
@@ -231,6 +313,12 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       local h = redis.call('HMGET', key, 'p', 'u', 'o')
       if tonumber(h[1]) ~= wid or not token or token == '' then
         return -- the period was rolled since: its usage is history
+      end
+      local told
+      token, told = string.match(token, '^([^|]*)|?(.*)$')
+      if told ~= '' and MODE ~= '5' then
+        -- A refunded charge's decision tells nothing; a settle's charge told, and stands.
+        bl_untell(key, told)
       end
       local parts = {}
       for w in string.gmatch(token, '[^,]+') do
