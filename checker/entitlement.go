@@ -56,7 +56,7 @@ func (p *planner) balance(ent *rules.Entitlement, sub Subject) {
 	lims := []bucket.Limit{balanceLimit(ent, sub, p.now)}
 	p.pl.reqs = append(p.pl.reqs, bucket.Request{Limits: lims, Cost: p.q.Cost, Peek: p.peek})
 	p.pl.first = append(p.pl.first, len(p.out.Limits))
-	p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: ent.Rule(), Subject: sub, Limit: &lims[0], thresholds: balanceThresholds(ent)})
+	p.out.Limits = append(p.out.Limits, LimitOutcome{Rule: ent.Rule(), Subject: sub, Limit: &lims[0], thresholds: ent.Warning()})
 }
 
 // balanceLimit is sub's balance of ent as a limit of the store, in the periods around now:
@@ -69,20 +69,10 @@ func balanceLimit(ent *rules.Entitlement, sub Subject, now time.Time) bucket.Lim
 			overage = rules.MaxAmount
 		}
 	}
+	t := &ent.Thresholds
 	return bucket.Limit{Key: balanceKey(ent, sub), Algorithm: algorithm.Balance, Limit: 1 + overage,
-		Window: ent.Period.Unit.Nominal(), Periods: ent.Period.Around(now), Pooled: !sub.Dimension.Own()}
-}
-
-// balanceThresholds are the warning thresholds of a balance's state in an answer (and in the
-// aggregator's warnings): warning from the entitlement's lowest used_percent of what the period
-// had (balanceView), never without one; its own crossings are told apart, once each.
-func balanceThresholds(ent *rules.Entitlement) rules.Thresholds {
-	t := rules.Thresholds{Enter: 1, Exit: 1, QuietPeriod: rules.DefaultThresholds.QuietPeriod}
-	if pct := ent.Thresholds.UsedPercent; len(pct) > 0 {
-		t.Enter = float64(pct[0]) / 100
-		t.Exit = t.Enter
-	}
-	return t
+		Window: ent.Period.Unit.Nominal(), Periods: ent.Period.Around(now), Pooled: !sub.Dimension.Own(),
+		Thresholds: bucket.ThresholdSpec(t.UsedPercent, t.BalanceBelow, t.ExpiringWithin)}
 }
 
 // holder is q's subject that holds ent's balances: its user, API key, org (its user's, else its

@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/bucket"
 	"github.com/quotaflow/quotaflow/internal/ratelimitheader"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 )
@@ -58,7 +59,31 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 	if l.Degraded {
 		st.FailMode = l.Rule.FailMode.String()
 	}
+	for _, t := range l.Result.Told {
+		st.Told = append(st.Told, &quotaflowv1.ThresholdCrossing{Kind: ThresholdKind(t.Kind), Threshold: t.N, GrantId: t.Grant})
+	}
 	return st
+}
+
+// The names of a balance's threshold kinds, as entitlement events and the rules document
+// (used_percent, balance_below, expiring_within) spell them.
+const (
+	KindUsedPercent   = "used_percent"
+	KindBalanceBelow  = "balance_below"
+	KindGrantExpiring = "grant_expiring"
+)
+
+// ThresholdKind names k.
+func ThresholdKind(k bucket.ThresholdKind) string {
+	switch k {
+	case bucket.UsedPercent:
+		return KindUsedPercent
+	case bucket.BalanceBelow:
+		return KindBalanceBelow
+	case bucket.ExpiringWithin:
+		return KindGrantExpiring
+	}
+	return "unknown"
 }
 
 // Deciding returns the status of o's deciding limit among statuses (Statuses(o)), or nil when

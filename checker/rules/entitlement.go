@@ -65,6 +65,19 @@ type Entitlement struct {
 // Do not modify it.
 func (e *Entitlement) Rule() *Rule { return e.rule }
 
+// Warning are the warning thresholds of e's balances, as a check's answer and the aggregator's
+// warning events apply them to a balance reported as a limit (used of what the period had,
+// used and left): warning from e's lowest used_percent, never without one. Its own thresholds'
+// crossings are told apart, each once (entitlement events).
+func (e *Entitlement) Warning() Thresholds {
+	t := Thresholds{Enter: 1, Exit: 1, QuietPeriod: DefaultThresholds.QuietPeriod}
+	if pct := e.Thresholds.UsedPercent; len(pct) > 0 {
+		t.Enter = float64(pct[0]) / 100
+		t.Exit = t.Enter
+	}
+	return t
+}
+
 // newRule is e's Rule.
 func (e *Entitlement) newRule() *Rule {
 	return &Rule{ID: e.ID, Dimension: e.Dimension, Endpoint: "*", Algorithm: algorithm.Balance,

@@ -192,6 +192,9 @@ func (s *Set) Thresholds(ruleID string) Thresholds {
 	if t, ok := s.ruleWarnings[ruleID]; ok {
 		return t
 	}
+	if e, ok := s.Entitlement(ruleID); ok {
+		return e.Warning()
+	}
 	if s.warnings == (Thresholds{}) {
 		return DefaultThresholds
 	}

@@ -374,7 +374,11 @@ type LimitStatus struct {
 	CandidateOf string `protobuf:"bytes,18,opt,name=candidate_of,json=candidateOf,proto3" json:"candidate_of,omitempty"`
 	// delay_us is, for an allowed check of a rule that delays instead of denying (on_limit:
 	// delay), how long this limit queued it, in µs (never less than the wait); 0 otherwise.
-	DelayUs       int64 `protobuf:"varint,19,opt,name=delay_us,json=delayUs,proto3" json:"delay_us,omitempty"`
+	DelayUs int64 `protobuf:"varint,19,opt,name=delay_us,json=delayUs,proto3" json:"delay_us,omitempty"`
+	// told are, on a balance's limit (algorithm "balance"), the entitlement's thresholds this
+	// check crossed first: each is told by one check only, once per period (a grant's expiry
+	// once per grant), and becomes an entitlement event (quotaflow.entitlements.<kind>).
+	Told          []*ThresholdCrossing `protobuf:"bytes,20,rep,name=told,proto3" json:"told,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -542,6 +546,77 @@ func (x *LimitStatus) GetDelayUs() int64 {
 	return 0
 }
 
+func (x *LimitStatus) GetTold() []*ThresholdCrossing {
+	if x != nil {
+		return x.Told
+	}
+	return nil
+}
+
+// ThresholdCrossing is one threshold of an entitlement crossed by a check.
+type ThresholdCrossing struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is used_percent, balance_below or grant_expiring.
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// threshold is the threshold's figure: a percentage, an amount, or a duration in ms.
+	Threshold int64 `protobuf:"varint,2,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// grant_id is, for grant_expiring, the grant about to expire.
+	GrantId       string `protobuf:"bytes,3,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThresholdCrossing) Reset() {
+	*x = ThresholdCrossing{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThresholdCrossing) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThresholdCrossing) ProtoMessage() {}
+
+func (x *ThresholdCrossing) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThresholdCrossing.ProtoReflect.Descriptor instead.
+func (*ThresholdCrossing) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ThresholdCrossing) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ThresholdCrossing) GetThreshold() int64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *ThresholdCrossing) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
 type CheckRateLimitResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -587,7 +662,7 @@ type CheckRateLimitResponse struct {
 
 func (x *CheckRateLimitResponse) Reset() {
 	*x = CheckRateLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +674,7 @@ func (x *CheckRateLimitResponse) String() string {
 func (*CheckRateLimitResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +687,7 @@ func (x *CheckRateLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{3}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckRateLimitResponse) GetAllowed() bool {
@@ -750,7 +825,7 @@ type ReleaseLeaseRequest struct {
 
 func (x *ReleaseLeaseRequest) Reset() {
 	*x = ReleaseLeaseRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +837,7 @@ func (x *ReleaseLeaseRequest) String() string {
 func (*ReleaseLeaseRequest) ProtoMessage() {}
 
 func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +850,7 @@ func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseLeaseRequest) GetLeaseId() string {
@@ -793,7 +868,7 @@ type ReleaseLeaseResponse struct {
 
 func (x *ReleaseLeaseResponse) Reset() {
 	*x = ReleaseLeaseResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +880,7 @@ func (x *ReleaseLeaseResponse) String() string {
 func (*ReleaseLeaseResponse) ProtoMessage() {}
 
 func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +893,7 @@ func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
 }
 
 type RenewLeaseRequest struct {
@@ -830,7 +905,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +917,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +930,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewLeaseRequest) GetLeaseId() string {
@@ -875,7 +950,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +962,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +975,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewLeaseResponse) GetExpiresAtMs() int64 {
@@ -925,7 +1000,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1012,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1025,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReserveRequest) GetCheck() *CheckRateLimitRequest {
@@ -989,7 +1064,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1076,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1089,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReserveResponse) GetResult() *CheckRateLimitResponse {
@@ -1049,7 +1124,7 @@ type SettleRequest struct {
 
 func (x *SettleRequest) Reset() {
 	*x = SettleRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1136,7 @@ func (x *SettleRequest) String() string {
 func (*SettleRequest) ProtoMessage() {}
 
 func (x *SettleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1149,7 @@ func (x *SettleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
 func (*SettleRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SettleRequest) GetReservationId() string {
@@ -1100,7 +1175,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1187,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1200,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelRequest) GetReservationId() string {
@@ -1152,7 +1227,7 @@ type SettleResponse struct {
 
 func (x *SettleResponse) Reset() {
 	*x = SettleResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1239,7 @@ func (x *SettleResponse) String() string {
 func (*SettleResponse) ProtoMessage() {}
 
 func (x *SettleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1252,7 @@ func (x *SettleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
 func (*SettleResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SettleResponse) GetEstimate() int64 {
@@ -1229,7 +1304,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1316,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1329,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelResponse) GetEstimate() int64 {
@@ -1289,7 +1364,7 @@ type CheckRateLimitsRequest struct {
 
 func (x *CheckRateLimitsRequest) Reset() {
 	*x = CheckRateLimitsRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1376,7 @@ func (x *CheckRateLimitsRequest) String() string {
 func (*CheckRateLimitsRequest) ProtoMessage() {}
 
 func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1389,7 @@ func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsRequest.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckRateLimitsRequest) GetChecks() []*CheckRateLimitRequest {
@@ -1334,7 +1409,7 @@ type CheckRateLimitsResponse struct {
 
 func (x *CheckRateLimitsResponse) Reset() {
 	*x = CheckRateLimitsResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1421,7 @@ func (x *CheckRateLimitsResponse) String() string {
 func (*CheckRateLimitsResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1434,7 @@ func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckRateLimitsResponse) GetResults() []*CheckRateLimitsResult {
@@ -1384,7 +1459,7 @@ type CheckRateLimitsResult struct {
 
 func (x *CheckRateLimitsResult) Reset() {
 	*x = CheckRateLimitsResult{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1471,7 @@ func (x *CheckRateLimitsResult) String() string {
 func (*CheckRateLimitsResult) ProtoMessage() {}
 
 func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1484,7 @@ func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResult.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResult) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{16}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckRateLimitsResult) GetResult() isCheckRateLimitsResult_Result {
@@ -1469,7 +1544,7 @@ type CheckError struct {
 
 func (x *CheckError) Reset() {
 	*x = CheckError{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1556,7 @@ func (x *CheckError) String() string {
 func (*CheckError) ProtoMessage() {}
 
 func (x *CheckError) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1569,7 @@ func (x *CheckError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckError.ProtoReflect.Descriptor instead.
 func (*CheckError) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{17}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckError) GetCode() int32 {
@@ -1535,7 +1610,7 @@ type GetRemainingQuotaRequest struct {
 
 func (x *GetRemainingQuotaRequest) Reset() {
 	*x = GetRemainingQuotaRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1622,7 @@ func (x *GetRemainingQuotaRequest) String() string {
 func (*GetRemainingQuotaRequest) ProtoMessage() {}
 
 func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1635,7 @@ func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{18}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetRemainingQuotaRequest) GetIdentifier() string {
@@ -1635,7 +1710,7 @@ type GetRemainingQuotaResponse struct {
 
 func (x *GetRemainingQuotaResponse) Reset() {
 	*x = GetRemainingQuotaResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1722,7 @@ func (x *GetRemainingQuotaResponse) String() string {
 func (*GetRemainingQuotaResponse) ProtoMessage() {}
 
 func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1735,7 @@ func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{19}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRemainingQuotaResponse) GetAllowed() bool {
@@ -1764,7 +1839,7 @@ type ResetLimitRequest struct {
 
 func (x *ResetLimitRequest) Reset() {
 	*x = ResetLimitRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1851,7 @@ func (x *ResetLimitRequest) String() string {
 func (*ResetLimitRequest) ProtoMessage() {}
 
 func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1864,7 @@ func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitRequest.ProtoReflect.Descriptor instead.
 func (*ResetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{20}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResetLimitRequest) GetIdentifier() string {
@@ -1839,7 +1914,7 @@ type ResetLimitResponse struct {
 
 func (x *ResetLimitResponse) Reset() {
 	*x = ResetLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1926,7 @@ func (x *ResetLimitResponse) String() string {
 func (*ResetLimitResponse) ProtoMessage() {}
 
 func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1939,7 @@ func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitResponse.ProtoReflect.Descriptor instead.
 func (*ResetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{21}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResetLimitResponse) GetResetCount() int64 {
@@ -1894,7 +1969,7 @@ type GetBalanceRequest struct {
 
 func (x *GetBalanceRequest) Reset() {
 	*x = GetBalanceRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +1981,7 @@ func (x *GetBalanceRequest) String() string {
 func (*GetBalanceRequest) ProtoMessage() {}
 
 func (x *GetBalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +1994,7 @@ func (x *GetBalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBalanceRequest.ProtoReflect.Descriptor instead.
 func (*GetBalanceRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{22}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetBalanceRequest) GetEntitlement() string {
@@ -1959,7 +2034,7 @@ type GetBalanceResponse struct {
 
 func (x *GetBalanceResponse) Reset() {
 	*x = GetBalanceResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2046,7 @@ func (x *GetBalanceResponse) String() string {
 func (*GetBalanceResponse) ProtoMessage() {}
 
 func (x *GetBalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2059,7 @@ func (x *GetBalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBalanceResponse.ProtoReflect.Descriptor instead.
 func (*GetBalanceResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{23}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetBalanceResponse) GetEntitlement() string {
@@ -2068,7 +2143,7 @@ type RecordUsageRequest struct {
 
 func (x *RecordUsageRequest) Reset() {
 	*x = RecordUsageRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2155,7 @@ func (x *RecordUsageRequest) String() string {
 func (*RecordUsageRequest) ProtoMessage() {}
 
 func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2168,7 @@ func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageRequest.ProtoReflect.Descriptor instead.
 func (*RecordUsageRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RecordUsageRequest) GetEntitlement() string {
@@ -2150,7 +2225,7 @@ type RecordUsageResponse struct {
 
 func (x *RecordUsageResponse) Reset() {
 	*x = RecordUsageResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2237,7 @@ func (x *RecordUsageResponse) String() string {
 func (*RecordUsageResponse) ProtoMessage() {}
 
 func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2250,7 @@ func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
 func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{25}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RecordUsageResponse) GetDecisionId() string {
@@ -2236,7 +2311,7 @@ type GrantBalance struct {
 
 func (x *GrantBalance) Reset() {
 	*x = GrantBalance{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2323,7 @@ func (x *GrantBalance) String() string {
 func (*GrantBalance) ProtoMessage() {}
 
 func (x *GrantBalance) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2336,7 @@ func (x *GrantBalance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBalance.ProtoReflect.Descriptor instead.
 func (*GrantBalance) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{26}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GrantBalance) GetId() string {
@@ -2356,7 +2431,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
 	"\x04tier\x18\a \x01(\tR\x04tier\x121\n" +
 	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\x12 \n" +
-	"\ventitlement\x18\t \x01(\tR\ventitlement\"\xd8\x04\n" +
+	"\ventitlement\x18\t \x01(\tR\ventitlement\"\x8d\x05\n" +
 	"\vLimitStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
@@ -2379,7 +2454,12 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\tfail_mode\x18\x10 \x01(\tR\bfailMode\x12\x14\n" +
 	"\x05burst\x18\x11 \x01(\x03R\x05burst\x12!\n" +
 	"\fcandidate_of\x18\x12 \x01(\tR\vcandidateOf\x12\x19\n" +
-	"\bdelay_us\x18\x13 \x01(\x03R\adelayUs\"\xda\x04\n" +
+	"\bdelay_us\x18\x13 \x01(\x03R\adelayUs\x123\n" +
+	"\x04told\x18\x14 \x03(\v2\x1f.quotaflow.v1.ThresholdCrossingR\x04told\"`\n" +
+	"\x11ThresholdCrossing\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tthreshold\x18\x02 \x01(\x03R\tthreshold\x12\x19\n" +
+	"\bgrant_id\x18\x03 \x01(\tR\agrantId\"\xda\x04\n" +
 	"\x16CheckRateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12#\n" +
 	"\rcurrent_count\x18\x02 \x01(\x03R\fcurrentCount\x12\x14\n" +
@@ -2565,37 +2645,38 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
 	(*Subject)(nil),                   // 2: quotaflow.v1.Subject
 	(*CheckRateLimitRequest)(nil),     // 3: quotaflow.v1.CheckRateLimitRequest
 	(*LimitStatus)(nil),               // 4: quotaflow.v1.LimitStatus
-	(*CheckRateLimitResponse)(nil),    // 5: quotaflow.v1.CheckRateLimitResponse
-	(*ReleaseLeaseRequest)(nil),       // 6: quotaflow.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),      // 7: quotaflow.v1.ReleaseLeaseResponse
-	(*RenewLeaseRequest)(nil),         // 8: quotaflow.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),        // 9: quotaflow.v1.RenewLeaseResponse
-	(*ReserveRequest)(nil),            // 10: quotaflow.v1.ReserveRequest
-	(*ReserveResponse)(nil),           // 11: quotaflow.v1.ReserveResponse
-	(*SettleRequest)(nil),             // 12: quotaflow.v1.SettleRequest
-	(*CancelRequest)(nil),             // 13: quotaflow.v1.CancelRequest
-	(*SettleResponse)(nil),            // 14: quotaflow.v1.SettleResponse
-	(*CancelResponse)(nil),            // 15: quotaflow.v1.CancelResponse
-	(*CheckRateLimitsRequest)(nil),    // 16: quotaflow.v1.CheckRateLimitsRequest
-	(*CheckRateLimitsResponse)(nil),   // 17: quotaflow.v1.CheckRateLimitsResponse
-	(*CheckRateLimitsResult)(nil),     // 18: quotaflow.v1.CheckRateLimitsResult
-	(*CheckError)(nil),                // 19: quotaflow.v1.CheckError
-	(*GetRemainingQuotaRequest)(nil),  // 20: quotaflow.v1.GetRemainingQuotaRequest
-	(*GetRemainingQuotaResponse)(nil), // 21: quotaflow.v1.GetRemainingQuotaResponse
-	(*ResetLimitRequest)(nil),         // 22: quotaflow.v1.ResetLimitRequest
-	(*ResetLimitResponse)(nil),        // 23: quotaflow.v1.ResetLimitResponse
-	(*GetBalanceRequest)(nil),         // 24: quotaflow.v1.GetBalanceRequest
-	(*GetBalanceResponse)(nil),        // 25: quotaflow.v1.GetBalanceResponse
-	(*RecordUsageRequest)(nil),        // 26: quotaflow.v1.RecordUsageRequest
-	(*RecordUsageResponse)(nil),       // 27: quotaflow.v1.RecordUsageResponse
-	(*GrantBalance)(nil),              // 28: quotaflow.v1.GrantBalance
+	(*ThresholdCrossing)(nil),         // 5: quotaflow.v1.ThresholdCrossing
+	(*CheckRateLimitResponse)(nil),    // 6: quotaflow.v1.CheckRateLimitResponse
+	(*ReleaseLeaseRequest)(nil),       // 7: quotaflow.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),      // 8: quotaflow.v1.ReleaseLeaseResponse
+	(*RenewLeaseRequest)(nil),         // 9: quotaflow.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),        // 10: quotaflow.v1.RenewLeaseResponse
+	(*ReserveRequest)(nil),            // 11: quotaflow.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 12: quotaflow.v1.ReserveResponse
+	(*SettleRequest)(nil),             // 13: quotaflow.v1.SettleRequest
+	(*CancelRequest)(nil),             // 14: quotaflow.v1.CancelRequest
+	(*SettleResponse)(nil),            // 15: quotaflow.v1.SettleResponse
+	(*CancelResponse)(nil),            // 16: quotaflow.v1.CancelResponse
+	(*CheckRateLimitsRequest)(nil),    // 17: quotaflow.v1.CheckRateLimitsRequest
+	(*CheckRateLimitsResponse)(nil),   // 18: quotaflow.v1.CheckRateLimitsResponse
+	(*CheckRateLimitsResult)(nil),     // 19: quotaflow.v1.CheckRateLimitsResult
+	(*CheckError)(nil),                // 20: quotaflow.v1.CheckError
+	(*GetRemainingQuotaRequest)(nil),  // 21: quotaflow.v1.GetRemainingQuotaRequest
+	(*GetRemainingQuotaResponse)(nil), // 22: quotaflow.v1.GetRemainingQuotaResponse
+	(*ResetLimitRequest)(nil),         // 23: quotaflow.v1.ResetLimitRequest
+	(*ResetLimitResponse)(nil),        // 24: quotaflow.v1.ResetLimitResponse
+	(*GetBalanceRequest)(nil),         // 25: quotaflow.v1.GetBalanceRequest
+	(*GetBalanceResponse)(nil),        // 26: quotaflow.v1.GetBalanceResponse
+	(*RecordUsageRequest)(nil),        // 27: quotaflow.v1.RecordUsageRequest
+	(*RecordUsageResponse)(nil),       // 28: quotaflow.v1.RecordUsageResponse
+	(*GrantBalance)(nil),              // 29: quotaflow.v1.GrantBalance
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -2603,48 +2684,49 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	2,  // 2: quotaflow.v1.CheckRateLimitRequest.subjects:type_name -> quotaflow.v1.Subject
 	0,  // 3: quotaflow.v1.LimitStatus.dimension:type_name -> quotaflow.v1.Dimension
 	1,  // 4: quotaflow.v1.LimitStatus.state:type_name -> quotaflow.v1.State
-	1,  // 5: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
-	4,  // 6: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	3,  // 7: quotaflow.v1.ReserveRequest.check:type_name -> quotaflow.v1.CheckRateLimitRequest
-	5,  // 8: quotaflow.v1.ReserveResponse.result:type_name -> quotaflow.v1.CheckRateLimitResponse
-	3,  // 9: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
-	18, // 10: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
-	5,  // 11: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
-	19, // 12: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
-	0,  // 13: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
-	2,  // 14: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
-	1,  // 15: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
-	4,  // 16: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	0,  // 17: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	28, // 18: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
-	25, // 19: quotaflow.v1.RecordUsageResponse.balance:type_name -> quotaflow.v1.GetBalanceResponse
-	3,  // 20: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	16, // 21: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	20, // 22: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	22, // 23: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	6,  // 24: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
-	8,  // 25: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
-	10, // 26: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
-	12, // 27: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
-	13, // 28: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
-	24, // 29: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
-	26, // 30: quotaflow.v1.RateLimiter.RecordUsage:input_type -> quotaflow.v1.RecordUsageRequest
-	5,  // 31: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	17, // 32: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	21, // 33: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	23, // 34: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	7,  // 35: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
-	9,  // 36: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
-	11, // 37: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
-	14, // 38: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
-	15, // 39: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
-	25, // 40: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
-	27, // 41: quotaflow.v1.RateLimiter.RecordUsage:output_type -> quotaflow.v1.RecordUsageResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	5,  // 5: quotaflow.v1.LimitStatus.told:type_name -> quotaflow.v1.ThresholdCrossing
+	1,  // 6: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
+	4,  // 7: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	3,  // 8: quotaflow.v1.ReserveRequest.check:type_name -> quotaflow.v1.CheckRateLimitRequest
+	6,  // 9: quotaflow.v1.ReserveResponse.result:type_name -> quotaflow.v1.CheckRateLimitResponse
+	3,  // 10: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
+	19, // 11: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
+	6,  // 12: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
+	20, // 13: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
+	0,  // 14: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
+	2,  // 15: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
+	1,  // 16: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
+	4,  // 17: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	0,  // 18: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
+	29, // 19: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
+	26, // 20: quotaflow.v1.RecordUsageResponse.balance:type_name -> quotaflow.v1.GetBalanceResponse
+	3,  // 21: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	17, // 22: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	21, // 23: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	23, // 24: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	7,  // 25: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	9,  // 26: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	11, // 27: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
+	13, // 28: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
+	14, // 29: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
+	25, // 30: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
+	27, // 31: quotaflow.v1.RateLimiter.RecordUsage:input_type -> quotaflow.v1.RecordUsageRequest
+	6,  // 32: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	18, // 33: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	22, // 34: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	24, // 35: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	8,  // 36: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	10, // 37: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	12, // 38: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
+	15, // 39: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
+	16, // 40: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
+	26, // 41: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
+	28, // 42: quotaflow.v1.RateLimiter.RecordUsage:output_type -> quotaflow.v1.RecordUsageResponse
+	32, // [32:43] is the sub-list for method output_type
+	21, // [21:32] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -2652,7 +2734,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 	if File_quotaflow_v1_ratelimit_proto != nil {
 		return
 	}
-	file_quotaflow_v1_ratelimit_proto_msgTypes[16].OneofWrappers = []any{
+	file_quotaflow_v1_ratelimit_proto_msgTypes[17].OneofWrappers = []any{
 		(*CheckRateLimitsResult_Response)(nil),
 		(*CheckRateLimitsResult_Error)(nil),
 	}
@@ -2662,7 +2744,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
