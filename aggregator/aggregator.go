@@ -220,8 +220,10 @@ type Stats struct {
 	// spool_bytes).
 	LagAge time.Duration
 	// Transitions are the warning-state transitions this process published (copies the stream
-	// dropped as duplicates not counted); EventsStored the events it stored in ClickHouse.
-	Transitions, EventsStored int64
+	// dropped as duplicates not counted); EventsStored the events it stored in ClickHouse;
+	// EntitlementEvents the entitlement thresholds crossed it published (duplicates not
+	// counted).
+	Transitions, EventsStored, EntitlementEvents int64
 }
 
 // Aggregator consumes decision partitions into ClickHouse.
@@ -245,8 +247,8 @@ type Aggregator struct {
 	leader atomic.Bool               // see Leader
 	set    atomic.Pointer[rules.Set] // the rule store's, as last followed; nil until then
 
-	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored atomic.Int64
-	lagAge                                                                       atomic.Int64 // time.Duration
+	inserted, skipped, inserts, clickhouseErrors, lag, transitions, eventsStored, entitlementEvents atomic.Int64
+	lagAge                                                                                          atomic.Int64 // time.Duration
 }
 
 // New returns an Aggregator reading stream messages with js and writing with ch.
@@ -280,7 +282,7 @@ func (a *Aggregator) Stats() Stats {
 	return Stats{
 		Inserted: a.inserted.Load(), Skipped: a.skipped.Load(), Inserts: a.inserts.Load(),
 		ClickHouseErrors: a.clickhouseErrors.Load(), Owned: owned, Lag: a.lag.Load(), LagAge: time.Duration(a.lagAge.Load()),
-		Transitions: a.transitions.Load(), EventsStored: a.eventsStored.Load(),
+		Transitions: a.transitions.Load(), EventsStored: a.eventsStored.Load(), EntitlementEvents: a.entitlementEvents.Load(),
 	}
 }
 

@@ -48,13 +48,14 @@ func (a *Aggregator) ensureEventsStream(ctx context.Context) error {
 }
 
 // storedEvent is one events-stream message, decoded, bound for one table: exactly one of
-// transition, override and config is set.
+// transition, override, config and entitlement is set.
 type storedEvent struct {
-	msg        jetstream.Msg
-	seq        uint64
-	transition *events.Transition
-	override   *events.OverrideEvent
-	config     *events.ConfigEvent
+	msg         jetstream.Msg
+	seq         uint64
+	transition  *events.Transition
+	override    *events.OverrideEvent
+	config      *events.ConfigEvent
+	entitlement *events.EntitlementEvent
 }
 
 func (e *storedEvent) id() string {
@@ -63,6 +64,8 @@ func (e *storedEvent) id() string {
 		return e.transition.ID
 	case e.override != nil:
 		return e.override.ID
+	case e.entitlement != nil:
+		return e.entitlement.ID
 	}
 	return e.config.ID
 }
@@ -73,6 +76,8 @@ func (e *storedEvent) at() time.Time {
 		return e.transition.At
 	case e.override != nil:
 		return e.override.At
+	case e.entitlement != nil:
+		return e.entitlement.At
 	}
 	return e.config.At
 }
@@ -89,7 +94,7 @@ func (a *Aggregator) eventsLoop(ctx context.Context) {
 		var err error
 		cons, err = a.js.CreateOrUpdateConsumer(cctx, events.Stream, jetstream.ConsumerConfig{
 			Durable:        a.cfg.EventsConsumer,
-			Description:    "quotaflow aggregators: warning transitions, override and configuration changes into ClickHouse",
+			Description:    "quotaflow aggregators: warning transitions, override, configuration changes and entitlement events into ClickHouse",
 			FilterSubjects: a.cfg.EventsSubjects,
 			AckPolicy:      jetstream.AckExplicitPolicy,
 			AckWait:        a.cfg.AckWait,
@@ -150,6 +155,9 @@ func decodeEvent(msg jetstream.Msg) (storedEvent, error) {
 	case "override":
 		ev.override = &events.OverrideEvent{}
 		err = json.Unmarshal(msg.Data(), ev.override)
+	case "entitlement":
+		ev.entitlement = &events.EntitlementEvent{}
+		err = json.Unmarshal(msg.Data(), ev.entitlement)
 	default:
 		ev.config = &events.ConfigEvent{}
 		err = json.Unmarshal(msg.Data(), ev.config)
@@ -198,6 +206,7 @@ func (a *Aggregator) storeEventsOnce(ctx context.Context, evs []storedEvent) (in
 		{"state_transitions", "id", "warning", func(e *storedEvent) bool { return e.transition != nil }},
 		{"overrides", "event_id", "override", func(e *storedEvent) bool { return e.override != nil }},
 		{"config_changes", "event_id", "config", func(e *storedEvent) bool { return e.config != nil }},
+		{"entitlement_events", "event_id", "entitlement", func(e *storedEvent) bool { return e.entitlement != nil }},
 	} {
 		var mine []*storedEvent
 		for i := range evs {
@@ -263,9 +272,10 @@ func (a *Aggregator) storedEventIDs(ctx context.Context, table, idCol string, ev
 }
 
 const (
-	transitionColumns = "id, at, at_us, tier, dimension, subject, rule_id, from_state, to_state, usage_ratio, limit_value, remaining, window_ms, cause, stream_seq, ingested_at"
-	overrideColumns   = "event_id, action, at, actor, override_id, target, dimension, identifier, tier, rule_id, limit_value, multiplier, reason, creator, source, created_at, expires_at, stream_seq, ingested_at"
-	configColumns     = "event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at"
+	transitionColumns  = "id, at, at_us, tier, dimension, subject, rule_id, from_state, to_state, usage_ratio, limit_value, remaining, window_ms, cause, stream_seq, ingested_at"
+	overrideColumns    = "event_id, action, at, actor, override_id, target, dimension, identifier, tier, rule_id, limit_value, multiplier, reason, creator, source, created_at, expires_at, stream_seq, ingested_at"
+	configColumns      = "event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at"
+	entitlementColumns = "event_id, at, kind, entitlement, dimension, subject, tier, threshold, grant_id, used, remaining, period_end, decision_id, stream_seq, ingested_at"
 )
 
 func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*storedEvent) error {
@@ -275,6 +285,8 @@ func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*stor
 		cols = overrideColumns
 	case "config_changes":
 		cols = configColumns
+	case "entitlement_events":
+		cols = entitlementColumns
 	}
 	batch, err := a.ch.PrepareBatch(ctx, "INSERT INTO "+a.cfg.Database+"."+a.layout().Storage(schema.Table(table))+" ("+cols+")")
 	if err != nil {
@@ -290,6 +302,10 @@ func (a *Aggregator) insertEvents(ctx context.Context, table string, evs []*stor
 		case e.config != nil:
 			c := e.config
 			err = batch.Append(c.ID, c.At.UTC(), c.Action, c.Actor, c.Target(), c.Tier, string(c.Detail), e.seq, now)
+		case e.entitlement != nil:
+			x := e.entitlement
+			err = batch.Append(x.ID, x.At.UTC(), x.Kind, x.Entitlement, x.Dimension, x.Subject, x.Tier, x.Threshold, x.GrantID,
+				x.Used, x.Remaining, x.PeriodEnd.UTC(), x.DecisionID, e.seq, now)
 		default:
 			o := e.override
 			err = batch.Append(o.ID, o.Action, o.At.UTC(), o.Actor, o.Override.ID, o.Override.Target(), o.Override.Dimension,

@@ -94,6 +94,9 @@ type machine struct {
 	hw      uint64
 	hwDirty bool
 	out     []transition
+	// crossed are the entitlement events of the decisions applied, published with out
+	// (aggregator/entitlements.go).
+	crossed []events.EntitlementEvent
 	th      func(rule string) rules.Thresholds
 }
 
@@ -116,6 +119,7 @@ func (m *machine) apply(seq uint64, decisions []*quotaflowv1.Decision) {
 		return
 	}
 	for _, d := range decisions {
+		m.crossed = appendCrossings(m.crossed, d)
 		if d.Replayed || d.Degraded {
 			continue // a replay charged nothing; a degraded decision did not see Redis
 		}

@@ -220,6 +220,15 @@ func (a *Aggregator) saveOnce(ctx context.Context, w *warnings) error {
 		w.m.out = w.m.out[n:]
 	}
 	w.m.out = nil
+	for len(w.m.crossed) > 0 {
+		n := min(len(w.m.crossed), 1000)
+		if err := a.publishCrossings(ctx, w.m.crossed[:n]); err != nil {
+			return err
+		}
+		clear(w.m.crossed[:n])
+		w.m.crossed = w.m.crossed[n:]
+	}
+	w.m.crossed = nil
 	var settled []*wstate
 	for k, st := range w.m.states {
 		if !st.dirty {

@@ -27,10 +27,15 @@ const (
 	// ConfigChanges is the audit of the other configuration changes: rules, users' tiers
 	// (monthly partitions).
 	ConfigChanges Table = "config_changes"
+	// EntitlementEvents are the entitlement thresholds crossed; WebhookDeliveries the webhook
+	// endpoints' delivery log.
+	EntitlementEvents Table = "entitlement_events"
+	WebhookDeliveries Table = "webhook_deliveries"
 )
 
 // tables lists every table with a retention horizon: the ones ApplyRetention manages.
-var tables = []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages, StateTransitions, Overrides, ConfigChanges}
+var tables = []Table{Decisions, UsageMinute, UsageHour, UsageDay, IngestedMessages, StateTransitions, Overrides, ConfigChanges,
+	EntitlementEvents, WebhookDeliveries}
 
 // Horizon is how long a table keeps rows and how it is partitioned.
 type Horizon struct {
@@ -40,11 +45,11 @@ type Horizon struct {
 }
 
 // Retention returns the horizon of a table (docs/aggregator.md, "Tables"): decisions 90 days,
-// usage_minute 30 days, usage_hour and usage_day a year; state_transitions 90 days, overrides
-// and config_changes a year.
+// usage_minute 30 days, usage_hour and usage_day a year; state_transitions, entitlement_events
+// and webhook_deliveries 90 days, overrides and config_changes a year.
 func Retention(t Table) Horizon {
 	switch t {
-	case Decisions, StateTransitions:
+	case Decisions, StateTransitions, EntitlementEvents, WebhookDeliveries:
 		return Horizon{Days: 90}
 	case UsageMinute:
 		return Horizon{Days: 30}

@@ -30,6 +30,9 @@ const (
 	WarningsPrefix  = "quotaflow.warnings"
 	OverridesPrefix = "quotaflow.overrides"
 	ConfigPrefix    = "quotaflow.config"
+	// EntitlementsPrefix is the subjects of entitlement thresholds crossed:
+	// quotaflow.entitlements.<kind> (EntitlementEvent).
+	EntitlementsPrefix = "quotaflow.entitlements"
 	// ConsumerName is the durable consumer, shared by the aggregators, that stores the events
 	// in ClickHouse. No other role may touch it (package natsauth).
 	ConsumerName = "quotaflow-aggregator-events"
@@ -235,7 +238,7 @@ func token(s string) string {
 
 // Subjects are the subjects of every event kind, as the stream takes them.
 func Subjects() []string {
-	return []string{WarningsPrefix + ".>", OverridesPrefix + ".>", ConfigPrefix + ".>"}
+	return []string{WarningsPrefix + ".>", OverridesPrefix + ".>", ConfigPrefix + ".>", EntitlementsPrefix + ".>"}
 }
 
 // EnsureStream creates or updates the events stream; an existing stream of an older version
@@ -272,10 +275,12 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, id string, ev
 	return nil
 }
 
-// Kind tells a stream message's event kind from its subject: "warning", "override" or
-// "config".
+// Kind tells a stream message's event kind from its subject: "warning", "override", "config"
+// or "entitlement".
 func Kind(subject string) (string, error) {
 	switch {
+	case strings.HasPrefix(subject, EntitlementsPrefix+"."):
+		return "entitlement", nil
 	case strings.HasPrefix(subject, WarningsPrefix+"."):
 		return "warning", nil
 	case strings.HasPrefix(subject, OverridesPrefix+"."):

@@ -599,3 +599,43 @@ SELECT
 FROM quotaflow.decisions_local
 GROUP BY day, tier, dimension, endpoint, rule_id;
 
+CREATE TABLE IF NOT EXISTS quotaflow.entitlement_events_local ON CLUSTER 'qf' (
+    event_id String,
+    at DateTime,
+    kind String,
+    entitlement String,
+    dimension String,
+    subject String,
+    tier String,
+    threshold Int64,
+    grant_id String,
+    used Int64,
+    remaining Int64,
+    period_end DateTime,
+    decision_id String,
+    stream_seq UInt64,
+    ingested_at DateTime
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/entitlement_events_local', '{replica}')
+PARTITION BY toDate(at)
+ORDER BY (entitlement, subject, at, event_id);
+
+CREATE TABLE IF NOT EXISTS quotaflow.entitlement_events ON CLUSTER 'qf' AS quotaflow.entitlement_events_local
+ENGINE = Distributed('qf', 'quotaflow', 'entitlement_events_local', rand());
+
+CREATE TABLE IF NOT EXISTS quotaflow.webhook_deliveries_local ON CLUSTER 'qf' (
+    at DateTime,
+    endpoint String,
+    message_id String,
+    attempt UInt32,
+    status UInt16,
+    outcome String,
+    error String,
+    duration_ms UInt32,
+    next_ms UInt64
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/webhook_deliveries_local', '{replica}')
+PARTITION BY toDate(at)
+ORDER BY (endpoint, at, message_id);
+
+CREATE TABLE IF NOT EXISTS quotaflow.webhook_deliveries ON CLUSTER 'qf' AS quotaflow.webhook_deliveries_local
+ENGINE = Distributed('qf', 'quotaflow', 'webhook_deliveries_local', rand());
+

@@ -8,7 +8,7 @@
 // client may write is a configuration anyone on its network can rewrite; with these users:
 //
 //   - checker publishes decisions and its health, creates the decision stream, reads the rest;
-//   - aggregator consumes decisions, publishes warning and override events, writes the
+//   - aggregator consumes decisions, publishes warning, override and entitlement events, writes the
 //     policies' overrides, its own buckets and its health;
 //   - admin (the admin API) writes the rules, users and overrides and their events;
 //   - operator reads: quotaflow watch, top and status, and services that follow warnings.
@@ -95,7 +95,7 @@ func (c Config) Permissions(role Role) (*server.Permissions, error) {
 		pub = append(pub, writeStream(events.Stream)...)
 		pub = append(pub, writeStream(kvStream(membersBucket))...)
 		pub = append(pub, writeStream(kvStream(warningsBucket))...)
-		pub = append(pub, events.WarningsPrefix+".>", events.OverridesPrefix+".>",
+		pub = append(pub, events.WarningsPrefix+".>", events.OverridesPrefix+".>", events.EntitlementsPrefix+".>",
 			kvKeys(rulestore.OverrideBucket, ""), kvKeys(membersBucket, ""), kvKeys(warningsBucket, ""),
 			"$JS.API.STREAM.CREATE."+kvStream(health.Bucket), kvKeys(health.Bucket, "aggregator."))
 		for _, s := range []string{stream.Name, events.Stream} {
