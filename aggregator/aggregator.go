@@ -52,6 +52,7 @@ import (
 	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/stream"
+	"github.com/quotaflow/quotaflow/internal/webhook"
 	"github.com/quotaflow/quotaflow/schema"
 )
 
@@ -115,6 +116,15 @@ type Config struct {
 	// ("quotaflow-aggregator-events"). EventsSubjects are its subjects (all events).
 	EventsConsumer string
 	EventsSubjects []string
+	// Webhooks, when set, are the webhook endpoints the entitlement events are delivered to:
+	// Run runs a webhook dispatcher that follows them (aggregator/webhooks.go), each
+	// aggregator pulling the endpoints' shared consumers, and logs every attempt in ClickHouse
+	// (webhook_deliveries). WebhookPolicy is where endpoints may point (public addresses only,
+	// when zero); WebhookSchedule when failed deliveries are retried (a day,
+	// webhook.DefaultSchedule, when zero).
+	Webhooks        WebhookEndpoints
+	WebhookPolicy   webhook.URLPolicy
+	WebhookSchedule webhook.Schedule
 	// Logger receives the logs, with "component"="aggregator" (the policies': "policies");
 	// discarded when nil.
 	Logger *slog.Logger
@@ -354,6 +364,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	g.Go(func() error { return a.membershipLoop(gctx, members) })
 	g.Go(func() error { a.lagLoop(gctx); return nil })
 	g.Go(func() error { a.eventsLoop(gctx); return nil })
+	if a.cfg.Webhooks != nil {
+		g.Go(func() error { a.webhookLoop(gctx); return nil })
+	}
 	if a.cfg.RetentionInterval > 0 {
 		g.Go(func() error { a.retentionLoop(gctx); return nil })
 	}

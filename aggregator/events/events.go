@@ -177,6 +177,9 @@ type ConfigEvent struct {
 	ExemptionID string `json:"exemption_id,omitempty"`
 	// GrantID is the grant made or voided (its entitlement and holder are in Detail).
 	GrantID string `json:"grant_id,omitempty"`
+	// WebhookID is the webhook endpoint set or deleted (its URL and filter in Detail; never
+	// its secret).
+	WebhookID string `json:"webhook_id,omitempty"`
 	// Removed names what a whole document's apply removed ("rule orders", "user 42",
 	// "exemption acme"; rules.Changes), which only an apply told to prune does.
 	Removed []string `json:"removed,omitempty"`
@@ -198,6 +201,8 @@ func (e *ConfigEvent) Target() string {
 		return e.ExemptionID
 	case e.GrantID != "":
 		return e.GrantID
+	case e.WebhookID != "":
+		return e.WebhookID
 	}
 	return e.UserID
 }
@@ -212,6 +217,8 @@ func (e *ConfigEvent) String() string {
 		target = "exemption " + e.ExemptionID
 	case e.GrantID != "":
 		target = "grant " + e.GrantID
+	case e.WebhookID != "":
+		target = "webhook " + e.WebhookID
 	case e.UserID != "":
 		target = "user " + e.UserID + " tier=" + e.Tier
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/quotaflow/quotaflow/internal/broker"
 	"github.com/quotaflow/quotaflow/internal/stream"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
+	"github.com/quotaflow/quotaflow/internal/webhook"
 	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
 	"github.com/quotaflow/quotaflow/publisher"
 )
@@ -162,6 +163,14 @@ func TestRolesDoTheirJobs(t *testing.T) {
 	if _, err := store.PutExemption(ctx, rules.DocExemption{ID: "acme", Dimension: "user", Value: "acme", Reason: "contract"}, "ops"); err != nil {
 		t.Fatalf("admin sets an exemption: %v", err)
 	}
+	hooks, err := rulestore.OpenWebhooks(ctx, admin.js, rulestore.Config{})
+	if err != nil {
+		t.Fatalf("admin opens the webhook endpoints: %v", err)
+	}
+	secret, _ := webhook.NewSecret()
+	if _, err := hooks.PutEndpoint(ctx, webhook.Endpoint{ID: "billing", URL: "https://billing.example.com/hooks", Secret: secret}, "ops"); err != nil {
+		t.Fatalf("admin sets a webhook endpoint: %v", err)
+	}
 	override := rules.Override{ID: "admin-1", Dimension: "user", Identifier: "alice", Limit: 20, Reason: "launch",
 		Creator: "ops", Source: "admin", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
 	if err := store.PutOverride(ctx, override); err != nil {
@@ -228,6 +237,17 @@ func TestRolesDoTheirJobs(t *testing.T) {
 	if err := events.Publish(ctx, agg.js, ev.NATSSubject(), ev.ID, ev); err != nil {
 		t.Fatalf("aggregator publishes a transition: %v", err)
 	}
+	ent := &events.EntitlementEvent{ID: "e1", Kind: events.EntitlementUsedPercent, Entitlement: "tokens", Dimension: "user", Subject: "bob", Threshold: 80}
+	if err := events.Publish(ctx, agg.js, ent.NATSSubject(), ent.ID, ent); err != nil {
+		t.Fatalf("aggregator publishes an entitlement event: %v", err)
+	}
+	ahooks, err := rulestore.OpenWebhooks(ctx, agg.js, rulestore.Config{Bind: true})
+	if err != nil {
+		t.Fatalf("aggregator binds the webhook endpoints: %v", err)
+	}
+	if eps, err := ahooks.Endpoints(ctx); err != nil || len(eps) != 1 || eps[0].Secret.IsZero() {
+		t.Errorf("aggregator reads the webhook endpoints: %v, %v; want billing with its secret", eps, err)
+	}
 	for _, bucket := range []string{stream.Name + "_AGGREGATORS", stream.Name + "_WARNINGS"} {
 		kv, err := agg.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
 		if err != nil {
@@ -278,6 +298,9 @@ func TestForgedWritesRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := store.Seed(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rulestore.OpenWebhooks(ctx, admin.js, rulestore.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.roles[natsauth.Checker].js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream.Name, Subjects: []string{stream.SubjectPrefix + ".>"}}); err != nil {
@@ -344,6 +367,15 @@ func TestForgedWritesRefused(t *testing.T) {
 			"quotaflow.warnings.free.user", publish("quotaflow.warnings.free.user")},
 		{"publish a config event", []natsauth.Role{natsauth.Checker, natsauth.Aggregator, natsauth.Operator},
 			"quotaflow.config.put", publish("quotaflow.config.put")},
+		{"publish an entitlement event", []natsauth.Role{natsauth.Checker, natsauth.Admin, natsauth.Operator},
+			"quotaflow.entitlements.used_percent", publish("quotaflow.entitlements.used_percent")},
+		{"read the webhook secrets", []natsauth.Role{natsauth.Checker, natsauth.Operator},
+			"$JS.API.STREAM.INFO.KV_QUOTAFLOW_WEBHOOKS", func(ctx context.Context, c *client) error {
+				_, err := c.js.KeyValue(ctx, rulestore.WebhookBucket)
+				return err
+			}},
+		{"point a webhook endpoint elsewhere", []natsauth.Role{natsauth.Aggregator},
+			"$KV.QUOTAFLOW_WEBHOOKS.billing", kvPut(rulestore.WebhookBucket, "billing", `{"id":"billing","url":"https://evil.example.com/"}`)},
 		{"publish a decision", []natsauth.Role{natsauth.Aggregator, natsauth.Admin, natsauth.Operator},
 			"quotaflow.decisions.0", publish("quotaflow.decisions.0")},
 		{"forge a checker's health", []natsauth.Role{natsauth.Aggregator, natsauth.Admin, natsauth.Operator},

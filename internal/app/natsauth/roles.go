@@ -13,7 +13,8 @@
 //   - admin (the admin API) writes the rules, users and overrides and their events;
 //   - operator reads: quotaflow watch, top and status, and services that follow warnings.
 //
-// No role but admin may write the configuration bucket; no role but the aggregator may
+// No role but admin may write the configuration bucket, nor read or write the webhook
+// endpoints' (their signing secrets) but admin and the aggregator; no role but the aggregator may
 // publish warning transitions, or read or move its durable consumers. docs/security.md says
 // what each set of credentials still allows.
 package natsauth
@@ -92,6 +93,7 @@ func (c Config) Permissions(role Role) (*server.Permissions, error) {
 		pub = append(pub, stream.SubjectPrefix+".>",
 			"$JS.API.STREAM.CREATE."+kvStream(health.Bucket), kvKeys(health.Bucket, "checker."))
 	case Aggregator:
+		pub = append(pub, readStream(kvStream(rulestore.WebhookBucket))...)
 		pub = append(pub, writeStream(events.Stream)...)
 		pub = append(pub, writeStream(kvStream(membersBucket))...)
 		pub = append(pub, writeStream(kvStream(warningsBucket))...)
@@ -103,11 +105,14 @@ func (c Config) Permissions(role Role) (*server.Permissions, error) {
 			pub = append(pub, "$JS.API.CONSUMER.DURABLE.CREATE."+s+".>", "$JS.API.CONSUMER.UNPIN."+s+".>", "$JS.ACK."+s+".>")
 		}
 	case Admin:
-		for _, s := range []string{events.Stream, kvStream(rulestore.ConfigBucket), kvStream(rulestore.OverrideBucket)} {
+		for _, s := range []string{events.Stream, kvStream(rulestore.ConfigBucket), kvStream(rulestore.OverrideBucket), kvStream(rulestore.WebhookBucket)} {
 			pub = append(pub, writeStream(s)...)
 		}
+		// The webhook endpoints' bucket holds their signing secrets: only the admin API, which
+		// writes them, and the aggregator, which signs with them, read it.
+		pub = append(pub, readStream(kvStream(rulestore.WebhookBucket))...)
 		pub = append(pub, events.ConfigPrefix+".>", events.OverridesPrefix+".>",
-			kvKeys(rulestore.ConfigBucket, ""), kvKeys(rulestore.OverrideBucket, ""))
+			kvKeys(rulestore.ConfigBucket, ""), kvKeys(rulestore.OverrideBucket, ""), kvKeys(rulestore.WebhookBucket, ""))
 	case Operator:
 	default:
 		return nil, fmt.Errorf("role %q: want one of %v", role, Roles)
