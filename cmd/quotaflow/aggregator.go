@@ -33,6 +33,7 @@ func (a *aggregatorFlags) register(fs *cli.FlagSet, inServe bool) {
 		fs.StringVar(&a.logFormat, "log-format", "text", "log `format`: text or json")
 		fs.FromEnv("nats-url", "nats-creds", "partitions", "stream-replicas", "listen", "instance-id", "log-level", "log-format")
 		registerHealthInterval(fs, &a.cfg.Health)
+		registerWebhookPolicy(fs, &g.WebhookPolicy)
 	}
 	def := "clickhouse://127.0.0.1:9000/quotaflow"
 	if inServe {

@@ -99,6 +99,6 @@ func useRoleCreds(dir string, checker *daemon.CheckerConfig, agg *daemon.Aggrega
 func (a *aggregatorFlags) joinServe(c *checkerFlags) error {
 	a.cfg.NATSURL, a.natsTLS, a.cfg.Aggregator.Partitions = c.cfg.NATSURL, c.natsTLS, c.cfg.Publisher.Partitions
 	a.cfg.Aggregator.Replicas, a.cfg.Aggregator.InstanceID = c.cfg.Publisher.Replicas, c.cfg.InstanceID
-	a.cfg.Health = c.cfg.Health
+	a.cfg.Health, a.cfg.Aggregator.WebhookPolicy = c.cfg.Health, c.cfg.Admin.WebhookPolicy
 	return a.validate()
 }

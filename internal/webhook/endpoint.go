@@ -73,6 +73,10 @@ func (e Endpoint) validate(policy URLPolicy, resolve bool) error {
 }
 
 // checkID reports why id cannot name an endpoint's consumer, or nil.
+// CheckID reports whether the endpoint's ID is one (1 to MaxIDBytes letters, digits, '-' and
+// '_'): what a reader of its delivery log checks before naming it in a query.
+func (e Endpoint) CheckID() error { return checkID(e.ID) }
+
 func checkID(id string) error {
 	switch {
 	case id == "":

@@ -26,6 +26,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/bearer"
+	"github.com/quotaflow/quotaflow/internal/webhook"
 )
 
 // RuleStore is the configuration store the admin API reads and writes (the rule store in NATS KV in
@@ -92,6 +93,11 @@ type Config struct {
 	// JetStream feeds GET /api/v1/live from the events stream and the processes' health
 	// reports, and tells NATS's health; nil answers the feed 503.
 	JetStream jetstream.JetStream
+	// Webhooks stores the webhook endpoints (nil answers /api/v1/webhooks 503); WebhookPolicy
+	// is where they may point, checked (with DNS) when one is set. Their delivery log is read
+	// from Audit, when it has one (Deliveries).
+	Webhooks      Webhooks
+	WebhookPolicy webhook.URLPolicy
 	// MaxLiveFeeds bounds the live feeds this checker serves at once (each holds two
 	// consumers, of the events stream and of the health reports); past it GET /api/v1/live
 	// answers 503. 0 means 32.
@@ -119,15 +125,18 @@ type API struct {
 	write  int64
 	lock   *auth.Lockout
 	// backtester runs backtests (Config.Backtester); nil when the checker has no audit.
-	backtester  Backtester
-	backtesting atomic.Bool         // one backtest at a time
-	audit       Audit               // nil: no ClickHouse
-	js          jetstream.JetStream // nil: no NATS
-	feeds       chan struct{}       // a place per live feed served at once
-	feedsMu     sync.Mutex
-	feedsBy     map[string]int // live feeds served now, by token name
-	feedsPer    int
-	feedFor     time.Duration
+	backtester    Backtester
+	backtesting   atomic.Bool         // one backtest at a time
+	audit         Audit               // nil: no ClickHouse
+	js            jetstream.JetStream // nil: no NATS
+	webhooks      Webhooks            // nil: no NATS
+	webhookPolicy webhook.URLPolicy
+	deliveries    Deliveries    // nil: no ClickHouse
+	feeds         chan struct{} // a place per live feed served at once
+	feedsMu       sync.Mutex
+	feedsBy       map[string]int // live feeds served now, by token name
+	feedsPer      int
+	feedFor       time.Duration
 }
 
 // New returns the API for cfg. The engine rate-limits the tokens in its store and reports
@@ -139,7 +148,10 @@ func New(engine *checker.Engine, cfg Config) *API {
 	}
 	a := &API{engine: engine, log: log.With("component", "admin"), store: cfg.RuleStore, tokens: make(map[string]Token, len(cfg.Tokens)),
 		read: int64(cfg.ReadPerMinute), write: int64(cfg.WritePerMinute), backtester: cfg.Backtester,
-		audit: cfg.Audit, js: cfg.JetStream}
+		audit: cfg.Audit, js: cfg.JetStream, webhooks: cfg.Webhooks, webhookPolicy: cfg.WebhookPolicy}
+	if d, ok := cfg.Audit.(Deliveries); ok {
+		a.deliveries = d
+	}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its
 	// prefix through timing, and the hash is also the rate-limit key, so no secret reaches Redis.
 	for tok, who := range cfg.Tokens {
@@ -214,6 +226,10 @@ func (a *API) Handler() http.Handler {
 	route("GET /api/v1/grants", RoleRead, a.listGrants)
 	route("POST /api/v1/grants", RoleWrite, a.createGrant)
 	route("POST /api/v1/grants/{id}/void", RoleWrite, a.voidGrant)
+	route("GET /api/v1/webhooks", RoleRead, a.listWebhooks)
+	route("PUT /api/v1/webhooks/{id}", RoleWrite, a.putWebhook)
+	route("DELETE /api/v1/webhooks/{id}", RoleWrite, a.deleteWebhook)
+	route("GET /api/v1/webhooks/{id}/deliveries", RoleRead, a.webhookDeliveries)
 	read("GET /api/v1/health", a.health)
 	read("GET /api/v1/live", a.live)
 	read("GET /api/v1/usage", a.usage)

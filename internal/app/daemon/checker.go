@@ -183,6 +183,7 @@ type checkerStart struct {
 	set      *rules.Set
 	source   string // "file" or "store", for the log
 	follower *rulestore.Follower
+	webhooks *rulestore.Webhooks // nil without an admin API's NATS
 	pub      *publisher.Client
 	nc       *nats.Conn          // nil without NATS
 	js       jetstream.JetStream // nil without NATS
@@ -239,6 +240,12 @@ func (s *checkerStart) rules(ctx context.Context) error {
 	s.follower = rulestore.NewFollower(storeJS, fcfg)
 	if err := s.openStore(ctx); err != nil {
 		return err
+	}
+	if !fcfg.ReadOnly {
+		// The admin API sets the webhook endpoints; a read-only checker has no admin API.
+		if s.webhooks, err = rulestore.OpenWebhooks(ctx, storeJS, rulestore.Config{Replicas: replicas, Logger: s.log}); err != nil {
+			return err
+		}
 	}
 	return s.publisher(nc)
 }
@@ -393,6 +400,9 @@ func (s *checkerStart) adminConfig(lockout *auth.Lockout) (admin.Config, error) 
 	acfg.Lockout, acfg.Logger = lockout, s.log
 	if s.follower != nil {
 		acfg.RuleStore, acfg.JetStream = s.follower, s.js
+	}
+	if s.webhooks != nil {
+		acfg.Webhooks = s.webhooks
 	}
 	if cfg.AuditClickHouseDSN == "" {
 		return acfg, nil

@@ -158,10 +158,40 @@ func (w *Webhooks) record(ctx context.Context, action, actor string, rev uint64,
 	return nil
 }
 
+// FollowWebhooks returns the endpoints' store to follow (WatchEndpoints) without creating its
+// bucket nor waiting for it: the aggregator's, which delivers to the endpoints the admin API
+// sets, if any process ever runs one.
+func FollowWebhooks(js jetstream.JetStream, log *slog.Logger) *Webhooks {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Webhooks{js: js, log: log, now: time.Now}
+}
+
+// bucketPoll is how often a follower looks for a bucket not created yet.
+const bucketPoll = 5 * time.Second
+
 // WatchEndpoints calls apply with every endpoint, then again after every change, until ctx
-// ends (nil) or the watch fails.
+// ends (nil) or the watch fails. A follower (FollowWebhooks) first waits for the bucket,
+// quietly: until the admin API's process creates it, there are no endpoints.
 func (w *Webhooks) WatchEndpoints(ctx context.Context, apply func([]webhook.Endpoint)) error {
-	watch, err := w.kv.WatchAll(ctx)
+	kv := w.kv
+	for kv == nil {
+		var err error
+		kv, err = w.js.KeyValue(ctx, WebhookBucket)
+		switch {
+		case err == nil:
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(bucketPoll):
+			}
+		default:
+			return unlessEnded(ctx, fmt.Errorf("bind webhook endpoints: %w", err))
+		}
+	}
+	watch, err := kv.WatchAll(ctx)
 	if err != nil {
 		return unlessEnded(ctx, fmt.Errorf("watch webhook endpoints: %w", err))
 	}
