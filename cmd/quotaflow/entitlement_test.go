@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/quotaflow/quotaflow/aggregator/events"
+	"github.com/quotaflow/quotaflow/internal/webhook"
+	quotaflowv1 "github.com/quotaflow/quotaflow/proto/quotaflow/v1"
+	"github.com/quotaflow/quotaflow/proto/quotaflow/v1/quotaflowv1connect"
+)
+
+const entitlementRules = `
+default_tier: free
+tiers: {free: {}}
+rules:
+  - {id: chat-rate, dimension: user, endpoint: /v1/chat, algorithm: token_bucket, limit: 1000, window: 1m}
+entitlements:
+  - {id: llm-tokens, dimension: user, endpoints: [/v1/chat], period: 1mo, thresholds: {used_percent: [50]}}
+`
+
+// TestEntitlementPipeline runs `quotaflow serve` whole, each part as its own NATS role: a
+// webhook endpoint and a grant made through the admin API, checks of a metered endpoint
+// burning the grant, and the check that crosses 50 % told once, as an entitlement event in
+// ClickHouse and as a signed webhook to the endpoint, logged as delivered.
+func TestEntitlementPipeline(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []events.EntitlementEvent
+	var refused []string
+	secret, _ := webhook.NewSecret()
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if err := webhook.Verify(secret, r.Header, body, time.Now(), 0); err != nil {
+			refused = append(refused, err.Error())
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var ev events.EntitlementEvent
+		_ = json.Unmarshal(body, &ev)
+		got = append(got, ev)
+	}))
+	defer hook.Close()
+	hookURL, _ := url.Parse(hook.URL)
+
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(entitlementRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := databaseName("ent")
+	addr := freeAddr(t)
+	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--admin-token", "tok",
+		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
+		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "1", "--flush-interval", "100ms", "--webhook-allow-hosts", hookURL.Host}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logMu sync.Mutex
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		w := lockedWriter{&logMu, &logs}
+		done <- run(ctx, args, env(nil), w, w)
+	}()
+	admin := func(method, path, body string) (int, string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			req, _ := http.NewRequestWithContext(ctx, method, "http://"+addr+path, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer tok")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+				if resp != nil {
+					resp.Body.Close()
+				}
+				if time.Now().After(deadline) {
+					logMu.Lock()
+					defer logMu.Unlock()
+					t.Fatalf("%s %s: %v\n%s", method, path, err, logs.String())
+				}
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, string(b)
+		}
+	}
+	if code, body := admin("PUT", "/api/v1/webhooks/billing", `{"url":"`+hook.URL+`/quota","secret":"`+secret.Text()+`"}`); code != 201 {
+		t.Fatalf("PUT webhook: %d %s", code, body)
+	}
+	if code, body := admin("POST", "/api/v1/grants", `{"entitlement":"llm-tokens","subject":"alice","amount":100,"reason":"pro plan"}`); code != 201 {
+		t.Fatalf("POST grant: %d %s", code, body)
+	}
+	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
+	var remaining []int64
+	for range 3 {
+		resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+			Identifier: "alice", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: 30}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range resp.Msg.Limits {
+			if l.RuleId == "llm-tokens" {
+				remaining = append(remaining, l.Remaining)
+			}
+		}
+	}
+	if fmt.Sprint(remaining) != "[70 40 10]" {
+		t.Fatalf("the balance after each check of 30: %v, want [70 40 10]", remaining)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // a duplicate would come meanwhile
+	mu.Lock()
+	if len(got) != 1 || got[0].Kind != events.EntitlementUsedPercent || got[0].Threshold != 50 || got[0].Subject != "alice" ||
+		got[0].Used != 60 || got[0].Remaining != 40 || len(refused) > 0 {
+		t.Errorf("webhooks %+v (refused %v); want one: used_percent 50 of alice's llm-tokens, at 60 used", got, refused)
+	}
+	mu.Unlock()
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var rows uint64
+	for deadline := time.Now().Add(30 * time.Second); rows == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.entitlement_events WHERE entitlement = 'llm-tokens' AND subject = 'alice' AND kind = 'used_percent'", db)).Scan(&rows)
+	}
+	if rows != 1 {
+		t.Errorf("entitlement_events holds %d rows of the crossing, want 1", rows)
+	}
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(body, `"outcome":"delivered"`) && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, body = admin("GET", "/api/v1/webhooks/billing/deliveries", "")
+	}
+	if !strings.Contains(body, `"outcome":"delivered"`) || !strings.Contains(body, `"status":200`) {
+		t.Errorf("the delivery log: %s, want the delivery", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "Permissions Violation") || strings.Contains(line, "nats refused") {
+			t.Errorf("a part of serve was refused by NATS: %s", line)
+		}
+	}
+}
