@@ -153,6 +153,10 @@ type LimitResult struct {
 	// true and told first: each is told once per period (a grant's expiry once per grant),
 	// by one charge whatever the checkers; nil for most charges.
 	Told []Told
+	// Moves are, for a charge of a balance, what it did to the grants (Move): what it burned,
+	// and what the start of a new period did, which a refund of the charge keeps; for a
+	// settle, what it burned or gave back. Nil for other limits.
+	Moves []Move
 	// Delay is, for an allowed charge of a limit with a MaxDelay, how long the caller must
 	// wait before going on: the charge holds the slot at the decision's time plus Delay, to
 	// the µs, never before it (queueDelay). 0 otherwise: not queued, a peek, a replay.

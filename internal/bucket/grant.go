@@ -149,9 +149,10 @@ type Use struct {
 	// Excess is the part of the overage past what the balance lets past zero (all of it for
 	// a hard balance; past the cap for a soft one).
 	Excess int64
-	// Told are the thresholds (Limit.Thresholds) the use told, as a charge's
-	// (LimitResult.Told); nil for a replay.
-	Told []Told
+	// Told are the thresholds (Limit.Thresholds) the use told, and Moves what it did to the
+	// grants, as a charge's (LimitResult.Told, Moves); nil for a replay.
+	Told  []Told
+	Moves []Move
 	// Balance is the balance after.
 	Balance Balance
 }
@@ -170,16 +171,17 @@ func (s *Store) UseBalance(ctx context.Context, key, record string, l Limit, amo
 	if err != nil {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, err)
 	}
-	if len(arr) < 4 {
+	if len(arr) < 6 {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
 	}
 	taken, err1 := strconv.ParseInt(arr[1], 10, 64)
 	excess, err2 := strconv.ParseInt(arr[2], 10, 64)
-	bal, err3 := parseBalance(arr[4:])
+	bal, err3 := parseBalance(arr[6:])
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrMalformedReply)
 	}
-	return Use{Replayed: arr[0] == "1", Taken: taken, Excess: excess, Told: parseTold(arr[3]), Balance: bal}, nil
+	moves := append(burnMoves(arr[4], false), periodMoves(arr[5])...)
+	return Use{Replayed: arr[0] == "1", Taken: taken, Excess: excess, Told: parseTold(arr[3]), Moves: moves, Balance: bal}, nil
 }
 
 // periodArgs are periods as the script takes them (Limit.scriptArgs).

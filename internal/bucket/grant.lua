@@ -29,7 +29,8 @@
 -- Reply (put, void, read): { period start (Unix s), u, o, now (Unix ms), then 14 per grant:
 --   id, its 11 fields (balance.lua), live (1 when it counts now), what was kept with it ("" for
 --   none: a rollover's) }, the balance brought to the period holding Redis's time, as the next
---   charge would see it. use's reply is { 1 when replayed else 0, taken, excess, told } then that.
+--   charge would see it. use's reply is { 1 when replayed else 0, taken, excess, told, burned, moves } then that: burned
+--   and moves as a charge's refund token has them (lua/balance.lua), "" for a replay.
 local MAX_GRANTS = 256
 
 -- clock_us is Redis's time in µs, shifted as asked.
@@ -75,16 +76,17 @@ if op == 'use' then
   local head
   if rec then
     local taken, excess = string.match(rec, '^(%d+) (%d+)')
-    head = {'1', taken or '0', excess or '0', ''}
+    head = {'1', taken or '0', excess or '0', '', '', ''}
   else
     local now = clock_us()
     local st, _, live, sum = bl_state(key, W, B, now)
-    local left = amount
+    local left, burned = amount, {}
     for _, g in ipairs(live) do
       if left == 0 then break end
       local take = g[1]
       if take > left then take = left end
       g[1], g.dirty, left = g[1] - take, true, left - take
+      burned[#burned + 1] = g.id .. ':' .. us(take)
     end
     local excess = nonneg(left + st.o - (L - 1)) - nonneg(st.o - (L - 1))
     st.u, st.o = st.u + amount, st.o + left
@@ -105,7 +107,8 @@ if op == 'use' then
     if #del > 0 then
       redis.call('HDEL', key, unpack(del))
     end
-    head = {'0', us(amount - left), us(excess), table.concat(told, ',')}
+    head = {'0', us(amount - left), us(excess), table.concat(told, ','),
+      us(left) .. ',' .. table.concat(burned, ','), table.concat(st.moves or {}, ',')}
     redis.call('SET', KEYS[3], head[2] .. ' ' .. head[3], 'PX', ttl)
   end
   local out = reply(key, W, B)

@@ -460,3 +460,90 @@ func TestBalanceThresholds(t *testing.T) {
 		t.Errorf("160 concurrent charges of 100: told %v, want each once", counts)
 	}
 }
+
+// TestBalanceMovesAddUp: the moves that charges, a refund, a settle, a use and a new period's
+// start report add up, grant by grant, to what each grant has left: the grant ledger can be
+// recomputed from them alone.
+func TestBalanceMovesAddUp(t *testing.T) {
+	t.Parallel()
+	before, c := newStore(t)
+	now := redisNow(t, before).Truncate(time.Second)
+	sp := calendar.Span{Start: now.Add(-23*time.Hour + 30*time.Second), First: 23 * time.Hour, Second: 25 * time.Hour}
+	boundary := sp.Start.Add(sp.First)
+	after := NewStoreWithConfig(c, storeConfig(StoreConfig{ClockOffset: boundary.Sub(now) + time.Second}))
+	t.Cleanup(func() { after.Close() })
+	l := balLimit(key(t, "bl"), 5, sp)
+	ledger := map[string]int64{"plan": 100, "topup": 10, "soon": 20}
+	put(t, before, l, Grant{ID: "plan", Amount: 100, Priority: 1, Recurring: true, RolloverMax: 30})
+	put(t, before, l, Grant{ID: "soon", Amount: 20, Priority: 2, Expires: boundary.Add(-time.Second)})
+	put(t, before, l, Grant{ID: "topup", Amount: 10, Priority: 3})
+	overage := int64(0)
+	apply := func(ms []Move) {
+		for _, m := range ms {
+			switch m.Kind {
+			case Burned, Forfeited:
+				ledger[m.Grant] -= m.N
+			case GivenBack, Reissued, RolledOver:
+				ledger[m.Grant] += m.N
+			case Overage:
+				overage += m.N
+			case OverageBack:
+				overage -= m.N
+			}
+		}
+	}
+	charge := func(s *Store, reqs ...Request) Result {
+		t.Helper()
+		res, err := s.Check(ctxT(t), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apply(res[0].Limits[0].Moves)
+		return res[0]
+	}
+	charge(before, one(l, 60))
+	full := lim(key(t, "fw"), algorithm.FixedWindow, 1, time.Hour, 0)
+	check(t, before, one(full, 1))
+	if r := charge(before, one(l, 7), one(full, 1)); !r.Refunded {
+		t.Fatalf("a charge with a full window: %+v, want refunded", r)
+	}
+	rec := l.Key + ":rsv"
+	req := one(l, 10)
+	res, err := before.Check(ctxT(t), []Request{req})
+	if err != nil || !res[0].Allowed {
+		t.Fatal(err)
+	}
+	apply(res[0].Limits[0].Moves)
+	if err := before.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res[0], Label: "dGllcg"}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := before.Settle(ctxT(t), []string{rec}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(st.Limits[0].Moves)
+	u, err := before.UseBalance(ctxT(t), l.Key, l.Key+"#use:1", l, 5, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(u.Moves)
+	// Past the boundary: soon expired with 20 unused, plan's 31 forfeited and 100 issued
+	// again, 30 rolled over; then all 140 burned, and 3 of overage (a soft cap of 5).
+	if r := charge(after, one(l, 140)); !r.Allowed {
+		t.Fatalf("a charge of the 140 past the boundary: %+v", r)
+	}
+	charge(after, one(l, 3))
+	b := readBalance(t, after, l)
+	left := grantsLeft(b)
+	for id, n := range ledger {
+		if left[id] != n {
+			t.Errorf("grant %s: %d left, the moves say %d (all: %v, moves' %v)", id, left[id], n, left, ledger)
+		}
+	}
+	if roll := fmt.Sprintf("plan~%d", boundary.Unix()); ledger[roll] != 0 || len(ledger) != 4 {
+		t.Errorf("the moves' grants: %v, want plan, soon, topup and the rollover %s, all spent", ledger, roll)
+	}
+	if overage != b.Overage || b.Overage != 3 {
+		t.Errorf("overage: the moves say %d, the balance %d; want 3", overage, b.Overage)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // A reservation is a charge whose cost is settled later: Check charges an estimate, Mark
@@ -283,8 +285,13 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 	out.Estimate, out.Now, out.Parts = estimate, res.Now, out.Parts+1
 	out.Over = out.Over || !res.Allowed
 	for i, f := range limits {
+		lr := res.Limits[i]
+		if f[0] == strconv.Itoa(int(algorithm.Balance)) && i < len(res.refund) && res.refund[i] != "" {
+			// What the settle burned past the estimate, or gave back below it.
+			lr.Moves = chargeMoves(res.refund[i], actual < estimate)
+		}
 		out.Keys = append(out.Keys, f[5])
-		out.Limits = append(out.Limits, res.Limits[i])
+		out.Limits = append(out.Limits, lr)
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaflow/quotaflow/internal/algorithm"
 )
 
 // Store keeps buckets in Redis (standalone, Sentinel or Cluster). Each Request is one call of
@@ -317,9 +319,21 @@ func (p *Pending) parse(j *job) (results []Result, failed []bool, denied bool, f
 		}
 		if !reqs[i].Peek && !results[i].Replayed {
 			fillDelays(&reqs[i], &results[i])
+			fillMoves(&reqs[i], &results[i])
 		}
 	}
 	return results, failed, denied, firstErr
+}
+
+// fillMoves sets what each balance of res, the charge of r, told and moved, from its refund
+// token (lua/balance.lua), which keeps them all for its refund.
+func fillMoves(r *Request, res *Result) {
+	for k := range r.Limits {
+		if r.Limits[k].Algorithm == algorithm.Balance && k < len(res.refund) && res.refund[k] != "" {
+			res.Limits[k].Told = toldOf(res.refund[k])
+			res.Limits[k].Moves = chargeMoves(res.refund[k], false)
+		}
+	}
 }
 
 // fillDelays sets the Delay of each allowed limit of res, the charge of r, that is a queue.
@@ -488,6 +502,12 @@ func (s *Store) refund(ctx context.Context, j *job, results []Result, idx []int)
 	}
 	var firstErr error
 	for k, i := range idx {
+		// A refund undoes a charge's burns and what it told, not a new period's start: those
+		// moves stay reported.
+		var kept [][]Move
+		for _, lr := range results[i].Limits {
+			kept = append(kept, keepPeriod(lr.Moves))
+		}
 		res := Result{Limits: results[i].Limits}
 		if err := parseReply(j.calls[k].cmd, &res); err != nil {
 			if firstErr == nil {
@@ -497,6 +517,9 @@ func (s *Store) refund(ctx context.Context, j *job, results []Result, idx []int)
 		}
 		res.Refunded = true
 		res.refund = nil
+		for l := range res.Limits {
+			res.Limits[l].Moves = kept[l]
+		}
 		results[i] = res
 	}
 	putJob(j)
@@ -635,10 +658,7 @@ func parseReply(cmd *redis.StringSliceCmd, res *Result) error {
 			if res.refund == nil {
 				res.refund = make([]string, len(res.Limits))
 			}
-			res.refund[i] = token // a balance's keeps what it told: its refund unmarks it
-			if strings.IndexByte(token, '|') >= 0 {
-				res.Limits[i].Told = toldOf(token)
-			}
+			res.refund[i] = token
 		}
 	}
 	return nil

@@ -53,10 +53,13 @@ func ThresholdSpec(usedPercent []int, below []int64, within []time.Duration) str
 	return b.String()
 }
 
-// toldOf is what a balance charge's refund token says it told (after its "|").
+// toldOf is what a balance charge's refund token says it told (its second part).
 func toldOf(token string) []Told {
-	_, told, _ := strings.Cut(token, "|")
-	return parseTold(told)
+	parts := strings.SplitN(token, "|", 3)
+	if len(parts) < 2 {
+		return nil
+	}
+	return parseTold(parts[1])
 }
 
 // parseTold reads the thresholds a script told ("p80,b1000,e86400000:<grant>"); a malformed

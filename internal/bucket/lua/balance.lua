@@ -36,13 +36,19 @@
 -- Commit: roll, then burn the live grants in order, the excess going to o; the refund token is
 -- "<ov> <id>:<n> ..." (overage, then what each grant gave, in burn order).
 -- Refund (of a charge in the stored period only): give cost back, the overage first, then the
--- grants in reverse burn order, as the token says; u and o fall by as much.
+-- grants in reverse burn order, as the token says; u and o fall by as much. It returns what it
+-- gave back, "<ov>,<id>:<n>,...", which a settle reports.
+-- Moves: a charge that brings the balance to a new period appends, after a second "|", what
+-- that did to the grants: F<n>:<id> (n forfeited: an expired grant's remainder dropped, or a
+-- recurring grant's before it is issued again; a voided grant's was reported by its void),
+-- R<n>:<id> (issued again, n its amount), C<n>:<id~period> (n rolled over into a new grant).
+-- A refund keeps the moves: the new period stands.
 -- Commands: HGETALL; on commit HSET (+ HDEL of grants dropped by a roll); on refund HMGET, HSET.
 local bl_eval, bl_commit, bl_refund, bl_charge
 -- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
 -- them.
 local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode, bl_tell, bl_untell
-local bl_dropped
+local bl_dropped, bl_token
 if NEED_1 == '9' or NEED and NEED['9'] then
   -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
   -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
@@ -110,12 +116,19 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     local longest = first
     if second > longest then longest = second end
     local start_ms = wid * 1000
-    local kept, drop, added = {}, st.drop or {}, {}
+    local kept, drop, added, moves = {}, st.drop or {}, {}, st.moves or {}
     for _, g in ipairs(st.grants) do
       if (g[10] > 0 and g[10] <= start_ms) or (g[5] > 0 and g[5] <= start_ms) then
         drop[#drop + 1] = g.id
+        if g[10] == 0 and g[1] > 0 then
+          moves[#moves + 1] = 'F' .. us(g[1]) .. ':' .. g.id -- expired unused (a void's is its own)
+        end
       else
         if g[7] == 1 and g[11] < wid then
+          if g[1] > 0 then
+            moves[#moves + 1] = 'F' .. us(g[1]) .. ':' .. g.id
+          end
+          moves[#moves + 1] = 'R' .. us(g[2]) .. ':' .. g.id
           if g[9] > 0 then
             local left = g[1]
             if (wid - g[11]) * 2 >= longest * 3 then
@@ -126,6 +139,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
             if left > 0 then
               added[#added + 1] = {left, left, g[3], start_ms, ceil(ends / 1000), start_ms, 0, 0, 0, 0, wid,
                 id = g.id .. '~' .. us(wid), dirty = true}
+              moves[#moves + 1] = 'C' .. us(left) .. ':' .. g.id .. '~' .. us(wid)
             end
           end
           g[1], g[11], g.dirty = g[2], wid, true
@@ -136,7 +150,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     for _, g in ipairs(added) do
       kept[#kept + 1] = g
     end
-    st.grants, st.drop, st.p, st.u, st.o, st.rolled = kept, drop, wid, 0, 0, true
+    st.grants, st.drop, st.moves, st.p, st.u, st.o, st.rolled = kept, drop, moves, wid, 0, 0, true
   end
 
   -- bl_live returns the live grants at now_ms in burn order, and their sum.
@@ -261,6 +275,19 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     return del
   end
 
+  -- bl_token is a charge's refund token: what it burned, then "|" and what it told, then "|"
+  -- and what a new period's start did to the grants (moves), the last parts left out when
+  -- empty.
+  function bl_token(burned, told, moves)
+    if moves and #moves > 0 then
+      return burned .. '|' .. table.concat(told, ',') .. '|' .. table.concat(moves, ',')
+    end
+    if #told > 0 then
+      return burned .. '|' .. table.concat(told, ',')
+    end
+    return burned
+  end
+
   -- bl_fields returns the HSET arguments of st's changed grants and counters.
   local function bl_fields(st)
     local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
@@ -299,11 +326,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       if #del > 0 then
         redis.call('HDEL', key, unpack(del))
       end
-      local out = us(left) .. ',' .. table.concat(token, ',')
-      if #told > 0 then
-        out = out .. '|' .. table.concat(told, ',')
-      end
-      return out
+      return bl_token(us(left) .. ',' .. table.concat(token, ','), told, st.moves)
     end
   end
 
@@ -315,7 +338,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         return -- the period was rolled since: its usage is history
       end
       local told
-      token, told = string.match(token, '^([^|]*)|?(.*)$')
+      token, told = string.match(token, '^([^|]*)|?([^|]*)')
       if told ~= '' and MODE ~= '5' then
         -- A refunded charge's decision tells nothing; a settle's charge told, and stands.
         bl_untell(key, told)
@@ -328,6 +351,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       local ov = tonumber(parts[1]) or 0
       if ov > left then ov = left end
       left = left - ov
+      local given = {us(ov)}
       local args = {'u', us(nonneg((tonumber(h[2]) or 0) - cost)), 'o', us(nonneg((tonumber(h[3]) or 0) - ov))}
       for i = #parts, 2, -1 do
         if left == 0 then break end
@@ -340,9 +364,12 @@ if NEED_1 == '9' or NEED and NEED['9'] then
           g[1], left = g[1] + give, left - give
           args[#args + 1] = 'g:' .. id
           args[#args + 1] = bl_encode(g)
+          given[#given + 1] = id .. ':' .. us(give)
         end
       end
       redis.call('HSET', key, unpack(args))
+      -- What it gave back, as a charge's burned part: a settle reports it.
+      return table.concat(given, ',')
     end
   end
 end

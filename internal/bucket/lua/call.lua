@@ -267,7 +267,8 @@ end
 -- (code 9), which burns what it has and its overage cap allows. A limit's reply allowed
 -- = 0 where d did not fit whole (an overage). Then the record becomes "done <d>", kept ARGV[4]
 -- ms for retries. The reply is a check's, with the state after the settle (peek fields) and
--- reply[1] = 0 on an overage. Each limit takes 7 arguments here: code, L, W, B, refund token,
+-- reply[1] = 0 on an overage; a balance's token is what the settle burned (d > 0) or gave back
+-- (d < 0), as lua/balance.lua writes them. Each limit takes 7 arguments here: code, L, W, B, refund token,
 -- bound, fit. Concurrency limits (code 8) have no part in a reservation: their place is held
 -- apart.
 local function settle(KEYS, ARGV)
@@ -298,7 +299,7 @@ local function settle(KEYS, ARGV)
     if not ev or ARGV[b + 1] == '8' or not L or L < 1 or not W or W < 1 or not B or B < 1 or not bound then
       return redis.error_reply('ERR bucket: malformed limit ' .. i)
     end
-    local fit = 1
+    local fit, tok = 1, ''
     if FIELDS then HASH = KEYS[n + 1 + i] end
     if d > 0 then
       local c = d
@@ -327,15 +328,18 @@ local function settle(KEYS, ARGV)
         fit, reply[1] = 0, 0
       end
       if c > 0 then
-        cm(KEYS[i], L, W, B, now, now_s, c, Bs, s1, s2, s3, '')
+        tok = cm(KEYS[i], L, W, B, now, now_s, c, Bs, s1, s2, s3, '')
       end
     elseif d < 0 then
-      rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs)
+      tok = rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs)
+    end
+    if ARGV[b + 1] ~= '9' or type(tok) ~= 'string' then
+      tok = '' -- only a balance reports what a settle moved
     end
     local _, used, rem, reset = ev(KEYS[i], L, W, B, now, 1, Bs)
     local k = 3 + (i - 1) * 6
     reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5], reply[k + 6] =
-      fit, used, rem, ceil_us(reset), '0', ''
+      fit, used, rem, ceil_us(reset), '0', tok
   end
   redis.call('SET', rec, 'done ' .. ARGV[2], 'PX', ARGV[4])
   return reply
