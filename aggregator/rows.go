@@ -25,6 +25,8 @@ var columnList = strings.Join([]string{
 	"partition", "stream_seq", "batch_id", "ingested_at",
 	"kind", "reservation_id", "estimated_cost", "actual_cost", "overage", "lease_id",
 	"exemption", "limits.candidate_of", "delay_us",
+	"ledger.entitlement", "ledger.dimension", "ledger.subject", "ledger.kind", "ledger.grant_id", "ledger.amount",
+	"ledger.period_start", "ledger.period_end",
 }, ", ")
 
 // row is one decision with where it came from in the stream.
@@ -119,6 +121,9 @@ func (c *columns) appendTo(b driver.Batch) error {
 		lLimit, lWindow, lCount, lRemaining, lRetry, lBurst                                          = mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n), mk[[]int64](n)
 		lAllowed, lShadow, lDegraded                                                                 = mk[[]uint8](n), mk[[]uint8](n), mk[[]uint8](n)
 		lReset                                                                                       = mk[[]time.Time](n)
+		gEnt, gDim, gSubject, gKind, gGrant                                                          = mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n), mk[[]string](n)
+		gAmount                                                                                      = mk[[]int64](n)
+		gStart, gEnd                                                                                 = mk[[]time.Time](n), mk[[]time.Time](n)
 	)
 	now := time.Now().UTC().Truncate(time.Second)
 	for i, r := range c.rows {
@@ -146,6 +151,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 			lReset[i][j], lRetry[i][j], lShadow[i][j], lState[i][j] = time.Unix(l.ResetAt, 0).UTC(), l.RetryAfterMs, b2u(l.Shadow), state(l.State)
 			lDegraded[i][j], lFail[i][j], lBurst[i][j], lCandidate[i][j] = b2u(l.Degraded), l.FailMode, l.Burst, l.CandidateOf
 		}
+		gEnt[i], gDim[i], gSubject[i], gKind[i], gGrant[i], gAmount[i], gStart[i], gEnd[i] = ledgerColumns(d)
 		partitions[i], seqs[i], batchIDs[i], ingested[i] = uint16(r.p), r.seq, r.batchID, now
 		kinds[i], reservations[i], leases[i] = kind(d.Kind), d.ReservationId, d.LeaseId
 		estimates[i], actuals[i], overages[i] = d.EstimatedCost, d.ActualCost, b2u(d.Overage)
@@ -160,6 +166,7 @@ func (c *columns) appendTo(b driver.Batch) error {
 		partitions, seqs, batchIDs, ingested,
 		kinds, reservations, estimates, actuals, overages, leases,
 		exemptions, lCandidate, delays,
+		gEnt, gDim, gSubject, gKind, gGrant, gAmount, gStart, gEnd,
 	}
 	for i, col := range cols {
 		if err := b.Column(i).Append(col); err != nil {
@@ -170,3 +177,21 @@ func (c *columns) appendTo(b driver.Batch) error {
 }
 
 func mk[T any](n int) []T { return make([]T, n) }
+
+// ledgerColumns are the ledger entries of d's balances (LimitStatus.ledger), flattened with
+// their entitlement and holder: the decisions' ledger Nested column, which a view copies into
+// the ledger table (schema 0013).
+func ledgerColumns(d *quotaflowv1.Decision) (ent, dim, subject, kind, grant []string, amount []int64, start, end []time.Time) {
+	ent, dim, subject, kind, grant, amount, start, end = []string{}, []string{}, []string{}, []string{}, []string{}, []int64{}, []time.Time{}, []time.Time{}
+	for _, l := range d.Limits {
+		if len(l.Ledger) == 0 {
+			continue
+		}
+		hd, hs := holder(l)
+		for _, e := range l.Ledger {
+			ent, dim, subject, kind, grant = append(ent, l.RuleId), append(dim, hd), append(subject, hs), append(kind, e.Kind), append(grant, e.GrantId)
+			amount, start, end = append(amount, e.Amount), append(start, time.Unix(e.PeriodStart, 0).UTC()), append(end, time.Unix(e.PeriodEnd, 0).UTC())
+		}
+	}
+	return
+}

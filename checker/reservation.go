@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -266,8 +267,37 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	s.ID = e.nextDecisionID()
 	// The settle's cost is what it charged: actual - estimate, below 0 a refund.
 	e.publishEvent(ctx, &Query{Endpoint: s.Endpoint, Cost: s.Actual - s.Estimate},
-		&Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Tier: s.Tier, Settlement: s}, tagSubject(keyTag(keys[0])))
+		&Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Tier: s.Tier, Settlement: s, Limits: e.settledBalances(got)},
+		tagSubject(keyTag(keys[0])))
 	return s, nil
+}
+
+// settledBalances are the balances a settle moved, as limits of its event, whose moves the
+// grant ledger counts (what the settle burned past the estimate or gave back below it). A
+// balance of an entitlement no longer declared is left out.
+func (e *Engine) settledBalances(got bucket.Settled) []LimitOutcome {
+	set := e.rules.Load()
+	var out []LimitOutcome
+	for i, key := range got.Keys {
+		lr := got.Limits[i]
+		head, id, ok := strings.Cut(key, ":bl:")
+		if !ok || len(lr.Moves) == 0 || set == nil {
+			continue
+		}
+		ent, ok := set.Entitlement(id)
+		if !ok {
+			continue
+		}
+		sub := tagSubject(keyTag(head))
+		if id, err := url.PathUnescape(sub.ID); err == nil {
+			sub.ID = id // as the holder's checks name it, not as its key escapes it
+		}
+		lr.Allowed = true // a settle denies nothing: Settlement.Overage says what did not fit
+		lim := balanceLimit(ent, sub, got.Now)
+		lim.Key = key
+		out = append(out, LimitOutcome{Rule: ent.Rule(), Subject: sub, Limit: balanceView(&lim, lr), Result: lr, thresholds: ent.Warning()})
+	}
+	return out
 }
 
 // tagSubject is the subject of a hash tag "{dim:id}" (the identifier as escaped in keys), for

@@ -162,7 +162,7 @@ func TestReplicated(t *testing.T) {
 		t.Fatalf("Migrate applied %v in the %s dialect, want all %d migrations, legacy", applied, d, len(ms))
 	}
 	t.Logf("migrated on the cluster in %s", time.Since(start).Round(time.Millisecond))
-	wantTables := "config_changes config_changes_local decisions decisions_local entitlement_events entitlement_events_local ingested_messages ingested_messages_local ingested_messages_mv overrides overrides_local schema_migrations state_transitions state_transitions_local usage_day usage_day_local usage_day_mv usage_hour usage_hour_local usage_hour_mv usage_minute usage_minute_local usage_minute_mv webhook_deliveries webhook_deliveries_local"
+	wantTables := "config_changes config_changes_local decisions decisions_local entitlement_events entitlement_events_local ingested_messages ingested_messages_local ingested_messages_mv ledger ledger_decisions_mv ledger_grants_mv ledger_local overrides overrides_local schema_migrations state_transitions state_transitions_local usage_day usage_day_local usage_day_mv usage_hour usage_hour_local usage_hour_mv usage_minute usage_minute_local usage_minute_mv webhook_deliveries webhook_deliveries_local"
 	for i := range cl.Replicas {
 		var names []string
 		rows, err := rc.get(i).Query(ctx, "SELECT name FROM system.tables WHERE database = ? ORDER BY name", db)

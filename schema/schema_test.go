@@ -117,7 +117,7 @@ func TestMigrate(t *testing.T) {
 		rows.Scan(&n)
 		tables = append(tables, n)
 	}
-	want := "config_changes decisions entitlement_events ingested_messages ingested_messages_mv overrides schema_migrations state_transitions usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv webhook_deliveries"
+	want := "config_changes decisions entitlement_events ingested_messages ingested_messages_mv ledger ledger_decisions_mv ledger_grants_mv overrides schema_migrations state_transitions usage_day usage_day_mv usage_hour usage_hour_mv usage_minute usage_minute_mv webhook_deliveries"
 	if got := strings.Join(tables, " "); got != want {
 		t.Errorf("tables = %s, want %s", got, want)
 	}

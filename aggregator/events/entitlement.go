@@ -3,6 +3,8 @@ package events
 import (
 	"fmt"
 	"time"
+
+	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // The kinds of entitlement events: which threshold of an entitlement a subject's balance
@@ -56,4 +58,32 @@ func (e *EntitlementEvent) String() string {
 	}
 	return fmt.Sprintf("%s %-14s %-28s %s used=%d remaining=%d id=%s",
 		e.At.UTC().Format("2006-01-02 15:04:05.000"), e.Entitlement, e.Dimension+":"+e.Subject, what, e.Used, e.Remaining, e.ID)
+}
+
+// GrantDetail is the detail of a grant_issued or grant_voided config event: the grant, with
+// what the grant ledger needs of it, which ClickHouse reads by these field names (schema
+// 0013): its start and expiry in Unix ms (0: now, never), the balance's period when it was
+// made or voided (Unix s), and, for a void, what the grant had left, forfeited.
+type GrantDetail struct {
+	rules.Grant
+	EffectiveMs  int64 `json:"effective_ms"`
+	ExpiresMs    int64 `json:"expires_ms"`
+	PeriodStartS int64 `json:"period_start_s"`
+	PeriodEndS   int64 `json:"period_end_s"`
+	Forfeited    int64 `json:"forfeited,omitempty"`
+}
+
+// NewGrantDetail is the detail of grant g's event in the period [start, end); forfeited is a
+// void's.
+func NewGrantDetail(g rules.Grant, start, end time.Time, forfeited int64) GrantDetail {
+	d := GrantDetail{Grant: g, PeriodStartS: start.Unix(), PeriodEndS: end.Unix(), Forfeited: forfeited}
+	if !g.EffectiveAt.IsZero() {
+		d.EffectiveMs = g.EffectiveAt.UnixMilli()
+	} else if !g.CreatedAt.IsZero() {
+		d.EffectiveMs = g.CreatedAt.UnixMilli()
+	}
+	if !g.ExpiresAt.IsZero() {
+		d.ExpiresMs = g.ExpiresAt.UnixMilli()
+	}
+	return d
 }

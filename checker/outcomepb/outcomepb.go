@@ -62,7 +62,47 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 	for _, t := range l.Result.Told {
 		st.Told = append(st.Told, &quotaflowv1.ThresholdCrossing{Kind: ThresholdKind(t.Kind), Threshold: t.N, GrantId: t.Grant})
 	}
+	if len(l.Result.Moves) > 0 {
+		start, end := periodOf(l.Limit, l.Result.ResetAt)
+		for _, m := range l.Result.Moves {
+			kind, sign := moveKind(m.Kind)
+			st.Ledger = append(st.Ledger, &quotaflowv1.LedgerEntry{Kind: kind, GrantId: m.Grant, Amount: sign * m.N,
+				PeriodStart: start, PeriodEnd: end})
+		}
+	}
 	return st
+}
+
+// periodOf is the period of a balance's limit that ends at end (its result's ResetAt), unix
+// seconds: the first of the limit's two periods, or the second.
+func periodOf(l *checker.Limit, end time.Time) (int64, int64) {
+	sp := l.Periods
+	first := sp.Start.Add(sp.First)
+	if end.After(first) {
+		return first.Unix(), ceilUnix(end)
+	}
+	return sp.Start.Unix(), ceilUnix(end)
+}
+
+// moveKind names a balance's move as ledger entries do, and the sign of its amount.
+func moveKind(k bucket.MoveKind) (string, int64) {
+	switch k {
+	case bucket.Burned:
+		return "burned", -1
+	case bucket.Overage:
+		return "overage", -1
+	case bucket.GivenBack:
+		return "given_back", 1
+	case bucket.OverageBack:
+		return "overage_back", 1
+	case bucket.Forfeited:
+		return "forfeited", -1
+	case bucket.Reissued:
+		return "reissued", 1
+	case bucket.RolledOver:
+		return "rolled_over", 1
+	}
+	return "unknown", 0
 }
 
 // The names of a balance's threshold kinds, as entitlement events and the rules document

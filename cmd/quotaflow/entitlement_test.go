@@ -103,7 +103,8 @@ func TestEntitlementPipeline(t *testing.T) {
 	if code, body := admin("PUT", "/api/v1/webhooks/billing", `{"url":"`+hook.URL+`/quota","secret":"`+secret.Text()+`"}`); code != 201 {
 		t.Fatalf("PUT webhook: %d %s", code, body)
 	}
-	if code, body := admin("POST", "/api/v1/grants", `{"entitlement":"llm-tokens","subject":"alice","amount":100,"reason":"pro plan"}`); code != 201 {
+	code, body := admin("POST", "/api/v1/grants", `{"id":"plan","entitlement":"llm-tokens","subject":"alice","amount":100,"reason":"pro plan"}`)
+	if code != 201 {
 		t.Fatalf("POST grant: %d %s", code, body)
 	}
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
@@ -140,6 +141,7 @@ func TestEntitlementPipeline(t *testing.T) {
 		t.Errorf("webhooks %+v (refused %v); want one: used_percent 50 of alice's llm-tokens, at 60 used", got, refused)
 	}
 	mu.Unlock()
+	ledgerMatches(t, ctx, client, admin)
 	c, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +154,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	if rows != 1 {
 		t.Errorf("entitlement_events holds %d rows of the crossing, want 1", rows)
 	}
-	var body string
+	body = ""
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(body, `"outcome":"delivered"`) && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		_, body = admin("GET", "/api/v1/webhooks/billing/deliveries", "")
 	}
@@ -174,5 +176,67 @@ func TestEntitlementPipeline(t *testing.T) {
 		if strings.Contains(line, "Permissions Violation") || strings.Contains(line, "nats refused") {
 			t.Errorf("a part of serve was refused by NATS: %s", line)
 		}
+	}
+}
+
+// ledgerMatches moves alice's balance every way but a period's start (a second grant, a
+// reservation settled below its estimate, recorded usage and its replay, a void, a denied
+// check) and then finds the balance recomputed from ClickHouse's ledger alone equal to
+// GetBalance's, and the month's billing export holding her period.
+func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.RateLimiterClient, admin func(method, path, body string) (int, string)) {
+	t.Helper()
+	if code, body := admin("POST", "/api/v1/grants", `{"id":"bonus","entitlement":"llm-tokens","subject":"alice","amount":50,"reason":"welcome",`+
+		`"expires_at":"`+time.Now().Add(time.Hour).UTC().Format(time.RFC3339)+`"}`); code != 201 {
+		t.Fatalf("POST bonus: %d %s", code, body)
+	}
+	rsv, err := client.Reserve(ctx, connect.NewRequest(&quotaflowv1.ReserveRequest{Estimate: 20, TtlMs: 60000,
+		Check: &quotaflowv1.CheckRateLimitRequest{Identifier: "alice", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/llm", Entitlement: "llm-tokens"}}))
+	if err != nil || rsv.Msg.ReservationId == "" {
+		t.Fatalf("Reserve: %v, %v", rsv, err)
+	}
+	if _, err := client.Settle(ctx, connect.NewRequest(&quotaflowv1.SettleRequest{ReservationId: rsv.Msg.ReservationId, Actual: 5})); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := client.RecordUsage(ctx, connect.NewRequest(&quotaflowv1.RecordUsageRequest{Entitlement: "llm-tokens", Subject: "alice", Amount: 7, EventId: "resp-1"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, body := admin("POST", "/api/v1/grants/plan/void", `{"entitlement":"llm-tokens","subject":"alice"}`); code != 200 {
+		t.Fatalf("void: %d %s", code, body)
+	}
+	if resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Identifier: "alice",
+		Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/llm", Entitlement: "llm-tokens", Cost: 1000})); err != nil || resp.Msg.Allowed {
+		t.Fatalf("a check of 1000: %v, %v; want denied", resp, err)
+	}
+	want, err := client.GetBalance(ctx, connect.NewRequest(&quotaflowv1.GetBalanceRequest{Entitlement: "llm-tokens", Subject: "alice"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 100 + 50 granted; 90 + 5 + 7 used, the bonus (expiring first) burned first: 38 left of
+	// it; the plan's 10 voided.
+	if want.Msg.Remaining != 38 || want.Msg.Used != 102 {
+		t.Fatalf("GetBalance = %v, want 38 left and 102 used", want.Msg)
+	}
+	var got struct {
+		Remaining int64            `json:"remaining"`
+		Used      int64            `json:"used"`
+		Overage   int64            `json:"overage"`
+		Grants    map[string]int64 `json:"grants"`
+	}
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, body = admin("GET", "/api/v1/ledger/balance?entitlement=llm-tokens&dimension=user&subject=alice", "")
+		if json.Unmarshal([]byte(body), &got) == nil && got.Remaining == want.Msg.Remaining && got.Used == want.Msg.Used {
+			break
+		}
+	}
+	if got.Remaining != want.Msg.Remaining || got.Used != want.Msg.Used || got.Overage != want.Msg.Overage || got.Grants["plan"] != 0 || got.Grants["bonus"] != 38 {
+		t.Errorf("the ledger's balance %s; GetBalance's %v", body, want.Msg)
+	}
+	_, csv := admin("GET", "/api/v1/billing?format=csv&period="+time.Now().UTC().Format("2006-01"), "")
+	if !strings.HasPrefix(csv, "entitlement,dimension,subject,period_start,period_end,granted,used,overage,forfeited\n") ||
+		!strings.Contains(csv, "\nllm-tokens,user,alice,") || !strings.Contains(csv, ",150,102,0,10\n") {
+		t.Errorf("the billing export:\n%s\nwant alice's period: 150 granted, 102 used, 10 forfeited", csv)
 	}
 }

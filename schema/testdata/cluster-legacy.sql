@@ -639,3 +639,73 @@ ORDER BY (endpoint, at, message_id);
 CREATE TABLE IF NOT EXISTS quotaflow.webhook_deliveries ON CLUSTER 'qf' AS quotaflow.webhook_deliveries_local
 ENGINE = Distributed('qf', 'quotaflow', 'webhook_deliveries_local', rand());
 
+ALTER TABLE quotaflow.decisions_local ON CLUSTER 'qf' ADD COLUMN ledger.entitlement Array(String),
+    ADD COLUMN ledger.dimension Array(String),
+    ADD COLUMN ledger.subject Array(String),
+    ADD COLUMN ledger.kind Array(String),
+    ADD COLUMN ledger.grant_id Array(String),
+    ADD COLUMN ledger.amount Array(Int64),
+    ADD COLUMN ledger.period_start Array(DateTime),
+    ADD COLUMN ledger.period_end Array(DateTime);
+
+DROP TABLE IF EXISTS quotaflow.decisions ON CLUSTER 'qf';
+
+CREATE TABLE IF NOT EXISTS quotaflow.decisions ON CLUSTER 'qf' AS quotaflow.decisions_local
+ENGINE = Distributed('qf', 'quotaflow', 'decisions_local', rand());
+
+CREATE TABLE IF NOT EXISTS quotaflow.ledger_local ON CLUSTER 'qf' (
+    at DateTime,
+    entitlement String,
+    dimension String,
+    subject String,
+    kind String,
+    grant_id String,
+    amount Int64,
+    period_start DateTime,
+    period_end DateTime,
+    effective_ms Int64,
+    expires_ms Int64,
+    source String
+) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/quotaflow/ledger_local', '{replica}')
+PARTITION BY toYYYYMM(period_start)
+ORDER BY (entitlement, subject, grant_id, at, kind);
+
+CREATE TABLE IF NOT EXISTS quotaflow.ledger ON CLUSTER 'qf' AS quotaflow.ledger_local
+ENGINE = Distributed('qf', 'quotaflow', 'ledger_local', rand());
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.ledger_decisions_mv ON CLUSTER 'qf' TO quotaflow.ledger_local AS
+SELECT
+    time AS at,
+    l_entitlement AS entitlement,
+    l_dimension AS dimension,
+    l_subject AS subject,
+    l_kind AS kind,
+    l_grant AS grant_id,
+    l_amount AS amount,
+    l_start AS period_start,
+    l_end AS period_end,
+    if(l_kind = 'rolled_over', toInt64(toUInt32(l_start)) * 1000, toInt64(0)) AS effective_ms,
+    if(l_kind = 'rolled_over', toInt64(toUInt32(l_end)) * 1000, toInt64(0)) AS expires_ms,
+    id AS source
+FROM quotaflow.decisions_local
+ARRAY JOIN ledger.entitlement AS l_entitlement, ledger.dimension AS l_dimension, ledger.subject AS l_subject,
+    ledger.kind AS l_kind, ledger.grant_id AS l_grant, ledger.amount AS l_amount,
+    ledger.period_start AS l_start, ledger.period_end AS l_end;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS quotaflow.ledger_grants_mv ON CLUSTER 'qf' TO quotaflow.ledger_local AS
+SELECT
+    at,
+    visitParamExtractString(detail, 'entitlement') AS entitlement,
+    visitParamExtractString(detail, 'dimension') AS dimension,
+    visitParamExtractString(detail, 'subject') AS subject,
+    if(action = 'grant_issued', 'issued', 'voided') AS kind,
+    target AS grant_id,
+    if(action = 'grant_issued', visitParamExtractInt(detail, 'amount'), -visitParamExtractInt(detail, 'forfeited')) AS amount,
+    toDateTime(visitParamExtractUInt(detail, 'period_start_s')) AS period_start,
+    toDateTime(visitParamExtractUInt(detail, 'period_end_s')) AS period_end,
+    visitParamExtractInt(detail, 'effective_ms') AS effective_ms,
+    visitParamExtractInt(detail, 'expires_ms') AS expires_ms,
+    event_id AS source
+FROM quotaflow.config_changes_local
+WHERE action IN ('grant_issued', 'grant_voided');
+

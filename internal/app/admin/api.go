@@ -22,6 +22,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"github.com/quotaflow/quotaflow/checker"
 	"github.com/quotaflow/quotaflow/checker/auth"
 	"github.com/quotaflow/quotaflow/checker/rules"
@@ -51,7 +52,7 @@ type RuleStore interface {
 	DeleteExemption(ctx context.Context, id, actor string) error
 	// RecordGrant publishes the audit event of a grant made or voided (grants live with the
 	// balances in Redis).
-	RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error
+	RecordGrant(ctx context.Context, action, actor string, d events.GrantDetail) error
 }
 
 // Admin token roles.
@@ -132,6 +133,7 @@ type API struct {
 	webhooks      Webhooks            // nil: no NATS
 	webhookPolicy webhook.URLPolicy
 	deliveries    Deliveries    // nil: no ClickHouse
+	ledger        Ledger        // nil: no ClickHouse
 	feeds         chan struct{} // a place per live feed served at once
 	feedsMu       sync.Mutex
 	feedsBy       map[string]int // live feeds served now, by token name
@@ -151,6 +153,9 @@ func New(engine *checker.Engine, cfg Config) *API {
 		audit: cfg.Audit, js: cfg.JetStream, webhooks: cfg.Webhooks, webhookPolicy: cfg.WebhookPolicy}
 	if d, ok := cfg.Audit.(Deliveries); ok {
 		a.deliveries = d
+	}
+	if l, ok := cfg.Audit.(Ledger); ok {
+		a.ledger = l
 	}
 	// Tokens are looked up by hash: comparing the secret itself byte by byte would leak its
 	// prefix through timing, and the hash is also the rate-limit key, so no secret reaches Redis.
@@ -230,6 +235,8 @@ func (a *API) Handler() http.Handler {
 	route("PUT /api/v1/webhooks/{id}", RoleWrite, a.putWebhook)
 	route("DELETE /api/v1/webhooks/{id}", RoleWrite, a.deleteWebhook)
 	route("GET /api/v1/webhooks/{id}/deliveries", RoleRead, a.webhookDeliveries)
+	route("GET /api/v1/billing", RoleRead, a.billing)
+	route("GET /api/v1/ledger/balance", RoleRead, a.ledgerBalance)
 	read("GET /api/v1/health", a.health)
 	read("GET /api/v1/live", a.live)
 	read("GET /api/v1/usage", a.usage)

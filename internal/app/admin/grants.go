@@ -63,7 +63,7 @@ func (a *API) createGrant(r *http.Request, c caller) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantIssued, c.Name, made); err != nil {
+	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantIssued, c.Name, events.NewGrantDetail(made, b.PeriodStart, b.PeriodEnd, 0)); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: grant made", "token", c.Name, "grant", made.ID, "entitlement", made.Entitlement,
@@ -89,7 +89,14 @@ func (a *API) voidGrant(r *http.Request, c caller) (int, any, error) {
 	if g == nil { // voided, then dropped by a period's roll in between: nothing to show
 		return 0, nil, notFound("grant %q of %s %s", id, body.Entitlement, body.Subject)
 	}
-	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantVoided, c.Name, *g); err != nil {
+	// What the grant had left at its void is forfeited: the ledger counts it from this event.
+	var forfeited int64
+	for _, gb := range b.Grants {
+		if gb.ID == id {
+			forfeited = gb.Remaining
+		}
+	}
+	if err := a.store.RecordGrant(r.Context(), events.ConfigGrantVoided, c.Name, events.NewGrantDetail(*g, b.PeriodStart, b.PeriodEnd, forfeited)); err != nil {
 		return 0, nil, err
 	}
 	a.log.Info("admin: grant voided", "token", c.Name, "grant", id, "entitlement", body.Entitlement, "subject", body.Subject)

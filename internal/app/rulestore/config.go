@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/quotaflow/quotaflow/aggregator/events"
-	"github.com/quotaflow/quotaflow/checker/rules"
 )
 
 // seedActor is the actor of the event that records a store's seeding from a rules file.
@@ -58,11 +57,23 @@ func (s *Store) publishConfig(ctx context.Context, rev uint64, change *events.Co
 }
 
 // RecordGrant publishes the event of a grant made or voided (events.ConfigGrantIssued,
-// ConfigGrantVoided) by actor, carrying the grant. A grant lives with its balance in Redis,
-// not in the config bucket, so the event's id is not a revision's but the grant's and the
-// action's: a write retried is recorded once (within the stream's duplicate window).
-func (s *Store) RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error {
-	ev, err := configEvent(&events.ConfigEvent{Action: action, Actor: actor, GrantID: g.ID}, 0, s.now(), g)
+// ConfigGrantVoided) by actor, carrying the grant and what the ledger needs of it. A grant
+// lives with its balance in Redis, not in the config bucket, so the event's id is not a
+// revision's but the grant's and the action's: a write retried is recorded once (within the
+// stream's duplicate window).
+func (s *Store) RecordGrant(ctx context.Context, action, actor string, d events.GrantDetail) error {
+	g := d.Grant
+	// The event's instant is the grant's own (made, voided), not the call's: a retry long
+	// after is the same event at the same instant, which the aggregator finds stored (its
+	// lookup reads the events' instants), so that the ledger counts a grant and a void once.
+	at := s.now()
+	switch {
+	case action == events.ConfigGrantVoided && !g.VoidedAt.IsZero():
+		at = g.VoidedAt
+	case action == events.ConfigGrantIssued && !g.CreatedAt.IsZero():
+		at = g.CreatedAt
+	}
+	ev, err := configEvent(&events.ConfigEvent{Action: action, Actor: actor, GrantID: g.ID}, 0, at, d)
 	if err == nil {
 		sum := sha256.Sum256([]byte(g.Entitlement + "\x00" + g.Dimension + "\x00" + g.Subject + "\x00" + g.ID))
 		ev.ID = "config-" + action + "-" + hex.EncodeToString(sum[:12])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/quotaflow/quotaflow/aggregator/events"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -223,6 +224,6 @@ func (f *Follower) Overrides(ctx context.Context) (ovs []rules.Override, err err
 }
 
 // RecordGrant is Store.RecordGrant.
-func (f *Follower) RecordGrant(ctx context.Context, action, actor string, g rules.Grant) error {
-	return f.write(func(s *Store) error { return s.RecordGrant(ctx, action, actor, g) })
+func (f *Follower) RecordGrant(ctx context.Context, action, actor string, d events.GrantDetail) error {
+	return f.write(func(s *Store) error { return s.RecordGrant(ctx, action, actor, d) })
 }

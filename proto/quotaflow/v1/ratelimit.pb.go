@@ -378,7 +378,11 @@ type LimitStatus struct {
 	// told are, on a balance's limit (algorithm "balance"), the entitlement's thresholds this
 	// check crossed first: each is told by one check only, once per period (a grant's expiry
 	// once per grant), and becomes an entitlement event (quotaflow.entitlements.<kind>).
-	Told          []*ThresholdCrossing `protobuf:"bytes,20,rep,name=told,proto3" json:"told,omitempty"`
+	Told []*ThresholdCrossing `protobuf:"bytes,20,rep,name=told,proto3" json:"told,omitempty"`
+	// ledger is, on a balance's limit, what this check (or settle, or recorded usage) did to the
+	// balance's grants: the grant ledger is the sum of these entries and of the grants issued
+	// and voided (docs/entitlements.md, "The ledger").
+	Ledger        []*LedgerEntry `protobuf:"bytes,21,rep,name=ledger,proto3" json:"ledger,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -553,6 +557,97 @@ func (x *LimitStatus) GetTold() []*ThresholdCrossing {
 	return nil
 }
 
+func (x *LimitStatus) GetLedger() []*LedgerEntry {
+	if x != nil {
+		return x.Ledger
+	}
+	return nil
+}
+
+// LedgerEntry is one move of a balance.
+type LedgerEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is burned, overage, given_back, overage_back (a settle below its estimate),
+	// forfeited (an expired grant's remainder, or a recurring grant's when issued again),
+	// reissued or rolled_over (a new period's start).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// grant_id is the grant moved; empty for overage.
+	GrantId string `protobuf:"bytes,2,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	// amount is signed: what the move added to the grant's remainder (negative for a burn or a
+	// forfeit; for overage, the overage counted, negative).
+	Amount int64 `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
+	// period_start and period_end bound the balance's period the move belongs to, unix seconds.
+	PeriodStart   int64 `protobuf:"varint,4,opt,name=period_start,json=periodStart,proto3" json:"period_start,omitempty"`
+	PeriodEnd     int64 `protobuf:"varint,5,opt,name=period_end,json=periodEnd,proto3" json:"period_end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerEntry) Reset() {
+	*x = LedgerEntry{}
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerEntry) ProtoMessage() {}
+
+func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerEntry.ProtoReflect.Descriptor instead.
+func (*LedgerEntry) Descriptor() ([]byte, []int) {
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LedgerEntry) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetPeriodStart() int64 {
+	if x != nil {
+		return x.PeriodStart
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetPeriodEnd() int64 {
+	if x != nil {
+		return x.PeriodEnd
+	}
+	return 0
+}
+
 // ThresholdCrossing is one threshold of an entitlement crossed by a check.
 type ThresholdCrossing struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -568,7 +663,7 @@ type ThresholdCrossing struct {
 
 func (x *ThresholdCrossing) Reset() {
 	*x = ThresholdCrossing{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +675,7 @@ func (x *ThresholdCrossing) String() string {
 func (*ThresholdCrossing) ProtoMessage() {}
 
 func (x *ThresholdCrossing) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[3]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +688,7 @@ func (x *ThresholdCrossing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThresholdCrossing.ProtoReflect.Descriptor instead.
 func (*ThresholdCrossing) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{3}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ThresholdCrossing) GetKind() string {
@@ -662,7 +757,7 @@ type CheckRateLimitResponse struct {
 
 func (x *CheckRateLimitResponse) Reset() {
 	*x = CheckRateLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +769,7 @@ func (x *CheckRateLimitResponse) String() string {
 func (*CheckRateLimitResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[4]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +782,7 @@ func (x *CheckRateLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{4}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckRateLimitResponse) GetAllowed() bool {
@@ -825,7 +920,7 @@ type ReleaseLeaseRequest struct {
 
 func (x *ReleaseLeaseRequest) Reset() {
 	*x = ReleaseLeaseRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +932,7 @@ func (x *ReleaseLeaseRequest) String() string {
 func (*ReleaseLeaseRequest) ProtoMessage() {}
 
 func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[5]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +945,7 @@ func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseLeaseRequest) GetLeaseId() string {
@@ -868,7 +963,7 @@ type ReleaseLeaseResponse struct {
 
 func (x *ReleaseLeaseResponse) Reset() {
 	*x = ReleaseLeaseResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +975,7 @@ func (x *ReleaseLeaseResponse) String() string {
 func (*ReleaseLeaseResponse) ProtoMessage() {}
 
 func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[6]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +988,7 @@ func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
 }
 
 type RenewLeaseRequest struct {
@@ -905,7 +1000,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1012,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[7]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1025,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewLeaseRequest) GetLeaseId() string {
@@ -950,7 +1045,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1057,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[8]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1070,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{8}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RenewLeaseResponse) GetExpiresAtMs() int64 {
@@ -1000,7 +1095,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1107,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[9]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1120,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{9}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReserveRequest) GetCheck() *CheckRateLimitRequest {
@@ -1064,7 +1159,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1171,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[10]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1184,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{10}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReserveResponse) GetResult() *CheckRateLimitResponse {
@@ -1124,7 +1219,7 @@ type SettleRequest struct {
 
 func (x *SettleRequest) Reset() {
 	*x = SettleRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1231,7 @@ func (x *SettleRequest) String() string {
 func (*SettleRequest) ProtoMessage() {}
 
 func (x *SettleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[11]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1244,7 @@ func (x *SettleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
 func (*SettleRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{11}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SettleRequest) GetReservationId() string {
@@ -1175,7 +1270,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1282,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[12]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1295,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{12}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelRequest) GetReservationId() string {
@@ -1227,7 +1322,7 @@ type SettleResponse struct {
 
 func (x *SettleResponse) Reset() {
 	*x = SettleResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1334,7 @@ func (x *SettleResponse) String() string {
 func (*SettleResponse) ProtoMessage() {}
 
 func (x *SettleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[13]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1347,7 @@ func (x *SettleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
 func (*SettleResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{13}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SettleResponse) GetEstimate() int64 {
@@ -1304,7 +1399,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1411,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[14]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1424,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{14}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelResponse) GetEstimate() int64 {
@@ -1364,7 +1459,7 @@ type CheckRateLimitsRequest struct {
 
 func (x *CheckRateLimitsRequest) Reset() {
 	*x = CheckRateLimitsRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1471,7 @@ func (x *CheckRateLimitsRequest) String() string {
 func (*CheckRateLimitsRequest) ProtoMessage() {}
 
 func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[15]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1484,7 @@ func (x *CheckRateLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsRequest.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{15}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckRateLimitsRequest) GetChecks() []*CheckRateLimitRequest {
@@ -1409,7 +1504,7 @@ type CheckRateLimitsResponse struct {
 
 func (x *CheckRateLimitsResponse) Reset() {
 	*x = CheckRateLimitsResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1516,7 @@ func (x *CheckRateLimitsResponse) String() string {
 func (*CheckRateLimitsResponse) ProtoMessage() {}
 
 func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[16]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1529,7 @@ func (x *CheckRateLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResponse.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{16}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckRateLimitsResponse) GetResults() []*CheckRateLimitsResult {
@@ -1459,7 +1554,7 @@ type CheckRateLimitsResult struct {
 
 func (x *CheckRateLimitsResult) Reset() {
 	*x = CheckRateLimitsResult{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1566,7 @@ func (x *CheckRateLimitsResult) String() string {
 func (*CheckRateLimitsResult) ProtoMessage() {}
 
 func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[17]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1579,7 @@ func (x *CheckRateLimitsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRateLimitsResult.ProtoReflect.Descriptor instead.
 func (*CheckRateLimitsResult) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{17}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckRateLimitsResult) GetResult() isCheckRateLimitsResult_Result {
@@ -1544,7 +1639,7 @@ type CheckError struct {
 
 func (x *CheckError) Reset() {
 	*x = CheckError{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1651,7 @@ func (x *CheckError) String() string {
 func (*CheckError) ProtoMessage() {}
 
 func (x *CheckError) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[18]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1664,7 @@ func (x *CheckError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckError.ProtoReflect.Descriptor instead.
 func (*CheckError) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{18}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckError) GetCode() int32 {
@@ -1610,7 +1705,7 @@ type GetRemainingQuotaRequest struct {
 
 func (x *GetRemainingQuotaRequest) Reset() {
 	*x = GetRemainingQuotaRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1717,7 @@ func (x *GetRemainingQuotaRequest) String() string {
 func (*GetRemainingQuotaRequest) ProtoMessage() {}
 
 func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[19]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1730,7 @@ func (x *GetRemainingQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{19}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRemainingQuotaRequest) GetIdentifier() string {
@@ -1710,7 +1805,7 @@ type GetRemainingQuotaResponse struct {
 
 func (x *GetRemainingQuotaResponse) Reset() {
 	*x = GetRemainingQuotaResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +1817,7 @@ func (x *GetRemainingQuotaResponse) String() string {
 func (*GetRemainingQuotaResponse) ProtoMessage() {}
 
 func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[20]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +1830,7 @@ func (x *GetRemainingQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRemainingQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetRemainingQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{20}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetRemainingQuotaResponse) GetAllowed() bool {
@@ -1839,7 +1934,7 @@ type ResetLimitRequest struct {
 
 func (x *ResetLimitRequest) Reset() {
 	*x = ResetLimitRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1946,7 @@ func (x *ResetLimitRequest) String() string {
 func (*ResetLimitRequest) ProtoMessage() {}
 
 func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[21]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1959,7 @@ func (x *ResetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitRequest.ProtoReflect.Descriptor instead.
 func (*ResetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{21}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResetLimitRequest) GetIdentifier() string {
@@ -1914,7 +2009,7 @@ type ResetLimitResponse struct {
 
 func (x *ResetLimitResponse) Reset() {
 	*x = ResetLimitResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2021,7 @@ func (x *ResetLimitResponse) String() string {
 func (*ResetLimitResponse) ProtoMessage() {}
 
 func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[22]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2034,7 @@ func (x *ResetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetLimitResponse.ProtoReflect.Descriptor instead.
 func (*ResetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{22}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResetLimitResponse) GetResetCount() int64 {
@@ -1969,7 +2064,7 @@ type GetBalanceRequest struct {
 
 func (x *GetBalanceRequest) Reset() {
 	*x = GetBalanceRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2076,7 @@ func (x *GetBalanceRequest) String() string {
 func (*GetBalanceRequest) ProtoMessage() {}
 
 func (x *GetBalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[23]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2089,7 @@ func (x *GetBalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBalanceRequest.ProtoReflect.Descriptor instead.
 func (*GetBalanceRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{23}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetBalanceRequest) GetEntitlement() string {
@@ -2034,7 +2129,7 @@ type GetBalanceResponse struct {
 
 func (x *GetBalanceResponse) Reset() {
 	*x = GetBalanceResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2141,7 @@ func (x *GetBalanceResponse) String() string {
 func (*GetBalanceResponse) ProtoMessage() {}
 
 func (x *GetBalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[24]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2154,7 @@ func (x *GetBalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBalanceResponse.ProtoReflect.Descriptor instead.
 func (*GetBalanceResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{24}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetBalanceResponse) GetEntitlement() string {
@@ -2143,7 +2238,7 @@ type RecordUsageRequest struct {
 
 func (x *RecordUsageRequest) Reset() {
 	*x = RecordUsageRequest{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2250,7 @@ func (x *RecordUsageRequest) String() string {
 func (*RecordUsageRequest) ProtoMessage() {}
 
 func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[25]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2263,7 @@ func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageRequest.ProtoReflect.Descriptor instead.
 func (*RecordUsageRequest) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{25}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RecordUsageRequest) GetEntitlement() string {
@@ -2225,7 +2320,7 @@ type RecordUsageResponse struct {
 
 func (x *RecordUsageResponse) Reset() {
 	*x = RecordUsageResponse{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2332,7 @@ func (x *RecordUsageResponse) String() string {
 func (*RecordUsageResponse) ProtoMessage() {}
 
 func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[26]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2345,7 @@ func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
 func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{26}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RecordUsageResponse) GetDecisionId() string {
@@ -2311,7 +2406,7 @@ type GrantBalance struct {
 
 func (x *GrantBalance) Reset() {
 	*x = GrantBalance{}
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2418,7 @@ func (x *GrantBalance) String() string {
 func (*GrantBalance) ProtoMessage() {}
 
 func (x *GrantBalance) ProtoReflect() protoreflect.Message {
-	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[27]
+	mi := &file_quotaflow_v1_ratelimit_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2431,7 @@ func (x *GrantBalance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBalance.ProtoReflect.Descriptor instead.
 func (*GrantBalance) Descriptor() ([]byte, []int) {
-	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{27}
+	return file_quotaflow_v1_ratelimit_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GrantBalance) GetId() string {
@@ -2431,7 +2526,7 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
 	"\x04tier\x18\a \x01(\tR\x04tier\x121\n" +
 	"\bsubjects\x18\b \x03(\v2\x15.quotaflow.v1.SubjectR\bsubjects\x12 \n" +
-	"\ventitlement\x18\t \x01(\tR\ventitlement\"\x8d\x05\n" +
+	"\ventitlement\x18\t \x01(\tR\ventitlement\"\xc0\x05\n" +
 	"\vLimitStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x125\n" +
 	"\tdimension\x18\x02 \x01(\x0e2\x17.quotaflow.v1.DimensionR\tdimension\x12\x1e\n" +
@@ -2455,7 +2550,15 @@ const file_quotaflow_v1_ratelimit_proto_rawDesc = "" +
 	"\x05burst\x18\x11 \x01(\x03R\x05burst\x12!\n" +
 	"\fcandidate_of\x18\x12 \x01(\tR\vcandidateOf\x12\x19\n" +
 	"\bdelay_us\x18\x13 \x01(\x03R\adelayUs\x123\n" +
-	"\x04told\x18\x14 \x03(\v2\x1f.quotaflow.v1.ThresholdCrossingR\x04told\"`\n" +
+	"\x04told\x18\x14 \x03(\v2\x1f.quotaflow.v1.ThresholdCrossingR\x04told\x121\n" +
+	"\x06ledger\x18\x15 \x03(\v2\x19.quotaflow.v1.LedgerEntryR\x06ledger\"\x96\x01\n" +
+	"\vLedgerEntry\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x19\n" +
+	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x12\x16\n" +
+	"\x06amount\x18\x03 \x01(\x03R\x06amount\x12!\n" +
+	"\fperiod_start\x18\x04 \x01(\x03R\vperiodStart\x12\x1d\n" +
+	"\n" +
+	"period_end\x18\x05 \x01(\x03R\tperiodEnd\"`\n" +
 	"\x11ThresholdCrossing\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tthreshold\x18\x02 \x01(\x03R\tthreshold\x12\x19\n" +
@@ -2645,38 +2748,39 @@ func file_quotaflow_v1_ratelimit_proto_rawDescGZIP() []byte {
 }
 
 var file_quotaflow_v1_ratelimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_quotaflow_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_quotaflow_v1_ratelimit_proto_goTypes = []any{
 	(Dimension)(0),                    // 0: quotaflow.v1.Dimension
 	(State)(0),                        // 1: quotaflow.v1.State
 	(*Subject)(nil),                   // 2: quotaflow.v1.Subject
 	(*CheckRateLimitRequest)(nil),     // 3: quotaflow.v1.CheckRateLimitRequest
 	(*LimitStatus)(nil),               // 4: quotaflow.v1.LimitStatus
-	(*ThresholdCrossing)(nil),         // 5: quotaflow.v1.ThresholdCrossing
-	(*CheckRateLimitResponse)(nil),    // 6: quotaflow.v1.CheckRateLimitResponse
-	(*ReleaseLeaseRequest)(nil),       // 7: quotaflow.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),      // 8: quotaflow.v1.ReleaseLeaseResponse
-	(*RenewLeaseRequest)(nil),         // 9: quotaflow.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),        // 10: quotaflow.v1.RenewLeaseResponse
-	(*ReserveRequest)(nil),            // 11: quotaflow.v1.ReserveRequest
-	(*ReserveResponse)(nil),           // 12: quotaflow.v1.ReserveResponse
-	(*SettleRequest)(nil),             // 13: quotaflow.v1.SettleRequest
-	(*CancelRequest)(nil),             // 14: quotaflow.v1.CancelRequest
-	(*SettleResponse)(nil),            // 15: quotaflow.v1.SettleResponse
-	(*CancelResponse)(nil),            // 16: quotaflow.v1.CancelResponse
-	(*CheckRateLimitsRequest)(nil),    // 17: quotaflow.v1.CheckRateLimitsRequest
-	(*CheckRateLimitsResponse)(nil),   // 18: quotaflow.v1.CheckRateLimitsResponse
-	(*CheckRateLimitsResult)(nil),     // 19: quotaflow.v1.CheckRateLimitsResult
-	(*CheckError)(nil),                // 20: quotaflow.v1.CheckError
-	(*GetRemainingQuotaRequest)(nil),  // 21: quotaflow.v1.GetRemainingQuotaRequest
-	(*GetRemainingQuotaResponse)(nil), // 22: quotaflow.v1.GetRemainingQuotaResponse
-	(*ResetLimitRequest)(nil),         // 23: quotaflow.v1.ResetLimitRequest
-	(*ResetLimitResponse)(nil),        // 24: quotaflow.v1.ResetLimitResponse
-	(*GetBalanceRequest)(nil),         // 25: quotaflow.v1.GetBalanceRequest
-	(*GetBalanceResponse)(nil),        // 26: quotaflow.v1.GetBalanceResponse
-	(*RecordUsageRequest)(nil),        // 27: quotaflow.v1.RecordUsageRequest
-	(*RecordUsageResponse)(nil),       // 28: quotaflow.v1.RecordUsageResponse
-	(*GrantBalance)(nil),              // 29: quotaflow.v1.GrantBalance
+	(*LedgerEntry)(nil),               // 5: quotaflow.v1.LedgerEntry
+	(*ThresholdCrossing)(nil),         // 6: quotaflow.v1.ThresholdCrossing
+	(*CheckRateLimitResponse)(nil),    // 7: quotaflow.v1.CheckRateLimitResponse
+	(*ReleaseLeaseRequest)(nil),       // 8: quotaflow.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),      // 9: quotaflow.v1.ReleaseLeaseResponse
+	(*RenewLeaseRequest)(nil),         // 10: quotaflow.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),        // 11: quotaflow.v1.RenewLeaseResponse
+	(*ReserveRequest)(nil),            // 12: quotaflow.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 13: quotaflow.v1.ReserveResponse
+	(*SettleRequest)(nil),             // 14: quotaflow.v1.SettleRequest
+	(*CancelRequest)(nil),             // 15: quotaflow.v1.CancelRequest
+	(*SettleResponse)(nil),            // 16: quotaflow.v1.SettleResponse
+	(*CancelResponse)(nil),            // 17: quotaflow.v1.CancelResponse
+	(*CheckRateLimitsRequest)(nil),    // 18: quotaflow.v1.CheckRateLimitsRequest
+	(*CheckRateLimitsResponse)(nil),   // 19: quotaflow.v1.CheckRateLimitsResponse
+	(*CheckRateLimitsResult)(nil),     // 20: quotaflow.v1.CheckRateLimitsResult
+	(*CheckError)(nil),                // 21: quotaflow.v1.CheckError
+	(*GetRemainingQuotaRequest)(nil),  // 22: quotaflow.v1.GetRemainingQuotaRequest
+	(*GetRemainingQuotaResponse)(nil), // 23: quotaflow.v1.GetRemainingQuotaResponse
+	(*ResetLimitRequest)(nil),         // 24: quotaflow.v1.ResetLimitRequest
+	(*ResetLimitResponse)(nil),        // 25: quotaflow.v1.ResetLimitResponse
+	(*GetBalanceRequest)(nil),         // 26: quotaflow.v1.GetBalanceRequest
+	(*GetBalanceResponse)(nil),        // 27: quotaflow.v1.GetBalanceResponse
+	(*RecordUsageRequest)(nil),        // 28: quotaflow.v1.RecordUsageRequest
+	(*RecordUsageResponse)(nil),       // 29: quotaflow.v1.RecordUsageResponse
+	(*GrantBalance)(nil),              // 30: quotaflow.v1.GrantBalance
 }
 var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	0,  // 0: quotaflow.v1.Subject.dimension:type_name -> quotaflow.v1.Dimension
@@ -2684,49 +2788,50 @@ var file_quotaflow_v1_ratelimit_proto_depIdxs = []int32{
 	2,  // 2: quotaflow.v1.CheckRateLimitRequest.subjects:type_name -> quotaflow.v1.Subject
 	0,  // 3: quotaflow.v1.LimitStatus.dimension:type_name -> quotaflow.v1.Dimension
 	1,  // 4: quotaflow.v1.LimitStatus.state:type_name -> quotaflow.v1.State
-	5,  // 5: quotaflow.v1.LimitStatus.told:type_name -> quotaflow.v1.ThresholdCrossing
-	1,  // 6: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
-	4,  // 7: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	3,  // 8: quotaflow.v1.ReserveRequest.check:type_name -> quotaflow.v1.CheckRateLimitRequest
-	6,  // 9: quotaflow.v1.ReserveResponse.result:type_name -> quotaflow.v1.CheckRateLimitResponse
-	3,  // 10: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
-	19, // 11: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
-	6,  // 12: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
-	20, // 13: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
-	0,  // 14: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
-	2,  // 15: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
-	1,  // 16: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
-	4,  // 17: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
-	0,  // 18: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
-	29, // 19: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
-	26, // 20: quotaflow.v1.RecordUsageResponse.balance:type_name -> quotaflow.v1.GetBalanceResponse
-	3,  // 21: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
-	17, // 22: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
-	21, // 23: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
-	23, // 24: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
-	7,  // 25: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
-	9,  // 26: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
-	11, // 27: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
-	13, // 28: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
-	14, // 29: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
-	25, // 30: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
-	27, // 31: quotaflow.v1.RateLimiter.RecordUsage:input_type -> quotaflow.v1.RecordUsageRequest
-	6,  // 32: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
-	18, // 33: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
-	22, // 34: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
-	24, // 35: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
-	8,  // 36: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
-	10, // 37: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
-	12, // 38: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
-	15, // 39: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
-	16, // 40: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
-	26, // 41: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
-	28, // 42: quotaflow.v1.RateLimiter.RecordUsage:output_type -> quotaflow.v1.RecordUsageResponse
-	32, // [32:43] is the sub-list for method output_type
-	21, // [21:32] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	6,  // 5: quotaflow.v1.LimitStatus.told:type_name -> quotaflow.v1.ThresholdCrossing
+	5,  // 6: quotaflow.v1.LimitStatus.ledger:type_name -> quotaflow.v1.LedgerEntry
+	1,  // 7: quotaflow.v1.CheckRateLimitResponse.state:type_name -> quotaflow.v1.State
+	4,  // 8: quotaflow.v1.CheckRateLimitResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	3,  // 9: quotaflow.v1.ReserveRequest.check:type_name -> quotaflow.v1.CheckRateLimitRequest
+	7,  // 10: quotaflow.v1.ReserveResponse.result:type_name -> quotaflow.v1.CheckRateLimitResponse
+	3,  // 11: quotaflow.v1.CheckRateLimitsRequest.checks:type_name -> quotaflow.v1.CheckRateLimitRequest
+	20, // 12: quotaflow.v1.CheckRateLimitsResponse.results:type_name -> quotaflow.v1.CheckRateLimitsResult
+	7,  // 13: quotaflow.v1.CheckRateLimitsResult.response:type_name -> quotaflow.v1.CheckRateLimitResponse
+	21, // 14: quotaflow.v1.CheckRateLimitsResult.error:type_name -> quotaflow.v1.CheckError
+	0,  // 15: quotaflow.v1.GetRemainingQuotaRequest.dimension:type_name -> quotaflow.v1.Dimension
+	2,  // 16: quotaflow.v1.GetRemainingQuotaRequest.subjects:type_name -> quotaflow.v1.Subject
+	1,  // 17: quotaflow.v1.GetRemainingQuotaResponse.state:type_name -> quotaflow.v1.State
+	4,  // 18: quotaflow.v1.GetRemainingQuotaResponse.limits:type_name -> quotaflow.v1.LimitStatus
+	0,  // 19: quotaflow.v1.ResetLimitRequest.dimension:type_name -> quotaflow.v1.Dimension
+	30, // 20: quotaflow.v1.GetBalanceResponse.grants:type_name -> quotaflow.v1.GrantBalance
+	27, // 21: quotaflow.v1.RecordUsageResponse.balance:type_name -> quotaflow.v1.GetBalanceResponse
+	3,  // 22: quotaflow.v1.RateLimiter.CheckRateLimit:input_type -> quotaflow.v1.CheckRateLimitRequest
+	18, // 23: quotaflow.v1.RateLimiter.CheckRateLimits:input_type -> quotaflow.v1.CheckRateLimitsRequest
+	22, // 24: quotaflow.v1.RateLimiter.GetRemainingQuota:input_type -> quotaflow.v1.GetRemainingQuotaRequest
+	24, // 25: quotaflow.v1.RateLimiter.ResetLimit:input_type -> quotaflow.v1.ResetLimitRequest
+	8,  // 26: quotaflow.v1.RateLimiter.ReleaseLease:input_type -> quotaflow.v1.ReleaseLeaseRequest
+	10, // 27: quotaflow.v1.RateLimiter.RenewLease:input_type -> quotaflow.v1.RenewLeaseRequest
+	12, // 28: quotaflow.v1.RateLimiter.Reserve:input_type -> quotaflow.v1.ReserveRequest
+	14, // 29: quotaflow.v1.RateLimiter.Settle:input_type -> quotaflow.v1.SettleRequest
+	15, // 30: quotaflow.v1.RateLimiter.Cancel:input_type -> quotaflow.v1.CancelRequest
+	26, // 31: quotaflow.v1.RateLimiter.GetBalance:input_type -> quotaflow.v1.GetBalanceRequest
+	28, // 32: quotaflow.v1.RateLimiter.RecordUsage:input_type -> quotaflow.v1.RecordUsageRequest
+	7,  // 33: quotaflow.v1.RateLimiter.CheckRateLimit:output_type -> quotaflow.v1.CheckRateLimitResponse
+	19, // 34: quotaflow.v1.RateLimiter.CheckRateLimits:output_type -> quotaflow.v1.CheckRateLimitsResponse
+	23, // 35: quotaflow.v1.RateLimiter.GetRemainingQuota:output_type -> quotaflow.v1.GetRemainingQuotaResponse
+	25, // 36: quotaflow.v1.RateLimiter.ResetLimit:output_type -> quotaflow.v1.ResetLimitResponse
+	9,  // 37: quotaflow.v1.RateLimiter.ReleaseLease:output_type -> quotaflow.v1.ReleaseLeaseResponse
+	11, // 38: quotaflow.v1.RateLimiter.RenewLease:output_type -> quotaflow.v1.RenewLeaseResponse
+	13, // 39: quotaflow.v1.RateLimiter.Reserve:output_type -> quotaflow.v1.ReserveResponse
+	16, // 40: quotaflow.v1.RateLimiter.Settle:output_type -> quotaflow.v1.SettleResponse
+	17, // 41: quotaflow.v1.RateLimiter.Cancel:output_type -> quotaflow.v1.CancelResponse
+	27, // 42: quotaflow.v1.RateLimiter.GetBalance:output_type -> quotaflow.v1.GetBalanceResponse
+	29, // 43: quotaflow.v1.RateLimiter.RecordUsage:output_type -> quotaflow.v1.RecordUsageResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_quotaflow_v1_ratelimit_proto_init() }
@@ -2734,7 +2839,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 	if File_quotaflow_v1_ratelimit_proto != nil {
 		return
 	}
-	file_quotaflow_v1_ratelimit_proto_msgTypes[17].OneofWrappers = []any{
+	file_quotaflow_v1_ratelimit_proto_msgTypes[18].OneofWrappers = []any{
 		(*CheckRateLimitsResult_Response)(nil),
 		(*CheckRateLimitsResult_Error)(nil),
 	}
@@ -2744,7 +2849,7 @@ func file_quotaflow_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotaflow_v1_ratelimit_proto_rawDesc), len(file_quotaflow_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
