@@ -63,7 +63,8 @@ func TestCheckBurnsBalance(t *testing.T) {
 	user := checkertest.ID(t, "u")
 	grantTo(t, e, "tokens", user, 10)
 	grantTo(t, e, "credits", user, 3)
-	grantTo(t, e, "seats", "acme", 2)
+	acme := checkertest.ID(t, "acme") // a tenant of the run's own: the package's Redis is shared
+	grantTo(t, e, "seats", acme, 2)
 	check := func(q Query) *Outcome {
 		t.Helper()
 		out, err := e.Check(ctx, &q)
@@ -129,11 +130,11 @@ func TestCheckBurnsBalance(t *testing.T) {
 		t.Errorf("the soft balance: %d left, %d used, %d over; want 0, 7, 4", left, used, over)
 	}
 	// A custom dimension's balance, held by the check's tenant.
-	tenant := []Subject{DescriptorSubject([]rules.Entry{{Key: "tenant", Value: "acme"}})}
+	tenant := []Subject{DescriptorSubject([]rules.Entry{{Key: "tenant", Value: acme}})}
 	if out := check(Query{Subjects: tenant, Endpoint: "/x", Entitlement: "seats", Cost: 2}); !out.Allowed {
 		t.Fatalf("a tenant's check of its 2 seats: %+v", out)
 	}
-	if left, _, _ := balanceOfT(t, e, "seats", "acme"); left != 0 {
+	if left, _, _ := balanceOfT(t, e, "seats", acme); left != 0 {
 		t.Errorf("acme's seats: %d left, want 0", left)
 	}
 }

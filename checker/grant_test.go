@@ -48,7 +48,7 @@ func TestEngineGrants(t *testing.T) {
 		t.Fatalf("VoidGrant = %+v, %v; want 500 left, the top-up's", b, err)
 	}
 	// A custom dimension's grant lives under its descriptor's tag.
-	if _, b, err = e.PutGrant(t.Context(), rules.Grant{Entitlement: "seats", Subject: "acme", Amount: 3, Reason: "trial"}); err != nil || b.Dimension != "tenant" {
+	if _, b, err = e.PutGrant(t.Context(), rules.Grant{Entitlement: "seats", Subject: user + "-acme", Amount: 3, Reason: "trial"}); err != nil || b.Dimension != "tenant" {
 		t.Fatalf("a tenant's grant: %+v, %v", b, err)
 	}
 

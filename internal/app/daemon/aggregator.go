@@ -128,7 +128,7 @@ func StartAggregator(ctx context.Context, cfg AggregatorConfig) (_ *Aggregator, 
 	}
 	acfg.InstanceID = instance.Named(acfg.InstanceID)
 	acfg.Database, acfg.RuleStore, acfg.Logger, acfg.Meter = db, store, log, tel.Meter
-	acfg.Webhooks = rulestore.FollowWebhooks(js, log)
+	acfg.Webhooks = rulestore.NewWebhooks(js, rulestore.Config{Bind: true, Logger: log})
 	agg, err := aggregator.New(js, conn, acfg)
 	if err != nil {
 		return nil, err

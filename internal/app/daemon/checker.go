@@ -242,10 +242,9 @@ func (s *checkerStart) rules(ctx context.Context) error {
 		return err
 	}
 	if !fcfg.ReadOnly {
-		// The admin API sets the webhook endpoints; a read-only checker has no admin API.
-		if s.webhooks, err = rulestore.OpenWebhooks(ctx, storeJS, rulestore.Config{Replicas: replicas, Logger: s.log}); err != nil {
-			return err
-		}
+		// The admin API sets the webhook endpoints (a read-only checker has none), their
+		// bucket made by the first call: checks are served whether NATS answers or not.
+		s.webhooks = rulestore.NewWebhooks(storeJS, rulestore.Config{Replicas: replicas, Logger: s.log})
 	}
 	return s.publisher(nc)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,45 +33,79 @@ const (
 	ConfigWebhookDeleted = "webhook_deleted"
 )
 
-// Webhooks reads and writes the webhook endpoints. It is safe for concurrent use.
+// Webhooks reads and writes the webhook endpoints. It is safe for concurrent use. Its bucket is
+// opened by the first call that needs it, so that a process starts whether or not NATS
+// answers yet (a checker serves checks first); a call while NATS does not answer fails.
 type Webhooks struct {
 	js  jetstream.JetStream
-	kv  jetstream.KeyValue
+	cfg Config
 	log *slog.Logger
 	now func() time.Time
+
+	mu sync.Mutex
+	kv jetstream.KeyValue // nil until opened
 }
 
-// OpenWebhooks creates or updates the endpoints' bucket with cfg.Replicas replicas, or with
-// cfg.Bind opens it as it is, waiting until the admin API's process has created it. While the
-// NATS servers cannot yet, it retries until ctx ends (broker.Ensure).
-func OpenWebhooks(ctx context.Context, js jetstream.JetStream, cfg Config) (*Webhooks, error) {
+// NewWebhooks returns the endpoints' store on js, its bucket created (with cfg.Replicas
+// replicas) by the first call that needs it, or with cfg.Bind only opened: the aggregator's,
+// which follows the endpoints the admin API's process sets (WatchEndpoints waits for the
+// bucket, quietly: until it exists, there are none).
+func NewWebhooks(js jetstream.JetStream, cfg Config) *Webhooks {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var kv jetstream.KeyValue
-	err := broker.Ensure(ctx, log, "rule store: webhooks bucket", broker.EnsureConfig{Replicas: max(1, cfg.Replicas)}, func(ctx context.Context) (err error) {
-		if cfg.Bind {
-			kv, err = js.KeyValue(ctx, WebhookBucket)
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				return fmt.Errorf("%w (not created yet: the admin API's process creates it)", nats.ErrTimeout)
-			}
-			return err
+	return &Webhooks{js: js, cfg: cfg, log: log, now: time.Now}
+}
+
+// OpenWebhooks is NewWebhooks with its bucket opened now, retrying while the NATS servers
+// cannot yet until ctx ends (broker.Ensure).
+func OpenWebhooks(ctx context.Context, js jetstream.JetStream, cfg Config) (*Webhooks, error) {
+	w := NewWebhooks(js, cfg)
+	err := broker.Ensure(ctx, w.log, "rule store: webhooks bucket", broker.EnsureConfig{Replicas: max(1, cfg.Replicas)}, func(ctx context.Context) error {
+		_, err := w.bucket(ctx)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("%w (not created yet: the admin API's process creates it)", nats.ErrTimeout)
 		}
-		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: WebhookBucket, Description: "quotaflow webhook endpoints and their signing secrets", History: 5, Replicas: max(1, cfg.Replicas),
-		})
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Webhooks{js: js, kv: kv, log: log, now: time.Now}, nil
+	return w, nil
+}
+
+// bucket returns the endpoints' bucket, opening (or creating) it the first time:
+// jetstream.ErrBucketNotFound for one bound that does not exist yet.
+func (w *Webhooks) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kv != nil {
+		return w.kv, nil
+	}
+	var kv jetstream.KeyValue
+	var err error
+	if w.cfg.Bind {
+		kv, err = w.js.KeyValue(ctx, WebhookBucket)
+	} else {
+		kv, err = w.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: WebhookBucket, Description: "quotaflow webhook endpoints and their signing secrets", History: 5, Replicas: max(1, w.cfg.Replicas),
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("webhook endpoints' bucket: %w", err)
+	}
+	w.kv = kv
+	return kv, nil
 }
 
 // Endpoints returns the endpoints, ordered by id.
 func (w *Webhooks) Endpoints(ctx context.Context) ([]webhook.Endpoint, error) {
-	lister, err := w.kv.ListKeys(ctx)
+	kv, err := w.bucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list webhook endpoints: %w", err)
 	}
@@ -91,7 +126,11 @@ func (w *Webhooks) Endpoints(ctx context.Context) ([]webhook.Endpoint, error) {
 
 // Endpoint returns endpoint id and its revision; rules.ErrNotFound when there is none.
 func (w *Webhooks) Endpoint(ctx context.Context, id string) (webhook.Endpoint, uint64, error) {
-	e, err := w.kv.Get(ctx, id)
+	kv, err := w.bucket(ctx)
+	if err != nil {
+		return webhook.Endpoint{}, 0, err
+	}
+	e, err := kv.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
 		return webhook.Endpoint{}, 0, fmt.Errorf("webhook endpoint %q: %w", id, rules.ErrNotFound)
 	}
@@ -116,7 +155,7 @@ func (w *Webhooks) PutEndpoint(ctx context.Context, ep webhook.Endpoint, actor s
 	_, rev, err := w.Endpoint(ctx, ep.ID)
 	switch {
 	case errors.Is(err, rules.ErrNotFound):
-		rev, err = w.kv.Create(ctx, ep.ID, data)
+		rev, err = w.kv.Create(ctx, ep.ID, data) // Endpoint opened the bucket
 		created = true
 	case err == nil:
 		rev, err = w.kv.Update(ctx, ep.ID, data, rev)
@@ -158,27 +197,17 @@ func (w *Webhooks) record(ctx context.Context, action, actor string, rev uint64,
 	return nil
 }
 
-// FollowWebhooks returns the endpoints' store to follow (WatchEndpoints) without creating its
-// bucket nor waiting for it: the aggregator's, which delivers to the endpoints the admin API
-// sets, if any process ever runs one.
-func FollowWebhooks(js jetstream.JetStream, log *slog.Logger) *Webhooks {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Webhooks{js: js, log: log, now: time.Now}
-}
-
 // bucketPoll is how often a follower looks for a bucket not created yet.
 const bucketPoll = 5 * time.Second
 
 // WatchEndpoints calls apply with every endpoint, then again after every change, until ctx
-// ends (nil) or the watch fails. A follower (FollowWebhooks) first waits for the bucket,
+// ends (nil) or the watch fails. A store that binds (Config.Bind) first waits for the bucket,
 // quietly: until the admin API's process creates it, there are no endpoints.
 func (w *Webhooks) WatchEndpoints(ctx context.Context, apply func([]webhook.Endpoint)) error {
-	kv := w.kv
+	var kv jetstream.KeyValue
 	for kv == nil {
 		var err error
-		kv, err = w.js.KeyValue(ctx, WebhookBucket)
+		kv, err = w.bucket(ctx)
 		switch {
 		case err == nil:
 		case errors.Is(err, jetstream.ErrBucketNotFound):
