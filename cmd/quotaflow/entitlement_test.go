@@ -65,6 +65,7 @@ func TestEntitlementPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := databaseName("ent")
+	alice := fmt.Sprintf("alice-%d", time.Now().UnixNano()) // Redis outlives the run (-count=N)
 	addr := freeAddr(t)
 	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--admin-token", "tok",
 		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
@@ -103,7 +104,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	if code, body := admin("PUT", "/api/v1/webhooks/billing", `{"url":"`+hook.URL+`/quota","secret":"`+secret.Text()+`"}`); code != 201 {
 		t.Fatalf("PUT webhook: %d %s", code, body)
 	}
-	code, body := admin("POST", "/api/v1/grants", `{"id":"plan","entitlement":"llm-tokens","subject":"alice","amount":100,"reason":"pro plan"}`)
+	code, body := admin("POST", "/api/v1/grants", `{"id":"plan","entitlement":"llm-tokens","subject":"`+alice+`","amount":100,"reason":"pro plan"}`)
 	if code != 201 {
 		t.Fatalf("POST grant: %d %s", code, body)
 	}
@@ -111,7 +112,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	var remaining []int64
 	for range 3 {
 		resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-			Identifier: "alice", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: 30}))
+			Identifier: alice, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: 30}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,12 +137,12 @@ func TestEntitlementPipeline(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // a duplicate would come meanwhile
 	mu.Lock()
-	if len(got) != 1 || got[0].Kind != events.EntitlementUsedPercent || got[0].Threshold != 50 || got[0].Subject != "alice" ||
+	if len(got) != 1 || got[0].Kind != events.EntitlementUsedPercent || got[0].Threshold != 50 || got[0].Subject != alice ||
 		got[0].Used != 60 || got[0].Remaining != 40 || len(refused) > 0 {
 		t.Errorf("webhooks %+v (refused %v); want one: used_percent 50 of alice's llm-tokens, at 60 used", got, refused)
 	}
 	mu.Unlock()
-	ledgerMatches(t, ctx, client, admin)
+	ledgerMatches(t, ctx, client, admin, alice)
 	c, err := chSrv.Conn()
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +150,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	defer c.Close()
 	var rows uint64
 	for deadline := time.Now().Add(30 * time.Second); rows == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.entitlement_events WHERE entitlement = 'llm-tokens' AND subject = 'alice' AND kind = 'used_percent'", db)).Scan(&rows)
+		c.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.entitlement_events WHERE entitlement = 'llm-tokens' AND subject = '%s' AND kind = 'used_percent'", db, alice)).Scan(&rows)
 	}
 	if rows != 1 {
 		t.Errorf("entitlement_events holds %d rows of the crossing, want 1", rows)
@@ -183,14 +184,14 @@ func TestEntitlementPipeline(t *testing.T) {
 // reservation settled below its estimate, recorded usage and its replay, a void, a denied
 // check) and then finds the balance recomputed from ClickHouse's ledger alone equal to
 // GetBalance's, and the month's billing export holding her period.
-func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.RateLimiterClient, admin func(method, path, body string) (int, string)) {
+func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.RateLimiterClient, admin func(method, path, body string) (int, string), alice string) {
 	t.Helper()
-	if code, body := admin("POST", "/api/v1/grants", `{"id":"bonus","entitlement":"llm-tokens","subject":"alice","amount":50,"reason":"welcome",`+
+	if code, body := admin("POST", "/api/v1/grants", `{"id":"bonus","entitlement":"llm-tokens","subject":"`+alice+`","amount":50,"reason":"welcome",`+
 		`"expires_at":"`+time.Now().Add(time.Hour).UTC().Format(time.RFC3339)+`"}`); code != 201 {
 		t.Fatalf("POST bonus: %d %s", code, body)
 	}
 	rsv, err := client.Reserve(ctx, connect.NewRequest(&quotaflowv1.ReserveRequest{Estimate: 20, TtlMs: 60000,
-		Check: &quotaflowv1.CheckRateLimitRequest{Identifier: "alice", Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/llm", Entitlement: "llm-tokens"}}))
+		Check: &quotaflowv1.CheckRateLimitRequest{Identifier: alice, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/llm", Entitlement: "llm-tokens"}}))
 	if err != nil || rsv.Msg.ReservationId == "" {
 		t.Fatalf("Reserve: %v, %v", rsv, err)
 	}
@@ -198,18 +199,18 @@ func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.
 		t.Fatal(err)
 	}
 	for range 2 {
-		if _, err := client.RecordUsage(ctx, connect.NewRequest(&quotaflowv1.RecordUsageRequest{Entitlement: "llm-tokens", Subject: "alice", Amount: 7, EventId: "resp-1"})); err != nil {
+		if _, err := client.RecordUsage(ctx, connect.NewRequest(&quotaflowv1.RecordUsageRequest{Entitlement: "llm-tokens", Subject: alice, Amount: 7, EventId: "resp-1"})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if code, body := admin("POST", "/api/v1/grants/plan/void", `{"entitlement":"llm-tokens","subject":"alice"}`); code != 200 {
+	if code, body := admin("POST", "/api/v1/grants/plan/void", `{"entitlement":"llm-tokens","subject":"`+alice+`"}`); code != 200 {
 		t.Fatalf("void: %d %s", code, body)
 	}
-	if resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Identifier: "alice",
+	if resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Identifier: alice,
 		Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/llm", Entitlement: "llm-tokens", Cost: 1000})); err != nil || resp.Msg.Allowed {
 		t.Fatalf("a check of 1000: %v, %v; want denied", resp, err)
 	}
-	want, err := client.GetBalance(ctx, connect.NewRequest(&quotaflowv1.GetBalanceRequest{Entitlement: "llm-tokens", Subject: "alice"}))
+	want, err := client.GetBalance(ctx, connect.NewRequest(&quotaflowv1.GetBalanceRequest{Entitlement: "llm-tokens", Subject: alice}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.
 	}
 	var body string
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		_, body = admin("GET", "/api/v1/ledger/balance?entitlement=llm-tokens&dimension=user&subject=alice", "")
+		_, body = admin("GET", "/api/v1/ledger/balance?entitlement=llm-tokens&dimension=user&subject="+alice, "")
 		if json.Unmarshal([]byte(body), &got) == nil && got.Remaining == want.Msg.Remaining && got.Used == want.Msg.Used {
 			break
 		}
@@ -236,7 +237,7 @@ func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.
 	}
 	_, csv := admin("GET", "/api/v1/billing?format=csv&period="+time.Now().UTC().Format("2006-01"), "")
 	if !strings.HasPrefix(csv, "entitlement,dimension,subject,period_start,period_end,granted,used,overage,forfeited\n") ||
-		!strings.Contains(csv, "\nllm-tokens,user,alice,") || !strings.Contains(csv, ",150,102,0,10\n") {
+		!strings.Contains(csv, "\nllm-tokens,user,"+alice+",") || !strings.Contains(csv, ",150,102,0,10\n") {
 		t.Errorf("the billing export:\n%s\nwant alice's period: 150 granted, 102 used, 10 forfeited", csv)
 	}
 }
