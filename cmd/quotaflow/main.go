@@ -45,6 +45,8 @@ func program() cli.Program {
 		{Name: "override", Summary: "set, list or delete temporary limit overrides (admin API)", Run: overrideGroup.Run},
 		{Name: "exemption", Summary: "set, list or delete exemptions of trusted subjects from rules (admin API)", Run: exemptionGroup.Run},
 		{Name: "tier", Summary: "set a user's tier: quotaflow tier set USER TIER (admin API)", Run: tierGroup.Run},
+		{Name: "grant", Summary: "add, list or void grants of entitlements' balances (admin API)", Run: grantGroup.Run},
+		{Name: "webhook", Summary: "set, list or delete webhook endpoints, and read their deliveries (admin API)", Run: webhookGroup.Run},
 	}, Version: instance.Build()}
 }
 

@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
+	"github.com/quotaflow/quotaflow/internal/app/audit"
 	"github.com/quotaflow/quotaflow/internal/bearer"
 )
 
@@ -192,4 +194,44 @@ func (c *Client) VoidGrant(ctx context.Context, entitlement, subject, id string)
 	body := map[string]string{"entitlement": entitlement, "subject": subject}
 	err := c.Do(ctx, http.MethodPost, "/api/v1/grants/"+url.PathEscape(id)+"/void", body, &out)
 	return out, err
+}
+
+// WebhookRequest sets a webhook endpoint (PutWebhook): Secret empty draws one for a new
+// endpoint and keeps a replaced one's.
+type WebhookRequest struct {
+	URL      string   `json:"url"`
+	Secret   string   `json:"secret,omitempty"`
+	Filter   []string `json:"filter,omitempty"`
+	Disabled bool     `json:"disabled,omitempty"`
+}
+
+// PutWebhook creates or replaces endpoint id; the answer holds the secret when one was drawn
+// or given.
+func (c *Client) PutWebhook(ctx context.Context, id string, req WebhookRequest) (EndpointView, error) {
+	var out EndpointView
+	err := c.Do(ctx, http.MethodPut, "/api/v1/webhooks/"+url.PathEscape(id), req, &out)
+	return out, err
+}
+
+// Webhooks lists the endpoints, their secrets masked.
+func (c *Client) Webhooks(ctx context.Context) ([]EndpointView, error) {
+	var out struct {
+		Webhooks []EndpointView `json:"webhooks"`
+	}
+	err := c.Do(ctx, http.MethodGet, "/api/v1/webhooks", nil, &out)
+	return out.Webhooks, err
+}
+
+// DeleteWebhook removes endpoint id.
+func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/api/v1/webhooks/"+url.PathEscape(id), nil, nil)
+}
+
+// WebhookDeliveries returns endpoint id's latest attempts, the newest first (n: 0 for 50).
+func (c *Client) WebhookDeliveries(ctx context.Context, id string, n int) ([]audit.Delivery, error) {
+	var out struct {
+		Deliveries []audit.Delivery `json:"deliveries"`
+	}
+	err := c.Do(ctx, http.MethodGet, "/api/v1/webhooks/"+url.PathEscape(id)+"/deliveries?n="+strconv.Itoa(n), nil, &out)
+	return out.Deliveries, err
 }
