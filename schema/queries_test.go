@@ -291,6 +291,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		t.Fatal(err)
 	}
 	reserves := int64(3) // the rows of kinds that are requests
+	const ledgerChecks, ledgerCost = 2, 100 // ledgerFixture's checks, which burned erin's balance
 
 	// The configuration changes: three today, one two days ago (outside the last day).
 	type qchange struct {
@@ -316,13 +317,16 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 		t.Fatal(err)
 	}
 
+	ledgerRows := ledgerFixture(t, ctx, c, db, l, now)
+
 	total := int64(len(ds))
 	for _, q := range []struct {
 		query string
 		want  uint64
 	}{
-		{"SELECT count() FROM " + db + ".decisions", uint64(total) + uint64(len(kinds))},
-		{"SELECT count() FROM " + db + ".config_changes", uint64(len(changes))},
+		{"SELECT count() FROM " + db + ".decisions", uint64(total) + uint64(len(kinds)) + 2},
+		{"SELECT count() FROM " + db + ".config_changes", uint64(len(changes)) + 3},
+		{"SELECT count() FROM " + db + ".ledger", ledgerRows},
 	} {
 		poll.Until(t, 10*time.Second, "the fixture readable", func() error {
 			got, err := count(ctx, read, q.query)
@@ -334,8 +338,8 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 	}
 	checks := map[string]func(t *testing.T, s string, r result){
 		"Usage per tier per hour": func(t *testing.T, s string, r result) {
-			if got := r.sumInt(t, s, "total_requests"); got != total+reserves {
-				t.Errorf("%s: requests add up to %d, want %d (settles and lease events are none)", s, got, total+reserves)
+			if got := r.sumInt(t, s, "total_requests"); got != total+reserves+ledgerChecks {
+				t.Errorf("%s: requests add up to %d, want %d (settles and lease events are none)", s, got, total+reserves+ledgerChecks)
 			}
 			if got := r.sumInt(t, s, "denied"); got != denied {
 				t.Errorf("%s: denied add up to %d, want the limits' %d (not the fail mode's %d)", s, got, denied, degradedDenied)
@@ -470,15 +474,15 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			}
 		},
 		"Endpoint usage per minute": func(t *testing.T, s string, r result) {
-			if got := r.sumInt(t, s, "total_requests"); got != total+reserves {
-				t.Errorf("%s: requests add up to %d, want %d", s, got, total+reserves)
+			if got := r.sumInt(t, s, "total_requests"); got != total+reserves+ledgerChecks {
+				t.Errorf("%s: requests add up to %d, want %d", s, got, total+reserves+ledgerChecks)
 			}
 			if got, want := fmt.Sprint(r.sumInt(t, s, "denied"), r.sumInt(t, s, "degraded")), fmt.Sprint(denied, degraded); got != want {
 				t.Errorf("%s: denied and degraded add up to %s, want %s", s, got, want)
 			}
 			// Each of the fixture's checks costs 1; the reservations cost what they settled.
-			if got := r.sumInt(t, s, "cost"); got != total+1250+1500+300 {
-				t.Errorf("%s: cost adds up to %d, want %d (reservations at their settled cost)", s, got, total+1250+1500+300)
+			if got := r.sumInt(t, s, "cost"); got != total+1250+1500+300+ledgerCost {
+				t.Errorf("%s: cost adds up to %d, want %d (reservations at their settled cost)", s, got, total+1250+1500+300+ledgerCost)
 			}
 		},
 		"Reservations and leases per tier per day": func(t *testing.T, s string, r result) {
@@ -489,6 +493,33 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 				if got := r.sumInt(t, s, c.col); got != c.want {
 					t.Errorf("%s: %s adds up to %d, want %d", s, c.col, got, c.want)
 				}
+			}
+		},
+		"A balance recomputed from the ledger": func(t *testing.T, s string, r result) {
+			// plan: 100 issued, 30 and 20 burned, 10 given back; promo: 50 issued, voided
+			// unused; a rollover of 15 that expired yesterday.
+			if got := toInt(t, r.col(t, s, "balance")[0]); got != 60 {
+				t.Errorf("%s: erin's balance %d, want 60 (the plan's; the promo voided, the rollover expired)", s, got)
+			}
+		},
+		"Entitlement usage per period": func(t *testing.T, s string, r result) {
+			var got []string
+			for i, sub := range r.col(t, s, "subject") {
+				got = append(got, fmt.Sprintf("%v %d %d %d %d", sub, toInt(t, r.col(t, s, "granted")[i]), toInt(t, r.col(t, s, "used")[i]),
+					toInt(t, r.col(t, s, "overage_used")[i]), toInt(t, r.col(t, s, "forfeited")[i])))
+			}
+			if want := []string{"erin 165 45 5 50"}; !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %q, want %q (granted, used, overage, forfeited)", s, got, want)
+			}
+		},
+		"Entitlement thresholds crossed": func(t *testing.T, s string, r result) {
+			if got := fmt.Sprint(r.col(t, s, "kind"), r.col(t, s, "subject")); got != "[used_percent] [erin]" {
+				t.Errorf("%s: %s, want erin's used_percent crossing", s, got)
+			}
+		},
+		"Webhook deliveries that did not get through": func(t *testing.T, s string, r result) {
+			if got := fmt.Sprint(r.col(t, s, "message_id"), r.col(t, s, "last_outcome")); got != "[evt-2] [gave up]" {
+				t.Errorf("%s: %s, want evt-2 given up (evt-1 was delivered at its second attempt)", s, got)
 			}
 		},
 		"Reservations: estimated and settled cost": func(t *testing.T, s string, r result) {
@@ -527,4 +558,99 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 			t.Errorf("docs/queries.md has no section %q", section)
 		}
 	}
+}
+
+// ledgerFixture stores erin's balance of llm-tokens as the pipeline would: two grants made and
+// one voided (config events), checks that burned and a settle that gave back (the decisions'
+// ledger entries), a rollover that expired; a threshold crossed; two webhook events, one
+// delivered at its second attempt, one given up. It returns the ledger's rows (the views').
+func ledgerFixture(t *testing.T, ctx context.Context, c driver.Conn, db string, l schema.Layout, now time.Time) uint64 {
+	t.Helper()
+	start := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	end := start.AddDate(0, 1, 0)
+	cb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.ConfigChanges)+" (event_id, at, action, actor, target, tier, detail, stream_seq, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := func(id string, amount, forfeited int64) string {
+		return fmt.Sprintf(`{"id":%q,"entitlement":"llm-tokens","dimension":"user","subject":"erin","amount":%d,"priority":1,"reason":"x \"subject\":\"eve\"","effective_ms":%d,"expires_ms":0,"period_start_s":%d,"period_end_s":%d,"forfeited":%d}`,
+			id, amount, start.Add(-time.Hour).UnixMilli(), start.Unix(), end.Unix(), forfeited)
+	}
+	for i, g := range []struct{ action, id, detail string }{
+		{"grant_issued", "plan", grant("plan", 100, 0)},
+		{"grant_issued", "promo", grant("promo", 50, 0)},
+		{"grant_voided", "promo", grant("promo", 50, 50)},
+	} {
+		// Two days ago: outside "Configuration changes in the last day".
+		if err := cb.Append(fmt.Sprintf("config-%s-%s", g.action, g.id), now.Add(-48*time.Hour-time.Duration(3-i)*time.Minute), g.action, "ops", g.id, "", g.detail, uint64(100+i), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	db2, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.Decisions)+" (id, checker_id, time, time_us, subject_dimension, subject_id, tier, endpoint, rule_id, cost, allowed, "+
+		"ledger.entitlement, ledger.dimension, ledger.subject, ledger.kind, ledger.grant_id, ledger.amount, ledger.period_start, ledger.period_end, partition, stream_seq, batch_id, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	yesterday := now.Add(-24 * time.Hour)
+	type entry struct {
+		kind, grant string
+		amount      int64
+	}
+	for i, d := range [][]entry{
+		{{"rolled_over", "plan~1", 15}, {"burned", "plan", -30}, {"burned", "plan", -20}},
+		{{"given_back", "plan", 10}, {"overage", "", -5}},
+	} {
+		n := len(d)
+		ents, dims, subs, kinds, grants := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		amounts, starts, ends := make([]int64, n), make([]time.Time, n), make([]time.Time, n)
+		for j, e := range d {
+			ents[j], dims[j], subs[j], kinds[j], grants[j], amounts[j], starts[j], ends[j] = "llm-tokens", "user", "erin", e.kind, e.grant, e.amount, start, end
+			if e.kind == "rolled_over" {
+				ends[j] = yesterday.Truncate(time.Second) // a rollover that expired
+			}
+		}
+		at := now.Add(-time.Duration(2-i) * time.Minute)
+		if err := db2.Append(fmt.Sprintf("ledger-%d", i), "checker-l", at, at.UnixMicro(), "user", "erin", "pro", "/v1/chat", "llm-tokens", int64(50), uint8(1),
+			ents, dims, subs, kinds, grants, amounts, starts, ends, uint16(6), uint64(i+1), "batch-l", now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db2.Send(); err != nil {
+		t.Fatal(err)
+	}
+	eb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.EntitlementEvents)+
+		" (event_id, at, kind, entitlement, dimension, subject, tier, threshold, grant_id, used, remaining, period_end, decision_id, stream_seq, ingested_at)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eb.Append("ledger-0:llm-tokens:used_percent:50", now.Add(-time.Minute), "used_percent", "llm-tokens", "user", "erin", "pro",
+		int64(50), "", int64(50), int64(60), end, "ledger-0", uint64(1), now); err != nil {
+		t.Fatal(err)
+	}
+	if err := eb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	wb, err := c.PrepareBatch(ctx, "INSERT INTO "+db+"."+l.Storage(schema.WebhookDeliveries)+
+		" (at, endpoint, message_id, attempt, status, outcome, error, duration_ms, next_ms)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []struct {
+		age     time.Duration
+		msg     string
+		attempt uint32
+		status  uint16
+		outcome string
+	}{{30 * time.Second, "evt-1", 1, 503, "retry"}, {20 * time.Second, "evt-1", 2, 200, "delivered"}, {10 * time.Second, "evt-2", 1, 0, "gave up"}} {
+		if err := wb.Append(now.Add(-d.age), "billing", d.msg, d.attempt, d.status, d.outcome, "", uint32(5), uint64(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	return 3 + 5 // the grants' events and the decisions' entries
 }
