@@ -290,7 +290,7 @@ func checkQueriesDoc(t *testing.T, c, read driver.Conn, db string, l schema.Layo
 	if err := kb.Send(); err != nil {
 		t.Fatal(err)
 	}
-	reserves := int64(3) // the rows of kinds that are requests
+	reserves := int64(3)                    // the rows of kinds that are requests
 	const ledgerChecks, ledgerCost = 2, 100 // ledgerFixture's checks, which burned erin's balance
 
 	// The configuration changes: three today, one two days ago (outside the last day).
