@@ -528,8 +528,40 @@ async function rulesView() {
   }
 }
 
-// ---- Navigation: one view at a time, from the location's hash (#usage, #subject/user:alice).
-const views = { live: () => {}, usage, subject: () => {}, overrides, rules: rulesView };
+// ---- Webhooks: the endpoints entitlement events are delivered to, and a chosen one's latest
+// deliveries (#webhooks/<id>). Endpoints are set with the CLI or the API, not here.
+async function webhooksView(chosen) {
+  try {
+    const { webhooks: ws } = await call("GET", "/webhooks");
+    fill($("#webhooks"), ws.map((w) => el("tr", { "data-id": w.id, "data-disabled": w.disabled ? "true" : "false", class: w.id === chosen ? "chosen" : "" },
+      el("td", {}, clip(w.id)), el("td", {}, clip(w.url)), el("td", { class: "wrap" }, (w.filter || []).join(", ") || "all events"),
+      el("td", { class: w.disabled ? "denied-text" : "allowed-text" }, w.disabled ? "disabled" : "enabled"),
+      el("td", { class: "minor" }, w.secret_hint),
+      el("td", {}, el("a", { href: `#webhooks/${encodeURIComponent(w.id)}` }, "deliveries")))));
+  } catch (e) {
+    fill($("#webhooks"), [el("tr", {}, el("td", { class: "error", colSpan: 6 }, e.message))]);
+  }
+  $("#deliveries-box").hidden = !chosen;
+  if (chosen) deliveries(chosen);
+}
+
+async function deliveries(id) {
+  $("#deliveries-of").textContent = "of " + id;
+  try {
+    const { deliveries: ds } = await call("GET", `/webhooks/${encodeURIComponent(id)}/deliveries?n=50`);
+    fill($("#deliveries"), (ds || []).map((d) => el("tr", { "data-message": d.message_id, "data-outcome": d.outcome },
+      el("td", {}, when(d.at)), el("td", { class: { delivered: "allowed-text", retry: "delayed-text" }[d.outcome] || "denied-text" }, d.outcome),
+      el("td", { class: "num" }, d.status ? String(d.status) : NONE), el("td", { class: "num minor" }, num(d.attempt)),
+      el("td", { class: "num minor" }, dur(d.duration_ms)), el("td", { class: "minor" }, d.next_ms ? "in " + dur(d.next_ms) : NONE),
+      el("td", { class: "minor" }, clip(d.message_id)), el("td", { class: "wrap" }, opt(d.error)))));
+  } catch (e) {
+    fill($("#deliveries"), [el("tr", {}, el("td", { class: "error", colSpan: 8 }, e.message))]);
+  }
+}
+
+// ---- Navigation: one view at a time, from the location's hash (#usage, #subject/user:alice,
+// #webhooks/billing).
+const views = { live: () => {}, usage, subject: () => {}, overrides, rules: rulesView, webhooks: webhooksView };
 function route() {
   const [name, arg] = (location.hash.slice(1) || "live").split("/");
   const view = views[name] ? name : "live";
@@ -538,7 +570,7 @@ function route() {
   if (view === "subject" && arg) {
     $("#subject-form").subject.value = decodeURIComponent(arg);
     subject(decodeURIComponent(arg), $("#subject-form").endpoint.value);
-  } else views[view]();
+  } else views[view](arg && decodeURIComponent(arg));
 }
 
 function signOut(message) {
