@@ -630,3 +630,234 @@ func TestConsoleViews(t *testing.T) {
 		t.Errorf("the checker logged a panic:\n%s", p.log)
 	}
 }
+
+// balanceRules are the console's rules with two entitlements: llm-tokens held per user and
+// burned by checks of /v1/chat, and key-calls held per API key, which a user's view must not
+// show.
+const balanceRules = consoleRules + `entitlements:
+  - {id: llm-tokens, dimension: user, endpoints: [/v1/chat], period: 1mo}
+  - {id: key-calls, dimension: apikey, period: 1d}
+`
+
+// TestConsoleBalances drives the Subject view's balances and the Webhooks view in a real
+// browser against a real pipeline: a user's view shows the entitlements held per user only; a
+// grant made through its form (after a refusal the API explains beside the form) is listed
+// with what it has left, burned by a check, voided with its button; the Webhooks view says
+// none, then lists an endpoint set through the admin API and its empty delivery log; on a
+// phone a grant's left, amount and state stay in sight. A checker without ClickHouse shows the
+// delivery log's 503 message, and a read token's grant the API's refusal.
+func TestConsoleBalances(t *testing.T) {
+	t.Parallel()
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36) // Redis keeps balances and tokens' buckets across runs
+	token, readToken := "balances-write-"+suffix, "balances-read-"+suffix
+	ns, db, p := consolePipeline(t, "consolebalances", map[string]admin.Token{token: {Name: "operator", Role: admin.RoleWrite}},
+		func(c *daemon.CheckerConfig) {
+			c.RulesFile = writeFile(t, "rules.yaml", balanceRules)
+			c.Admin.WebhookPolicy.AllowHosts = []string{"hooks.example.com"}
+		})
+	user := "balances-" + suffix
+	apiCall := func(url, method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+"/api/v1"+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	balance := func() admin.BalanceView {
+		t.Helper()
+		code, body := apiCall(p.url, "GET", "/grants?entitlement=llm-tokens&subject="+user, "")
+		var b admin.BalanceView
+		if err := json.Unmarshal([]byte(body), &b); code != 200 || err != nil {
+			t.Fatalf("GET /grants: %d %s (%v)", code, body, err)
+		}
+		return b
+	}
+
+	ctx := browser(t, 1280, 900)
+	shot := func(name string) { // QUOTAFLOW_CONSOLE_SHOTS=dir: each step's page as a PNG, to look at
+		if dir := os.Getenv("QUOTAFLOW_CONSOLE_SHOTS"); dir != "" {
+			if png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+			}
+		}
+	}
+	within(t, ctx, 30*time.Second, "load the console and sign in",
+		chromedp.Navigate(p.url+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#app")))
+
+	// Webhooks: none, then the endpoint set through the API, with its empty delivery log.
+	within(t, ctx, 20*time.Second, "the webhooks without any", chromedp.Navigate(p.url+"/console/#webhooks"),
+		chromedp.WaitVisible(chromedp.CSS("#webhooks tbody tr.none")))
+	if got := consoleCells(t, ctx, "#webhooks tbody tr"); len(got) != 1 || len(got[0]) != 1 || got[0][0] != "none" {
+		t.Errorf("the webhooks without any: %q, want one row saying none", got)
+	}
+	code, body := apiCall(p.url, "PUT", "/webhooks/billing", `{"url":"https://hooks.example.com/x","filter":["entitlement.used_percent","entitlement.balance_below"]}`)
+	var ep admin.EndpointView
+	if err := json.Unmarshal([]byte(body), &ep); code != 201 || err != nil || ep.SecretHint == "" {
+		t.Fatalf("PUT /webhooks/billing: %d %s (%v); want 201 and a secret hint", code, body, err)
+	}
+	within(t, ctx, 20*time.Second, "the webhook endpoint listed", chromedp.Navigate(p.url+"/console/#live"), chromedp.Navigate(p.url+"/console/#webhooks"),
+		chromedp.WaitVisible(chromedp.CSS(`#webhooks tr[data-id="billing"]`)))
+	want := []string{"billing", "https://hooks.example.com/x", "entitlement.used_percent, entitlement.balance_below", "enabled", ep.SecretHint, "deliveries"}
+	if got := consoleCells(t, ctx, "#webhooks tbody tr"); len(got) != 1 || strings.Join(got[0], "|") != strings.Join(want, "|") {
+		t.Errorf("the webhooks: %q, want one row %q", got, want)
+	}
+	if hidden, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("#deliveries-box").hidden`)); !hidden {
+		t.Errorf("the delivery log shown before an endpoint is chosen")
+	}
+	within(t, ctx, 20*time.Second, "the endpoint's deliveries", chromedp.Click(chromedp.CSS(`#webhooks tr[data-id="billing"] a`)),
+		chromedp.WaitVisible(chromedp.CSS("#deliveries tbody tr.none")))
+	if got, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash + " " + document.querySelector("#deliveries-of").textContent`)); got != "#webhooks/billing of billing" {
+		t.Errorf("the chosen endpoint: %q, want #webhooks/billing of billing", got)
+	}
+	shot("webhooks-1280")
+
+	// The user's balances: llm-tokens only, no grant yet.
+	box := `#subject-balances [data-entitlement="llm-tokens"]`
+	within(t, ctx, 20*time.Second, "the user's balances", chromedp.Navigate(p.url+"/console/#subject/user:"+user),
+		chromedp.WaitVisible(chromedp.CSS(box+" table tbody tr.none")))
+	lineOf := func() string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).innerText.trim()`, box+" .balance")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	line := func(left, used int) string {
+		b := balance()
+		return fmt.Sprintf("llm-tokens: %d left · %d used · 0 overage · period %s – %s hard · every 1mo", left, used,
+			b.PeriodStart.Format(time.DateOnly), b.PeriodEnd.Format(time.DateOnly))
+	}
+	if got, want := lineOf(), line(0, 0); got != want {
+		t.Errorf("the balance without grants: %q, want %q", got, want)
+	}
+	if n, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#subject-balances [data-entitlement]").length`)); n != 1 {
+		t.Errorf("a user's view shows %d entitlements, want llm-tokens alone (key-calls is held per API key)", n)
+	}
+
+	// A grant through the form: refused first (a rollover needs a recurring grant), the API's
+	// message beside the form; then made, and listed with what it has left.
+	form := box + " form"
+	expires := time.Now().AddDate(1, 0, 0).Format(time.DateOnly) + " 18:00"
+	within(t, ctx, 20*time.Second, "a refused grant",
+		chromedp.SendKeys(chromedp.CSS(form+` [name="amount"]`), "140"),
+		chromedp.SendKeys(chromedp.CSS(form+` [name="expires"]`), expires),
+		chromedp.SendKeys(chromedp.CSS(form+` [name="rollover"]`), "50"),
+		chromedp.SendKeys(chromedp.CSS(form+` [name="reason"]`), "console grant"),
+		chromedp.Click(chromedp.CSS(form+` button[type="submit"]`)))
+	poll.Until(t, 10*time.Second, "the refusal beside the form", pageTrue(ctx, fmt.Sprintf(`document.querySelector(%q).textContent.startsWith("rollover: only a recurring grant")`, box+" > p.error")))
+	within(t, ctx, 20*time.Second, "a recurring grant", chromedp.Click(chromedp.CSS(form+` [name="recurring"]`)), chromedp.Click(chromedp.CSS(form+` button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(box+` tr[data-grant][data-state="live"]`)))
+	heads := consoleCells(t, ctx, box+" thead tr")[0]
+	row := func() map[string]string {
+		t.Helper()
+		rows := consoleCells(t, ctx, box+" tbody tr[data-grant]")
+		if len(rows) != 1 {
+			t.Fatalf("grants listed: %q, want one", rows)
+		}
+		cells := map[string]string{}
+		for i, h := range heads {
+			cells[h] = rows[0][i]
+		}
+		return cells
+	}
+	if got := row(); got["left"] != "140" || got["amount"] != "140" || got["state"] != "live" || got["priority"] != "1" ||
+		got["recurs"] != "every 1mo, rolls over up to 50" || got["reason"] != "console grant" || got[""] != "Void" || !strings.Contains(got["expires"], expires[:4]) || !strings.HasSuffix(got["expires"], "18:00") {
+		t.Errorf("the grant: %v; want 140 left of 140, live, priority 1, every 1mo rolling over up to 50, its reason, its expiry with its year (%s), a Void button",
+			got, expires)
+	}
+	if got, want := lineOf(), line(140, 0); got != want {
+		t.Errorf("the balance after the grant: %q, want %q", got, want)
+	}
+	if errText, _ := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).textContent`, box+" > p.error"))); errText != "" {
+		t.Errorf("the refusal still shown after the grant: %q", errText)
+	}
+	b := balance()
+	wantExpiry, _ := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`new Date(%q).toISOString()`, strings.Replace(expires, " ", "T", 1))))
+	expiry, _ := time.Parse(time.RFC3339, wantExpiry)
+	if g := b.Grants; len(g) != 1 || !g[0].Recurring || g[0].Rollover == nil || g[0].Rollover.Max != 50 || g[0].Creator != "operator" ||
+		expiry.IsZero() || !g[0].ExpiresAt.Equal(expiry) {
+		t.Errorf("the grant as the API has it: %+v; want recurring, rollover max 50, made by operator, expiring at %s", g, wantExpiry)
+	}
+
+	// A check burns 102 of it: the view shows 38 left.
+	if _, err := p.client.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{Endpoint: "/v1/chat", Cost: 102,
+		Subjects: []*quotaflowv1.Subject{{Dimension: quotaflowv1.Dimension_DIMENSION_USER, Identifier: user}}})); err != nil {
+		t.Fatal(err)
+	}
+	within(t, ctx, 20*time.Second, "the balance after a check", chromedp.Click(chromedp.CSS(`#subject-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(box+` tr[data-grant][data-remaining="38"]`)))
+	if got, want := lineOf(), line(38, 102); got != want {
+		t.Errorf("the balance after a check of 102: %q, want %q", got, want)
+	}
+	if bad, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](consoleBadCells)); err != nil || len(bad) > 0 {
+		t.Errorf("the subject view: cells blank, with a number without separators or a Go duration: %q (%v)", bad, err)
+	}
+	if over, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](consoleOverflows)); err != nil || len(over) > 0 {
+		t.Errorf("the subject view at 1,280 px: tables wider than their box: %q (%v)", over, err)
+	}
+	shot("balances-1280")
+
+	// On a phone a grant's left, amount and state are in sight.
+	within(t, ctx, 20*time.Second, "the balances on a phone", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.url+"/console/#live"),
+		chromedp.Navigate(p.url+"/console/#subject/user:"+user), chromedp.WaitVisible(chromedp.CSS(box+` tr[data-grant]`)))
+	shown, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](fmt.Sprintf(`(() => {
+		const table = document.querySelector(%q), box = table.parentElement.getBoundingClientRect();
+		return [...table.querySelectorAll("thead th")].filter((th) => {
+			const r = th.getBoundingClientRect();
+			return th.offsetParent !== null && r.width > 0 && r.left >= box.left && r.right <= box.right + 0.5;
+		}).map((th) => th.innerText.trim());
+	})()`, box+" table")))
+	if err != nil || !slices.Contains(shown, "left") || !slices.Contains(shown, "amount") || !slices.Contains(shown, "state") || slices.Contains(shown, "reason") {
+		t.Errorf("the grants at 390 px show %q (%v); want left, amount and state, not the reason", shown, err)
+	}
+	shot("balances-390")
+	poll.Until(t, 5*time.Second, "no horizontal scroll at 390 px", pageTrue(ctx, `document.documentElement.scrollWidth <= window.innerWidth`))
+
+	// Void: the grant reads voided, without its button; nothing is left.
+	within(t, ctx, 20*time.Second, "void the grant", chromedp.EmulateViewport(1280, 900), chromedp.Click(chromedp.CSS(box+` button[data-void]`)),
+		chromedp.WaitVisible(chromedp.CSS(box+` tr[data-grant][data-state="voided"]`)))
+	if got := row(); got["state"] != "voided" || got["left"] != "38" || got[""] != "—" {
+		t.Errorf("the voided grant: %v; want voided, 38 left when voided, no Void button", got)
+	}
+	if got, want := lineOf(), line(0, 102); got != want {
+		t.Errorf("the balance after the void: %q, want %q", got, want)
+	}
+	if b := balance(); len(b.Grants) != 1 || b.Grants[0].VoidedAt.IsZero() {
+		t.Errorf("the grant as the API has it after the void: %+v, want voided", b.Grants)
+	}
+
+	// A checker whose ClickHouse is unreachable: the endpoint is listed, the delivery log says
+	// why it is not; a read token sees the balance, and its grant is refused with the API's words.
+	blind := startChecker(t, "consolebalances-blind", ns.URL, t.TempDir(), func(c *daemon.CheckerConfig) {
+		c.RulesFile, c.Redis = writeFile(t, "rules.yaml", balanceRules), redisDB(t, 13)
+		c.AuditClickHouseDSN = "clickhouse://127.0.0.1:1/" + db
+		c.Admin.Tokens = map[string]admin.Token{readToken: {Name: "analyst", Role: admin.RoleRead}}
+	})
+	within(t, ctx, 30*time.Second, "sign in to the checker without ClickHouse",
+		chromedp.Navigate(blind.url+"/console/#webhooks/billing"), chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), readToken), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#webhooks tr[data-id="billing"]`)))
+	poll.Until(t, 30*time.Second, "the delivery log's message", pageTrue(ctx, `(document.querySelector("#deliveries tbody td.error") || {textContent: ""}).textContent.length > 0`))
+	within(t, ctx, 20*time.Second, "the balance on a read token", chromedp.Navigate(blind.url+"/console/#subject/user:"+user),
+		chromedp.WaitVisible(chromedp.CSS(box+` tr[data-grant][data-state="voided"]`)),
+		chromedp.SendKeys(chromedp.CSS(form+` [name="amount"]`), "10"),
+		chromedp.SendKeys(chromedp.CSS(form+` [name="reason"]`), "read token"),
+		chromedp.Click(chromedp.CSS(form+` button[type="submit"]`)))
+	poll.Until(t, 10*time.Second, "the read token's refusal beside the form", pageTrue(ctx, fmt.Sprintf(`document.querySelector(%q).textContent.includes("is read-only")`, box+" > p.error")))
+	for _, proc := range []*checkerProc{p, blind} {
+		if strings.Contains(proc.log.String(), "panic") {
+			t.Errorf("a checker logged a panic:\n%s", proc.log)
+		}
+	}
+}

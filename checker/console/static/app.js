@@ -95,7 +95,11 @@ const clip = (text) => el("span", { class: "clip", title: String(text ?? "") }, 
 const ruleID = (id) => el("span", { class: "id", title: String(id ?? "") },
   ...(id ? String(id).split(/(?<=[._-])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part])) : [NONE]));
 const time = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
-const when = (t) => new Date(t).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hour12: false });
+// when shows an instant's year only when it is not this one: a grant may expire years ahead.
+const when = (t) => {
+  const d = new Date(t);
+  return d.toLocaleString([], { year: d.getFullYear() === new Date().getFullYear() ? undefined : "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hour12: false });
+};
 
 // Banners: one per missing part, the rest of the console working.
 const problems = new Map();
@@ -297,6 +301,7 @@ async function subject(s, endpoint) {
     const mine = os.filter((o) => o.dimension === dimName && o.identifier === id || o.tier && o.tier === $("#subject-tier").textContent.slice(5));
     $("#subject-overrides").replaceChildren(...(mine.length ? mine.map(overrideItem) : [el("li", { class: "none" }, "none")]));
   }).catch((e) => $("#subject-overrides").replaceChildren(el("li", { class: "error" }, e.message)));
+  balances(dimName, id);
   billing();
   call("GET", `/subjects/${encodeURIComponent(s)}/decisions?n=50`).then((ds) => fill($("#subject-decisions"), ds.map((d) =>
     el("tr", {}, el("td", {}, time(d.at)),
@@ -304,6 +309,119 @@ async function subject(s, endpoint) {
         d.degraded ? (d.allowed ? "allowed (fail mode)" : "denied (fail mode)") : d.allowed ? (d.delay_ms ? `allowed after ${num(d.delay_ms)} ms` : "allowed") : "denied"),
       el("td", { class: "minor" }, opt(d.endpoint)), el("td", {}, d.rule ? ruleID(d.rule) : "none"), el("td", { class: "num" }, d.rule ? `${num(d.remaining)} of ${num(d.limit)}` : NONE)))))
     .catch((e) => fill($("#subject-decisions"), [el("tr", {}, el("td", { class: "error", colSpan: 5 }, e.message))]));
+}
+
+// ---- Balances: the entitlements held per the subject's dimension (the rules document names
+// them; the balances live apart from it), each its balance, its grants and a form to grant more.
+async function balances(dim, id) {
+  const box = $("#subject-balances");
+  try {
+    const { entitlements = [] } = await call("GET", "/rules");
+    const mine = entitlements.filter((e) => e.dimension === dim);
+    box.replaceChildren(...(mine.length ? mine.map((e) => entitlement(e, id)) : [el("p", { class: "none" }, "none")]));
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "error" }, "Entitlements: " + e.message));
+  }
+}
+
+// The grants' columns: left, amount and state come first, as a phone shows them; the minor ones
+// are hidden there.
+const grantColumns = [["id"], ["left", "num"], ["amount", "num"], ["state"], ["priority", "num minor"], ["expires", "minor"],
+  ["recurs", "minor"], ["reason", "minor"], [""]];
+
+// entitlement is one entitlement's box: its balance line, its grants and the grant form, the
+// balance loaded into it.
+function entitlement(e, id) {
+  const table = el("table", { class: "grants" }, el("thead", {}, el("tr", {}, ...grantColumns.map(([h, c]) => el("th", c ? { class: c } : {}, h)))), el("tbody"));
+  const box = el("div", { class: "entitlement", "data-entitlement": e.id },
+    el("p", { class: "balance" }, el("strong", {}, e.id), ": …"), el("div", { class: "scroll" }, table), grantForm(e, id), el("p", { class: "error" }));
+  call("GET", `/grants?entitlement=${encodeURIComponent(e.id)}&subject=${encodeURIComponent(id)}`)
+    .then((b) => showBalance(box, e, id, b))
+    .catch((x) => $(".balance", box).replaceChildren(el("strong", {}, e.id), ": ", el("span", { class: "error" }, x.message)));
+  return box;
+}
+
+// day is the date of an instant as the API writes it, in the entitlement's time zone: a
+// period's bounds are its midnights.
+const day = (t) => String(t).slice(0, 10);
+
+function showBalance(box, e, id, b) {
+  const line = $(".balance", box);
+  line.dataset.remaining = b.remaining;
+  line.replaceChildren(el("strong", {}, e.id), `: ${num(b.remaining)} left · ${num(b.used)} used · ${num(b.overage)} overage · period ${day(b.period_start)} – ${day(b.period_end)} `,
+    el("span", { class: "tag" }, `${e.mode || "hard"} · every ${dur(e.period)}`));
+  fill($("table", box), b.grants.map((g) => grantRow(box, e, id, g)));
+}
+
+// grantState is what a grant is now: live (it counts), spent (nothing left), voided, or not in
+// force (not started yet, or expired).
+function grantState(g) {
+  if (g.voided_at) return "voided";
+  if (g.live) return "live";
+  return g.remaining ? "not in force" : "spent";
+}
+
+function grantRow(box, e, id, g) {
+  const state = grantState(g);
+  const recurs = !g.recurring ? "once" : `every ${dur(e.period)}` + (!g.rollover ? "" :
+    `, rolls over ${g.rollover.min ? num(g.rollover.min) + "–" : "up to "}${num(g.rollover.max)}`);
+  return el("tr", { "data-grant": g.id, "data-state": state, "data-remaining": g.remaining },
+    el("td", {}, clip(g.id)), el("td", { class: "num" }, num(g.remaining)), el("td", { class: "num" }, num(g.amount)),
+    el("td", { class: "state " + ({ live: "allowed-text", voided: "denied-text", "not in force": "delayed-text" }[state] || ""),
+      title: g.voided_at ? "voided " + when(g.voided_at) : "" }, state),
+    el("td", { class: "num minor" }, num(g.priority)), el("td", { class: "minor" }, g.expires_at ? when(g.expires_at) : "never"),
+    el("td", { class: "minor" }, recurs), el("td", { class: "wrap minor" }, opt(g.reason)),
+    el("td", {}, state === "live" ? el("button", { type: "button", class: "delete", "data-void": g.id, onclick: () => voidGrant(box, e, id, g.id) }, "Void") : NONE));
+}
+
+function grantForm(e, id) {
+  const form = el("form", { class: "filters grant-form" },
+    el("input", { name: "amount", type: "number", min: 1, required: true, placeholder: "amount" }),
+    el("label", { title: "1 is burned first" }, "priority", el("input", { name: "priority", type: "number", min: 1, defaultValue: 1, class: "short" })),
+    el("input", { name: "expires", placeholder: "expires 2026-12-31 18:00", title: "optional: when it stops counting, in this browser's time; empty: never" }),
+    el("label", {}, el("input", { name: "recurring", type: "checkbox" }), "recurring"),
+    el("input", { name: "rollover", type: "number", min: 0, placeholder: "rollover max (optional)" }),
+    el("input", { name: "reason", placeholder: "reason", required: true }),
+    el("button", { type: "submit", class: "write" }, "Grant"));
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); makeGrant(form, e, id); });
+  return form;
+}
+
+// localTime reads "2026-12-31 18:00" (a date alone: its midnight) in this browser's time zone,
+// as people type a time, and answers it in RFC 3339 as the API reads one.
+function localTime(s) {
+  const m = /^(\d{4}-\d{2}-\d{2})(?:[ T](\d{2}:\d{2}))?$/.exec(s.trim());
+  const t = m && new Date(`${m[1]}T${m[2] || "00:00"}`);
+  if (!t || isNaN(t)) throw new Error(`expires: "${s}" is not a time as 2026-12-31 18:00`);
+  return t.toISOString();
+}
+
+async function makeGrant(form, e, id) {
+  const f = new FormData(form), error = form.nextElementSibling;
+  const body = { entitlement: e.id, subject: id, amount: Number(f.get("amount")), recurring: f.get("recurring") === "on", reason: f.get("reason") };
+  if (f.get("priority")) body.priority = Number(f.get("priority"));
+  // Rollover is sent whenever it is filled in: the API says when a grant cannot have one.
+  if (f.get("rollover")) body.rollover = { min: 0, max: Number(f.get("rollover")) };
+  try {
+    if (f.get("expires")) body.expires_at = localTime(f.get("expires"));
+    const r = await call("POST", "/grants", body);
+    error.textContent = "";
+    form.reset();
+    showBalance(form.parentElement, e, id, r.balance);
+  } catch (x) {
+    error.textContent = x.message;
+  }
+}
+
+async function voidGrant(box, e, id, grant) {
+  const error = box.lastElementChild;
+  try {
+    const r = await call("POST", `/grants/${encodeURIComponent(grant)}/void`, { entitlement: e.id, subject: id });
+    error.textContent = "";
+    showBalance(box, e, id, r.balance);
+  } catch (x) {
+    error.textContent = x.message;
+  }
 }
 
 function overrideItem(o) {
@@ -410,8 +528,40 @@ async function rulesView() {
   }
 }
 
-// ---- Navigation: one view at a time, from the location's hash (#usage, #subject/user:alice).
-const views = { live: () => {}, usage, subject: () => {}, overrides, rules: rulesView };
+// ---- Webhooks: the endpoints entitlement events are delivered to, and a chosen one's latest
+// deliveries (#webhooks/<id>). Endpoints are set with the CLI or the API, not here.
+async function webhooksView(chosen) {
+  try {
+    const { webhooks: ws } = await call("GET", "/webhooks");
+    fill($("#webhooks"), ws.map((w) => el("tr", { "data-id": w.id, "data-disabled": w.disabled ? "true" : "false", class: w.id === chosen ? "chosen" : "" },
+      el("td", {}, clip(w.id)), el("td", {}, clip(w.url)), el("td", { class: "wrap" }, (w.filter || []).join(", ") || "all events"),
+      el("td", { class: w.disabled ? "denied-text" : "allowed-text" }, w.disabled ? "disabled" : "enabled"),
+      el("td", { class: "minor" }, w.secret_hint),
+      el("td", {}, el("a", { href: `#webhooks/${encodeURIComponent(w.id)}` }, "deliveries")))));
+  } catch (e) {
+    fill($("#webhooks"), [el("tr", {}, el("td", { class: "error", colSpan: 6 }, e.message))]);
+  }
+  $("#deliveries-box").hidden = !chosen;
+  if (chosen) deliveries(chosen);
+}
+
+async function deliveries(id) {
+  $("#deliveries-of").textContent = "of " + id;
+  try {
+    const { deliveries: ds } = await call("GET", `/webhooks/${encodeURIComponent(id)}/deliveries?n=50`);
+    fill($("#deliveries"), (ds || []).map((d) => el("tr", { "data-message": d.message_id, "data-outcome": d.outcome },
+      el("td", {}, when(d.at)), el("td", { class: { delivered: "allowed-text", retry: "delayed-text" }[d.outcome] || "denied-text" }, d.outcome),
+      el("td", { class: "num" }, d.status ? String(d.status) : NONE), el("td", { class: "num minor" }, num(d.attempt)),
+      el("td", { class: "num minor" }, dur(d.duration_ms)), el("td", { class: "minor" }, d.next_ms ? "in " + dur(d.next_ms) : NONE),
+      el("td", { class: "minor" }, clip(d.message_id)), el("td", { class: "wrap" }, opt(d.error)))));
+  } catch (e) {
+    fill($("#deliveries"), [el("tr", {}, el("td", { class: "error", colSpan: 8 }, e.message))]);
+  }
+}
+
+// ---- Navigation: one view at a time, from the location's hash (#usage, #subject/user:alice,
+// #webhooks/billing).
+const views = { live: () => {}, usage, subject: () => {}, overrides, rules: rulesView, webhooks: webhooksView };
 function route() {
   const [name, arg] = (location.hash.slice(1) || "live").split("/");
   const view = views[name] ? name : "live";
@@ -420,7 +570,7 @@ function route() {
   if (view === "subject" && arg) {
     $("#subject-form").subject.value = decodeURIComponent(arg);
     subject(decodeURIComponent(arg), $("#subject-form").endpoint.value);
-  } else views[view]();
+  } else views[view](arg && decodeURIComponent(arg));
 }
 
 function signOut(message) {
