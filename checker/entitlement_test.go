@@ -318,3 +318,37 @@ func TestRecordUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseBurnsBalance: a check that takes a place in flight and burns a balance does both in
+// one store call: its lease's release frees the place and gives nothing of the balance back
+// (the call was made); a check denied its place burns nothing.
+func TestLeaseBurnsBalance(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Rules: mustRules(t, testRules+`  - {id: inflight, dimension: user, endpoint: /stream, algorithm: concurrency, limit: 1, window: 1m}
+entitlements:
+  - {id: tokens, dimension: user, endpoints: [/stream], period: 1mo}
+`), DisableOverLimitCache: true})
+	ctx := context.Background()
+	user := checkertest.ID(t, "u")
+	grantTo(t, e, "tokens", user, 10)
+	q := &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}}, Endpoint: "/stream", Cost: 3}
+	out, err := e.Check(ctx, q)
+	if err != nil || !out.Allowed || out.Lease == nil {
+		t.Fatalf("a check of /stream: %+v, %v; want allowed with a lease", out, err)
+	}
+	if again, err := e.Check(ctx, q); err != nil || again.Allowed {
+		t.Fatalf("a second check while the place is held: %+v, %v; want denied", again, err)
+	}
+	if left, _, _ := balanceOfT(t, e, "tokens", user); left != 7 {
+		t.Errorf("after a check and a denied one: %d left, want 7 (the denied one burned nothing)", left)
+	}
+	if err := e.Release(ctx, out.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left, _, _ := balanceOfT(t, e, "tokens", user); left != 7 {
+		t.Errorf("after the lease's release: %d left, want 7", left)
+	}
+	if again, err := e.Check(ctx, q); err != nil || !again.Allowed {
+		t.Fatalf("a check after the release: %+v, %v; want allowed", again, err)
+	}
+}
