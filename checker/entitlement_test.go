@@ -172,7 +172,8 @@ func TestCheckEntitlementErrors(t *testing.T) {
 }
 
 // TestBalanceExactUnderConcurrency: three engines, 64 checks in flight each, burn a balance of
-// 100 from two grants: exactly 100 units are admitted and burned, never one more.
+// 100 from two grants: a hard one admits exactly 100 units, never one more; a soft one with an
+// overage cap of 5 exactly 105, 5 of them overage.
 func TestBalanceExactUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	set := mustRules(t, burnRules)
@@ -180,32 +181,41 @@ func TestBalanceExactUnderConcurrency(t *testing.T) {
 	for i := range engines {
 		engines[i] = newEngine(t, Config{Rules: set})
 	}
-	user := checkertest.ID(t, "u")
-	grantTo(t, engines[0], "tokens", user, 60)
-	grantTo(t, engines[1], "tokens", user, 40)
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for _, e := range engines {
-		for range 64 {
-			wg.Go(func() {
-				for range 3 {
-					out, err := e.Check(context.Background(), &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}},
-						Endpoint: "/other", Entitlement: "tokens"})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if out.Allowed {
-						admitted.Add(1)
-					}
+	for _, tt := range []struct {
+		entitlement string
+		admitted    int64
+		overage     int64
+	}{{"tokens", 100, 0}, {"credits", 105, 5}} {
+		t.Run(tt.entitlement, func(t *testing.T) {
+			user := checkertest.ID(t, "u")
+			grantTo(t, engines[0], tt.entitlement, user, 60)
+			grantTo(t, engines[1], tt.entitlement, user, 40)
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, e := range engines {
+				for range 64 {
+					wg.Go(func() {
+						for range 3 {
+							out, err := e.Check(context.Background(), &Query{Subjects: []Subject{{Dimension: rules.DimensionUser, ID: user}},
+								Endpoint: "/other", Entitlement: tt.entitlement})
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if out.Allowed {
+								admitted.Add(1)
+							}
+						}
+					})
 				}
-			})
-		}
-	}
-	wg.Wait()
-	left, used, _ := balanceOfT(t, engines[2], "tokens", user)
-	if admitted.Load() != 100 || left != 0 || used != 100 {
-		t.Errorf("%d admitted, %d left, %d used; want exactly 100, 0, 100", admitted.Load(), left, used)
+			}
+			wg.Wait()
+			left, used, over := balanceOfT(t, engines[2], tt.entitlement, user)
+			if admitted.Load() != tt.admitted || left != 0 || used != tt.admitted || over != tt.overage {
+				t.Errorf("%d admitted, %d left, %d used, %d over; want exactly %d, 0, %d, %d", admitted.Load(), left, used, over,
+					tt.admitted, tt.admitted, tt.overage)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -43,7 +44,9 @@ func TestEntitlementPipeline(t *testing.T) {
 	var got []events.EntitlementEvent
 	var refused []string
 	secret, _ := webhook.NewSecret()
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The receiver is down when the event is first sent (its port refuses connections) and up
+	// from the second attempt on, the retry schedule's 5 s later.
+	hook := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		defer mu.Unlock()
@@ -56,8 +59,9 @@ func TestEntitlementPipeline(t *testing.T) {
 		_ = json.Unmarshal(body, &ev)
 		got = append(got, ev)
 	}))
+	hookAddr := freeAddr(t)
+	hookURL := &url.URL{Scheme: "http", Host: hookAddr}
 	defer hook.Close()
-	hookURL, _ := url.Parse(hook.URL)
 
 	dir := t.TempDir()
 	rulesPath := filepath.Join(dir, "rules.yaml")
@@ -69,7 +73,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	addr := freeAddr(t)
 	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--admin-token", "tok",
 		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
-		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "1", "--flush-interval", "100ms", "--webhook-allow-hosts", hookURL.Host}
+		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "1", "--flush-interval", "100ms", "--webhook-allow-hosts", hookAddr}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logMu sync.Mutex
@@ -101,7 +105,7 @@ func TestEntitlementPipeline(t *testing.T) {
 			return resp.StatusCode, string(b)
 		}
 	}
-	if code, body := admin("PUT", "/api/v1/webhooks/billing", `{"url":"`+hook.URL+`/quota","secret":"`+secret.Text()+`"}`); code != 201 {
+	if code, body := admin("PUT", "/api/v1/webhooks/billing", `{"url":"`+hookURL.String()+`/quota","secret":"`+secret.Text()+`"}`); code != 201 {
 		t.Fatalf("PUT webhook: %d %s", code, body)
 	}
 	code, body := admin("POST", "/api/v1/grants", `{"id":"plan","entitlement":"llm-tokens","subject":"`+alice+`","amount":100,"reason":"pro plan"}`)
@@ -109,22 +113,52 @@ func TestEntitlementPipeline(t *testing.T) {
 		t.Fatalf("POST grant: %d %s", code, body)
 	}
 	client := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, "http://"+addr)
-	var remaining []int64
-	for range 3 {
-		resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
-			Identifier: alice, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: 30}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range resp.Msg.Limits {
-			if l.RuleId == "llm-tokens" {
-				remaining = append(remaining, l.Remaining)
+	// Nine checks of 10 at once: the one that brings the period's usage to 50 of 100 crosses
+	// the threshold, and only it tells.
+	var wg sync.WaitGroup
+	var crossed sync.Map
+	for range 9 {
+		wg.Go(func() {
+			resp, err := client.CheckRateLimit(ctx, connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+				Identifier: alice, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: 10}))
+			if err != nil || !resp.Msg.Allowed {
+				t.Errorf("a check of 10: %v, %v", resp, err)
+				return
 			}
+			for _, l := range resp.Msg.Limits {
+				if l.RuleId == "llm-tokens" && len(l.Told) > 0 {
+					crossed.Store(resp.Msg.DecisionId, l.CurrentCount)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tellers := 0
+	crossed.Range(func(_, used any) bool {
+		tellers++
+		if used.(int64) != 50 {
+			t.Errorf("the crossing check left %d used, want 50", used)
 		}
+		return true
+	})
+	if tellers != 1 {
+		t.Fatalf("%d checks told the crossing, want 1", tellers)
 	}
-	if fmt.Sprint(remaining) != "[70 40 10]" {
-		t.Fatalf("the balance after each check of 30: %v, want [70 40 10]", remaining)
+	// The first attempt, refused, is in the delivery log before the receiver comes up.
+	var log string
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(log, `"outcome":"retry"`); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refused first attempt in the delivery log: %s", log)
+		}
+		_, log = admin("GET", "/api/v1/webhooks/billing/deliveries", "")
 	}
+	ln, err := net.Listen("tcp", hookAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook.Listener.Close()
+	hook.Listener = ln
+	hook.Start()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		mu.Lock()
@@ -138,8 +172,8 @@ func TestEntitlementPipeline(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // a duplicate would come meanwhile
 	mu.Lock()
 	if len(got) != 1 || got[0].Kind != events.EntitlementUsedPercent || got[0].Threshold != 50 || got[0].Subject != alice ||
-		got[0].Used != 60 || got[0].Remaining != 40 || len(refused) > 0 {
-		t.Errorf("webhooks %+v (refused %v); want one: used_percent 50 of alice's llm-tokens, at 60 used", got, refused)
+		got[0].Used != 50 || got[0].Remaining != 50 || len(refused) > 0 {
+		t.Errorf("webhooks %+v (refused %v); want one: used_percent 50 of alice's llm-tokens, at 50 used", got, refused)
 	}
 	mu.Unlock()
 	ledgerMatches(t, ctx, client, admin, alice)
@@ -159,8 +193,9 @@ func TestEntitlementPipeline(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(body, `"outcome":"delivered"`) && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		_, body = admin("GET", "/api/v1/webhooks/billing/deliveries", "")
 	}
-	if !strings.Contains(body, `"outcome":"delivered"`) || !strings.Contains(body, `"status":200`) {
-		t.Errorf("the delivery log: %s, want the delivery", body)
+	if !strings.Contains(body, `"outcome":"delivered"`) || !strings.Contains(body, `"status":200`) || !strings.Contains(body, `"attempt":2`) ||
+		!strings.Contains(body, `"outcome":"retry"`) {
+		t.Errorf("the delivery log: %s, want the refused first attempt and the second, delivered", body)
 	}
 	cancel()
 	select {
