@@ -27,6 +27,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&cfg.Keys, "keys", 10000, fmt.Sprintf("number of distinct subjects (at most %d)", loadgen.MaxKeys))
 	fs.StringVar((*string)(&cfg.Distribution), "distribution", "uniform", "how checks pick their subject, a `distribution`: uniform; zipf (Zipf s=1.1: subject n is picked in proportion to 1/(n+1)^1.1); hot (90% of checks go to 1% of the subjects)")
 	fs.StringVar(&cfg.Endpoint, "endpoint", "/api/v1/orders", "`path` every check names as its endpoint")
+	fs.StringVar(&cfg.Entitlement, "entitlement", "", "an entitlement's `id` every check names, whose balance it burns (connect, grpc)")
 	fs.StringVar((*string)(&cfg.Dimension), "dimension", "user", "`dimension` of the subjects: user, ip or apikey")
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "bench-", "subject identifiers are this `prefix` and a number")
 	fs.StringVar(&cfg.Domain, "domain", "quotaflow", "RLS `domain` (--protocol rls)")

@@ -29,6 +29,9 @@ const benchCmdRules = `rules:
 - {id: bench-big-key, dimension: apikey, endpoint: /big, algorithm: sliding_window_counter, limit: 1000000000, window: 1m}
 - {id: bench-tiny, dimension: user, endpoint: /tiny, algorithm: fixed_window, limit: 2, window: 1h}
 - {id: bench-closed, dimension: user, endpoint: /closed, algorithm: fixed_window, limit: 1000000000, window: 1s, fail_mode: closed}
+entitlements:
+- {id: bench-soft, dimension: user, period: 1mo, mode: soft}
+- {id: bench-hard, dimension: user, period: 1mo}
 `
 
 // runBenchCmd runs `quotaflow bench args...`.
@@ -163,6 +166,29 @@ func TestBenchTinyLimit(t *testing.T) {
 				t.Errorf("allowed %d, denied %d: want %d to %d allowed (2 × 5 subjects per hour's window) and the rest denied", rep.Allowed, rep.Denied, lo, hi)
 			}
 		})
+	}
+}
+
+// TestBenchEntitlement: --entitlement names the entitlement every check burns: a soft one
+// without grants allows every check (its overage), a hard one without grants denies them all;
+// over RLS it is refused, naming the flag.
+func TestBenchEntitlement(t *testing.T) {
+	t.Parallel()
+	url := startBenchTarget(t)
+	for _, tt := range []struct {
+		protocol, entitlement string
+		allowed               bool
+	}{{"grpc", "bench-soft", true}, {"connect", "bench-hard", false}} {
+		rep, _ := bench(t, "--target", url, "--protocol", tt.protocol, "--duration", "500ms", "--concurrency", "2", "--endpoint", "/big",
+			"--key-prefix", fmt.Sprintf("ent-%d-", time.Now().UnixNano()), "--entitlement", tt.entitlement)
+		checkReport(t, rep)
+		if (tt.allowed && rep.Denied != 0) || (!tt.allowed && rep.Allowed != 0) {
+			t.Errorf("%s over %s: allowed %d, denied %d; want all allowed = %v", tt.entitlement, tt.protocol, rep.Allowed, rep.Denied, tt.allowed)
+		}
+	}
+	_, stderr, code := runCmd(context.Background(), []string{"bench", "--target", url, "--protocol", "rls", "--entitlement", "bench-soft"}, nil)
+	if code != 2 || !strings.Contains(stderr, "--entitlement") {
+		t.Errorf("--entitlement over rls: exit %d, %q; want 2 naming the flag", code, stderr)
 	}
 }
 

@@ -100,6 +100,9 @@ type Config struct {
 	Distribution Distribution
 	// Endpoint is the path every check names; empty means /api/v1/orders.
 	Endpoint string
+	// Entitlement is the entitlement every check names, whose balance it burns (connect and
+	// grpc); empty for none.
+	Entitlement string
 	// Dimension is what the subjects are; empty means DimensionUser.
 	Dimension Dimension
 	// KeyPrefix comes before each subject's number in its identifier. Empty is a valid
@@ -192,6 +195,8 @@ func (c *Config) validate(strict bool) error {
 		return configErrorf("Keys", "want 1 to %d, got %d", MaxKeys, c.Keys)
 	case !strings.HasPrefix(c.Endpoint, "/"):
 		return configErrorf("Endpoint", "want a path starting with /, got %q", c.Endpoint)
+	case c.Entitlement != "" && c.Protocol != ProtocolConnect && c.Protocol != ProtocolGRPC:
+		return configErrorf("Entitlement", "checks name an entitlement over connect or grpc, not %s", c.Protocol)
 	case c.Distribution != DistributionUniform && c.Distribution != DistributionZipf && c.Distribution != DistributionHot:
 		return configErrorf("Distribution", "want uniform, zipf or hot, got %q", c.Distribution)
 	}

@@ -89,10 +89,10 @@ func batchCounts(results []*quotaflowv1.CheckRateLimitsResult, want int) (a answ
 
 // batchRequest is a CheckRateLimits request of n checks of dim on endpoint, whose identifiers
 // fill sets before each call.
-func batchRequest(dim quotaflowv1.Dimension, endpoint string, n int) (req *quotaflowv1.CheckRateLimitsRequest, fill func(ids []string)) {
+func batchRequest(dim quotaflowv1.Dimension, endpoint, entitlement string, n int) (req *quotaflowv1.CheckRateLimitsRequest, fill func(ids []string)) {
 	req = &quotaflowv1.CheckRateLimitsRequest{Checks: make([]*quotaflowv1.CheckRateLimitRequest, n)}
 	for i := range req.Checks {
-		req.Checks[i] = &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: endpoint}
+		req.Checks[i] = &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: endpoint, Entitlement: entitlement}
 	}
 	return req, func(ids []string) {
 		for i, id := range ids {
@@ -147,7 +147,7 @@ func connectTarget(cfg *Config) (newCall func() call, closeFn func(), err error)
 	dim := dimensions[cfg.Dimension].dim
 	return func() call {
 		if cfg.Batch > 1 {
-			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Batch)
+			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Entitlement, cfg.Batch)
 			return func(ctx context.Context, ids []string) (answers, error) {
 				fill(ids)
 				resp, err := rpc.CheckRateLimits(ctx, connect.NewRequest(req))
@@ -157,7 +157,7 @@ func connectTarget(cfg *Config) (newCall func() call, closeFn func(), err error)
 				return batchCounts(resp.Msg.Results, len(ids))
 			}
 		}
-		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint}
+		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint, Entitlement: cfg.Entitlement}
 		return single(func(ctx context.Context, id string) (bool, bool, error) {
 			msg.Identifier = id
 			resp, err := rpc.CheckRateLimit(ctx, connect.NewRequest(msg))
@@ -192,7 +192,7 @@ func grpcCalls(cfg *Config, rpc quotaflowv1.RateLimiterClient) func() call {
 	dim := dimensions[cfg.Dimension].dim
 	return func() call {
 		if cfg.Batch > 1 {
-			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Batch)
+			req, fill := batchRequest(dim, cfg.Endpoint, cfg.Entitlement, cfg.Batch)
 			return func(ctx context.Context, ids []string) (answers, error) {
 				fill(ids)
 				resp, err := rpc.CheckRateLimits(ctx, req)
@@ -202,7 +202,7 @@ func grpcCalls(cfg *Config, rpc quotaflowv1.RateLimiterClient) func() call {
 				return batchCounts(resp.Results, len(ids))
 			}
 		}
-		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint}
+		msg := &quotaflowv1.CheckRateLimitRequest{Dimension: dim, Endpoint: cfg.Endpoint, Entitlement: cfg.Entitlement}
 		return single(func(ctx context.Context, id string) (bool, bool, error) {
 			msg.Identifier = id
 			resp, err := rpc.CheckRateLimit(ctx, msg)
