@@ -39,7 +39,7 @@ func program() cli.Program {
 		{Name: "release", Summary: "release (or renew) a concurrency lease an allowed check printed", Run: runRelease},
 		{Name: "status", Summary: "one screen: every process's view of Redis, NATS and ClickHouse, lag, overrides, fail modes", Run: runStatus},
 		{Name: "top", Summary: "a live terminal view of the busiest subjects and the current throttles", Run: runTop},
-		{Name: "watch", Summary: "print a live stream: quotaflow watch decisions|warnings|overrides|config", Run: runWatch},
+		{Name: "watch", Summary: "print a live stream: quotaflow watch decisions|warnings|overrides|config|entitlements", Run: runWatch},
 		{Name: "bench", Summary: "put load on a checker and report checks/s and latency percentiles", Run: runBench},
 		{Name: "rules", Summary: "list, get, apply -f or delete the rules of the rule store (admin API)", Run: rulesGroup.Run},
 		{Name: "override", Summary: "set, list or delete temporary limit overrides (admin API)", Run: overrideGroup.Run},

@@ -272,7 +272,7 @@ func TestCommandHelp(t *testing.T) {
 		{[]string{"serve", "--help"}, []string{"empty: serve starts an embedded NATS server"}, []string{"decisions are not published", "required without --nats-url"}},
 		{[]string{"checker", "--help"}, []string{"empty: decisions are not published"}, nil},
 		// Every target, whichever one's help.
-		{[]string{"watch", "--help"}, []string{"watch [decisions|warnings|overrides|config]", "\n  warnings ", "\n  overrides ", "\n  config ", "one line per decision"}, nil},
+		{[]string{"watch", "--help"}, []string{"watch [decisions|warnings|overrides|config|entitlements]", "\n  warnings ", "\n  overrides ", "\n  config ", "one line per decision"}, nil},
 		{[]string{"help", "watch"}, []string{"\n  warnings ", "\n  config "}, nil},
 		{[]string{"watch", "config", "--help"}, []string{"\n  decisions ", "one line each: time, action, rule or\nuser", "many configuration changes"}, nil},
 	}

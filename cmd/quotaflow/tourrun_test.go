@@ -83,6 +83,8 @@ var tourVarying = []struct {
 	{regexp.MustCompile(`retry after [0-9hms.]+`), "retry after <wait>"},
 	{regexp.MustCompile(`(?i)(retry-after: |"retry_after":|;t=|x-ratelimit-reset: |"reset_at":|content-length: )\d+`), "$1<n>"},
 	{regexp.MustCompile(`(?m)^Date: .*$`), "Date: <date>"},
+	{regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}\b`), "<date>"},
+	{regexp.MustCompile(`whsec_(…)?[A-Za-z0-9+/=]+`), "whsec_<secret>"},
 	{regexp.MustCompile(`\b1[7-9]\d{8}\b`), "<unix>"},
 }
 
@@ -141,7 +143,7 @@ func startTourStack(t *testing.T) *tourStack {
 		"QUOTAFLOW_CLICKHOUSE_DSN": chSrv.DSN(s.db), "QUOTAFLOW_REDIS_URL": redisSrv.URL(40),
 		"QUOTAFLOW_RULES": rulesPath, "QUOTAFLOW_LISTEN": s.addr, "QUOTAFLOW_TRUSTED_PROXIES": "127.0.0.1/32,::1/128",
 		"QUOTAFLOW_NATS_LISTEN": proctest.Addr(ports[1]), "QUOTAFLOW_NATS_DIR": filepath.Join(s.dir, ".dev", "nats"),
-		"QUOTAFLOW_SPOOL_DIR": filepath.Join(s.dir, ".dev", "spool"),
+		"QUOTAFLOW_SPOOL_DIR": filepath.Join(s.dir, ".dev", "spool"), "QUOTAFLOW_WEBHOOK_ALLOW_HOSTS": "127.0.0.1,localhost",
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -109,7 +109,7 @@ func TestWatchAndAggregatorUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown stream", []string{"watch", "alerts"}, "want `quotaflow watch decisions|warnings|overrides`"},
+		{"unknown stream", []string{"watch", "alerts"}, "want `quotaflow watch decisions|warnings|overrides|config|entitlements`"},
 		{"negative grace", []string{"aggregator", "--warning-grace", "-1s"}, "--warning-grace"},
 		{"warnings help", []string{"watch", "warnings", "--help"}, "quotaflow.warnings.>"},
 	} {

@@ -27,7 +27,7 @@ func runWatch(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	if k == nil {
-		return cli.Usagef("watch: want `quotaflow watch decisions|warnings|overrides` or `quotaflow watch config`, got %q", name)
+		return cli.Usagef("watch: want `quotaflow watch %s`, got %q", strings.Join(names, "|"), name)
 	}
 	// Every kind is listed, whichever one's help is asked for: quotaflow watch --help is the
 	// help of the default, decisions.

@@ -97,6 +97,8 @@ export QUOTAFLOW_TRUSTED_PROXIES="${QUOTAFLOW_TRUSTED_PROXIES:-127.0.0.1/32,::1/
 export QUOTAFLOW_NATS_LISTEN="$NATS_LISTEN"
 export QUOTAFLOW_NATS_DIR="$DEV_DIR/nats"
 export QUOTAFLOW_SPOOL_DIR="$DEV_DIR/spool"
+# Webhook endpoints on this machine (a receiver under development) are allowed in dev only.
+export QUOTAFLOW_WEBHOOK_ALLOW_HOSTS="${QUOTAFLOW_WEBHOOK_ALLOW_HOSTS:-127.0.0.1,localhost}"
 ADMIN_TOKEN="${QUOTAFLOW_ADMIN_TOKEN:-dev-admin-token}"
 ./bin/quotaflow serve --admin-token "$ADMIN_TOKEN" &
 serve=$!

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/quotaflow/quotaflow/internal/field"
 )
@@ -25,6 +26,11 @@ type Endpoint struct {
 	// Disabled pauses deliveries: the endpoint's consumer stays and its events wait in it,
 	// to be delivered once it is enabled again, unless the stream dropped them by then.
 	Disabled bool `json:"disabled,omitempty"`
+	// Since, when set, is when the endpoint was registered: its consumer, when a Dispatcher
+	// creates it, starts there rather than at SetEndpoints, so that the events published
+	// between the registration and a dispatcher's learning of it (a store watched from
+	// another process) reach it too. Zero: from SetEndpoints on.
+	Since time.Time `json:"since,omitzero"`
 }
 
 // Limits of an endpoint's fields.

@@ -25,9 +25,9 @@ type worker struct {
 	id string
 	// ep is the endpoint as last set: SetEndpoints swaps it while the loop runs.
 	ep atomic.Pointer[Endpoint]
-	// since is when the endpoint was set: a consumer created for it starts there, so that
-	// the events published after SetEndpoints returned reach it, however late the consumer
-	// is created (NATS down at the time).
+	// since is when the endpoint was set (or registered: Endpoint.Since): a consumer created
+	// for it starts there, so that the events published after that reach it, however late
+	// the consumer is created (NATS down at the time, the registration learned late).
 	since  time.Time
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -41,7 +41,11 @@ const startSlack = time.Second
 // start starts ep's loop.
 func (d *Dispatcher) start(ep Endpoint) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &worker{d: d, id: ep.ID, since: time.Now().Add(-startSlack), cancel: cancel, done: make(chan struct{})}
+	since := time.Now()
+	if !ep.Since.IsZero() && ep.Since.Before(since) {
+		since = ep.Since
+	}
+	w := &worker{d: d, id: ep.ID, since: since.Add(-startSlack), cancel: cancel, done: make(chan struct{})}
 	w.ep.Store(&ep)
 	go w.run(ctx)
 	return w

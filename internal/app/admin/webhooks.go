@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/quotaflow/quotaflow/checker/rules"
 	"github.com/quotaflow/quotaflow/internal/app/audit"
@@ -94,7 +95,7 @@ func (a *API) putWebhook(r *http.Request, c caller) (int, any, error) {
 	if err := decodeBody(r, &body); err != nil {
 		return 0, nil, err
 	}
-	ep := webhook.Endpoint{ID: r.PathValue("id"), URL: body.URL, Filter: body.Filter, Disabled: body.Disabled}
+	ep := webhook.Endpoint{ID: r.PathValue("id"), URL: body.URL, Filter: body.Filter, Disabled: body.Disabled, Since: time.Now()}
 	if body.Secret != "" {
 		var err error
 		if ep.Secret, err = webhook.ParseSecret(body.Secret); err != nil {
@@ -106,7 +107,7 @@ func (a *API) putWebhook(r *http.Request, c caller) (int, any, error) {
 		old, _, err := a.webhooks.Endpoint(r.Context(), ep.ID)
 		switch {
 		case err == nil:
-			ep.Secret = old.Secret
+			ep.Secret, ep.Since = old.Secret, old.Since
 		case errors.Is(err, rules.ErrNotFound):
 			if ep.Secret, err = webhook.NewSecret(); err != nil {
 				return 0, nil, err

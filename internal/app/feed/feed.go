@@ -53,6 +53,11 @@ QUOTAFLOW_EVENTS with an ephemeral ordered consumer, so it changes nothing on th
 user (and tier), actor and event id. Reads quotaflow.config.> of QUOTAFLOW_EVENTS with an
 ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream, []string{events.ConfigPrefix + ".>"}, "configuration change", "configuration changes",
 			printEvent[events.ConfigEvent]},
+		{"entitlements", "entitlement thresholds crossed (used %, balance below, a grant expiring)", `Prints the thresholds of entitlements that balances crossed, as they happen, one line each:
+time, entitlement, holder, the threshold, what is used and left, and the event id (the
+webhook-id its webhooks carry). Reads quotaflow.entitlements.> of QUOTAFLOW_EVENTS with an
+ephemeral ordered consumer, so it changes nothing on the server.`, events.Stream, []string{events.EntitlementsPrefix + ".>"}, "entitlement event", "entitlement events",
+			printEvent[events.EntitlementEvent]},
 	}
 }
 
