@@ -313,14 +313,19 @@ async function subject(s, endpoint) {
 
 // ---- Balances: the entitlements held per the subject's dimension (the rules document names
 // them; the balances live apart from it), each its balance, its grants and a form to grant more.
+// balancesDrawn counts the draws asked for: an answer that comes after a later draw was asked
+// is dropped, so that a slow answer never replaces the boxes a person is using.
+let balancesDrawn = 0;
 async function balances(dim, id) {
   const box = $("#subject-balances");
+  const draw = ++balancesDrawn;
   try {
     const { entitlements = [] } = await call("GET", "/rules");
+    if (draw !== balancesDrawn) return;
     const mine = entitlements.filter((e) => e.dimension === dim);
     box.replaceChildren(...(mine.length ? mine.map((e) => entitlement(e, id)) : [el("p", { class: "none" }, "none")]));
   } catch (e) {
-    box.replaceChildren(el("p", { class: "error" }, "Entitlements: " + e.message));
+    if (draw === balancesDrawn) box.replaceChildren(el("p", { class: "error" }, "Entitlements: " + e.message));
   }
 }
 
@@ -606,8 +611,10 @@ function start() {
   $("#usage-form").addEventListener("submit", (ev) => { ev.preventDefault(); usage(); });
   $("#subject-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    location.hash = "#subject/" + encodeURIComponent(ev.target.subject.value.trim());
-    route();
+    const hash = "#subject/" + encodeURIComponent(ev.target.subject.value.trim());
+    // A new hash routes through hashchange; the same one (a look again) routes here.
+    if (location.hash === hash) route();
+    else location.hash = hash;
   });
   $("#billing-form").addEventListener("submit", (ev) => { ev.preventDefault(); billing(); });
   $("#billing-csv").addEventListener("click", billingCSV);
