@@ -79,34 +79,10 @@ if op == 'use' then
     head = {'1', taken or '0', excess or '0', '', '', ''}
   else
     local now = clock_us()
-    local st, _, live, sum = bl_state(key, W, B, now)
-    local left, burned = amount, {}
-    for _, g in ipairs(live) do
-      if left == 0 then break end
-      local take = g[1]
-      if take > left then take = left end
-      g[1], g.dirty, left = g[1] - take, true, left - take
-      burned[#burned + 1] = g.id .. ':' .. us(take)
-    end
-    local excess = nonneg(left + st.o - (L - 1)) - nonneg(st.o - (L - 1))
-    st.u, st.o = st.u + amount, st.o + left
-    local told = bl_tell(st, floor(now / 1000), ARGV[8])
-    local args = {'p', us(st.p), 'u', us(st.u), 'o', us(st.o)}
-    for _, g in ipairs(st.grants) do
-      if g.dirty then
-        args[#args + 1] = 'g:' .. g.id
-        args[#args + 1] = bl_encode(g)
-      end
-    end
-    for _, t in ipairs(st.told or {}) do
-      args[#args + 1] = 'x:' .. t
-      args[#args + 1] = us(st.marks[t])
-    end
-    redis.call('HSET', key, unpack(args))
-    local del = bl_dropped(st)
-    if #del > 0 then
-      redis.call('HDEL', key, unpack(del))
-    end
+    local st, _, live = bl_state(key, W, B, now)
+    local o0 = st.o
+    local left, burned, told = bl_apply(key, st, live, amount, now, ARGV[8])
+    local excess = nonneg(left + o0 - (L - 1)) - nonneg(o0 - (L - 1))
     head = {'0', us(amount - left), us(excess), table.concat(told, ','),
       us(left) .. ',' .. table.concat(burned, ','), table.concat(st.moves or {}, ',')}
     redis.call('SET', KEYS[3], head[2] .. ' ' .. head[3], 'PX', ttl)

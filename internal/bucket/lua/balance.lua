@@ -48,7 +48,7 @@ local bl_eval, bl_commit, bl_refund, bl_charge
 -- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
 -- them.
 local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode, bl_tell, bl_untell
-local bl_dropped, bl_token
+local bl_dropped, bl_token, bl_apply
 if NEED_1 == '9' or NEED and NEED['9'] then
   -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
   -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
@@ -304,6 +304,29 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     return args
   end
 
+  -- bl_apply burns amount from st's live grants in burn order, the rest counted as overage,
+  -- tells spec's thresholds, and writes st to key: a charge's commit and a use (grant.lua)
+  -- alike. It returns the overage, what each grant gave ("<id>:<n>" in burn order) and what
+  -- it told.
+  function bl_apply(key, st, live, amount, now, spec)
+    local left, burned = amount, {}
+    for _, g in ipairs(live) do
+      if left == 0 then break end
+      local take = g[1]
+      if take > left then take = left end
+      g[1], g.dirty, left = g[1] - take, true, left - take
+      burned[#burned + 1] = g.id .. ':' .. us(take)
+    end
+    st.u, st.o = st.u + amount, st.o + left
+    local told = bl_tell(st, floor(now / 1000), spec)
+    redis.call('HSET', key, unpack(bl_fields(st)))
+    local del = bl_dropped(st)
+    if #del > 0 then
+      redis.call('HDEL', key, unpack(del))
+    end
+    return left, burned, told
+  end
+
   if MODE ~= '1' then
     function bl_commit(key, L, W, B, now, now_s, cost, Bs, st, _, _, spec)
       if not st then
@@ -311,22 +334,8 @@ if NEED_1 == '9' or NEED and NEED['9'] then
         -- descriptors', which no balance is.
         error({err = 'ERR bucket: a balance charged while denied'})
       end
-      local left, token = cost, {}
-      for _, g in ipairs(st.live) do
-        if left == 0 then break end
-        local take = g[1]
-        if take > left then take = left end
-        g[1], g.dirty, left = g[1] - take, true, left - take
-        token[#token + 1] = g.id .. ':' .. us(take)
-      end
-      st.u, st.o = st.u + cost, st.o + left
-      local told = bl_tell(st, floor(now / 1000), spec)
-      redis.call('HSET', key, unpack(bl_fields(st)))
-      local del = bl_dropped(st)
-      if #del > 0 then
-        redis.call('HDEL', key, unpack(del))
-      end
-      return bl_token(us(left) .. ',' .. table.concat(token, ','), told, st.moves)
+      local left, burned, told = bl_apply(key, st, st.live, cost, now, spec)
+      return bl_token(us(left) .. ',' .. table.concat(burned, ','), told, st.moves)
     end
   end
 
