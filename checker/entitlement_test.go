@@ -95,8 +95,8 @@ func TestCheckBurnsBalance(t *testing.T) {
 	out = check(Query{Subjects: subjects, Endpoint: "/other", Entitlement: "tokens", Cost: 7})
 	if bl := limitOf(out, "tokens"); !out.Allowed || bl.Result.Remaining != 0 || bl.State() != StateWarning {
 		t.Fatalf("burning the last 7 by name: %+v; want allowed, 0 left, in warning", out)
-	} else if len(bl.Result.Told) != 1 || bl.Result.Told[0].Kind != bucket.UsedPercent || bl.Result.Told[0].N != 80 {
-		t.Errorf("the check that used 100 %%: told %+v, want used_percent 80 (once)", bl.Result.Told)
+	} else if len(bl.Result.Told()) != 1 || bl.Result.Told()[0].Kind != bucket.UsedPercent || bl.Result.Told()[0].N != 80 {
+		t.Errorf("the check that used 100 %%: told %+v, want used_percent 80 (once)", bl.Result.Told())
 	}
 	out = check(Query{Subjects: subjects, Endpoint: "/other", Entitlement: "tokens"})
 	if bl := limitOf(out, "tokens"); out.Allowed || bl.Result.RetryAfter <= 0 || bl.State() != StateThrottled {

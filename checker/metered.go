@@ -81,7 +81,8 @@ func (e *Engine) RecordUsage(ctx context.Context, u MeteredUsage) (Recorded, err
 	set := e.rules.Load()
 	out := &Outcome{Allowed: use.Excess == 0, Replayed: use.Replayed, Now: use.Balance.Now, Decider: 0}
 	_ = resolveTier(set, q, out)
-	res := LimitResult{Allowed: out.Allowed, Used: b.Used, Remaining: b.Remaining, ResetAt: b.PeriodEnd, Told: use.Told, Moves: use.Moves}
+	res := LimitResult{Allowed: out.Allowed, Used: b.Used, Remaining: b.Remaining, ResetAt: b.PeriodEnd,
+		Balance: &bucket.BalanceChange{Told: use.Told, Moves: use.Moves}}
 	lim.Key = key
 	out.Limits = []LimitOutcome{{Rule: ent.Rule(), Subject: sub, Limit: balanceView(&lim, res), Result: res, thresholds: ent.Warning()}}
 	out = e.record(ctx, q, out, false, start)

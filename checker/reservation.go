@@ -281,7 +281,7 @@ func (e *Engine) settledBalances(got bucket.Settled) []LimitOutcome {
 	for i, key := range got.Keys {
 		lr := got.Limits[i]
 		head, id, ok := strings.Cut(key, ":bl:")
-		if !ok || len(lr.Moves) == 0 || set == nil {
+		if !ok || len(lr.Moves()) == 0 || set == nil {
 			continue
 		}
 		ent, ok := set.Entitlement(id)

@@ -59,12 +59,12 @@ func Status(l *checker.LimitOutcome) *quotaflowv1.LimitStatus {
 	if l.Degraded {
 		st.FailMode = l.Rule.FailMode.String()
 	}
-	for _, t := range l.Result.Told {
+	for _, t := range l.Result.Told() {
 		st.Told = append(st.Told, &quotaflowv1.ThresholdCrossing{Kind: ThresholdKind(t.Kind), Threshold: t.N, GrantId: t.Grant})
 	}
-	if len(l.Result.Moves) > 0 {
+	if moves := l.Result.Moves(); len(moves) > 0 {
 		start, end := periodOf(l.Limit, l.Result.ResetAt)
-		for _, m := range l.Result.Moves {
+		for _, m := range moves {
 			kind, sign := moveKind(m.Kind)
 			st.Ledger = append(st.Ledger, &quotaflowv1.LedgerEntry{Kind: kind, GrantId: m.Grant, Amount: sign * m.N,
 				PeriodStart: start, PeriodEnd: end})

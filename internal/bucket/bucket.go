@@ -40,7 +40,7 @@ type Limit struct {
 	// algorithms ignore them. A balance's Limit is 1 + its overage cap (1: none).
 	Periods calendar.Span
 	// Thresholds are, for algorithm.Balance, the crossings a charge tells once each
-	// (LimitResult.Told), as ThresholdSpec writes them; empty for none.
+	// (BalanceChange.Told), as ThresholdSpec writes them; empty for none.
 	Thresholds string
 	// OverageCap bounds what a settle charges this limit past its reservation's estimate
 	// (Store.Settle); 0 means no bound.
@@ -149,18 +149,50 @@ type LimitResult struct {
 	// RetryAfter is, when denied, how long until Cost would be allowed by this limit; 0 when
 	// allowed. It is never 0 when denied.
 	RetryAfter time.Duration
-	// Told are, for an allowed charge of a balance, the thresholds (Limit.Thresholds) it made
-	// true and told first: each is told once per period (a grant's expiry once per grant),
-	// by one charge whatever the checkers; nil for most charges.
-	Told []Told
-	// Moves are, for a charge of a balance, what it did to the grants (Move): what it burned,
-	// and what the start of a new period did, which a refund of the charge keeps; for a
-	// settle, what it burned or gave back. Nil for other limits.
-	Moves []Move
+	// Balance is, for a charge (or settle) of a balance, what it told and what it did to the
+	// grants (BalanceChange); nil for other limits, and for a balance's peek or denial. A
+	// pointer, so that the results of the other limits, copied along a check's path, carry
+	// one word for it.
+	Balance *BalanceChange
 	// Delay is, for an allowed charge of a limit with a MaxDelay, how long the caller must
 	// wait before going on: the charge holds the slot at the decision's time plus Delay, to
 	// the µs, never before it (queueDelay). 0 otherwise: not queued, a peek, a replay.
 	Delay time.Duration
+}
+
+// BalanceChange is what a charge of a balance told and moved.
+type BalanceChange struct {
+	// Told are the thresholds (Limit.Thresholds) it made true and told first: each is told
+	// once per period (a grant's expiry once per grant), by one charge whatever the checkers.
+	Told []Told
+	// Moves are what it did to the grants (Move): what it burned, and what the start of a
+	// new period did, which a refund of the charge keeps; for a settle, what it burned or
+	// gave back.
+	Moves []Move
+}
+
+// Told is r's Balance's Told, nil for none.
+func (r *LimitResult) Told() []Told {
+	if r.Balance == nil {
+		return nil
+	}
+	return r.Balance.Told
+}
+
+// Moves is r's Balance's Moves, nil for none.
+func (r *LimitResult) Moves() []Move {
+	if r.Balance == nil {
+		return nil
+	}
+	return r.Balance.Moves
+}
+
+// change is the BalanceChange of told and moves, nil when both are empty.
+func change(told []Told, moves []Move) *BalanceChange {
+	if len(told) == 0 && len(moves) == 0 {
+		return nil
+	}
+	return &BalanceChange{Told: told, Moves: moves}
 }
 
 // queueDelay is the delay of an allowed charge of l, a queue, decided at now, whose bucket is

@@ -150,7 +150,7 @@ type Use struct {
 	// a hard balance; past the cap for a soft one).
 	Excess int64
 	// Told are the thresholds (Limit.Thresholds) the use told, and Moves what it did to the
-	// grants, as a charge's (LimitResult.Told, Moves); nil for a replay.
+	// grants, as a charge's (BalanceChange); nil for a replay.
 	Told  []Told
 	Moves []Move
 	// Balance is the balance after.

@@ -416,7 +416,7 @@ func TestBalanceThresholds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := told(res[0].Limits[0].Told); got != tt.want {
+		if got := told(res[0].Limits[0].Told()); got != tt.want {
 			t.Errorf("charge %d of %d: told %s, want %s", i, tt.cost, got, tt.want)
 		}
 	}
@@ -448,7 +448,7 @@ func TestBalanceThresholds(t *testing.T) {
 					return
 				}
 				mu.Lock()
-				for _, x := range res[0].Limits[0].Told {
+				for _, x := range res[0].Limits[0].Told() {
 					counts[fmt.Sprintf("%c%d", x.Kind, x.N)]++
 				}
 				mu.Unlock()
@@ -498,7 +498,7 @@ func TestBalanceMovesAddUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		apply(res[0].Limits[0].Moves)
+		apply(res[0].Limits[0].Moves())
 		return res[0]
 	}
 	charge(before, one(l, 60))
@@ -513,7 +513,7 @@ func TestBalanceMovesAddUp(t *testing.T) {
 	if err != nil || !res[0].Allowed {
 		t.Fatal(err)
 	}
-	apply(res[0].Limits[0].Moves)
+	apply(res[0].Limits[0].Moves())
 	if err := before.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res[0], Label: "dGllcg"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestBalanceMovesAddUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apply(st.Limits[0].Moves)
+	apply(st.Limits[0].Moves())
 	u, err := before.UseBalance(ctxT(t), l.Key, l.Key+"#use:1", l, 5, time.Minute)
 	if err != nil {
 		t.Fatal(err)

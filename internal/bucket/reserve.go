@@ -288,7 +288,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		lr := res.Limits[i]
 		if f[0] == strconv.Itoa(int(algorithm.Balance)) && i < len(res.refund) && res.refund[i] != "" {
 			// What the settle burned past the estimate, or gave back below it.
-			lr.Moves = chargeMoves(res.refund[i], actual < estimate)
+			lr.Balance = change(nil, chargeMoves(res.refund[i], actual < estimate))
 		}
 		out.Keys = append(out.Keys, f[5])
 		out.Limits = append(out.Limits, lr)

@@ -330,8 +330,7 @@ func (p *Pending) parse(j *job) (results []Result, failed []bool, denied bool, f
 func fillMoves(r *Request, res *Result) {
 	for k := range r.Limits {
 		if r.Limits[k].Algorithm == algorithm.Balance && k < len(res.refund) && res.refund[k] != "" {
-			res.Limits[k].Told = toldOf(res.refund[k])
-			res.Limits[k].Moves = chargeMoves(res.refund[k], false)
+			res.Limits[k].Balance = change(toldOf(res.refund[k]), chargeMoves(res.refund[k], false))
 		}
 	}
 }
@@ -505,8 +504,8 @@ func (s *Store) refund(ctx context.Context, j *job, results []Result, idx []int)
 		// A refund undoes a charge's burns and what it told, not a new period's start: those
 		// moves stay reported.
 		var kept [][]Move
-		for _, lr := range results[i].Limits {
-			kept = append(kept, keepPeriod(lr.Moves))
+		for k := range results[i].Limits {
+			kept = append(kept, keepPeriod(results[i].Limits[k].Moves()))
 		}
 		res := Result{Limits: results[i].Limits}
 		if err := parseReply(j.calls[k].cmd, &res); err != nil {
@@ -518,7 +517,7 @@ func (s *Store) refund(ctx context.Context, j *job, results []Result, idx []int)
 		res.Refunded = true
 		res.refund = nil
 		for l := range res.Limits {
-			res.Limits[l].Moves = kept[l]
+			res.Limits[l].Balance = change(nil, kept[l])
 		}
 		results[i] = res
 	}
