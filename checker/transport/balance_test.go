@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -155,6 +156,37 @@ func TestRecordUsage(t *testing.T) {
 		Entitlement: "gold", Subject: user, Amount: 1, EventId: "x"}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("an unknown entitlement: %v, want NotFound", err)
+	}
+	for _, tt := range []struct {
+		name  string
+		req   *quotaflowv1.RecordUsageRequest
+		field string
+	}{
+		{"event id too long", &quotaflowv1.RecordUsageRequest{Entitlement: "tokens", Subject: user, Amount: 1, EventId: strings.Repeat("e", 257)}, "event_id"},
+		{"no event id", &quotaflowv1.RecordUsageRequest{Entitlement: "tokens", Subject: user, Amount: 1}, "event_id"},
+		{"amount past 2^44", &quotaflowv1.RecordUsageRequest{Entitlement: "tokens", Subject: user, Amount: 1<<44 + 1, EventId: "x"}, "amount"},
+		{"subject too long", &quotaflowv1.RecordUsageRequest{Entitlement: "tokens", Subject: strings.Repeat("s", 257), Amount: 1, EventId: "x"}, "subject"},
+	} {
+		_, err := env.client("grpc").RecordUsage(context.Background(), connect.NewRequest(tt.req))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("%s: %v, want InvalidArgument naming %s", tt.name, err, tt.field)
+		}
+	}
+	// A caller's deadline of 1ms: the record, or DeadlineExceeded; never an outage.
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		_, err := env.client("connect").RecordUsage(ctx, connect.NewRequest(&quotaflowv1.RecordUsageRequest{
+			Entitlement: "tokens", Subject: user, Amount: 1, EventId: fmt.Sprintf("deadline-%d", i)}))
+		cancel()
+		if code := connect.CodeOf(err); err != nil && code != connect.CodeDeadlineExceeded && code != connect.CodeCanceled {
+			t.Fatalf("RecordUsage with a 1ms deadline: %v, want DeadlineExceeded", err)
+		}
+	}
+	// An entitlement longer than any id, on a check: refused before the engine sees it.
+	_, err = env.client("connect").CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+		Identifier: user, Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/metered", Entitlement: strings.Repeat("e", 65)}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "entitlement") {
+		t.Errorf("a check naming an entitlement of 65 bytes: %v, want InvalidArgument naming entitlement", err)
 	}
 	hr, err := env.http.Post(env.url+"/quotaflow.v1.RateLimiter/RecordUsage", "application/json",
 		strings.NewReader(`{"entitlement":"tokens","subject":"`+user+`","amount":"-3","eventId":"y"}`))

@@ -270,6 +270,15 @@ func ledgerMatches(t *testing.T, ctx context.Context, client quotaflowv1connect.
 	if got.Remaining != want.Msg.Remaining || got.Used != want.Msg.Used || got.Overage != want.Msg.Overage || got.Grants["plan"] != 0 || got.Grants["bonus"] != 38 {
 		t.Errorf("the ledger's balance %s; GetBalance's %v", body, want.Msg)
 	}
+	for _, bad := range []struct{ path, field string }{
+		{"/api/v1/billing?period=2026-13", "period"},
+		{"/api/v1/billing?period=2026-11&format=xml", "format"},
+		{"/api/v1/ledger/balance?entitlement=llm-tokens&dimension=user", "entitlement"},
+	} {
+		if code, body := admin("GET", bad.path, ""); code != 400 || !strings.Contains(body, `"field":"`+bad.field+`"`) {
+			t.Errorf("GET %s: %d %s, want 400 naming %s", bad.path, code, body, bad.field)
+		}
+	}
 	_, csv := admin("GET", "/api/v1/billing?format=csv&period="+time.Now().UTC().Format("2006-01"), "")
 	if !strings.HasPrefix(csv, "entitlement,dimension,subject,period_start,period_end,granted,used,overage,forfeited\n") ||
 		!strings.Contains(csv, "\nllm-tokens,user,"+alice+",") || !strings.Contains(csv, ",150,102,0,10\n") {

@@ -285,13 +285,18 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 	out.Estimate, out.Now, out.Parts = estimate, res.Now, out.Parts+1
 	out.Over = out.Over || !res.Allowed
 	for i, f := range limits {
-		lr := res.Limits[i]
-		if f[0] == strconv.Itoa(int(algorithm.Balance)) && i < len(res.refund) && res.refund[i] != "" {
-			// What the settle burned past the estimate, or gave back below it.
-			lr.Balance = change(nil, chargeMoves(res.refund[i], actual < estimate))
-		}
 		out.Keys = append(out.Keys, f[5])
-		out.Limits = append(out.Limits, lr)
+		out.Limits = append(out.Limits, settledLimit(f[0], res, i, actual < estimate))
 	}
 	return nil
+}
+
+// settledLimit is limit i of a settle's reply res, of algorithm code: a balance's carries what
+// the settle burned past the estimate, or gave back below it (back).
+func settledLimit(code string, res Result, i int, back bool) LimitResult {
+	lr := res.Limits[i]
+	if code == strconv.Itoa(int(algorithm.Balance)) && i < len(res.refund) && res.refund[i] != "" {
+		lr.Balance = change(nil, chargeMoves(res.refund[i], back))
+	}
+	return lr
 }
