@@ -287,12 +287,8 @@ func patternMatches(pattern, endpoint string) bool {
 
 // Entitlement returns the entitlement id names.
 func (s *Set) Entitlement(id string) (*Entitlement, bool) {
-	for i := range s.entitlements {
-		if s.entitlements[i].ID == id {
-			return &s.entitlements[i], true
-		}
-	}
-	return nil, false
+	e, ok := s.entitlementByID[id]
+	return e, ok
 }
 
 // HasEntitlements reports whether the set declares an entitlement: its checks need the clock,

@@ -130,6 +130,10 @@ func (d *Document) compile(docUsers map[string]DocUser) (*Set, error) {
 	}
 	s.doc, s.warnings, s.ruleWarnings, s.policies, s.keyTiers, s.keyOrgs = d.WithoutUsers(), warn, ruleWarn, pol, keys, keyOrgs
 	s.exempt, s.entitlements = ex, ents
+	s.entitlementByID = make(map[string]*Entitlement, len(ents))
+	for i := range s.entitlements {
+		s.entitlementByID[s.entitlements[i].ID] = &s.entitlements[i]
+	}
 	return s, nil
 }
 

@@ -30,6 +30,8 @@ type Set struct {
 	domains      map[string]bool // the endpoints descriptor rules name exactly
 	exempt       *exemptions     // nil: none
 	entitlements []Entitlement
+	// entitlementByID indexes entitlements: Thresholds asks it for every limit of every check.
+	entitlementByID map[string]*Entitlement
 }
 
 // HasCalendar reports whether a rule of the set has a calendar window: its checks need the
