@@ -80,6 +80,8 @@ func kind(k quotaflowv1.Kind) string {
 		return "lease_release"
 	case quotaflowv1.Kind_KIND_LEASE_EXPIRED:
 		return "lease_expired"
+	case quotaflowv1.Kind_KIND_RECOVERED:
+		return "recovered"
 	}
 	return ""
 }

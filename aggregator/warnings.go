@@ -120,8 +120,10 @@ func (m *machine) apply(seq uint64, decisions []*quotaflowv1.Decision) {
 	}
 	for _, d := range decisions {
 		m.crossed = appendCrossings(m.crossed, d)
-		if d.Replayed || d.Degraded {
-			continue // a replay charged nothing; a degraded decision did not see Redis
+		if d.Replayed || d.Degraded || d.Kind == quotaflowv1.Kind_KIND_RECOVERED {
+			// A replay charged nothing; a degraded decision did not see Redis; a recovered one
+			// knows its balance's moves, not the balance.
+			continue
 		}
 		for _, l := range d.Limits {
 			if l.Shadow || l.Degraded || l.Limit <= 0 {

@@ -3,6 +3,7 @@ package checker
 import (
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,13 +77,19 @@ func benchOverrides() []rules.Override {
 
 // scriptMicros is the Redis CPU time spent in scripts so far (INFO commandstats), in µs.
 func scriptMicros(b *testing.B, rdb *redis.Client) float64 {
+	return commandMicros(b, rdb, "evalsha", "eval", "fcall")
+}
+
+// commandMicros is the Redis CPU time (µs) spent so far in the commands named.
+func commandMicros(b *testing.B, rdb *redis.Client, names ...string) float64 {
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	var total float64
 	for _, line := range strings.Split(info, "\r\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") && !strings.HasPrefix(line, "cmdstat_fcall:") {
+		name, _, _ := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !strings.HasPrefix(line, "cmdstat_") || !slices.Contains(names, name) {
 			continue
 		}
 		for _, kv := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {

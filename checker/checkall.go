@@ -52,12 +52,19 @@ func (e *Engine) CheckAll(ctx context.Context, qs []*Query) (outs []*Outcome, er
 		}
 		d.release()
 	}
+	durable := false
 	switch {
 	case e.durable != nil:
-		e.durable.PublishDurableAll(ctx, e.instanceID, decided, recorded)
+		durable = e.durable.PublishDurableAll(ctx, e.instanceID, decided, recorded)
 	case e.sink != nil:
 		for i, out := range recorded {
 			e.sink.Publish(e.instanceID, decided[i], out)
+		}
+		durable = true
+	}
+	if durable && e.journal != nil {
+		for _, out := range recorded {
+			e.journal.durable(out)
 		}
 	}
 	return outs, errs

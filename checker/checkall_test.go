@@ -23,14 +23,15 @@ type batchSink struct {
 
 func (s *batchSink) Publish(string, *Query, *Outcome) {}
 
-func (s *batchSink) PublishDurable(_ context.Context, _ string, _ *Query, out *Outcome) {
+func (s *batchSink) PublishDurable(_ context.Context, _ string, _ *Query, out *Outcome) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ones++
 	s.ids = append(s.ids, out.ID)
+	return true
 }
 
-func (s *batchSink) PublishDurableAll(_ context.Context, _ string, qs []*Query, outs []*Outcome) {
+func (s *batchSink) PublishDurableAll(_ context.Context, _ string, qs []*Query, outs []*Outcome) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.alls++
@@ -40,6 +41,7 @@ func (s *batchSink) PublishDurableAll(_ context.Context, _ string, qs []*Query, 
 		}
 		s.ids = append(s.ids, out.ID)
 	}
+	return true
 }
 
 // TestCheckAll: the checks of one CheckAll are decided each on its own and exactly, across

@@ -92,6 +92,11 @@ type Config struct {
 	// Caller names the caller of a request from its context: an id is issued to it, and
 	// refused to any other. Nil means one caller for all (the engine used as a library).
 	Caller CallerFunc
+	// JournalGrace is how long a balance's journal entry may wait for its decision to become
+	// durable before the journal's sweeper publishes it as a recovered decision (journal.go);
+	// the checkers sharing a Redis sweep once per JournalGrace between them. 0 means
+	// DefaultJournalGrace. Balances are journaled only when Decisions is set.
+	JournalGrace time.Duration
 
 	// store replaces the Redis store in this package's tests (faults, conflicts); it is left
 	// open by Close, and judged by the errors its Checks return, its wait past RedisTimeout
@@ -121,6 +126,7 @@ type Engine struct {
 	clock       func() time.Time // time.Now but in tests (Config.clock)
 	ids         *idSigner
 	values      newValues // the descriptor rules' distinct values per window (values.go)
+	journal     *journal  // nil when no balance is journaled: no sink, or a store without journals
 }
 
 // New returns an Engine for cfg. It does not contact Redis: an unreachable Redis is a degraded
@@ -189,6 +195,13 @@ func New(cfg Config) *Engine {
 	if l, ok := store.(allotter); ok {
 		e.allotments = newAllotments(l, e.guard, e.log, e.tel)
 	}
+	if js, ok := store.(journalStore); ok && cfg.Decisions != nil {
+		grace := cfg.JournalGrace
+		if grace <= 0 {
+			grace = DefaultJournalGrace
+		}
+		e.journal = newJournal(e, js, grace)
+	}
 	if cfg.Rules != nil {
 		e.rules.Store(cfg.Rules)
 	}
@@ -251,6 +264,9 @@ func (e *Engine) Rules() *rules.Set { return e.rules.Load() }
 // Close stops background work (the store's batch loops, the probe) and closes the Redis client
 // if the Engine made it. Checks must not be in flight.
 func (e *Engine) Close() error {
+	if e.journal != nil {
+		e.journal.close()
+	}
 	if e.allotments != nil {
 		e.allotments.close() // unused slices go back to Redis while the store still runs
 	}

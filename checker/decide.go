@@ -105,6 +105,9 @@ func (e *Engine) begin(ctx context.Context, d *deadline, q *Query, peek bool, c 
 	if e.olc != nil {
 		c.sentAt = e.olc.now()
 	}
+	if e.journal != nil && !peek {
+		e.journalBalances(out)
+	}
 	c.pl, c.decided = pl, false
 	c.call = e.guard.send(c.ctx, d.of(e.guard), pl.reqs, func(i, j int) rules.FailMode {
 		return out.Limits[pl.at(i, j)].Rule.FailMode
@@ -184,26 +187,55 @@ func (e *Engine) conclude(c *started) (*Outcome, error) {
 
 // record gives a consuming check its decision id, counts it and hands its event to the sink:
 // a durable sink holds the check until the event survives a crash, so that no answer leaves
-// whose decision a kill -9 could lose. Peeks are not decisions: they consume nothing.
+// whose decision a kill -9 could lose; the balance journal's entries of a durable decision are
+// dropped. Peeks are not decisions: they consume nothing.
 func (e *Engine) record(ctx context.Context, q *Query, out *Outcome, peek bool, start time.Time) *Outcome {
 	if peek {
 		return out
 	}
 	e.account(ctx, out, start)
-	switch {
-	case e.durable != nil:
-		e.durable.PublishDurable(ctx, e.instanceID, q, out)
-	case e.sink != nil:
-		e.sink.Publish(e.instanceID, q, out)
+	if e.publish(ctx, q, out) && e.journal != nil {
+		e.journal.durable(out)
 	}
 	return out
 }
 
-// account counts a consuming check's decision and gives it its id.
+// publish hands a decision to the sink and reports whether it is durable (a sink without a
+// spool hands it on at once: as durable as it makes decisions).
+func (e *Engine) publish(ctx context.Context, q *Query, out *Outcome) bool {
+	switch {
+	case e.durable != nil:
+		return e.durable.PublishDurable(ctx, e.instanceID, q, out)
+	case e.sink != nil:
+		e.sink.Publish(e.instanceID, q, out)
+		return true
+	}
+	return false
+}
+
+// account counts a consuming check's decision and gives it its id, unless its journaled
+// balances needed it before the store call (journalBalances).
 func (e *Engine) account(ctx context.Context, out *Outcome, start time.Time) {
 	e.tel.record(ctx, out, start)
 	e.counts.add(out)
-	out.ID = e.nextDecisionID()
+	if out.ID == "" {
+		out.ID = e.nextDecisionID()
+	}
+}
+
+// journalBalances gives a check that burns a balance its decision id now, before its store
+// call, and has the call journal each balance's burn under it (journal.go).
+func (e *Engine) journalBalances(out *Outcome) {
+	for i := range out.Limits {
+		l := &out.Limits[i]
+		if l.Limit == nil || l.Limit.Algorithm != algorithm.Balance {
+			continue
+		}
+		if out.ID == "" {
+			out.ID = e.nextDecisionID()
+		}
+		l.Limit.Journal = journalArg(out.ID, l.Subject)
+	}
 }
 
 // fromCache answers a check from the over-limit cache when one of its enforced buckets is known

@@ -25,10 +25,14 @@ type DurableSink interface {
 	// PublishDurable is Publish that returns once the decision is durable, once the sink gives
 	// up waiting (after a bounded time, which it counts), or once ctx is done. Like Publish it
 	// never fails the check: an answer whose decision could not be made durable still leaves.
-	PublishDurable(ctx context.Context, checkerID string, q *Query, out *Outcome)
+	// It reports whether the decision is as durable as the sink makes decisions: the engine
+	// then drops the balance journal's entries of it, which would otherwise be published
+	// again (bucket.JournalEntry).
+	PublishDurable(ctx context.Context, checkerID string, q *Query, out *Outcome) bool
 	// PublishDurableAll is PublishDurable of the decisions outs[i] of qs[i] (Engine.CheckAll),
-	// with one wait for all of them rather than one after another.
-	PublishDurableAll(ctx context.Context, checkerID string, qs []*Query, outs []*Outcome)
+	// with one wait for all of them rather than one after another; it reports whether all are
+	// durable.
+	PublishDurableAll(ctx context.Context, checkerID string, qs []*Query, outs []*Outcome) bool
 }
 
 // nextDecisionID returns "<instance id>-<sequence>": unique without coordination or a random

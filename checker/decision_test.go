@@ -21,17 +21,19 @@ func (r *durableRecorder) Publish(_ string, _ *Query, out *Outcome) {
 	r.plain = append(r.plain, out.ID)
 }
 
-func (r *durableRecorder) PublishDurable(ctx context.Context, _ string, _ *Query, out *Outcome) {
+func (r *durableRecorder) PublishDurable(ctx context.Context, _ string, _ *Query, out *Outcome) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.durable = append(r.durable, out.ID)
 	r.ctxs = append(r.ctxs, ctx)
+	return true
 }
 
-func (r *durableRecorder) PublishDurableAll(ctx context.Context, id string, qs []*Query, outs []*Outcome) {
+func (r *durableRecorder) PublishDurableAll(ctx context.Context, id string, qs []*Query, outs []*Outcome) bool {
 	for i, out := range outs {
 		r.PublishDurable(ctx, id, qs[i], out)
 	}
+	return true
 }
 
 // TestDurableSink: a sink that can hold a check until its decision is durable gets every

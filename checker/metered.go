@@ -68,6 +68,11 @@ func (e *Engine) RecordUsage(ctx context.Context, u MeteredUsage) (Recorded, err
 	sub := holderOf(ent, u.Subject)
 	key := balanceKey(ent, sub)
 	lim := balanceLimit(ent, sub, time.Now())
+	// The decision's id comes first: the burn is journaled under it (journal.go).
+	id := e.nextDecisionID()
+	if e.journal != nil {
+		lim.Journal = journalArg(id, sub)
+	}
 	var use bucket.Use
 	b, err := e.balanceOp(ctx, ent, u.Subject, time.Now(), func(ctx context.Context, gs grantStore, key string, sp calendar.Span) (bucket.Balance, error) {
 		lim.Periods = sp
@@ -79,7 +84,7 @@ func (e *Engine) RecordUsage(ctx context.Context, u MeteredUsage) (Recorded, err
 		return Recorded{}, err
 	}
 	set := e.rules.Load()
-	out := &Outcome{Allowed: use.Excess == 0, Replayed: use.Replayed, Now: use.Balance.Now, Decider: 0}
+	out := &Outcome{Allowed: use.Excess == 0, Replayed: use.Replayed, Now: use.Balance.Now, Decider: 0, ID: id}
 	_ = resolveTier(set, q, out)
 	res := LimitResult{Allowed: out.Allowed, Used: b.Used, Remaining: b.Remaining, ResetAt: b.PeriodEnd,
 		Balance: &bucket.BalanceChange{Told: use.Told, Moves: use.Moves}}

@@ -48,6 +48,10 @@ type Outcome struct {
 	// Released is set, alone, on the outcome a lease's release publishes (Engine.Release), or
 	// a release or renewal that found the lease expired.
 	Released *Released
+	// Recovered marks the outcome the balance journal's sweeper publishes for a decision that
+	// may be lost (journal.go): under that decision's id, it reports only a balance's moves
+	// and the thresholds its charge told, and counts as no request.
+	Recovered bool
 }
 
 // LimitOutcome is one rule applied to one subject.

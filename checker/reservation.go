@@ -19,7 +19,7 @@ import (
 // charges settled later.
 type reservationStore interface {
 	Mark(ctx context.Context, ttl time.Duration, marks []bucket.Mark) error
-	Settle(ctx context.Context, keys []string, actual int64) (bucket.Settled, error)
+	Settle(ctx context.Context, keys []string, actual int64, journal string) (bucket.Settled, error)
 }
 
 var _ reservationStore = (*bucket.Store)(nil)
@@ -241,7 +241,12 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 	if !ok {
 		return nil, fmt.Errorf("%w: this store keeps no reservations", ErrUnavailable)
 	}
-	got, err := rs.Settle(ctx, keys, actual)
+	// The settle's decision id comes first: a balance's moves are journaled under it.
+	sid, journal := e.nextDecisionID(), ""
+	if e.journal != nil {
+		journal = bucket.JournalArg(sid, "")
+	}
+	got, err := rs.Settle(ctx, keys, actual, journal)
 	switch {
 	case errors.Is(err, bucket.ErrUnknownReservation):
 		if time.Now().After(expires) {
@@ -264,11 +269,18 @@ func (e *Engine) settle(ctx context.Context, id string, actual int64, cancel boo
 			s.Remaining = l.Remaining
 		}
 	}
-	s.ID = e.nextDecisionID()
+	s.ID = sid
 	// The settle's cost is what it charged: actual - estimate, below 0 a refund.
-	e.publishEvent(ctx, &Query{Endpoint: s.Endpoint, Cost: s.Actual - s.Estimate},
+	durable := e.publishEvent(ctx, &Query{Endpoint: s.Endpoint, Cost: s.Actual - s.Estimate},
 		&Outcome{Allowed: true, Now: s.Now, ID: s.ID, Decider: -1, Tier: s.Tier, Settlement: s, Limits: e.settledBalances(got)},
 		tagSubject(keyTag(keys[0])))
+	if durable && journal != "" {
+		for _, key := range got.Keys {
+			if strings.Contains(key, ":bl:") {
+				e.journal.drop(bucket.JournalRef{Key: key, ID: sid})
+			}
+		}
+	}
 	return s, nil
 }
 
@@ -317,14 +329,10 @@ func tagSubject(tag string) Subject {
 // publishEvent hands the sink an event that decides nothing (a settle, a cancel, a lease's
 // release): out holds its own field, q what the event charged (and where), to which publishEvent
 // adds its subject (the first of the buckets it touched).
-func (e *Engine) publishEvent(ctx context.Context, q *Query, out *Outcome, sub Subject) {
+// It reports whether the event is durable (Engine.publish).
+func (e *Engine) publishEvent(ctx context.Context, q *Query, out *Outcome, sub Subject) bool {
 	if sub.Dimension.Valid() {
 		q.Subjects = []Subject{sub}
 	}
-	switch {
-	case e.durable != nil:
-		e.durable.PublishDurable(ctx, e.instanceID, q, out)
-	case e.sink != nil:
-		e.sink.Publish(e.instanceID, q, out)
-	}
+	return e.publish(ctx, q, out)
 }

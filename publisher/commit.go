@@ -73,23 +73,26 @@ func (r *round) add(c *Client, p int, d *quotaflowv1.Decision) error {
 // The spooled decisions reach NATS through the replayer, under the message ids they were
 // spooled with: after a kill -9 the next client on the spool publishes them again from its
 // cursor, and the stream drops the batches it already has.
-func (c *Client) PublishDurable(ctx context.Context, checkerID string, q *checker.Query, out *checker.Outcome) {
+func (c *Client) PublishDurable(ctx context.Context, checkerID string, q *checker.Query, out *checker.Outcome) bool {
 	d := Decision(checkerID, q, out)
 	if c.cfg.NoSpoolWait {
 		c.PublishDecision(d)
-		return
+		return true // as durable as this configuration makes decisions
 	}
 	r := c.commit(d)
 	if r == nil {
 		c.unspooled.Add(1)
-		return
+		return false
 	}
 	select {
 	case <-r.done:
 		if r.state.Load() != roundWritten {
 			c.unspooled.Add(1)
+			return false
 		}
+		return true
 	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -97,23 +100,25 @@ func (c *Client) PublishDurable(ctx context.Context, checkerID string, q *checke
 // CheckAll: they join the round being formed together, and the call waits once for each
 // round they joined (one, or two when a write began between them) rather than once per
 // decision. It implements checker.DurableSink.
-func (c *Client) PublishDurableAll(ctx context.Context, checkerID string, qs []*checker.Query, outs []*checker.Outcome) {
+func (c *Client) PublishDurableAll(ctx context.Context, checkerID string, qs []*checker.Query, outs []*checker.Outcome) bool {
 	if c.cfg.NoSpoolWait {
 		for i, out := range outs {
 			c.PublishDecision(Decision(checkerID, qs[i], out))
 		}
-		return
+		return true
 	}
 	type joined struct {
 		r *round
 		n int64
 	}
 	var rounds []joined
+	durable := true
 	for i, out := range outs {
 		r := c.commit(Decision(checkerID, qs[i], out))
 		switch {
 		case r == nil:
 			c.unspooled.Add(1)
+			durable = false
 		case len(rounds) > 0 && rounds[len(rounds)-1].r == r:
 			rounds[len(rounds)-1].n++
 		default:
@@ -125,11 +130,13 @@ func (c *Client) PublishDurableAll(ctx context.Context, checkerID string, qs []*
 		case <-j.r.done:
 			if j.r.state.Load() != roundWritten {
 				c.unspooled.Add(j.n)
+				durable = false
 			}
 		case <-ctx.Done():
-			return
+			return false
 		}
 	}
+	return durable
 }
 
 // commit adds d to the round being formed, starting it (and waking the writer) when there is

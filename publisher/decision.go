@@ -68,6 +68,9 @@ func Decision(checkerID string, q *checker.Query, out *checker.Outcome) *quotafl
 		d.ReservationId, d.EstimatedCost, d.ActualCost, d.Overage = checker.IDDigest(st.ReservationID), st.Estimate, st.Actual, st.Overage
 		d.Remaining, d.RuleId = st.Remaining, st.RuleID
 	}
+	if out.Recovered {
+		d.Kind = quotaflowv1.Kind_KIND_RECOVERED
+	}
 	if r := out.Released; r != nil {
 		d.Kind, d.LeaseId = quotaflowv1.Kind_KIND_LEASE_RELEASE, checker.IDDigest(r.LeaseID)
 		if r.Expired {

@@ -49,10 +49,11 @@ func (c *checkerFlags) register(fs *cli.FlagSet) {
 	fs.Float64Var(&c.cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of checks traced when --otlp-endpoint is set")
 	fs.StringVar(&c.cfg.DebugListen, "debug-listen", "", "`address` serving Go's /debug/pprof profiles (empty: off); keep it private")
 	fs.StringVar(&c.cfg.AdminListen, "admin-listen", "", "`address` serving the admin API (/api/v1) and the console on a port of their own, and no longer on the check port, so that the check port can face callers alone (empty: on the check port)")
+	fs.DurationVar(&c.cfg.JournalGrace, "journal-grace", checker.DefaultJournalGrace, "how long a balance burn's decision may take to reach the spool before the balance journal's sweeper publishes its moves again (docs/entitlements.md); the checkers sweep once per grace between them")
 	fs.StringVar(&c.idKeysFile, "id-keys-file", "", "`file` of the keys that sign reservation and lease ids, one per line (at least 32 characters; # comments): the first signs, every one verifies, the same file on every checker; rotate by adding the new key first and dropping the old a day later. Empty: a key the checkers keep in Redis")
 	fs.FromEnv("listen", "rules", "redis-timeout", "max-in-flight", "bucket-layout", "shared-hashes", "shutdown-timeout", "log-level",
 		"log-format", "instance-id", "over-limit-cache", "otlp-endpoint", "trace-sample-ratio",
-		"debug-listen", "admin-listen", "id-keys-file")
+		"debug-listen", "admin-listen", "id-keys-file", "journal-grace")
 	c.admin.register(fs, &c.cfg)
 	c.callers.register(fs, &c.cfg)
 	c.tls.register(fs)

@@ -21,10 +21,10 @@ import (
 // TestLedgerAcrossKills: balances burned through checker and aggregator processes, the
 // aggregator killed (kill -9) mid-batch and a successor started, then NATS down while checks
 // go on (answered from the spool), the checker killed (kill -9) with its decisions spooled
-// and unpublished, NATS back and a new checker on the same spool: the ledger recomputed from
-// ClickHouse alone equals GetBalance for every subject, its period's usage too. (Checks that
-// Redis charged and whose answer had not left when a checker is killed are the one loss this
-// does not cover: docs/entitlements.md, "What a crash can cost the ledger".)
+// and unpublished, NATS back and a new checker on the same spool, then that checker killed
+// with 32 workers' checks in flight (Redis charged, answers not sent) and a third on the spool,
+// whose journal sweeper recovers their moves: the ledger recomputed from ClickHouse alone
+// equals GetBalance for every subject, its period's usage too.
 func TestLedgerAcrossKills(t *testing.T) {
 	t.Parallel()
 	ns, err := natstest.StartProcess()
@@ -90,6 +90,33 @@ func TestLedgerAcrossKills(t *testing.T) {
 	}
 	b := startCheckerProcess(t, args...) // the same spool: its decisions are published now
 	burn(b.url, 100)
+
+	// Killed with checks in flight: Redis burned for checks whose decisions never reach the
+	// spool, and others reached it with their journal entries still in Redis. The next
+	// checker's journal sweeper publishes the entries left, and the ledger counts a decision
+	// both spooled and recovered once.
+	stop := make(chan struct{})
+	var load sync.WaitGroup
+	inFlight := quotaflowv1connect.NewRateLimiterClient(http.DefaultClient, b.url)
+	for w := range 32 {
+		load.Go(func() {
+			for i := w; ; i += 32 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = inFlight.CheckRateLimit(context.Background(), connect.NewRequest(&quotaflowv1.CheckRateLimitRequest{
+					Identifier: users[i%len(users)], Dimension: quotaflowv1.Dimension_DIMENSION_USER, Endpoint: "/v1/chat", Cost: int64(1 + i%7)}))
+			}
+		})
+	}
+	time.Sleep(400 * time.Millisecond)
+	b.kill() // kill -9 under load
+	close(stop)
+	load.Wait()
+	b = startCheckerProcess(t, append(args, "--journal-grace", "1s")...)
+	burn(b.url, 50)
 
 	c, err := chSrv.Conn()
 	if err != nil {

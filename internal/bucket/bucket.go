@@ -42,6 +42,10 @@ type Limit struct {
 	// Thresholds are, for algorithm.Balance, the crossings a charge tells once each
 	// (BalanceChange.Told), as ThresholdSpec writes them; empty for none.
 	Thresholds string
+	// Journal is, for algorithm.Balance, where a charge journals what it did (JournalArg: the
+	// id of the decision that will report it, and its holder), so that a decision lost after
+	// Redis charged is published again (journal.go); empty: not journaled.
+	Journal string
 	// OverageCap bounds what a settle charges this limit past its reservation's estimate
 	// (Store.Settle); 0 means no bound.
 	OverageCap int64

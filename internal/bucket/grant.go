@@ -167,7 +167,7 @@ func (s *Store) UseBalance(ctx context.Context, key, record string, l Limit, amo
 	if err != nil || amount < 1 || l.Limit < 1 || ttl < time.Millisecond || record == "" {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, ErrInvalidRequest)
 	}
-	arr, err := s.grantRun(ctx, key, []string{record}, "use", itoa(amount), w, b, itoa(ttl.Milliseconds()), itoa(l.Limit), l.Thresholds)
+	arr, err := s.grantRun(ctx, key, []string{record}, "use", itoa(amount), w, b, itoa(ttl.Milliseconds()), itoa(l.Limit), l.Thresholds, l.Journal)
 	if err != nil {
 		return Use{}, fmt.Errorf("bucket: use of %q: %w", key, err)
 	}

@@ -16,8 +16,9 @@
 --   void  ARGV[3..5]: id, W, B. Voids the grant from now on (a second void keeps the first instant);
 --         'GRANT_UNKNOWN' when there is none.
 --   read  ARGV[3], ARGV[4]: W, B. Nothing is written.
---   use   ARGV[3..8]: amount, W, B, the record's TTL (ms), L, the thresholds to tell (as a
---         charge's token, lua/balance.lua); KEYS[3] the usage's record (same
+--   use   ARGV[3..9]: amount, W, B, the record's TTL (ms), L, the thresholds to tell (as a
+--         charge's token, lua/balance.lua), the journal argument ("<jid>|<holder>", "" for
+--         none: what it burned is journaled as a charge's is); KEYS[3] the usage's record (same
 --         slot). Burns amount of usage measured elsewhere, once per record: the live grants in
 --         burn order, then overage for the rest, past a hard balance or a soft one's cap too
 --         (the usage happened: the ledger holds it whole, and checks deny until grants come).
@@ -69,7 +70,7 @@ end
 
 if op == 'use' then
   local amount, W, B, ttl, L = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  if #ARGV ~= 8 or #KEYS ~= 3 or not amount or amount < 1 or not W or not B or not ttl or ttl < 1 or not L or L < 1 then
+  if #ARGV ~= 9 or #KEYS ~= 3 or not amount or amount < 1 or not W or not B or not ttl or ttl < 1 or not L or L < 1 then
     return redis.error_reply('ERR grant: malformed use')
   end
   local rec = redis.call('GET', KEYS[3])
@@ -79,12 +80,13 @@ if op == 'use' then
     head = {'1', taken or '0', excess or '0', '', '', ''}
   else
     local now = clock_us()
-    local st, _, live = bl_state(key, W, B, now)
+    local st, ends, live = bl_state(key, W, B, now)
     local o0 = st.o
     local left, burned, told = bl_apply(key, st, live, amount, now, ARGV[8])
     local excess = nonneg(left + o0 - (L - 1)) - nonneg(o0 - (L - 1))
-    head = {'0', us(amount - left), us(excess), table.concat(told, ','),
-      us(left) .. ',' .. table.concat(burned, ','), table.concat(st.moves or {}, ',')}
+    local spent = us(left) .. ',' .. table.concat(burned, ',')
+    bl_journal(key, ARGV[9], 'c', now, st.p, ends, spent, told, st.moves)
+    head = {'0', us(amount - left), us(excess), table.concat(told, ','), spent, table.concat(st.moves or {}, ',')}
     redis.call('SET', KEYS[3], head[2] .. ' ' .. head[3], 'PX', ttl)
   end
   local out = reply(key, W, B)

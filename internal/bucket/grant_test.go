@@ -303,7 +303,7 @@ func TestSettleBalance(t *testing.T) {
 			if !reserve(t, s, rec, l, 4) {
 				t.Fatal("a reservation of 4 from 10 denied")
 			}
-			got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+			got, err := s.Settle(ctxT(t), []string{rec}, tt.actual, "")
 			if err != nil {
 				t.Fatalf("Settle: %v", err)
 			}
@@ -517,7 +517,7 @@ func TestBalanceMovesAddUp(t *testing.T) {
 	if err := before.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res[0], Label: "dGllcg"}}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := before.Settle(ctxT(t), []string{rec}, 4)
+	st, err := before.Settle(ctxT(t), []string{rec}, 4, "")
 	if err != nil {
 		t.Fatal(err)
 	}

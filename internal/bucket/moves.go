@@ -41,11 +41,12 @@ type Move struct {
 
 // chargeMoves reads a balance charge's refund token: what it burned (its first part, "<ov>,
 // <id>:<n>,...") as Burned and Overage moves, or, with back, what a refund gave as GivenBack
-// and OverageBack; and a new period's moves (its third part).
+// and OverageBack; and a new period's moves (its third part; a fourth, a journaled charge's
+// journal id, is not a move).
 func chargeMoves(token string, back bool) []Move {
-	parts := strings.SplitN(token, "|", 3)
+	parts := strings.SplitN(token, "|", 4)
 	out := burnMoves(parts[0], back)
-	if len(parts) == 3 {
+	if len(parts) >= 3 {
 		out = append(out, periodMoves(parts[2])...)
 	}
 	return out

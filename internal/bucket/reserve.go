@@ -163,10 +163,13 @@ type Settled struct {
 // is; of concurrent settles of one reservation exactly one succeeds, and a settle retried
 // after a failure settles what is left.
 //
+// What it burns or gives back of a balance is journaled under journal (JournalArg: the
+// settle's decision id), "" for none.
+//
 // Errors: ErrUnknownReservation when the first record is gone, ErrSettled when it was settled
 // before, ErrInvalidRequest for bad arguments; anything else means the outcome is unknown (a
 // retry then settles what is left, never twice).
-func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settled, error) {
+func (s *Store) Settle(ctx context.Context, keys []string, actual int64, journal string) (Settled, error) {
 	var out Settled
 	if len(keys) == 0 || actual < 0 || actual > maxValue {
 		return out, fmt.Errorf("bucket: settle: %w: at least one record and an actual cost in [0, %d]", ErrInvalidRequest, int64(maxValue))
@@ -200,7 +203,7 @@ func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settle
 		if recs[i] == "" {
 			continue // gone or settled: a settle before this one failed after it
 		}
-		err := s.settlePart(ctx, keys[i], recs[i], actual, &out)
+		err := s.settlePart(ctx, keys[i], recs[i], actual, journal, &out)
 		switch {
 		case i > 0 && (errors.Is(err, ErrUnknownReservation) || errors.Is(err, ErrSettled)):
 		case err != nil:
@@ -211,7 +214,7 @@ func (s *Store) Settle(ctx context.Context, keys []string, actual int64) (Settle
 }
 
 // settlePart settles one record, rec as read from key.
-func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, out *Settled) error {
+func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, journal string, out *Settled) error {
 	lines := strings.Split(strings.TrimSuffix(rec, "\n"), "\n")
 	head := strings.Fields(lines[0])
 	if len(head) < 3 || head[0] != "open" || len(lines) < 2 {
@@ -229,7 +232,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 	if s.hashes > 0 {
 		nk += n
 	}
-	args := make([]any, 0, 4+nk+5+7*n)
+	args := make([]any, 0, 4+nk+6+7*n)
 	args = append(args, "evalsha", s.script.Hash(), nk)
 	limits := make([][]string, n)
 	for i, line := range lines[1:] {
@@ -259,6 +262,7 @@ func (s *Store) settlePart(ctx context.Context, key, rec string, actual int64, o
 		}
 		args = append(args, f[0], f[1], f[2], f[3], token, f[6], f[7])
 	}
+	args = append(args, journal)
 	// Not retried by go-redis (scriptCmd): a retry would be told ErrSettled by its own first
 	// attempt; the caller must learn that the outcome is unknown instead.
 	cmd := newScriptCmd(ctx, args, nk)

@@ -39,7 +39,7 @@ func BenchmarkReservation(b *testing.B) {
 		mid := readRedisStats(b, c)
 		reserve += mid.usec - before.usec
 		for j := range marks {
-			if _, err := s.Settle(ctx, []string{marks[j].Key}, 25); err != nil {
+			if _, err := s.Settle(ctx, []string{marks[j].Key}, 25, ""); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -71,7 +71,7 @@ func TestSettle(t *testing.T) {
 				if !reserve(t, s, rec, l, 4) {
 					t.Fatalf("%v: reserve of 4 of 10 denied", l.Algorithm)
 				}
-				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual, "")
 				if err != nil {
 					t.Fatalf("%v: Settle: %v", l.Algorithm, err)
 				}
@@ -81,7 +81,7 @@ func TestSettle(t *testing.T) {
 				if r := remaining(t, s, l); r != tt.wantRemaining || got.Limits[0].Remaining != r {
 					t.Errorf("%v: remaining %d (settle said %d), want %d", l.Algorithm, r, got.Limits[0].Remaining, tt.wantRemaining)
 				}
-				if _, err := s.Settle(ctxT(t), []string{rec}, tt.actual); !errors.Is(err, ErrSettled) {
+				if _, err := s.Settle(ctxT(t), []string{rec}, tt.actual, ""); !errors.Is(err, ErrSettled) {
 					t.Errorf("%v: second settle: got %v, want ErrSettled", l.Algorithm, err)
 				}
 				if r := remaining(t, s, l); r != tt.wantRemaining {
@@ -96,14 +96,14 @@ func TestSettleErrors(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	if _, err := s.Settle(ctx, []string{key(t, "never")}, 1); !errors.Is(err, ErrUnknownReservation) {
+	if _, err := s.Settle(ctx, []string{key(t, "never")}, 1, ""); !errors.Is(err, ErrUnknownReservation) {
 		t.Errorf("unknown: got %v, want ErrUnknownReservation", err)
 	}
 	for _, tc := range []struct {
 		keys   []string
 		actual int64
 	}{{nil, 1}, {[]string{key(t, "x")}, -1}} {
-		if _, err := s.Settle(ctx, tc.keys, tc.actual); !errors.Is(err, ErrInvalidRequest) {
+		if _, err := s.Settle(ctx, tc.keys, tc.actual, ""); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("Settle(%v, %d): got %v, want ErrInvalidRequest", tc.keys, tc.actual, err)
 		}
 	}
@@ -112,7 +112,7 @@ func TestSettleErrors(t *testing.T) {
 	defer down.Close()
 	ds := NewStore(down)
 	defer ds.Close()
-	if _, err := ds.Settle(ctx, []string{key(t, "r1"), key(t, "r2")}, 1); err == nil || errors.Is(err, ErrUnknownReservation) || !Unavailable(err) {
+	if _, err := ds.Settle(ctx, []string{key(t, "r1"), key(t, "r2")}, 1, ""); err == nil || errors.Is(err, ErrUnknownReservation) || !Unavailable(err) {
 		t.Errorf("Settle with Redis down: %v, want an unavailable error", err)
 	}
 	// A label that would not stay one field of the record is refused.
@@ -131,7 +131,7 @@ func TestSettleErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if _, err := s.Settle(ctx, []string{l.Key + ":rsv"}, 0); !errors.Is(err, ErrUnknownReservation) {
+	if _, err := s.Settle(ctx, []string{l.Key + ":rsv"}, 0, ""); !errors.Is(err, ErrUnknownReservation) {
 		t.Errorf("expired: got %v, want ErrUnknownReservation", err)
 	}
 	if r := remaining(t, s, l); r != 6 {
@@ -150,7 +150,7 @@ func TestSettleSlidingLogPartial(t *testing.T) {
 		t.Fatal("reserve denied")
 	}
 	check(t, s, one(l, 5)) // an entry after the reservation's
-	if _, err := s.Settle(ctxT(t), []string{rec}, 3); err != nil {
+	if _, err := s.Settle(ctxT(t), []string{rec}, 3, ""); err != nil {
 		t.Fatal(err)
 	}
 	if r := remaining(t, s, l); r != 12 {
@@ -198,7 +198,7 @@ func TestReserveExactUnderConcurrency(t *testing.T) {
 			recs.Range(func(k, _ any) bool {
 				for range 3 { // each settle sent three times at once
 					wg.Go(func() {
-						got, err := s.Settle(context.Background(), []string{k.(string)}, actual)
+						got, err := s.Settle(context.Background(), []string{k.(string)}, actual, "")
 						switch {
 						case err == nil:
 							applied.Add(int64(got.Parts))
@@ -251,7 +251,7 @@ func TestSettleOverageBounds(t *testing.T) {
 				if !reserve(t, s, rec, l, tt.estimate) {
 					t.Fatalf("%v: reserve of %d of 10 denied", l.Algorithm, tt.estimate)
 				}
-				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual)
+				got, err := s.Settle(ctxT(t), []string{rec}, tt.actual, "")
 				if err != nil {
 					t.Fatalf("%v: Settle: %v", l.Algorithm, err)
 				}
@@ -273,7 +273,7 @@ func TestSettleOverageBounds(t *testing.T) {
 			if !reserve(t, s, rec, l, 1) {
 				t.Fatalf("reserve %d denied", i)
 			}
-			if _, err := s.Settle(ctxT(t), []string{rec}, 1_000_000); err != nil {
+			if _, err := s.Settle(ctxT(t), []string{rec}, 1_000_000, ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -299,7 +299,7 @@ func TestSettleOverageBounds(t *testing.T) {
 		if err := s.Mark(ctxT(t), time.Minute, []Mark{{Key: rec, Request: &req, Result: &res}}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.Settle(ctxT(t), []string{rec}, 100)
+		got, err := s.Settle(ctxT(t), []string{rec}, 100, "")
 		if err != nil || len(got.Limits) != len(ls) {
 			t.Fatalf("Settle of %d limits: %+v, %v", len(ls), got, err)
 		}
@@ -331,7 +331,7 @@ func TestSettleOverageBounds(t *testing.T) {
 		if err := rdb.Set(ctxT(t), rec, strings.Join(lines, "\n")+"\n", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Settle(ctxT(t), []string{rec}, 30); err != nil {
+		if _, err := s.Settle(ctxT(t), []string{rec}, 30, ""); err != nil {
 			t.Fatal(err)
 		}
 		if r := remaining(t, s, l); r != 0 {

@@ -595,6 +595,8 @@ func (j *job) addCall(r *Request, mode int, record bool, chargeNow string, token
 			token = j.str(l.Holder) // the lease a charge takes
 		case l.MaxDelay > 0 && mode != modeRefund:
 			token = j.num(l.MaxDelay.Microseconds()) // a queue's length (lua/gcra.lua)
+		case l.Journal != "" && mode != modeRefund:
+			token = j.str(l.Thresholds + "|" + l.Journal) // a balance's thresholds and journal (lua/balance.lua)
 		case l.Thresholds != "" && mode != modeRefund:
 			token = j.str(l.Thresholds) // a balance's thresholds (lua/balance.lua)
 		}

@@ -109,6 +109,8 @@ func Describe(d *quotaflowv1.Decision) string {
 		flags = append(flags, fmt.Sprintf("reserve=%d", d.EstimatedCost))
 	case quotaflowv1.Kind_KIND_LEASE_RELEASE, quotaflowv1.Kind_KIND_LEASE_EXPIRED:
 		verdict = strings.TrimPrefix(d.Kind.String(), "KIND_LEASE_")
+	case quotaflowv1.Kind_KIND_RECOVERED:
+		verdict = "RECOVERED"
 	default:
 		verdict = strings.TrimPrefix(d.Kind.String(), "KIND_")
 		flags = append(flags, fmt.Sprintf("estimate=%d actual=%d", d.EstimatedCost, d.ActualCost))

@@ -17,6 +17,20 @@ import (
 // of the remainders of its live grants (started, not expired, not voided); a period's usage
 // the burns (net of what settles gave back) and overage of the rows of that period. These
 // queries are those of docs/queries.md, and run on ClickHouse 18.16 as on current servers.
+//
+// A decision's moves may be stored twice: once from its checker and once recovered from the
+// balance journal (kind recovered, under the same decision id), when the checker was killed or
+// its answer lost between Redis and the spool. Each query reads the ledger through
+// ledgerOnce, which keeps one copy of each decision's moves.
+
+// ledgerOnce is the ledger's rows where selects, one of each move: DISTINCT over every column
+// but the instant, which a recovered copy takes from Redis, and which no query sums.
+func ledgerOnce(db, where string) string {
+	return `(SELECT DISTINCT entitlement, dimension, subject, kind, grant_id, amount, period_start, period_end,
+        effective_ms, expires_ms, source
+    FROM ` + db + `.ledger
+    WHERE ` + where + `)`
+}
 
 // LedgerBalance is a subject's balance of an entitlement recomputed from the ledger.
 type LedgerBalance struct {
@@ -44,11 +58,10 @@ func (r *Reader) Balance(ctx context.Context, entitlement, dimension, subject st
 	}
 	b := &LedgerBalance{Entitlement: entitlement, Dimension: dimension, Subject: subject, At: at.UTC(), Grants: map[string]int64{}}
 	ms := at.UnixMilli()
-	rows, err := r.conn.Query(ctx, fmt.Sprintf(`SELECT grant_id, sum(amount) AS rem, max(effective_ms) AS eff, max(expires_ms) AS exp,
+	rows, err := r.conn.Query(ctx, `SELECT grant_id, sum(amount) AS rem, max(effective_ms) AS eff, max(expires_ms) AS exp,
     countIf(kind = 'voided') AS voided
-FROM %s.ledger
-WHERE entitlement = ? AND dimension = ? AND subject = ? AND grant_id != ''
-GROUP BY grant_id`, r.db), entitlement, dimension, subject)
+FROM `+ledgerOnce(r.db, `entitlement = ? AND dimension = ? AND subject = ? AND grant_id != ''`)+`
+GROUP BY grant_id`, entitlement, dimension, subject)
 	if err != nil {
 		return nil, fmt.Errorf("ledger balance: %w", err)
 	}
@@ -70,13 +83,12 @@ GROUP BY grant_id`, r.db), entitlement, dimension, subject)
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("ledger balance: %w", err)
 	}
-	row := r.conn.QueryRow(ctx, fmt.Sprintf(`SELECT period_start,
+	row := r.conn.QueryRow(ctx, `SELECT period_start,
     -sumIf(amount, kind IN ('burned', 'given_back', 'overage', 'overage_back')) AS used,
     -sumIf(amount, kind IN ('overage', 'overage_back')) AS overage
-FROM %s.ledger
-WHERE entitlement = ? AND dimension = ? AND subject = ? AND period_start = (
-    SELECT max(period_start) FROM %s.ledger WHERE entitlement = ? AND dimension = ? AND subject = ?)
-GROUP BY period_start`, r.db, r.db), entitlement, dimension, subject, entitlement, dimension, subject)
+FROM `+ledgerOnce(r.db, `entitlement = ? AND dimension = ? AND subject = ? AND period_start = (
+        SELECT max(period_start) FROM `+r.db+`.ledger WHERE entitlement = ? AND dimension = ? AND subject = ?)`)+`
+GROUP BY period_start`, entitlement, dimension, subject, entitlement, dimension, subject)
 	if err := row.Scan(&b.PeriodStart, &b.Used, &b.Overage); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("ledger usage: %w", err)
 	}
@@ -126,10 +138,9 @@ func (r *Reader) EntitlementBilling(ctx context.Context, period, entitlement str
     -sumIf(amount, kind IN ('burned', 'given_back', 'overage', 'overage_back')) AS used,
     -sumIf(amount, kind IN ('overage', 'overage_back')) AS overage,
     -sumIf(amount, kind IN ('forfeited', 'voided')) AS forfeited
-FROM %s.ledger
-WHERE period_start >= toDateTime(%d) AND period_start < toDateTime(%d) AND (? = '' OR entitlement = ?)
+FROM %s
 GROUP BY entitlement, dimension, subject, period_start
-ORDER BY entitlement, dimension, subject, period_start`, r.db, from.Unix(), to.Unix()), entitlement, entitlement)
+ORDER BY entitlement, dimension, subject, period_start`, ledgerOnce(r.db, fmt.Sprintf(`period_start >= toDateTime(%d) AND period_start < toDateTime(%d) AND (? = '' OR entitlement = ?)`, from.Unix(), to.Unix()))), entitlement, entitlement)
 	if err != nil {
 		return nil, fmt.Errorf("billing export: %w", err)
 	}

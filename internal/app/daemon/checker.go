@@ -70,6 +70,9 @@ type CheckerConfig struct {
 	InstanceID string
 	// DisableOverLimitCache: every check goes to Redis (checker.Config).
 	DisableOverLimitCache bool
+	// JournalGrace is how long a balance burn's decision may take to become durable before
+	// the journal's sweeper publishes it again (checker.Config.JournalGrace); 0: the default.
+	JournalGrace time.Duration
 	// Telemetry, when set, is shared with other daemons of the process and left open; nil
 	// means one of the checker's own, from Tracing.
 	Telemetry *telemetry.Telemetry
@@ -356,7 +359,7 @@ func (s *checkerStart) engine() *checker.Engine {
 	cfg, tel := s.cfg, s.tel
 	ecfg := checker.Config{Redis: cfg.Redis, RedisTimeout: cfg.RedisTimeout, MaxInFlight: cfg.MaxInFlight, BucketLayout: cfg.BucketLayout, SharedHashes: cfg.SharedHashes, Logger: s.log, InstanceID: tel.Instance,
 		DisableOverLimitCache: cfg.DisableOverLimitCache, Meter: tel.Meter, Tracer: tel.Tracer, TraceRatio: tel.TraceRatio,
-		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName}
+		Rules: s.set, IDKeys: cfg.IDKeys, Caller: transport.CallerName, JournalGrace: cfg.JournalGrace}
 	if s.pub != nil {
 		ecfg.Decisions = s.pub
 	}

@@ -43,12 +43,27 @@
 -- recurring grant's before it is issued again; a voided grant's was reported by its void),
 -- R<n>:<id> (issued again, n its amount), C<n>:<id~period> (n rolled over into a new grant).
 -- A refund keeps the moves: the new period stands.
--- Commands: HGETALL; on commit HSET (+ HDEL of grants dropped by a roll); on refund HMGET, HSET.
+-- Journal: a charge whose token carries a journal argument after its thresholds
+-- ("<spec>|<jid>|<holder>": the id of the decision that reports the charge, and the holder as
+-- the checker names it) also writes what it did into the balance's journal, the hash
+-- key .. '#j' (the same hash tag, so the same slot; a key the script derives, which Redis lets
+-- a script without flags touch), field jid:
+--   "<k>,<now µs>,<period start s>,<period end µs>|<burned>|<told>|<moves>|<holder>"
+-- k 'c' for a charge or use (burned as a refund token's first part), 'g' for a settle's give
+-- back (burned: what it gave). The checker deletes the field once the decision is durable;
+-- a field left (the checker killed, or the answer lost, after Redis charged) is published
+-- again by the journal's sweeper, under the same decision id, so that the ledger, which counts
+-- a decision's moves once, misses no burn (internal/bucket/journal.go). A journaled charge's
+-- refund token has a fourth part, the jid, so that a refund of the whole charge (mode 2)
+-- rewrites the field to the period's moves alone (or deletes it): the journal always says
+-- what the decision will.
+-- Commands: HGETALL; on commit HSET (+ HDEL of grants dropped by a roll; + HSET of the
+-- journal); on refund HMGET, HSET (+ HGET and HSET or HDEL of the journal).
 local bl_eval, bl_commit, bl_refund, bl_charge
 -- The helpers below are chunk-level too, for grant.lua, which reads and writes balances with
 -- them.
 local bl_period, bl_read, bl_roll, bl_live, bl_state, bl_encode, bl_decode, bl_tell, bl_untell
-local bl_dropped, bl_token, bl_apply
+local bl_dropped, bl_token, bl_apply, bl_journal
 if NEED_1 == '9' or NEED and NEED['9'] then
   -- bl_period returns the start (Unix s) and the end (µs) of the period of W and B holding t,
   -- the lengths of both periods (s), or raises calendar_window.lua's error: each module builds
@@ -194,7 +209,7 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     local st, ends, live, sum = bl_state(key, W, B, now)
     local over = cost - sum
     if over <= 0 or over + st.o <= L - 1 then
-      st.live, st.cost = live, cost
+      st.live, st.cost, st.ends = live, cost, ends
       return true, st.u, sum, ends, st.u + cost, nonneg(sum - cost), ends, st
     end
     -- The sixth value, which call.lua's check ignores, is the most a charge may take now: a
@@ -277,8 +292,11 @@ if NEED_1 == '9' or NEED and NEED['9'] then
 
   -- bl_token is a charge's refund token: what it burned, then "|" and what it told, then "|"
   -- and what a new period's start did to the grants (moves), the last parts left out when
-  -- empty.
-  function bl_token(burned, told, moves)
+  -- empty; a journaled charge's has all three and a fourth, its journal id.
+  function bl_token(burned, told, moves, jid)
+    if jid and jid ~= '' then
+      return burned .. '|' .. table.concat(told, ',') .. '|' .. table.concat(moves or {}, ',') .. '|' .. jid
+    end
     if moves and #moves > 0 then
       return burned .. '|' .. table.concat(told, ',') .. '|' .. table.concat(moves, ',')
     end
@@ -327,27 +345,58 @@ if NEED_1 == '9' or NEED and NEED['9'] then
     return left, burned, told
   end
 
+  -- bl_journal writes what one decision did to the balance at key into its journal (above),
+  -- when jarg ("<jid>|<holder>") names a decision; it returns the jid, nil for none.
+  function bl_journal(key, jarg, k, now, pstart, pend, burned, told, moves)
+    local jid, holder = string.match(jarg or '', '^([^|]*)|?(.*)$')
+    if not jid or jid == '' then
+      return nil
+    end
+    redis.call('HSET', key .. '#j', jid, k .. ',' .. us(now) .. ',' .. us(pstart) .. ',' .. us(pend) .. '|' ..
+      burned .. '|' .. table.concat(told, ',') .. '|' .. table.concat(moves or {}, ',') .. '|' .. holder)
+    return jid
+  end
+
   if MODE ~= '1' then
-    function bl_commit(key, L, W, B, now, now_s, cost, Bs, st, _, _, spec)
+    function bl_commit(key, L, W, B, now, now_s, cost, Bs, st, _, _, tok)
       if not st then
         -- A denied balance is never committed: call.lua's count mode ('6') is Envoy's
         -- descriptors', which no balance is.
         error({err = 'ERR bucket: a balance charged while denied'})
       end
+      local spec, jarg = string.match(tok or '', '^([^|]*)|?(.*)$')
       local left, burned, told = bl_apply(key, st, st.live, cost, now, spec)
-      return bl_token(us(left) .. ',' .. table.concat(burned, ','), told, st.moves)
+      local spent = us(left) .. ',' .. table.concat(burned, ',')
+      local jid = bl_journal(key, jarg, 'c', now, st.p, st.ends, spent, told, st.moves)
+      return bl_token(spent, told, st.moves, jid)
     end
   end
 
   if REFUNDS then
-    function bl_refund(key, L, W, B, now, cost, charge_now, token)
-      local wid = bl_period(W, B, charge_now)
+    -- bl_rejournal rewrites the journal field jid of key after its charge was refunded whole
+    -- (mode 2): nothing burned or told stands, the period's moves do; no moves, no field.
+    local function bl_rejournal(key, jid)
+      local j = redis.call('HGET', key .. '#j', jid)
+      if not j then
+        return
+      end
+      local head, moves, holder = string.match(j, '^([^|]*)|[^|]*|[^|]*|([^|]*)|(.*)$')
+      if not head or moves == '' then
+        redis.call('HDEL', key .. '#j', jid)
+      else
+        redis.call('HSET', key .. '#j', jid, head .. '|||' .. moves .. '|' .. holder)
+      end
+    end
+
+    -- jarg is a settle's journal argument (call.lua), nil for a refund of a check's charge.
+    function bl_refund(key, L, W, B, now, cost, charge_now, token, _, jarg)
+      local wid, pend = bl_period(W, B, charge_now)
       local h = redis.call('HMGET', key, 'p', 'u', 'o')
       if tonumber(h[1]) ~= wid or not token or token == '' then
         return -- the period was rolled since: its usage is history
       end
-      local told
-      token, told = string.match(token, '^([^|]*)|?([^|]*)')
+      local told, rest
+      token, told, rest = string.match(token, '^([^|]*)|?([^|]*)|?(.*)$')
       if told ~= '' and MODE ~= '5' then
         -- A refunded charge's decision tells nothing; a settle's charge told, and stands.
         bl_untell(key, told)
@@ -378,7 +427,18 @@ if NEED_1 == '9' or NEED and NEED['9'] then
       end
       redis.call('HSET', key, unpack(args))
       -- What it gave back, as a charge's burned part: a settle reports it.
-      return table.concat(given, ',')
+      local back = table.concat(given, ',')
+      if MODE == '5' then
+        bl_journal(key, jarg, 'g', now, wid, pend, back, {}, nil)
+      else
+        -- Within one period a refund finds every grant its charge burned (only a roll drops
+        -- grants), so that the whole charge came back.
+        local jid = string.match(rest, '|(.*)$')
+        if jid and jid ~= '' then
+          bl_rejournal(key, jid)
+        end
+      end
+      return back
     end
   end
 end

@@ -270,10 +270,12 @@ end
 -- reply[1] = 0 on an overage; a balance's token is what the settle burned (d > 0) or gave back
 -- (d < 0), as lua/balance.lua writes them. Each limit takes 7 arguments here: code, L, W, B, refund token,
 -- bound, fit. Concurrency limits (code 8) have no part in a reservation: their place is held
--- apart.
+-- apart. The last argument, after the limits', is the settle's journal argument
+-- ("<jid>|<holder>", "" for none): what it burned or gave back of a balance is journaled under
+-- the settle's decision id (lua/balance.lua).
 local function settle(KEYS, ARGV)
   local n, d, ttl = int(ARGV[1]), int(ARGV[2]), tonumber(ARGV[4])
-  if not n or n < 1 or #ARGV ~= 5 + 7 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then
+  if not n or n < 1 or #ARGV ~= 6 + 7 * n or #KEYS ~= n + 1 + (FIELDS and n or 0) or not d or not ttl or ttl < 1 then
     return redis.error_reply('ERR bucket: malformed settle arguments')
   end
   local rec = KEYS[n + 1]
@@ -289,6 +291,7 @@ local function settle(KEYS, ARGV)
     return redis.error_reply('ERR bucket: malformed reservation record')
   end
   local now, now_s = clock()
+  local jarg = ARGV[6 + 7 * n]
   local reply = sized(3 + 6 * n)
   reply[1], reply[2], reply[3] = 1, now_s, 0
   for i = 1, n do
@@ -328,10 +331,10 @@ local function settle(KEYS, ARGV)
         fit, reply[1] = 0, 0
       end
       if c > 0 then
-        tok = cm(KEYS[i], L, W, B, now, now_s, c, Bs, s1, s2, s3, '')
+        tok = cm(KEYS[i], L, W, B, now, now_s, c, Bs, s1, s2, s3, '|' .. jarg)
       end
     elseif d < 0 then
-      tok = rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs)
+      tok = rf(KEYS[i], L, W, B, now, -d, charge_now, ARGV[b + 5], Bs, jarg)
     end
     if ARGV[b + 1] ~= '9' or type(tok) ~= 'string' then
       tok = '' -- only a balance reports what a settle moved

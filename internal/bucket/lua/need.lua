@@ -22,9 +22,10 @@ local REFUNDS
 if not BATCH then
   NEED_1, MODE = ARGV[6], ARGV[3]
   if ARGV[1] ~= '1' then
-    -- A settle's limits take 7 arguments each (their overage bound and fit), the others 5.
+    -- A settle's limits take 7 arguments each (their overage bound and fit), the others 5;
+    -- a settle has its journal argument last.
     local n, per = tonumber(ARGV[1]) or 0, MODE == '5' and 7 or 5
-    if n > 1 and n * per + 5 == #ARGV then -- else malformed: call.lua reports it
+    if n > 1 and n * per + 5 + (MODE == '5' and 1 or 0) == #ARGV then -- else malformed: call.lua reports it
       NEED = {}
       for i = 2, n do
         NEED[ARGV[5 + (i - 1) * per + 1]] = true

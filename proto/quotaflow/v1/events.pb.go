@@ -39,6 +39,12 @@ const (
 	// KIND_LEASE_EXPIRED is a lease found expired when its holder released or renewed it: its
 	// places had freed themselves.
 	Kind_KIND_LEASE_EXPIRED Kind = 5
+	// KIND_RECOVERED is a balance's moves whose decision may be lost (the checker killed, or the
+	// store's answer lost, after Redis burned): the balance journal's sweeper publishes them
+	// under that decision's id, with the balance as its one limit (limit 0: unknown) carrying
+	// the moves and the thresholds told. It counts as no request; the ledger counts one
+	// decision id's moves once, so that a decision also published by its checker counts once.
+	Kind_KIND_RECOVERED Kind = 6
 )
 
 // Enum value maps for Kind.
@@ -50,6 +56,7 @@ var (
 		3: "KIND_CANCEL",
 		4: "KIND_LEASE_RELEASE",
 		5: "KIND_LEASE_EXPIRED",
+		6: "KIND_RECOVERED",
 	}
 	Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":   0,
@@ -58,6 +65,7 @@ var (
 		"KIND_CANCEL":        3,
 		"KIND_LEASE_RELEASE": 4,
 		"KIND_LEASE_EXPIRED": 5,
+		"KIND_RECOVERED":     6,
 	}
 )
 
@@ -504,14 +512,15 @@ const file_quotaflow_v1_events_proto_rawDesc = "" +
 	"\texemption\x18\x1f \x01(\tR\texemption\x12\x19\n" +
 	"\bdelay_us\x18  \x01(\x03R\adelayUs\"E\n" +
 	"\rDecisionBatch\x124\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x80\x01\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x16.quotaflow.v1.DecisionR\tdecisions*\x94\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_RESERVE\x10\x01\x12\x0f\n" +
 	"\vKIND_SETTLE\x10\x02\x12\x0f\n" +
 	"\vKIND_CANCEL\x10\x03\x12\x16\n" +
 	"\x12KIND_LEASE_RELEASE\x10\x04\x12\x16\n" +
-	"\x12KIND_LEASE_EXPIRED\x10\x05B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
+	"\x12KIND_LEASE_EXPIRED\x10\x05\x12\x12\n" +
+	"\x0eKIND_RECOVERED\x10\x06B?Z=github.com/quotaflow/quotaflow/proto/quotaflow/v1;quotaflowv1b\x06proto3"
 
 var (
 	file_quotaflow_v1_events_proto_rawDescOnce sync.Once
