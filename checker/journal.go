@@ -54,21 +54,25 @@ type journal struct {
 	grace time.Duration
 	log   *slog.Logger
 	trims chan bucket.JournalRef
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// ctx ends with close: it stops both loops (the trimmer once it dropped what was queued).
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 func newJournal(e *Engine, store journalStore, grace time.Duration) *journal {
 	j := &journal{e: e, store: store, grace: grace, log: e.log.With("part", "journal"),
-		trims: make(chan bucket.JournalRef, trimQueue), stop: make(chan struct{})}
+		trims: make(chan bucket.JournalRef, trimQueue)}
+	j.ctx, j.cancel = context.WithCancel(context.Background())
 	j.wg.Add(2)
 	go j.trimLoop()
 	go j.sweepLoop()
 	return j
 }
 
+// close stops the loops, once the entries queued were dropped (or a trim failed).
 func (j *journal) close() {
-	close(j.stop)
+	j.cancel()
 	j.wg.Wait()
 }
 
@@ -94,25 +98,33 @@ func (j *journal) drop(r bucket.JournalRef) {
 	}
 }
 
-// trimLoop deletes the queued entries, as many at once as are waiting.
+// trimLoop deletes the queued entries, as many at once as are waiting; once the journal is
+// closed, those still queued, so that a checker stopped in order leaves none to recover.
 func (j *journal) trimLoop() {
 	defer j.wg.Done()
 	batch := make([]bucket.JournalRef, 0, trimBatch)
 	for {
 		select {
-		case <-j.stop:
-			return
+		case <-j.ctx.Done():
+			if len(j.trims) == 0 {
+				return
+			}
 		case r := <-j.trims:
-			batch = append(batch[:0], r)
+			batch = append(batch, r)
 		}
 		for len(batch) < trimBatch && len(j.trims) > 0 {
 			batch = append(batch, <-j.trims)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := j.store.TrimJournal(ctx, batch); err != nil {
-			j.log.Debug("journal entries not dropped: the sweeper publishes them again, and the ledger counts them once", "entries", len(batch), "err", err)
-		}
+		err := j.store.TrimJournal(ctx, batch)
 		cancel()
+		if err != nil {
+			j.log.Debug("journal entries not dropped: the sweeper publishes them again, and the ledger counts them once", "entries", len(batch), "err", err)
+			if j.ctx.Err() != nil {
+				return
+			}
+		}
+		batch = batch[:0]
 	}
 }
 
@@ -123,24 +135,17 @@ func (j *journal) sweepLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-j.stop:
+		case <-j.ctx.Done():
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-j.stop:
-			case <-ctx.Done():
-			}
-			cancel()
-		}()
-		if n, err := j.sweep(ctx); err != nil {
+		n, err := j.sweep(j.ctx)
+		switch {
+		case err != nil && j.ctx.Err() == nil:
 			j.log.Warn("journal sweep failed; the next one tries again", "err", err)
-		} else if n > 0 {
+		case n > 0:
 			j.log.Info("recovered balance moves whose decisions were lost", "decisions", n)
 		}
-		cancel()
 	}
 }
 
