@@ -5,6 +5,10 @@ import type { Client } from "./client.js";
 
 interface Call {
   msg: CheckRateLimitRequest;
+  /** The caller stopped waiting (its signal ended). */
+  gone: boolean;
+  /** Called when the caller leaves, set while the call's batch is in flight. */
+  onGone?: () => void;
   resolve(r: CheckRateLimitResponse): void;
   reject(err: unknown): void;
 }
@@ -25,14 +29,20 @@ export class Batcher {
       if (signal?.aborted) return reject(signal.reason);
       // The batch still goes out when the caller leaves: the check may be charged, as a
       // cancelled CheckRateLimit may.
-      const onAbort = () => reject(signal!.reason);
-      signal?.addEventListener("abort", onAbort, { once: true });
-      const done = () => signal?.removeEventListener("abort", onAbort);
-      this.pending.push({
+      const call: Call = {
         msg,
+        gone: false,
         resolve: (r) => (done(), resolve(r)),
         reject: (e) => (done(), reject(e)),
-      });
+      };
+      const onAbort = () => {
+        call.gone = true;
+        call.onGone?.();
+        reject(signal!.reason);
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const done = () => signal?.removeEventListener("abort", onAbort);
+      this.pending.push(call);
       if (this.inFlight === 0 || this.pending.length >= this.c.cfg.batchMax) {
         this.send(this.take());
       } else if (this.pending.length === 1) {
@@ -59,14 +69,19 @@ export class Batcher {
   }
 
   /** Sends one batch, retried as a whole while it fails transiently (its checks keep their
-   * idempotency keys), and answers each call; then sends the checks that waited for it. */
+   * idempotency keys), and answers each call; then sends the checks that waited for it. The
+   * callers' signals do not bound it, as it serves them all; once every one of them has left,
+   * its retries stop. */
   private async send(calls: Call[]): Promise<void> {
+    const everyoneGone = new AbortController();
+    for (const cl of calls) cl.onGone = () => calls.every((c) => c.gone) && everyoneGone.abort();
+    if (calls.every((c) => c.gone)) everyoneGone.abort();
     try {
       if (calls.length === 1) {
-        calls[0].resolve(await this.c.checkOne(calls[0].msg));
+        calls[0].resolve(await this.c.checkOne(calls[0].msg, everyoneGone.signal));
         return;
       }
-      const resp = await this.c.retry(undefined, (o) => this.c.rpc.checkRateLimits({ checks: calls.map((c) => c.msg) }, o));
+      const resp = await this.c.retry(everyoneGone.signal, (o) => this.c.rpc.checkRateLimits({ checks: calls.map((c) => c.msg) }, o));
       if (resp.results.length !== calls.length) {
         throw new ConnectError(`checker answered ${resp.results.length} checks of ${calls.length}`, Code.Internal);
       }

@@ -16,7 +16,7 @@ export interface FastifyRequestLike {
 export interface FastifyReplyLike {
   code(status: number): FastifyReplyLike;
   header(name: string, value: string): FastifyReplyLike;
-  send(body?: string): FastifyReplyLike;
+  send(body?: Uint8Array): FastifyReplyLike;
 }
 
 /** The parts of a Fastify instance the plugin uses. */
@@ -42,7 +42,8 @@ export function fastifyRateLimit<R extends FastifyRequestLike = FastifyRequestLi
       if (v.kind === "skip") return;
       for (const [k, val] of Object.entries(v.headers)) reply.header(k, val);
       if (v.kind !== "allow") {
-        reply.code(v.status).header("Content-Type", v.contentType).send(v.body);
+        // Bytes: given a string, Fastify would add "; charset=utf-8" to the type forward-auth sends bare.
+        reply.code(v.status).header("Content-Type", v.contentType).send(new TextEncoder().encode(v.body));
         return reply;
       }
       req.quotaflow = v.decision;
