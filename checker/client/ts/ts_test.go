@@ -14,12 +14,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quotaflow/quotaflow/checker/client"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
 )
@@ -343,4 +346,96 @@ func TestGeneratedCurrent(t *testing.T) {
 			t.Errorf("%s is generated but not committed: run npm run generate in checker/client/ts and commit", path)
 		}
 	}
+}
+
+// benchResult is one line of the benchmark's report.
+type benchResult struct {
+	Name         string  `json:"name"`
+	Callers      int     `json:"callers"`
+	ChecksPerSec float64 `json:"checks_per_sec"`
+	P50Ms        float64 `json:"p50_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	Errors       int     `json:"errors"`
+}
+
+// TestBenchmark (QUOTAFLOW_TS_BENCH=1; make bench-ts) measures checks/s and latency from one
+// process against one checker process: the Go client, then the TypeScript client in one Node
+// process (npm run bench), in the same run, each with 32 callers and each check its own subject.
+func TestBenchmark(t *testing.T) {
+	skipOnCluster(t)
+	if os.Getenv("QUOTAFLOW_TS_BENCH") == "" {
+		t.Skip("set QUOTAFLOW_TS_BENCH=1 (make bench-ts) to compare the Go and TypeScript clients")
+	}
+	npmReady(t)
+	c := startChecker(t, 2)
+	const callers, seconds = 32, 5
+	var results []benchResult
+	for _, tt := range []struct {
+		name string
+		wait time.Duration
+	}{{"go coalesced", 0}, {"go single", -1}} {
+		results = append(results, benchGo(t, c.URL, tt.name, tt.wait, callers, seconds))
+	}
+	cmd := exec.Command("npm", "run", "--silent", "bench")
+	cmd.Env = append(os.Environ(), "QF_CHECKER_URL="+c.URL, "QF_BENCH_SECONDS="+strconv.Itoa(seconds), "QF_BENCH_CONCURRENCY="+strconv.Itoa(callers))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("npm run bench: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var r benchResult
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("npm run bench printed %q: %v", line, err)
+		}
+		results = append(results, r)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n| client | callers | checks/s | p50 ms | p99 ms | errors |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d |\n", r.Name, r.Callers, r.ChecksPerSec, r.P50Ms, r.P99Ms, r.Errors)
+	}
+	t.Log(b.String())
+}
+
+// benchGo is the Go client's side of TestBenchmark.
+func benchGo(t *testing.T, url, name string, wait time.Duration, callers, seconds int) benchResult {
+	c := client.New(url, client.Config{BatchWait: wait, Timeout: 5 * time.Second})
+	defer c.Close()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var n atomic.Int64
+	var errs atomic.Int64
+	measure := func(d time.Duration) []time.Duration {
+		var mu sync.Mutex
+		var lat []time.Duration
+		end := time.Now().Add(d)
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				var mine []time.Duration
+				for time.Now().Before(end) {
+					t0 := time.Now()
+					req := client.Request{Subjects: []client.Subject{{Dimension: client.User, ID: "bench-" + run + "-" + strconv.FormatInt(n.Add(1), 10)}}, Endpoint: "/bench"}
+					d, err := c.Check(context.Background(), req)
+					if err != nil || !d.Allowed || d.Source != client.SourceChecker {
+						errs.Add(1)
+					}
+					mine = append(mine, time.Since(t0))
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return lat
+	}
+	measure(time.Second) // warm-up, as the Node side has
+	start := time.Now()
+	lat := measure(time.Duration(seconds) * time.Second)
+	took := time.Since(start).Seconds()
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
+	return benchResult{Name: name, Callers: callers, ChecksPerSec: float64(len(lat)) / took, P50Ms: q(0.5), P99Ms: q(0.99), Errors: int(errs.Load())}
 }
