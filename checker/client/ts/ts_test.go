@@ -48,6 +48,7 @@ tiers: {free: {}}
 rules:
   - {id: ts-exact, dimension: user, endpoint: /exact, algorithm: fixed_window, limit: 50, window: 1h}
   - {id: ts-orders, dimension: user, endpoint: /orders, algorithm: fixed_window, limit: 3, window: 1h}
+  - {id: ts-short, dimension: user, endpoint: /short, algorithm: fixed_window, limit: 1, window: 1s}
   - {id: ts-mw, dimension: user, endpoint: /mw/*, algorithm: fixed_window, limit: 2, window: 1h}
   - {id: ts-llm, dimension: user, endpoint: /llm, algorithm: fixed_window, limit: 1000, window: 1h}
   - {id: ts-inflight, dimension: user, endpoint: /stream, algorithm: concurrency, limit: 1, window: 1m}

@@ -60,6 +60,25 @@ describe("the deny cache", () => {
     assert.equal(calls, 5);
   });
 
+  it("asks the checker again once retry_after has passed", async () => {
+    const c = new Client(checkerURL, { timeoutMs: 10_000, logger: quietLogger });
+    const req = { subjects: [{ dimension: "user" as const, id: uid("short") }], endpoint: "/short" };
+    let d = await c.check(req);
+    if (!d.allowed) {
+      // The one-second window ended between two checks: start over in the next one.
+      await new Promise((r) => setTimeout(r, d.retryAfterMs + 20));
+      d = await c.check(req);
+    }
+    assert.ok(d.allowed);
+    const denied = await c.check(req);
+    assert.deepEqual([denied.allowed, denied.source], [false, "checker"]);
+    assert.ok(denied.retryAfterMs > 0 && denied.retryAfterMs <= 1_000);
+    assert.equal((await c.check(req)).source, "deny-cache");
+    await new Promise((r) => setTimeout(r, denied.retryAfterMs + 20));
+    const after = await c.check(req);
+    assert.deepEqual([after.allowed, after.source], [true, "checker"], "the window is new: the checker allows");
+  });
+
   it("is off with noDenyCache", async () => {
     const c = new Client(checkerURL, { timeoutMs: 10_000, noDenyCache: true, logger: quietLogger });
     const req = { subjects: [{ dimension: "user" as const, id: uid("nocache") }], endpoint: "/orders" };
