@@ -47,6 +47,7 @@ interface Settings {
   retries: number;
   backoffMs: number;
   failMode: FailMode;
+  localRate: number;
   localBurst: number;
   probeIntervalMs: number;
   batchWaitMs: number;
@@ -95,7 +96,7 @@ export class Client {
       });
     this.rpc = createClient(RateLimiter, transport);
     if (config.token) this.headers = { authorization: `Bearer ${config.token}` };
-    this.local = new LocalBuckets(config.localRate ?? 10, cfg.localBurst);
+    this.local = new LocalBuckets(cfg.localRate, cfg.localBurst);
     if (!config.noDenyCache) this.deny = new DenyCache();
     if (cfg.batchWaitMs > 0) this.batch = new Batcher(this);
   }
@@ -370,10 +371,10 @@ function resolve(c: ClientConfig): Settings {
   if (c.protocol !== undefined && c.protocol !== "connect" && c.protocol !== "grpc-web") {
     throw new ConfigError("protocol", `want "connect" or "grpc-web", got ${JSON.stringify(c.protocol)}`);
   }
-  num("localRate", c.localRate, 10, Number.MIN_VALUE);
   return {
+    localRate: num("localRate", c.localRate, 10, Number.MIN_VALUE),
     timeoutMs: num("timeoutMs", c.timeoutMs, 250, 1),
-    retries: c.retries === undefined || c.retries === 0 ? 2 : c.retries < 0 ? 0 : Math.floor(c.retries),
+    retries: retriesOf(c.retries),
     backoffMs: num("backoffMs", c.backoffMs, 10, 0),
     failMode: c.failMode ?? "open",
     localBurst: num("localBurst", c.localBurst, 20, 1),
@@ -382,6 +383,12 @@ function resolve(c: ClientConfig): Settings {
     batchMax: num("batchMax", c.batchMax, 64, 1),
     log: c.logger ?? console,
   };
+}
+
+function retriesOf(r: number | undefined): number {
+  if (r === undefined || r === 0) return 2;
+  if (typeof r !== "number" || Number.isNaN(r)) throw new ConfigError("retries", `want a number, got ${r}`);
+  return r < 0 ? 0 : Math.floor(r);
 }
 
 function validateRequest(req: Request, what: string): void {

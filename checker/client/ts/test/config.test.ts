@@ -38,6 +38,8 @@ describe("bad configuration", () => {
     assert.throws(() => new Client("http://x", { timeoutMs: -5 }), names("timeoutMs"));
     assert.throws(() => new Client("http://x", { batchMax: -1 }), names("batchMax"));
     assert.throws(() => new Client("checker:8080"), names("baseUrl"));
+    assert.throws(() => new Client("http://x", { localRate: -1 }), names("localRate"));
+    assert.throws(() => new Client("http://x", { retries: "3" as never }), names("retries"));
   });
   it("reserve with a cost, a bad estimate, a negative actual", async () => {
     await assert.rejects(c.reserve({ subjects: [{ dimension: "user", id: "a" }], endpoint: "/x", cost: 3 }, 10), names("cost"));
