@@ -139,7 +139,8 @@ func quotaflowBinary(t *testing.T) string {
 		if _, err := os.Stat(goTool); err != nil {
 			goTool = "go"
 		}
-		if out, err := run(goTool, "build", "-o", binPath, "github.com/quotaflow/quotaflow/cmd/quotaflow"); err != nil {
+		// -trimpath: the build cache then serves any clone of the repository, wherever it is.
+		if out, err := run(goTool, "build", "-trimpath", "-o", binPath, "github.com/quotaflow/quotaflow/cmd/quotaflow"); err != nil {
 			binErr = fmt.Errorf("go build cmd/quotaflow: %w\n%s", err, out)
 		}
 	})
