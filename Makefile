@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/quotaflow
 
-.PHONY: dev test test-cluster test-shared deps build generate console vet fuzz fuzz-ci bench clean
+.PHONY: dev test test-cluster test-shared deps build generate generate-ts console vet fuzz fuzz-ci bench bench-ts clean
 
 ## dev: install what is missing, check the ports are free, build, start Redis, ClickHouse and
 ## quotaflow serve, stop all on Ctrl-C (deploy/dev/run.sh builds, after the port check)
@@ -55,6 +55,14 @@ generate:
 	$(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" buf generate
+	@$(MAKE) --no-print-directory generate-ts
+
+## generate-ts: regenerate the TypeScript client's stubs (committed, checker/client/ts/src/gen)
+## with buf and protoc-gen-es from npm, as its package-lock.json pins them. Its build and tests
+## run in `make test` through go test ./checker/client/ts/ (npm ci, npm run build, node --test).
+TSCLIENT := checker/client/ts
+generate-ts:
+	cd $(TSCLIENT) && npm ci --no-audit --no-fund && npm run generate
 
 ## console: reinstall the web console's third-party files (uPlot) from npm, as its
 ## package-lock.json pins them, into checker/console/static/vendor (committed, embedded by go
@@ -108,6 +116,11 @@ fuzz-ci:
 ## bench: the benchmarks (checks/s, decisions/s, allocations); figures in docs/performance.md
 bench: deps
 	$(GO) test -run='^$$' -bench=. -benchmem ./checker/ ./checker/transport/ ./checker/client/ ./cmd/quotaflow/ ./publisher/ ./internal/bucket/ ./checker/rules/ ./internal/urlpath/
+
+## bench-ts: checks/s and latency of the TypeScript client from one Node process beside the Go
+## client's, against one checker process (figures in checker/client/ts/README.md)
+bench-ts: deps
+	QUOTAFLOW_TS_BENCH=1 $(GO) test -count=1 -run='^TestBenchmark$$' -v ./$(TSCLIENT)/
 
 clean:
 	rm -rf bin .dev

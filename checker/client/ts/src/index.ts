@@ -1,0 +1,7 @@
+// @quotaflow/client: the TypeScript client of quotaflow's check API.
+export { Client, type Lease } from "./client.js";
+export * from "./types.js";
+export { clientIP } from "./clientip.js";
+export { rateLimitHeaders, denialBody, acceptsProblem, rateLimitField, rateLimitPolicyField, quotaExceededType, quotaExceededTitle } from "./headers.js";
+export type { HttpConfig, DimensionHeader } from "./http.js";
+export { RateLimiter } from "./gen/quotaflow/v1/ratelimit_pb.js";
