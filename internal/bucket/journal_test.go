@@ -239,3 +239,30 @@ func commandUsec(b *testing.B, c *redis.Client, name string) float64 {
 	}
 	return 0
 }
+
+// TestJournalRefundKeepsPeriod: a charge that brought its balance to a new period and was then
+// refunded (another limit denied) leaves in the journal the period's moves alone, as its
+// decision reports them: the forfeit and reissue stand, the burn does not.
+func TestJournalRefundKeepsPeriod(t *testing.T) {
+	t.Parallel()
+	before, c := newStore(t)
+	now := redisNow(t, before).Truncate(time.Second)
+	sp := calendar.Span{Start: now.Add(-23*time.Hour + 30*time.Second), First: 23 * time.Hour, Second: 25 * time.Hour}
+	after := NewStoreWithConfig(c, storeConfig(StoreConfig{ClockOffset: sp.First - 29*time.Second}))
+	t.Cleanup(func() { after.Close() })
+	prefix := "rl:" + key(t, "")
+	l := balLimit(prefix+"bl:x", 0, sp)
+	put(t, before, l, Grant{ID: "plan", Amount: 10, Priority: 1, Recurring: true})
+	check(t, before, one(l, 4))
+	full := lim(key(t, "fw"), algorithm.FixedWindow, 1, time.Hour, 0)
+	check(t, after, one(full, 1))
+	l.Journal = JournalArg("d-1", "user:eve")
+	res, err := after.Check(ctxT(t), []Request{one(l, 3), one(full, 1)})
+	if err != nil || !res[0].Refunded {
+		t.Fatalf("a charge past the boundary another limit denied: %+v, %v; want refunded", res, err)
+	}
+	got := journalOf(t, after, prefix)["d-1"]
+	if want := []Move{{Forfeited, "plan", 6}, {Reissued, "plan", 10}}; fmt.Sprint(got.Moves) != fmt.Sprint(want) {
+		t.Errorf("the refunded charge's journal: %v, want the period's moves alone, %v", got.Moves, want)
+	}
+}
