@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,7 +72,8 @@ type Config struct {
 	// Decisions receives every decision (nil: decisions are not published).
 	Decisions DecisionSink
 	// InstanceID identifies this checker process in decision ids and events; empty means a
-	// random one.
+	// random one. A '|' in it becomes '_': the balance journal's entries separate a decision id
+	// from its holder with it.
 	InstanceID string
 	// DisableOverLimitCache turns off the local cache of buckets known to deny until a known
 	// instant: every check then goes to the store.
@@ -151,6 +153,7 @@ func New(cfg Config) *Engine {
 	if e.instanceID == "" {
 		e.instanceID = instance.NewID()
 	}
+	e.instanceID = strings.ReplaceAll(e.instanceID, "|", "_")
 	if !cfg.DisableOverLimitCache {
 		e.olc = newOverLimitCache(0)
 	}

@@ -26,8 +26,11 @@ func (c *CheckerConfig) Validate() error {
 	switch {
 	case c.RulesFile == "" && c.NATSURL == "":
 		return &field.Error{Field: "RulesFile", Msg: ErrRulesRequired.Error(), Err: ErrRulesRequired}
-	case strings.ContainsAny(c.InstanceID, " .*>\t\r\n") || len(c.InstanceID) > 64:
-		return field.Errorf("InstanceID", "at most 64 characters, without spaces, '.', '*' or '>', got %q", c.InstanceID)
+	case strings.ContainsAny(c.InstanceID, " .*>|\t\r\n") || len(c.InstanceID) > 64:
+		// '|' separates the fields of a balance journal's entry, which names a decision id.
+		return field.Errorf("InstanceID", "at most 64 characters, without spaces, '.', '*', '>' or '|', got %q", c.InstanceID)
+	case c.JournalGrace < time.Second:
+		return field.Errorf("JournalGrace", "want at least 1s, got %s", c.JournalGrace)
 	case c.Tracing.SampleRatio <= 0 || c.Tracing.SampleRatio > 1:
 		return field.Errorf("Tracing.SampleRatio", "want more than 0 and at most 1, got %v", c.Tracing.SampleRatio)
 	case c.SharedHashes < 1 || c.SharedHashes > 1<<16:

@@ -26,6 +26,8 @@ func TestValidateNamesFields(t *testing.T) {
 		{"", func(*CheckerConfig) {}},
 		{"RulesFile", func(c *CheckerConfig) { c.RulesFile = "" }},
 		{"InstanceID", func(c *CheckerConfig) { c.InstanceID = "a.b" }},
+		{"InstanceID", func(c *CheckerConfig) { c.InstanceID = "a|b" }},
+		{"JournalGrace", func(c *CheckerConfig) { c.JournalGrace = time.Millisecond }},
 		{"Publisher.Partitions", func(c *CheckerConfig) { c.Publisher.Partitions = 0 }},
 		{"Publisher.DuplicateWindow", func(c *CheckerConfig) { c.Publisher.DuplicateWindow = 2 * time.Hour }},
 		{"Transport.Conns.MaxConns", func(c *CheckerConfig) { c.Transport.Conns.MaxConns = 0 }},
@@ -35,7 +37,7 @@ func TestValidateNamesFields(t *testing.T) {
 		c.Tracing.SampleRatio = 0.5
 		c.Admin.ReadPerMinute, c.Admin.WritePerMinute, c.Admin.AuthFailuresPerMinute = 1, 1, 1
 		c.Transport.Conns = grpcsplit.Config{MaxConns: 1, ReadTimeout: time.Second, IdleTimeout: time.Second}
-		c.Transport.MaxRequestBytes, c.Health.Interval = 64<<10, time.Second
+		c.Transport.MaxRequestBytes, c.Health.Interval, c.JournalGrace = 64<<10, time.Second, time.Minute
 		tt.change(&c)
 		err := c.Validate()
 		var fe *field.Error
