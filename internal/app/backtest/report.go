@@ -185,6 +185,11 @@ func (r *Report) replay(rp *checker.Replay, rec *Record) {
 	at := time.UnixMicro(rec.TimeUS)
 	reported := !at.Before(r.From)
 	switch {
+	case rec.Kind == "recovered":
+		// A balance's moves whose check's own decision was lost in a crash: the subject's
+		// history has a hole, and no request to replay.
+		r.tainted[rec.Subject] = true
+		return
 	case rec.Kind != "" && rec.Kind != "reserve":
 		r.tainted[rec.Subject] = true
 		if reported {

@@ -366,3 +366,22 @@ func TestPlanCacheBytes(t *testing.T) {
 		t.Errorf("agreed %v with and without the bound, want 50 each", agreed)
 	}
 }
+
+// TestReportRecovered: a decision recovered from the balance journal (its check's own lost in
+// a crash) is no request to replay nor a settle skipped, but the subject's history has a hole:
+// a changed answer after it is not the rules'.
+func TestReportRecovered(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	set := mustRules(t, reportRules)
+	rep := newReport(Request{Rules: set, From: base, To: base.Add(time.Hour)})
+	rp := checker.NewReplay(set, 0)
+	for i, kind := range []string{"", "", "recovered", ""} {
+		rep.replay(rp, &Record{TimeUS: base.Add(time.Duration(i+1) * time.Second).UnixMicro(), Subjects: []string{"user:alice"}, Subject: "alice",
+			Tier: "free", Endpoint: "/a", Cost: 1, Allowed: true, Rule: "per-user", Limit: 2, Kind: kind})
+	}
+	rep.finish(0)
+	if rep.Skipped.Settles != 0 || rep.NewlyDenied != 1 || rep.Reasons[reasonSettled] != 1 {
+		t.Errorf("skipped settles %d, newly denied %d, reasons %v; want 0, 1 and the subject's history", rep.Skipped.Settles, rep.NewlyDenied, rep.Reasons)
+	}
+}
