@@ -3,6 +3,7 @@ package natstest
 import (
 	"context"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -29,10 +30,18 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each attempt has its own deadline and the message its own id: a publish sent while the
+	// killed node was the stream's leader gets no ack (a lost ack is a wait to the deadline, not
+	// an error), and its retry must not store the message twice if the first one was kept.
+	sent := 0
 	publish := func(n int) {
 		for range n {
+			sent++
 			for {
-				if _, err := js.Publish(ctx, "t.x", []byte("x")); err == nil {
+				actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(actx, "t.x", []byte("x"), jetstream.WithMsgID(strconv.Itoa(sent)))
+				cancel()
+				if err == nil {
 					break
 				} else if ctx.Err() != nil {
 					t.Fatal(err)
