@@ -25,6 +25,7 @@ import (
 	"github.com/quotaflow/quotaflow/checker/client"
 	"github.com/quotaflow/quotaflow/internal/testbed/proctest"
 	"github.com/quotaflow/quotaflow/internal/testbed/redistest"
+	"github.com/quotaflow/quotaflow/internal/urlpath"
 )
 
 var redisSrv *redistest.Server
@@ -307,6 +308,31 @@ func TestNode(t *testing.T) {
 // runID keeps the subjects of one run apart from those of earlier runs on the same Redis.
 func runID() string {
 	return strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// TestPathCases: test/urlpath-cases.json, which the TypeScript client's normalizePath is
+// tested against (test/urlpath.test.ts), says what the checker's own normal form
+// (internal/urlpath) says of each path: its form, or its refusal word for word.
+func TestPathCases(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("test/urlpath-cases.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []struct{ In, Out, Err string }
+	if err := json.Unmarshal(data, &cases); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		out, err := urlpath.Normalize(c.In)
+		var msg string
+		if err != nil {
+			msg = err.Error()
+		}
+		if out != c.Out || msg != c.Err {
+			t.Errorf("urlpath.Normalize(%q) = %q, %q; the file says %q, %q", c.In, out, msg, c.Out, c.Err)
+		}
+	}
 }
 
 // TestGeneratedCurrent: src/gen is what buf and protoc-gen-es, as package-lock.json pins them,

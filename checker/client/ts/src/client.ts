@@ -15,6 +15,7 @@ import {
 } from "./gen/quotaflow/v1/ratelimit_pb.js";
 import { Batcher } from "./batch.js";
 import { DenyCache, LocalBuckets, subjectKey } from "./local.js";
+import { normalizePath, PathError } from "./urlpath.js";
 import {
   ConfigError,
   type Balance,
@@ -111,7 +112,7 @@ export class Client {
    * request the checker refused (a ConnectError: an invalid field, a missing permission) and,
    * with the signal's reason, when the caller's signal ends first. */
   async check(req: Request, options: CallOptions = {}): Promise<Decision> {
-    validateRequest(req, "check");
+    req = validateRequest(req, "check");
     const signal = callSignal(options);
     const now = Date.now();
     const key = subjectKey(req);
@@ -256,7 +257,7 @@ export class Client {
    * once, never retried: a reservation has no idempotency key. When the checker cannot be
    * reached the fail mode decides, with no reservation (nothing was charged). */
   async reserve(req: Request, estimate: number, options: CallOptions & { ttlMs?: number } = {}): Promise<{ decision: Decision; reservation?: Reservation }> {
-    validateRequest(req, "reserve");
+    req = validateRequest(req, "reserve");
     if (req.cost || req.idempotencyKey) {
       throw new ConfigError("cost", "leave cost and idempotencyKey unset in a reserve: the estimate is the cost");
     }
@@ -391,7 +392,10 @@ function retriesOf(r: number | undefined): number {
   return r < 0 ? 0 : Math.floor(r);
 }
 
-function validateRequest(req: Request, what: string): void {
+/** Checks req and returns it with its endpoint in the checker's normal form, as the checker
+ * matches it: the deny cache and the local buckets key on that form, so that another spelling
+ * of a denied path finds the denial. A path the checker would refuse is refused here. */
+function validateRequest(req: Request, what: string): Request {
   if (!req || typeof req !== "object") throw new ConfigError("request", `${what} needs a request`);
   if (!Array.isArray(req.subjects) || req.subjects.length === 0) throw new ConfigError("subjects", `${what} needs at least one subject`);
   for (const s of req.subjects) {
@@ -399,8 +403,14 @@ function validateRequest(req: Request, what: string): void {
     if (s.dimension && !(s.dimension in dimensions)) throw new ConfigError("subjects", `unknown dimension ${JSON.stringify(s.dimension)}: want user, ip or api_key, or a customDimension`);
     if (!s.dimension && !s.customDimension) throw new ConfigError("subjects", `subject ${JSON.stringify(s.id)} has neither a dimension nor a customDimension`);
   }
-  if (typeof req.endpoint !== "string" || !req.endpoint.startsWith("/")) throw new ConfigError("endpoint", `want a path starting with /, got ${JSON.stringify(req.endpoint)}`);
+  if (typeof req.endpoint !== "string") throw new ConfigError("endpoint", `want a path starting with /, got ${JSON.stringify(req.endpoint)}`);
   if (req.cost !== undefined && (!Number.isSafeInteger(req.cost) || req.cost < 0)) throw new ConfigError("cost", `want a whole number of 0 or more, got ${req.cost}`);
+  try {
+    return { ...req, endpoint: normalizePath(req.endpoint) };
+  } catch (err) {
+    if (err instanceof PathError) throw new ConfigError("endpoint", `${JSON.stringify(req.endpoint)} ${err.message}`);
+    throw err;
+  }
 }
 
 /** A signal ending at the caller's signal or timeoutMs, whichever is first. */

@@ -53,6 +53,11 @@ describe("the deny cache", () => {
     assert.ok(cached.retryAfterMs > 0 && cached.retryAfterMs <= denied.retryAfterMs);
     assert.equal((await c.check({ ...req, cost: 5 })).source, "deny-cache", "a dearer check is denied too");
     assert.equal(calls, 4, "the cache answered without a call");
+    // Another spelling of the path is the same endpoint to the checker, so to the cache.
+    for (const endpoint of ["/ORDERS/", "//orders;v=2?page=1", "/x/../%6Frders"]) {
+      assert.equal((await c.check({ ...req, endpoint })).source, "deny-cache", endpoint);
+    }
+    assert.equal(calls, 4, "the cache answered every spelling without a call");
     // Another endpoint, another subject, always ask.
     assert.equal((await c.check({ ...req, endpoint: "/exact" })).source, "checker");
     assert.equal(calls, 5);

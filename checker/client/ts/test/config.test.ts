@@ -32,6 +32,10 @@ describe("bad configuration", () => {
   });
   it("an endpoint that is no path", async () => {
     await assert.rejects(c.check({ subjects: [{ dimension: "user", id: "a" }], endpoint: "orders" }), names("endpoint"));
+    // One the checker would refuse is refused before it is sent, with the checker's reason.
+    await assert.rejects(c.check({ subjects: [{ dimension: "user", id: "a" }], endpoint: "/a%2Fb" }), (e: unknown) =>
+      names("endpoint")(e) && (e as Error).message.includes("encoded slash"));
+    await assert.rejects(c.reserve({ subjects: [{ dimension: "user", id: "a" }], endpoint: "/../x" }, 5), names("endpoint"));
   });
   it("client options", () => {
     assert.throws(() => new Client("http://x", { failMode: "ajar" as never }), names("failMode"));
