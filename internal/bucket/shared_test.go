@@ -149,7 +149,9 @@ func TestSharedSweep(t *testing.T) {
 	}
 	check(t, later, one(fresh, 1))
 	if e, state := sharedField(t, c, short.Key); state != "" {
-		t.Errorf("the expired field stayed: %d|%s", e, state)
+		// The whole hash and both clocks: what the sweep saw (its "~" and every field).
+		t.Errorf("the expired field stayed: %d|%s; hash %v, Redis's time %v",
+			e, state, c.HGetAll(ctxT(t), sharedHash(short.Key, 1)).Val(), c.Time(ctxT(t)).Val())
 	}
 	for _, l := range []Limit{hour, fresh} {
 		if _, state := sharedField(t, c, l.Key); state == "" {
