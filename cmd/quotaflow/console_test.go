@@ -646,7 +646,8 @@ const balanceRules = consoleRules + `entitlements:
 // with what it has left, burned by a check, voided with its button; the Webhooks view says
 // none, then lists an endpoint set through the admin API and its empty delivery log; on a
 // phone a grant's left, amount and state stay in sight. A checker without ClickHouse shows the
-// delivery log's 503 message, and a read token's grant the API's refusal.
+// delivery log's 503 message, and a read token's grant the API's refusal. Attempts written into
+// the delivery log show as rows, the newest first, each field rendered.
 func TestConsoleBalances(t *testing.T) {
 	t.Parallel()
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36) // Redis keeps balances and tokens' buckets across runs
@@ -721,6 +722,37 @@ func TestConsoleBalances(t *testing.T) {
 		t.Errorf("the chosen endpoint: %q, want #webhooks/billing of billing", got)
 	}
 	shot("webhooks-1280")
+
+	// The delivery log with attempts in it (as the aggregators log them; the webhook tests
+	// make real ones): the newest first, each outcome, status, attempt, duration, wait and error
+	// rendered, absent ones as "—", another endpoint's left out.
+	logDeliveries(t, db, []deliveryRow{
+		{-3 * time.Second, "billing", 1, 0, "retry", "dial tcp: connection refused", 1500, 2000},
+		{-2 * time.Second, "billing", 2, 503, "retry", "HTTP 503", 40, 4000},
+		{-time.Second, "billing", 3, 200, "delivered", "", 12, 0},
+		{-time.Second, "crm", 1, 200, "delivered", "", 12, 0},
+	})
+	within(t, ctx, 20*time.Second, "the endpoint's deliveries, logged", chromedp.Navigate(p.url+"/console/#live"),
+		chromedp.Navigate(p.url+"/console/#webhooks/billing"), chromedp.WaitVisible(chromedp.CSS(`#deliveries tbody tr[data-outcome="delivered"]`)))
+	wantLog := [][]string{ // after the time
+		{"delivered", "200", "3", "12ms", "—", "evt-1", "—"},
+		{"retry", "503", "2", "40ms", "in 4s", "evt-1", "HTTP 503"},
+		{"retry", "—", "1", "1.5s", "in 2s", "evt-1", "dial tcp: connection refused"},
+	}
+	gotLog := consoleCells(t, ctx, "#deliveries tbody tr")
+	for i := range gotLog {
+		gotLog[i] = gotLog[i][1:]
+	}
+	if fmt.Sprint(gotLog) != fmt.Sprint(wantLog) {
+		t.Errorf("the delivery log:\n got %q\nwant %q", gotLog, wantLog)
+	}
+	if got, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#deliveries tbody tr td:nth-child(2)")].map((td) => td.className).join(" ")`)); got != "allowed-text delayed-text delayed-text" {
+		t.Errorf("the outcomes' classes: %q, want allowed-text delayed-text delayed-text", got)
+	}
+	if bad, _ := chromedp.Run(ctx, chromedp.Evaluate[[]string](consoleBadCells)); len(bad) > 0 {
+		t.Errorf("the webhooks view's cells that show nothing or a raw value: %q", bad)
+	}
+	shot("deliveries-1280")
 
 	// The user's balances: llm-tokens only, no grant yet.
 	box := `#subject-balances [data-entitlement="llm-tokens"]`
@@ -870,5 +902,39 @@ func TestConsoleBalances(t *testing.T) {
 		if strings.Contains(proc.log.String(), "panic") {
 			t.Errorf("a checker logged a panic:\n%s", proc.log)
 		}
+	}
+}
+
+// deliveryRow is an attempt of webhook_deliveries, at its offset from now.
+type deliveryRow struct {
+	ago                time.Duration
+	endpoint           string
+	attempt            uint32
+	status             uint16
+	outcome, err       string
+	durationMs, nextMs uint32
+}
+
+// logDeliveries writes rows into database db's webhook delivery log, all of message evt-1.
+func logDeliveries(t *testing.T, db string, rows []deliveryRow) {
+	t.Helper()
+	c, err := chSrv.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	b, err := c.PrepareBatch(ctx, "INSERT INTO "+db+".webhook_deliveries (at, endpoint, message_id, attempt, status, outcome, error, duration_ms, next_ms)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	for _, r := range rows {
+		if err := b.Append(now.Add(r.ago), r.endpoint, "evt-1", r.attempt, r.status, r.outcome, r.err, r.durationMs, uint64(r.nextMs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
 	}
 }
