@@ -80,8 +80,19 @@ func scriptMicros(b *testing.B, rdb *redis.Client) float64 {
 	return commandMicros(b, rdb, "evalsha", "eval", "fcall")
 }
 
+// scriptCallCount is how many script calls Redis has run so far: a batch of checks is one.
+func scriptCallCount(b *testing.B, rdb *redis.Client) float64 {
+	return commandStat(b, rdb, "calls=", "evalsha", "eval", "fcall")
+}
+
 // commandMicros is the Redis CPU time (µs) spent so far in the commands named.
 func commandMicros(b *testing.B, rdb *redis.Client, names ...string) float64 {
+	return commandStat(b, rdb, "usec=", names...)
+}
+
+// commandStat sums a figure of INFO commandstats (field: "usec=", "calls=") over the commands
+// named.
+func commandStat(b *testing.B, rdb *redis.Client, field string, names ...string) float64 {
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
@@ -93,7 +104,7 @@ func commandMicros(b *testing.B, rdb *redis.Client, names ...string) float64 {
 			continue
 		}
 		for _, kv := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {
-			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+			if v, ok := strings.CutPrefix(kv, field); ok {
 				f, _ := strconv.ParseFloat(v, 64)
 				total += f
 			}

@@ -47,7 +47,7 @@ func BenchmarkDecideBalance(b *testing.B) {
 			var n atomic.Int64
 			b.ReportAllocs()
 			b.SetParallelism(8)
-			before, trims := scriptMicros(b, rdb), commandMicros(b, rdb, "hdel")
+			before, calls, trims := scriptMicros(b, rdb), scriptCallCount(b, rdb), commandMicros(b, rdb, "hdel")
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -60,6 +60,7 @@ func BenchmarkDecideBalance(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
 			b.ReportMetric((scriptMicros(b, rdb)-before)/float64(b.N), "redis-µs/check")
+			b.ReportMetric(float64(b.N)/(scriptCallCount(b, rdb)-calls), "checks/script-call")
 			// The journal's trims, asynchronous; a few may land after this reading.
 			b.ReportMetric((commandMicros(b, rdb, "hdel")-trims)/float64(b.N), "trim-µs/check")
 		})

@@ -204,17 +204,41 @@ func BenchmarkStoreScript(b *testing.B) {
 			return r
 		}},
 		{"peek_token_bucket", func(p string) Request { return peekReq(lim(p+":tb", algorithm.TokenBucket, 1<<40, time.Hour, 0)) }},
+		{"balance_2_grants", func(p string) Request {
+			return one(balLimit(p+":bl", 0, calendar.Period{Unit: calendar.Month}.Around(time.Now())), 1)
+		}},
+		{"balance_2_grants_3_thresholds", func(p string) Request {
+			l := balLimit(p+":bl", 0, calendar.Period{Unit: calendar.Month}.Around(time.Now()))
+			l.Thresholds = "p50,p80,p100"
+			return one(l, 1)
+		}},
+		{"balance_2_grants_journaled", func(p string) Request {
+			l := balLimit(p+":bl", 0, calendar.Period{Unit: calendar.Month}.Around(time.Now()))
+			l.Journal = JournalArg("d1", "bench")
+			return one(l, 1)
+		}},
 	}
+	// The grants put on a case's balances: two, a plan's recurring one, then a top-up, as
+	// BenchmarkDecideBalance burns them (without the token bucket beside them here).
+	twoGrants := []Grant{{ID: "plan", Amount: 1 << 40, Priority: 1, Recurring: true}, {ID: "topup", Amount: 1 << 40, Priority: 2}}
+	grantsOf := map[string][]Grant{"balance_2_grants": twoGrants, "balance_2_grants_3_thresholds": twoGrants, "balance_2_grants_journaled": twoGrants}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			s, c := newStore(b)
 			const perCheck = 32 // requests per Check: one pipeline
 			var seq atomic.Int64
 			reqs := make([]Request, perCheck)
-			for i := range reqs {
-				reqs[i] = tc.req(fmt.Sprintf("{script-%s-%d}", tc.name, i))
-			}
 			ctx := context.Background()
+			run := time.Now().UnixNano() // each round its own balances: grants add up
+			for i := range reqs {
+				reqs[i] = tc.req(fmt.Sprintf("{script-%s-%d-%d}", tc.name, run, i))
+				for _, g := range grantsOf[tc.name] {
+					l := reqs[i].Limits[0]
+					if _, err := s.PutGrant(ctx, l.Key, g, l.Periods); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 			idem := strings.HasPrefix(tc.name, "token_bucket_idem") // a new key per call
 			before := readRedisStats(b, c)
 			b.ResetTimer()
