@@ -145,7 +145,7 @@ func TestServeWithAggregator(t *testing.T) {
 	}
 	db := databaseName("serve")
 	addr := freeAddr(t)
-	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5),
+	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--redis-timeout", "5s", // counted: never degraded
 		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
 		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "2", "--flush-interval", "100ms"}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -71,7 +71,7 @@ func TestEntitlementPipeline(t *testing.T) {
 	db := databaseName("ent")
 	alice := fmt.Sprintf("alice-%d", time.Now().UnixNano()) // Redis outlives the run (-count=N)
 	addr := freeAddr(t)
-	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--admin-token", "tok",
+	args := []string{"serve", "--listen", addr, "--rules", rulesPath, "--redis-url", redisSrv.URL(5), "--redis-timeout", "5s", "--admin-token", "tok",
 		"--nats-listen", freeAddr(t), "--nats-dir", filepath.Join(dir, "nats"), "--spool-dir", filepath.Join(dir, "spool"),
 		"--clickhouse-dsn", chSrv.DSN(db), "--partitions", "1", "--flush-interval", "100ms", "--webhook-allow-hosts", hookAddr}
 	ctx, cancel := context.WithCancel(context.Background())
