@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -185,6 +186,26 @@ func copyFile(t *testing.T, from, to string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	copyOpen(t, in, to)
+}
+
+// copyIfPresent copies from to to unless from is gone: a file a running spool renamed or
+// removed. Once open, it is copied whole, whatever the spool does to its name.
+func copyIfPresent(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyOpen(t, in, to)
+}
+
+// copyOpen copies in, which it closes, to a new file to.
+func copyOpen(t *testing.T, in *os.File, to string) {
+	t.Helper()
 	defer in.Close()
 	out, err := os.Create(to)
 	if err != nil {
