@@ -392,6 +392,10 @@ function retriesOf(r: number | undefined): number {
   return r < 0 ? 0 : Math.floor(r);
 }
 
+/** The longest endpoint path the checker takes (its MaxEndpointLen), in bytes of UTF-8. */
+const maxEndpointBytes = 1024;
+const utf8 = new TextEncoder();
+
 /** Checks req and returns it with its endpoint in the checker's normal form, as the checker
  * matches it: the deny cache and the local buckets key on that form, so that another spelling
  * of a denied path finds the denial. A path the checker would refuse is refused here. */
@@ -405,6 +409,10 @@ function validateRequest(req: Request, what: string): Request {
   }
   if (typeof req.endpoint !== "string") throw new ConfigError("endpoint", `want a path starting with /, got ${JSON.stringify(req.endpoint)}`);
   if (req.cost !== undefined && (!Number.isSafeInteger(req.cost) || req.cost < 0)) throw new ConfigError("cost", `want a whole number of 0 or more, got ${req.cost}`);
+  const path = req.endpoint.split(/[?#]/, 1)[0];
+  if (path.length > maxEndpointBytes || utf8.encode(path).length > maxEndpointBytes) {
+    throw new ConfigError("endpoint", `must be at most ${maxEndpointBytes} bytes, got ${utf8.encode(path).length}`);
+  }
   try {
     return { ...req, endpoint: normalizePath(req.endpoint) };
   } catch (err) {

@@ -36,6 +36,11 @@ describe("bad configuration", () => {
     await assert.rejects(c.check({ subjects: [{ dimension: "user", id: "a" }], endpoint: "/a%2Fb" }), (e: unknown) =>
       names("endpoint")(e) && (e as Error).message.includes("encoded slash"));
     await assert.rejects(c.reserve({ subjects: [{ dimension: "user", id: "a" }], endpoint: "/../x" }, 5), names("endpoint"));
+    // Past the checker's 1,024 bytes (its query aside), counted in UTF-8 as the checker counts.
+    for (const endpoint of ["/" + "a".repeat(1024), "/" + "é".repeat(600), "/" + "a".repeat(1 << 20)]) {
+      await assert.rejects(c.check({ subjects: [{ dimension: "user", id: "a" }], endpoint }), (e: unknown) =>
+        names("endpoint")(e) && (e as Error).message.includes("at most 1024 bytes"));
+    }
   });
   it("client options", () => {
     assert.throws(() => new Client("http://x", { failMode: "ajar" as never }), names("failMode"));
