@@ -91,6 +91,11 @@ FUZZ_TARGETS := \
 	./internal/app/admin:FuzzAdminBodies \
 	./internal/webhook:FuzzVerify
 FUZZTIME ?= 20s
+# FUZZMINIMIZETIME bounds how long a worker shrinks each new interesting input before it fuzzes
+# on. Go's default, 60s, let one input of about 1 KB stall FuzzParse's two workers from its 3rd
+# second to its last in every CI run (20,256 executions); at 2s the same 20s ran 308,071 and
+# found 80 new inputs. A failing input is still written, shrunk as far as 2s goes.
+FUZZMINIMIZETIME ?= 2s
 
 ## fuzz: install what is missing, then run each fuzz target for FUZZTIME (default 20s)
 fuzz: deps fuzz-ci
@@ -103,8 +108,8 @@ fuzz-ci:
 	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \
-	  echo "$(GO) test -run='^\$$' -fuzz='^$$name\$$' -fuzztime=$(FUZZTIME) $$pkg/"; \
-	  $(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg/ 2>&1 | tee "$$log"; \
+	  echo "$(GO) test -run='^\$$' -fuzz='^$$name\$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZETIME) $$pkg/"; \
+	  $(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZETIME) $$pkg/ 2>&1 | tee "$$log"; \
 	  [ $${PIPESTATUS[0]} -eq 0 ] && continue; \
 	  if grep -qx '    context deadline exceeded' "$$log" && ! grep -q 'Failing input written' "$$log"; then \
 	    echo "fuzz-ci: $$name: the run ended with Go's fuzztime race (go.dev/issue/75804), no failing input: passed over"; \
