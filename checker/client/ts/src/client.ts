@@ -410,7 +410,8 @@ function validateRequest(req: Request, what: string): Request {
   if (typeof req.endpoint !== "string") throw new ConfigError("endpoint", `want a path starting with /, got ${JSON.stringify(req.endpoint)}`);
   if (req.cost !== undefined && (!Number.isSafeInteger(req.cost) || req.cost < 0)) throw new ConfigError("cost", `want a whole number of 0 or more, got ${req.cost}`);
   const path = req.endpoint.split(/[?#]/, 1)[0];
-  if (path.length > maxEndpointBytes || utf8.encode(path).length > maxEndpointBytes) {
+  // A UTF-16 unit is at most 3 bytes of UTF-8: most paths are measured without encoding them.
+  if (path.length > maxEndpointBytes || (path.length * 3 > maxEndpointBytes && utf8.encode(path).length > maxEndpointBytes)) {
     throw new ConfigError("endpoint", `must be at most ${maxEndpointBytes} bytes, got ${utf8.encode(path).length}`);
   }
   try {
